@@ -1,0 +1,89 @@
+"""Settings: defaults that run the demo, the public variable names, one-line errors."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from config import SIMULATOR_API_KEY, SettingsError, load_settings
+
+
+@pytest.fixture(autouse=True)
+def clean_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    import os
+
+    for name in list(os.environ):
+        if name.startswith("DURAPAY_"):
+            monkeypatch.delenv(name)
+
+
+def test_defaults_need_nothing_set() -> None:
+    settings = load_settings()
+    assert settings.redis_url == ""  # empty = embedded Valkey
+    assert settings.gateway.api_key.get_secret_value() == SIMULATOR_API_KEY
+    assert settings.gateway.base_url.endswith("/api/phoenix-0.0/psp/api/v1")
+
+
+def test_public_variable_names(monkeypatch: pytest.MonkeyPatch) -> None:
+    values = {
+        "DURAPAY_REDIS_URL": "redis://127.0.0.1:7000/2",
+        "DURAPAY_BROKER_URL": "amqp://guest:guest@127.0.0.1:5672//",
+        "DURAPAY_GATEWAY__BASE_URL": "https://xpaysandbox.nexigroup.com/api/phoenix-0.0/psp/api/v1/",
+        "DURAPAY_GATEWAY__API_KEY": "secret-key",
+        "DURAPAY_GATEWAY__TIMEOUT": "4.5",
+        "DURAPAY_RECEIVER__PUBLIC_URL": "https://shop.example/durapay/notifications",
+        "DURAPAY_API__KEY": "control-key",
+    }
+    for name, value in values.items():
+        monkeypatch.setenv(name, value)
+    settings = load_settings()
+    assert settings.redis_url == "redis://127.0.0.1:7000/2"
+    assert settings.broker_url.startswith("amqp://")
+    assert settings.gateway.base_url == "https://xpaysandbox.nexigroup.com/api/phoenix-0.0/psp/api/v1"
+    assert settings.gateway.api_key.get_secret_value() == "secret-key"
+    assert "secret-key" not in repr(settings)
+    assert settings.gateway.timeout == 4.5
+    assert settings.receiver.public_url == "https://shop.example/durapay/notifications"
+    assert settings.api.key.get_secret_value() == "control-key"
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "message"),
+    [
+        ("DURAPAY_GATEWAY__TIMEOUT", "soon", "DURAPAY_GATEWAY__TIMEOUT: Input should be a valid number"),
+        ("DURAPAY_GATEWAY__TIMEOUT", "0", "DURAPAY_GATEWAY__TIMEOUT: Input should be greater than 0"),
+        ("DURAPAY_GATEWAY__BASE_URL", "ftp://x", "DURAPAY_GATEWAY__BASE_URL: must be an http:// or https:// URL"),
+        ("DURAPAY_REDIS_URL", "localhost:6379", "DURAPAY_REDIS_URL: must start with redis://"),
+        ("DURAPAY_REDIS_URL", "amqp://x", "DURAPAY_REDIS_URL: flow records live in Redis"),
+        ("DURAPAY_API__PORT", "70000", "DURAPAY_API__PORT: Input should be less than or equal to 65535"),
+        ("DURAPAY_RETRY__MAX_ATTEMPTS", "0", "DURAPAY_RETRY__MAX_ATTEMPTS: Input should be greater than or equal to 1"),
+        ("DURAPAY_GATEWAY__TIMEOUTS", "3", "DURAPAY_GATEWAY__TIMEOUTS: Extra inputs are not permitted"),
+        ("DURAPAY_GATEWAY", "{bad", "DURAPAY_GATEWAY: not valid JSON"),
+    ],
+)
+def test_a_bad_setting_is_one_line_naming_the_variable(
+    monkeypatch: pytest.MonkeyPatch, name: str, value: str, message: str
+) -> None:
+    monkeypatch.setenv(name, value)
+    with pytest.raises(SettingsError) as caught:
+        load_settings()
+    assert str(caught.value).startswith(message)
+    assert "\n" not in str(caught.value)
+
+
+def test_the_cli_prints_one_line_and_exits_2() -> None:
+    env = {"DURAPAY_GATEWAY__TIMEOUT": "soon", "PATH": ""}
+    done = subprocess.run(
+        [sys.executable, "-c", "from service.cli import main; main()", "config"],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=False,
+    )
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines() == [
+        "durapay: configuration error: DURAPAY_GATEWAY__TIMEOUT: Input should be a valid number, "
+        "unable to parse string as a number"
+    ]
