@@ -1,0 +1,70 @@
+"""Notifications from the gateway: parse the body, check its security token.
+
+The gateway POSTs ``{eventId, eventTime, securityToken, operation}`` (all optional per its docs) to the
+``notificationUrl`` of the creation request. The token is the ``securityToken`` returned by that
+creation call; the merchant keeps one or more per order (a retried attempt gets a new one) and accepts
+a notification only when its token matches one of them.
+
+The comparison runs in constant time over *every* kept token, so the time taken does not reveal which
+token (or how much of one) matched.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from pydantic import ValidationError
+
+from gateway._base import GatewayModel
+from gateway._client import describe_validation_error
+from gateway._errors import InvalidSecurityToken, NotificationError
+from gateway._models_common import Operation
+
+
+class Notification(GatewayModel):
+    eventId: str | None = None
+    eventTime: str | None = None
+    securityToken: str | None = None
+    operation: Operation | None = None
+
+    @property
+    def order_id(self) -> str | None:
+        return self.operation.orderId if self.operation else None
+
+
+def parse_notification(body: bytes | str | Mapping[str, Any]) -> Notification:
+    """Parse a notification body, or raise NotificationError naming what is wrong."""
+    if isinstance(body, (bytes, str)):
+        try:
+            data = json.loads(body)
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise NotificationError(f"body is not JSON: {exc}") from None
+    else:
+        data = dict(body)
+    if not isinstance(data, dict):
+        raise NotificationError(f"body must be a JSON object, got {type(data).__name__}")
+    try:
+        return Notification.model_validate(data)
+    except ValidationError as exc:
+        field, reason = describe_validation_error(exc)
+        raise NotificationError(f"{field}: {reason}") from None
+
+
+def verify_security_token(notification: Notification, kept_tokens: Iterable[str]) -> None:
+    """Accept the notification only if its token equals one kept for the order; else raise.
+
+    Raises InvalidSecurityToken when the token is missing, when no token is kept for the order, or
+    when none matches. The message never repeats the kept tokens.
+    """
+    received = (notification.securityToken or "").encode()
+    matched = False
+    for token in kept_tokens:
+        # compare_digest on every token, no early exit: timing does not depend on which one matched.
+        matched |= hmac.compare_digest(received, token.encode())
+    if not received:
+        raise InvalidSecurityToken("notification carries no securityToken")
+    if not matched:
+        raise InvalidSecurityToken("securityToken is not valid for this order")

@@ -1,0 +1,67 @@
+"""Amounts: integers in minor units in Python, digit strings on the wire, ISO 4217 exponents."""
+
+from __future__ import annotations
+
+from decimal import Decimal
+
+import pytest
+from pydantic import ValidationError
+
+from gateway import Order, exponent, to_major, to_minor
+
+
+@pytest.mark.parametrize(
+    ("currency", "digits"),
+    [("EUR", 2), ("USD", 2), ("JPY", 0), ("KRW", 0), ("KWD", 3), ("BHD", 3), ("JOD", 3), ("eur", 2), ("XYZ", 2)],
+)
+def test_exponents(currency: str, digits: int) -> None:
+    assert exponent(currency) == digits
+
+
+@pytest.mark.parametrize(
+    ("major", "currency", "minor"),
+    [
+        ("50", "EUR", 5000),
+        ("50", "JPY", 50),
+        ("12.34", "EUR", 1234),
+        (Decimal("1.234"), "KWD", 1234),
+        ("0.01", "USD", 1),
+        (7, "JPY", 7),
+    ],
+)
+def test_major_and_minor_both_ways(major: str | Decimal | int, currency: str, minor: int) -> None:
+    assert to_minor(major, currency) == minor
+    assert to_major(minor, currency) == Decimal(str(major))
+
+
+def test_to_minor_refuses_floats_and_excess_precision() -> None:
+    with pytest.raises(TypeError):
+        to_minor(1.5, "EUR")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="more than 0 decimal"):
+        to_minor("1.5", "JPY")
+    with pytest.raises(ValueError, match="more than 2 decimal"):
+        to_minor("1.234", "EUR")
+    with pytest.raises(ValueError, match="not a number"):
+        to_minor("ten", "EUR")
+
+
+def test_amount_is_int_in_python_and_string_on_the_wire() -> None:
+    order = Order.model_validate({"orderId": "o-1", "amount": "3545", "currency": "eur"})
+    assert order.amount == 3545 and isinstance(order.amount, int)
+    assert order.currency == "EUR"
+    assert order.wire() == {"orderId": "o-1", "amount": "3545", "currency": "EUR"}
+    assert Order(orderId="o-2", amount=50, currency="JPY").wire()["amount"] == "50"
+
+
+@pytest.mark.parametrize("bad", ["35.45", "-1", "", " 12", "1e3", 12.5, True, None, "\uff11\uff12"])
+def test_bad_amounts_are_refused_with_the_field(bad: object) -> None:
+    with pytest.raises(ValidationError) as caught:
+        Order.model_validate({"orderId": "o-1", "amount": bad, "currency": "EUR"})
+    assert caught.value.errors()[0]["loc"] == ("amount",)
+
+
+@pytest.mark.parametrize("bad", ["EURO", "E1R", "", 978])
+def test_bad_currency_is_refused(bad: object) -> None:
+    with pytest.raises(ValidationError) as caught:
+        Order.model_validate({"orderId": "o-1", "amount": "1", "currency": bad})
+    assert caught.value.errors()[0]["loc"] == ("currency",)
