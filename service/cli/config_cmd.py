@@ -1,0 +1,50 @@
+"""``durapay config``: the effective settings (secrets masked), and a check that they load."""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated, Any
+
+import typer
+from pydantic import SecretStr
+from rich.console import Console
+from rich.table import Table
+
+from config import ENV_NESTED_DELIMITER, ENV_PREFIX, Settings, load_settings
+
+
+def _flatten(prefix: str, value: Any, out: dict[str, str]) -> None:
+    if isinstance(value, dict):
+        for key, item in value.items():
+            _flatten(f"{prefix}{ENV_NESTED_DELIMITER if prefix != ENV_PREFIX else ''}{key.upper()}", item, out)
+    elif isinstance(value, SecretStr):
+        out[prefix] = "(set)" if value.get_secret_value() else "(empty)"
+    else:
+        out[prefix] = str(value)
+
+
+def effective(settings: Settings) -> dict[str, str]:
+    """``{"DURAPAY_GATEWAY__TIMEOUT": "10.0", ...}``: every variable and its value, secrets masked."""
+    out: dict[str, str] = {}
+    _flatten(ENV_PREFIX, settings.model_dump(), out)
+    return out
+
+
+def show_config(
+    as_json: Annotated[bool, typer.Option("--json", help="Print a JSON object.")] = False,
+) -> None:
+    """Print the settings durapay would run with (from DURAPAY_* variables), secrets masked."""
+    values = effective(load_settings())
+    if as_json:
+        typer.echo(json.dumps(values, indent=2))
+        return
+    table = Table(title="durapay settings")
+    table.add_column("variable")
+    table.add_column("value")
+    for name, value in values.items():
+        table.add_row(name, value)
+    Console().print(table)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("config")(show_config)

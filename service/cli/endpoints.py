@@ -1,0 +1,61 @@
+"""``durapay endpoints``: the gateway catalogue as a table, as JSON, or as the README's Markdown."""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from gateway import CATALOGUE
+
+
+def markdown_table() -> str:
+    """The README's endpoint table, generated from the catalogue (a test keeps README in step)."""
+    lines = [
+        "| # | Method | Path | Operation (task `durapay.gateway.<operation>`) | Version | Idempotency-Key "
+        "| Retry safe |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for number, op in enumerate(CATALOGUE, start=1):
+        lines.append(
+            f"| {number} | {op.method} | `{op.path}` | `{op.name}` | {op.version.value} | "
+            f"{'yes' if op.idempotency_key else ''} | {'yes' if op.retry_safe else 'reconcile first'} |"
+        )
+    return "\n".join(lines)
+
+
+def endpoints(
+    as_json: Annotated[bool, typer.Option("--json", help="Print a JSON list of objects.")] = False,
+    markdown: Annotated[bool, typer.Option("--markdown", help="Print the README's Markdown table.")] = False,
+) -> None:
+    """List every operation of the gateway: method, path, version, Idempotency-Key, retry safety."""
+    if as_json:
+        typer.echo(json.dumps([op.describe() for op in CATALOGUE], indent=2))
+        return
+    if markdown:
+        typer.echo(markdown_table())
+        return
+    table = Table(title=f"Gateway operations ({len(CATALOGUE)})")
+    for column in ("method", "path", "operation", "version", "idem. key", "retry safe", "reconcile"):
+        table.add_column(column)
+    for op in CATALOGUE:
+        table.add_row(
+            op.method,
+            op.path,
+            op.name,
+            op.version.value,
+            "yes" if op.idempotency_key else "",
+            "yes" if op.retry_safe else "no",
+            op.reconcile.value if op.reconcile else "",
+        )
+    console = Console()
+    if not console.is_terminal:
+        console = Console(width=180)  # piped: do not squeeze the paths into 80 columns
+    console.print(table)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("endpoints")(endpoints)
