@@ -92,6 +92,7 @@ class EngineSettings(_Group):
     """The durable engine: leases, the dispatcher's tick, how long finished flows are kept."""
 
     key_prefix: str = Field(default="durapay", min_length=1)
+    partitions: int = Field(default=4, ge=1, le=1024, description="Hash-tag partitions of the due set and indexes.")
     lease_seconds: float = Field(default=60.0, gt=0)
     dispatch_interval: float = Field(default=0.5, gt=0)
     dispatch_batch: int = Field(default=500, ge=1)

@@ -141,571 +141,99 @@ RES, LOOKUP = Reconcile.RESERVATION, Reconcile.LOOKUP
 class Catalogue:
     """Every operation of gateway-interface.md. Attribute name = operation name = task suffix."""
 
+    # fmt: off
+
     # -- payments ---------------------------------------------------------------------------------
-    create_hpp_order = _op(
-        "POST",
-        "/orders/hpp",
-        pay.HppOrderRequest,
-        pay.HppOrderResponse,
-        "create a hosted payment page order",
-        P,
-        reconcile=ORDER,
-        notifies=True,
-    )
-    create_paybylink_v3 = _op(
-        "POST",
-        "/v3/orders/paybylink",
-        pay.PayByLinkRequest,
-        pay.PayByLinkResponse,
-        "create a pay-by-link (current)",
-        P,
-        version=V3,
-        reconcile=ORDER,
-        notifies=True,
-    )
-    create_paybylink_v2 = _op(
-        "POST",
-        "/v2/orders/paybylink",
-        pay.PayByLinkRequest,
-        pay.PayByLinkResponse,
-        "create a pay-by-link (earlier version)",
-        P,
-        version=V2,
-        reconcile=ORDER,
-        notifies=True,
-    )
-    create_paybylink_v1 = _op(
-        "POST",
-        "/v1/orders/paybylink",
-        pay.PayByLinkRequest,
-        pay.PayByLinkResponse,
-        "create a pay-by-link (earliest version)",
-        P,
-        version=V1,
-        reconcile=ORDER,
-        notifies=True,
-    )
-    create_paybylink = _op(
-        "POST",
-        "/orders/paybylink",
-        pay.PayByLinkRequest,
-        pay.PayByLinkResponse,
-        "create a pay-by-link (unversioned form, used by client libraries)",
-        P,
-        reconcile=ORDER,
-        notifies=True,
-    )
-    cancel_paybylink = _op(
-        "POST", "/paybylink/{linkId}/cancels", None, EmptyResponse, "cancel a pay-by-link", P, reconcile=LINK
-    )
-    list_paybylinks_v3 = _op(
-        "GET",
-        "/v3/orders/paybylink",
-        pay.PayByLinkListQuery,
-        pay.PayByLinkListResponse,
-        "list pay-by-links",
-        P,
-        version=V3,
-    )
-    get_paybylink_v3 = _op(
-        "GET", "/v3/orders/paybylink/{Id}", None, pay.PayByLinkDetails, "look up one pay-by-link", P, version=V3
-    )
-    list_paybylinks = _op(
-        "GET",
-        "/orders/paybylink",
-        pay.PayByLinkListQuery,
-        pay.PayByLinkListResponse,
-        "list pay-by-links (earlier form)",
-        P,
-    )
-    get_paybylink = _op(
-        "GET", "/orders/paybylink/{linkId}", None, pay.PayByLinkDetails, "look up one pay-by-link (earlier form)", P
-    )
-    renew_paybylink = _op(
-        "POST",
-        "/orders/paybylink/{linkId}/renewals",
-        pay.PayByLinkRenewRequest,
-        pay.PayByLinkResponse,
-        "renew a pay-by-link",
-        P,
-        reconcile=LINK,
-    )
-    modify_paybylink_v3 = _op(
-        "POST",
-        "/v3/paybylink/{id}/modify",
-        pay.PayByLinkModifyRequest,
-        pay.PayByLinkResponse,
-        "modify a pay-by-link",
-        P,
-        version=V3,
-        retry_safe=True,
-    )
-    export_paybylinks_v3 = _op(
-        "GET",
-        "/v3/paybylink/exports/{format}",
-        pay.PayByLinkExportQuery,
-        BinaryResponse,
-        "export pay-by-links; {format} is csv or json",
-        P,
-        version=V3,
-    )
-    paybylink_qrcode_v3 = _op(
-        "POST",
-        "/v3/paybylink/qrcode/{id}",
-        pay.QrCodeRequest,
-        BinaryResponse,
-        "produce a QR code (PNG) for a pay-by-link",
-        P,
-        version=V3,
-        retry_safe=True,
-    )
-    svs_init_order = _op(
-        "POST",
-        "/v2/svs/order/init",
-        pay.SvsInitRequest,
-        OperationResponse,
-        "initiate an order (server-to-server flow)",
-        P,
-        version=V2,
-        reconcile=ORDER,
-    )
-    svs_pay_operation = _op(
-        "POST",
-        "/v2/svs/operation/{operationId}/pay",
-        pay.SvsPayRequest,
-        OperationResponse,
-        "pay an operation (server-to-server flow)",
-        P,
-        version=V2,
-        reconcile=OPER,
-    )
-    three_steps_init = _op(
-        "POST",
-        "/orders/3steps/init",
-        pay.ThreeStepsInitRequest,
-        pay.ThreeStepsInitResponse,
-        "three-step payment, initiation",
-        P,
-        reconcile=ORDER,
-    )
-    three_steps_validation = _op(
-        "POST",
-        "/orders/3steps/validation",
-        pay.ThreeStepsValidationRequest,
-        pay.ThreeStepsValidationResponse,
-        "three-step payment, validation",
-        P,
-        reconcile=OPER,
-    )
-    three_steps_payment = _op(
-        "POST",
-        "/orders/3steps/payment",
-        pay.ThreeStepsPaymentRequest,
-        OperationResponse,
-        "three-step payment, payment",
-        P,
-        reconcile=OPER,
-    )
-    create_mit_order = _op(
-        "POST",
-        "/orders/mit",
-        pay.MitRequest,
-        OperationResponse,
-        "merchant-initiated (recurring) payment",
-        P,
-        idempotency_key=True,
-    )
-    card_verification = _op(
-        "POST",
-        "/orders/card_verification",
-        pay.CardVerificationRequest,
-        OperationResponse,
-        "card verification",
-        P,
-        reconcile=ORDER,
-    )
-    create_moto_order = _op(
-        "POST",
-        "/orders/moto",
-        pay.MotoRequest,
-        OperationResponse,
-        "mail-order/telephone-order payment",
-        P,
-        reconcile=ORDER,
-    )
-    wallet_pay = _op(
-        "POST", "/orders/walletpay", pay.WalletPayRequest, OperationResponse, "wallet payment", P, reconcile=ORDER
-    )
-    create_build_order = _op(
-        "POST",
-        "/orders/build",
-        pay.BuildOrderRequest,
-        pay.BuildOrderResponse,
-        "create an order for the embedded payment form",
-        P,
-        reconcile=ORDER,
-        notifies=True,
-    )
-    build_finalize_payment = _op(
-        "POST",
-        "/build/finalize_payment",
-        pay.BuildSessionRequest,
-        pay.BuildStateResponse,
-        "finalize a build payment",
-        P,
-        reconcile=BUILD,
-    )
-    build_cancel = _op(
-        "POST",
-        "/build/cancel",
-        pay.BuildSessionRequest,
-        pay.BuildStateResponse,
-        "cancel a build payment",
-        P,
-        reconcile=BUILD,
-    )
-    build_state = _op(
-        "GET", "/build/state", pay.BuildSessionQuery, pay.BuildStateResponse, "read state of a build payment", P
-    )
-    build_card_data = _op(
-        "GET",
-        "/build/cardData",
-        pay.BuildSessionQuery,
-        pay.BuildCardDataResponse,
-        "read card data of a build payment",
-        P,
-    )
-    build_integrity = _op(
-        "GET",
-        "/build/integrity",
-        pay.BuildSessionQuery,
-        pay.BuildIntegrityResponse,
-        "integrity check of a build payment",
-        P,
-    )
-    build_confirm_payment = _op(
-        "POST",
-        "/build/confirm_payment",
-        pay.BuildConfirmRequest,
-        pay.BuildStateResponse,
-        "confirm a build payment",
-        P,
-        reconcile=BUILD,
-    )
+    create_hpp_order = _op("POST", "/orders/hpp", pay.HppOrderRequest, pay.HppOrderResponse, "create a hosted payment page order", P, reconcile=ORDER, notifies=True)
+    create_paybylink_v3 = _op("POST", "/v3/orders/paybylink", pay.PayByLinkRequest, pay.PayByLinkResponse, "create a pay-by-link (current)", P, version=V3, reconcile=ORDER, notifies=True)
+    create_paybylink_v2 = _op("POST", "/v2/orders/paybylink", pay.PayByLinkRequest, pay.PayByLinkResponse, "create a pay-by-link (earlier version)", P, version=V2, reconcile=ORDER, notifies=True)
+    create_paybylink_v1 = _op("POST", "/v1/orders/paybylink", pay.PayByLinkRequest, pay.PayByLinkResponse, "create a pay-by-link (earliest version)", P, version=V1, reconcile=ORDER, notifies=True)
+    create_paybylink = _op("POST", "/orders/paybylink", pay.PayByLinkRequest, pay.PayByLinkResponse, "create a pay-by-link (unversioned form, used by client libraries)", P, reconcile=ORDER, notifies=True)
+    cancel_paybylink = _op("POST", "/paybylink/{linkId}/cancels", None, EmptyResponse, "cancel a pay-by-link", P, reconcile=LINK)
+    list_paybylinks_v3 = _op("GET", "/v3/orders/paybylink", pay.PayByLinkListQuery, pay.PayByLinkListResponse, "list pay-by-links", P, version=V3)
+    get_paybylink_v3 = _op("GET", "/v3/orders/paybylink/{Id}", None, pay.PayByLinkDetails, "look up one pay-by-link", P, version=V3)
+    list_paybylinks = _op("GET", "/orders/paybylink", pay.PayByLinkListQuery, pay.PayByLinkListResponse, "list pay-by-links (earlier form)", P)
+    get_paybylink = _op("GET", "/orders/paybylink/{linkId}", None, pay.PayByLinkDetails, "look up one pay-by-link (earlier form)", P)
+    renew_paybylink = _op("POST", "/orders/paybylink/{linkId}/renewals", pay.PayByLinkRenewRequest, pay.PayByLinkResponse, "renew a pay-by-link", P, reconcile=LINK)
+    modify_paybylink_v3 = _op("POST", "/v3/paybylink/{id}/modify", pay.PayByLinkModifyRequest, pay.PayByLinkResponse, "modify a pay-by-link", P, version=V3, retry_safe=True)
+    export_paybylinks_v3 = _op("GET", "/v3/paybylink/exports/{format}", pay.PayByLinkExportQuery, BinaryResponse, "export pay-by-links; {format} is csv or json", P, version=V3)
+    paybylink_qrcode_v3 = _op("POST", "/v3/paybylink/qrcode/{id}", pay.QrCodeRequest, BinaryResponse, "produce a QR code (PNG) for a pay-by-link", P, version=V3, retry_safe=True)
+    svs_init_order = _op("POST", "/v2/svs/order/init", pay.SvsInitRequest, OperationResponse, "initiate an order (server-to-server flow)", P, version=V2, reconcile=ORDER)
+    svs_pay_operation = _op("POST", "/v2/svs/operation/{operationId}/pay", pay.SvsPayRequest, OperationResponse, "pay an operation (server-to-server flow)", P, version=V2, reconcile=OPER)
+    three_steps_init = _op("POST", "/orders/3steps/init", pay.ThreeStepsInitRequest, pay.ThreeStepsInitResponse, "three-step payment, initiation", P, reconcile=ORDER)
+    three_steps_validation = _op("POST", "/orders/3steps/validation", pay.ThreeStepsValidationRequest, pay.ThreeStepsValidationResponse, "three-step payment, validation", P, reconcile=OPER)
+    three_steps_payment = _op("POST", "/orders/3steps/payment", pay.ThreeStepsPaymentRequest, OperationResponse, "three-step payment, payment", P, reconcile=OPER)
+    create_mit_order = _op("POST", "/orders/mit", pay.MitRequest, OperationResponse, "merchant-initiated (recurring) payment", P, idempotency_key=True)
+    card_verification = _op("POST", "/orders/card_verification", pay.CardVerificationRequest, OperationResponse, "card verification", P, reconcile=ORDER)
+    create_moto_order = _op("POST", "/orders/moto", pay.MotoRequest, OperationResponse, "mail-order/telephone-order payment", P, reconcile=ORDER)
+    wallet_pay = _op("POST", "/orders/walletpay", pay.WalletPayRequest, OperationResponse, "wallet payment", P, reconcile=ORDER)
+    create_build_order = _op("POST", "/orders/build", pay.BuildOrderRequest, pay.BuildOrderResponse, "create an order for the embedded payment form", P, reconcile=ORDER, notifies=True)
+    build_finalize_payment = _op("POST", "/build/finalize_payment", pay.BuildSessionRequest, pay.BuildStateResponse, "finalize a build payment", P, reconcile=BUILD)
+    build_cancel = _op("POST", "/build/cancel", pay.BuildSessionRequest, pay.BuildStateResponse, "cancel a build payment", P, reconcile=BUILD)
+    build_state = _op("GET", "/build/state", pay.BuildSessionQuery, pay.BuildStateResponse, "read state of a build payment", P)
+    build_card_data = _op("GET", "/build/cardData", pay.BuildSessionQuery, pay.BuildCardDataResponse, "read card data of a build payment", P)
+    build_integrity = _op("GET", "/build/integrity", pay.BuildSessionQuery, pay.BuildIntegrityResponse, "integrity check of a build payment", P)
+    build_confirm_payment = _op("POST", "/build/confirm_payment", pay.BuildConfirmRequest, pay.BuildStateResponse, "confirm a build payment", P, reconcile=BUILD)
 
     # -- back office ------------------------------------------------------------------------------
     list_orders = _op("GET", "/orders", bo.OrderListQuery, bo.OrderListResponse, "list orders", B)
     get_order = _op("GET", "/orders/{orderId}", None, bo.OrderLookupResponse, "look up an order", B)
     list_operations = _op("GET", "/operations", bo.OperationListQuery, bo.OperationListResponse, "list operations", B)
     get_operation = _op("GET", "/operations/{operationId}", None, Operation, "look up an operation", B)
-    get_operation_actions = _op(
-        "GET", "/operations/{operationId}/actions", None, bo.OperationActionsResponse, "list actions of an operation", B
-    )
-    refund_operation = _op(
-        "POST",
-        "/operations/{operationId}/refunds",
-        bo.PostOperationRequest,
-        PostOp,
-        "refund an operation",
-        B,
-        idempotency_key=True,
-    )
-    capture_operation = _op(
-        "POST",
-        "/operations/{operationId}/captures",
-        bo.PostOperationRequest,
-        PostOp,
-        "capture an operation",
-        B,
-        idempotency_key=True,
-    )
-    cancel_operation = _op(
-        "POST",
-        "/operations/{operationId}/cancels",
-        bo.CancelOperationRequest,
-        PostOp,
-        "cancel a capture",
-        B,
-        reconcile=ORDER,
-    )
-    get_customer_contracts = _op(
-        "GET",
-        "/contracts/customers/{customerId}",
-        None,
-        bo.CustomerContractsResponse,
-        "look up contracts of a customer",
-        B,
-    )
-    deactivate_contract = _op(
-        "POST", "/contracts/{contractId}/deactivation", None, EmptyResponse, "deactivate a contract", B, retry_safe=True
-    )
+    get_operation_actions = _op("GET", "/operations/{operationId}/actions", None, bo.OperationActionsResponse, "list actions of an operation", B)
+    refund_operation = _op("POST", "/operations/{operationId}/refunds", bo.PostOperationRequest, PostOp, "refund an operation", B, idempotency_key=True)
+    capture_operation = _op("POST", "/operations/{operationId}/captures", bo.PostOperationRequest, PostOp, "capture an operation", B, idempotency_key=True)
+    cancel_operation = _op("POST", "/operations/{operationId}/cancels", bo.CancelOperationRequest, PostOp, "cancel a capture", B, reconcile=ORDER)
+    get_customer_contracts = _op("GET", "/contracts/customers/{customerId}", None, bo.CustomerContractsResponse, "look up contracts of a customer", B)
+    deactivate_contract = _op("POST", "/contracts/{contractId}/deactivation", None, EmptyResponse, "deactivate a contract", B, retry_safe=True)
     list_payment_methods = _op("GET", "/payment_methods", None, bo.PaymentMethodsResponse, "list payment methods", B)
-    get_exchange_rates = _op(
-        "GET", "/mccExchangeRates", bo.ExchangeRatesQuery, bo.ExchangeRatesResponse, "read exchange rates", B
-    )
+    get_exchange_rates = _op("GET", "/mccExchangeRates", bo.ExchangeRatesQuery, bo.ExchangeRatesResponse, "read exchange rates", B)
 
     # -- reservation guarantee (current paths) ------------------------------------------------
-    create_structure = _op(
-        "POST", "/structures", rg.StructureRequest, EmptyResponse, "create a structure", R, reconcile=LOOKUP
-    )
+    create_structure = _op("POST", "/structures", rg.StructureRequest, EmptyResponse, "create a structure", R, reconcile=LOOKUP)
     list_structures = _op("GET", "/structures", None, rg.StructureListResponse, "list structures", R)
     get_structure = _op("GET", "/structures/{structureId}", None, rg.StructureResponse, "look up a structure", R)
-    create_reservation = _op(
-        "POST",
-        "/reservations",
-        rg.ReservationRequest,
-        rg.ReservationIdResponse,
-        "create a reservation",
-        R,
-        reconcile=RES,
-    )
-    list_reservations = _op(
-        "GET", "/reservations", rg.ReservationListQuery, rg.ReservationListResponse, "list reservations", R
-    )
-    get_reservation = _op(
-        "GET", "/reservations/{reservationId}", None, rg.ReservationLookupResponse, "look up a reservation", R
-    )
-    create_reservation_paybylink = _op(
-        "POST",
-        "/reservations/{reservationId}/paybylink",
-        rg.ReservationPayByLinkRequest,
-        pay.PayByLinkResponse,
-        "pay-by-link for a reservation",
-        R,
-        reconcile=RES,
-        notifies=True,
-    )
-    create_no_show = _op(
-        "POST", "/no_shows", rg.ChangeAmountRequest, OperationResponse, "no-show charge", R, idempotency_key=True
-    )
-    create_incremental = _op(
-        "POST",
-        "/incrementals",
-        rg.ChangeAmountRequest,
-        OperationResponse,
-        "incremental charge",
-        R,
-        idempotency_key=True,
-    )
-    create_delay_charge = _op(
-        "POST", "/delay_charges", rg.ChangeAmountRequest, OperationResponse, "delayed charge", R, idempotency_key=True
-    )
-    create_terms_and_conditions = _op(
-        "POST",
-        "/terms_and_conditions",
-        rg.TermsAndConditionsRequest,
-        rg.TermsAndConditionsIdResponse,
-        "create terms and conditions",
-        R,
-    )
-    list_terms_and_conditions = _op(
-        "GET", "/terms_and_conditions", None, rg.TermsAndConditionsListResponse, "list terms and conditions", R
-    )
-    get_terms_and_conditions = _op(
-        "GET",
-        "/terms_and_conditions/{termsAndConditionsId}",
-        None,
-        rg.TermsAndConditions,
-        "look up terms and conditions",
-        R,
-    )
-    cancel_terms_and_conditions = _op(
-        "POST",
-        "/terms_and_conditions/{termsAndConditionsId}/cancels",
-        None,
-        EmptyResponse,
-        "cancel terms and conditions",
-        R,
-        retry_safe=True,
-    )
-    create_structure_condition = _op(
-        "POST",
-        "/structure_conditions",
-        rg.StructureConditionRequest,
-        rg.StructureConditionIdResponse,
-        "create a structure condition",
-        R,
-    )
-    list_structure_conditions = _op(
-        "GET",
-        "/structure_conditions/structures/{structureid}",
-        None,
-        rg.ConditionListResponse,
-        "list the conditions of a structure",
-        R,
-    )
-    get_structure_condition = _op(
-        "GET",
-        "/structure_conditions/{structureConditionId}",
-        None,
-        rg.StructureCondition,
-        "look up a structure condition",
-        R,
-    )
-    cancel_structure_condition = _op(
-        "POST",
-        "/structure_conditions/{structureConditionId}/cancels",
-        None,
-        EmptyResponse,
-        "cancel a structure condition",
-        R,
-        retry_safe=True,
-    )
-    create_structure_custom_field = _op(
-        "POST",
-        "/structures/custom_fields",
-        rg.CustomFieldRequest,
-        rg.CustomFieldIdResponse,
-        "create a structure custom field",
-        R,
-    )
-    get_structure_custom_field = _op(
-        "GET", "/structures/custom_fields/{customFieldId}", None, rg.CustomField, "look up a structure custom field", R
-    )
-    create_agency_condition = _op(
-        "POST",
-        "/agency_conditions",
-        rg.AgencyConditionRequest,
-        rg.AgencyConditionIdResponse,
-        "create an agency condition",
-        R,
-    )
-    list_agency_conditions = _op(
-        "GET",
-        "/agency_conditions/agencies/{agencyid}",
-        None,
-        rg.ConditionListResponse,
-        "list the conditions of an agency",
-        R,
-    )
-    get_agency_condition = _op(
-        "GET", "/agency_conditions/{agencyConditionId}", None, rg.AgencyCondition, "look up an agency condition", R
-    )
-    cancel_agency_condition = _op(
-        "POST",
-        "/agency_conditions/{agencyConditionid}/cancels",
-        None,
-        EmptyResponse,
-        "cancel an agency condition",
-        R,
-        retry_safe=True,
-    )
-    get_agency_condition_pdf = _op(
-        "GET", "/agency_conditions/{agencyConditionid}/pdf", None, BinaryResponse, "an agency condition as PDF", R
-    )
+    create_reservation = _op("POST", "/reservations", rg.ReservationRequest, rg.ReservationIdResponse, "create a reservation", R, reconcile=RES)
+    list_reservations = _op("GET", "/reservations", rg.ReservationListQuery, rg.ReservationListResponse, "list reservations", R)
+    get_reservation = _op("GET", "/reservations/{reservationId}", None, rg.ReservationLookupResponse, "look up a reservation", R)
+    create_reservation_paybylink = _op("POST", "/reservations/{reservationId}/paybylink", rg.ReservationPayByLinkRequest, pay.PayByLinkResponse, "pay-by-link for a reservation", R, reconcile=RES, notifies=True)
+    create_no_show = _op("POST", "/no_shows", rg.ChangeAmountRequest, OperationResponse, "no-show charge", R, idempotency_key=True)
+    create_incremental = _op("POST", "/incrementals", rg.ChangeAmountRequest, OperationResponse, "incremental charge", R, idempotency_key=True)
+    create_delay_charge = _op("POST", "/delay_charges", rg.ChangeAmountRequest, OperationResponse, "delayed charge", R, idempotency_key=True)
+    create_terms_and_conditions = _op("POST", "/terms_and_conditions", rg.TermsAndConditionsRequest, rg.TermsAndConditionsIdResponse, "create terms and conditions", R)
+    list_terms_and_conditions = _op("GET", "/terms_and_conditions", None, rg.TermsAndConditionsListResponse, "list terms and conditions", R)
+    get_terms_and_conditions = _op("GET", "/terms_and_conditions/{termsAndConditionsId}", None, rg.TermsAndConditions, "look up terms and conditions", R)
+    cancel_terms_and_conditions = _op("POST", "/terms_and_conditions/{termsAndConditionsId}/cancels", None, EmptyResponse, "cancel terms and conditions", R, retry_safe=True)
+    create_structure_condition = _op("POST", "/structure_conditions", rg.StructureConditionRequest, rg.StructureConditionIdResponse, "create a structure condition", R)
+    list_structure_conditions = _op("GET", "/structure_conditions/structures/{structureid}", None, rg.ConditionListResponse, "list the conditions of a structure", R)
+    get_structure_condition = _op("GET", "/structure_conditions/{structureConditionId}", None, rg.StructureCondition, "look up a structure condition", R)
+    cancel_structure_condition = _op("POST", "/structure_conditions/{structureConditionId}/cancels", None, EmptyResponse, "cancel a structure condition", R, retry_safe=True)
+    create_structure_custom_field = _op("POST", "/structures/custom_fields", rg.CustomFieldRequest, rg.CustomFieldIdResponse, "create a structure custom field", R)
+    get_structure_custom_field = _op("GET", "/structures/custom_fields/{customFieldId}", None, rg.CustomField, "look up a structure custom field", R)
+    create_agency_condition = _op("POST", "/agency_conditions", rg.AgencyConditionRequest, rg.AgencyConditionIdResponse, "create an agency condition", R)
+    list_agency_conditions = _op("GET", "/agency_conditions/agencies/{agencyid}", None, rg.ConditionListResponse, "list the conditions of an agency", R)
+    get_agency_condition = _op("GET", "/agency_conditions/{agencyConditionId}", None, rg.AgencyCondition, "look up an agency condition", R)
+    cancel_agency_condition = _op("POST", "/agency_conditions/{agencyConditionid}/cancels", None, EmptyResponse, "cancel an agency condition", R, retry_safe=True)
+    get_agency_condition_pdf = _op("GET", "/agency_conditions/{agencyConditionid}/pdf", None, BinaryResponse, "an agency condition as PDF", R)
     create_agency = _op("POST", "/agencies", rg.AgencyRequest, EmptyResponse, "create an agency", R, reconcile=LOOKUP)
     list_agencies = _op("GET", "/agencies", None, rg.AgencyListResponse, "list agencies", R)
     get_agency = _op("GET", "/agencies/{agencyId}", None, rg.AgencyResponse, "look up an agency", R)
-    create_agency_custom_field = _op(
-        "POST",
-        "/agencies/custom_fields",
-        rg.CustomFieldRequest,
-        rg.CustomFieldIdResponse,
-        "create an agency custom field",
-        R,
-    )
-    get_agency_custom_field = _op(
-        "GET", "/agencies/custom_fields/{customFieldId}", None, rg.CustomField, "look up an agency custom field", R
-    )
-    validate_incremental = _op(
-        "POST",
-        "/reservations/incremental_validation",
-        rg.ReservationValidationRequest,
-        EmptyResponse,
-        "validate an incremental charge",
-        R,
-        retry_safe=True,
-    )
-    validate_no_show = _op(
-        "POST",
-        "/reservations/noshow_validation",
-        rg.ReservationValidationRequest,
-        EmptyResponse,
-        "validate a no-show charge",
-        R,
-        retry_safe=True,
-    )
-    validate_delay_charge = _op(
-        "POST",
-        "/reservations/delaycharge_validation",
-        rg.ReservationValidationRequest,
-        EmptyResponse,
-        "validate a delayed charge",
-        R,
-        retry_safe=True,
-    )
-    set_reservation_service = _op(
-        "POST",
-        "/reservations/services",
-        rg.ServiceRequest,
-        EmptyResponse,
-        "switch a reservation service on or off",
-        R,
-        retry_safe=True,
-    )
-    list_reservation_services = _op(
-        "GET", "/reservations/services", rg.ServiceQuery, rg.ServiceListResponse, "list reservation services", R
-    )
+    create_agency_custom_field = _op("POST", "/agencies/custom_fields", rg.CustomFieldRequest, rg.CustomFieldIdResponse, "create an agency custom field", R)
+    get_agency_custom_field = _op("GET", "/agencies/custom_fields/{customFieldId}", None, rg.CustomField, "look up an agency custom field", R)
+    validate_incremental = _op("POST", "/reservations/incremental_validation", rg.ReservationValidationRequest, EmptyResponse, "validate an incremental charge", R, retry_safe=True)
+    validate_no_show = _op("POST", "/reservations/noshow_validation", rg.ReservationValidationRequest, EmptyResponse, "validate a no-show charge", R, retry_safe=True)
+    validate_delay_charge = _op("POST", "/reservations/delaycharge_validation", rg.ReservationValidationRequest, EmptyResponse, "validate a delayed charge", R, retry_safe=True)
+    set_reservation_service = _op("POST", "/reservations/services", rg.ServiceRequest, EmptyResponse, "switch a reservation service on or off", R, retry_safe=True)
+    list_reservation_services = _op("GET", "/reservations/services", rg.ServiceQuery, rg.ServiceListResponse, "list reservation services", R)
 
     # -- reservation guarantee (earlier path forms) -------------------------------------------
-    validate_no_show_earlier = _op(
-        "POST",
-        "/noshow_validation",
-        rg.ReservationValidationRequest,
-        EmptyResponse,
-        "validate a no-show charge (earlier form)",
-        E,
-        version=EARLIER,
-        retry_safe=True,
-    )
-    validate_delay_charge_earlier = _op(
-        "POST",
-        "/delaycharge_validation",
-        rg.ReservationValidationRequest,
-        EmptyResponse,
-        "validate a delayed charge (earlier form)",
-        E,
-        version=EARLIER,
-        retry_safe=True,
-    )
-    validate_incremental_earlier = _op(
-        "POST",
-        "/incremental_validation",
-        rg.ReservationValidationRequest,
-        EmptyResponse,
-        "validate an incremental charge (earlier form)",
-        E,
-        version=EARLIER,
-        retry_safe=True,
-    )
-    create_custom_field_earlier = _op(
-        "POST",
-        "/custom_fields",
-        rg.CustomFieldRequest,
-        rg.CustomFieldIdResponse,
-        "create a custom field (earlier form)",
-        E,
-        version=EARLIER,
-    )
-    get_custom_field_earlier = _op(
-        "GET",
-        "/custom_fields/{customFieldId}",
-        None,
-        rg.CustomField,
-        "look up a custom field (earlier form)",
-        E,
-        version=EARLIER,
-    )
-    create_reservation_mit_earlier = _op(
-        "POST",
-        "/reservation/{reservationId}/mit",
-        rg.ReservationMitRequest,
-        EmptyResponse,
-        "merchant-initiated charge on a reservation (earlier form)",
-        E,
-        version=EARLIER,
-        idempotency_key=True,
-    )
+    validate_no_show_earlier = _op("POST", "/noshow_validation", rg.ReservationValidationRequest, EmptyResponse, "validate a no-show charge (earlier form)", E, version=EARLIER, retry_safe=True)
+    validate_delay_charge_earlier = _op("POST", "/delaycharge_validation", rg.ReservationValidationRequest, EmptyResponse, "validate a delayed charge (earlier form)", E, version=EARLIER, retry_safe=True)
+    validate_incremental_earlier = _op("POST", "/incremental_validation", rg.ReservationValidationRequest, EmptyResponse, "validate an incremental charge (earlier form)", E, version=EARLIER, retry_safe=True)
+    create_custom_field_earlier = _op("POST", "/custom_fields", rg.CustomFieldRequest, rg.CustomFieldIdResponse, "create a custom field (earlier form)", E, version=EARLIER)
+    get_custom_field_earlier = _op("GET", "/custom_fields/{customFieldId}", None, rg.CustomField, "look up a custom field (earlier form)", E, version=EARLIER)
+    create_reservation_mit_earlier = _op("POST", "/reservation/{reservationId}/mit", rg.ReservationMitRequest, EmptyResponse, "merchant-initiated charge on a reservation (earlier form)", E, version=EARLIER, idempotency_key=True)
+    # fmt: on
 
 
 #: Every operation, in the order of gateway-interface.md.

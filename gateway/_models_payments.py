@@ -117,9 +117,7 @@ class ThreeStepsInitRequest(GatewayModel):
 
 class ThreeStepsInitResponse(GatewayModel):
     operation: Operation
-    threeDSEnrollmentStatus: Annotated[
-        ThreeDSEnrollmentStatus | Unknown | None, LenientEnum(ThreeDSEnrollmentStatus)
-    ] = None
+    threeDSEnrollmentStatus: Annotated[ThreeDSEnrollmentStatus | Unknown | None, LenientEnum(ThreeDSEnrollmentStatus)] = None
     threeDSAuthRequest: str | None = None
     threeDSAuthUrl: str | None = None
 

@@ -15,8 +15,7 @@ from gateway import CATALOGUE
 def markdown_table() -> str:
     """The README's endpoint table, generated from the catalogue (a test keeps README in step)."""
     lines = [
-        "| # | Method | Path | Operation (task `durapay.gateway.<operation>`) | Version | Idempotency-Key "
-        "| Retry safe |",
+        "| # | Method | Path | Operation (task `durapay.gateway.<operation>`) | Version | Idempotency-Key | Retry safe |",
         "|---|---|---|---|---|---|---|",
     ]
     for number, op in enumerate(CATALOGUE, start=1):

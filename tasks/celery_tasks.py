@@ -1,0 +1,89 @@
+"""Celery tasks: one per gateway operation (``durapay.gateway.<operation>``), derived from the catalogue.
+
+Each task has two uses:
+
+* **as a flow step**: ``task(flow_id, step)`` runs that step of that flow through the engine's step
+  runner (claim, call with the step's idempotency key, classify, complete). A duplicate or late
+  delivery finds the step claimed or done and returns without calling the gateway.
+* **directly**: ``task.delay(path_args=[...], request={...}, idempotency_key=...)`` calls the operation
+  once and returns the answer as JSON (the caller owns retries and keys).
+
+``durapay.engine.step`` runs the steps that call nothing (waits, timers). ``CelerySender`` is how the
+engine sends work: one task, or a chain of the remaining steps of a flow (the chain is the fast path;
+the engine's due set is the safety net when a link is lost).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
+
+from celery import Celery, chain
+
+from config.celery import QUEUE
+from gateway import CATALOGUE, GatewayClient, GatewayOperation
+
+ENGINE_STEP_TASK = "durapay.engine.step"
+
+
+class StepRunner(Protocol):
+    def __call__(self, flow_id: str, step: str, /, *, worker: str, chained_next: str | None) -> str: ...
+
+
+def _next_link(request: Any, flow_id: str) -> str | None:
+    """The step name of the chain's next link for this flow, if the chain still has one."""
+    links = getattr(request, "chain", None) or []
+    if not links:
+        return None
+    following = links[-1]  # Celery keeps the remaining links reversed
+    args = following.get("args") or []
+    if len(args) >= 2 and args[0] == flow_id:
+        return str(args[1])
+    return None
+
+
+def register_tasks(app: Celery, run_step: StepRunner, client_factory: Callable[[], GatewayClient]) -> None:
+    """Define every task on ``app``. ``run_step`` is the engine's; ``client_factory`` serves direct calls."""
+
+    def make(op: GatewayOperation[Any]) -> None:
+        @app.task(name=op.task_name, bind=True, acks_late=True, reject_on_worker_lost=True)  # type: ignore[untyped-decorator]
+        def gateway_task(
+            self: Any,
+            flow_id: str | None = None,
+            step: str | None = None,
+            *,
+            path_args: Sequence[str] = (),
+            request: dict[str, Any] | None = None,
+            idempotency_key: str | None = None,
+        ) -> Any:
+            if flow_id is not None and step is not None:
+                return run_step(flow_id, step, worker=self.request.hostname or "", chained_next=_next_link(self.request, flow_id))
+            with client_factory() as client:
+                return client.call(op, *path_args, request=request, idempotency_key=idempotency_key).wire()
+
+    for op in CATALOGUE:
+        make(op)
+
+    @app.task(name=ENGINE_STEP_TASK, bind=True, acks_late=True, reject_on_worker_lost=True)  # type: ignore[untyped-decorator]
+    def engine_step(self: Any, flow_id: str, step: str) -> str:
+        return run_step(flow_id, step, worker=self.request.hostname or "", chained_next=_next_link(self.request, flow_id))
+
+
+class CelerySender:
+    """Sends step tasks by name (the sending process need not have the tasks registered)."""
+
+    def __init__(self, app: Celery) -> None:
+        self.app = app
+
+    def send(self, task_name: str, flow_id: str, step: str) -> None:
+        self.app.send_task(task_name, args=[flow_id, step], queue=QUEUE)
+
+    def send_chain(self, flow_id: str, links: Sequence[tuple[str, str]]) -> None:
+        """``links`` = [(task name, step name), ...] in order."""
+        if not links:
+            return
+        if len(links) == 1:
+            self.send(links[0][0], flow_id, links[0][1])
+            return
+        signatures = [self.app.signature(name, args=(flow_id, step), immutable=True, queue=QUEUE) for name, step in links]
+        chain(*signatures).apply_async()

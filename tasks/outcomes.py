@@ -1,0 +1,74 @@
+"""What a step can end with. The step runner turns each into one atomic update of the flow record.
+
+A step returns (or the runner derives from an error) exactly one of these:
+
+* :class:`Advance` - the step is done; its output is kept and the flow moves to its next step (or
+  succeeds when there is none).
+* :class:`Finish` - the flow ends now (``failed`` after a decline or a 4xx, with the gateway's error).
+* :class:`Retry` - a technical failure; run this step again after ``after`` seconds. ``reconcile``
+  says the gateway may have acted, so the next attempt reads the gateway before resending.
+* :class:`Poll` - not a failure: the gateway has no final answer yet (a PENDING result); look again.
+* :class:`Wait` - the customer must act: wait for one of ``signals`` until ``deadline``.
+* :class:`Sleep` - a durable timer: run this step again at ``until``.
+* :class:`NewOrder` - the gateway holds an order whose answer was lost before the customer could use
+  it (nothing can have been charged); start this step again on a fresh gateway order id.
+* :class:`Attention` - only a person can decide; the flow stops in ``needs_attention``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Advance:
+    output: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Finish:
+    succeeded: bool
+    reason: str
+    output: dict[str, Any] = field(default_factory=dict)
+    error: dict[str, Any] | None = None
+
+
+@dataclass(frozen=True)
+class Retry:
+    after: float
+    error: dict[str, Any]
+    reconcile: bool = False
+
+
+@dataclass(frozen=True)
+class Poll:
+    after: float
+    note: str = ""
+
+
+@dataclass(frozen=True)
+class Wait:
+    signals: tuple[str, ...]
+    deadline: float
+    note: str = ""
+
+
+@dataclass(frozen=True)
+class Sleep:
+    until: float
+    note: str = ""
+
+
+@dataclass(frozen=True)
+class NewOrder:
+    reason: str
+
+
+@dataclass(frozen=True)
+class Attention:
+    reason: str
+    error: dict[str, Any] | None = None
+
+
+Outcome = Advance | Finish | Retry | Poll | Wait | Sleep | NewOrder | Attention

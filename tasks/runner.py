@@ -1,0 +1,132 @@
+"""The step runner's gateway half: run one claimed step, call the gateway with the step's key, classify.
+
+The engine (``workflows.engine``) claims a step, hands it here as a :class:`StepContext`, and writes
+the :class:`~tasks.outcomes.Outcome` returned. This module owns what happens in between:
+
+1. If the previous try of this step may have reached the gateway (an ambiguous error, or a worker that
+   died holding the lease) and the operation is not retry safe, *reconcile first*: the step reads the
+   gateway (its catalogue ``reconcile``) and either adopts the committed result, or learns that nothing
+   happened and calls again, or cannot tell yet and retries the read on a bounded backoff.
+2. Call the gateway with the step's idempotency key (one per flow and step, stable across tries).
+3. Turn a gateway error into an outcome through the retry policy; a step body's own answer (say a
+   decline) is already an outcome.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol, TypeVar
+
+from pydantic import BaseModel
+
+from gateway import BY_NAME, GatewayClient, GatewayError, GatewayModel, GatewayOperation
+from tasks.outcomes import Attention, Outcome, Retry
+from tasks.retry import RetryPolicy
+
+log = logging.getLogger("durapay.runner")
+
+Resp = TypeVar("Resp", bound=GatewayModel)
+
+
+class NotCommitted:
+    """Reconcile found that the gateway did not act: call again."""
+
+
+class Unclear:
+    """Reconcile could not tell (yet): read again later."""
+
+
+NOT_COMMITTED = NotCommitted()
+UNCLEAR = Unclear()
+ReconcileResult = Outcome | NotCommitted | Unclear
+
+
+@dataclass
+class StepContext:
+    """Everything a step body may use. ``call`` is the only way a step reaches the gateway."""
+
+    flow_id: str
+    kind: str
+    step: str
+    input: Any
+    outputs: Mapping[str, dict[str, Any]]
+    attempt: int
+    now: float
+    idempotency_key: str
+    order_id: str
+    client: GatewayClient
+    deadline_reached: bool = False
+    wait_deadline: float | None = None
+    signals: list[tuple[str, str, dict[str, Any]]] = field(default_factory=list)
+    polls: int = 0
+    notification_url: str = ""
+    calls: list[str] = field(default_factory=list)
+    consumed: list[str] = field(default_factory=list)
+    retry: RetryPolicy = field(default_factory=RetryPolicy)
+
+    def call(
+        self,
+        op: GatewayOperation[Resp],
+        *path_args: str,
+        request: BaseModel | Mapping[str, Any] | None = None,
+    ) -> Resp:
+        """Call ``op``, sending this step's idempotency key where the operation takes one."""
+        self.calls.append(op.name)
+        key = self.idempotency_key if op.idempotency_key else None
+        return self.client.call(op, *path_args, request=request, idempotency_key=key)
+
+    def output(self, step: str) -> dict[str, Any]:
+        """The output of an earlier step ({} when it was skipped)."""
+        return self.outputs.get(step, {})
+
+    def consume(self, signal_field: str) -> None:
+        """Mark a received signal as handled (it is removed when the step completes)."""
+        self.consumed.append(signal_field)
+
+
+class Step(Protocol):
+    """What the runner needs of a step definition (``workflows.steps`` provides them)."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def operation(self) -> GatewayOperation[Any] | None: ...
+
+    def execute(self, ctx: StepContext) -> Outcome: ...
+
+    def reconcile(self, ctx: StepContext) -> ReconcileResult: ...
+
+
+def run_step(step: Step, ctx: StepContext, *, must_reconcile: bool, resend: bool) -> Outcome:
+    """Run ``step`` once under the claim described by ``ctx``; never raises a GatewayError."""
+    op = step.operation
+    policy = ctx.retry
+    if must_reconcile and op is not None and not op.retry_safe:
+        try:
+            found = step.reconcile(ctx)
+        except GatewayError as error:
+            found = UNCLEAR
+            log.info("flow %s step %s: reconcile read failed: %s", ctx.flow_id, ctx.step, error)
+        if isinstance(found, Unclear):
+            if ctx.attempt >= policy.reconcile_attempts:
+                return Attention(f"{op.name} may have taken effect and the gateway cannot tell yet")
+            return Retry(policy.delay(ctx.attempt), {"type": "Unclear", "message": "outcome not yet known"}, True)
+        if not isinstance(found, NotCommitted):
+            return found
+    try:
+        return step.execute(ctx)
+    except GatewayError as error:
+        failing = _operation_of(error, op, ctx)
+        if failing is None:
+            return Retry(policy.delay(ctx.attempt), error.to_dict(), reconcile=False)
+        return policy.on_error(error, failing, ctx.attempt, resend=resend)
+
+
+def _operation_of(error: GatewayError, op: GatewayOperation[Any] | None, ctx: StepContext) -> GatewayOperation[Any] | None:
+    """The operation that failed: the one named by the error (a step may read before it writes)."""
+    if error.operation and error.operation in BY_NAME:
+        return BY_NAME[error.operation]
+    return op

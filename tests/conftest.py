@@ -1,0 +1,41 @@
+"""Shared fixtures: a real Redis-protocol server for the whole session, and isolated key prefixes.
+
+Tests start their own embedded Valkey (AOF on) unless ``DURAPAY_REDIS_URL`` points at a Redis to use
+instead. Each test gets its own key prefix, so tests never see each other's flows.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+
+from config.embedded import EmbeddedValkey
+
+
+@pytest.fixture(scope="session")
+def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    configured = os.environ.get("DURAPAY_REDIS_URL")
+    if configured:
+        yield configured
+        return
+    server = EmbeddedValkey(Path(tmp_path_factory.mktemp("valkey")), appendfsync="always")
+    server.start()
+    yield server.url
+    server.stop()
+
+
+@pytest.fixture
+def redis_client(redis_url: str) -> Iterator[redis.Redis]:
+    client = redis.Redis.from_url(redis_url)
+    yield client
+    client.close()
+
+
+@pytest.fixture
+def key_prefix() -> str:
+    return "t" + uuid.uuid4().hex[:10]

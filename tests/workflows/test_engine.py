@@ -1,0 +1,363 @@
+"""The engine's mechanics on a real Valkey, with scripted steps and a manual clock (no Celery here).
+
+Scripted steps stand in for gateway calls so each path of the claim/complete protocol is hit exactly:
+duplicate delivery, lease expiry and reclaim, reconcile before resend, waits and early signals,
+cancel, operator retry, durable timers, start keys.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+import redis
+from pydantic import Field
+
+from config import load_settings
+from gateway import Catalogue, GatewayModel, GatewayOperation
+from tasks.outcomes import Advance, Attention, Finish, Outcome, Retry, Sleep
+from tasks.runner import NOT_COMMITTED, ReconcileResult, StepContext
+from workflows.clock import ManualClock
+from workflows.engine import Engine, InputError, NotFound, OperatorError
+from workflows.states import FlowState
+from workflows.steps import FlowDefinition, SleepStep, WaitStep
+from workflows.store import Change, StartConflict
+
+T0 = 1_800_000_000.0
+
+
+class DemoInput(GatewayModel):
+    amount: int = Field(ge=1)
+    sleepUntil: float | None = None
+
+
+@dataclass
+class ScriptedStep:
+    """A step whose answers are scripted; it records every execute and reconcile."""
+
+    name: str
+    outcomes: list[Outcome] = field(default_factory=list)
+    reconciles: list[ReconcileResult] = field(default_factory=list)
+    op: GatewayOperation[Any] | None = Catalogue.create_moto_order
+    runs: list[int] = field(default_factory=list)
+    reconciled: list[int] = field(default_factory=list)
+    during: Callable[[StepContext], None] | None = None
+    when: Any = None
+    customer_url: Any = None
+
+    @property
+    def operation(self) -> GatewayOperation[Any] | None:
+        return self.op
+
+    @property
+    def task_name(self) -> str:
+        return "test.step"
+
+    def execute(self, ctx: StepContext) -> Outcome:
+        self.runs.append(ctx.attempt)
+        if self.during:
+            self.during(ctx)
+        return self.outcomes.pop(0) if self.outcomes else Advance({"step": self.name, "key": ctx.idempotency_key})
+
+    def reconcile(self, ctx: StepContext) -> ReconcileResult:
+        self.reconciled.append(ctx.attempt)
+        return self.reconciles.pop(0) if self.reconciles else NOT_COMMITTED
+
+
+def summary(data: Any, outputs: Any) -> dict[str, Any]:
+    return {"steps": sorted(outputs)}
+
+
+class Sent:
+    def __init__(self) -> None:
+        self.chains: list[tuple[str, list[tuple[str, str]]]] = []
+
+    def send(self, task_name: str, flow_id: str, step: str) -> None:
+        self.chains.append((flow_id, [(task_name, step)]))
+
+    def send_chain(self, flow_id: str, links: list[tuple[str, str]]) -> None:
+        self.chains.append((flow_id, list(links)))
+
+
+@pytest.fixture
+def clock() -> ManualClock:
+    return ManualClock(T0)
+
+
+@pytest.fixture
+def make_engine(
+    redis_client: redis.Redis, key_prefix: str, clock: ManualClock
+) -> Iterator[Callable[[FlowDefinition], tuple[Engine, Sent]]]:
+    def make(definition: FlowDefinition) -> tuple[Engine, Sent]:
+        settings = load_settings(
+            {
+                "engine": {"key_prefix": key_prefix, "lease_seconds": 30, "partitions": 3},
+                "retry": {"base_seconds": 1, "cap_seconds": 10, "max_attempts": 3, "reconcile_attempts": 3},
+            }
+        )
+        sent = Sent()
+        engine = Engine(settings, redis_client, {definition.kind: definition}, sender=sent, clock=clock)
+        return engine, sent
+
+    yield make
+
+
+def flow(*steps: Any) -> FlowDefinition:
+    return FlowDefinition("demo", DemoInput, tuple(steps), summary)
+
+
+def test_steps_run_in_order_and_the_flow_succeeds(make_engine: Any) -> None:
+    first, second = ScriptedStep("first"), ScriptedStep("second")
+    engine, sent = make_engine(flow(first, second))
+    record = engine.start("demo", {"amount": 5})
+    assert record.state is FlowState.READY and record.step == "first"
+    assert sent.chains == [(record.id, [("test.step", "first"), ("test.step", "second")])]
+    assert engine.run_step(record.id, "first", chained_next="second") == "ready"
+    assert engine.run_step(record.id, "second") == "succeeded"
+    done = engine.get(record.id)
+    assert done.outcome == {"steps": ["first", "second"], "result": "succeeded"}
+    assert done.outputs["first"]["key"] == f"{record.id}.first"
+    assert [entry["to"] for entry in engine.history(record.id)] == ["ready", "running", "ready", "running", "succeeded"]
+    assert engine.redis.ttl(engine.keys.flow(record.id)) > 0, "finished flows expire after the retention time"
+    assert len(sent.chains) == 1, "the chain carried the second step: nothing more was sent"
+
+
+def test_a_duplicate_or_late_delivery_does_nothing(make_engine: Any) -> None:
+    only = ScriptedStep("only")
+    engine, _ = make_engine(flow(only))
+    record = engine.start("demo", {"amount": 5})
+    assert engine.run_step(record.id, "only") == "succeeded"
+    assert engine.run_step(record.id, "only") == "stopped"
+    assert engine.run_step(record.id, "other") == "not-current"
+    assert engine.run_step("f-missing", "only") == "missing"
+    assert len(only.runs) == 1
+
+
+def test_a_held_lease_keeps_a_second_worker_out(make_engine: Any) -> None:
+    results: list[str] = []
+    step = ScriptedStep("pay")
+    engine, _ = make_engine(flow(step))
+    record = engine.start("demo", {"amount": 5})
+    step.during = lambda ctx: results.append(engine.run_step(record.id, "pay", worker="second"))
+    engine.run_step(record.id, "pay", worker="first")
+    assert results == ["leased"]
+    assert len(step.runs) == 1
+
+
+def test_a_dead_workers_step_is_reclaimed_after_the_lease_and_reconciled(make_engine: Any, clock: ManualClock) -> None:
+    step = ScriptedStep("pay", reconciles=[Advance({"adopted": True})])
+    engine, sent = make_engine(flow(step))
+    record = engine.start("demo", {"amount": 5})
+    claimed = engine.store.get(record.id)
+    assert claimed is not None
+    # A worker claims and dies before completing: only the claim is written.
+    engine.store.transition(
+        claimed,
+        Change(FlowState.RUNNING, "claimed pay", {"attempt": "1", "lease_until": repr(T0 + 30)}, due=T0 + 30),
+        now=T0,
+        by="dead",
+    )
+    assert engine.dispatch_due() == 0, "nothing is due while the lease holds"
+    clock.advance(31)
+    sent.chains.clear()
+    assert engine.dispatch_due() == 1
+    assert sent.chains == [(record.id, [("test.step", "pay")])]
+    assert engine.run_step(record.id, "pay", worker="new") == "succeeded"
+    assert step.reconciled == [2], "the reclaimed try read the gateway first"
+    assert step.runs == [], "and adopted what it found instead of calling again"
+    assert engine.get(record.id).outputs["pay"] == {"adopted": True}
+
+
+def test_an_ambiguous_failure_reconciles_before_the_resend(make_engine: Any, clock: ManualClock) -> None:
+    error = {"type": "ServerError", "ambiguous": True}
+    step = ScriptedStep("pay", outcomes=[Retry(2.0, error, reconcile=True)], reconciles=[NOT_COMMITTED])
+    engine, _ = make_engine(flow(step))
+    record = engine.start("demo", {"amount": 5})
+    assert engine.run_step(record.id, "pay") == "retrying"
+    waiting = engine.get(record.id)
+    assert waiting.error == error and waiting.reconcile and waiting.due == T0 + 2.0
+    assert engine.run_step(record.id, "pay") == "early", "a delivery before the backoff ends does nothing"
+    clock.advance(2)
+    assert engine.run_step(record.id, "pay") == "succeeded"
+    assert step.reconciled == [2]
+    assert step.runs == [1, 2]
+
+
+def test_retry_safe_operations_resend_without_reconciling(make_engine: Any, clock: ManualClock) -> None:
+    step = ScriptedStep("mit", outcomes=[Retry(1.0, {"type": "GatewayTimeout"}, reconcile=True)], op=Catalogue.create_mit_order)
+    engine, _ = make_engine(flow(step))
+    record = engine.start("demo", {"amount": 5})
+    engine.run_step(record.id, "mit")
+    clock.advance(1)
+    assert engine.run_step(record.id, "mit") == "succeeded"
+    assert step.reconciled == []
+    keys = {engine.get(record.id).outputs["mit"]["key"]}
+    assert keys == {f"{record.id}.mit"}, "one idempotency key per step, the same on every try"
+
+
+def test_start_refuses_bad_input_naming_the_field(make_engine: Any) -> None:
+    engine, _ = make_engine(flow(ScriptedStep("only")))
+    with pytest.raises(InputError) as caught:
+        engine.start("demo", {"amount": 0})
+    assert caught.value.field == "amount"
+    assert "greater than or equal to 1" in caught.value.reason
+    with pytest.raises(InputError, match="unknown flow kind"):
+        engine.start("nope", {})
+    assert engine.list() == [], "nothing half written"
+
+
+def test_start_with_a_key_is_idempotent(make_engine: Any) -> None:
+    engine, sent = make_engine(flow(ScriptedStep("only")))
+    first = engine.start("demo", {"amount": 5}, key="order-77")
+    again = engine.start("demo", {"amount": 5}, key="order-77")
+    assert again.id == first.id
+    assert len(sent.chains) == 1
+    with pytest.raises(StartConflict):
+        engine.start("demo", {"amount": 6}, key="order-77")
+
+
+def wait_step(name: str = "customer") -> WaitStep:
+    return WaitStep(
+        name,
+        ("paid",),
+        on_signal=lambda ctx, signal, payload: Advance({"signal": signal, **payload}),
+        on_deadline=lambda ctx: Finish(False, "expired"),
+        timeout=lambda ctx: 100.0,
+    )
+
+
+def test_a_signal_resumes_a_waiting_flow(make_engine: Any) -> None:
+    engine, sent = make_engine(flow(wait_step(), ScriptedStep("after")))
+    record = engine.start("demo", {"amount": 5})
+    assert engine.run_step(record.id, "customer") == "waiting"
+    assert engine.get(record.id).due == T0 + 100
+    sent.chains.clear()
+    assert engine.signal(record.id, "paid", {"by": "card"}) == "resumed"
+    assert sent.chains == [(record.id, [("durapay.engine.step", "customer"), ("test.step", "after")])]
+    assert engine.run_step(record.id, "customer") == "ready"
+    assert engine.run_step(record.id, "after") == "succeeded"
+    final = engine.get(record.id)
+    assert final.outputs["customer"] == {"signal": "paid", "by": "card"}
+    assert final.signals == [], "the consumed signal is removed"
+
+
+def test_a_signal_before_the_wait_is_kept_and_used(make_engine: Any) -> None:
+    engine, _ = make_engine(flow(ScriptedStep("create"), wait_step()))
+    record = engine.start("demo", {"amount": 5})
+    assert engine.signal(record.id, "paid", {"early": True}) == "stored"
+    engine.run_step(record.id, "create")
+    assert engine.run_step(record.id, "customer") == "succeeded"
+    assert engine.get(record.id).outputs["customer"]["early"] is True
+
+
+def test_a_signal_arriving_while_the_wait_step_runs_is_not_slept_through(make_engine: Any) -> None:
+    step = wait_step()
+    engine, _ = make_engine(flow(step))
+    record = engine.start("demo", {"amount": 5})
+
+    class Racing(WaitStep):
+        def execute(self, ctx: StepContext) -> Outcome:
+            outcome = super().execute(ctx)  # decides to wait...
+            engine.signal(record.id, "paid", {"raced": True})  # ...while the signal lands
+            return outcome
+
+    engine.registry["demo"] = flow(Racing(step.name, step.signals, step.on_signal, step.on_deadline, step.timeout))
+    assert engine.run_step(record.id, "customer") == "ready"
+    assert engine.run_step(record.id, "customer") == "succeeded"
+
+
+def test_the_wait_deadline_runs_the_deadline_handler(make_engine: Any, clock: ManualClock) -> None:
+    engine, _ = make_engine(flow(wait_step()))
+    record = engine.start("demo", {"amount": 5})
+    engine.run_step(record.id, "customer")
+    clock.advance(99)
+    assert engine.run_step(record.id, "customer") == "early"
+    clock.advance(1)
+    assert engine.dispatch_due() == 1
+    assert engine.run_step(record.id, "customer") == "failed"
+    assert engine.get(record.id).outcome == {"steps": [], "result": "failed", "reason": "expired"}
+    assert engine.signal(record.id, "paid", {}) == "finished"
+    with pytest.raises(NotFound):
+        engine.signal("f-nope", "paid", {})
+
+
+def test_a_durable_timer_fires_once_when_due(make_engine: Any, clock: ManualClock) -> None:
+    timer = SleepStep("timer", until=lambda ctx: ctx.input.sleepUntil)
+    after = ScriptedStep("after")
+    engine, _ = make_engine(flow(timer, after))
+    record = engine.start("demo", {"amount": 5, "sleepUntil": T0 + 30 * 86400})
+    assert engine.run_step(record.id, "timer") == "sleeping"
+    clock.advance(30 * 86400 - 1)
+    assert engine.dispatch_due() == 0
+    clock.advance(1)
+    assert engine.dispatch_due() == 1
+    assert engine.run_step(record.id, "timer") == "ready"
+    assert engine.run_step(record.id, "timer") == "not-current"
+    assert engine.run_step(record.id, "after") == "succeeded"
+    assert len(after.runs) == 1
+
+
+def test_cancel_now_or_at_the_step_boundary(make_engine: Any) -> None:
+    engine, _ = make_engine(flow(wait_step()))
+    waiting = engine.start("demo", {"amount": 5})
+    engine.run_step(waiting.id, "customer")
+    assert engine.cancel(waiting.id, "customer left").state is FlowState.CANCELLED
+    assert engine.run_step(waiting.id, "customer") == "stopped"
+    with pytest.raises(OperatorError, match="already ended"):
+        engine.cancel(waiting.id)
+
+    step = ScriptedStep("pay")
+    engine.registry["demo"] = flow(step, ScriptedStep("next"))
+    running = engine.start("demo", {"amount": 6})
+    step.during = lambda ctx: engine.cancel(running.id)
+    assert engine.run_step(running.id, "pay") == "cancelled"
+    final = engine.get(running.id)
+    assert final.outputs["pay"]["step"] == "pay", "the step's effect is kept and reported"
+
+
+def test_operator_retry_from_needs_attention_and_from_failed(make_engine: Any) -> None:
+    step = ScriptedStep("pay", outcomes=[Attention("cannot tell"), Finish(False, "declined")])
+    engine, _ = make_engine(flow(step))
+    record = engine.start("demo", {"amount": 5})
+    assert engine.run_step(record.id, "pay") == "needs_attention"
+    assert engine.dispatch_due() == 0, "nothing is due in needs_attention"
+    assert engine.retry(record.id).state is FlowState.READY
+    assert engine.run_step(record.id, "pay") == "failed"
+    restarted = engine.retry(record.id)
+    assert restarted.generation == 1 and restarted.outputs == {}
+    assert engine.run_step(record.id, "pay") == "succeeded"
+    assert engine.get(record.id).outputs["pay"]["key"] == f"{record.id}.pay~1", "a restart uses fresh keys"
+    with pytest.raises(OperatorError):
+        engine.retry(record.id)
+
+
+def test_exhausted_retries_of_a_non_ambiguous_error_fail(make_engine: Any, clock: ManualClock) -> None:
+    from gateway import GatewayUnreachable
+    from tasks.retry import RetryPolicy
+
+    policy = RetryPolicy(base_seconds=1, cap_seconds=1, max_attempts=3)
+    outcome = policy.on_error(GatewayUnreachable("down"), Catalogue.create_moto_order, 3, resend=False)
+    assert isinstance(outcome, Finish) and not outcome.succeeded
+
+
+def test_list_filters_by_state_and_kind(make_engine: Any) -> None:
+    engine, _ = make_engine(flow(ScriptedStep("only")))
+    done = engine.start("demo", {"amount": 1})
+    engine.run_step(done.id, "only")
+    pending = engine.start("demo", {"amount": 2})
+    assert [r.id for r in engine.list(state=FlowState.SUCCEEDED)] == [done.id]
+    assert [r.id for r in engine.list(state=FlowState.READY)] == [pending.id]
+    assert {r.id for r in engine.list(kind="demo")} == {done.id, pending.id}
+    assert len(engine.list(limit=1)) == 1
+    assert engine.list(kind="other") == []
+
+
+def test_a_sleep_outcome_from_a_call_step(make_engine: Any, clock: ManualClock) -> None:
+    step = ScriptedStep("pay", outcomes=[Sleep(T0 + 50)])
+    engine, _ = make_engine(flow(step))
+    record = engine.start("demo", {"amount": 5})
+    assert engine.run_step(record.id, "pay") == "sleeping"
+    clock.advance(50)
+    assert engine.run_step(record.id, "pay") == "succeeded"

@@ -1,0 +1,81 @@
+"""The dispatcher (``durapay scheduler``): sends what the ``due`` set says is due, forever.
+
+Any number may run at once on any machines: taking due entries is atomic (``take_due.lua`` pushes
+each taken entry back by a lease, so no other dispatcher sends it meanwhile; if this one dies before
+sending, the entry comes due again). What it sends is a chain of the flow's remaining steps; a
+duplicate delivery is harmless because every step claims before it acts.
+
+Besides the due set, each tick runs the registered *tickers* (the schedules fire their occurrences
+this way), writes a heartbeat for ``/readyz``, and now and then trims the indexes of expired flows.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+
+from workflows.engine import Engine
+
+log = logging.getLogger("durapay.dispatcher")
+
+Ticker = Callable[[], int]
+
+
+class Dispatcher:
+    def __init__(
+        self,
+        engine: Engine,
+        *,
+        interval: float | None = None,
+        tickers: list[Ticker] | None = None,
+        name: str = "dispatcher",
+    ) -> None:
+        self.engine = engine
+        self.interval = interval if interval is not None else engine.settings.engine.dispatch_interval
+        self.tickers = list(tickers or [])
+        self.name = name
+        self.sent = 0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._last_trim = 0.0
+
+    def tick(self) -> int:
+        """One pass: fire tickers, send due flows. Returns how many flows were sent."""
+        for ticker in self.tickers:
+            try:
+                ticker()
+            except Exception:  # one failing ticker must not stop dispatching
+                log.exception("%s: ticker failed", self.name)
+        sent = self.engine.dispatch_due()
+        self.sent += sent
+        now = self.engine.clock.now()
+        heartbeat = self.engine.keys.heartbeat("scheduler")
+        self.engine.redis.set(heartbeat, repr(now), ex=max(5, int(self.interval * 10)))
+        if time.monotonic() - self._last_trim > 300:
+            self._last_trim = time.monotonic()
+            self.engine.store.trim_indexes(now=now)
+        return sent
+
+    def run(self) -> None:
+        """Tick until :meth:`stop`; a Redis outage is waited out, not fatal."""
+        while not self._stop.is_set():
+            try:
+                sent = self.tick()
+            except Exception as exc:  # noqa: BLE001 - Redis restarts are expected; keep trying
+                log.warning("%s: tick failed (%s); retrying", self.name, exc)
+                sent = 0
+            if not sent:
+                self._stop.wait(self.interval)
+
+    def start(self) -> Dispatcher:
+        self._thread = threading.Thread(target=self.run, name=self.name, daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self, timeout: float = 10.0) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+            self._thread = None

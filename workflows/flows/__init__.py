@@ -1,0 +1,30 @@
+"""Every flow kind durapay runs, by name. ``REGISTRY`` is what the engine is built with."""
+
+from __future__ import annotations
+
+from workflows.flows.backoffice import CANCEL_CAPTURE, CAPTURE, DEACTIVATE_CONTRACT, REFUND
+from workflows.flows.direct import CARD_VERIFICATION, MIT, MOTO, SVS, THREE_STEPS, WALLET
+from workflows.flows.sessions import BUILD, BUILD_CANCEL, HPP, PAYBYLINK, PAYBYLINK_CANCEL, PAYBYLINK_RENEW
+from workflows.steps import FlowDefinition
+
+FLOWS: tuple[FlowDefinition, ...] = (
+    HPP,
+    PAYBYLINK,
+    PAYBYLINK_CANCEL,
+    PAYBYLINK_RENEW,
+    THREE_STEPS,
+    SVS,
+    BUILD,
+    BUILD_CANCEL,
+    MOTO,
+    CARD_VERIFICATION,
+    WALLET,
+    MIT,
+    REFUND,
+    CAPTURE,
+    CANCEL_CAPTURE,
+    DEACTIVATE_CONTRACT,
+)
+REGISTRY: dict[str, FlowDefinition] = {flow.kind: flow for flow in FLOWS}
+
+__all__ = ["FLOWS", "REGISTRY"]

@@ -1,0 +1,184 @@
+"""Pieces shared by the flow definitions: reading a payment result, reconciling by order or operation,
+the summary every flow's outcome carries, and the step that reads a PENDING operation until final.
+
+A payment result is read the same way everywhere: AUTHORIZED or EXECUTED is success; DECLINED,
+DENIED_BY_RISK, 3DS failures, CANCELED, FAILED and EXPIRED end the flow ``failed`` with the gateway's
+answer kept (and, for declines, the ISO response code and whether it is soft or hard); PENDING means
+"look again"; a result this version does not know stops the flow for a person instead of guessing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from gateway import (
+    FAILURE_RESULTS,
+    RESPONSE_CODE_FIELD,
+    RESPONSE_CODES,
+    SUCCESS_RESULTS,
+    Catalogue,
+    NotFound,
+    Operation,
+    OperationResponse,
+    OperationResult,
+    Unknown,
+    decline_kind,
+)
+from tasks.outcomes import Advance, Attention, Finish, NewOrder, Outcome, Poll
+from tasks.runner import NOT_COMMITTED, UNCLEAR, ReconcileResult, StepContext
+from workflows.steps import Call, CallStep
+
+#: How long to wait between reads of a PENDING operation, and how many reads before a person looks.
+POLL_SECONDS = 2.0
+MAX_POLLS = 60
+
+
+def operation_of(output: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The operation object in a step output (``{operation: {...}}`` or an operation itself)."""
+    inner = output.get("operation")
+    if isinstance(inner, dict):
+        return inner
+    if "operationId" in output and "operationResult" in output:
+        return dict(output)
+    return None
+
+
+def decline_error(operation: Operation) -> dict[str, Any]:
+    code = str((operation.additionalData or {}).get(RESPONSE_CODE_FIELD) or "") or None
+    return {
+        "type": "PaymentDeclined",
+        "message": f"operation {operation.operationId} ended {operation.operationResult}",
+        "operationId": operation.operationId,
+        "operationResult": str(operation.operationResult),
+        "responseCode": code,
+        "responseText": RESPONSE_CODES.get(code or ""),
+        "decline": decline_kind(code),
+        "retryable": False,
+    }
+
+
+def judge_operation(operation: Operation, output: dict[str, Any], *, accept: frozenset[str] = frozenset()) -> Outcome:
+    """The outcome of a payment answer: Advance, Finish(failed), Poll (PENDING) or Attention (unknown)."""
+    result = operation.operationResult
+    if isinstance(result, Unknown) or result is None:
+        return Attention(
+            f"operation {operation.operationId} has result {result!r}, which this version does not know",
+            {"type": "UnknownResult", "operationId": operation.operationId, "operationResult": str(result)},
+        )
+    if result in SUCCESS_RESULTS or result.value in accept:
+        return Advance(output)
+    if result is OperationResult.PENDING:
+        return Poll(POLL_SECONDS, note=f"operation {operation.operationId} is PENDING")
+    if result in FAILURE_RESULTS:
+        error = decline_error(operation)
+        text = f" ({error['responseCode']} {error['responseText']})" if error["responseCode"] else ""
+        return Finish(False, f"payment {result.value}{text}", output, error)
+    return Attention(f"operation {operation.operationId} ended {result.value}, unexpected here")
+
+
+def payment_result(ctx: StepContext, answer: OperationResponse) -> Outcome:
+    """Judge an ``{operation}`` answer; a PENDING one is advanced and read until final by :func:`settle_step`."""
+    outcome = judge_operation(answer.operation, answer.wire())
+    if isinstance(outcome, Poll):
+        return Advance(answer.wire())
+    return outcome
+
+
+def settle_step(name: str, source: str) -> CallStep:
+    """Read ``GET /operations/{id}`` until the operation of step ``source`` is final (only when PENDING)."""
+
+    def pending(ctx: StepContext) -> bool:
+        found = operation_of(ctx.output(source))
+        return found is not None and found.get("operationResult") == OperationResult.PENDING.value
+
+    def build(ctx: StepContext) -> Call:
+        found = operation_of(ctx.output(source)) or {}
+        return Call((str(found["operationId"]),))
+
+    def result(ctx: StepContext, answer: Operation) -> Outcome:
+        outcome = judge_operation(answer, {"operation": answer.wire()})
+        if isinstance(outcome, Poll) and ctx.polls >= MAX_POLLS:
+            return Attention(f"operation {answer.operationId} still PENDING after {ctx.polls} reads")
+        return outcome
+
+    return CallStep(name, Catalogue.get_operation, build, result=result, when=pending)
+
+
+def order_with_current_id(ctx: StepContext, order: Any) -> dict[str, Any]:
+    """The input's order as sent: the flow's current gateway order id replaces the merchant's."""
+    data: dict[str, Any] = order.wire()
+    data["orderId"] = ctx.order_id or data["orderId"]
+    return data
+
+
+def read_order(ctx: StepContext) -> Any | None:
+    """``GET /orders/{orderId}`` for the flow's current order; None when the gateway has no such order."""
+    try:
+        return ctx.call(Catalogue.get_order, ctx.order_id)
+    except NotFound:
+        return None
+
+
+def adopt_order_operation(ctx: StepContext) -> ReconcileResult:
+    """For direct payments: the order's latest operation *is* the answer that was lost."""
+    found = read_order(ctx)
+    if found is None:
+        return NOT_COMMITTED
+    if not found.operations:
+        return UNCLEAR
+    latest = found.operations[-1]
+    return payment_result(ctx, OperationResponse(operation=latest))
+
+
+def new_order_if_exists(reason: str) -> Callable[[StepContext], ReconcileResult]:
+    """For customer sessions (hosted page, embedded form, 3DS init): an order whose answer was lost was
+    never shown to the customer, so nothing can be charged on it; continue on a fresh gateway order."""
+
+    def adopt(ctx: StepContext) -> ReconcileResult:
+        return NOT_COMMITTED if read_order(ctx) is None else NewOrder(reason)
+
+    return adopt
+
+
+def adopt_final_payment(ctx: StepContext) -> ReconcileResult:
+    """For the payment call of a multi-step flow: a final operation on the order means it was made."""
+    found = read_order(ctx)
+    if found is None:
+        return UNCLEAR
+    for operation in reversed(found.operations):
+        result = operation.operationResult
+        if result in SUCCESS_RESULTS or result in FAILURE_RESULTS:
+            return payment_result(ctx, OperationResponse(operation=operation))
+    return NOT_COMMITTED
+
+
+def summarize(data: Any, outputs: Mapping[str, dict[str, Any]]) -> dict[str, Any]:
+    """What happened at the gateway: the last operation (id, type, result, amount) and every id seen."""
+    summary: dict[str, Any] = {}
+    operations: list[str] = []
+    for output in outputs.values():
+        found = operation_of(output)
+        if found:
+            summary["operation"] = {
+                key: found.get(key)
+                for key in (
+                    "operationId",
+                    "orderId",
+                    "operationType",
+                    "operationResult",
+                    "operationAmount",
+                    "operationCurrency",
+                    "paymentCircuit",
+                )
+            }
+            summary["operation"]["responseCode"] = (found.get("additionalData") or {}).get(RESPONSE_CODE_FIELD)
+            if found.get("operationId") not in operations:
+                operations.append(str(found.get("operationId")))
+        elif isinstance(output.get("operationId"), str) and output["operationId"] not in operations:
+            operations.append(output["operationId"])
+        link = output.get("paymentLink")
+        if isinstance(link, dict):
+            summary["paymentLink"] = {key: link.get(key) for key in ("linkId", "link", "expirationDate", "status")}
+    summary["operationIds"] = operations
+    return summary

@@ -1,0 +1,260 @@
+"""Payments made in one call: MOTO, card verification, wallet, MIT; and the multi-call server-to-server
+flows: three steps (init, 3DS challenge when needed, validation, payment) and init/pay (``/v2/svs``).
+
+Inputs are the gateway's own request bodies. The merchant's ``order.orderId`` is the first gateway
+order id; if a create's answer is lost after the gateway made an order the customer can never use,
+the flow continues on ``<orderId>-2`` (see ``NewOrder``).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from pydantic import Field
+
+from gateway import (
+    THREEDS_NOT_NEEDED,
+    CaptureType,
+    Card,
+    CardVerificationRequest,
+    Catalogue,
+    Exemptions,
+    GatewayModel,
+    LenientEnum,
+    MitRequest,
+    MotoRequest,
+    NotFound,
+    OperationResult,
+    Order,
+    Recurrence,
+    ThreeStepsInitResponse,
+    ThreeStepsValidationResponse,
+    Unknown,
+    WalletPayRequest,
+)
+from tasks.outcomes import Advance, Finish, Outcome
+from tasks.runner import NOT_COMMITTED, UNCLEAR, ReconcileResult, StepContext
+from workflows.flows._common import (
+    adopt_final_payment,
+    adopt_order_operation,
+    new_order_if_exists,
+    operation_of,
+    order_with_current_id,
+    payment_result,
+    settle_step,
+    summarize,
+)
+from workflows.steps import Call, CallStep, FlowDefinition, WaitStep
+
+
+def _order_id(data: Any) -> str:
+    return str(data.order.orderId)
+
+
+def _with_order(ctx: StepContext) -> dict[str, Any]:
+    body: dict[str, Any] = ctx.input.wire()
+    body["order"] = order_with_current_id(ctx, ctx.input.order)
+    return body
+
+
+def one_call(kind: str, model: type[GatewayModel], op: Any, description: str) -> FlowDefinition:
+    """A payment made by one call, reconciled by reading the order, then read until final if PENDING."""
+    pay = CallStep("pay", op, lambda ctx: Call(request=_with_order(ctx)), result=payment_result, adopt=adopt_order_operation)
+    return FlowDefinition(kind, model, (pay, settle_step("settle", "pay")), summarize, _order_id, description)
+
+
+MOTO = one_call("moto", MotoRequest, Catalogue.create_moto_order, "mail-order/telephone-order payment")
+CARD_VERIFICATION = one_call(
+    "card_verification", CardVerificationRequest, Catalogue.card_verification, "card verification (no charge)"
+)
+WALLET = one_call("wallet", WalletPayRequest, Catalogue.wallet_pay, "wallet payment")
+MIT = one_call("mit", MitRequest, Catalogue.create_mit_order, "merchant-initiated payment on a contract")
+
+
+# -- three steps -----------------------------------------------------------------------------------
+
+
+class ThreeStepsInput(GatewayModel):
+    order: Order
+    card: Card
+    recurrence: Recurrence | None = None
+    exemptions: Annotated[Exemptions | Unknown | None, LenientEnum(Exemptions)] = None
+    captureType: Annotated[CaptureType | Unknown | None, LenientEnum(CaptureType)] = None
+    challengeTimeoutSeconds: float | None = Field(default=None, gt=0, description="durapay: 3DS wait deadline")
+
+
+def _challenge_needed(ctx: StepContext) -> bool:
+    init = ctx.output("init")
+    request = init.get("threeDSAuthRequest")
+    return bool(init) and bool(request) and request != THREEDS_NOT_NEEDED
+
+
+def _init_result(ctx: StepContext, answer: ThreeStepsInitResponse) -> Outcome:
+    result = answer.operation.operationResult
+    if result is OperationResult.PENDING or result is OperationResult.THREEDS_VALIDATED:
+        return Advance(answer.wire())
+    return payment_result(ctx, answer)  # type: ignore[arg-type]
+
+
+def _operation_id(ctx: StepContext) -> str:
+    found = operation_of(ctx.output("init")) or {}
+    return str(found["operationId"])
+
+
+def _challenge_signal(ctx: StepContext, name: str, payload: dict[str, Any]) -> Outcome:
+    response = payload.get("threeDSAuthResponse") or payload.get("PaRes")
+    if not response:
+        return Finish(False, "the 3DS result carried no threeDSAuthResponse (PaRes)")
+    return Advance({"threeDSAuthResponse": str(response)})
+
+
+def _challenge_deadline(ctx: StepContext) -> Outcome:
+    """At the deadline, read the operation: a failed challenge is reported; no answer means expired."""
+    operation = ctx.call(Catalogue.get_operation, _operation_id(ctx))
+    if operation.operationResult is OperationResult.THREEDS_VALIDATED:
+        return Advance({"threeDSAuthResponse": "", "operation": operation.wire()})
+    if operation.operationResult in {OperationResult.THREEDS_FAILED, OperationResult.THREEDS_FAILED_ALT}:
+        return Finish(False, "3DS authentication failed", {"operation": operation.wire()}, {"type": "ThreeDSFailed"})
+    return Finish(False, "the customer did not complete the 3DS challenge in time", error={"type": "ChallengeExpired"})
+
+
+def _validation_result(ctx: StepContext, answer: ThreeStepsValidationResponse) -> Outcome:
+    if answer.operation.operationResult is OperationResult.THREEDS_VALIDATED:
+        return Advance(answer.wire())
+    return Finish(
+        False,
+        f"3DS validation ended {answer.operation.operationResult}",
+        answer.wire(),
+        {"type": "ThreeDSFailed", "operationId": answer.operation.operationId},
+    )
+
+
+def _adopt_validation(ctx: StepContext) -> ReconcileResult:
+    try:
+        operation = ctx.call(Catalogue.get_operation, _operation_id(ctx))
+    except NotFound:
+        return UNCLEAR
+    if operation.operationResult is OperationResult.PENDING:
+        return NOT_COMMITTED
+    return _validation_result(ctx, ThreeStepsValidationResponse(operation=operation))
+
+
+def _payment_request(ctx: StepContext) -> Call:
+    body: dict[str, Any] = {
+        "operationId": _operation_id(ctx),
+        "order": order_with_current_id(ctx, ctx.input.order),
+        "card": ctx.input.card.wire(),
+    }
+    for name in ("recurrence", "exemptions", "captureType"):
+        value = getattr(ctx.input, name)
+        if value is not None:
+            body[name] = value.wire() if isinstance(value, GatewayModel) else str(value)
+    result = ctx.output("validation").get("threeDSAuthResult")
+    if isinstance(result, dict):
+        body["threeDSAuthData"] = {key: result.get(key) for key in ("authenticationValue", "eci", "xid")}
+    return Call(request=body)
+
+
+def _three_steps_init(ctx: StepContext) -> Call:
+    body = _with_order(ctx)
+    for name in ("captureType", "challengeTimeoutSeconds"):
+        body.pop(name, None)
+    return Call(request=body)
+
+
+def _challenge_url(output: dict[str, Any]) -> str | None:
+    request = output.get("threeDSAuthRequest")
+    url = output.get("threeDSAuthUrl")
+    return str(url) if url and request and request != THREEDS_NOT_NEEDED else None
+
+
+THREE_STEPS = FlowDefinition(
+    "three_steps",
+    ThreeStepsInput,
+    (
+        CallStep(
+            "init",
+            Catalogue.three_steps_init,
+            _three_steps_init,
+            result=_init_result,
+            adopt=new_order_if_exists("the 3DS initiation answer was lost"),
+            customer_url=_challenge_url,
+        ),
+        WaitStep(
+            "challenge",
+            ("3ds_result",),
+            _challenge_signal,
+            _challenge_deadline,
+            timeout=lambda ctx: ctx.input.challengeTimeoutSeconds or 600.0,
+            when=_challenge_needed,
+        ),
+        CallStep(
+            "validation",
+            Catalogue.three_steps_validation,
+            lambda ctx: Call(
+                request={
+                    "operationId": _operation_id(ctx),
+                    "threeDSAuthResponse": ctx.output("challenge")["threeDSAuthResponse"],
+                }
+            ),
+            result=_validation_result,
+            adopt=_adopt_validation,
+            when=lambda ctx: _challenge_needed(ctx) and bool(ctx.output("challenge").get("threeDSAuthResponse")),
+        ),
+        CallStep("payment", Catalogue.three_steps_payment, _payment_request, result=payment_result, adopt=adopt_final_payment),
+        settle_step("settle", "payment"),
+    ),
+    summarize,
+    _order_id,
+    "server-to-server card payment: init, 3DS challenge when needed, validation, payment",
+)
+
+
+# -- init / pay (/v2/svs) --------------------------------------------------------------------------
+
+
+class SvsInput(GatewayModel):
+    order: Order
+    card: Card
+    recurrence: Recurrence | None = None
+    captureType: Annotated[CaptureType | Unknown | None, LenientEnum(CaptureType)] = None
+
+
+def _adopt_svs_init(ctx: StepContext) -> ReconcileResult:
+    """The initiated operation is all the next step needs: adopt it from the order."""
+    from workflows.flows._common import read_order
+
+    found = read_order(ctx)
+    if found is None:
+        return NOT_COMMITTED
+    if not found.operations:
+        return UNCLEAR
+    return Advance({"operation": found.operations[-1].wire()})
+
+
+def _svs_pay(ctx: StepContext) -> Call:
+    found = operation_of(ctx.output("init")) or {}
+    body: dict[str, Any] = {}
+    if ctx.input.captureType is not None:
+        body["captureType"] = str(ctx.input.captureType)
+    return Call((str(found["operationId"]),), body)
+
+
+SVS = FlowDefinition(
+    "svs",
+    SvsInput,
+    (
+        CallStep(
+            "init",
+            Catalogue.svs_init_order,
+            lambda ctx: Call(request=_with_order(ctx)),
+            result=lambda ctx, answer: Advance(answer.wire()),
+            adopt=_adopt_svs_init,
+        ),
+        CallStep("pay", Catalogue.svs_pay_operation, _svs_pay, result=payment_result, adopt=adopt_final_payment),
+        settle_step("settle", "pay"),
+    ),
+    summarize,
+    _order_id,
+    "init/pay server-to-server flow on /v2/svs",
+)

@@ -1,0 +1,62 @@
+"""Flow states and the transitions between them: one closed table shared by the engine and its tests.
+
+A flow is ``ready`` to run its current step, ``running`` it under a lease, ``retrying`` after a
+technical failure, ``waiting`` for the customer (a notification or a signal, with a deadline),
+``sleeping`` on a durable timer, or finished: ``succeeded``, ``failed``, ``cancelled``. A flow in
+``needs_attention`` stopped because only a person can tell what to do (an ambiguous outcome the gateway
+could not clear up, a refused API key); ``retry`` or ``cancel`` moves it on.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class FlowState(StrEnum):
+    READY = "ready"
+    RUNNING = "running"
+    RETRYING = "retrying"
+    WAITING = "waiting"
+    SLEEPING = "sleeping"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+    NEEDS_ATTENTION = "needs_attention"
+
+
+S = FlowState
+
+#: No step will run again on its own.
+TERMINAL = frozenset({S.SUCCEEDED, S.FAILED, S.CANCELLED})
+#: A person must act (retry or cancel); nothing is due.
+STOPPED = TERMINAL | {S.NEEDS_ATTENTION}
+#: States in which a step may be claimed (when due, for the timed ones).
+CLAIMABLE = frozenset({S.READY, S.RETRYING, S.WAITING, S.SLEEPING, S.RUNNING})
+
+#: Every allowed transition. RUNNING -> RUNNING is a reclaim after the lease ran out.
+TRANSITIONS: dict[FlowState, frozenset[FlowState]] = {
+    S.READY: frozenset({S.RUNNING, S.CANCELLED}),
+    S.RUNNING: frozenset(
+        {S.RUNNING, S.READY, S.RETRYING, S.WAITING, S.SLEEPING, S.SUCCEEDED, S.FAILED, S.CANCELLED, S.NEEDS_ATTENTION}
+    ),
+    S.RETRYING: frozenset({S.RUNNING, S.CANCELLED}),
+    S.WAITING: frozenset({S.READY, S.RUNNING, S.CANCELLED}),
+    S.SLEEPING: frozenset({S.RUNNING, S.CANCELLED}),
+    S.NEEDS_ATTENTION: frozenset({S.READY, S.CANCELLED}),
+    S.FAILED: frozenset({S.READY}),
+    S.SUCCEEDED: frozenset(),
+    S.CANCELLED: frozenset(),
+}
+
+
+def can_move(source: FlowState, target: FlowState) -> bool:
+    return target in TRANSITIONS[source]
+
+
+class IllegalTransition(Exception):
+    """A move the table forbids (a bug, or an operator asking for the impossible: say which)."""
+
+    def __init__(self, source: FlowState, target: FlowState, flow_id: str = "") -> None:
+        super().__init__(f"flow {flow_id or '?'}: cannot go from {source} to {target}")
+        self.source = source
+        self.target = target

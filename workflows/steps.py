@@ -1,0 +1,181 @@
+"""Kinds of step a flow is made of, and the flow definition that lists them.
+
+* :class:`CallStep` calls one gateway operation (its Celery task is ``durapay.gateway.<operation>``),
+  turns the answer into an outcome, and knows how to *reconcile*: read the gateway to learn whether
+  a call whose answer was lost took effect.
+* :class:`WaitStep` waits for the customer: a signal (a notification, a 3DS result, a completed form)
+  or, at its deadline, a read of the gateway instead of a guess.
+* :class:`SleepStep` is a durable timer on the ``due`` set (months if need be), never a Celery ETA.
+
+Steps may be conditional (``when``): the engine skips a step whose condition is false. A flow's steps
+compile into a Celery chain, one task per step; the chain is only the fast path, the record decides.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import BaseModel
+
+from gateway import GatewayModel, GatewayOperation
+from tasks.outcomes import Advance, Outcome, Sleep, Wait
+from tasks.runner import NOT_COMMITTED, ReconcileResult, StepContext
+
+#: The Celery task that runs steps which call no gateway operation.
+ENGINE_STEP_TASK = "durapay.engine.step"
+
+Condition = Callable[[StepContext], bool]
+RequestBuilder = Callable[[StepContext], "Call"]
+
+
+@dataclass(frozen=True)
+class Call:
+    """What a call step sends: path arguments in order, and the body or query."""
+
+    path: tuple[str, ...] = ()
+    request: BaseModel | Mapping[str, Any] | None = None
+
+
+def advance_with_answer(ctx: StepContext, answer: GatewayModel) -> Outcome:
+    return Advance(answer.wire())
+
+
+def never_committed(ctx: StepContext) -> ReconcileResult:
+    """For calls that cannot have an effect worth adopting: call again."""
+    return NOT_COMMITTED
+
+
+@dataclass(frozen=True)
+class CallStep:
+    name: str
+    op: GatewayOperation[Any]
+    build: RequestBuilder
+    result: Callable[[StepContext, Any], Outcome] = advance_with_answer
+    adopt: Callable[[StepContext], ReconcileResult] = never_committed
+    when: Condition | None = None
+    customer_url: Callable[[dict[str, Any]], str | None] | None = None
+
+    @property
+    def operation(self) -> GatewayOperation[Any]:
+        return self.op
+
+    @property
+    def task_name(self) -> str:
+        return self.op.task_name
+
+    def execute(self, ctx: StepContext) -> Outcome:
+        call = self.build(ctx)
+        answer = ctx.call(self.op, *call.path, request=call.request)
+        return self.result(ctx, answer)
+
+    def reconcile(self, ctx: StepContext) -> ReconcileResult:
+        return self.adopt(ctx)
+
+
+SignalHandler = Callable[[StepContext, str, dict[str, Any]], Outcome]
+
+
+@dataclass(frozen=True)
+class WaitStep:
+    """Wait for one of ``signals``; at the deadline run ``on_deadline`` (a gateway read)."""
+
+    name: str
+    signals: tuple[str, ...]
+    on_signal: SignalHandler
+    on_deadline: Callable[[StepContext], Outcome]
+    timeout: Callable[[StepContext], float]
+    when: Condition | None = None
+    customer_url: Callable[[dict[str, Any]], str | None] | None = None
+
+    @property
+    def operation(self) -> None:
+        return None
+
+    @property
+    def task_name(self) -> str:
+        return ENGINE_STEP_TASK
+
+    def execute(self, ctx: StepContext) -> Outcome:
+        for signal_field, name, payload in ctx.signals:
+            if name not in self.signals:
+                continue
+            ctx.consume(signal_field)
+            outcome = self.on_signal(ctx, name, payload)
+            if not isinstance(outcome, Wait):
+                return outcome
+        if ctx.deadline_reached:
+            return self.on_deadline(ctx)
+        deadline = ctx.wait_deadline or ctx.now + self.timeout(ctx)
+        return Wait(self.signals, deadline, note=f"waiting for {' or '.join(self.signals)}")
+
+    def reconcile(self, ctx: StepContext) -> ReconcileResult:
+        return NOT_COMMITTED
+
+
+@dataclass(frozen=True)
+class SleepStep:
+    """Do nothing until ``until(ctx)`` (POSIX seconds; None or past = go on at once)."""
+
+    name: str
+    until: Callable[[StepContext], float | None]
+    when: Condition | None = None
+    customer_url: Callable[[dict[str, Any]], str | None] | None = None
+
+    @property
+    def operation(self) -> None:
+        return None
+
+    @property
+    def task_name(self) -> str:
+        return ENGINE_STEP_TASK
+
+    def execute(self, ctx: StepContext) -> Outcome:
+        wake = self.until(ctx)
+        if wake is None or wake <= ctx.now:
+            return Advance({"wokeAt": ctx.now})
+        return Sleep(wake, note="durable timer")
+
+    def reconcile(self, ctx: StepContext) -> ReconcileResult:
+        return NOT_COMMITTED
+
+
+Step = CallStep | WaitStep | SleepStep
+
+
+@dataclass(frozen=True)
+class FlowDefinition:
+    """A kind of flow: its input model, its steps in order, and how to summarise what happened."""
+
+    kind: str
+    input_model: type[BaseModel]
+    steps: tuple[Step, ...]
+    summary: Callable[[Any, Mapping[str, dict[str, Any]]], dict[str, Any]]
+    order_id: Callable[[Any], str] | None = None
+    description: str = ""
+    step_index: dict[str, int] = field(default_factory=dict, init=False, compare=False)
+
+    def __post_init__(self) -> None:
+        names = [step.name for step in self.steps]
+        if len(set(names)) != len(names):
+            raise ValueError(f"flow {self.kind}: step names repeat: {names}")
+        self.step_index.update({name: index for index, name in enumerate(names)})
+
+    def step(self, name: str) -> Step:
+        return self.steps[self.step_index[name]]
+
+    def first_step(self, ctx: StepContext) -> Step | None:
+        return self._from(0, ctx)
+
+    def next_step(self, after: str, ctx: StepContext) -> Step | None:
+        return self._from(self.step_index[after] + 1, ctx)
+
+    def _from(self, start: int, ctx: StepContext) -> Step | None:
+        for step in self.steps[start:]:
+            if step.when is None or step.when(ctx):
+                return step
+        return None
+
+    def remaining(self, name: str) -> tuple[Step, ...]:
+        return self.steps[self.step_index[name] :]

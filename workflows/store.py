@@ -1,0 +1,376 @@
+"""The flow record in Redis: the truth about every flow.
+
+One hash per flow (fields below), an append-only log list, and per partition a ``due`` sorted set and
+indexes by state and kind (see ``keys``). Every change is one Lua script: creation, a compare-and-set
+transition guarded by the record's ``version``, signal delivery, and taking due entries. A stale
+worker's write fails the version check and is dropped; nothing is half written.
+
+Hash fields: ``id kind state step version attempt created updated due lease_until lease_owner
+order_id order_seq start_key input_hash reconcile uncertain cancel_requested customer_url polls
+generation`` as
+strings, ``input error wait outcome`` as JSON, ``out:<step>`` (JSON) per finished step and
+``sig:<n>`` (JSON ``{name, payload, t}``) per received signal not yet consumed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from importlib import resources
+from typing import Any
+
+import redis
+
+from workflows.keys import Keys
+from workflows.states import TERMINAL, FlowState, IllegalTransition, can_move
+
+
+def _script(name: str) -> str:
+    return resources.files("workflows").joinpath("lua", name).read_text()
+
+
+def _json(value: Any) -> str:
+    return json.dumps(value, separators=(",", ":"), sort_keys=True, default=str)
+
+
+def input_hash(kind: str, data: Mapping[str, Any]) -> str:
+    return hashlib.sha256(f"{kind}\x1f{_json(data)}".encode()).hexdigest()[:32]
+
+
+@dataclass(frozen=True)
+class Signal:
+    field: str
+    name: str
+    payload: dict[str, Any]
+    time: float
+
+
+@dataclass
+class FlowRecord:
+    """One flow as read from Redis."""
+
+    id: str
+    kind: str
+    state: FlowState
+    step: str
+    version: int
+    attempt: int
+    created: float
+    updated: float
+    input: dict[str, Any]
+    outputs: dict[str, dict[str, Any]] = field(default_factory=dict)
+    due: float | None = None
+    lease_until: float | None = None
+    lease_owner: str = ""
+    order_id: str = ""
+    order_seq: int = 0
+    start_key: str = ""
+    reconcile: bool = False
+    uncertain: bool = False
+    cancel_requested: bool = False
+    customer_url: str = ""
+    polls: int = 0
+    generation: int = 0
+    error: dict[str, Any] | None = None
+    wait: dict[str, Any] | None = None
+    outcome: dict[str, Any] | None = None
+    signals: list[Signal] = field(default_factory=list)
+
+    @classmethod
+    def parse(cls, raw: Mapping[bytes, bytes]) -> FlowRecord:
+        data = {key.decode(): value.decode() for key, value in raw.items()}
+
+        def number(name: str) -> float | None:
+            value = data.get(name, "")
+            return float(value) if value else None
+
+        def loads(name: str) -> Any:
+            value = data.get(name)
+            return json.loads(value) if value else None
+
+        outputs = {name[4:]: json.loads(value) for name, value in data.items() if name.startswith("out:")}
+        signals = []
+        for name, value in data.items():
+            if name.startswith("sig:"):
+                item = json.loads(value)
+                signals.append(Signal(name, item["name"], item.get("payload") or {}, float(item.get("t", 0))))
+        signals.sort(key=lambda s: int(s.field[4:]))
+        return cls(
+            id=data["id"],
+            kind=data["kind"],
+            state=FlowState(data["state"]),
+            step=data.get("step", ""),
+            version=int(data["version"]),
+            attempt=int(data.get("attempt") or 0),
+            created=float(data["created"]),
+            updated=float(data.get("updated") or data["created"]),
+            input=loads("input") or {},
+            outputs=outputs,
+            due=number("due"),
+            lease_until=number("lease_until"),
+            lease_owner=data.get("lease_owner", ""),
+            order_id=data.get("order_id", ""),
+            order_seq=int(data.get("order_seq") or 0),
+            start_key=data.get("start_key", ""),
+            reconcile=data.get("reconcile") == "1",
+            uncertain=data.get("uncertain") == "1",
+            cancel_requested=data.get("cancel_requested") == "1",
+            customer_url=data.get("customer_url", ""),
+            polls=int(data.get("polls") or 0),
+            generation=int(data.get("generation") or 0),
+            error=loads("error"),
+            wait=loads("wait"),
+            outcome=loads("outcome"),
+            signals=signals,
+        )
+
+    @property
+    def finished(self) -> bool:
+        return self.state in TERMINAL
+
+    def summary(self) -> dict[str, Any]:
+        """A JSON-able view of the record (API answers, CLI, the demo's table)."""
+        return {
+            "id": self.id,
+            "kind": self.kind,
+            "state": self.state.value,
+            "step": self.step,
+            "version": self.version,
+            "attempt": self.attempt,
+            "created": self.created,
+            "updated": self.updated,
+            "due": self.due,
+            "order_id": self.order_id,
+            "customer_url": self.customer_url or None,
+            "input": self.input,
+            "outputs": self.outputs,
+            "error": self.error,
+            "wait": self.wait,
+            "outcome": self.outcome,
+            "cancel_requested": self.cancel_requested,
+            "start_key": self.start_key or None,
+        }
+
+
+class StartConflict(Exception):
+    """The start key was used before for another input: a second start must repeat the first exactly."""
+
+
+@dataclass(frozen=True)
+class Change:
+    """One transition to write: the new state, fields to set (``None`` deletes), the due time."""
+
+    state: FlowState
+    what: str
+    fields: Mapping[str, str | None] = field(default_factory=dict)
+    due: float | None = None
+    awaited: tuple[str, ...] = ()
+    step: str = ""
+
+
+class FlowStore:
+    """Reads and atomically changes flow records. Give it a Redis client and the key layout."""
+
+    def __init__(self, client: redis.Redis, keys: Keys, retention_seconds: float) -> None:
+        self.redis: Any = client
+        self.keys = keys
+        self.retention_seconds = retention_seconds
+        self._create = client.register_script(_script("create.lua"))
+        self._transition = client.register_script(_script("transition.lua"))
+        self._signal = client.register_script(_script("signal.lua"))
+        self._take_due = client.register_script(_script("take_due.lua"))
+
+    # -- reading -------------------------------------------------------------------------------
+
+    def get(self, flow_id: str) -> FlowRecord | None:
+        raw: Any = self.redis.hgetall(self.keys.flow(flow_id))
+        return FlowRecord.parse(raw) if raw else None
+
+    def history(self, flow_id: str) -> list[dict[str, Any]]:
+        return [json.loads(item) for item in self.redis.lrange(self.keys.log(flow_id), 0, -1)]
+
+    def ids(
+        self,
+        *,
+        state: FlowState | None = None,
+        kind: str | None = None,
+        since: float | None = None,
+        until: float | None = None,
+    ) -> list[tuple[float, str]]:
+        """(time, id) pairs, newest first: by state (time = last change) or by kind (time = creation)."""
+        found: list[tuple[float, str]] = []
+        low = since if since is not None else "-inf"
+        high = until if until is not None else "+inf"
+        for partition in range(self.keys.partitions):
+            if state is not None:
+                index = self.keys.by_state(partition, state.value)
+            elif kind is not None:
+                index = self.keys.by_kind(partition, kind)
+            else:
+                continue
+            for member, score in self.redis.zrangebyscore(index, low, high, withscores=True):
+                found.append((float(score), member.decode()))
+        found.sort(reverse=True)
+        return found
+
+    def all_ids(self, *, since: float | None = None) -> list[tuple[float, str]]:
+        found: dict[str, float] = {}
+        for state in FlowState:
+            for when, flow_id in self.ids(state=state, since=since):
+                found[flow_id] = when
+        return sorted(((when, flow_id) for flow_id, when in found.items()), reverse=True)
+
+    def many(self, flow_ids: Iterable[str]) -> list[FlowRecord]:
+        pipe = self.redis.pipeline(transaction=False)
+        wanted = list(flow_ids)
+        for flow_id in wanted:
+            pipe.hgetall(self.keys.flow(flow_id))
+        return [FlowRecord.parse(raw) for raw in pipe.execute() if raw]
+
+    # -- writing -------------------------------------------------------------------------------
+
+    def create(
+        self,
+        flow_id: str,
+        kind: str,
+        first_step: str,
+        data: Mapping[str, Any],
+        *,
+        now: float,
+        order_id: str = "",
+        start_key: str = "",
+        by: str = "api",
+    ) -> tuple[FlowRecord, bool]:
+        """Create the flow ``ready`` and due now; or return the existing one (``created`` False).
+
+        Raises StartConflict when ``flow_id`` exists with a different input (a start key reused).
+        """
+        fields = {
+            "id": flow_id,
+            "kind": kind,
+            "state": FlowState.READY.value,
+            "step": first_step,
+            "version": "1",
+            "attempt": "0",
+            "created": repr(now),
+            "updated": repr(now),
+            "due": repr(now),
+            "input": _json(data),
+            "order_id": order_id,
+            "start_key": start_key,
+        }
+        digest = input_hash(kind, data)
+        entry = self._entry(now, None, FlowState.READY, first_step, by, "created")
+        partition = self.keys.partition(flow_id)
+        answer: Any = self._create(
+            keys=[
+                self.keys.flow(flow_id),
+                self.keys.log(flow_id),
+                self.keys.due(partition),
+                self.keys.by_state(partition, FlowState.READY.value),
+                self.keys.by_kind(partition, kind),
+            ],
+            args=[flow_id, repr(now), _json(fields), entry, digest],
+        )
+        created, stored_hash = answer
+        if not created and stored_hash.decode() != digest:
+            raise StartConflict(f"key {start_key or flow_id!r} was used to start a different {kind} flow")
+        record = self.get(flow_id)
+        assert record is not None
+        return record, bool(created)
+
+    def transition(self, record: FlowRecord, change: Change, *, now: float, by: str) -> FlowRecord | None:
+        """Write ``change`` if ``record`` is still current; None when another writer got there first."""
+        if not can_move(record.state, change.state):
+            raise IllegalTransition(record.state, change.state, record.id)
+        partition = self.keys.partition(record.id)
+        fields = dict(change.fields)
+        ttl = ""
+        if change.state in TERMINAL:
+            ttl = str(max(1, int(self.retention_seconds)))
+        step = change.step or fields.get("step") or record.step
+        entry = self._entry(now, record.state, change.state, step or "", by, change.what)
+        version, _ = self._transition(
+            keys=[
+                self.keys.flow(record.id),
+                self.keys.log(record.id),
+                self.keys.due(partition),
+                self.keys.by_state(partition, record.state.value),
+                self.keys.by_state(partition, change.state.value),
+                self.keys.by_state(partition, FlowState.READY.value),
+                self.keys.by_state(partition, FlowState.CANCELLED.value),
+            ],
+            args=[
+                record.id,
+                str(record.version),
+                change.state.value,
+                _json(fields),
+                "" if change.due is None else repr(change.due),
+                entry,
+                repr(now),
+                ttl,
+                _json(list(change.awaited)),
+                str(max(1, int(self.retention_seconds))),
+            ],
+        )
+        if not version:
+            return None
+        return self.get(record.id)
+
+    def request_cancel(self, flow_id: str) -> None:
+        """Ask a running step's flow to stop at the step boundary (no version change: the step completes)."""
+        self.redis.hset(self.keys.flow(flow_id), "cancel_requested", "1")
+
+    def signal(self, flow_id: str, name: str, payload: Mapping[str, Any], *, now: float, by: str) -> str:
+        """Deliver a signal: ``resumed``, ``stored`` (kept until the flow waits for it), ``finished``, ``missing``."""
+        partition = self.keys.partition(flow_id)
+        entry = self._entry(now, FlowState.WAITING, FlowState.READY, "", by, f"signal {name}")
+        result = self._signal(
+            keys=[
+                self.keys.flow(flow_id),
+                self.keys.log(flow_id),
+                self.keys.due(partition),
+                self.keys.by_state(partition, FlowState.WAITING.value),
+                self.keys.by_state(partition, FlowState.READY.value),
+            ],
+            args=[flow_id, name, _json({"name": name, "payload": dict(payload), "t": now}), repr(now), entry],
+        )
+        return result.decode() if isinstance(result, bytes) else str(result)
+
+    def take_due(self, partition: int, *, now: float, batch: int, grace: float) -> list[str]:
+        ids = self._take_due(keys=[self.keys.due(partition)], args=[repr(now), batch, repr(grace)])
+        return [flow_id.decode() for flow_id in ids]
+
+    def next_due(self) -> float | None:
+        """The earliest due time over all partitions (for the dispatcher's sleep and for tests)."""
+        earliest: float | None = None
+        for partition in range(self.keys.partitions):
+            first = self.redis.zrange(self.keys.due(partition), 0, 0, withscores=True)
+            if first:
+                score = float(first[0][1])
+                earliest = score if earliest is None else min(earliest, score)
+        return earliest
+
+    def trim_indexes(self, *, now: float) -> int:
+        """Drop index entries of finished flows whose records have expired."""
+        removed = 0
+        horizon = now - self.retention_seconds
+        for partition in range(self.keys.partitions):
+            for state in TERMINAL:
+                removed += int(self.redis.zremrangebyscore(self.keys.by_state(partition, state.value), "-inf", horizon))
+        return removed
+
+    @staticmethod
+    def _entry(now: float, source: FlowState | None, target: FlowState, step: str, by: str, what: str) -> str:
+        return _json(
+            {
+                "t": now,
+                "from": source.value if source else None,
+                "to": target.value,
+                "step": step,
+                "by": by,
+                "what": what,
+            }
+        )
