@@ -126,8 +126,18 @@ class Engine:
             field, reason = describe_validation_error(exc)
             raise InputError(kind, field, reason) from None
 
-    def start(self, kind: str, data: Mapping[str, Any] | BaseModel, key: str | None = None) -> FlowRecord:
+    def start(
+        self,
+        kind: str,
+        data: Mapping[str, Any] | BaseModel,
+        key: str | None = None,
+        *,
+        run_at: float | None = None,
+    ) -> FlowRecord:
         """Start a flow; with ``key``, a second start with the same key returns the first flow.
+
+        With ``run_at`` (POSIX seconds, future) the flow sleeps on the due set until then: a durable
+        timer, never a Celery ETA.
 
         Raises InputError (field, reason) before anything is written when the input is bad, and
         StartConflict when ``key`` was used for a different input.
@@ -145,9 +155,9 @@ class Engine:
         if order_id:
             self._index_order(order_id, flow_id)
         record, created = self.store.create(
-            flow_id, kind, first.name, wire, now=now, order_id=order_id, start_key=key or "", by="start"
+            flow_id, kind, first.name, wire, now=now, order_id=order_id, start_key=key or "", by="start", run_at=run_at
         )
-        if created:
+        if created and record.state is FlowState.READY:
             self._send_from(record, definition, first.name)
         return record
 

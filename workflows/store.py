@@ -242,37 +242,41 @@ class FlowStore:
         order_id: str = "",
         start_key: str = "",
         by: str = "api",
+        run_at: float | None = None,
     ) -> tuple[FlowRecord, bool]:
-        """Create the flow ``ready`` and due now; or return the existing one (``created`` False).
+        """Create the flow ``ready`` and due now (or ``sleeping`` until ``run_at``); or return the
+        existing one (``created`` False).
 
         Raises StartConflict when ``flow_id`` exists with a different input (a start key reused).
         """
+        state = FlowState.SLEEPING if run_at is not None and run_at > now else FlowState.READY
+        due = run_at if state is FlowState.SLEEPING and run_at is not None else now
         fields = {
             "id": flow_id,
             "kind": kind,
-            "state": FlowState.READY.value,
+            "state": state.value,
             "step": first_step,
             "version": "1",
             "attempt": "0",
             "created": repr(now),
             "updated": repr(now),
-            "due": repr(now),
+            "due": repr(due),
             "input": _json(data),
             "order_id": order_id,
             "start_key": start_key,
         }
         digest = input_hash(kind, data)
-        entry = self._entry(now, None, FlowState.READY, first_step, by, "created")
+        entry = self._entry(now, None, state, first_step, by, "created" if state is FlowState.READY else "created to run later")
         partition = self.keys.partition(flow_id)
         answer: Any = self._create(
             keys=[
                 self.keys.flow(flow_id),
                 self.keys.log(flow_id),
                 self.keys.due(partition),
-                self.keys.by_state(partition, FlowState.READY.value),
+                self.keys.by_state(partition, state.value),
                 self.keys.by_kind(partition, kind),
             ],
-            args=[flow_id, repr(now), _json(fields), entry, digest],
+            args=[flow_id, repr(now), _json(fields), entry, digest, repr(due)],
         )
         created, stored_hash = answer
         if not created and stored_hash.decode() != digest:

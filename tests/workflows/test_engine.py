@@ -361,3 +361,16 @@ def test_a_sleep_outcome_from_a_call_step(make_engine: Any, clock: ManualClock) 
     assert engine.run_step(record.id, "pay") == "sleeping"
     clock.advance(50)
     assert engine.run_step(record.id, "pay") == "succeeded"
+
+
+def test_start_at_a_future_time_sleeps_until_then(make_engine: Any, clock: ManualClock) -> None:
+    step = ScriptedStep("charge")
+    engine, sent = make_engine(flow(step))
+    record = engine.start("demo", {"amount": 5}, run_at=T0 + 3600)
+    assert record.state is FlowState.SLEEPING and record.due == T0 + 3600
+    assert sent.chains == [], "nothing is sent for later: the due set holds it"
+    assert engine.run_step(record.id, "charge") == "early"
+    clock.advance(3600)
+    assert engine.dispatch_due() == 1
+    assert engine.run_step(record.id, "charge") == "succeeded"
+    assert len(step.runs) == 1

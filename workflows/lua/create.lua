@@ -1,5 +1,5 @@
 -- Create a flow unless it exists. KEYS: flow, log, due, state index, kind index.
--- ARGV: flow id, now, fields (JSON object of strings), log entry (JSON), input hash.
+-- ARGV: flow id, now, fields (JSON object of strings), log entry (JSON), input hash, due time.
 -- Returns {1, ""} when created, {0, <stored input hash>} when the flow already existed.
 if redis.call('EXISTS', KEYS[1]) == 1 then
   return {0, redis.call('HGET', KEYS[1], 'input_hash') or ''}
@@ -9,7 +9,7 @@ for name, value in pairs(fields) do
   redis.call('HSET', KEYS[1], name, value)
 end
 redis.call('HSET', KEYS[1], 'input_hash', ARGV[5])
-redis.call('ZADD', KEYS[3], ARGV[2], ARGV[1])
+redis.call('ZADD', KEYS[3], ARGV[6], ARGV[1])
 redis.call('ZADD', KEYS[4], ARGV[2], ARGV[1])
 redis.call('ZADD', KEYS[5], ARGV[2], ARGV[1])
 redis.call('RPUSH', KEYS[2], ARGV[4])
