@@ -25,6 +25,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import redis
@@ -43,13 +44,24 @@ from workflows.store import Change, FlowRecord, FlowStore, StartConflict
 
 log = logging.getLogger("durapay.engine")
 
-__all__ = ["Engine", "InputError", "NotFound", "Sender", "StartConflict"]
+__all__ = ["Claim", "Engine", "InputError", "NotFound", "OperatorError", "Sender", "StartConflict"]
 
 
 class Sender(Protocol):
     def send(self, task_name: str, flow_id: str, step: str) -> None: ...
 
     def send_chain(self, flow_id: str, links: builtins.list[tuple[str, str]]) -> None: ...
+
+
+@dataclass
+class Claim:
+    """A step held under a lease: the record as claimed, and the context to run the step in."""
+
+    record: FlowRecord
+    definition: FlowDefinition
+    step: Step
+    ctx: StepContext
+    resend: bool
 
 
 class InputError(Exception):
@@ -291,6 +303,15 @@ class Engine:
 
     def run_step(self, flow_id: str, step_name: str, *, worker: str = "", chained_next: str | None = None) -> str:
         """Claim, run and complete one step. Returns what happened (for logs and tests)."""
+        claim = self.claim(flow_id, step_name, worker=worker)
+        if isinstance(claim, str):
+            return claim
+        outcome = run_step(claim.step, claim.ctx, must_reconcile=claim.resend, resend=claim.resend)
+        return self.complete(claim, outcome, chained_next=chained_next)
+
+    def claim(self, flow_id: str, step_name: str, *, worker: str = "") -> Claim | str:
+        """Take the step under a lease, or say why not: ``missing``, ``not-current``, ``leased``,
+        ``stopped``, ``early`` (not due yet), ``lost-race`` (another claim won)."""
         now = self.clock.now()
         record = self.store.get(flow_id)
         if record is None:
@@ -307,33 +328,25 @@ class Engine:
         elif record.state is not FlowState.READY and (record.due is None or record.due > now):
             return "early"
         definition = self.registry[record.kind]
-        step = definition.step(step_name)
-        deadline_reached = record.state is FlowState.WAITING
         lease_until = now + self.lease
+        owner = worker or f"pid-{os.getpid()}"
         claim_fields: dict[str, str | None] = {
             "attempt": str(record.attempt + 1),
             "lease_until": repr(lease_until),
-            "lease_owner": worker or f"pid-{os.getpid()}",
+            "lease_owner": owner,
         }
         if reclaim:
             claim_fields["uncertain"] = "1"
         what = f"claimed {step_name}" + (" after the lease ran out" if reclaim else "")
-        claimed = self.store.transition(
-            record,
-            Change(FlowState.RUNNING, what, claim_fields, due=lease_until),
-            now=now,
-            by=claim_fields["lease_owner"] or "",
-        )
+        claimed = self.store.transition(record, Change(FlowState.RUNNING, what, claim_fields, due=lease_until), now=now, by=owner)
         if claimed is None:
             return "lost-race"
         if claimed.state is not FlowState.RUNNING:
             return str(claimed.state)
         model = definition.input_model.model_validate(claimed.input)
         ctx = self._context(claimed.id, claimed.kind, step_name, model, claimed.outputs, now, claimed.order_id, claimed)
-        ctx.deadline_reached = deadline_reached
-        resend = claimed.reconcile or claimed.uncertain
-        outcome = run_step(step, ctx, must_reconcile=resend, resend=resend)
-        return self._complete(claimed, definition, step, ctx, outcome, chained_next)
+        ctx.deadline_reached = record.state is FlowState.WAITING
+        return Claim(claimed, definition, definition.step(step_name), ctx, resend=claimed.reconcile or claimed.uncertain)
 
     def dispatch_due(self, *, batch: int | None = None) -> int:
         """Send every flow that is due (timers, retries, wait deadlines, lost links, dead workers)."""
@@ -389,15 +402,9 @@ class Engine:
             retry=self.retry_policy,
         )
 
-    def _complete(
-        self,
-        claimed: FlowRecord,
-        definition: FlowDefinition,
-        step: Step,
-        ctx: StepContext,
-        outcome: Outcome,
-        chained_next: str | None,
-    ) -> str:
+    def complete(self, claim: Claim, outcome: Outcome, *, chained_next: str | None = None) -> str:
+        """Write the step's outcome in one compare-and-set; ``stale`` if the claim was taken over."""
+        claimed, definition, step, ctx = claim.record, claim.definition, claim.step, claim.ctx
         now = self.clock.now()
         done: dict[str, str | None] = {"lease_until": "", "lease_owner": "", "uncertain": ""}
         done |= {signal_field: None for signal_field in ctx.consumed}
