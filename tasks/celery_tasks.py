@@ -46,7 +46,7 @@ def register_tasks(app: Celery, run_step: StepRunner, client_factory: Callable[[
     """Define every task on ``app``. ``run_step`` is the engine's; ``client_factory`` serves direct calls."""
 
     def make(op: GatewayOperation[Any]) -> None:
-        @app.task(name=op.task_name, bind=True, acks_late=True, reject_on_worker_lost=True)  # type: ignore[untyped-decorator]
+        @app.task(name=op.task_name, bind=True, shared=False, acks_late=True, reject_on_worker_lost=True)  # type: ignore[untyped-decorator]
         def gateway_task(
             self: Any,
             flow_id: str | None = None,
@@ -64,7 +64,7 @@ def register_tasks(app: Celery, run_step: StepRunner, client_factory: Callable[[
     for op in CATALOGUE:
         make(op)
 
-    @app.task(name=ENGINE_STEP_TASK, bind=True, acks_late=True, reject_on_worker_lost=True)  # type: ignore[untyped-decorator]
+    @app.task(name=ENGINE_STEP_TASK, bind=True, shared=False, acks_late=True, reject_on_worker_lost=True)  # type: ignore[untyped-decorator]
     def engine_step(self: Any, flow_id: str, step: str) -> str:
         return run_step(flow_id, step, worker=self.request.hostname or "", chained_next=_next_link(self.request, flow_id))
 

@@ -44,10 +44,25 @@ def operation_of(output: Mapping[str, Any]) -> dict[str, Any] | None:
     return None
 
 
+#: The error type a failed result is reported as.
+FAILURE_TYPES = {
+    OperationResult.DECLINED: "PaymentDeclined",
+    OperationResult.DENIED_BY_RISK: "PaymentDeclined",
+    OperationResult.THREEDS_FAILED: "ThreeDSFailed",
+    OperationResult.THREEDS_FAILED_ALT: "ThreeDSFailed",
+    OperationResult.CANCELED: "Cancelled",
+    OperationResult.CANCELLED: "Cancelled",
+    OperationResult.EXPIRED: "Expired",
+    OperationResult.FAILED: "PaymentFailed",
+}
+
+
 def decline_error(operation: Operation) -> dict[str, Any]:
+    """The error a failed payment is recorded with: type, ISO response code, soft or hard decline."""
     code = str((operation.additionalData or {}).get(RESPONSE_CODE_FIELD) or "") or None
+    result = operation.operationResult
     return {
-        "type": "PaymentDeclined",
+        "type": FAILURE_TYPES.get(result, "PaymentFailed") if isinstance(result, OperationResult) else "PaymentFailed",
         "message": f"operation {operation.operationId} ended {operation.operationResult}",
         "operationId": operation.operationId,
         "operationResult": str(operation.operationResult),
