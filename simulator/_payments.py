@@ -1,0 +1,260 @@
+"""The payment core shared by every flow: claim an order, decide a card's outcome, record the operation.
+
+Every way of paying (hosted page, link, build, three steps, init/pay, MOTO, MIT, wallet, reservation
+charges) ends in :func:`settle`: approved with implicit capture (the default) is a ``CAPTURE`` /
+``EXECUTED`` operation, with explicit capture an ``AUTHORIZATION`` / ``AUTHORIZED`` one; refusals keep
+``AUTHORIZATION`` with ``DECLINED``, ``DENIED_BY_RISK``, ``THREEDS_FAILED`` or ``FAILED``. The ISO response
+code goes in ``additionalData.responseCode``. An approved payment whose recurrence says
+``CONTRACT_CREATION`` stores the contract that later MIT payments charge.
+
+All functions here run under the state's lock (the HTTP pipeline and the page handlers hold it).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from gateway import (
+    ActionType,
+    CaptureType,
+    Channel,
+    ContractType,
+    OperationResult,
+    OperationType,
+    Order,
+    PaymentSession,
+    Recurrence,
+    RecurrenceAction,
+)
+from simulator._cards import Outcome, card_outcome, circuit
+from simulator._protocol import Call, Origin, SimError
+from simulator._records import ContractRecord, LinkRecord, OperationRecord, OrderRecord
+
+if TYPE_CHECKING:
+    from simulator._core import Simulator
+
+#: Results of an operation that moved (or holds) money.
+SUCCESS = frozenset({OperationResult.AUTHORIZED.value, OperationResult.EXECUTED.value})
+
+
+def claim_order(sim: Simulator, call: Call, order: Order, kind: str, **fields: Any) -> OrderRecord:
+    """Create the order, or refuse a second use of its ``orderId`` (the engine relies on this)."""
+    state = sim.state
+    if order.orderId in state.orders:
+        raise SimError.invalid("order.orderId", "orderId already used")
+    record = OrderRecord(
+        order_id=order.orderId,
+        order=order.wire(),
+        amount=order.amount,
+        currency=order.currency,
+        created_at=state.now_iso(),
+        kind=kind,
+        created_by=call.op.name,
+        **fields,
+    )
+    state.orders[order.orderId] = record
+    return record
+
+
+def check_session(order: Order, session: PaymentSession) -> None:
+    if session.amount > order.amount:
+        raise SimError.rejected("PS0007", f"{session.amount} > {order.amount}")
+
+
+def check_recurrence(sim: Simulator, recurrence: Recurrence | None, field: str) -> None:
+    """CONTRACT_CREATION needs a new contractId; SUBSEQUENT_PAYMENT an active contract."""
+    if recurrence is None or recurrence.action in (None, RecurrenceAction.NO_RECURRING):
+        return
+    contract_id = recurrence.contractId
+    if not contract_id:
+        raise SimError.invalid(f"{field}.contractId", f"required with action {recurrence.action}")
+    existing = sim.state.contracts.get(contract_id)
+    if recurrence.action == RecurrenceAction.CONTRACT_CREATION and existing is not None:
+        raise SimError.rejected("PS0017", f"contract {contract_id} already exists")
+    if recurrence.action == RecurrenceAction.SUBSEQUENT_PAYMENT and (existing is None or existing.status != "ACTIVE"):
+        raise SimError.rejected("PS0017", f"no active contract {contract_id}")
+
+
+def is_explicit(capture_type: object) -> bool:
+    """EXPLICIT asks for an authorization only; IMPLICIT or nothing (the terminal default) captures."""
+    return capture_type == CaptureType.EXPLICIT
+
+
+def new_operation(
+    sim: Simulator,
+    order: OrderRecord,
+    origin: Origin,
+    *,
+    operation_type: str,
+    result: str,
+    amount: int,
+    channel: str = Channel.ECOMMERCE.value,
+    pan: str | None = None,
+    expiry: str | None = None,
+    **fields: Any,
+) -> OperationRecord:
+    """Record a new operation on ``order`` (inspection sees who made it, with which key)."""
+    record = OperationRecord(
+        operation_id=sim.state.new_operation_id(),
+        order_id=order.order_id,
+        operation_type=operation_type,
+        result=result,
+        amount=amount,
+        currency=order.currency,
+        time=sim.state.now_iso(),
+        channel=channel,
+        created_by=origin.name,
+        path=origin.path,
+        idempotency_key=origin.idempotency_key,
+        circuit=circuit(pan) if pan else None,
+        pan=pan,
+        expiry=expiry,
+        customer_info=order.order.get("customerInfo"),
+        **fields,
+    )
+    record.steps.append(origin.step(result))
+    sim.state.operations[record.operation_id] = record
+    order.operation_ids.append(record.operation_id)
+    return record
+
+
+def decide(sim: Simulator, pan: str | None, *, contract_id: str | None, with_3ds: bool) -> Outcome:
+    """A scripted outcome (contract first, then card) if one is queued, else the card rule."""
+    scripted = sim.state.scripts.take(contract_id=contract_id, pan=pan)
+    if scripted is not None:
+        return scripted
+    return card_outcome(pan or "0", with_3ds=with_3ds)
+
+
+def settle(sim: Simulator, op: OperationRecord, order: OrderRecord, outcome: Outcome, origin: Origin) -> None:
+    """Give a payment operation its final result and money pool; create the contract it asks for."""
+    op.pool = True
+    op.response_code = outcome.response_code
+    if outcome.failure is not None:
+        op.operation_type = OperationType.AUTHORIZATION.value
+        op.result = outcome.failure.value
+    elif op.capture_explicit:
+        op.operation_type = OperationType.AUTHORIZATION.value
+        op.result = OperationResult.AUTHORIZED.value
+        op.authorized = op.amount
+    else:
+        op.operation_type = OperationType.CAPTURE.value
+        op.result = OperationResult.EXECUTED.value
+        op.authorized = op.captured = op.amount
+    op.time = sim.state.now_iso()
+    op.steps.append(origin.step(op.result))
+    if outcome.approved:
+        create_contract(sim, op, order)
+
+
+def create_contract(sim: Simulator, op: OperationRecord, order: OrderRecord, *, internal_id: str | None = None) -> None:
+    recurrence = op.recurrence or {}
+    if internal_id is None and recurrence.get("action") != RecurrenceAction.CONTRACT_CREATION.value:
+        return
+    contract_id = internal_id or str(recurrence.get("contractId"))
+    if not op.pan or contract_id in sim.state.contracts:
+        return
+    sim.state.contracts[contract_id] = ContractRecord(
+        contract_id=contract_id,
+        contract_type=str(recurrence.get("contractType") or ContractType.MIT_UNSCHEDULED.value),
+        customer_id=order.order.get("customerId"),
+        pan=op.pan,
+        expiry=op.expiry or "1299",
+        created_by_operation_id=op.operation_id,
+        contract_expiry_date=recurrence.get("contractExpiryDate"),
+        contract_frequency=recurrence.get("contractFrequency"),
+        internal=internal_id is not None,
+    )
+
+
+def pay_on_page(
+    sim: Simulator,
+    order: OrderRecord,
+    origin: Origin,
+    *,
+    pan: str,
+    expiry: str,
+    link: LinkRecord | None = None,
+    forced: Outcome | None = None,
+) -> OperationRecord:
+    """The customer paid on a simulator page (hosted page, link, build form): one attempt, final.
+
+    ``forced`` replaces the card's outcome (a customer failing the 3DS challenge of a build form).
+    """
+    recurrence = order.recurrence or {}
+    contract_id = recurrence.get("contractId")
+    service = (order.session or {}).get("paymentService")
+    apm = service not in (None, "CARDS")
+    outcome = forced or decide(sim, pan, contract_id=contract_id, with_3ds=True)
+    if order.action_type == ActionType.VERIFY.value:
+        op = new_operation(
+            sim,
+            order,
+            origin,
+            operation_type=OperationType.CARD_VERIFICATION.value,
+            result=(outcome.failure or OperationResult.EXECUTED).value,
+            amount=0,
+            pan=pan,
+            expiry=expiry,
+            recurrence=order.recurrence,
+            response_code=outcome.response_code,
+        )
+        if outcome.approved:
+            create_contract(sim, op, order)
+    else:
+        op = new_operation(
+            sim,
+            order,
+            origin,
+            operation_type=OperationType.AUTHORIZATION.value,
+            result=OperationResult.PENDING.value,
+            amount=order.session_amount or order.amount,
+            pan=pan,
+            expiry=expiry,
+            capture_explicit=order.capture_explicit,
+            recurrence=order.recurrence,
+            payment_link_id=link.link_id if link else None,
+        )
+        if apm:
+            op.payment_method, op.circuit = "APM", str(service)
+        settle(sim, op, order, outcome, origin)
+    if order.reservation_id and op.result in SUCCESS:
+        # The reservation's first payment keeps the card for later charges (not exposed as a contract).
+        create_contract(sim, op, order, internal_id=reservation_contract_id(order.reservation_id))
+    finish_page(sim, order, op, link)
+    return op
+
+
+def reservation_contract_id(reservation_id: str) -> str:
+    return f"reservation:{reservation_id}"
+
+
+def abandon_on_page(
+    sim: Simulator, order: OrderRecord, origin: Origin, *, result: str, link: LinkRecord | None = None
+) -> OperationRecord:
+    """The customer cancelled, or the page/link/session expired: a final operation without money."""
+    op = new_operation(
+        sim,
+        order,
+        origin,
+        operation_type=OperationType.AUTHORIZATION.value,
+        result=result,
+        amount=order.session_amount or order.amount,
+        payment_link_id=link.link_id if link else None,
+    )
+    finish_page(sim, order, op, link)
+    return op
+
+
+def finish_page(sim: Simulator, order: OrderRecord, op: OperationRecord, link: LinkRecord | None) -> None:
+    order.page_open = False
+    token = order.security_tokens[-1] if order.security_tokens else ""
+    if link is not None:
+        token = link.security_token
+        if op.result in SUCCESS:
+            link.status, link.paid_by_operation_id = "PAID", op.operation_id
+        elif op.result == OperationResult.EXPIRED.value:
+            link.status = "EXPIRED"
+        elif link.status == "ACTIVE":
+            link.status = "FAILED"
+    sim.notify(order, op, token)

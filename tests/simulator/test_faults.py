@@ -1,0 +1,195 @@
+"""Each fault mode, as the real gateway client sees it, and what the simulator recorded behind it."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from config import GatewaySettings
+from gateway import (
+    Catalogue,
+    ConnectionDropped,
+    GatewayClient,
+    GatewayError,
+    GatewayTimeout,
+    NotFound,
+    RateLimited,
+    ServerError,
+)
+from simulator import SimulatorAdminError, SimulatorServer
+from tests.simulator.scenario import Scenario
+from tests.simulator.support import card, order, wait_until
+
+
+@pytest.fixture
+def impatient(sim: SimulatorServer) -> Iterator[GatewayClient]:
+    """A client that gives up after 0.3 s, for hangs."""
+    with GatewayClient(GatewaySettings(base_url=sim.base_url, timeout=0.3)) as gateway:
+        yield gateway
+
+
+def _moto(client: GatewayClient, order_id: str) -> str:
+    request = {"order": order(order_id), "card": card()}
+    return client.call(Catalogue.create_moto_order, request=request).operation.operationId
+
+
+def _idle(sim: SimulatorServer) -> bool:
+    return sim.admin.health()["inFlight"] == 0
+
+
+@pytest.mark.parametrize("status", [500, 503])
+def test_error_answers_a_5xx_without_acting(client: GatewayClient, sim: SimulatorServer, status: int) -> None:
+    sim.admin.set_faults(mode="error", status=status)
+    with pytest.raises(ServerError) as failed:
+        _moto(client, "o-1")
+    assert failed.value.status_code == status and failed.value.codes == ("PS0000",)
+    assert sim.admin.operations() == []
+
+
+def test_error_429_carries_retry_after(client: GatewayClient, sim: SimulatorServer) -> None:
+    sim.admin.set_faults(mode="error", status=429, retry_after=7)
+    with pytest.raises(RateLimited) as limited:
+        client.call(Catalogue.list_payment_methods)
+    assert limited.value.retry_after == 7.0
+
+
+def test_a_rule_scoped_to_an_operation_and_a_count_hits_exactly_those_requests(
+    client: GatewayClient, sim: SimulatorServer
+) -> None:
+    sim.admin.set_faults(mode="error", status=500, operation="create_moto_order", count=2)
+    client.call(Catalogue.list_payment_methods)  # another operation: untouched
+    for order_id in ("o-1", "o-2"):
+        with pytest.raises(ServerError):
+            _moto(client, order_id)
+    _moto(client, "o-3")
+    [rule] = sim.admin.faults()["rules"]
+    assert (rule["fired"], rule["remaining"]) == (2, 0)
+    assert [op["orderId"] for op in sim.admin.operations()] == ["o-3"]
+
+
+def test_error_rates_are_reproducible_with_a_seed(client: GatewayClient, sim: SimulatorServer) -> None:
+    def pattern() -> list[bool]:
+        sim.admin.reset()
+        sim.admin.set_faults(seed=11, mode="error", status=503, rate=0.5)
+        outcomes = []
+        for _ in range(24):
+            try:
+                client.call(Catalogue.list_payment_methods)
+                outcomes.append(True)
+            except ServerError:
+                outcomes.append(False)
+        return outcomes
+
+    first = pattern()
+    assert first == pattern()
+    assert True in first and False in first
+
+
+def test_drop_closes_the_connection_without_acting(client: GatewayClient, sim: SimulatorServer) -> None:
+    sim.admin.set_faults(mode="drop", operation="create_moto_order", count=1)
+    with pytest.raises(ConnectionDropped):
+        _moto(client, "o-1")
+    assert sim.admin.operations() == []
+
+
+def test_commit_then_fail_500_records_the_operation_and_a_keyed_resend_replays_it(
+    client: GatewayClient, sim: SimulatorServer
+) -> None:
+    contract_id = Scenario(client, sim).contract()
+    sim.admin.set_faults(mode="commit_then_fail", operation="create_mit_order", count=1)
+    request = {"order": order("mit-1"), "contractId": contract_id}
+    with pytest.raises(ServerError):
+        client.call(Catalogue.create_mit_order, request=request, idempotency_key="k-1")
+    [charge] = sim.admin.operations(idempotency_key="k-1")
+    resent = client.call(Catalogue.create_mit_order, request=request, idempotency_key="k-1")
+    assert resent.operation.operationId == charge["operationId"]
+    assert len(sim.admin.operations(order_id="mit-1")) == 1
+
+
+def test_commit_then_fail_with_drop_raises_connection_dropped_and_the_order_is_readable(
+    client: GatewayClient, sim: SimulatorServer
+) -> None:
+    sim.admin.set_faults(mode="commit_then_fail", drop=True, operation="create_moto_order", count=1)
+    with pytest.raises(ConnectionDropped) as dropped:
+        _moto(client, "o-1")
+    assert dropped.value.ambiguous
+    reconciled = client.call(Catalogue.get_order, "o-1")
+    assert [op.operationResult for op in reconciled.operations] == ["EXECUTED"]
+
+
+def test_commit_then_fail_scoped_to_one_step_of_three_steps(client: GatewayClient, sim: SimulatorServer) -> None:
+    sim.admin.set_faults(mode="commit_then_fail", operation="three_steps_payment", count=1)
+    init = client.call(Catalogue.three_steps_init, request={"order": order("o-3s"), "card": card()})
+    payment = {"operationId": init.operation.operationId, "order": order("o-3s"), "card": card()}
+    with pytest.raises(ServerError):
+        client.call(Catalogue.three_steps_payment, request=payment)
+    assert client.call(Catalogue.get_operation, init.operation.operationId).operationResult == "EXECUTED"
+    with pytest.raises(GatewayError):  # a blind resend is refused: the payment already happened
+        client.call(Catalogue.three_steps_payment, request=payment)
+
+
+def test_hang_without_commit_times_the_client_out_and_records_nothing(impatient: GatewayClient, sim: SimulatorServer) -> None:
+    sim.admin.set_faults(mode="hang", seconds=0.6, operation="create_moto_order", count=1)
+    with pytest.raises(GatewayTimeout) as timed_out:
+        _moto(impatient, "o-1")
+    assert timed_out.value.ambiguous
+    wait_until(lambda: _idle(sim), what="the hanging request to end")
+    assert sim.admin.operations() == []
+    with pytest.raises(NotFound):
+        impatient.call(Catalogue.get_order, "o-1")
+
+
+def test_hang_with_commit_times_the_client_out_after_recording(impatient: GatewayClient, sim: SimulatorServer) -> None:
+    sim.admin.set_faults(mode="hang", commit=True, seconds=0.6, operation="create_moto_order", count=1)
+    with pytest.raises(GatewayTimeout):
+        _moto(impatient, "o-1")
+    assert [op["orderId"] for op in sim.admin.operations()] == ["o-1"]
+    wait_until(lambda: _idle(sim), what="the hanging request to end")
+
+
+def test_fixed_latency_delays_and_concurrent_requests_overlap(client: GatewayClient, sim: SimulatorServer) -> None:
+    sim.admin.set_faults(latency_ms=200)
+    started = time.monotonic()
+    client.call(Catalogue.list_payment_methods)
+    assert time.monotonic() - started >= 0.2
+    threads = [threading.Thread(target=client.call, args=(Catalogue.list_payment_methods,)) for _ in range(8)]
+    started = time.monotonic()
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=10)
+    assert time.monotonic() - started < 0.2 * 4  # eight sequential requests would take 1.6 s
+
+
+def test_random_latency_stays_within_its_bounds(client: GatewayClient, sim: SimulatorServer) -> None:
+    sim.admin.set_faults(latency_ms=50, latency_jitter_ms=100, seed=3)
+    for _ in range(5):
+        started = time.monotonic()
+        client.call(Catalogue.list_payment_methods)
+        assert 0.05 <= time.monotonic() - started < 1.0
+
+
+def test_clearing_faults_restores_the_start_up_settings(client: GatewayClient, sim: SimulatorServer) -> None:
+    sim.admin.set_faults(mode="error", status=500, latency_ms=80)
+    sim.admin.clear_faults()
+    assert sim.admin.faults() == {"latency_ms": 0, "latency_jitter_ms": 0, "seed": 7, "rules": []}
+    client.call(Catalogue.list_payment_methods)
+
+
+@pytest.mark.parametrize(
+    "rule",
+    [
+        {"mode": "explode"},
+        {"mode": "error", "status": 200},
+        {"mode": "error", "operation": "no_such_operation"},
+        {"mode": "error", "typo": 1},
+    ],
+)
+def test_an_invalid_fault_rule_is_refused_with_the_reason(sim: SimulatorServer, rule: dict[str, object]) -> None:
+    with pytest.raises(SimulatorAdminError) as refused:
+        sim.admin.set_faults(**rule)
+    assert refused.value.status == 400 and "rule 0" in str(refused.value)
+    assert sim.admin.faults()["rules"] == []
