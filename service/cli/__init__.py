@@ -17,6 +17,7 @@ from config.settings import SettingsError
 COMMAND_MODULES = (
     "service.cli.config_cmd",
     "service.cli.endpoints",
+    "service.cli.simulator_cmd",
 )
 
 

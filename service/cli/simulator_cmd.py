@@ -1,0 +1,58 @@
+"""``durapay simulator``: serve the gateway simulator in the foreground (one uvicorn worker).
+
+The defaults match durapay's own defaults, so ``durapay simulator`` and a client with nothing
+configured find each other: port 8781, the gateway's path prefix, API key ``durapay-simulator-key``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from config.settings import SIMULATOR_API_KEY
+
+DEFAULT_PORT = 8781
+
+
+def simulator(
+    port: Annotated[int, typer.Option(help="Port to listen on (0 = a free port).")] = DEFAULT_PORT,
+    host: Annotated[str, typer.Option(help="Address to bind.")] = "127.0.0.1",
+    api_key: Annotated[str, typer.Option(help="The X-Api-Key the simulator accepts.")] = SIMULATOR_API_KEY,
+    latency_ms: Annotated[int, typer.Option(help="Latency added to every gateway request.")] = 0,
+    latency_jitter_ms: Annotated[int, typer.Option(help="Random extra latency, 0 to N ms (seeded).")] = 0,
+    seed: Annotated[int, typer.Option(help="Seed of every random choice (ids, tokens, faults, jitter).")] = 0,
+    auto_complete_ms: Annotated[
+        int | None, typer.Option(help="Hosted pages, links and build forms complete by themselves after N ms.")
+    ] = None,
+    state_file: Annotated[
+        Path | None, typer.Option(help="Load the state from this JSON file at start; save it there while running.")
+    ] = None,
+) -> None:
+    """Serve the gateway simulator: every gateway operation over HTTP, test cards, faults, /_sim/ admin."""
+    from simulator import SimulatorConfig, serve_forever
+
+    try:
+        config = SimulatorConfig(
+            api_key=api_key,
+            seed=seed,
+            latency_ms=latency_ms,
+            latency_jitter_ms=latency_jitter_ms,
+            auto_complete_ms=auto_complete_ms,
+            host=host,
+            port=port,
+            state_file=state_file,
+        )
+    except ValueError as exc:
+        typer.echo(f"durapay simulator: {exc}", err=True)
+        raise typer.Exit(2) from None
+    typer.echo(
+        f"durapay simulator on http://{host}:{port}{config.path_prefix} (X-Api-Key: {api_key}); "
+        f"admin and pages under http://{host}:{port}/_sim/"
+    )
+    serve_forever(config)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("simulator")(simulator)
