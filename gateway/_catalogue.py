@@ -84,7 +84,10 @@ class GatewayOperation(Generic[Resp]):
             object.__setattr__(self, "retry_safe", self.method == "GET" or self.idempotency_key)
 
     def __set_name__(self, owner: type, name: str) -> None:
-        object.__setattr__(self, "name", name)
+        # Named once, by the Catalogue class body: reusing an operation as a default in another class
+        # (``op: GatewayOperation = Catalogue.create_moto_order`` in a dataclass) must not rename it.
+        if not self.name:
+            object.__setattr__(self, "name", name)
 
     @property
     def path_params(self) -> tuple[str, ...]:
