@@ -61,7 +61,8 @@ class RetryPolicy:
             return Finish(False, f"the gateway refused {op.name}: {error.message}", error=record)
         must_reconcile = error.ambiguous and not op.retry_safe
         if attempt >= self.max_attempts:
-            if must_reconcile:
+            if error.ambiguous:
+                # A timeout is not a failure: the gateway may have acted, so only a person may say "failed".
                 return Attention(f"{op.name} failed {attempt} times and may have taken effect", record)
             return Finish(False, f"{op.name} failed {attempt} times: {error.message}", error=record)
         hint = getattr(error, "retry_after", None)

@@ -167,7 +167,16 @@ class Engine:
         if order_id:
             self._index_order(order_id, flow_id)
         record, created = self.store.create(
-            flow_id, kind, first.name, wire, now=now, order_id=order_id, start_key=key or "", by="start", run_at=run_at
+            flow_id,
+            kind,
+            first.name,
+            wire,
+            now=now,
+            order_id=order_id,
+            start_key=key or "",
+            by="start",
+            run_at=run_at,
+            safety=self._safety,
         )
         if created and record.state is FlowState.READY:
             self._send_from(record, definition, first.name)
@@ -218,7 +227,7 @@ class Engine:
     def signal(self, flow_id: str, name: str, payload: Mapping[str, Any] | None = None, *, by: str = "api") -> str:
         """Deliver a signal (``3ds_result``, ``form_completed``, ``notification``, ...): ``resumed``,
         ``stored`` (kept until the flow waits for it), ``finished`` or raise NotFound."""
-        result = self.store.signal(flow_id, name, payload or {}, now=self.clock.now(), by=by)
+        result = self.store.signal(flow_id, name, payload or {}, now=self.clock.now(), by=by, safety=self._safety)
         if result == "missing":
             raise NotFound(f"no flow {flow_id!r}")
         if result == "resumed":
@@ -250,7 +259,7 @@ class Engine:
         definition = self.registry[record.kind]
         if record.state is FlowState.NEEDS_ATTENTION:
             fields: dict[str, str | None] = {"attempt": "0", "polls": "0"}
-            change = Change(FlowState.READY, "retry requested", fields, due=now + self.lease)
+            change = Change(FlowState.READY, "retry requested", fields, due=now + self._safety)
         elif record.state is FlowState.FAILED:
             model = definition.input_model.model_validate(record.input)
             ctx = self._context(flow_id, record.kind, "", model, {}, now, record.order_id)
@@ -277,7 +286,7 @@ class Engine:
             }
             if new_order:
                 self._index_order(new_order, flow_id)
-            change = Change(FlowState.READY, "restarted after failure", fields, due=now + self.lease)
+            change = Change(FlowState.READY, "restarted after failure", fields, due=now + self._safety)
         else:
             raise OperatorError(f"flow {flow_id} is {record.state}; only failed or needs_attention flows are retried")
         written = self.store.transition(record, change, now=now, by=by)
@@ -363,6 +372,12 @@ class Engine:
 
     # -- internals -----------------------------------------------------------------------------
 
+    @property
+    def _safety(self) -> float:
+        """How long a flow whose step was just sent waits on the due set before the dispatcher sends it
+        again: a lease when a sender delivers the step now, zero when only the dispatcher will."""
+        return self.lease if self.sender is not None else 0.0
+
     def gateway(self) -> GatewayClient:
         """This process's gateway client (made after a fork, kept alive between calls)."""
         with self._client_lock:
@@ -428,7 +443,7 @@ class Engine:
                 change = Change(FlowState.SUCCEEDED, f"{step.name} done; flow succeeded", done)
             else:
                 done["step"] = following.name
-                change = Change(FlowState.READY, f"{step.name} done", done, due=now + self.lease, step=following.name)
+                change = Change(FlowState.READY, f"{step.name} done", done, due=now + self._safety, step=following.name)
         elif isinstance(outcome, Finish):
             if outcome.output:
                 done[f"out:{step.name}"] = _dump(outcome.output)
@@ -471,7 +486,7 @@ class Engine:
                 FlowState.READY,
                 f"{step.name}: {outcome.reason}; new gateway order {new_order}",
                 done,
-                due=now + self.lease,
+                due=now + self._safety,
             )
         else:
             done |= {"error": _dump(outcome.error) if outcome.error else _dump({"message": outcome.reason})}

@@ -243,14 +243,16 @@ class FlowStore:
         start_key: str = "",
         by: str = "api",
         run_at: float | None = None,
+        safety: float = 0.0,
     ) -> tuple[FlowRecord, bool]:
         """Create the flow ``ready`` and due now (or ``sleeping`` until ``run_at``); or return the
-        existing one (``created`` False).
+        existing one (``created`` False). ``safety`` delays the due entry of a flow whose first step is
+        being sent right away, so the dispatcher only sends it if that message is lost.
 
         Raises StartConflict when ``flow_id`` exists with a different input (a start key reused).
         """
         state = FlowState.SLEEPING if run_at is not None and run_at > now else FlowState.READY
-        due = run_at if state is FlowState.SLEEPING and run_at is not None else now
+        due = run_at if state is FlowState.SLEEPING and run_at is not None else now + safety
         fields = {
             "id": flow_id,
             "kind": kind,
@@ -327,7 +329,7 @@ class FlowStore:
         """Ask a running step's flow to stop at the step boundary (no version change: the step completes)."""
         self.redis.hset(self.keys.flow(flow_id), "cancel_requested", "1")
 
-    def signal(self, flow_id: str, name: str, payload: Mapping[str, Any], *, now: float, by: str) -> str:
+    def signal(self, flow_id: str, name: str, payload: Mapping[str, Any], *, now: float, by: str, safety: float = 0.0) -> str:
         """Deliver a signal: ``resumed``, ``stored`` (kept until the flow waits for it), ``finished``, ``missing``."""
         partition = self.keys.partition(flow_id)
         entry = self._entry(now, FlowState.WAITING, FlowState.READY, "", by, f"signal {name}")
@@ -339,7 +341,7 @@ class FlowStore:
                 self.keys.by_state(partition, FlowState.WAITING.value),
                 self.keys.by_state(partition, FlowState.READY.value),
             ],
-            args=[flow_id, name, _json({"name": name, "payload": dict(payload), "t": now}), repr(now), entry],
+            args=[flow_id, name, _json({"name": name, "payload": dict(payload), "t": now}), repr(now), entry, repr(now + safety)],
         )
         return result.decode() if isinstance(result, bytes) else str(result)
 

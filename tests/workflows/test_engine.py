@@ -374,3 +374,13 @@ def test_start_at_a_future_time_sleeps_until_then(make_engine: Any, clock: Manua
     assert engine.dispatch_due() == 1
     assert engine.run_step(record.id, "charge") == "succeeded"
     assert len(step.runs) == 1
+
+
+def test_exhausted_retries_of_an_ambiguous_error_need_a_person_even_when_keyed() -> None:
+    from gateway import GatewayTimeout
+    from tasks.retry import RetryPolicy
+
+    policy = RetryPolicy(base_seconds=1, cap_seconds=1, max_attempts=3)
+    timeout = GatewayTimeout("no answer", sent=True)
+    assert isinstance(policy.on_error(timeout, Catalogue.create_mit_order, 3, resend=False), Attention)
+    assert isinstance(policy.on_error(timeout, Catalogue.create_mit_order, 2, resend=False), Retry)

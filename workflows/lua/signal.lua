@@ -1,5 +1,6 @@
 -- Deliver a signal to a flow. KEYS: flow, log, due, waiting index, ready index.
--- ARGV: 1 flow id, 2 signal name, 3 signal (JSON object with name, payload, t), 4 now, 5 log entry.
+-- ARGV: 1 flow id, 2 signal name, 3 signal (JSON object with name, payload, t), 4 now, 5 log entry,
+--       6 due time of the resumed flow (now, or later when the caller sends the step itself).
 -- Returns "missing", "finished", "resumed" (the flow was waiting for it) or "stored" (kept until the
 -- flow waits for it). Storing does not change the version: a step in flight completes normally and
 -- its wait then finds the signal (see transition.lua).
@@ -26,8 +27,8 @@ if not awaited then
   return 'stored'
 end
 local version = tonumber(redis.call('HGET', KEYS[1], 'version')) + 1
-redis.call('HSET', KEYS[1], 'state', 'ready', 'version', version, 'updated', ARGV[4], 'due', ARGV[4])
-redis.call('ZADD', KEYS[3], ARGV[4], ARGV[1])
+redis.call('HSET', KEYS[1], 'state', 'ready', 'version', version, 'updated', ARGV[4], 'due', ARGV[6])
+redis.call('ZADD', KEYS[3], ARGV[6], ARGV[1])
 redis.call('ZREM', KEYS[4], ARGV[1])
 redis.call('ZADD', KEYS[5], ARGV[4], ARGV[1])
 redis.call('RPUSH', KEYS[2], ARGV[5])

@@ -1,0 +1,89 @@
+"""A Celery worker in a separate process, so that tests can kill it with SIGKILL mid-step.
+
+The child builds its runtime exactly as ``durapay worker`` does, from ``DURAPAY_*`` variables, and
+consumes with a threads pool: killing the one process kills every step it was running.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from config import ENV_NESTED_DELIMITER, ENV_PREFIX, Settings
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+def settings_env(settings: Settings, redis_url: str) -> dict[str, str]:
+    """The environment that makes a child process load the same settings."""
+    env = {key: value for key, value in os.environ.items() if not key.startswith(ENV_PREFIX)}
+    env[f"{ENV_PREFIX}REDIS_URL"] = redis_url
+    dumped: dict[str, Any] = settings.model_dump(mode="json", exclude={"redis_url", "broker_url", "data_dir"})
+    for group, values in dumped.items():
+        if isinstance(values, dict):
+            for name, value in values.items():
+                if isinstance(value, str) and value.startswith("*"):
+                    continue
+                env[f"{ENV_PREFIX}{group.upper()}{ENV_NESTED_DELIMITER}{name.upper()}"] = str(value)
+    env[f"{ENV_PREFIX}GATEWAY{ENV_NESTED_DELIMITER}API_KEY"] = settings.gateway.api_key.get_secret_value()
+    env["PYTHONPATH"] = str(ROOT)
+    return env
+
+
+CHILD = """
+import sys
+from config import load_settings
+from service.runtime import build_runtime
+settings = load_settings()
+runtime = build_runtime(settings, redis_url=settings.redis_url)
+runtime.celery.worker_main(["worker", "-P", "threads", "-c", "4", "-Q", "durapay", "-l", "warning",
+                            "--without-mingle", "--without-gossip", "--without-heartbeat", "-n", sys.argv[1]])
+"""
+
+
+class WorkerProcess:
+    def __init__(self, settings: Settings, redis_url: str, name: str, log_dir: Path) -> None:
+        self.env = settings_env(settings, redis_url)
+        self.name = name
+        self.log_path = log_dir / f"{name}.log"
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> WorkerProcess:
+        log = self.log_path.open("ab")
+        self.process = subprocess.Popen(
+            [sys.executable, "-c", CHILD, f"{self.name}@%h"], env=self.env, cwd=ROOT, stdout=log, stderr=log
+        )
+        return self
+
+    def kill(self) -> None:
+        """SIGKILL: no cleanup, no acks, exactly what a crashed machine looks like."""
+        if self.process is not None and self.process.poll() is None:
+            self.process.send_signal(signal.SIGKILL)
+            self.process.wait(timeout=10)
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+
+def wait_until(condition: Any, timeout: float = 30.0, what: str = "condition") -> Any:
+    """Poll ``condition()`` until it returns something truthy; TimeoutError naming ``what`` otherwise."""
+    deadline = time.monotonic() + timeout
+    pause = 0.01
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{what} did not happen within {timeout}s")
+        time.sleep(pause)
+        pause = min(pause * 1.5, 0.2)
