@@ -1,0 +1,403 @@
+"""Schedules on a real Valkey with a manual clock and a scripted ``mit`` flow (no Celery, no HTTP here).
+
+The scripted MIT step answers per contract from a queue of ISO response codes ("000" approves, "116" is
+a soft decline, "208" a hard one), so every path of firing, missed occurrences, dunning and operator
+actions is exercised exactly; ``test_integration`` runs the same against the simulator with a worker.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+import redis
+
+from config import load_settings
+from gateway import Catalogue, MitRequest, decline_kind
+from tasks.outcomes import Advance, Finish, Outcome
+from tasks.runner import NOT_COMMITTED, ReconcileResult, StepContext
+from workflows.clock import ManualClock
+from workflows.engine import Engine, InputError, NotFound, OperatorError
+from workflows.flows._common import summarize
+from workflows.schedules import Schedules, ScheduleState
+from workflows.states import FlowState
+from workflows.steps import FlowDefinition
+from workflows.store import StartConflict
+
+T0 = datetime(2026, 1, 1, tzinfo=UTC).timestamp()
+DAY = 86400.0
+
+
+@dataclass
+class ScriptedMit:
+    """The ``pay`` step of a stand-in MIT flow: answers from ``script[contractId]`` (default approve)."""
+
+    script: dict[str, list[str]] = field(default_factory=dict)
+    calls: list[tuple[str, str]] = field(default_factory=list)
+    name: str = "pay"
+    when: Any = None
+    customer_url: Any = None
+
+    @property
+    def operation(self) -> Any:
+        return Catalogue.create_mit_order
+
+    @property
+    def task_name(self) -> str:
+        return "test.mit"
+
+    def execute(self, ctx: StepContext) -> Outcome:
+        contract = ctx.input.contractId
+        code = self.script.get(contract, []).pop(0) if self.script.get(contract) else "000"
+        self.calls.append((ctx.input.order.orderId, ctx.idempotency_key))
+        operation = {
+            "operationId": f"op-{len(self.calls)}",
+            "orderId": ctx.input.order.orderId,
+            "additionalData": {"responseCode": code},
+        }
+        if code == "000":
+            return Advance({"operation": {**operation, "operationResult": "EXECUTED"}})
+        if code == "FAIL":
+            return Finish(
+                False, "the gateway refused create_mit_order", error={"type": "BadRequest", "message": "PS0017 no contract"}
+            )
+        error = {
+            "type": "PaymentDeclined",
+            "responseCode": code,
+            "decline": decline_kind(code),
+            "operationId": operation["operationId"],
+        }
+        return Finish(False, f"payment DECLINED ({code})", {"operation": {**operation, "operationResult": "DECLINED"}}, error)
+
+    def reconcile(self, ctx: StepContext) -> ReconcileResult:
+        return NOT_COMMITTED
+
+
+@dataclass
+class World:
+    engine: Engine
+    schedules: Schedules
+    clock: ManualClock
+    mit: ScriptedMit
+
+    def at(self, moment: datetime | float) -> None:
+        self.clock.set(moment.timestamp() if isinstance(moment, datetime) else moment)
+
+    def tick(self) -> int:
+        """One scheduler pass, then run every MIT flow that is ready (what a worker would do)."""
+        started = self.schedules.tick()
+        for flow in self.engine.list(kind="mit", state=FlowState.READY, limit=10_000):
+            self.engine.run_step(flow.id, "pay")
+        return started
+
+    def flows(self) -> list[Any]:
+        return sorted(self.engine.list(kind="mit", limit=10_000), key=lambda flow: (flow.created, flow.start_key))
+
+    def events(self, schedule_id: str, name: str) -> list[dict[str, Any]]:
+        return [event for event in self.schedules.history(schedule_id) if event["event"] == name]
+
+
+@pytest.fixture
+def world(redis_client: redis.Redis, key_prefix: str) -> Iterator[World]:
+    clock = ManualClock(T0)
+    mit = ScriptedMit()
+    definition = FlowDefinition("mit", MitRequest, (mit,), summarize, lambda data: str(data.order.orderId))  # type: ignore[arg-type]
+    settings = load_settings({"engine": {"key_prefix": key_prefix, "partitions": 3, "lease_seconds": 30}})
+    engine = Engine(settings, redis_client, {"mit": definition}, clock=clock)
+    yield World(engine, Schedules(engine, batch=50), clock, mit)
+
+
+def monthly(day: int = 1, **extra: Any) -> dict[str, Any]:
+    data = {"contractId": "c-1", "amount": 1500, "currency": "EUR", "description": "Gym", "rule": {"every": "month", "day": day}}
+    return {**data, "timezone": "Europe/Rome", "start": "2026-01-01T09:00:00", **extra}
+
+
+def rome(month: int, day: int = 1, year: int = 2026, hour: int = 9) -> datetime:
+    from zoneinfo import ZoneInfo
+
+    return datetime(year, month, day, hour, tzinfo=ZoneInfo("Europe/Rome"))
+
+
+# -- the Python API ----------------------------------------------------------------------------------
+
+
+def test_create_get_list_and_summary(world: World) -> None:
+    record = world.schedules.create(monthly(31), key="gym-42")
+    assert record.state is ScheduleState.ACTIVE and len(record.id) == 13
+    summary = world.schedules.get(record.id).summary()
+    assert summary["nextRun"] == "2026-01-31T08:00:00Z" and summary["nextRunLocal"] == "2026-01-31T09:00:00+01:00"
+    assert summary["rule"] == {"every": "month", "day": 31} and summary["counts"]["fired"] == 0
+    assert [r.id for r in world.schedules.list()] == [record.id]
+    assert world.schedules.list(state="paused") == []
+    assert world.schedules.history(record.id)[0]["event"] == "created"
+
+
+def test_a_create_key_returns_the_same_schedule_and_refuses_another_input(world: World) -> None:
+    first = world.schedules.create(monthly(), key="k")
+    assert world.schedules.create(monthly(), key="k").id == first.id
+    with pytest.raises(StartConflict):
+        world.schedules.create(monthly(amount=999), key="k")
+
+
+def test_errors_name_what_is_wrong(world: World) -> None:
+    with pytest.raises(InputError) as raised:
+        world.schedules.create(monthly(currency="EURO"))
+    assert raised.value.field == "currency"
+    with pytest.raises(InputError, match="end"):
+        world.schedules.create(monthly(end="2025-12-31"))
+    with pytest.raises(NotFound):
+        world.schedules.get("s000000000000")
+    with pytest.raises(InputError, match="state"):
+        world.schedules.list(state="sleepy")
+
+
+def test_each_occurrence_starts_one_mit_keyed_by_schedule_and_occurrence(world: World) -> None:
+    record = world.schedules.create(monthly(31, customerId="cust-1", captureType="EXPLICIT"))
+    world.at(rome(1, 31))
+    assert world.tick() == 1
+    assert world.tick() == 0
+    (flow,) = world.flows()
+    assert flow.start_key == f"{record.id}@2026-01-31T08:00:00Z"
+    order = flow.input["order"]
+    assert order == {
+        "orderId": f"{record.id}-0",
+        "amount": "1500",
+        "currency": "EUR",
+        "description": "Gym",
+        "customerId": "cust-1",
+    }
+    assert flow.input["captureType"] == "EXPLICIT" and flow.state is FlowState.SUCCEEDED
+
+
+def test_a_monthly_schedule_charges_once_a_month_for_24_months(world: World) -> None:
+    record = world.schedules.create(monthly(31))
+    for month in range(24):
+        year, index = divmod(month, 12)
+        world.at(rome(index + 1, 1, 2026 + year) + (rome(2, 1) - rome(1, 1)))  # the 1st of the next month: past day 31
+        world.tick()
+        world.clock.advance(60)
+        world.tick()
+    flows = world.flows()
+    assert len(flows) == 24 and len({flow.input["order"]["orderId"] for flow in flows}) == 24
+    assert world.schedules.get(record.id).counts["charged"] == 24
+    assert [flow.start_key.split("@")[1][:10] for flow in flows[:3]] == ["2026-01-31", "2026-02-28", "2026-03-31"]
+
+
+def test_count_and_end_complete_the_schedule(world: World) -> None:
+    counted = world.schedules.create(monthly(count=2))
+    ended = world.schedules.create(monthly(end="2026-02-01"))
+    for month in (1, 2, 3):
+        world.at(rome(month, 1, hour=10))
+        world.tick()
+    world.clock.advance(60)
+    world.tick()
+    for schedule_id in (counted.id, ended.id):
+        record = world.schedules.get(schedule_id)
+        assert record.state is ScheduleState.COMPLETED and record.counts["charged"] == 2
+    assert len(world.flows()) == 4
+
+
+# -- many schedulers -----------------------------------------------------------------------------------
+
+
+def test_many_schedulers_at_once_fire_each_occurrence_once(world: World) -> None:
+    ids = [world.schedules.create(monthly((n % 28) + 1, contractId=f"c-{n}")).id for n in range(60)]
+    others = [Schedules(world.engine, batch=7) for _ in range(6)]
+    stop = threading.Event()
+    errors: list[BaseException] = []
+
+    def run(schedules: Schedules) -> None:
+        while not stop.is_set():
+            try:
+                schedules.tick()
+            except BaseException as exc:  # noqa: BLE001 - reported below
+                errors.append(exc)
+
+    threads = [threading.Thread(target=run, args=(s,)) for s in others]
+    for thread in threads:
+        thread.start()
+    try:
+        for month in range(1, 7):
+            world.at(rome(month, 28, hour=23))
+            expected = 60 * month
+            wait_for(
+                lambda expected=expected: len(world.engine.list(kind="mit", limit=10_000)) >= expected, what=f"month {month}"
+            )
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(10)
+    assert not errors
+    flows = world.engine.list(kind="mit", limit=10_000)
+    assert len(flows) == 360 and len({flow.start_key for flow in flows}) == 360
+    assert all(world.schedules.get(schedule_id).counts["fired"] == 6 for schedule_id in ids)
+
+
+def wait_for(probe: Callable[[], bool], *, timeout: float = 30.0, what: str = "condition") -> None:
+    import time
+
+    deadline = time.monotonic() + timeout
+    while not probe():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.005)
+
+
+# -- missed occurrences ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("policy", "fired", "skipped", "coalesced"), [("each", 3, 0, 0), ("once", 1, 0, 2), ("skip", 0, 3, 0)])
+def test_a_scheduler_stopped_for_three_occurrences_catches_up_by_policy(
+    world: World, policy: str, fired: int, skipped: int, coalesced: int
+) -> None:
+    record = world.schedules.create(monthly(missed=policy))
+    world.at(rome(3, 2))  # down from before 1 January to 2 March: three occurrences missed
+    world.tick()
+    after = world.schedules.get(record.id)
+    assert (after.counts.get("fired", 0), after.counts.get("skipped", 0), after.counts.get("coalesced", 0)) == (
+        fired,
+        skipped,
+        coalesced,
+    )
+    (missed,) = world.events(record.id, "missed")
+    assert missed["policy"] == policy and missed["occurrences"] == [
+        "2026-01-01T08:00:00Z",
+        "2026-02-01T08:00:00Z",
+        "2026-03-01T08:00:00Z",
+    ]
+    assert after.summary()["nextRun"] == "2026-04-01T07:00:00Z"
+    world.at(rome(4, 1))
+    world.tick()
+    assert len(world.flows()) == fired + 1
+
+
+def test_skip_still_fires_an_occurrence_that_is_only_a_little_late(world: World) -> None:
+    record = world.schedules.create(monthly(missed="skip"))
+    world.at(rome(1, 1, hour=9).timestamp() + 600)
+    assert world.tick() == 1
+    assert world.schedules.get(record.id).counts.get("skipped", 0) == 0
+
+
+# -- dunning -------------------------------------------------------------------------------------------------
+
+
+def test_soft_declines_are_retried_after_1_3_7_days_then_the_schedule_stops(world: World) -> None:
+    world.mit.script["c-1"] = ["116", "116", "116", "116"]
+    record = world.schedules.create(monthly())
+    first = rome(1, 1).timestamp()
+    for offset in (0, 60, DAY, DAY + 60, 3 * DAY, 3 * DAY + 60, 7 * DAY, 7 * DAY + 60, 30 * DAY):
+        world.at(first + offset)
+        world.tick()
+    flows = world.flows()
+    assert [flow.created - first for flow in flows] == [0, DAY, 3 * DAY, 7 * DAY]
+    assert [flow.input["order"]["orderId"] for flow in flows] == [
+        f"{record.id}-0",
+        f"{record.id}-0-r1",
+        f"{record.id}-0-r2",
+        f"{record.id}-0-r3",
+    ]
+    assert len({key for _, key in world.mit.calls}) == 4  # a fresh idempotency key per retry
+    stopped = world.schedules.get(record.id)
+    assert stopped.state is ScheduleState.NEEDS_ATTENTION and "dunning exhausted" in stopped.reason
+    assert stopped.counts["declined"] == 4 and stopped.counts["retried"] == 3 and stopped.last["responseCode"] == "116"
+    assert [event["at"] for event in world.events(record.id, "retry scheduled")] == [
+        "2026-01-02T08:00:00Z",
+        "2026-01-04T08:00:00Z",
+        "2026-01-08T08:00:00Z",
+    ]
+
+
+def test_a_hard_decline_stops_at_once(world: World) -> None:
+    world.mit.script["c-1"] = ["208"]
+    record = world.schedules.create(monthly())
+    for moment in (rome(1, 1).timestamp(), rome(1, 1).timestamp() + 60, rome(3, 1).timestamp()):
+        world.at(moment)
+        world.tick()
+    stopped = world.schedules.get(record.id)
+    assert stopped.state is ScheduleState.NEEDS_ATTENTION and "hard decline (208 Lost card" in stopped.reason
+    assert len(world.flows()) == 1 and world.events(record.id, "retry scheduled") == []
+
+
+def test_a_success_after_a_retry_resumes_the_rule(world: World) -> None:
+    world.mit.script["c-1"] = ["116", "000"]
+    record = world.schedules.create(monthly())
+    first = rome(1, 1).timestamp()
+    for moment in (first, first + 60, first + DAY, first + DAY + 60):
+        world.at(moment)
+        world.tick()
+    assert world.schedules.get(record.id).state is ScheduleState.ACTIVE
+    for moment in (rome(2, 1).timestamp(), rome(2, 1).timestamp() + 60):
+        world.at(moment)
+        world.tick()
+    keys = [flow.start_key.split("@")[1] for flow in world.flows()]
+    assert keys == ["2026-01-01T08:00:00Z", "2026-01-01T08:00:00Z#1", "2026-02-01T08:00:00Z"]
+    assert world.schedules.get(record.id).counts == {"fired": 2, "declined": 1, "retried": 1, "charged": 2}
+
+
+def test_occurrences_passing_during_dunning_are_skipped(world: World) -> None:
+    world.mit.script["c-1"] = ["116", "116", "000"]
+    record = world.schedules.create({**monthly(), "rule": {"every": "days", "interval": 2}, "dunning": [1, 5]})
+    first = rome(1, 1).timestamp()
+    for offset in (0, 60, DAY, DAY + 60, 5 * DAY, 5 * DAY + 60):
+        world.at(first + offset)
+        world.tick()
+    (skipped,) = world.events(record.id, "skipped")
+    assert skipped["reason"] == "dunning" and skipped["count"] == 2
+    assert world.schedules.get(record.id).summary()["nextRun"] == "2026-01-07T08:00:00Z"
+
+
+def test_a_failure_that_is_not_a_decline_needs_a_person(world: World) -> None:
+    world.mit.script["c-1"] = ["FAIL"]
+    record = world.schedules.create(monthly())
+    for moment in (rome(1, 1).timestamp(), rome(1, 1).timestamp() + 60):
+        world.at(moment)
+        world.tick()
+    stopped = world.schedules.get(record.id)
+    assert stopped.state is ScheduleState.NEEDS_ATTENTION and "PS0017" in stopped.reason
+
+
+# -- operators and crashes ----------------------------------------------------------------------------------
+
+
+def test_pause_resume_cancel_and_change_amount(world: World) -> None:
+    record = world.schedules.create(monthly())
+    world.schedules.pause(record.id, by="ops")
+    with pytest.raises(OperatorError, match="paused"):
+        world.schedules.pause(record.id)
+    world.at(rome(2, 15))
+    assert world.tick() == 0
+    world.schedules.change_amount(record.id, 2500)
+    resumed = world.schedules.resume(record.id)
+    assert resumed.state is ScheduleState.ACTIVE and resumed.counts["skipped"] == 2
+    world.at(rome(3, 1))
+    world.tick()
+    (flow,) = world.flows()
+    assert flow.input["order"]["amount"] == "2500"
+    cancelled = world.schedules.cancel(record.id, "customer left")
+    assert cancelled.state is ScheduleState.CANCELLED and cancelled.reason == "customer left"
+    with pytest.raises(OperatorError):
+        world.schedules.resume(record.id)
+    with pytest.raises(InputError, match="amount"):
+        world.schedules.change_amount(record.id, 0)
+    events = [event["event"] for event in world.schedules.history(record.id)]
+    assert events == ["created", "paused", "amount changed", "resumed", "skipped", "fired", "cancelled"]
+
+
+def test_a_start_lost_after_the_write_is_made_at_the_next_look(world: World, monkeypatch: pytest.MonkeyPatch) -> None:
+    record = world.schedules.create(monthly())
+    world.at(rome(1, 1))
+    real_start = world.engine.start
+    monkeypatch.setattr(world.engine, "start", lambda *args, **kwargs: (_ for _ in ()).throw(ConnectionError("down")))
+    world.schedules.tick()
+    assert world.flows() == [] and world.schedules.get(record.id).counts["fired"] == 1
+    monkeypatch.setattr(world.engine, "start", real_start)
+    world.clock.advance(30)
+    world.tick()
+    assert len(world.flows()) == 1
+    world.clock.advance(120)
+    world.tick()
+    assert world.schedules.get(record.id).counts["charged"] == 1

@@ -1,0 +1,204 @@
+"""The Python API of schedules, and the scheduler's tick.
+
+::
+
+    schedules = Schedules(engine)
+    record = schedules.create({"contractId": "c-1", "amount": 1500, "currency": "EUR",
+                               "description": "Gym, monthly", "rule": {"every": "month", "day": 31},
+                               "timezone": "Europe/Rome", "start": "2026-01-31T09:00:00"}, key="gym-42")
+    Dispatcher(engine, tickers=[schedules.tick]).start()     # fires occurrences, any number at once
+
+``tick`` takes due schedules per partition in batches (atomically, see ``store``), reads them and the
+flows of their open attempts in one pipeline each, lets ``policy.advance`` decide, writes every decision
+with a compare-and-set (one pipeline per batch), and starts the MIT flows of the writes that won. Only
+then is a flow started, under a key derived from (schedule, occurrence, attempt): two schedulers, a
+replay or a restart never charge an occurrence twice.
+"""
+
+from __future__ import annotations
+
+import builtins
+import hashlib
+import logging
+import uuid
+from collections.abc import Callable, Mapping
+from datetime import UTC, datetime
+from typing import Any
+
+from pydantic import ValidationError
+
+from gateway import describe_validation_error
+from workflows.engine import Engine, InputError, NotFound, OperatorError
+from workflows.schedules import policy
+from workflows.schedules.model import FINAL, Attempt, ScheduleInput, ScheduleRecord, ScheduleState
+from workflows.schedules.rules import iso
+from workflows.schedules.store import ScheduleStore, input_hash
+from workflows.store import StartConflict
+
+log = logging.getLogger("durapay.schedules")
+
+#: The flow kind every occurrence starts (``workflows.flows.direct.MIT``).
+MIT_KIND = "mit"
+#: Rounds of ``batch`` schedules per partition in one tick (the rest wait for the next tick).
+MAX_ROUNDS = 1000
+
+
+def _schedule_id(key: str | None) -> str:
+    """``s`` + 12 hex digits: short enough for ``<id>-<n>-r<k>`` to fit the gateway's 27-character orderId."""
+    if key:
+        return "s" + hashlib.sha256(f"schedule\x1f{key}".encode()).hexdigest()[:12]
+    return "s" + uuid.uuid4().hex[:12]
+
+
+def _input_error(exc: ValidationError) -> InputError:
+    field, reason = describe_validation_error(exc)
+    if field == "(body)" and ": " in reason:  # a cross-field check names its field in the message
+        field, reason = reason.split(": ", 1)
+    return InputError("schedule", field, reason)
+
+
+class Schedules:
+    """Create, read and steer schedules; ``tick`` fires them. Uses ``engine.redis``, ``.keys``, ``.clock``."""
+
+    def __init__(self, engine: Engine, *, flow_kind: str = MIT_KIND, batch: int = 500, grace: float | None = None) -> None:
+        self.engine = engine
+        self.store = ScheduleStore(engine.redis, engine.keys)
+        self.flow_kind = flow_kind
+        self.batch = batch
+        self.grace = grace if grace is not None else engine.lease
+
+    # -- the Python API ----------------------------------------------------------------------------
+
+    @staticmethod
+    def validate(data: ScheduleInput | Mapping[str, Any]) -> ScheduleInput:
+        """The input as a ScheduleInput, or InputError naming the field and the reason."""
+        if isinstance(data, ScheduleInput):
+            return data
+        try:
+            return ScheduleInput.model_validate(dict(data))
+        except ValidationError as exc:
+            raise _input_error(exc) from None
+
+    def create(self, data: ScheduleInput | Mapping[str, Any], key: str | None = None) -> ScheduleRecord:
+        """Create a schedule (InputError naming the field); with ``key``, creating again returns the first.
+
+        Raises StartConflict when ``key`` was used for a different schedule.
+        """
+        spec = self.validate(data)
+        now = self.engine.clock.now()
+        record = ScheduleRecord(
+            id=_schedule_id(key),
+            state=ScheduleState.ACTIVE,
+            version=1,
+            created=now,
+            updated=now,
+            spec=spec,
+            next_at=None,
+            seq=0,
+            start_key=key or "",
+        )
+        first = policy.first_occurrence(record, now)
+        if first is None:
+            raise InputError("schedule", "end", "the schedule would never fire: its end is already past")
+        record.next_at = first.timestamp()
+        entry = {"t": now, "event": "created", "first": iso(first), "rule": spec.dumped()["rule"], "timezone": spec.timezone}
+        try:
+            self.store.create(record, entry, input_hash(spec.dumped()))
+        except ValueError as exc:
+            raise StartConflict(str(exc)) from None
+        return self.get(record.id)
+
+    def get(self, schedule_id: str) -> ScheduleRecord:
+        record = self.store.get(schedule_id)
+        if record is None:
+            raise NotFound(f"no schedule {schedule_id!r}")
+        return record
+
+    def list(self, *, state: str | None = None, limit: int = 50, offset: int = 0) -> builtins.list[ScheduleRecord]:
+        """Schedules newest first, optionally in one state (active, dunning, paused, needs_attention, ...)."""
+        wanted: ScheduleState | None = None
+        if state is not None:
+            try:
+                wanted = ScheduleState(state)
+            except ValueError:
+                known = ", ".join(s.value for s in ScheduleState)
+                raise InputError("schedule", "state", f"unknown state {state!r}; known states: {known}") from None
+        return self.store.many(self.store.ids(state=wanted, limit=limit, offset=offset))
+
+    def history(self, schedule_id: str) -> builtins.list[dict[str, Any]]:
+        self.get(schedule_id)
+        return self.store.history(schedule_id)
+
+    def pause(self, schedule_id: str, *, by: str = "api") -> ScheduleRecord:
+        return self._operate(schedule_id, lambda record, now: policy.pause(record, now, by))
+
+    def resume(self, schedule_id: str, *, by: str = "api") -> ScheduleRecord:
+        return self._operate(schedule_id, lambda record, now: policy.resume(record, now, by))
+
+    def cancel(self, schedule_id: str, reason: str = "cancelled", *, by: str = "api") -> ScheduleRecord:
+        return self._operate(schedule_id, lambda record, now: policy.cancel(record, now, by, reason))
+
+    def change_amount(self, schedule_id: str, amount: int, *, by: str = "api") -> ScheduleRecord:
+        """Charge ``amount`` (minor units) from the next occurrence on."""
+        if isinstance(amount, bool) or not isinstance(amount, int) or amount < 1:
+            raise InputError("schedule", "amount", "must be a whole number of minor units, at least 1")
+        return self._operate(schedule_id, lambda record, now: policy.change_amount(record, now, amount, by))
+
+    def _operate(self, schedule_id: str, change: Callable[[ScheduleRecord, float], policy.Plan]) -> ScheduleRecord:
+        for _ in range(20):
+            record = self.get(schedule_id)
+            now = self.engine.clock.now()
+            plan = change(record, now)
+            if self.store.update(record, plan.record, plan.events, now):
+                return self.get(schedule_id)
+        raise OperatorError(f"schedule {schedule_id} kept changing; try again")
+
+    # -- the scheduler -------------------------------------------------------------------------------
+
+    def tick(self) -> int:
+        """Look at every due schedule (in batches per partition); returns how many flows were started."""
+        now = self.engine.clock.now()
+        started = 0
+        for partition in range(self.store.partitions):
+            for _ in range(MAX_ROUNDS):
+                ids = self.store.take_due(partition, now=now, batch=self.batch, grace=self.grace)
+                if ids:
+                    started += self._process(ids, now)
+                if len(ids) < self.batch:
+                    break
+        return started
+
+    def _process(self, ids: builtins.list[str], now: float) -> int:
+        records = self.store.many(ids)
+        watched = [attempt.flow_id for record in records for attempt in record.open if attempt.started]
+        flows = {flow.id: flow for flow in self.engine.store.many(watched)} if watched else {}
+        changes = []
+        plans = []
+        for record in records:
+            plan = policy.advance(record, now, flows, self.flow_kind)
+            changes.append((record, plan.record, plan.events))
+            plans.append(plan)
+        started = 0
+        for plan, written in zip(plans, self.store.update_many(changes, now), strict=True):
+            if written:
+                started += sum(self._start(plan.record, attempt) for attempt in plan.starts)
+        return started
+
+    def _start(self, record: ScheduleRecord, attempt: Attempt) -> bool:
+        """Start an attempt's flow (idempotent by its key); a failure is retried at the next look."""
+        try:
+            flow = self.engine.start(self.flow_kind, attempt.data, key=attempt.key)
+        except Exception:  # one schedule must not stop the others; the next look starts it again
+            log.exception("schedule %s: starting %s (attempt %d) failed", record.id, attempt.occurrence, attempt.attempt)
+            return False
+        if flow.id != attempt.flow_id:
+            log.error("schedule %s: flow id %s differs from the expected %s", record.id, flow.id, attempt.flow_id)
+        return True
+
+    def next_due(self) -> datetime | None:
+        """When the next schedule needs the scheduler (for tests and status pages)."""
+        due = self.store.next_due()
+        return datetime.fromtimestamp(due, UTC) if due is not None else None
+
+    def finished(self, schedule_id: str) -> bool:
+        return self.get(schedule_id).state in FINAL

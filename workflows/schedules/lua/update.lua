@@ -1,0 +1,26 @@
+-- Compare-and-set one change of a schedule. KEYS: record, log, due, old-state index, new-state index.
+-- ARGV: 1 id, 2 expected version, 3 new state, 4 fields (JSON object of strings), 5 due score ("" removes
+-- the schedule from the due set), 6 log entries (JSON list of JSON strings), 7 now, 8 created.
+-- Returns the new version, or 0 when the version did not match (another writer got there first).
+local current = redis.call('HGET', KEYS[1], 'version')
+if current ~= ARGV[2] then
+  return 0
+end
+for name, value in pairs(cjson.decode(ARGV[4])) do
+  redis.call('HSET', KEYS[1], name, value)
+end
+local version = tonumber(current) + 1
+redis.call('HSET', KEYS[1], 'state', ARGV[3], 'version', version, 'updated', ARGV[7])
+if ARGV[5] == '' then
+  redis.call('ZREM', KEYS[3], ARGV[1])
+else
+  redis.call('ZADD', KEYS[3], ARGV[5], ARGV[1])
+end
+if KEYS[4] ~= KEYS[5] then
+  redis.call('ZREM', KEYS[4], ARGV[1])
+  redis.call('ZADD', KEYS[5], ARGV[8], ARGV[1])
+end
+for _, entry in ipairs(cjson.decode(ARGV[6])) do
+  redis.call('RPUSH', KEYS[2], entry)
+end
+return version

@@ -1,0 +1,181 @@
+"""Schedules in Redis: one hash and one history list per schedule, a due set and indexes per partition.
+
+The layout follows the flows' (``workflows/keys.py``): every key carries its partition's hash tag, so a
+script touches one Redis Cluster slot, and the scheduler visits every partition::
+
+    durapay:{s2}:schedule:<id>        hash: id state version created updated spec next_at seq open
+                                      counts last reason start_key input_hash
+    durapay:{s2}:schedule_log:<id>    list of JSON events (the schedule's history), append only
+    durapay:{s2}:schedule_due         sorted set: id -> when the scheduler must look at it next
+    durapay:{s2}:schedule_state:<s>   sorted set: id -> created, per state (listing)
+    durapay:{s2}:schedules            sorted set: id -> created (listing)
+
+Every change is one Lua script: ``create.lua`` (create unless the id exists: a create key reused with
+another input is refused), ``update.lua`` (compare-and-set on ``version``: fields, due score, state
+index and history in one step). Taking due schedules reuses the engine's ``take_due.lua``: each taken
+entry is pushed back by a grace period, so no other scheduler takes it meanwhile, and if this one dies
+before writing, the schedule simply comes due again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from importlib import resources
+from typing import Any
+
+import redis
+
+from workflows.keys import Keys
+from workflows.schedules.model import ScheduleRecord, ScheduleState
+
+
+def _script(package: str, name: str) -> str:
+    return resources.files(package).joinpath("lua", name).read_text()
+
+
+def _json(value: Any) -> str:
+    return json.dumps(value, separators=(",", ":"), sort_keys=True, default=str)
+
+
+def input_hash(data: Any) -> str:
+    return hashlib.sha256(_json(data).encode()).hexdigest()[:32]
+
+
+@dataclass(frozen=True)
+class ScheduleKeys:
+    keys: Keys
+
+    def partition(self, schedule_id: str) -> int:
+        return self.keys.partition(schedule_id)
+
+    def tag(self, partition: int) -> str:
+        return f"{self.keys.prefix}:{{s{partition}}}"
+
+    def record(self, schedule_id: str) -> str:
+        return f"{self.tag(self.partition(schedule_id))}:schedule:{schedule_id}"
+
+    def log(self, schedule_id: str) -> str:
+        return f"{self.tag(self.partition(schedule_id))}:schedule_log:{schedule_id}"
+
+    def due(self, partition: int) -> str:
+        return f"{self.tag(partition)}:schedule_due"
+
+    def by_state(self, partition: int, state: str) -> str:
+        return f"{self.tag(partition)}:schedule_state:{state}"
+
+    def all(self, partition: int) -> str:
+        return f"{self.tag(partition)}:schedules"
+
+
+class ScheduleStore:
+    def __init__(self, client: redis.Redis, keys: Keys) -> None:
+        self.redis: Any = client
+        self.keys = ScheduleKeys(keys)
+        self.partitions = keys.partitions
+        self._create = client.register_script(_script("workflows.schedules", "create.lua"))
+        self._update = client.register_script(_script("workflows.schedules", "update.lua"))
+        self._take_due = client.register_script(_script("workflows", "take_due.lua"))
+
+    # -- reading ----------------------------------------------------------------------------------
+
+    def get(self, schedule_id: str) -> ScheduleRecord | None:
+        raw: Any = self.redis.hgetall(self.keys.record(schedule_id))
+        return ScheduleRecord.parse(raw) if raw else None
+
+    def many(self, ids: Iterable[str]) -> list[ScheduleRecord]:
+        pipe = self.redis.pipeline(transaction=False)
+        for schedule_id in ids:
+            pipe.hgetall(self.keys.record(schedule_id))
+        return [ScheduleRecord.parse(raw) for raw in pipe.execute() if raw]
+
+    def history(self, schedule_id: str) -> list[dict[str, Any]]:
+        return [json.loads(item) for item in self.redis.lrange(self.keys.log(schedule_id), 0, -1)]
+
+    def ids(self, *, state: ScheduleState | None, limit: int, offset: int) -> list[str]:
+        """Schedule ids newest first (by creation), optionally in one state."""
+        wanted = offset + limit
+        found: list[tuple[float, str]] = []
+        for partition in range(self.partitions):
+            index = self.keys.by_state(partition, state.value) if state else self.keys.all(partition)
+            for member, score in self.redis.zrevrange(index, 0, wanted - 1, withscores=True):
+                found.append((float(score), member.decode()))
+        found.sort(reverse=True)
+        return [schedule_id for _, schedule_id in found[offset:wanted]]
+
+    def next_due(self) -> float | None:
+        earliest: float | None = None
+        for partition in range(self.partitions):
+            first = self.redis.zrange(self.keys.due(partition), 0, 0, withscores=True)
+            if first:
+                earliest = float(first[0][1]) if earliest is None else min(earliest, float(first[0][1]))
+        return earliest
+
+    # -- writing ----------------------------------------------------------------------------------
+
+    def create(self, record: ScheduleRecord, entry: dict[str, Any], digest: str) -> bool:
+        """Write ``record`` unless its id exists; False when it existed with the same input hash.
+
+        Raises ValueError when the id exists with a different input (a create key reused).
+        """
+        fields = {"id": record.id, "state": record.state.value, "version": "1", "created": repr(record.created)}
+        fields |= {"updated": repr(record.created), "start_key": record.start_key, **record.fields()}
+        due = record.due()
+        partition = self.keys.partition(record.id)
+        created, stored = self._create(
+            keys=[
+                self.keys.record(record.id),
+                self.keys.log(record.id),
+                self.keys.due(partition),
+                self.keys.by_state(partition, record.state.value),
+                self.keys.all(partition),
+            ],
+            args=[record.id, _json(fields), digest, "" if due is None else repr(due), _json(entry), repr(record.created)],
+        )
+        if not created and stored.decode() != digest:
+            raise ValueError(f"key {record.start_key!r} was used to create a different schedule")
+        return bool(created)
+
+    def update(self, old: ScheduleRecord, new: ScheduleRecord, events: Sequence[dict[str, Any]], now: float) -> bool:
+        """Write ``new`` if ``old`` is still current (one compare-and-set); False when another writer won."""
+        return bool(self._update(**self._update_args(old, new, events, now)))
+
+    def update_many(
+        self, changes: Sequence[tuple[ScheduleRecord, ScheduleRecord, Sequence[dict[str, Any]]]], now: float
+    ) -> list[bool]:
+        """:meth:`update` for many schedules in one round trip (the scheduler's batches)."""
+        pipe = self.redis.pipeline(transaction=False)
+        for old, new, events in changes:
+            self._update(**self._update_args(old, new, events, now), client=pipe)
+        return [bool(result) for result in pipe.execute()]
+
+    def _update_args(
+        self, old: ScheduleRecord, new: ScheduleRecord, events: Sequence[dict[str, Any]], now: float
+    ) -> dict[str, Any]:
+        partition = self.keys.partition(old.id)
+        due = new.due()
+        return {
+            "keys": [
+                self.keys.record(old.id),
+                self.keys.log(old.id),
+                self.keys.due(partition),
+                self.keys.by_state(partition, old.state.value),
+                self.keys.by_state(partition, new.state.value),
+            ],
+            "args": [
+                old.id,
+                str(old.version),
+                new.state.value,
+                _json(new.fields()),
+                "" if due is None else repr(due),
+                _json([_json(event) for event in events]),
+                repr(now),
+                repr(old.created),
+            ],
+        }
+
+    def take_due(self, partition: int, *, now: float, batch: int, grace: float) -> list[str]:
+        ids = self._take_due(keys=[self.keys.due(partition)], args=[repr(now), batch, repr(grace)])
+        return [schedule_id.decode() for schedule_id in ids]
