@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from workflows.flows.backoffice import CANCEL_CAPTURE, CAPTURE, DEACTIVATE_CONTRACT, REFUND
 from workflows.flows.direct import CARD_VERIFICATION, MIT, MOTO, SVS, THREE_STEPS, WALLET
+from workflows.flows.reservation_setup import RESERVATION_SETUP
+from workflows.flows.reservations import DELAY_CHARGE, INCREMENTAL, NO_SHOW, RESERVATION
 from workflows.flows.sessions import BUILD, BUILD_CANCEL, HPP, PAYBYLINK, PAYBYLINK_CANCEL, PAYBYLINK_RENEW
 from workflows.steps import FlowDefinition
 
@@ -24,6 +26,11 @@ FLOWS: tuple[FlowDefinition, ...] = (
     CAPTURE,
     CANCEL_CAPTURE,
     DEACTIVATE_CONTRACT,
+    RESERVATION,
+    NO_SHOW,
+    INCREMENTAL,
+    DELAY_CHARGE,
+    RESERVATION_SETUP,
 )
 REGISTRY: dict[str, FlowDefinition] = {flow.kind: flow for flow in FLOWS}
 

@@ -1,0 +1,266 @@
+"""Reservation guarantee ("Disputless"), the guest's side: a reservation with its pay-by-link, then charges.
+
+The set-up calls (structures, agencies, conditions...) are the ``reservation_setup`` flow, in
+``reservation_setup``.
+
+* ``reservation`` - ``POST /reservations``, its pay-by-link, then a wait for the notification; at the
+  deadline ``GET /reservations/{id}`` decides instead of a guess. Its outcome's operation is the
+  *original operation* the later charges refer to.
+* ``no_show``, ``incremental``, ``delay_charge`` - validation, then the charge with the step's
+  Idempotency-Key, then ``GET /operations/{id}`` reads the result back. ``delay_charge`` first sleeps
+  until ``runAt`` on the engine's due set (a durable timer, months if need be; ``engine.start(...,
+  run_at=...)`` works too). Without ``originalOperationId`` the charge reads it from the reservation.
+
+Every kind takes ``form``: ``current`` (default) or ``earlier``, the deprecated path forms (validations at
+``/noshow_validation`` instead of ``/reservations/noshow_validation``, custom fields at ``/custom_fields``
+instead of ``/structures/custom_fields``; the earlier forms have no agency endpoints). Where both forms
+share a path (reservations, links, charges) it changes nothing.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, date, datetime, timedelta
+from typing import Annotated, Any, Literal
+
+from pydantic import AwareDatetime, Field
+
+from gateway import (
+    FAILURE_RESULTS,
+    SUCCESS_RESULTS,
+    Amount,
+    CaptureType,
+    Catalogue,
+    Currency,
+    GatewayModel,
+    LenientEnum,
+    NotFound,
+    Operation,
+    OperationResponse,
+    OperationResult,
+    OperationType,
+    PaymentLinkStatus,
+    Reservation,
+    ReservationIdResponse,
+    Unknown,
+)
+from tasks.outcomes import Advance, Attention, Finish, Outcome, Poll, Wait
+from tasks.runner import NOT_COMMITTED, ReconcileResult, StepContext
+from workflows.flows._common import MAX_POLLS, judge_operation, summarize
+from workflows.steps import Call, CallStep, FlowDefinition, SleepStep, WaitStep
+
+Form = Literal["current", "earlier"]
+CHARGE_TYPES = frozenset({OperationType.NOSHOW, OperationType.INCREMENTAL, OperationType.DELAY_CHARGE})
+
+
+# -- reservation + pay-by-link ------------------------------------------------------------------------
+
+
+class ReservationInput(GatewayModel):
+    reservation: Reservation
+    linkExpirationDate: str | None = Field(default=None, pattern=r"^\d{4}-\d{2}-\d{2}$")
+    captureType: Annotated[CaptureType | Unknown | None, LenientEnum(CaptureType)] = None
+    notificationUrl: str | None = Field(default=None, max_length=2048, pattern=r"^https?://")
+    waitSeconds: float | None = Field(default=None, gt=0, description="durapay: how long to wait for the guest")
+    form: Form = "current"
+
+
+def _reservation_id(ctx: StepContext) -> str:
+    return str(ctx.input.reservation.reservationId)
+
+
+def _read_reservation(ctx: StepContext) -> Any | None:
+    try:
+        return ctx.call(Catalogue.get_reservation, _reservation_id(ctx))
+    except NotFound:
+        return None
+
+
+def _adopt_reservation(ctx: StepContext) -> ReconcileResult:
+    found = _read_reservation(ctx)
+    return NOT_COMMITTED if found is None else Advance({"reservationId": _reservation_id(ctx), "adopted": True})
+
+
+def _link_request(ctx: StepContext) -> Call:
+    body: dict[str, Any] = {"notificationUrl": ctx.input.notificationUrl or ctx.notification_url or None}
+    if ctx.input.linkExpirationDate:
+        body["linkExpirationDate"] = ctx.input.linkExpirationDate
+    if ctx.input.captureType is not None:
+        body["captureType"] = str(ctx.input.captureType)
+    return Call((_reservation_id(ctx),), {key: value for key, value in body.items() if value})
+
+
+def _adopt_link(ctx: StepContext) -> ReconcileResult:
+    """A link the gateway made for a lost answer: adopt it (its token is lost, so the deadline read decides)."""
+    found = _read_reservation(ctx)
+    if found is None or not found.paymentLinks:
+        return NOT_COMMITTED
+    return Advance({"paymentLink": found.paymentLinks[-1].wire(), "securityToken": None, "adopted": True})
+
+
+def _link_deadline(ctx: StepContext) -> float:
+    if ctx.input.waitSeconds:
+        return float(ctx.input.waitSeconds)
+    expiry = (ctx.output("link").get("paymentLink") or {}).get("expirationDate") or ctx.input.linkExpirationDate
+    if not expiry:
+        return 30 * 86400.0
+    day = date.fromisoformat(str(expiry)[:10])
+    end = datetime(day.year, day.month, day.day, tzinfo=UTC) + timedelta(days=1, minutes=1)
+    return max(60.0, end.timestamp() - ctx.now)
+
+
+def _notified(ctx: StepContext, name: str, payload: dict[str, Any]) -> Outcome:
+    """A verified notification: a final result ends the wait, anything else keeps waiting."""
+    data = payload.get("operation")
+    deadline = ctx.wait_deadline or ctx.now
+    if not isinstance(data, dict):
+        return Wait((name,), deadline)
+    operation = Operation.model_validate(data)
+    outcome = judge_operation(operation, {"operation": operation.wire()})
+    return outcome if isinstance(outcome, Advance | Finish) else Wait((name,), deadline)
+
+
+def _payment_at_deadline(ctx: StepContext) -> Outcome:
+    found = _read_reservation(ctx)
+    if found is None:
+        return Finish(False, "the reservation is gone", error={"type": "NotFound"})
+    final = [op for op in found.operations if op.operationResult in SUCCESS_RESULTS | FAILURE_RESULTS]
+    if final:
+        return judge_operation(final[0], {"operation": final[0].wire(), "readAtDeadline": True})
+    if any(link.status is PaymentLinkStatus.EXPIRED for link in found.paymentLinks):
+        return Finish(False, "the reservation's pay-by-link expired unpaid", error={"type": "LinkExpired"})
+    pending = any(op.operationResult is OperationResult.PENDING for op in found.operations)
+    if pending and ctx.polls < 3:
+        return Poll(600.0, note="payment still PENDING at the deadline; read again later")
+    return Finish(False, "no payment by the deadline", error={"type": "Expired"})
+
+
+def _reservation_summary(data: Any, outputs: Any) -> dict[str, Any]:
+    return {**summarize(data, outputs), "reservationId": data.reservation.reservationId}
+
+
+RESERVATION = FlowDefinition(
+    "reservation",
+    ReservationInput,
+    (
+        CallStep(
+            "create",
+            Catalogue.create_reservation,
+            lambda ctx: Call(request={"reservation": ctx.input.reservation.wire()}),
+            result=lambda ctx, answer: Advance(ReservationIdResponse.model_validate(answer.wire()).wire()),
+            adopt=_adopt_reservation,
+        ),
+        CallStep(
+            "link",
+            Catalogue.create_reservation_paybylink,
+            _link_request,
+            adopt=_adopt_link,
+            customer_url=lambda output: (output.get("paymentLink") or {}).get("link"),
+        ),
+        WaitStep("payment", ("notification",), _notified, _payment_at_deadline, timeout=_link_deadline),
+    ),
+    _reservation_summary,
+    lambda data: str(data.reservation.reservationId),
+    "reservation with its pay-by-link: create, link, wait for the guest's payment",
+)
+
+
+# -- no-show, incremental and delayed charges -----------------------------------------------------------
+
+
+class ChargeInput(GatewayModel):
+    reservationId: str = Field(min_length=1, max_length=27)
+    originalOperationId: str | None = Field(default=None, min_length=1, description="read from the reservation when omitted")
+    amount: Amount = Field(ge=1)
+    currency: Currency
+    description: str | None = Field(default=None, max_length=255)
+    form: Form = "current"
+
+
+class DelayChargeInput(ChargeInput):
+    runAt: AwareDatetime | None = Field(
+        default=None, description="ISO 8601 with offset: when to charge (e.g. check-out + 2 days)"
+    )
+
+
+VALIDATIONS = {
+    ("no_show", "current"): Catalogue.validate_no_show,
+    ("no_show", "earlier"): Catalogue.validate_no_show_earlier,
+    ("incremental", "current"): Catalogue.validate_incremental,
+    ("incremental", "earlier"): Catalogue.validate_incremental_earlier,
+    ("delay_charge", "current"): Catalogue.validate_delay_charge,
+    ("delay_charge", "earlier"): Catalogue.validate_delay_charge_earlier,
+}
+CHARGES = {
+    "no_show": Catalogue.create_no_show,
+    "incremental": Catalogue.create_incremental,
+    "delay_charge": Catalogue.create_delay_charge,
+}
+
+
+def _original_result(ctx: StepContext, answer: Any) -> Outcome:
+    for operation in answer.operations:
+        if operation.operationResult in SUCCESS_RESULTS and operation.operationType not in CHARGE_TYPES:
+            return Advance({"originalOperationId": operation.operationId})
+    return Finish(False, f"reservation {ctx.input.reservationId} has no paid original operation", error={"type": "NotPaid"})
+
+
+def _original_id(ctx: StepContext) -> str:
+    return str(ctx.input.originalOperationId or ctx.output("original")["originalOperationId"])
+
+
+class _Validate(CallStep):
+    """The validation of the flow's kind, on the path form the input asks for."""
+
+    def execute(self, ctx: StepContext) -> Outcome:
+        body = {"reservationId": ctx.input.reservationId, "amount": str(ctx.input.amount), "currency": ctx.input.currency}
+        ctx.call(VALIDATIONS[(ctx.kind, ctx.input.form)], request=body)
+        return Advance({"validated": True, "form": ctx.input.form})
+
+
+def _charge_body(ctx: StepContext) -> Call:
+    body = {"originalOperationId": _original_id(ctx), "amount": str(ctx.input.amount), "currency": ctx.input.currency}
+    if ctx.input.description:
+        body["description"] = ctx.input.description
+    return Call(request=body)
+
+
+def _charged(ctx: StepContext, answer: OperationResponse) -> Outcome:
+    return Advance(answer.wire())
+
+
+def _read_back(ctx: StepContext, answer: Operation) -> Outcome:
+    outcome = judge_operation(answer, {"operation": answer.wire(), "readBack": True})
+    if isinstance(outcome, Poll) and ctx.polls >= MAX_POLLS:
+        return Attention(f"operation {answer.operationId} still PENDING after {ctx.polls} reads")
+    return outcome
+
+
+def charge_flow(kind: str, model: type[ChargeInput], description: str) -> FlowDefinition:
+    steps: list[Any] = []
+    if kind == "delay_charge":
+        steps.append(SleepStep("timer", lambda ctx: ctx.input.runAt.timestamp() if ctx.input.runAt else None))
+    steps += [
+        CallStep(
+            "original",
+            Catalogue.get_reservation,
+            lambda ctx: Call((ctx.input.reservationId,)),
+            result=_original_result,
+            when=lambda ctx: ctx.input.originalOperationId is None,
+        ),
+        _Validate("validate", VALIDATIONS[(kind, "current")], lambda ctx: Call()),
+        CallStep("charge", CHARGES[kind], _charge_body, result=_charged),
+        CallStep(
+            "result",
+            Catalogue.get_operation,
+            lambda ctx: Call((str(ctx.output("charge")["operation"]["operationId"]),)),
+            result=_read_back,
+        ),
+    ]
+    return FlowDefinition(kind, model, tuple(steps), summarize, None, description)
+
+
+NO_SHOW = charge_flow("no_show", ChargeInput, "no-show charge: validation, /no_shows, result read back")
+INCREMENTAL = charge_flow("incremental", ChargeInput, "incremental charge: validation, /incrementals, result read back")
+DELAY_CHARGE = charge_flow(
+    "delay_charge", DelayChargeInput, "delayed charge: durable timer to runAt, validation, /delay_charges, result read back"
+)
