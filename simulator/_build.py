@@ -36,7 +36,15 @@ from gateway import (
 from simulator._cards import THREEDS_FAILURE, card_profile, circuit
 from simulator._clock import iso, parse_iso
 from simulator._config import AUTO_COMPLETE_PAN
-from simulator._payments import abandon_on_page, check_recurrence, check_session, claim_order, is_explicit, pay_on_page
+from simulator._payments import (
+    abandon_on_page,
+    check_recurrence,
+    check_session,
+    claim_order,
+    ensure_new_order,
+    is_explicit,
+    pay_on_page,
+)
 from simulator._protocol import Call, Handler, Origin, Reply, SimError, ok
 from simulator._records import BuildSessionRecord
 
@@ -62,6 +70,7 @@ def _check_merchant_url(url: str) -> None:
 
 def create_build_order(sim: Simulator, call: Call) -> Reply:
     body = call.body(BuildOrderRequest)
+    ensure_new_order(sim, body.order)
     session_body = body.paymentSession
     _check_merchant_url(body.merchantUrl)
     check_session(body.order, session_body)

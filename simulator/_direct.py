@@ -37,6 +37,7 @@ from simulator._payments import (
     check_session,
     claim_order,
     decide,
+    ensure_new_order,
     is_explicit,
     new_operation,
     pay_on_page,
@@ -54,6 +55,7 @@ AUTHORIZATION = OperationType.AUTHORIZATION.value
 
 def create_hpp_order(sim: Simulator, call: Call) -> Reply:
     body = call.body(HppOrderRequest)
+    ensure_new_order(sim, body.order)
     session = body.paymentSession
     check_session(body.order, session)
     check_recurrence(sim, session.recurrence, "paymentSession.recurrence")
@@ -108,6 +110,7 @@ def auto_complete_hpp(sim: Simulator, order_id: str) -> None:
 
 def create_moto_order(sim: Simulator, call: Call) -> Reply:
     body = call.body(MotoRequest)
+    ensure_new_order(sim, body.order)
     order = claim_order(sim, call, body.order, "moto", capture_explicit=is_explicit(body.captureType))
     op = new_operation(
         sim,
@@ -127,6 +130,7 @@ def create_moto_order(sim: Simulator, call: Call) -> Reply:
 
 def create_mit_order(sim: Simulator, call: Call) -> Reply:
     body = call.body(MitRequest)
+    ensure_new_order(sim, body.order)
     contract = sim.state.contracts.get(body.contractId)
     if contract is None or contract.internal:
         raise SimError.rejected("PS0017", f"no contract {body.contractId}")
@@ -153,6 +157,7 @@ def create_mit_order(sim: Simulator, call: Call) -> Reply:
 
 def card_verification(sim: Simulator, call: Call) -> Reply:
     body = call.body(CardVerificationRequest)
+    ensure_new_order(sim, body.order)
     order = claim_order(sim, call, body.order, "card_verification")
     outcome = decide(sim, body.card.pan, contract_id=None, with_3ds=False)
     op = new_operation(
@@ -171,6 +176,7 @@ def card_verification(sim: Simulator, call: Call) -> Reply:
 
 def wallet_pay(sim: Simulator, call: Call) -> Reply:
     body = call.body(WalletPayRequest)
+    ensure_new_order(sim, body.order)
     data = body.walletPaymentData
     session = body.paymentSession
     if session is not None:

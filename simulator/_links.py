@@ -29,7 +29,15 @@ from gateway import (
 )
 from simulator._config import AUTO_COMPLETE_PAN
 from simulator._lists import Window, newest_first
-from simulator._payments import abandon_on_page, check_recurrence, check_session, claim_order, is_explicit, pay_on_page
+from simulator._payments import (
+    abandon_on_page,
+    check_recurrence,
+    check_session,
+    claim_order,
+    ensure_new_order,
+    is_explicit,
+    pay_on_page,
+)
 from simulator._protocol import Call, Handler, Origin, Reply, SimError, ok
 from simulator._records import LinkRecord, OperationRecord, OrderRecord
 
@@ -88,6 +96,7 @@ def answer(link: LinkRecord) -> dict[str, Any]:
 
 def create_paybylink(sim: Simulator, call: Call) -> Reply:
     body = call.body(PayByLinkRequest)
+    ensure_new_order(sim, body.order)
     session = body.paymentSession
     check_session(body.order, session)
     check_recurrence(sim, session.recurrence, "paymentSession.recurrence")

@@ -81,7 +81,9 @@ class Notifier:
         """Queue one event; returns its ``eventId``. Cheap: safe to call under the state's lock."""
         faults = self._faults.for_notification(created_by)
         with self._lock:
-            event_id = str(uuid.UUID(int=self._rng.getrandbits(128), version=4))
+            # Random, not seeded: receivers drop repeated event ids, so one must never come back after a
+            # reset or a restart.
+            event_id = str(uuid.uuid4())
             token = security_token
             if faults.wrong_token:
                 token = f"{self._rng.getrandbits(128):032x}"

@@ -37,11 +37,17 @@ if TYPE_CHECKING:
 SUCCESS = frozenset({OperationResult.AUTHORIZED.value, OperationResult.EXECUTED.value})
 
 
-def claim_order(sim: Simulator, call: Call, order: Order, kind: str, **fields: Any) -> OrderRecord:
-    """Create the order, or refuse a second use of its ``orderId`` (the engine relies on this)."""
-    state = sim.state
-    if order.orderId in state.orders:
+def ensure_new_order(sim: Simulator, order: Order) -> None:
+    """Refuse a second use of an ``orderId`` before any other check, so that a resent create always
+    answers PS0026 on ``order.orderId`` (the engine reads ``GET /orders/{orderId}`` on it)."""
+    if order.orderId in sim.state.orders:
         raise SimError.invalid("order.orderId", "orderId already used")
+
+
+def claim_order(sim: Simulator, call: Call, order: Order, kind: str, **fields: Any) -> OrderRecord:
+    """Create the order (refused if its ``orderId`` is taken)."""
+    state = sim.state
+    ensure_new_order(sim, order)
     record = OrderRecord(
         order_id=order.orderId,
         order=order.wire(),
@@ -198,6 +204,7 @@ def pay_on_page(
             expiry=expiry,
             recurrence=order.recurrence,
             response_code=outcome.response_code,
+            payment_link_id=link.link_id if link else None,
         )
         if outcome.approved:
             create_contract(sim, op, order)

@@ -5,9 +5,10 @@ operations, a contract, a link) and must see and leave them consistent; handlers
 synchronous, so one lock costs nothing measurable next to HTTP. Tests read through the methods at the
 bottom (``find_operations``, ``order``...), which take the lock and return copies.
 
-Identifiers: operation ids are 18-digit numeric strings from a counter that survives ``reset`` (an id
-is never reused in one process); tokens and other ids come from a random generator seeded with the
-simulator's seed, so two runs with the same seed and the same calls hand out the same values.
+Identifiers: operation ids are 18-digit numeric strings from a counter; tokens and other ids come from
+a random generator seeded with the simulator's seed, so two fresh runs with the same seed and the same
+calls hand out the same values. Both survive ``reset`` and are kept in the snapshot: an id is never
+handed out twice, not across a reset and not across a restart from ``--state-file``.
 """
 
 from __future__ import annotations
@@ -41,6 +42,11 @@ def _load(cls: type[R], data: dict[str, Any]) -> R:
     return cls(**{key: value for key, value in data.items() if key in known})
 
 
+def _rng_state(rng: random.Random) -> list[Any]:
+    version, internal, gauss = rng.getstate()
+    return [version, list(internal), gauss]
+
+
 class SimulatorState:
     """All records of one simulator. Hold :attr:`lock` while reading or changing them."""
 
@@ -49,11 +55,12 @@ class SimulatorState:
         self.clock = clock
         self.seed = seed
         self._next_operation = 0
+        # Seeded once: ``reset`` keeps the sequence going, so no id or token repeats in one process.
+        self.rng = random.Random(seed)
         self.reset()
 
     def reset(self) -> None:
         with self.lock:
-            self.rng = random.Random(self.seed)
             self.orders: dict[str, OrderRecord] = {}
             self.operations: dict[str, OperationRecord] = {}
             self.links: dict[str, LinkRecord] = {}
@@ -166,6 +173,7 @@ class SimulatorState:
                 "services": self.services,
                 "idempotency": self.idempotency,
                 "scripts": self.scripts.snapshot(),
+                "rngState": _rng_state(self.rng),
             }
 
     def restore(self, data: dict[str, Any]) -> None:
@@ -192,6 +200,10 @@ class SimulatorState:
             self.services = dict(data.get("services", {}))
             self.idempotency = dict(data.get("idempotency", {}))
             self.scripts.restore(data.get("scripts", {}))
+            if "rngState" in data:
+                # Continue the sequence: a restarted simulator must not hand out the same ids again.
+                version, internal, gauss = data["rngState"]
+                self.rng.setstate((version, tuple(internal), gauss))
 
     def save(self, path: Path) -> None:
         """Write the snapshot atomically (a temporary file renamed over ``path``)."""

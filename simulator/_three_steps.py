@@ -28,7 +28,7 @@ from gateway import (
     ThreeStepsValidationRequest,
 )
 from simulator._cards import card_profile
-from simulator._payments import check_recurrence, claim_order, decide, is_explicit, new_operation, settle
+from simulator._payments import check_recurrence, claim_order, decide, ensure_new_order, is_explicit, new_operation, settle
 from simulator._protocol import Call, Handler, Reply, SimError, ok
 from simulator._records import OperationRecord
 
@@ -42,6 +42,7 @@ THREEDS_FAILED = OperationResult.THREEDS_FAILED.value
 
 def three_steps_init(sim: Simulator, call: Call) -> Reply:
     body = call.body(ThreeStepsInitRequest)
+    ensure_new_order(sim, body.order)
     check_recurrence(sim, body.recurrence, "recurrence")
     recurrence = body.recurrence.wire() if body.recurrence else None
     order = claim_order(sim, call, body.order, "three_steps", recurrence=recurrence)
@@ -136,6 +137,7 @@ def three_steps_payment(sim: Simulator, call: Call) -> Reply:
 
 def svs_init_order(sim: Simulator, call: Call) -> Reply:
     body = call.body(SvsInitRequest)
+    ensure_new_order(sim, body.order)
     check_recurrence(sim, body.recurrence, "recurrence")
     recurrence = body.recurrence.wire() if body.recurrence else None
     order = claim_order(sim, call, body.order, "svs", recurrence=recurrence, capture_explicit=is_explicit(body.captureType))

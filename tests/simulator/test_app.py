@@ -108,6 +108,19 @@ def test_a_second_create_with_the_same_order_id_is_refused_naming_order_id(clien
     assert "already used" in refused.value.errors[0].description
 
 
+def test_a_resent_create_is_refused_on_order_id_before_any_other_check(client: GatewayClient, sim: SimulatorServer) -> None:
+    recurrence = {"action": "CONTRACT_CREATION", "contractId": "c-1"}
+    request = {"order": order("first-1"), "paymentSession": session(recurrence=recurrence)}
+    client.call(Catalogue.create_hpp_order, request=request)
+    sim.admin.complete_hpp("first-1")  # the contract now exists too
+    with pytest.raises(BadRequest) as resent:
+        client.call(Catalogue.create_hpp_order, request=request)
+    assert resent.value.codes == ("PS0026",) and "order.orderId" in resent.value.errors[0].description
+    with pytest.raises(BadRequest) as mit:
+        client.call(Catalogue.create_mit_order, request={"order": order("first-1"), "contractId": "c-1"}, idempotency_key="new")
+    assert mit.value.codes == ("PS0026",) and "order.orderId" in mit.value.errors[0].description
+
+
 def _families(s: Scenario) -> list[tuple[str, Any, tuple[str, ...], dict[str, Any], str | None]]:
     """(expected code, operation, path args, request, key) — one invalid request per error family."""
     return [

@@ -46,6 +46,7 @@ def test_a_guaranteed_reservation_verifies_the_card_without_charging(client: Gat
         idempotency_key="ns-1",
     )
     assert (no_show.operation.operationType, no_show.operation.operationResult) == ("NOSHOW", "EXECUTED")
+    assert _validate(client, reservation_id, 20000) == ()
 
 
 def test_validations_need_a_paid_original_and_an_acceptable_amount(scenario: Scenario, client: GatewayClient) -> None:
