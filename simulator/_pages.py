@@ -110,7 +110,7 @@ def page_routes(sim: Simulator) -> list[BaseRoute]:
             redirects = (order.result_url, order.cancel_url) if order else (None, None)
             is_open = bool(order and order.kind == "hpp" and order.page_open)
         if request.method == "GET":
-            if order is None:
+            if order is None or order.kind != "hpp":
                 return problem(SimError(404, None, f"no hosted page for order {order_id}"))
             amount = f"{order.session_amount or order.amount} {order.currency} (minor units)"
             body = CARD_FORM.format(pan=AUTO_COMPLETE_PAN, cancel=CANCEL_BUTTON) if is_open else "<p>Completed.</p>"

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import base64
 import itertools
+from datetime import timedelta
 from typing import Any
 
 from gateway import Catalogue, GatewayClient
@@ -25,8 +26,6 @@ class Scenario:
         return f"{prefix}-{next(self._ids)}"
 
     def today_plus(self, days: int) -> str:
-        from datetime import timedelta
-
         return (self.sim.admin.now() + timedelta(days=days)).date().isoformat()
 
     # -- payments -----------------------------------------------------------------------------------
