@@ -39,7 +39,8 @@ def make_celery(settings: Settings, broker_url: str) -> Celery:
         broker_connection_retry_on_startup=True,
         broker_transport_options={"visibility_timeout": visibility},
         worker_hijack_root_logger=False,
-        worker_send_task_events=True,
+        # Task events cost every task a message; Flower turns them on at run time (compose passes -E).
+        worker_send_task_events=False,
         task_send_sent_event=False,
         enable_utc=True,
         timezone="UTC",

@@ -261,7 +261,12 @@ class Engine:
             fields: dict[str, str | None] = {"attempt": "0", "polls": "0"}
             change = Change(FlowState.READY, "retry requested", fields, due=now + self._safety)
         elif record.state is FlowState.FAILED:
-            model = definition.input_model.model_validate(record.input)
+            try:
+                model = definition.input_model.model_validate(record.input)
+            except ValidationError:
+                raise OperatorError(
+                    f"flow {flow_id}: its card data was erased when it ended; start a new flow with the card"
+                ) from None
             ctx = self._context(flow_id, record.kind, "", model, {}, now, record.order_id)
             first = definition.first_step(ctx)
             assert first is not None
@@ -277,12 +282,12 @@ class Engine:
                 "generation": str(record.generation + 1),
                 "order_seq": str(seq),
                 "order_id": new_order,
-                "reconcile": "",
-                "uncertain": "",
+                "reconcile": None,
+                "uncertain": None,
                 "error": None,
                 "outcome": None,
                 "wait": None,
-                "customer_url": "",
+                "customer_url": None,
             }
             if new_order:
                 self._index_order(new_order, flow_id)
@@ -398,6 +403,9 @@ class Engine:
         record: FlowRecord | None = None,
     ) -> StepContext:
         generation = record.generation if record else 0
+        steps = self.registry[kind].steps if kind in self.registry else ()
+        # Redis keeps no field order: give steps their outputs in the flow's step order.
+        outputs = {step.name: outputs[step.name] for step in steps if step.name in outputs} | dict(outputs)
         key_step = f"{step}~{generation}" if generation else step
         return StepContext(
             flow_id=flow_id,
@@ -421,7 +429,7 @@ class Engine:
         """Write the step's outcome in one compare-and-set; ``stale`` if the claim was taken over."""
         claimed, definition, step, ctx = claim.record, claim.definition, claim.step, claim.ctx
         now = self.clock.now()
-        done: dict[str, str | None] = {"lease_until": "", "lease_owner": "", "uncertain": ""}
+        done: dict[str, str | None] = {"lease_until": None, "lease_owner": None, "uncertain": None}
         done |= {signal_field: None for signal_field in ctx.consumed}
         change: Change
         if isinstance(outcome, Advance):
@@ -432,7 +440,7 @@ class Engine:
                 f"out:{step.name}": _dump(outcome.output),
                 "attempt": "0",
                 "polls": "0",
-                "reconcile": "",
+                "reconcile": None,
                 "error": None,
                 "wait": None,
             }
@@ -457,15 +465,15 @@ class Engine:
             state = FlowState.SUCCEEDED if outcome.succeeded else FlowState.FAILED
             change = Change(state, f"{step.name}: {outcome.reason}", done)
         elif isinstance(outcome, Retry):
-            done |= {"error": _dump(outcome.error), "reconcile": "1" if outcome.reconcile else ""}
+            done |= {"error": _dump(outcome.error), "reconcile": "1" if outcome.reconcile else None}
             what = f"{step.name} will be retried in {outcome.after:.1f}s" + (" (reconcile first)" if outcome.reconcile else "")
             change = Change(FlowState.RETRYING, what, done, due=now + outcome.after)
         elif isinstance(outcome, Poll):
-            done |= {"attempt": "0", "polls": str(claimed.polls + 1), "reconcile": ""}
+            done |= {"attempt": "0", "polls": str(claimed.polls + 1), "reconcile": None}
             change = Change(FlowState.RETRYING, f"{step.name}: {outcome.note or 'poll again'}", done, due=now + outcome.after)
         elif isinstance(outcome, Wait):
             wait = {"signals": list(outcome.signals), "deadline": outcome.deadline, "step": step.name}
-            done |= {"wait": _dump(wait), "attempt": "0", "reconcile": ""}
+            done |= {"wait": _dump(wait), "attempt": "0", "reconcile": None}
             change = Change(
                 FlowState.WAITING,
                 outcome.note or f"{step.name} waits",
@@ -481,7 +489,7 @@ class Engine:
             base = definition.order_id(ctx.input) if definition.order_id else claimed.order_id
             new_order = gateway_order_id(base, seq)
             self._index_order(new_order, claimed.id)
-            done |= {"order_seq": str(seq), "order_id": new_order, "attempt": "0", "reconcile": ""}
+            done |= {"order_seq": str(seq), "order_id": new_order, "attempt": "0", "reconcile": None}
             change = Change(
                 FlowState.READY,
                 f"{step.name}: {outcome.reason}; new gateway order {new_order}",
@@ -500,10 +508,10 @@ class Engine:
         return str(written.state)
 
     def _send_from(self, record: FlowRecord, definition: FlowDefinition, step_name: str) -> None:
-        """Send the chain of the flow's remaining steps from ``step_name`` (the fast path)."""
+        """Send the chain of the flow's next steps from ``step_name`` (the fast path)."""
         if self.sender is None:
             return
-        links = [(step.task_name, step.name) for step in definition.remaining(step_name)]
+        links = [(step.task_name, step.name) for step in definition.segment(step_name)]
         try:
             self.sender.send_chain(record.id, links)
         except Exception:

@@ -177,5 +177,16 @@ class FlowDefinition:
                 return step
         return None
 
-    def remaining(self, name: str) -> tuple[Step, ...]:
-        return self.steps[self.step_index[name] :]
+    def segment(self, name: str) -> tuple[Step, ...]:
+        """``name`` and the unconditional steps right after it: the links one Celery chain can carry.
+
+        A conditional step ends the segment: whether it runs is known only when the step before it
+        is done, and a link sent for a skipped step would be a wasted task.
+        """
+        start = self.step_index[name]
+        links = [self.steps[start]]
+        for step in self.steps[start + 1 :]:
+            if step.when is not None:
+                break
+            links.append(step)
+        return tuple(links)

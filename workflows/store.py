@@ -24,6 +24,7 @@ from typing import Any
 import redis
 
 from workflows.keys import Keys
+from workflows.sensitive import scrub
 from workflows.states import TERMINAL, FlowState, IllegalTransition, can_move
 
 
@@ -77,10 +78,14 @@ class FlowRecord:
     wait: dict[str, Any] | None = None
     outcome: dict[str, Any] | None = None
     signals: list[Signal] = field(default_factory=list)
+    fields: dict[str, str] = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
     def parse(cls, raw: Mapping[bytes, bytes]) -> FlowRecord:
-        data = {key.decode(): value.decode() for key, value in raw.items()}
+        return cls.from_fields({key.decode(): value.decode() for key, value in raw.items()})
+
+    @classmethod
+    def from_fields(cls, data: dict[str, str]) -> FlowRecord:
 
         def number(name: str) -> float | None:
             value = data.get(name, "")
@@ -124,6 +129,7 @@ class FlowRecord:
             wait=loads("wait"),
             outcome=loads("outcome"),
             signals=signals,
+            fields=data,
         )
 
     @property
@@ -253,7 +259,7 @@ class FlowStore:
         """
         state = FlowState.SLEEPING if run_at is not None and run_at > now else FlowState.READY
         due = run_at if state is FlowState.SLEEPING and run_at is not None else now + safety
-        fields = {
+        fields: dict[str, str] = {
             "id": flow_id,
             "kind": kind,
             "state": state.value,
@@ -264,9 +270,11 @@ class FlowStore:
             "updated": repr(now),
             "due": repr(due),
             "input": _json(data),
-            "order_id": order_id,
-            "start_key": start_key,
         }
+        if order_id:
+            fields["order_id"] = order_id
+        if start_key:
+            fields["start_key"] = start_key
         digest = input_hash(kind, data)
         entry = self._entry(now, None, state, first_step, by, "created" if state is FlowState.READY else "created to run later")
         partition = self.keys.partition(flow_id)
@@ -297,8 +305,10 @@ class FlowStore:
         if change.state in TERMINAL:
             ttl = str(max(1, int(self.retention_seconds)))
         step = change.step or fields.get("step") or record.step
+        clean = scrub(record.input)
+        scrubbed = _json(clean) if clean != record.input else ""
         entry = self._entry(now, record.state, change.state, step or "", by, change.what)
-        version, _ = self._transition(
+        version, final_state = self._transition(
             keys=[
                 self.keys.flow(record.id),
                 self.keys.log(record.id),
@@ -319,11 +329,29 @@ class FlowStore:
                 ttl,
                 _json(list(change.awaited)),
                 str(max(1, int(self.retention_seconds))),
+                scrubbed,
             ],
         )
         if not version:
             return None
-        return self.get(record.id)
+        # The script applied exactly these changes: rebuild the record here instead of reading it back.
+        data = dict(record.fields)
+        for name, value in fields.items():
+            if value is None:
+                data.pop(name, None)
+            else:
+                data[name] = value
+        state = final_state.decode() if isinstance(final_state, bytes) else str(final_state)
+        if scrubbed and state in {s.value for s in TERMINAL}:
+            data["input"] = scrubbed
+        data.update({"state": state, "version": str(version), "updated": repr(now)})
+        if state == FlowState.CANCELLED.value or change.due is None:
+            data.pop("due", None)  # finished, stopped, or turned into a cancel by a cancel request
+        elif state != change.state.value:
+            data["due"] = repr(now)  # a wait that found its signal already there: due at once
+        else:
+            data["due"] = repr(change.due)
+        return FlowRecord.from_fields(data)
 
     def request_cancel(self, flow_id: str) -> None:
         """Ask a running step's flow to stop at the step boundary (no version change: the step completes)."""

@@ -220,9 +220,7 @@ def raising(exc: Exception) -> Handler:
         (httpx.ReadError("connection reset"), ConnectionDropped, True),
     ],
 )
-def test_transport_failures_are_retryable_and_flag_ambiguity(
-    exc: Exception, error: type[Exception], ambiguous: bool
-) -> None:
+def test_transport_failures_are_retryable_and_flag_ambiguity(exc: Exception, error: type[Exception], ambiguous: bool) -> None:
     with make_client(raising(exc)) as client, pytest.raises(error) as caught:
         client.call(Catalogue.create_moto_order, request={**HPP_BODY, "card": CARD})
     assert caught.value.retryable is True  # type: ignore[attr-defined]

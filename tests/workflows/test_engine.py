@@ -384,3 +384,30 @@ def test_exhausted_retries_of_an_ambiguous_error_need_a_person_even_when_keyed()
     timeout = GatewayTimeout("no answer", sent=True)
     assert isinstance(policy.on_error(timeout, Catalogue.create_mit_order, 3, resend=False), Attention)
     assert isinstance(policy.on_error(timeout, Catalogue.create_mit_order, 2, resend=False), Retry)
+
+
+class CardInput(GatewayModel):
+    card: dict[str, str]
+    walletPaymentData: dict[str, str] | None = None
+
+
+def test_card_secrets_are_erased_when_the_flow_ends(make_engine: Any) -> None:
+    from gateway import Card
+
+    class Strict(GatewayModel):
+        card: Card
+
+    engine, _ = make_engine(FlowDefinition("demo", Strict, (ScriptedStep("pay", outcomes=[Finish(False, "declined")]),), summary))
+    record = engine.start("demo", {"card": {"pan": "4349940199004549", "expiryDate": "1230", "cvv": "123"}})
+    assert engine.get(record.id).input["card"]["cvv"] == "123", "kept while the flow needs it"
+    assert engine.run_step(record.id, "pay") == "failed"
+    assert engine.get(record.id).input == {"card": {"pan": "434994******4549"}}
+    with pytest.raises(OperatorError, match="card data was erased"):
+        engine.retry(record.id)
+
+
+def test_a_cancel_erases_card_secrets_too(make_engine: Any) -> None:
+    engine, _ = make_engine(FlowDefinition("demo", CardInput, (wait_step(),), summary))
+    record = engine.start("demo", {"card": {"pan": "5186151650005008", "cvv": "999"}, "walletPaymentData": {"token": "t"}})
+    engine.cancel(record.id)
+    assert engine.get(record.id).input == {"card": {"pan": "518615******5008"}, "walletPaymentData": "redacted"}

@@ -107,7 +107,13 @@ class ClaimProtocol(RuleBasedStateMachine):
             step = record.step if record else "a"
         claim = self.engine.claim(flow_id, step, worker=worker)
         if isinstance(claim, Claim):
+            self.same_as_stored(claim.record)
             self.claims.append(claim)
+
+    def same_as_stored(self, record: Any) -> None:
+        """The record the engine rebuilt after a write is the record Redis holds."""
+        stored = self.engine.store.get(record.id)
+        assert stored is not None and stored.summary() == record.summary()
 
     @precondition(lambda self: self.claims)
     @rule(data=st.data())

@@ -3,7 +3,8 @@
 -- ARGV: 1 flow id, 2 expected version, 3 new state, 4 fields (JSON object; JSON null deletes),
 --       5 due score ("" removes the flow from the due set), 6 log entry (JSON), 7 now,
 --       8 ttl seconds ("" keeps the record forever), 9 awaited signal names (JSON list, for waits),
---       10 ttl seconds of a finished flow (used when a cancel request turns this move into a cancel).
+--       10 ttl seconds of a finished flow (used when a cancel request turns this move into a cancel),
+--       11 the input without card secrets ("" when there are none), written when the flow ends.
 -- Returns {new version, final state}, or {0, current state} when the version did not match.
 local current = redis.call('HGET', KEYS[1], 'version')
 if current ~= ARGV[2] then
@@ -69,6 +70,9 @@ if KEYS[4] ~= idx then
 end
 redis.call('ZADD', idx, ARGV[7], ARGV[1])
 redis.call('RPUSH', KEYS[2], entry)
+if ARGV[11] ~= '' and (state == 'succeeded' or state == 'failed' or state == 'cancelled') then
+  redis.call('HSET', KEYS[1], 'input', ARGV[11])
+end
 if ttl == '' then
   redis.call('PERSIST', KEYS[1])
   redis.call('PERSIST', KEYS[2])

@@ -113,7 +113,7 @@ def test_three_steps_challenge_not_answered_expires_at_the_deadline(stack: Stack
 def test_svs_init_then_pay(stack: Stack) -> None:
     done = stack.run("svs", {"order": order(), "card": card()})
     assert done.state is FlowState.SUCCEEDED, done.summary()
-    assert list(done.outputs) == ["init", "pay"]
+    assert set(done.outputs) == {"init", "pay"}
     declined = stack.run("svs", {"order": order(), "card": card(SOFT_116)})
     assert declined.state is FlowState.FAILED and declined.error is not None
     assert declined.error["responseCode"] == "116"

@@ -1,0 +1,147 @@
+"""Shared parts of the benchmarks: a private Valkey, the simulator and Celery workers as processes.
+
+Benchmarks measure durapay against a baseline *in the same run* on the same machine and print ratios;
+they are never assertions in tests (machines are shared and noisy).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from config import GATEWAY_PATH_PREFIX, Settings, load_settings
+from config.embedded import EmbeddedValkey, free_port
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def wait_until(condition: Callable[[], Any], timeout: float = 60.0, what: str = "condition") -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{what} did not happen within {timeout}s")
+        time.sleep(0.005)
+
+
+class Processes:
+    """Child processes started by a benchmark, stopped together."""
+
+    def __init__(self) -> None:
+        self.children: list[subprocess.Popen[bytes]] = []
+        self.log_dir = Path(tempfile.mkdtemp(prefix="durapay-bench-"))
+
+    def spawn(self, name: str, code: str, env: dict[str, str], *args: str) -> subprocess.Popen[bytes]:
+        log = (self.log_dir / f"{name}.log").open("ab")
+        child = subprocess.Popen([sys.executable, "-c", code, *args], cwd=ROOT, env=env, stdout=log, stderr=log)
+        self.children.append(child)
+        return child
+
+    def stop(self) -> None:
+        for child in self.children:
+            if child.poll() is None:
+                child.terminate()
+        for child in self.children:
+            try:
+                child.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                child.kill()
+
+
+SIMULATOR = """
+import sys
+from simulator import SimulatorConfig, serve_forever
+serve_forever(SimulatorConfig(port=int(sys.argv[1]), latency_ms=int(sys.argv[2]), seed=1))
+"""
+
+
+def start_simulator(procs: Processes, latency_ms: int = 0) -> str:
+    """Start ``durapay``'s simulator in its own process; returns its root URL."""
+    port = free_port()
+    procs.spawn("simulator", SIMULATOR, dict(os.environ, PYTHONPATH=str(ROOT)), str(port), str(latency_ms))
+    root = f"http://127.0.0.1:{port}"
+
+    def up() -> bool:
+        try:
+            return httpx.get(root + "/_sim/health", timeout=1).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    wait_until(up, 30, "the simulator to answer")
+    return root
+
+
+def set_latency(root: str, latency_ms: int) -> None:
+    httpx.post(root + "/_sim/faults", json={"latency_ms": latency_ms}, timeout=5).raise_for_status()
+
+
+def bench_settings(sim_root: str, redis_url: str, prefix: str = "bench") -> Settings:
+    return load_settings(
+        {
+            "redis_url": redis_url,
+            "gateway": {"base_url": sim_root + GATEWAY_PATH_PREFIX},
+            "engine": {"key_prefix": prefix},
+            "receiver": {"public_url": "http://127.0.0.1:9/notifications"},
+        }
+    )
+
+
+def child_env(settings: Settings) -> dict[str, str]:
+    env = {key: value for key, value in os.environ.items() if not key.startswith("DURAPAY_")}
+    env.update(
+        {
+            "PYTHONPATH": str(ROOT),
+            "DURAPAY_REDIS_URL": settings.redis_url,
+            "DURAPAY_GATEWAY__BASE_URL": settings.gateway.base_url,
+            "DURAPAY_ENGINE__KEY_PREFIX": settings.engine.key_prefix,
+            "DURAPAY_RECEIVER__PUBLIC_URL": settings.receiver.public_url,
+        }
+    )
+    return env
+
+
+DURABLE_WORKER = """
+import sys
+from config import load_settings
+from service.runtime import build_runtime
+settings = load_settings()
+runtime = build_runtime(settings, redis_url=settings.redis_url)
+runtime.celery.worker_main(["worker", "-P", sys.argv[1], "-c", sys.argv[2], "-Q", "durapay", "-l", "warning",
+                            "--without-mingle", "--without-gossip", "-n", "durable@%h"])
+"""
+
+BARE_WORKER = """
+import sys
+from bench._bare import make_bare_app
+from config import load_settings
+app = make_bare_app(load_settings())
+app.worker_main(["worker", "-P", sys.argv[1], "-c", sys.argv[2], "-Q", "bare", "-l", "warning",
+                 "--without-mingle", "--without-gossip", "-n", "bare@%h"])
+"""
+
+
+def valkey() -> EmbeddedValkey:
+    server = EmbeddedValkey(Path(tempfile.mkdtemp(prefix="durapay-bench-valkey-")), appendfsync="everysec")
+    server.start()
+    return server
+
+
+def median(values: list[float]) -> float:
+    ordered = sorted(values)
+    middle = len(ordered) // 2
+    return ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
+
+
+def percentile(values: list[float], fraction: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(fraction * len(ordered)))]
