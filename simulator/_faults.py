@@ -128,7 +128,10 @@ class Faults:
         """Apply a ``/_sim/faults`` body: one rule (has ``mode``), ``rules``, ``latency_ms``, ``latency_jitter_ms``, ``seed``."""
         if not isinstance(payload, dict):
             raise FaultsError("body must be a JSON object")
-        settings = {key: payload[key] for key in ("latency_ms", "latency_jitter_ms", "seed") if key in payload}
+        # With a "mode" the body is one rule, and its latency_ms belongs to that rule (mode "latency");
+        # without one, latency_ms and latency_jitter_ms set the latency of every request.
+        global_keys = ("seed",) if "mode" in payload else ("latency_ms", "latency_jitter_ms", "seed")
+        settings = {key: payload[key] for key in global_keys if key in payload}
         rule_items = list(payload.get("rules") or [])
         if "mode" in payload:
             rule_items.append({k: v for k, v in payload.items() if k not in settings and k != "rules"})

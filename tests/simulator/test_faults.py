@@ -164,6 +164,19 @@ def test_fixed_latency_delays_and_concurrent_requests_overlap(client: GatewayCli
     assert time.monotonic() - started < 0.2 * 4  # eight sequential requests would take 1.6 s
 
 
+def test_a_latency_rule_delays_only_its_operation_and_leaves_the_global_latency(
+    client: GatewayClient, sim: SimulatorServer
+) -> None:
+    sim.admin.set_faults(mode="latency", operation="list_payment_methods", latency_ms=300, count=1)
+    assert sim.admin.faults()["latency_ms"] == 0, "a rule's latency_ms is the rule's, not every request's"
+    started = time.monotonic()
+    client.call(Catalogue.get_exchange_rates)
+    other = time.monotonic() - started
+    started = time.monotonic()
+    client.call(Catalogue.list_payment_methods)
+    assert time.monotonic() - started >= 0.3 > other
+
+
 def test_random_latency_stays_within_its_bounds(client: GatewayClient, sim: SimulatorServer) -> None:
     sim.admin.set_faults(latency_ms=50, latency_jitter_ms=100, seed=3)
     for _ in range(5):
