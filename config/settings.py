@@ -67,6 +67,14 @@ class ReceiverSettings(_Group):
         description="Public URL of the notification receiver, sent as notificationUrl.",
     )
     max_body_bytes: int = Field(default=64 * 1024, gt=0, description="Larger notification bodies are refused.")
+    path: str = Field(
+        default="/notifications",
+        pattern=r"^/[A-Za-z0-9._~/-]*$",
+        description="Path the receiver listens on (behind a proxy it may differ from public_url's path).",
+    )
+    event_ttl_seconds: int = Field(
+        default=7 * 86400, ge=60, description="How long a received eventId is remembered to ignore repeats."
+    )
 
     _url = field_validator("public_url")(_check_url)
 
@@ -77,6 +85,9 @@ class ApiSettings(_Group):
     host: str = "127.0.0.1"
     port: int = Field(default=8780, ge=0, le=65535)
     key: SecretStr = Field(default=SecretStr(""), description="X-Api-Key required by the control API.")
+    start_wait_seconds: float = Field(
+        default=5.0, ge=0, le=60, description="How long POST /flows/{kind} waits for the customer-facing URL."
+    )
 
 
 class RetrySettings(_Group):

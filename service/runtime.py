@@ -3,11 +3,22 @@
 Every process (worker, scheduler, API, demo, tests) builds its parts here, so they agree on keys,
 queues and flow kinds. With no ``DURAPAY_REDIS_URL`` an embedded Valkey is started under
 ``DURAPAY_DATA_DIR`` (AOF on); child processes are then given its URL explicitly.
+
+One data folder, one server: the process that starts the embedded Valkey writes its URL to
+``<data_dir>/valkey/server.json``; another ``durapay`` process with no Redis configured (say
+``durapay flows ls`` while ``durapay demo --keep`` runs) finds it there and uses it instead of starting
+a second server on the same AOF files. A file lock makes two processes starting at once agree.
+
+Workers built here time every step for ``/metrics`` and keep a heartbeat for ``/readyz``.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
+import json
 import random
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -19,6 +30,8 @@ from config.celery import make_celery
 from config.embedded import EmbeddedValkey
 from config.settings import Settings
 from gateway import GatewayClient
+from service.heartbeat import install_worker_heartbeat
+from service.metrics import StepMetrics
 from tasks.celery_tasks import CelerySender, register_tasks
 from workflows.clock import Clock
 from workflows.engine import Engine
@@ -39,17 +52,57 @@ class Runtime:
     def close(self) -> None:
         self.redis.close()
         if self.embedded is not None:
-            self.embedded.stop()
+            with _locked(self.embedded.data_dir):
+                (self.embedded.data_dir / SERVER_FILE).unlink(missing_ok=True)
+                self.embedded.stop()
             self.embedded = None
 
 
+SERVER_FILE = "server.json"
+
+
+@contextlib.contextmanager
+def _locked(folder: Path) -> Iterator[None]:
+    folder.mkdir(parents=True, exist_ok=True)
+    with (folder / ".lock").open("a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def running_embedded(folder: Path) -> str | None:
+    """The URL of an embedded Valkey serving ``folder`` that answers, if any."""
+    try:
+        url = str(json.loads((folder / SERVER_FILE).read_text())["url"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    client = redis.Redis.from_url(url, socket_timeout=1, socket_connect_timeout=1)
+    try:
+        client.ping()
+        return url
+    except redis.RedisError:
+        return None
+    finally:
+        client.close()
+
+
 def resolve_redis(settings: Settings) -> tuple[str, EmbeddedValkey | None]:
-    """The configured Redis URL, or a started embedded Valkey and its URL."""
+    """The configured Redis URL; else the embedded Valkey already serving the data folder; else a newly
+    started one (returned, so that its owner stops it)."""
     if settings.redis_url:
         return settings.redis_url, None
-    server = EmbeddedValkey(Path(settings.data_dir) / "valkey")
-    server.start()
-    return server.url, server
+    folder = (Path(settings.data_dir) / "valkey").resolve()
+    with _locked(folder):
+        url = running_embedded(folder)
+        if url is not None:
+            return url, None
+        server = EmbeddedValkey(folder)
+        server.start()
+        pid = server.process.pid if server.process else None
+        (folder / SERVER_FILE).write_text(json.dumps({"url": server.url, "pid": pid}))
+        return server.url, server
 
 
 def build_runtime(
@@ -69,5 +122,6 @@ def build_runtime(
     registry = dict(REGISTRY)
     registry.update(flows or {})
     engine = Engine(settings, client, registry, sender=CelerySender(app), clock=clock, rng=rng)
-    register_tasks(app, engine.run_step, lambda: GatewayClient(settings.gateway))
+    register_tasks(app, StepMetrics(engine).wrap(engine.run_step), lambda: GatewayClient(settings.gateway))
+    install_worker_heartbeat(app, redis_url, engine.keys)
     return Runtime(settings, redis_url, client, app, engine, embedded)

@@ -18,6 +18,8 @@ COMMAND_MODULES = (
     "service.cli.config_cmd",
     "service.cli.endpoints",
     "service.cli.simulator_cmd",
+    "service.cli.serve_cmd",
+    "service.cli.flows_cmd",
 )
 
 

@@ -1,0 +1,54 @@
+"""``/healthz``, ``/readyz``, ``/metrics``: what orchestrators and Prometheus ask.
+
+* ``/healthz`` - the process answers (liveness). Open, like the receiver: it says nothing but "ok".
+* ``/readyz`` - Redis answers, a worker heartbeat and a scheduler heartbeat are present (see
+  ``heartbeat``). 503 with the failing checks otherwise. Needs the API key.
+* ``/metrics`` - Prometheus text (see ``metrics``). Needs the API key (``X-Api-Key`` or a bearer token).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import redis
+from fastapi import APIRouter
+from fastapi.params import Depends
+from fastapi.responses import JSONResponse, PlainTextResponse
+
+from service.metrics import render
+from workflows.engine import Engine
+
+PROMETHEUS_TEXT = "text/plain; version=0.0.4; charset=utf-8"
+
+
+def readiness(engine: Engine) -> dict[str, bool]:
+    checks = {"redis": False, "worker": False, "scheduler": False}
+    try:
+        checks["redis"] = bool(engine.redis.ping())
+        checks["worker"] = bool(engine.redis.exists(engine.keys.heartbeat("worker")))
+        checks["scheduler"] = bool(engine.redis.exists(engine.keys.heartbeat("scheduler")))
+    except redis.RedisError:
+        pass
+    return checks
+
+
+def ops_router(engine: Engine, protected: Sequence[Depends]) -> APIRouter:
+    router = APIRouter(tags=["operations"])
+
+    @router.get("/healthz", summary="Liveness: the process answers (no key needed)")
+    def healthz() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @router.get("/readyz", summary="Readiness: Redis, a worker and a scheduler are alive", dependencies=list(protected))
+    def readyz() -> JSONResponse:
+        checks = readiness(engine)
+        ready = all(checks.values())
+        body: dict[str, Any] = {"ready": ready, "checks": checks}
+        return JSONResponse(body, status_code=200 if ready else 503)
+
+    @router.get("/metrics", summary="Prometheus metrics", response_class=PlainTextResponse, dependencies=list(protected))
+    def metrics() -> PlainTextResponse:
+        return PlainTextResponse(render(engine), media_type=PROMETHEUS_TEXT)
+
+    return router

@@ -1,0 +1,82 @@
+"""The receiver's HTTP route: read a bounded body, hand it to :class:`NotificationReceiver`.
+
+The body is read here, chunk by chunk, so that an oversized request is refused without ever holding
+more than the limit in memory; the checks, the durable record and the signal are in ``receiver``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse
+from starlette.concurrency import run_in_threadpool
+
+from service.receiver import NotificationReceiver
+
+#: For OpenAPI only: the gateway's notification body (gateway-facts.md §4); every field is optional.
+NOTIFICATION_SCHEMA: dict[str, Any] = {
+    "required": True,
+    "content": {
+        "application/json": {
+            "schema": {
+                "type": "object",
+                "properties": {
+                    "eventId": {"type": "string"},
+                    "eventTime": {"type": "string"},
+                    "securityToken": {"type": "string"},
+                    "operation": {"type": "object", "description": "the gateway's Operation; orderId is required"},
+                },
+            }
+        }
+    },
+}
+
+RESPONSES: dict[int | str, dict[str, Any]] = {
+    200: {"description": 'recorded (or a repeat of a recorded event): `{"outcome": "OK"}`'},
+    400: {"description": 'malformed body: `{"outcome": "KO", "error": "<the problem>"}`'},
+    401: {"description": "refused: wrong, missing or foreign security token, or unknown order (not said which)"},
+    413: {"description": "body above DURAPAY_RECEIVER__MAX_BODY_BYTES"},
+    503: {"description": "not recorded (Redis unavailable, or the same event still being recorded): retry"},
+}
+
+
+class _TooLarge(Exception):
+    pass
+
+
+async def read_bounded(request: Request, limit: int) -> bytes:
+    """The body, or _TooLarge as soon as it is known to exceed ``limit`` bytes."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise _TooLarge
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise _TooLarge
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def receiver_router(receiver: NotificationReceiver) -> APIRouter:
+    router = APIRouter(tags=["notifications"])
+    limit = receiver.settings.max_body_bytes
+
+    @router.post(
+        receiver.settings.path,
+        summary="Receive a gateway notification (open: no API key; the security token is checked)",
+        openapi_extra={"requestBody": NOTIFICATION_SCHEMA},
+        responses=RESPONSES,
+    )
+    async def receive_notification(request: Request) -> JSONResponse:
+        try:
+            body = await read_bounded(request, limit)
+        except _TooLarge:
+            refused = receiver.oversized()
+            return JSONResponse(refused.body, status_code=refused.status, headers={"Connection": "close"})
+        receipt = await run_in_threadpool(receiver.receive, body)
+        return JSONResponse(receipt.body, status_code=receipt.status)
+
+    return router

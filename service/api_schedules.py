@@ -1,0 +1,118 @@
+"""``/schedules``: recurring MIT charges. Create, read, list, history, pause, resume, change the amount,
+cancel (``DELETE`` is a cancel: a schedule's history is kept, never erased).
+
+The body of ``POST /schedules`` is ``workflows.schedules.ScheduleInput``; ``Idempotency-Key`` makes a
+create idempotent exactly as for flows.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Body, Header, Path, Query
+from pydantic import BaseModel, Field
+
+from service.errors import ErrorBody, conflict, invalid, not_found
+from workflows.engine import InputError, NotFound, OperatorError
+from workflows.schedules import ScheduleInput, ScheduleRecord, Schedules, ScheduleState
+from workflows.store import StartConflict
+
+ERRORS: dict[int | str, dict[str, Any]] = {
+    401: {"model": ErrorBody},
+    404: {"model": ErrorBody},
+    409: {"model": ErrorBody},
+    422: {"model": ErrorBody},
+}
+ScheduleId = Annotated[str, Path(min_length=1, max_length=100, pattern=r"^[A-Za-z0-9._:-]+$")]
+
+
+class AmountChange(BaseModel):
+    amount: int = Field(ge=1, description="minor units, from the next occurrence on")
+
+
+class CancelRequest(BaseModel):
+    reason: str = Field(default="cancelled by operator", min_length=1, max_length=500)
+
+
+class ScheduleList(BaseModel):
+    schedules: list[dict[str, Any]]
+    limit: int
+    offset: int
+    next_offset: int | None
+
+
+def _act(action: Callable[[], ScheduleRecord], schedule_id: str) -> dict[str, Any]:
+    try:
+        return action().summary()
+    except NotFound:
+        raise not_found(f"no schedule {schedule_id!r}") from None
+    except InputError as exc:
+        raise invalid(exc.field, exc.reason) from None
+    except OperatorError as exc:
+        raise conflict(str(exc)) from None
+
+
+def schedules_router(schedules: Schedules) -> APIRouter:
+    router = APIRouter(prefix="/schedules", tags=["schedules"], responses=ERRORS)
+
+    @router.post("", status_code=201, summary="Create a schedule")
+    def create_schedule(
+        body: Annotated[ScheduleInput, Body()],
+        idempotency_key: Annotated[str | None, Header(alias="Idempotency-Key", min_length=1, max_length=200)] = None,
+    ) -> dict[str, Any]:
+        try:
+            return schedules.create(body, key=idempotency_key).summary()
+        except InputError as exc:
+            raise invalid(exc.field, exc.reason) from None
+        except StartConflict as exc:
+            raise conflict(str(exc)) from None
+
+    @router.get("", response_model=ScheduleList, summary="List schedules, newest first")
+    def list_schedules(
+        state: Annotated[ScheduleState | None, Query()] = None,
+        limit: Annotated[int, Query(ge=1, le=500)] = 50,
+        offset: Annotated[int, Query(ge=0, le=1_000_000)] = 0,
+    ) -> dict[str, Any]:
+        records = schedules.list(state=state.value if state else None, limit=limit + 1, offset=offset)
+        more = len(records) > limit
+        return {
+            "schedules": [record.summary() for record in records[:limit]],
+            "limit": limit,
+            "offset": offset,
+            "next_offset": offset + limit if more else None,
+        }
+
+    @router.get("/{schedule_id}", summary="One schedule: rule, next run, counts, open attempts")
+    def get_schedule(schedule_id: ScheduleId) -> dict[str, Any]:
+        return _act(lambda: schedules.get(schedule_id), schedule_id)
+
+    @router.get("/{schedule_id}/history", summary="Every event of the schedule, oldest first")
+    def schedule_history(schedule_id: ScheduleId) -> dict[str, Any]:
+        try:
+            return {"id": schedule_id, "history": schedules.history(schedule_id)}
+        except NotFound:
+            raise not_found(f"no schedule {schedule_id!r}") from None
+
+    @router.patch("/{schedule_id}", summary="Change the amount from the next occurrence on")
+    def change_amount(schedule_id: ScheduleId, change: AmountChange) -> dict[str, Any]:
+        return _act(lambda: schedules.change_amount(schedule_id, change.amount, by="api"), schedule_id)
+
+    @router.post("/{schedule_id}/pause", summary="Pause: fire nothing until resumed")
+    def pause(schedule_id: ScheduleId) -> dict[str, Any]:
+        return _act(lambda: schedules.pause(schedule_id, by="api"), schedule_id)
+
+    @router.post("/{schedule_id}/resume", summary="Resume a paused or needs_attention schedule")
+    def resume(schedule_id: ScheduleId) -> dict[str, Any]:
+        return _act(lambda: schedules.resume(schedule_id, by="api"), schedule_id)
+
+    @router.post("/{schedule_id}/cancel", summary="Cancel: no further charges")
+    def cancel(schedule_id: ScheduleId, request: Annotated[CancelRequest | None, Body()] = None) -> dict[str, Any]:
+        reason = request.reason if request else CancelRequest().reason
+        return _act(lambda: schedules.cancel(schedule_id, reason, by="api"), schedule_id)
+
+    @router.delete("/{schedule_id}", summary="Cancel (the record and its history are kept)")
+    def delete(schedule_id: ScheduleId) -> dict[str, Any]:
+        return _act(lambda: schedules.cancel(schedule_id, "cancelled by operator", by="api"), schedule_id)
+
+    return router

@@ -1,0 +1,78 @@
+"""The HTTP app: the notification receiver and the control API on one FastAPI application.
+
+Why one app: the gateway's notifications and the merchant's control calls reach the same flows; one
+process type (``durapay api``, one uvicorn worker per process, as many processes as needed) serves
+both. Only the receiver path (and ``/healthz``, ``/docs``, ``/openapi.json``, which hold no data) is
+open; every other route needs ``DURAPAY_API__KEY`` as ``X-Api-Key``.
+
+Build it with :func:`create_app` from a :class:`~service.runtime.Runtime`; there is no module-level app.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import Depends, FastAPI
+
+from service.api_flows import flows_router
+from service.api_ops import ops_router
+from service.api_receiver import receiver_router
+from service.auth import api_key_scheme, require_key
+from service.errors import install_error_handlers
+from service.receiver import NotificationReceiver
+from service.runtime import Runtime
+
+DESCRIPTION = """\
+Durable payment flows against the payment gateway.
+
+* **Notifications** (`POST {receiver}`, open): the gateway's server-to-server notifications; the
+  security token is checked in constant time, a refusal is 401 whatever the reason.
+* **Flows**: start one of any kind (`Idempotency-Key` makes the start idempotent), read, list, history,
+  signal (`3ds_result`, `form_completed`), cancel, retry.
+* **Schedules**: recurring MIT payments; create, read, list, pause, resume, change the amount, cancel.
+* **Operations**: `/healthz`, `/readyz`, `/metrics` (Prometheus text).
+
+Every route but the receiver, `/healthz` and these docs needs `X-Api-Key` (or `Authorization: Bearer`).
+Errors are `{"error", "reason"}` (+ `"field"` on 422).
+"""
+
+
+def create_app(runtime: Runtime, *, insecure: bool = False, schedules: Any = None) -> FastAPI:
+    """The app for ``runtime``. Raises ``service.auth.MissingApiKey`` when ``DURAPAY_API__KEY`` is empty
+    unless ``insecure``. ``schedules`` (a ``workflows.schedules.Schedules``) adds ``/schedules``;
+    by default one is built when the schedules module is present."""
+    settings = runtime.settings
+    auth = require_key(settings.api.key.get_secret_value(), insecure=insecure)
+    app = FastAPI(
+        title="durapay",
+        version="0.1.0",
+        description=DESCRIPTION.replace("{receiver}", settings.receiver.path),
+        openapi_tags=[
+            {"name": "notifications", "description": "The gateway's notifications (open path)."},
+            {"name": "flows", "description": "Payment flows."},
+            {"name": "schedules", "description": "Recurring payments."},
+            {"name": "operations", "description": "Health, readiness, metrics."},
+        ],
+    )
+    install_error_handlers(app)
+    receiver = NotificationReceiver(runtime.engine, settings.receiver)
+    app.state.receiver = receiver
+    app.state.runtime = runtime
+    app.include_router(receiver_router(receiver))
+    protected = [Depends(api_key_scheme), Depends(auth)]
+    app.include_router(flows_router(runtime.engine, settings.api), dependencies=protected)
+    if schedules is None:
+        schedules = default_schedules(runtime)
+    if schedules is not None:
+        from service.api_schedules import schedules_router
+
+        app.include_router(schedules_router(schedules), dependencies=protected)
+    app.include_router(ops_router(runtime.engine, protected))
+    return app
+
+
+def default_schedules(runtime: Runtime) -> Any:
+    """The runtime's ``Schedules``, or None while the schedules module is not part of the build."""
+    from workflows.schedules import Schedules
+
+    return Schedules(runtime.engine)

@@ -1,0 +1,113 @@
+"""``durapay worker``, ``durapay scheduler``, ``durapay api``: the three long-running process types.
+
+Run any number of each, on any machines, against the same Redis (README: scaling out):
+
+* ``worker`` - a Celery worker for the step tasks (prefork by default: the fastest pool measured
+  here, and a crashed step takes one child, not the worker).
+* ``scheduler`` - the dispatcher: sends what the ``due`` set says is due and fires schedules.
+* ``api`` - the receiver and control API on uvicorn, one worker per process.
+
+Each stops cleanly on SIGTERM or Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+from enum import StrEnum
+from types import FrameType
+from typing import Annotated
+
+import typer
+
+from config.celery import QUEUE
+from service.cli._common import fail, runtime, safe_url
+
+
+class Pool(StrEnum):
+    prefork = "prefork"
+    threads = "threads"
+    solo = "solo"
+
+
+def worker(
+    pool: Annotated[Pool, typer.Option(help="Celery pool: prefork (default), threads or solo.")] = Pool.prefork,
+    concurrency: Annotated[int | None, typer.Option(min=1, help="Processes or threads (default: one per CPU).")] = None,
+    loglevel: Annotated[str, typer.Option(help="debug, info, warning, error.")] = "info",
+    hostname: Annotated[str | None, typer.Option(help="Worker name (default: celery@<host>).")] = None,
+) -> None:
+    """Run a Celery worker for the flows' step tasks."""
+    with runtime() as rt:
+        argv = [
+            "worker",
+            f"--pool={pool.value}",
+            f"--loglevel={loglevel}",
+            f"--queues={QUEUE}",
+            "--without-mingle",
+            "--without-gossip",
+        ]
+        if concurrency:
+            argv.append(f"--concurrency={concurrency}")
+        if hostname:
+            argv.append(f"--hostname={hostname}")
+        print(f"durapay worker: {pool.value} pool on {safe_url(rt.redis_url)}", file=sys.stderr, flush=True)
+        rt.celery.worker_main(argv)
+
+
+def scheduler(
+    interval: Annotated[
+        float | None, typer.Option(min=0.01, help="Seconds between ticks (DURAPAY_ENGINE__DISPATCH_INTERVAL).")
+    ] = None,
+) -> None:
+    """Run the dispatcher: send due steps (timers, retries, waits, lost messages) and fire schedules."""
+    from workflows.dispatcher import Dispatcher
+    from workflows.schedules import Schedules
+
+    with runtime() as rt:
+        schedules = Schedules(rt.engine)
+        dispatcher = Dispatcher(rt.engine, interval=interval, tickers=[schedules.tick], name="scheduler")
+
+        def _stop(signum: int, frame: FrameType | None) -> None:
+            dispatcher.stop()
+
+        signal.signal(signal.SIGTERM, _stop)
+        signal.signal(signal.SIGINT, _stop)
+        print(f"durapay scheduler: every {dispatcher.interval:g}s on {safe_url(rt.redis_url)}", file=sys.stderr, flush=True)
+        dispatcher.run()
+        print("durapay scheduler: stopped", file=sys.stderr, flush=True)
+
+
+def api(
+    host: Annotated[str | None, typer.Option(help="Address to bind (DURAPAY_API__HOST).")] = None,
+    port: Annotated[int | None, typer.Option(min=0, max=65535, help="Port (DURAPAY_API__PORT).")] = None,
+    insecure: Annotated[
+        bool, typer.Option("--insecure", help="Allow an empty DURAPAY_API__KEY: no key needed (local only).")
+    ] = False,
+) -> None:
+    """Serve the notification receiver and the control API (uvicorn, one worker)."""
+    from service.app import create_app
+    from service.auth import MissingApiKey
+    from service.server import serve_forever
+
+    with runtime() as rt:
+        try:
+            app = create_app(rt, insecure=insecure)
+        except MissingApiKey as exc:
+            fail(str(exc))
+        bind_host = host or rt.settings.api.host
+        bind_port = rt.settings.api.port if port is None else port
+        if insecure and not rt.settings.api.key.get_secret_value():
+            print("durapay api: WARNING: no API key; anyone who can reach this port controls the flows", file=sys.stderr)
+        print(
+            f"durapay api: http://{bind_host}:{bind_port} (receiver {rt.settings.receiver.path}, docs /docs)"
+            f" on {safe_url(rt.redis_url)}",
+            file=sys.stderr,
+            flush=True,
+        )
+        serve_forever(app, bind_host, bind_port)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("worker")(worker)
+    app.command("scheduler")(scheduler)
+    app.command("api")(api)

@@ -1,0 +1,120 @@
+"""One shape for every error the HTTP API answers, and the handlers that produce it.
+
+Why: a merchant's backend should handle errors by status and one JSON shape, never parse a traceback.
+Every refusal is ``{"error": <code>, "reason": <one line>}`` plus ``"field"`` for bad input (422):
+
+| status | ``error`` | when |
+|---|---|---|
+| 401 | ``unauthorized`` | missing or wrong API key |
+| 404 | ``not_found`` | no such flow or schedule |
+| 409 | ``conflict`` | the state does not allow it (cancel a finished flow, an Idempotency-Key reused) |
+| 413 | ``too_large`` | a body above the limit |
+| 422 | ``invalid_input`` | any input that does not validate; ``field`` names it (``order.amount``, ``query.limit``) |
+| 500 | ``internal`` | a bug: logged on the server with a reference, never shown |
+| 503 | ``unavailable`` | Redis unreachable, or not ready |
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from typing import Any
+
+import redis
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+log = logging.getLogger("durapay.api")
+
+
+class ErrorBody(BaseModel):
+    """The body of every error answer."""
+
+    error: str
+    reason: str
+    field: str | None = None
+
+
+class ApiError(Exception):
+    """Raised by a route to answer an error: ``raise ApiError(409, "conflict", "flow f1 already ended")``."""
+
+    def __init__(self, status: int, error: str, reason: str, *, field: str | None = None) -> None:
+        super().__init__(reason)
+        self.status = status
+        self.error = error
+        self.reason = reason
+        self.field = field
+
+
+def invalid(field: str, reason: str) -> ApiError:
+    return ApiError(422, "invalid_input", reason, field=field)
+
+
+def not_found(reason: str) -> ApiError:
+    return ApiError(404, "not_found", reason)
+
+
+def conflict(reason: str) -> ApiError:
+    return ApiError(409, "conflict", reason)
+
+
+def error_response(
+    status: int, error: str, reason: str, *, field: str | None = None, headers: dict[str, str] | None = None
+) -> JSONResponse:
+    body: dict[str, Any] = {"error": error, "reason": reason}
+    if field is not None:
+        body["field"] = field
+    return JSONResponse(body, status_code=status, headers=headers)
+
+
+def describe_request_error(exc: RequestValidationError) -> tuple[str, str]:
+    """(field, reason) of the first problem: ``("query.limit", "Input should be less than or equal to 500")``."""
+    errors = exc.errors()
+    if not errors:
+        return "(request)", "invalid request"
+    first = errors[0]
+    location = [str(part) for part in first.get("loc", ())]
+    if location and location[0] == "body":
+        location = location[1:] or ["(body)"]
+    field = ".".join(location) or "(request)"
+    reason = str(first.get("msg", "invalid")).removeprefix("Value error, ")
+    if field == "(body)" and ": " in reason:  # a model-level check names its field in its message
+        field, reason = reason.split(": ", 1)
+    if first.get("type") == "json_invalid":
+        field, reason = "(body)", f"body is not valid JSON: {first.get('ctx', {}).get('error', 'parse error')}"
+    return field, reason
+
+
+_STATUS_CODES = {401: "unauthorized", 404: "not_found", 405: "method_not_allowed", 409: "conflict", 413: "too_large"}
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    """Map every exception to :class:`ErrorBody`; an unexpected one is logged with a reference."""
+
+    @app.exception_handler(ApiError)
+    async def _api_error(request: Request, exc: ApiError) -> JSONResponse:
+        return error_response(exc.status, exc.error, exc.reason, field=exc.field)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
+        field, reason = describe_request_error(exc)
+        return error_response(422, "invalid_input", reason, field=field)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        code = _STATUS_CODES.get(exc.status_code, "error")
+        return error_response(exc.status_code, code, str(exc.detail), headers=getattr(exc, "headers", None))
+
+    @app.exception_handler(redis.RedisError)
+    async def _redis(request: Request, exc: redis.RedisError) -> JSONResponse:
+        log.warning("%s %s: Redis unavailable: %s", request.method, request.url.path, exc)
+        return error_response(503, "unavailable", "the flow store (Redis) is unavailable; try again")
+
+    @app.exception_handler(Exception)
+    async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
+        reference = uuid.uuid4().hex[:12]
+        log.exception("%s %s failed (reference %s)", request.method, request.url.path, reference)
+        return error_response(500, "internal", f"internal error; the server log has the details (reference {reference})")

@@ -1,0 +1,103 @@
+"""Heartbeats: how ``/readyz`` knows a worker is alive without asking Celery.
+
+Why not ``celery inspect ping``: it costs a broadcast round trip of a second or more per probe and
+does not work the same on every broker (RabbitMQ may carry the tasks). Instead each worker writes
+``<prefix>:alive:worker`` (and ``...:alive:worker:<hostname>``) every ``interval`` seconds with a TTL
+of a few intervals; the dispatcher writes ``<prefix>:alive:scheduler`` on every tick. A key present
+means alive; a crashed process's key expires by itself.
+
+The worker's heartbeat is a Celery bootstep installed on the app by ``build_runtime``, so it runs in
+``durapay worker`` and in the test harness's in-process worker alike.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import socket
+import threading
+import time
+from typing import Any
+
+import redis
+from celery import Celery, bootsteps
+
+from workflows.keys import Keys
+
+log = logging.getLogger("durapay.heartbeat")
+
+INTERVAL_SECONDS = 2.0
+TTL_SECONDS = 10
+
+
+class Heartbeat:
+    """Writes ``keys.heartbeat(role)`` (and ``role:name``) every ``interval`` seconds from a thread."""
+
+    def __init__(self, redis_url: str, keys: Keys, role: str, name: str, *, interval: float = INTERVAL_SECONDS) -> None:
+        self.redis_url = redis_url
+        self.keys = keys
+        self.role = role
+        self.name = name
+        self.interval = interval
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def beat(self, client: Any) -> None:
+        value = json.dumps({"name": self.name, "pid": os.getpid(), "t": time.time()})
+        pipe = client.pipeline(transaction=False)
+        pipe.set(self.keys.heartbeat(self.role), value, ex=TTL_SECONDS)
+        pipe.set(self.keys.heartbeat(f"{self.role}:{self.name}"), value, ex=TTL_SECONDS)
+        pipe.execute()
+
+    def _run(self) -> None:
+        client = redis.Redis.from_url(self.redis_url, socket_timeout=5, socket_connect_timeout=2)
+        try:
+            while not self._stop.is_set():
+                try:
+                    self.beat(client)
+                except redis.RedisError as exc:  # Redis restarting: keep trying
+                    log.warning("%s heartbeat not written: %s", self.role, exc)
+                self._stop.wait(self.interval)
+            with contextlib.suppress(redis.RedisError):
+                client.delete(self.keys.heartbeat(f"{self.role}:{self.name}"))
+        finally:
+            client.close()
+
+    def start(self) -> Heartbeat:
+        self._thread = threading.Thread(target=self._run, name=f"{self.role}-heartbeat", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+            self._thread = None
+
+
+def install_worker_heartbeat(app: Celery, redis_url: str, keys: Keys) -> None:
+    """Add a bootstep to ``app``'s workers that keeps the ``worker`` heartbeat while they run."""
+
+    class WorkerHeartbeat(bootsteps.StartStopStep):  # type: ignore[misc]
+        requires = {"celery.worker.components:Pool"}
+
+        def __init__(self, parent: Any, **kwargs: Any) -> None:
+            super().__init__(parent, **kwargs)
+            self.heartbeat: Heartbeat | None = None
+
+        def start(self, parent: Any) -> None:
+            name = getattr(parent, "hostname", None) or f"{socket.gethostname()}-{os.getpid()}"
+            self.heartbeat = Heartbeat(redis_url, keys, "worker", name).start()
+
+        def stop(self, parent: Any) -> None:
+            if self.heartbeat is not None:
+                self.heartbeat.stop()
+                self.heartbeat = None
+
+        # A cold shutdown calls terminate, not stop; both must end the thread.
+        terminate = stop
+        shutdown = stop
+
+    app.steps["worker"].add(WorkerHeartbeat)

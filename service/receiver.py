@@ -1,0 +1,235 @@
+"""The notification receiver: the gateway's server-to-server POST that moves a waiting flow on.
+
+The gateway sends ``{eventId, eventTime, securityToken, operation}`` to the ``notificationUrl`` of the
+order (``DURAPAY_RECEIVER__PUBLIC_URL``); this path is the only one open without the API key, so
+everything it reads is treated as hostile until the token matches:
+
+1. **Size**: at most ``DURAPAY_RECEIVER__MAX_BODY_BYTES``; a larger declared ``Content-Length`` is
+   refused with 413 before reading, a larger streamed body as soon as the limit is crossed.
+2. **Shape**: not JSON, not an object, a field of the wrong type, no ``operation.orderId`` -> 400
+   naming the problem (``{"outcome": "KO", "error": "..."}``); nothing is looked up.
+3. **Token**: compared in constant time against every token kept for the order. A wrong token, a
+   token of another order, no token and an unknown order all get the *same* answer, 401
+   ``{"outcome": "KO", "error": "notification refused"}`` (an unknown order is compared against a
+   random token, so timing does not tell either), and ``notifications_rejected`` is counted.
+4. **Once**: the event id (``eventId``, or a digest of the body when the gateway sent none) is
+   claimed with ``SET NX`` and a TTL (``DURAPAY_RECEIVER__EVENT_TTL_SECONDS``); then the flow gets a
+   ``notification`` signal (stored in its record: resumed now if it waits, kept otherwise); then the
+   claim is marked done and only then does the gateway get 200 ``{"outcome": "OK"}``. A repeated event
+   is acknowledged with 200 and no second signal. A claim left ``pending`` by a receiver that died
+   between the two writes is taken over after ``stale_seconds``, so the gateway's retry still lands.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import secrets
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import redis
+
+from config.settings import ReceiverSettings
+from gateway import InvalidSecurityToken, NotificationError, parse_notification, verify_security_token
+from workflows.engine import Engine, NotFound
+
+log = logging.getLogger("durapay.receiver")
+
+OK: dict[str, Any] = {"outcome": "OK"}
+REFUSED: dict[str, Any] = {"outcome": "KO", "error": "notification refused"}
+REFUSED_STATUS = 401
+
+#: Counter names (``engine.keys.counter(name)``) the receiver increments; ``/metrics`` reports them.
+COUNTERS = ("accepted", "duplicate", "rejected", "malformed", "oversized", "unrouted", "failed")
+
+# Compare-and-set of an event claim: take over a stale ``pending`` claim, or mark it ``done``.
+_SWAP = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  redis.call('SET', KEYS[1], ARGV[2], 'KEEPTTL')
+  return 1
+end
+return 0
+"""
+
+_DROP = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  return redis.call('DEL', KEYS[1])
+end
+return 0
+"""
+
+
+@dataclass(frozen=True)
+class Receipt:
+    """What to answer the gateway."""
+
+    status: int
+    body: dict[str, Any]
+
+
+def counter_key(engine: Engine, name: str) -> str:
+    return str(engine.keys.counter(f"notifications_{name}"))
+
+
+def bad_request(reason: str) -> Receipt:
+    return Receipt(400, {"outcome": "KO", "error": reason})
+
+
+class NotificationReceiver:
+    """Checks, records and delivers notifications. One per process; thread safe (Redis does the locking)."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        settings: ReceiverSettings,
+        *,
+        stale_seconds: float = 30.0,
+        settle_seconds: float = 2.0,
+    ) -> None:
+        self.engine = engine
+        self.settings = settings
+        self.redis: Any = engine.redis
+        self.stale_seconds = stale_seconds
+        self.settle_seconds = settle_seconds
+        self._decoy = secrets.token_hex(16)
+        self._swap = engine.redis.register_script(_SWAP)
+        self._drop = engine.redis.register_script(_DROP)
+
+    def count(self, name: str) -> None:
+        try:
+            self.redis.incr(counter_key(self.engine, name))
+        except redis.RedisError:
+            log.warning("could not count notifications_%s", name)
+
+    def oversized(self) -> Receipt:
+        self.count("oversized")
+        return Receipt(413, {"outcome": "KO", "error": f"body larger than {self.settings.max_body_bytes} bytes"})
+
+    def receive(self, body: bytes) -> Receipt:
+        """Handle one notification body (already bounded in size); never raises on bad input."""
+        if not body.strip():
+            self.count("malformed")
+            return bad_request("body is empty")
+        try:
+            data = json.loads(body)
+        except (ValueError, UnicodeDecodeError) as exc:
+            self.count("malformed")
+            return bad_request(f"body is not JSON: {exc}")
+        if not isinstance(data, dict):
+            self.count("malformed")
+            return bad_request(f"body must be a JSON object, got {type(data).__name__}")
+        try:
+            notification = parse_notification(data)
+        except NotificationError as exc:
+            self.count("malformed")
+            return bad_request(str(exc))
+        order_id = notification.order_id
+        if not order_id:
+            self.count("malformed")
+            return bad_request("operation.orderId: missing")
+        try:
+            return self._deliver(notification, data, order_id, body)
+        except redis.RedisError as exc:
+            log.warning("notification for order %s not recorded: Redis unavailable (%s)", order_id, exc)
+            return Receipt(503, {"outcome": "KO", "error": "not recorded; try again"})
+
+    def _deliver(self, notification: Any, data: dict[str, Any], order_id: str, body: bytes) -> Receipt:
+        flow_id, kept = self._lookup(order_id)
+        try:
+            # An unknown order is compared against a random token: same work, same answer.
+            verify_security_token(notification, kept or [self._decoy])
+            authentic = bool(kept)
+        except InvalidSecurityToken:
+            authentic = False
+        if not authentic:
+            self.count("rejected")
+            log.warning("notification refused for order %s (%s)", order_id, "known order" if kept else "unknown order")
+            return Receipt(REFUSED_STATUS, REFUSED)
+        event_id = self.event_id(notification.eventId, body)
+        if flow_id is None:
+            self.count("unrouted")
+            log.warning("authentic notification %s for order %s has no flow; acknowledged", event_id, order_id)
+            return Receipt(200, OK)
+        return self._once(event_id, flow_id, data)
+
+    def _lookup(self, order_id: str) -> tuple[str | None, list[str]]:
+        """The flow and the kept tokens of the order, in one round trip (``Engine.flow_for_order`` and
+        ``Engine.tokens_for_order`` read the same keys)."""
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.hget(self.engine.keys.order(order_id), "flow")
+        pipe.smembers(self.engine.keys.tokens(order_id))
+        flow, tokens = pipe.execute()
+        return (flow.decode() if flow else None), [token.decode() for token in tokens]
+
+    @staticmethod
+    def event_id(given: str | None, body: bytes) -> str:
+        if given and len(given) <= 200:
+            return given
+        return "sha256:" + hashlib.sha256(given.encode() if given else body).hexdigest()
+
+    def _once(self, event_id: str, flow_id: str, data: dict[str, Any]) -> Receipt:
+        key = self.engine.keys.event(event_id)
+        pending = json.dumps({"state": "pending", "flow": flow_id, "t": time.time()})
+        if not self.redis.set(key, pending, nx=True, ex=self.settings.event_ttl_seconds):
+            taken = self._settle(key, event_id)
+            if taken is None:
+                self.count("duplicate")
+                return Receipt(200, OK)
+            if taken == "":
+                return Receipt(503, {"outcome": "KO", "error": "this event is being recorded; try again"})
+            pending = taken
+        payload = {"eventId": event_id, "eventTime": data.get("eventTime"), "operation": data.get("operation") or {}}
+        try:
+            result = self.engine.signal(flow_id, "notification", payload, by="notification")
+        except NotFound:
+            result = "missing"
+        except Exception:
+            self.count("failed")
+            self._release(key, pending)
+            raise
+        pipe = self.redis.pipeline(transaction=False)
+        self._swap(keys=[key], args=[pending, json.dumps({"state": "done", "flow": flow_id, "result": result})], client=pipe)
+        pipe.incr(counter_key(self.engine, "accepted"))
+        pipe.execute()
+        log.info("notification %s for flow %s: %s", event_id, flow_id, result)
+        return Receipt(200, OK)
+
+    def _release(self, key: str, claim: str) -> None:
+        """Free our claim after a failure, so that the gateway's retry is not taken for a repeat."""
+        try:
+            self._drop(keys=[key], args=[claim])
+        except redis.RedisError:
+            log.warning("could not release the claim %s; a retry takes it over after %ss", key, self.stale_seconds)
+
+    def _settle(self, key: str, event_id: str) -> str | None:
+        """A repeat: None once the first delivery is done; the new claim when a stale one was taken
+        over; "" when the first delivery is still in flight after ``settle_seconds``."""
+        deadline = time.monotonic() + self.settle_seconds
+        pause = 0.01
+        while True:
+            raw = self.redis.get(key)
+            if raw is None:
+                # Expired or freed after a failure: claim it afresh.
+                fresh = json.dumps({"state": "pending", "t": time.time()})
+                if self.redis.set(key, fresh, nx=True, ex=self.settings.event_ttl_seconds):
+                    return fresh
+                continue
+            try:
+                claim = json.loads(raw)
+            except ValueError:
+                claim = {"state": "pending", "t": 0}
+            if claim.get("state") == "done":
+                return None
+            if time.time() - float(claim.get("t", 0)) > self.stale_seconds:
+                fresh = json.dumps({"state": "pending", "flow": claim.get("flow"), "t": time.time()})
+                if self._swap(keys=[key], args=[raw, fresh]):
+                    log.warning("notification %s: took over a stale claim", event_id)
+                    return fresh
+                continue
+            if time.monotonic() >= deadline:
+                return ""
+            time.sleep(pause)
+            pause = min(pause * 2, 0.2)

@@ -1,0 +1,66 @@
+"""What the API and the CLI show of a flow: the record's summary with card data masked.
+
+Why mask here: a flow's input (MOTO, 3-step, SVS) holds a card number and a CVV, and its outputs the
+order's security token. They stay in the record, which the steps need; nothing durapay *shows*
+(HTTP answers, CLI tables, the demo) repeats them: a PAN keeps its first six and last four digits,
+a CVV and a token become ``***``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from workflows.store import FlowRecord
+
+#: Keys whose values are secrets: shown as ``***``.
+SECRET_KEYS = frozenset({"cvv", "cvv2", "cvc", "securitytoken", "threedsauthresponse", "pares", "password"})
+#: Keys holding a card number: first six and last four digits kept.
+PAN_KEYS = frozenset({"pan", "cardnumber"})
+
+
+def mask_pan(value: str) -> str:
+    digits = value.strip()
+    if len(digits) < 13:
+        return "***"
+    return digits[:6] + "*" * (len(digits) - 10) + digits[-4:]
+
+
+def redact(value: Any) -> Any:
+    """A copy of ``value`` with secrets masked, at any depth."""
+    if isinstance(value, dict):
+        masked: dict[str, Any] = {}
+        for key, item in value.items():
+            lowered = str(key).lower()
+            if lowered in SECRET_KEYS and item:
+                masked[key] = "***"
+            elif lowered in PAN_KEYS and isinstance(item, str):
+                masked[key] = mask_pan(item)
+            else:
+                masked[key] = redact(item)
+        return masked
+    if isinstance(value, list):
+        return [redact(item) for item in value]
+    return value
+
+
+def flow_view(record: FlowRecord) -> dict[str, Any]:
+    """The full view (``GET /flows/{id}``, ``durapay flows show``)."""
+    view: dict[str, Any] = redact(record.summary())
+    view["steps_done"] = list(record.outputs)
+    return view
+
+
+def flow_brief(record: FlowRecord) -> dict[str, Any]:
+    """One line of a list: no input or outputs."""
+    return {
+        "id": record.id,
+        "kind": record.kind,
+        "state": record.state.value,
+        "step": record.step,
+        "order_id": record.order_id or None,
+        "customer_url": record.customer_url or None,
+        "created": record.created,
+        "updated": record.updated,
+        "result": (record.outcome or {}).get("result"),
+        "error": redact(record.error),
+    }

@@ -1,0 +1,232 @@
+"""The control API over real HTTP: the key, starting flows, reading, listing, signals, cancel, retry.
+
+``served`` runs no worker (steps are run by the test with ``engine.run_step``); ``live`` runs a real
+Celery worker, for the answers that depend on a step having run (the customer URL).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+import pytest
+
+from service.app import create_app
+from service.auth import MissingApiKey
+from service.runtime import Runtime
+from tests.service.conftest import API_KEY, Served, notification, waiting_flow
+from workflows.states import FlowState
+
+KEY = {"X-Api-Key": API_KEY}
+TOKEN = "00112233445566778899aabbccddeeff"
+
+PROTECTED = [
+    ("GET", "/flows"),
+    ("GET", "/flows/f123"),
+    ("GET", "/flows/f123/history"),
+    ("POST", "/flows/moto"),
+    ("POST", "/flows/f123/signals/3ds_result"),
+    ("POST", "/flows/f123/cancel"),
+    ("POST", "/flows/f123/retry"),
+    ("GET", "/schedules"),
+    ("POST", "/schedules"),
+    ("GET", "/schedules/s1"),
+    ("PATCH", "/schedules/s1"),
+    ("DELETE", "/schedules/s1"),
+    ("POST", "/schedules/s1/pause"),
+    ("GET", "/readyz"),
+    ("GET", "/metrics"),
+]
+
+
+@pytest.mark.parametrize(("method", "path"), PROTECTED)
+def test_without_the_key_every_control_route_is_401(served: Served, method: str, path: str) -> None:
+    for headers in ({}, {"X-Api-Key": "wrong"}, {"X-Api-Key": API_KEY[:-1]}, {"Authorization": "Bearer wrong"}):
+        answer = served.http.request(method, path, headers=headers, json={"bad": "body"})
+        assert answer.status_code == 401, (method, path, headers)
+        assert answer.json() == {"error": "unauthorized", "reason": "missing or wrong X-Api-Key"}
+
+
+def test_with_the_key_or_a_bearer_token_the_api_answers(served: Served) -> None:
+    assert served.http.get("/flows", headers=KEY).status_code == 200
+    assert served.http.get("/flows", headers={"Authorization": f"Bearer {API_KEY}"}).status_code == 200
+
+
+def test_open_paths_need_no_key(served: Served) -> None:
+    assert served.http.get("/healthz").json() == {"status": "ok"}
+    spec = served.http.get("/openapi.json").json()
+    assert "/notifications" in spec["paths"]
+    assert {"/flows/hpp", "/flows/moto", "/flows/three_steps", "/flows/refund", "/schedules"} <= set(spec["paths"])
+    assert served.http.get("/docs").status_code == 200
+
+
+def test_an_empty_api_key_refuses_to_build_the_app_unless_insecure(runtime: Runtime) -> None:
+    from dataclasses import replace
+
+    from config import load_settings
+
+    open_settings = load_settings({"engine": {"key_prefix": runtime.settings.engine.key_prefix}})
+    unkeyed = replace(runtime, settings=open_settings)
+    with pytest.raises(MissingApiKey, match="DURAPAY_API__KEY is empty"):
+        create_app(unkeyed)
+    create_app(unkeyed, insecure=True)
+
+
+def test_start_answers_id_state_and_the_customer_url(live: Served) -> None:
+    answer = live.http.post("/flows/notified", json={"orderId": "ord-start", "token": TOKEN})
+    assert answer.status_code == 201, answer.text
+    body = answer.json()
+    assert body["id"].startswith("f")
+    assert body["kind"] == "notified"
+    assert body["customer_url"] == "https://pay.example/ord-start", "waited for the first step's URL"
+    assert body["state"] in {"ready", "running", "waiting"}
+    assert body["outputs"]["create"]["securityToken"] == "***", "secrets are masked in answers"
+
+
+def test_idempotency_key_gives_the_same_flow_and_a_different_body_conflicts(served: Served) -> None:
+    body = {"orderId": "ord-idem", "token": TOKEN}
+    headers = KEY | {"Idempotency-Key": "merchant-order-77"}
+    first = served.http.post("/flows/notified?wait=0", json=body, headers=headers)
+    second = served.http.post("/flows/notified?wait=0", json=body, headers=headers)
+    assert first.status_code == second.status_code == 201
+    assert first.json()["id"] == second.json()["id"]
+    other = served.http.post("/flows/notified?wait=0", json={**body, "orderId": "ord-other"}, headers=headers)
+    assert other.status_code == 409
+    assert other.json()["error"] == "conflict"
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "field"),
+    [
+        ("/flows/moto", {"order": {"orderId": "o1", "amount": "x", "currency": "EUR"}, "card": {}}, "order.amount"),
+        ("/flows/moto", {"order": {"orderId": "o1", "amount": "100", "currency": "EUR"}}, "card"),
+        ("/flows/moto", [1, 2], "(body)"),
+        ("/flows/no_such_kind", {}, "kind"),
+        ("/flows/notified?wait=999", {"orderId": "o", "token": "t"}, "query.wait"),
+        ("/flows/notified?run_at=tomorrowish", {"orderId": "o", "token": "t"}, "query.run_at"),
+    ],
+)
+def test_bad_input_is_422_naming_the_field(served: Served, path: str, body: Any, field: str) -> None:
+    answer = served.http.post(path, json=body, headers=KEY)
+    assert answer.status_code == 422, answer.text
+    assert answer.json()["error"] == "invalid_input"
+    assert answer.json()["field"] == field
+    assert answer.json()["reason"]
+
+
+def test_a_body_that_is_not_json_is_422(served: Served) -> None:
+    answer = served.http.post("/flows/moto", content=b"{oops", headers=KEY | {"content-type": "application/json"})
+    assert answer.status_code == 422
+    assert answer.json()["field"] == "(body)"
+    assert "not valid JSON" in answer.json()["reason"]
+
+
+@pytest.mark.parametrize(
+    ("query", "field"),
+    [("limit=0", "query.limit"), ("limit=501", "query.limit"), ("offset=-1", "query.offset"), ("state=bogus", "query.state"),
+     ("kind=bogus", "query.kind"), ("since=yesterday-ish", "query.since")],
+)  # fmt: skip
+def test_bad_list_filters_are_422(served: Served, query: str, field: str) -> None:
+    answer = served.http.get(f"/flows?{query}", headers=KEY)
+    assert answer.status_code == 422
+    assert answer.json()["field"] == field
+
+
+def test_list_filters_and_pages(served: Served) -> None:
+    waiting = [waiting_flow(served.engine, f"ord-list-{n}", TOKEN) for n in range(3)]
+    ready = [served.engine.start("notified", {"orderId": f"ord-ready-{n}", "token": TOKEN}).id for n in range(2)]
+    everything = served.http.get("/flows", headers=KEY).json()
+    assert {flow["id"] for flow in everything["flows"]} == set(waiting + ready)
+    assert everything["next_offset"] is None
+    first = served.http.get("/flows?state=waiting&limit=2", headers=KEY).json()
+    assert len(first["flows"]) == 2 and first["next_offset"] == 2
+    rest = served.http.get("/flows?state=waiting&limit=2&offset=2", headers=KEY).json()
+    assert len(rest["flows"]) == 1 and rest["next_offset"] is None
+    assert {f["id"] for f in first["flows"] + rest["flows"]} == set(waiting)
+    assert all(f["state"] == "waiting" for f in first["flows"])
+    by_kind = served.http.get("/flows?kind=notified&since=1h", headers=KEY).json()
+    assert len(by_kind["flows"]) == 5
+    assert served.http.get("/flows?kind=moto", headers=KEY).json()["flows"] == []
+    assert served.http.get("/flows?since=2000-01-01T00:00:00Z", headers=KEY).json()["flows"]
+    assert served.http.get("/flows?since=4102444800", headers=KEY).json()["flows"] == []
+
+
+def test_get_history_and_404(served: Served) -> None:
+    flow_id = waiting_flow(served.engine, "ord-get", TOKEN)
+    flow = served.http.get(f"/flows/{flow_id}", headers=KEY).json()
+    assert flow["state"] == "waiting" and flow["step"] == "payment"
+    assert flow["customer_url"] == "https://pay.example/ord-get"
+    assert flow["outputs"]["create"]["securityToken"] == "***"
+    history = served.http.get(f"/flows/{flow_id}/history", headers=KEY).json()["history"]
+    assert [entry["to"] for entry in history] == ["ready", "running", "ready", "running", "waiting"]
+    missing = served.http.get("/flows/fnothere", headers=KEY)
+    assert (missing.status_code, missing.json()["error"]) == (404, "not_found")
+    assert served.http.get("/flows/fnothere/history", headers=KEY).status_code == 404
+    assert served.http.get("/flows/bad%20id", headers=KEY).status_code == 422
+
+
+def test_signal_resumes_then_a_finished_flow_refuses_it(served: Served) -> None:
+    flow_id = waiting_flow(served.engine, "ord-sig", TOKEN)
+    payload = notification("ord-sig", None)
+    answer = served.http.post(f"/flows/{flow_id}/signals/notification", json=payload, headers=KEY)
+    assert answer.status_code == 200
+    assert answer.json()["result"] == "resumed"
+    assert served.engine.run_step(flow_id, "payment") == FlowState.SUCCEEDED.value
+    late = served.http.post(f"/flows/{flow_id}/signals/notification", json={}, headers=KEY)
+    assert late.status_code == 409
+    assert served.http.post("/flows/fnothere/signals/notification", headers=KEY).status_code == 404
+    bad = served.http.post(f"/flows/{flow_id}/signals/notification", json=[1], headers=KEY)
+    assert bad.status_code == 422
+
+
+def test_a_signal_without_body_is_stored_until_the_flow_waits(served: Served) -> None:
+    record = served.engine.start("notified", {"orderId": "ord-early", "token": TOKEN})
+    answer = served.http.post(f"/flows/{record.id}/signals/notification", headers=KEY)
+    assert answer.json()["result"] == "stored"
+
+
+def test_cancel_then_cancel_again_conflicts(served: Served) -> None:
+    flow_id = waiting_flow(served.engine, "ord-cancel", TOKEN)
+    answer = served.http.post(f"/flows/{flow_id}/cancel", json={"reason": "customer left"}, headers=KEY)
+    assert answer.status_code == 200
+    assert answer.json()["state"] == "cancelled"
+    assert answer.json()["outcome"] == {"reason": "customer left"}
+    again = served.http.post(f"/flows/{flow_id}/cancel", headers=KEY)
+    assert again.status_code == 409
+    assert "already ended" in again.json()["reason"]
+    assert served.http.post(f"/flows/{flow_id}/cancel", json={"reason": ""}, headers=KEY).status_code == 422
+
+
+def test_retry_a_failed_flow_and_refuse_a_cancelled_one(served: Served) -> None:
+    flow_id = waiting_flow(served.engine, "ord-retry", TOKEN)
+    served.engine.signal(flow_id, "notification", {"fail": True})
+    assert served.engine.run_step(flow_id, "payment") == FlowState.FAILED.value
+    answer = served.http.post(f"/flows/{flow_id}/retry", headers=KEY)
+    assert answer.status_code == 200
+    assert (answer.json()["state"], answer.json()["step"]) == ("ready", "create")
+    served.engine.cancel(flow_id, "done with it")
+    refused = served.http.post(f"/flows/{flow_id}/retry", headers=KEY)
+    assert refused.status_code == 409
+    assert served.http.post("/flows/fnothere/retry", headers=KEY).status_code == 404
+
+
+def test_unknown_routes_and_methods_answer_in_the_error_shape(served: Served) -> None:
+    assert served.http.get("/nothing", headers=KEY).json()["error"] == "not_found"
+    answer = served.http.put("/flows/f1", headers=KEY)
+    assert answer.status_code == 405
+    assert answer.json()["error"] == "method_not_allowed"
+
+
+def test_a_run_at_start_sleeps_until_then(served: Served) -> None:
+    later = served.engine.clock.now() + 3600
+    answer = served.http.post(f"/flows/notified?run_at={later}", json={"orderId": "ord-later", "token": TOKEN}, headers=KEY)
+    assert answer.status_code == 201
+    assert answer.json()["state"] == "sleeping"
+    assert answer.json()["due"] == pytest.approx(later)
+
+
+def test_http_keeps_working_after_errors(served: Served) -> None:
+    with httpx.Client(base_url=served.url, headers=KEY) as client:
+        for _ in range(3):
+            assert client.get("/flows/fnothere").status_code == 404
+            assert client.get("/flows").status_code == 200

@@ -1,0 +1,80 @@
+"""``/healthz``, ``/readyz`` (Redis, worker and scheduler heartbeats) and ``/metrics`` (Prometheus text)."""
+
+from __future__ import annotations
+
+import re
+import threading
+import time
+
+from service.heartbeat import Heartbeat
+from service.runtime import Runtime
+from tests.service.conftest import API_KEY, Served, notification
+from workflows.dispatcher import Dispatcher
+from workflows.states import FlowState
+
+KEY = {"X-Api-Key": API_KEY}
+SAMPLE = re.compile(r'^[a-z_]+(\{([a-z_]+="[^"]*",?)+\})? -?[0-9.e+]+$')
+
+
+def test_readyz_needs_a_worker_and_a_scheduler_heartbeat(served: Served) -> None:
+    assert served.http.get("/healthz").status_code == 200
+    answer = served.http.get("/readyz", headers=KEY)
+    assert answer.status_code == 503
+    assert answer.json() == {"ready": False, "checks": {"redis": True, "worker": False, "scheduler": False}}
+
+    Dispatcher(served.engine).tick()  # writes the scheduler heartbeat
+    beat = Heartbeat(served.runtime.redis_url, served.engine.keys, "worker", "test-worker", interval=0.05).start()
+    try:
+        deadline = time.monotonic() + 5
+        while not served.engine.redis.exists(served.engine.keys.heartbeat("worker")):
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        ready = served.http.get("/readyz", headers=KEY)
+        assert ready.status_code == 200
+        assert ready.json() == {"ready": True, "checks": {"redis": True, "worker": True, "scheduler": True}}
+    finally:
+        beat.stop()
+
+
+def test_a_running_celery_worker_keeps_its_heartbeat(live: Served) -> None:
+    deadline = time.monotonic() + 10
+    while not live.engine.redis.exists(live.engine.keys.heartbeat("worker")):
+        assert time.monotonic() < deadline, "the worker bootstep writes the heartbeat"
+        time.sleep(0.05)
+
+
+def test_metrics_report_flows_steps_and_refused_notifications(live: Served) -> None:
+    started = live.http.post("/flows/notified", json={"orderId": "ord-metrics", "token": "a" * 32}).json()
+    live.engine.wait(started["id"], 10, states=frozenset({FlowState.WAITING}))
+    refused = live.http.post("/notifications", json=notification("ord-metrics", "b" * 32))
+    assert refused.status_code == 401
+
+    answer = live.http.get("/metrics")
+    assert answer.status_code == 200
+    assert answer.headers["content-type"].startswith("text/plain; version=0.0.4")
+    text = answer.text
+    samples = [line for line in text.splitlines() if line and not line.startswith("#")]
+    assert all(SAMPLE.match(line) for line in samples), [line for line in samples if not SAMPLE.match(line)]
+    assert 'durapay_flows{kind="notified",state="waiting"} 1' in samples
+    assert 'durapay_flows{kind="moto",state="succeeded"} 0' in samples
+    assert 'durapay_step_duration_seconds_count{kind="notified",step="create"} 1' in samples
+    assert 'durapay_step_duration_seconds_bucket{kind="notified",step="create",le="+Inf"} 1' in samples
+    assert 'durapay_step_retries_total{kind="notified",step="payment"} 0' in samples
+    assert "durapay_notifications_rejected_total 1" in samples
+    assert 'durapay_notifications_total{outcome="rejected"} 1' in samples
+    assert "# TYPE durapay_step_duration_seconds histogram" in text
+
+    live.http.post("/notifications", json=notification("ord-metrics", "a" * 32, "ev-metrics"))
+    live.engine.wait(started["id"], 10)
+    after = live.http.get("/metrics").text
+    assert 'durapay_notifications_total{outcome="accepted"} 1' in after
+    assert 'durapay_flows{kind="notified",state="succeeded"} 1' in after
+    assert 'durapay_flows{kind="notified",state="waiting"} 0' in after
+
+
+def test_the_worker_heartbeat_stops_with_the_worker(runtime: Runtime) -> None:
+    from celery.contrib.testing.worker import start_worker
+
+    with start_worker(runtime.celery, pool="threads", concurrency=1, perform_ping_check=False):
+        assert any(thread.name == "worker-heartbeat" for thread in threading.enumerate())
+    assert not any(thread.name == "worker-heartbeat" for thread in threading.enumerate())

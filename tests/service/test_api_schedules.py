@@ -1,0 +1,96 @@
+"""``/schedules`` over real HTTP: create (idempotent), read, list, change, pause, resume, cancel."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from tests.service.conftest import API_KEY, Served
+
+KEY = {"X-Api-Key": API_KEY}
+
+
+def schedule(**changes: Any) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "contractId": "ct-gym-42",
+        "amount": 1500,
+        "currency": "EUR",
+        "description": "Gym, monthly",
+        "rule": {"every": "month", "day": 31},
+        "timezone": "Europe/Rome",
+        "start": "2031-01-31",
+    }
+    return body | changes
+
+
+def test_create_read_and_steer_a_schedule(served: Served) -> None:
+    created = served.http.post("/schedules", json=schedule(), headers=KEY)
+    assert created.status_code == 201, created.text
+    schedule_id = created.json()["id"]
+    assert created.json()["state"] == "active"
+    assert created.json()["nextRunLocal"].startswith("2031-01-31T00:00:00")
+
+    assert served.http.get(f"/schedules/{schedule_id}", headers=KEY).json()["amount"] == 1500
+    changed = served.http.patch(f"/schedules/{schedule_id}", json={"amount": 1990}, headers=KEY)
+    assert changed.status_code == 200 and changed.json()["amount"] == 1990
+
+    paused = served.http.post(f"/schedules/{schedule_id}/pause", headers=KEY)
+    assert paused.json()["state"] == "paused"
+    again = served.http.post(f"/schedules/{schedule_id}/pause", headers=KEY)
+    assert again.status_code == 409 and again.json()["error"] == "conflict"
+    assert served.http.get("/schedules?state=paused", headers=KEY).json()["schedules"][0]["id"] == schedule_id
+    assert served.http.post(f"/schedules/{schedule_id}/resume", headers=KEY).json()["state"] == "active"
+
+    cancelled = served.http.post(f"/schedules/{schedule_id}/cancel", json={"reason": "membership ended"}, headers=KEY)
+    assert cancelled.json()["state"] == "cancelled"
+    assert served.http.delete(f"/schedules/{schedule_id}", headers=KEY).status_code == 409
+    events = [entry["event"] for entry in served.http.get(f"/schedules/{schedule_id}/history", headers=KEY).json()["history"]]
+    assert events[0] == "created" and len(events) >= 5
+
+
+def test_delete_cancels(served: Served) -> None:
+    schedule_id = served.http.post("/schedules", json=schedule(), headers=KEY).json()["id"]
+    deleted = served.http.delete(f"/schedules/{schedule_id}", headers=KEY)
+    assert deleted.status_code == 200 and deleted.json()["state"] == "cancelled"
+    assert served.http.get(f"/schedules/{schedule_id}", headers=KEY).status_code == 200, "the record is kept"
+
+
+def test_idempotency_key_and_conflict(served: Served) -> None:
+    headers = KEY | {"Idempotency-Key": "gym-42"}
+    first = served.http.post("/schedules", json=schedule(), headers=headers).json()["id"]
+    assert served.http.post("/schedules", json=schedule(), headers=headers).json()["id"] == first
+    assert served.http.post("/schedules", json=schedule(amount=99), headers=headers).status_code == 409
+
+
+def test_list_pages(served: Served) -> None:
+    ids = {served.http.post("/schedules", json=schedule(contractId=f"ct-{n}"), headers=KEY).json()["id"] for n in range(3)}
+    page = served.http.get("/schedules?limit=2", headers=KEY).json()
+    assert len(page["schedules"]) == 2 and page["next_offset"] == 2
+    rest = served.http.get("/schedules?limit=2&offset=2", headers=KEY).json()
+    assert {s["id"] for s in page["schedules"] + rest["schedules"]} == ids
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        (schedule(end="2030-01-01"), "end"),
+        (schedule(amount=0), "amount"),
+        (schedule(timezone="Mars/Olympus"), "timezone"),
+        ({"amount": 100}, "contractId"),
+        (schedule(rule={"every": "fortnight"}), "rule"),
+    ],
+)
+def test_bad_schedules_are_422_naming_the_field(served: Served, body: dict[str, Any], field: str) -> None:
+    answer = served.http.post("/schedules", json=body, headers=KEY)
+    assert answer.status_code == 422, answer.text
+    assert answer.json()["field"].startswith(field), answer.json()
+
+
+def test_unknown_schedule_and_bad_changes(served: Served) -> None:
+    assert served.http.get("/schedules/snothere", headers=KEY).status_code == 404
+    assert served.http.post("/schedules/snothere/pause", headers=KEY).status_code == 404
+    assert served.http.get("/schedules/snothere/history", headers=KEY).status_code == 404
+    schedule_id = served.http.post("/schedules", json=schedule(), headers=KEY).json()["id"]
+    assert served.http.patch(f"/schedules/{schedule_id}", json={"amount": -5}, headers=KEY).status_code == 422
+    assert served.http.get("/schedules?state=sleepy", headers=KEY).status_code == 422
