@@ -20,6 +20,7 @@ COMMAND_MODULES = (
     "service.cli.simulator_cmd",
     "service.cli.serve_cmd",
     "service.cli.flows_cmd",
+    "service.cli.schedules_cmd",
 )
 
 

@@ -1,0 +1,250 @@
+"""``durapay schedules add|ls|show|pause|resume|cancel|amount``: recurring MIT charges from the terminal.
+
+The commands talk to Redis through ``workflows.schedules.Schedules`` (the same calls as the Python API);
+the ``durapay scheduler`` processes fire what they create. Read commands print a table, or JSON with
+``--json``. A refused input or action prints one line ``durapay: ...`` on stderr and exits with 2.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import sys
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from typing import Annotated, Any, NoReturn
+
+import redis
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from config.settings import SettingsError, load_settings
+from service.runtime import build_runtime
+from workflows.engine import InputError, NotFound, OperatorError
+from workflows.schedules import ScheduleRecord, Schedules
+from workflows.store import StartConflict
+
+JsonFlag = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
+Id = Annotated[str, typer.Argument(help="Schedule id (s + 12 hex digits).")]
+
+schedules_app = typer.Typer(
+    help="Recurring merchant-initiated charges: add, list, show, pause, resume, cancel.", no_args_is_help=True
+)
+
+
+def _fail(message: str) -> NoReturn:
+    print(f"durapay: {message}", file=sys.stderr)
+    raise typer.Exit(2)
+
+
+@contextlib.contextmanager
+def _schedules() -> Iterator[Schedules]:
+    """Schedules on the runtime built from the ``DURAPAY_*`` settings; operator errors as one line."""
+    try:
+        runtime = build_runtime(load_settings())
+    except (SettingsError, redis.RedisError, OSError) as exc:
+        _fail(f"cannot start: {exc}")
+    try:
+        yield Schedules(runtime.engine)
+    except InputError as exc:
+        _fail(f"{exc.kind}: {exc.field}: {exc.reason}")
+    except (NotFound, OperatorError, StartConflict) as exc:
+        _fail(str(exc))
+    except redis.RedisError as exc:
+        _fail(f"Redis unavailable ({exc}); check DURAPAY_REDIS_URL")
+    finally:
+        runtime.close()
+
+
+def _print(record: ScheduleRecord, history: list[dict[str, Any]] | None = None) -> None:
+    summary = record.summary()
+    table = Table(title=f"schedule {record.id}", show_header=False)
+    table.add_column("field", style="bold")
+    table.add_column("value", overflow="fold")
+    for name in (
+        "state",
+        "contractId",
+        "amount",
+        "currency",
+        "description",
+        "rule",
+        "timezone",
+        "start",
+        "end",
+        "count",
+        "missed",
+    ):
+        if summary.get(name) is not None:
+            table.add_row(name, json.dumps(summary[name]) if isinstance(summary[name], dict) else str(summary[name]))
+    table.add_row("dunning (days)", ", ".join(str(days) for days in summary["dunning"]) or "none")
+    table.add_row("next run", f"{summary['nextRunLocal']} ({summary['nextRun']})" if summary["nextRun"] else "-")
+    table.add_row("counts", ", ".join(f"{name} {value}" for name, value in summary["counts"].items()))
+    table.add_row("open", ", ".join(f"{a['occurrence']}#{a['attempt']} due {a['due']}" for a in summary["open"]) or "-")
+    if summary["last"]:
+        table.add_row("last", json.dumps(summary["last"]))
+    if summary["reason"]:
+        table.add_row("reason", summary["reason"])
+    console = Console()
+    console.print(table)
+    if history:
+        log = Table(title="history")
+        for column in ("time", "event", "details"):
+            log.add_column(column, overflow="fold")
+        for event in history:
+            details = {k: v for k, v in event.items() if k not in ("t", "event")}
+            log.add_row(
+                datetime.fromtimestamp(event["t"], UTC).isoformat(timespec="seconds"), event["event"], json.dumps(details)
+            )
+        console.print(log)
+
+
+@schedules_app.command("add")
+def add(
+    contract: Annotated[str, typer.Option("--contract", help="contractId of an MIT contract.")],
+    amount: Annotated[int, typer.Option("--amount", help="Minor units (1500 = 15.00 EUR).")],
+    description: Annotated[str, typer.Option("--description", help="Order description.")],
+    currency: Annotated[str, typer.Option("--currency")] = "EUR",
+    every: Annotated[str | None, typer.Option("--every", help="days | month | week")] = None,
+    interval: Annotated[int, typer.Option("--interval", help="With --every days: every N days.")] = 1,
+    day: Annotated[int | None, typer.Option("--day", help="With --every month: day of month (clamps to month end).")] = None,
+    weekday: Annotated[str | None, typer.Option("--weekday", help="With --every week: monday ... sunday.")] = None,
+    cron: Annotated[str | None, typer.Option("--cron", help='A cron expression instead of --every, e.g. "0 9 * * 1-5".')] = None,
+    timezone: Annotated[str, typer.Option("--timezone", help="IANA time zone.")] = "UTC",
+    start: Annotated[str | None, typer.Option("--start", help="ISO date or datetime (default: now).")] = None,
+    end: Annotated[str | None, typer.Option("--end", help="ISO date (inclusive) or datetime.")] = None,
+    count: Annotated[int | None, typer.Option("--count", help="Number of occurrences.")] = None,
+    missed: Annotated[str, typer.Option("--missed", help="After downtime: once | each | skip.")] = "once",
+    dunning: Annotated[str, typer.Option("--dunning", help="Retry a soft decline after these days (comma separated).")] = "1,3,7",
+    customer: Annotated[str | None, typer.Option("--customer", help="customerId.")] = None,
+    capture_type: Annotated[str | None, typer.Option("--capture-type", help="IMPLICIT | EXPLICIT")] = None,
+    key: Annotated[str | None, typer.Option("--key", help="Create key: the same key and input give the same schedule.")] = None,
+    as_json: JsonFlag = False,
+) -> None:
+    """Create a schedule."""
+    rule: dict[str, Any]
+    if cron is not None:
+        rule = {"cron": cron}
+    elif every == "days":
+        rule = {"every": "days", "interval": interval}
+    elif every == "month":
+        rule = {"every": "month", "day": day}
+    elif every == "week":
+        rule = {"every": "week", "weekday": weekday}
+    else:
+        _fail("schedule: rule: give --every days|month|week (with --interval, --day or --weekday) or --cron")
+    try:
+        delays = [int(part) for part in dunning.split(",") if part.strip()]
+    except ValueError:
+        _fail(f"schedule: dunning: {dunning!r} is not a comma-separated list of days")
+    data: dict[str, Any] = {
+        "contractId": contract,
+        "amount": amount,
+        "currency": currency,
+        "description": description,
+        "rule": rule,
+        "timezone": timezone,
+        "start": start or datetime.now(UTC).isoformat(timespec="seconds"),
+        "missed": missed,
+        "dunning": delays,
+    }
+    extras = {"end": end, "count": count, "customerId": customer, "captureType": capture_type}
+    data |= {name: value for name, value in extras.items() if value is not None}
+    with _schedules() as schedules:
+        record = schedules.create(data, key=key)
+    if as_json:
+        typer.echo(json.dumps(record.summary(), indent=2))
+    else:
+        _print(record)
+
+
+@schedules_app.command("ls")
+def list_schedules(
+    state: Annotated[
+        str | None, typer.Option("--state", help="active, dunning, paused, needs_attention, completed, cancelled")
+    ] = None,
+    limit: Annotated[int, typer.Option("--limit", min=1, max=500)] = 50,
+    offset: Annotated[int, typer.Option("--offset", min=0)] = 0,
+    as_json: JsonFlag = False,
+) -> None:
+    """List schedules, newest first."""
+    with _schedules() as schedules:
+        records = schedules.list(state=state, limit=limit, offset=offset)
+    if as_json:
+        typer.echo(json.dumps([record.summary() for record in records], indent=2))
+        return
+    table = Table(title=f"schedules ({len(records)})")
+    for column in ("id", "state", "contract", "amount", "rule", "next run", "charged", "declined"):
+        table.add_column(column, overflow="fold")
+    for record in records:
+        summary = record.summary()
+        table.add_row(
+            record.id,
+            summary["state"],
+            summary["contractId"],
+            f"{summary['amount']} {summary['currency']}",
+            json.dumps(summary["rule"]),
+            summary["nextRunLocal"] or "-",
+            str(summary["counts"]["charged"]),
+            str(summary["counts"]["declined"]),
+        )
+    Console().print(table)
+
+
+@schedules_app.command("show")
+def show(
+    schedule_id: Id,
+    history: Annotated[bool, typer.Option("--history", help="Also print every event.")] = False,
+    as_json: JsonFlag = False,
+) -> None:
+    """One schedule: rule, next run, counts, open attempts, last outcome (and its history)."""
+    with _schedules() as schedules:
+        record = schedules.get(schedule_id)
+        events = schedules.history(schedule_id) if history else None
+    if as_json:
+        typer.echo(json.dumps({**record.summary(), **({"history": events} if events is not None else {})}, indent=2))
+    else:
+        _print(record, events)
+
+
+def _act(name: str, schedule_id: str, as_json: bool, **kwargs: Any) -> None:
+    with _schedules() as schedules:
+        record = getattr(schedules, name)(schedule_id, by="cli", **kwargs)
+    if as_json:
+        typer.echo(json.dumps(record.summary(), indent=2))
+    else:
+        typer.echo(f"schedule {record.id}: {record.state.value}")
+
+
+@schedules_app.command("pause")
+def pause(schedule_id: Id, as_json: JsonFlag = False) -> None:
+    """Fire nothing until resumed."""
+    _act("pause", schedule_id, as_json)
+
+
+@schedules_app.command("resume")
+def resume(schedule_id: Id, as_json: JsonFlag = False) -> None:
+    """Go on from now (a paused or needs_attention schedule); occurrences passed meanwhile are skipped."""
+    _act("resume", schedule_id, as_json)
+
+
+@schedules_app.command("cancel")
+def cancel(
+    schedule_id: Id,
+    reason: Annotated[str, typer.Option("--reason")] = "cancelled by operator",
+    as_json: JsonFlag = False,
+) -> None:
+    """Stop for good (charges already in flight finish)."""
+    _act("cancel", schedule_id, as_json, reason=reason)
+
+
+@schedules_app.command("amount")
+def change_amount(
+    schedule_id: Id, amount: Annotated[int, typer.Argument(help="New amount in minor units.")], as_json: JsonFlag = False
+) -> None:
+    """Charge a new amount from the next occurrence on."""
+    _act("change_amount", schedule_id, as_json, amount=amount)
+
+
+def register(app: typer.Typer) -> None:
+    app.add_typer(schedules_app, name="schedules")
