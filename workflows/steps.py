@@ -77,8 +77,23 @@ class CallStep:
 SignalHandler = Callable[[StepContext, str, dict[str, Any]], Outcome]
 
 
+class _LocalStep:
+    """A step that calls no gateway operation: run by ``durapay.engine.step``, nothing to reconcile."""
+
+    @property
+    def operation(self) -> None:
+        return None
+
+    @property
+    def task_name(self) -> str:
+        return ENGINE_STEP_TASK
+
+    def reconcile(self, ctx: StepContext) -> ReconcileResult:
+        return NOT_COMMITTED
+
+
 @dataclass(frozen=True)
-class WaitStep:
+class WaitStep(_LocalStep):
     """Wait for one of ``signals``; at the deadline run ``on_deadline`` (a gateway read)."""
 
     name: str
@@ -88,14 +103,6 @@ class WaitStep:
     timeout: Callable[[StepContext], float]
     when: Condition | None = None
     customer_url: Callable[[dict[str, Any]], str | None] | None = None
-
-    @property
-    def operation(self) -> None:
-        return None
-
-    @property
-    def task_name(self) -> str:
-        return ENGINE_STEP_TASK
 
     def execute(self, ctx: StepContext) -> Outcome:
         for signal_field, name, payload in ctx.signals:
@@ -110,12 +117,9 @@ class WaitStep:
         deadline = ctx.wait_deadline or ctx.now + self.timeout(ctx)
         return Wait(self.signals, deadline, note=f"waiting for {' or '.join(self.signals)}")
 
-    def reconcile(self, ctx: StepContext) -> ReconcileResult:
-        return NOT_COMMITTED
-
 
 @dataclass(frozen=True)
-class SleepStep:
+class SleepStep(_LocalStep):
     """Do nothing until ``until(ctx)`` (POSIX seconds; None or past = go on at once)."""
 
     name: str
@@ -123,22 +127,11 @@ class SleepStep:
     when: Condition | None = None
     customer_url: Callable[[dict[str, Any]], str | None] | None = None
 
-    @property
-    def operation(self) -> None:
-        return None
-
-    @property
-    def task_name(self) -> str:
-        return ENGINE_STEP_TASK
-
     def execute(self, ctx: StepContext) -> Outcome:
         wake = self.until(ctx)
         if wake is None or wake <= ctx.now:
             return Advance({"wokeAt": ctx.now})
         return Sleep(wake, note="durable timer")
-
-    def reconcile(self, ctx: StepContext) -> ReconcileResult:
-        return NOT_COMMITTED
 
 
 Step = CallStep | WaitStep | SleepStep

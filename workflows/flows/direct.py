@@ -220,18 +220,6 @@ class SvsInput(GatewayModel):
     captureType: Annotated[CaptureType | Unknown | None, LenientEnum(CaptureType)] = None
 
 
-def _adopt_svs_init(ctx: StepContext) -> ReconcileResult:
-    """The initiated operation is all the next step needs: adopt it from the order."""
-    from workflows.flows._common import read_order
-
-    found = read_order(ctx)
-    if found is None:
-        return NOT_COMMITTED
-    if not found.operations:
-        return UNCLEAR
-    return Advance({"operation": found.operations[-1].wire()})
-
-
 def _svs_pay(ctx: StepContext) -> Call:
     found = operation_of(ctx.output("init")) or {}
     body: dict[str, Any] = {}
@@ -249,7 +237,7 @@ SVS = FlowDefinition(
             Catalogue.svs_init_order,
             lambda ctx: Call(request=_with_order(ctx)),
             result=lambda ctx, answer: Advance(answer.wire()),
-            adopt=_adopt_svs_init,
+            adopt=adopt_order_operation,  # the initiated (PENDING) operation is all "pay" needs
         ),
         CallStep("pay", Catalogue.svs_pay_operation, _svs_pay, result=payment_result, adopt=adopt_final_payment),
         settle_step("settle", "pay"),
