@@ -106,7 +106,7 @@ def _start_route(engine: Engine, settings: ApiSettings, kind: str, model: type[B
         except StartConflict as exc:
             raise conflict(str(exc)) from None
         record = wait_for_customer_url(engine, record, settings.start_wait_seconds if wait is None else wait)
-        return flow_view(record)
+        return flow_view(record, engine.registry)
 
     # FastAPI reads the body's model from the signature: give it this kind's input model.
     signature = inspect.signature(start, eval_str=True)
@@ -162,7 +162,7 @@ def flows_router(engine: Engine, settings: ApiSettings) -> APIRouter:
 
     @router.get("/{flow_id}", summary="One flow: state, step, outputs, outcome, error")
     def get_flow(flow_id: FlowId) -> dict[str, Any]:
-        return flow_view(_get(engine, flow_id))
+        return flow_view(_get(engine, flow_id), engine.registry)
 
     @router.get("/{flow_id}/history", summary="Every transition of the flow, oldest first")
     def flow_history(flow_id: FlowId) -> dict[str, Any]:
@@ -176,7 +176,7 @@ def flows_router(engine: Engine, settings: ApiSettings) -> APIRouter:
     )
     def signal_flow(
         flow_id: FlowId,
-        name: Annotated[str, Path(pattern=r"^[a-z][a-z0-9_]{0,39}$")],
+        name: Annotated[str, Path(pattern=r"^[a-z0-9][a-z0-9_]{0,39}$")],
         payload: Annotated[dict[str, Any] | None, Body(description="The signal's payload, a JSON object")] = None,
     ) -> dict[str, Any]:
         try:
@@ -186,13 +186,13 @@ def flows_router(engine: Engine, settings: ApiSettings) -> APIRouter:
         if result == "finished":
             record = _get(engine, flow_id)
             raise conflict(f"flow {flow_id} already ended ({record.state.value}); the signal was not delivered")
-        return {"result": result, "flow": flow_view(_get(engine, flow_id))}
+        return {"result": result, "flow": flow_view(_get(engine, flow_id), engine.registry)}
 
     @router.post("/{flow_id}/cancel", summary="Cancel now, or at the end of the step in flight")
     def cancel_flow(flow_id: FlowId, request: Annotated[CancelRequest | None, Body()] = None) -> dict[str, Any]:
         reason = request.reason if request else CancelRequest().reason
         try:
-            return flow_view(engine.cancel(flow_id, reason, by="api"))
+            return flow_view(engine.cancel(flow_id, reason, by="api"), engine.registry)
         except NotFound:
             raise not_found(f"no flow {flow_id!r}") from None
         except OperatorError as exc:
@@ -201,7 +201,7 @@ def flows_router(engine: Engine, settings: ApiSettings) -> APIRouter:
     @router.post("/{flow_id}/retry", summary="Move a failed or needs_attention flow on")
     def retry_flow(flow_id: FlowId) -> dict[str, Any]:
         try:
-            return flow_view(engine.retry(flow_id, by="api"))
+            return flow_view(engine.retry(flow_id, by="api"), engine.registry)
         except NotFound:
             raise not_found(f"no flow {flow_id!r}") from None
         except OperatorError as exc:

@@ -7,9 +7,10 @@ log a line; the receiver logs what matters itself.
 
 from __future__ import annotations
 
+import signal
 import threading
 import time
-from types import TracebackType
+from types import FrameType, TracebackType
 
 import uvicorn
 from fastapi import FastAPI
@@ -30,9 +31,23 @@ def uvicorn_config(app: FastAPI, host: str, port: int, *, log_level: str = "warn
     )
 
 
+def _exit_quietly(signum: int, frame: FrameType | None) -> None:
+    raise SystemExit(0)
+
+
 def serve_forever(app: FastAPI, host: str, port: int) -> None:
-    """Serve until SIGINT or SIGTERM (uvicorn handles both gracefully)."""
-    uvicorn.Server(uvicorn_config(app, host, port, log_level="info")).run()
+    """Serve until SIGINT or SIGTERM, then exit with status 0.
+
+    uvicorn shuts down gracefully on either signal and then raises it again once its own handlers are
+    gone; the handlers installed here turn that into a clean exit instead of death by signal.
+    """
+    previous = signal.signal(signal.SIGTERM, _exit_quietly)
+    try:
+        uvicorn.Server(uvicorn_config(app, host, port, log_level="info")).run()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 class ApiServer:

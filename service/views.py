@@ -8,8 +8,10 @@ a CVV and a token become ``***``.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
+from workflows.steps import FlowDefinition
 from workflows.store import FlowRecord
 
 #: Keys whose values are secrets: shown as ``***``.
@@ -43,10 +45,17 @@ def redact(value: Any) -> Any:
     return value
 
 
-def flow_view(record: FlowRecord) -> dict[str, Any]:
+def steps_done(record: FlowRecord, registry: Mapping[str, FlowDefinition]) -> list[str]:
+    """The steps with an output, in the flow's order (Redis keeps a hash's fields in no order)."""
+    definition = registry.get(record.kind)
+    order = definition.step_index if definition else {}
+    return sorted(record.outputs, key=lambda name: (order.get(name, len(order)), name))
+
+
+def flow_view(record: FlowRecord, registry: Mapping[str, FlowDefinition]) -> dict[str, Any]:
     """The full view (``GET /flows/{id}``, ``durapay flows show``)."""
     view: dict[str, Any] = redact(record.summary())
-    view["steps_done"] = list(record.outputs)
+    view["steps_done"] = steps_done(record, registry)
     return view
 
 

@@ -21,6 +21,7 @@ COMMAND_MODULES = (
     "service.cli.serve_cmd",
     "service.cli.flows_cmd",
     "service.cli.schedules_cmd",
+    "service.cli.demo_cmd",
 )
 
 

@@ -59,10 +59,21 @@ def settings_or_fail() -> Settings:
 
 
 @contextlib.contextmanager
-def runtime() -> Iterator[Runtime]:
-    """The runtime built from the ``DURAPAY_*`` settings, closed afterwards."""
+def runtime(clock_key: str | None = None) -> Iterator[Runtime]:
+    """The runtime built from the ``DURAPAY_*`` settings, closed afterwards.
+
+    ``clock_key`` (the demo's hidden ``--clock-key``) makes the engine read the demo's shared clock.
+    """
     with operator_errors():
-        built = build_runtime(settings_or_fail())
+        settings = settings_or_fail()
+        clock = None
+        if clock_key:
+            if not settings.redis_url:
+                fail("--clock-key needs DURAPAY_REDIS_URL (the clock lives in that Redis)")
+            from service.demo.clock import SharedClock
+
+            clock = SharedClock(settings.redis_url, clock_key)
+        built = build_runtime(settings, clock=clock)
         try:
             yield built
         finally:

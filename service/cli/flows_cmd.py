@@ -68,7 +68,7 @@ def _wait_with_progress(engine: Engine, flow_id: str, seconds: float) -> dict[st
             record = engine.get(flow_id)
             status.update(f"flow {flow_id}: {record.state.value} at {record.step}")
             if record.state in STOPPED:
-                return flow_view(record)
+                return flow_view(record, engine.registry)
             if time.monotonic() >= deadline:
                 fail(f"flow {flow_id} still {record.state.value} at step {record.step} after {seconds:g}s")
             time.sleep(0.1)
@@ -90,7 +90,7 @@ def start(
     with runtime() as rt, operator_errors():
         when_at = parse_time(run_at, now=rt.engine.clock.now()) if run_at else None
         record = rt.engine.start(kind, data, key, run_at=when_at)
-        view = flow_view(wait_for_customer_url(rt.engine, record, rt.settings.api.start_wait_seconds))
+        view = flow_view(wait_for_customer_url(rt.engine, record, rt.settings.api.start_wait_seconds), rt.engine.registry)
         if wait > 0:
             view = _wait_with_progress(rt.engine, record.id, wait)
     if as_json:
@@ -138,7 +138,7 @@ def list_flows(
 def show(flow_id: str, as_json: JsonFlag = False) -> None:
     """One flow with its history."""
     with runtime() as rt, operator_errors():
-        view = flow_view(rt.engine.get(flow_id))
+        view = flow_view(rt.engine.get(flow_id), rt.engine.registry)
         history = rt.engine.history(flow_id)
     if as_json:
         echo_json({**view, "history": history})
@@ -162,7 +162,7 @@ def signal(
         fail("the payload must be a JSON object")
     with runtime() as rt, operator_errors():
         result = rt.engine.signal(flow_id, name, data, by="cli")
-        view = flow_view(rt.engine.get(flow_id))
+        view = flow_view(rt.engine.get(flow_id), rt.engine.registry)
     if result == "finished":
         fail(f"flow {flow_id} already ended ({view['state']}); the signal was not delivered")
     if as_json:
@@ -179,7 +179,7 @@ def cancel(
 ) -> None:
     """Cancel a flow now, or at the end of the step in flight."""
     with runtime() as rt, operator_errors():
-        view = flow_view(rt.engine.cancel(flow_id, reason, by="cli"))
+        view = flow_view(rt.engine.cancel(flow_id, reason, by="cli"), rt.engine.registry)
     if as_json:
         echo_json(view)
         return
@@ -191,7 +191,7 @@ def cancel(
 def retry(flow_id: str, as_json: JsonFlag = False) -> None:
     """Move a failed or needs_attention flow on."""
     with runtime() as rt, operator_errors():
-        view = flow_view(rt.engine.retry(flow_id, by="cli"))
+        view = flow_view(rt.engine.retry(flow_id, by="cli"), rt.engine.registry)
     if as_json:
         echo_json(view)
         return

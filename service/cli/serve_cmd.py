@@ -23,6 +23,9 @@ import typer
 from config.celery import QUEUE
 from service.cli._common import fail, runtime, safe_url
 
+#: The demo's shared clock (``service.demo.clock``): hidden, not for production use.
+ClockKey = Annotated[str | None, typer.Option("--clock-key", hidden=True)]
+
 
 class Pool(StrEnum):
     prefork = "prefork"
@@ -35,9 +38,10 @@ def worker(
     concurrency: Annotated[int | None, typer.Option(min=1, help="Processes or threads (default: one per CPU).")] = None,
     loglevel: Annotated[str, typer.Option(help="debug, info, warning, error.")] = "info",
     hostname: Annotated[str | None, typer.Option(help="Worker name (default: celery@<host>).")] = None,
+    clock_key: ClockKey = None,
 ) -> None:
     """Run a Celery worker for the flows' step tasks."""
-    with runtime() as rt:
+    with runtime(clock_key) as rt:
         argv = [
             "worker",
             f"--pool={pool.value}",
@@ -58,12 +62,13 @@ def scheduler(
     interval: Annotated[
         float | None, typer.Option(min=0.01, help="Seconds between ticks (DURAPAY_ENGINE__DISPATCH_INTERVAL).")
     ] = None,
+    clock_key: ClockKey = None,
 ) -> None:
     """Run the dispatcher: send due steps (timers, retries, waits, lost messages) and fire schedules."""
     from workflows.dispatcher import Dispatcher
     from workflows.schedules import Schedules
 
-    with runtime() as rt:
+    with runtime(clock_key) as rt:
         schedules = Schedules(rt.engine)
         dispatcher = Dispatcher(rt.engine, interval=interval, tickers=[schedules.tick], name="scheduler")
 

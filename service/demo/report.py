@@ -1,0 +1,82 @@
+"""What the demo shows: one line per finished flow while it runs, then a table and where to look next.
+
+A :class:`Row` is one flow (or the schedule itself): what it demonstrates, its kind, the steps it went
+through, how it ended and how that compares with what was expected, and how long it took. The demo's
+exit code is 0 only when every row is as expected.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from rich.console import Console
+from rich.table import Table
+
+
+@dataclass
+class Row:
+    name: str
+    kind: str
+    flow_id: str
+    steps: list[str]
+    state: str
+    expected: str
+    seconds: float
+    note: str = ""
+    problem: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.state == self.expected and not self.problem
+
+
+def print_row(console: Console, row: Row) -> None:
+    mark = "[green]ok[/green]" if row.ok else "[red]UNEXPECTED[/red]"
+    detail = row.problem or row.note
+    console.print(
+        f"  {mark} {row.name:<44} {row.kind:<19} {row.state:<10} {row.seconds:6.2f}s  {' > '.join(row.steps)}"
+        + (f"  [dim]{detail}[/dim]" if detail else ""),
+        highlight=False,
+    )
+
+
+def summary_table(rows: list[Row]) -> Table:
+    table = Table(title=f"durapay demo: {sum(r.ok for r in rows)}/{len(rows)} flows ended as expected")
+    for column in ("#", "flow", "kind", "id", "steps", "outcome", "time"):
+        table.add_column(column, overflow="fold")
+    for number, row in enumerate(rows, start=1):
+        outcome = row.state if row.ok else f"[red]{row.state} (expected {row.expected}) {row.problem}[/red]"
+        table.add_row(str(number), row.name, row.kind, row.flow_id, " > ".join(row.steps), outcome, f"{row.seconds:.2f}s")
+    return table
+
+
+@dataclass
+class Places:
+    """Where the running parts are, for the closing notes."""
+
+    api_url: str
+    api_key: str
+    simulator_url: str
+    redis_url: str
+    data_dir: str
+    log_dir: str
+
+
+def next_steps(places: Places, *, keep: bool) -> str:
+    env = f"DURAPAY_REDIS_URL={places.redis_url}"
+    lines = [
+        "Where to look next:",
+        f"  API docs    {places.api_url}/docs  (X-Api-Key: {places.api_key})",
+        f"  Flows       curl -H 'X-Api-Key: {places.api_key}' {places.api_url}/flows",
+        f"  Metrics     curl -H 'X-Api-Key: {places.api_key}' {places.api_url}/metrics",
+        f"  Simulator   {places.simulator_url}/_sim/operations  (what the gateway saw)",
+        f"  CLI         {env} durapay flows ls",
+        f"              {env} durapay flows show <id>",
+        f"              {env} durapay schedules ls",
+        f"  Data        {places.data_dir} (Valkey with AOF; worker logs in {places.log_dir})",
+    ]
+    if keep:
+        lines.append("Everything keeps running (--keep); press Ctrl-C to stop.")
+    else:
+        lines.append("Everything has been stopped; `durapay demo --keep` leaves it running to explore.")
+    return "\n".join(lines)

@@ -1,0 +1,206 @@
+"""The demo's running parts: Valkey, the simulator, the API, a scheduler, and workers in child processes.
+
+Everything a production deployment has, on one machine, with nothing configured:
+
+* an embedded Valkey under ``DURAPAY_DATA_DIR`` with AOF on (or the configured ``DURAPAY_REDIS_URL``);
+* the gateway simulator, its pages and links completing by themselves;
+* the receiver and control API (uvicorn, one worker) and a scheduler (dispatcher + schedules ticker)
+  in this process, on a clock shared through Redis (:mod:`service.demo.clock`);
+* Celery workers as separate ``durapay worker`` processes, given the embedded server's URL, so that
+  one can be killed mid-step like a crashed machine.
+
+Ports: the documented defaults (8780 API, 8781 simulator) when free, else free ones.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from config import ENV_NESTED_DELIMITER, ENV_PREFIX, SIMULATOR_API_KEY, Settings, load_settings
+from config.embedded import free_port
+from service.app import create_app
+from service.demo.clock import SharedClock
+from service.runtime import Runtime, build_runtime, resolve_redis
+from service.server import ApiServer
+from simulator import SimulatorConfig, SimulatorServer
+from workflows.dispatcher import Dispatcher
+from workflows.schedules import Schedules
+
+API_PORT = 8780
+SIMULATOR_PORT = 8781
+#: Hosted pages, links and forms complete by themselves this long after they are created.
+AUTO_COMPLETE_MS = 800
+#: Short leases: a killed worker's step is taken over within seconds (the gateway timeout is below).
+LEASE_SECONDS = 6.0
+
+
+def port_or_free(preferred: int, host: str = "127.0.0.1") -> int:
+    with contextlib.closing(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds: TIME_WAIT is no obstacle
+        try:
+            probe.bind((host, preferred))
+        except OSError:
+            return free_port(host)
+    return preferred
+
+
+def settings_env(settings: Settings) -> dict[str, str]:
+    """The environment that makes a child ``durapay`` process load exactly ``settings``."""
+    env = {name: value for name, value in os.environ.items() if not name.startswith(ENV_PREFIX)}
+    env[f"{ENV_PREFIX}REDIS_URL"] = settings.redis_url
+    env[f"{ENV_PREFIX}BROKER_URL"] = settings.broker_url
+    env[f"{ENV_PREFIX}DATA_DIR"] = str(settings.data_dir)
+    for group in ("gateway", "receiver", "api", "retry", "engine"):
+        for name, value in getattr(settings, group):
+            raw = value.get_secret_value() if hasattr(value, "get_secret_value") else value
+            env[f"{ENV_PREFIX}{group.upper()}{ENV_NESTED_DELIMITER}{name.upper()}"] = str(raw)
+    return env
+
+
+class WorkerProcess:
+    """``durapay worker`` in a child process, named ``<name>@<host>``, logging to a file."""
+
+    def __init__(self, name: str, env: dict[str, str], log_dir: Path, clock_key: str) -> None:
+        self.name = name
+        self.log_path = log_dir / f"{name}.log"
+        command = [sys.executable, "-c", "from service.cli import main; main()", "worker"]
+        command += ["--pool", "threads", "--concurrency", "4", "--loglevel", "warning", "--hostname", f"{name}@%h"]
+        command += ["--clock-key", clock_key]
+        with self.log_path.open("ab") as log:
+            self.process = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT)  # noqa: S603
+
+    def owns(self, lease_owner: str) -> bool:
+        return lease_owner.startswith(f"{self.name}@")
+
+    def kill(self) -> None:
+        """SIGKILL: no cleanup, no acknowledgement, as when a machine dies."""
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGKILL)
+            self.process.wait(timeout=10)
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+
+class DemoStack:
+    """Start with :meth:`start`, stop with :meth:`stop` (also on errors: it stops what it started)."""
+
+    def __init__(self, base: Settings, run_id: str, *, api_port: int = API_PORT, simulator_port: int = SIMULATOR_PORT) -> None:
+        self.base = base
+        self.ports = (api_port, simulator_port)
+        self.run_id = run_id
+        self.data_dir = Path(base.data_dir).resolve()
+        self.log_dir = self.data_dir / "demo"
+        self.api_key = base.api.key.get_secret_value() or secrets.token_urlsafe(18)
+        self.simulator: SimulatorServer | None = None
+        self.runtime: Runtime | None = None
+        self.clock: SharedClock | None = None
+        self.api: ApiServer | None = None
+        self.dispatcher: Dispatcher | None = None
+        self.workers: dict[str, WorkerProcess] = {}
+        self._worker_count = 0
+        self._env: dict[str, str] = {}
+
+    @property
+    def clock_key(self) -> str:
+        return f"{self.base.engine.key_prefix}:demo:clock-offset"
+
+    def start(self, say: Any) -> None:
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        api_port, sim_port = (port_or_free(port) if port else free_port() for port in self.ports)
+        say(f"simulator on port {sim_port} (pages and links complete by themselves)")
+        self.simulator = SimulatorServer(SimulatorConfig(port=sim_port, auto_complete_ms=AUTO_COMPLETE_MS, seed=1)).start()
+        overrides: dict[str, Any] = {
+            "gateway": {
+                "base_url": self.simulator.base_url,
+                "api_key": SIMULATOR_API_KEY,
+                "timeout": 4.0,
+                "connect_timeout": 2.0,
+            },
+            "receiver": {"public_url": f"http://127.0.0.1:{api_port}{self.base.receiver.path}"},
+            "api": {"host": "127.0.0.1", "port": api_port, "key": self.api_key},
+            "engine": {"lease_seconds": LEASE_SECONDS, "dispatch_interval": 0.1},
+            "retry": {"base_seconds": 0.2, "cap_seconds": 2.0},
+            "data_dir": str(self.data_dir),
+        }
+        settings = load_settings(overrides)
+        redis_url, embedded = resolve_redis(settings)
+        say(f"Valkey at {redis_url}" + (f" (embedded, AOF under {embedded.data_dir})" if embedded else " (configured)"))
+        settings = load_settings({**overrides, "redis_url": redis_url})
+        self.clock = SharedClock(redis_url, self.clock_key)
+        # One "now" for the engine and the gateway (the demo's clock only moves forward, across runs too).
+        self.simulator.admin.set_clock(datetime.fromtimestamp(self.clock.now(), UTC))
+        self.runtime = build_runtime(settings, redis_url=redis_url, clock=self.clock)
+        self.runtime.embedded = embedded
+        self._env = settings_env(settings)
+        self.api = ApiServer(create_app(self.runtime), "127.0.0.1", api_port).start()
+        say(f"API and receiver on {self.api.url}")
+        schedules = Schedules(self.runtime.engine)
+        self.dispatcher = Dispatcher(self.runtime.engine, tickers=[schedules.tick], interval=0.1, name="demo-scheduler").start()
+        say("scheduler running")
+        for _ in range(2):
+            self.add_worker()
+        self.wait_ready()
+        say(f"workers running: {', '.join(self.workers)} (separate processes; logs in {self.log_dir})")
+
+    def add_worker(self) -> WorkerProcess:
+        self._worker_count += 1
+        name = f"demo-{self._worker_count}"
+        worker = WorkerProcess(name, self._env, self.log_dir, self.clock_key)
+        self.workers[name] = worker
+        return worker
+
+    def wait_ready(self, timeout: float = 60.0) -> None:
+        """Until ``/readyz`` says Redis, a worker and the scheduler are alive."""
+        assert self.api is not None
+        deadline = time.monotonic() + timeout
+        with httpx.Client(base_url=self.api.url, headers={"X-Api-Key": self.api_key}, timeout=5) as http:
+            while True:
+                if http.get("/readyz").status_code == 200:
+                    return
+                dead = [w.name for w in self.workers.values() if w.process.poll() is not None]
+                if dead:
+                    raise RuntimeError(f"worker {dead[0]} exited; see {self.log_dir / (dead[0] + '.log')}")
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"the workers did not come up within {timeout:g}s; see {self.log_dir}")
+                time.sleep(0.2)
+
+    def kill_worker_of(self, lease_owner: str) -> WorkerProcess | None:
+        for name, worker in list(self.workers.items()):
+            if worker.owns(lease_owner):
+                worker.kill()
+                del self.workers[name]
+                return worker
+        return None
+
+    def stop(self) -> None:
+        for worker in self.workers.values():
+            worker.stop()
+        self.workers = {}
+        if self.dispatcher is not None:
+            self.dispatcher.stop()
+        if self.api is not None:
+            self.api.stop()
+        if self.simulator is not None:
+            self.simulator.stop()
+        if self.clock is not None:
+            self.clock.close()
+        if self.runtime is not None:
+            self.runtime.close()

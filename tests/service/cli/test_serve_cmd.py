@@ -1,0 +1,138 @@
+"""``durapay api``, ``durapay worker`` and ``durapay scheduler`` as real processes, working together.
+
+The three are started as an operator would (same ``DURAPAY_*`` variables), against the simulator; the
+test waits on conditions (a port answering, ``/readyz``), never on a bare sleep. Then flows started
+with ``durapay start --wait`` run through them, one of them resumed by the gateway's notification
+arriving at the API process's receiver.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from config.embedded import free_port
+from simulator import SimulatorConfig, SimulatorServer
+from tests.service.cli.conftest import API_KEY, DURAPAY, invoke
+
+pytestmark = pytest.mark.integration
+
+
+def wait_until(condition: Callable[[], Any], timeout: float, what: str) -> Any:
+    deadline = time.monotonic() + timeout
+    pause = 0.02
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(pause)
+        pause = min(pause * 1.5, 0.25)
+
+
+def answers(url: str, status: int, **kwargs: Any) -> bool:
+    try:
+        return httpx.get(url, timeout=2, **kwargs).status_code == status
+    except httpx.TransportError:
+        return False
+
+
+class Processes:
+    def __init__(self, log_dir: Path) -> None:
+        self.log_dir = log_dir
+        self.running: dict[str, subprocess.Popen[bytes]] = {}
+
+    def start(self, name: str, *args: str) -> subprocess.Popen[bytes]:
+        log = (self.log_dir / f"{name}.log").open("wb")
+        process = subprocess.Popen([*DURAPAY, *args], env=dict(os.environ), stdout=log, stderr=subprocess.STDOUT)
+        self.running[name] = process
+        return process
+
+    def log(self, name: str) -> str:
+        return (self.log_dir / f"{name}.log").read_text()
+
+    def stop(self, name: str) -> int:
+        process = self.running.pop(name)
+        process.send_signal(signal.SIGTERM)
+        try:
+            return process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+            return -9
+
+    def stop_all(self) -> None:
+        for name in list(self.running):
+            self.stop(name)
+
+
+@pytest.fixture
+def processes(tmp_path: Path) -> Iterator[Processes]:
+    running = Processes(tmp_path)
+    yield running
+    running.stop_all()
+
+
+def test_api_refuses_to_start_without_a_key(cli_env: dict[str, str]) -> None:
+    env = {**os.environ, "DURAPAY_API__KEY": ""}
+    done = subprocess.run([*DURAPAY, "api", "--port", "0"], env=env, capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines()[-1].startswith("durapay: DURAPAY_API__KEY is empty")
+    assert "Traceback" not in done.stderr
+
+
+def test_api_worker_and_scheduler_run_flows_together(
+    cli_env: dict[str, str], processes: Processes, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    port = free_port()
+    api = f"http://127.0.0.1:{port}"
+    key = {"X-Api-Key": API_KEY}
+    with SimulatorServer(SimulatorConfig(seed=5, auto_complete_ms=300, notify_backoff_ms=50)) as sim:
+        monkeypatch.setenv("DURAPAY_GATEWAY__BASE_URL", sim.base_url)
+        monkeypatch.setenv("DURAPAY_RECEIVER__PUBLIC_URL", f"{api}/notifications")
+        monkeypatch.setenv("DURAPAY_ENGINE__LEASE_SECONDS", "10")
+
+        processes.start("api", "api", "--port", str(port))
+        wait_until(lambda: answers(f"{api}/healthz", 200), 30, "durapay api to listen")
+        not_ready = httpx.get(f"{api}/readyz", headers=key).json()
+        assert not_ready["checks"] == {"redis": True, "worker": False, "scheduler": False}
+
+        processes.start("worker", "worker", "--concurrency", "2", "--loglevel", "warning")  # prefork, the default
+        processes.start("scheduler", "scheduler", "--interval", "0.1")
+        wait_until(lambda: answers(f"{api}/readyz", 200, headers=key), 60, "a worker and a scheduler heartbeat")
+
+        card = {"pan": "4349940199004549", "expiryDate": "1230", "cvv": "123"}
+        paid = invoke(
+            "start", "moto", "--wait", "30", "--json",
+            stdin=json.dumps({"order": {"orderId": "serve-moto-1", "amount": "700", "currency": "EUR"}, "card": card}),
+        )  # fmt: skip
+        assert paid.exit_code == 0, paid.output
+        assert json.loads(paid.stdout)["state"] == "succeeded"
+
+        session = {"actionType": "PAY", "amount": "900", "language": "eng", "resultUrl": "https://shop.example/ok"}
+        hpp = {"order": {"orderId": "serve-hpp-1", "amount": "900", "currency": "EUR"}, "paymentSession": session}
+        page = invoke("start", "hpp", "--wait", "30", "--json", stdin=json.dumps(hpp))
+        assert page.exit_code == 0, page.output
+        flow = json.loads(page.stdout)
+        assert flow["state"] == "succeeded"
+        history = httpx.get(f"{api}/flows/{flow['id']}/history", headers=key).json()["history"]
+        assert any(entry["by"] == "notification" for entry in history), "resumed by the notification"
+
+        metrics = httpx.get(f"{api}/metrics", headers=key).text
+        assert 'durapay_step_duration_seconds_count{kind="moto",step="pay"} 1' in metrics, "timed in a prefork child"
+        assert 'durapay_notifications_total{outcome="accepted"} 1' in metrics
+
+        assert processes.stop("scheduler") == 0
+        assert "durapay scheduler: stopped" in processes.log("scheduler")
+        assert processes.stop("worker") == 0
+        assert processes.stop("api") == 0

@@ -1,0 +1,63 @@
+"""The demo's helpers: a child process gets exactly the demo's settings; ports fall back when taken."""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+
+from config import load_settings
+from service.demo import _coverage, _run_id
+from service.demo.report import Places, Row, next_steps, summary_table
+from service.demo.stack import port_or_free, settings_env
+from workflows.flows import REGISTRY
+
+
+def test_settings_env_reproduces_the_settings(monkeypatch: pytest.MonkeyPatch) -> None:
+    settings = load_settings(
+        {
+            "redis_url": "redis://127.0.0.1:7001/0",
+            "gateway": {"base_url": "http://127.0.0.1:9999/api", "api_key": "k-gw", "timeout": 4.0},
+            "api": {"key": "k-api", "port": 1234},
+            "engine": {"lease_seconds": 6.0, "key_prefix": "demo"},
+        }
+    )
+    env = settings_env(settings)
+    for name in list(env):
+        if name.startswith("DURAPAY_"):
+            monkeypatch.setenv(name, env[name])
+    assert load_settings() == settings
+
+
+def test_a_taken_port_falls_back_to_a_free_one() -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        busy = taken.getsockname()[1]
+        assert port_or_free(busy) != busy
+    free = port_or_free(0)
+    assert port_or_free(free) == free
+
+
+def test_run_ids_are_short_enough_for_gateway_order_ids() -> None:
+    run = _run_id()
+    assert len(f"{run}-99") <= 27 and run.isalnum()
+
+
+def test_every_kind_left_out_of_the_demo_is_a_failing_row() -> None:
+    ran = [Row("x", kind, "f1", ["a"], "succeeded", "succeeded", 0.1) for kind in REGISTRY if kind != "moto"]
+    missing = _coverage(ran)
+    assert [row.kind for row in missing] == ["moto"] and not missing[0].ok
+    assert _coverage([*ran, Row("m", "moto", "f2", [], "succeeded", "succeeded", 0.1)]) == []
+
+
+def test_the_table_and_the_closing_notes() -> None:
+    rows = [
+        Row("sale", "moto", "f1", ["pay"], "succeeded", "succeeded", 0.1),
+        Row("link", "paybylink", "f2", ["create"], "failed", "succeeded", 0.2, problem="no notification"),
+    ]
+    assert summary_table(rows).title == "durapay demo: 1/2 flows ended as expected"
+    places = Places("http://127.0.0.1:8780", "key", "http://127.0.0.1:8781", "redis://127.0.0.1:1/0", "/d", "/d/demo")
+    notes = next_steps(places, keep=True)
+    assert "X-Api-Key: key" in notes and "DURAPAY_REDIS_URL=redis://127.0.0.1:1/0 durapay flows ls" in notes
+    assert "Ctrl-C" in notes
