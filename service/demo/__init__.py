@@ -1,8 +1,9 @@
 """``durapay demo``: the whole system on one machine, every flow kind, and a table of what happened.
 
 Modules: ``stack`` (the running parts), ``clock`` (the clock shared with the worker processes),
-``merchant`` (an API client playing the merchant's backend), ``scenarios`` (what runs), ``report``
-(progress lines, the closing table, where to look next).
+``merchant`` (an API client playing the merchant's backend), ``runner`` (one flow: start, act, wait,
+check, report), ``payments`` and ``scenarios`` (what runs, phase by phase), ``report`` (progress
+lines, the closing table, where to look next).
 """
 
 from __future__ import annotations

@@ -1,13 +1,7 @@
 """What the demo runs: every flow kind, as a merchant's backend would start them over the API.
 
-Phases, each building on the last:
+Phases 1 and 2 (cards, customer pages) are in :mod:`service.demo.payments`; here, building on them:
 
-1. **cards**: MOTO (sale, then a partial refund; an authorization, then its capture and the capture's
-   cancel), card verification, wallet, SVS, 3-step frictionless creating a contract, a MIT on it, its
-   deactivation, and a 3DS challenge answered through the simulator's ACS page.
-2. **customer pages**: hosted page and pay-by-link paid by the (simulated) customer and resumed by
-   the gateway's notification; an embedded form read back at its deadline; then, with the pages no
-   longer completing by themselves, a link renewed and cancelled and a form cancelled.
 3. **reservations**: set-up, a reservation paid by its link, a no-show and an incremental charge, and a
    delayed charge two days after check-out (the shared clock is moved forward).
 4. **a crash**: a MOTO whose gateway call hangs after committing; the worker running it is killed
@@ -18,282 +12,20 @@ Phases, each building on the last:
 
 from __future__ import annotations
 
-import itertools
 import time
-from collections.abc import Callable
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from typing import Any
 
-from rich.console import Console
+from service.demo.merchant import DemoError
+from service.demo.payments import Payments
+from service.demo.report import Row
+from service.demo.runner import DAY, card, operation_id
 
-from service.demo.merchant import DemoError, Merchant
-from service.demo.report import Row, print_row
-from service.demo.stack import AUTO_COMPLETE_MS, DemoStack
-
-APPROVE = "4349940199004549"  # published approving VISA, frictionless
-CHALLENGE = "5186151650005008"  # published approving MC, 3DS challenge
-DAY = 86400.0
 #: The schedule looks at a started charge this long after starting it (workflows.schedules.policy).
 SCHEDULE_CHECK_SECONDS = 31.0
 
-Check = Callable[[dict[str, Any]], str]
 
-
-def card(pan: str = APPROVE) -> dict[str, str]:
-    return {"pan": pan, "expiryDate": "1230", "cvv": "123"}
-
-
-def session(amount: int) -> dict[str, Any]:
-    return {"actionType": "PAY", "amount": str(amount), "language": "eng", "resultUrl": "https://shop.example/done"}
-
-
-def operation_id(view: dict[str, Any] | None) -> str | None:
-    if not view or view["state"] != "succeeded":
-        return None
-    value = ((view.get("outcome") or {}).get("operation") or {}).get("operationId")
-    return str(value) if value else None
-
-
-class Scenarios:
-    def __init__(self, stack: DemoStack, merchant: Merchant, console: Console, run_id: str) -> None:
-        self.stack = stack
-        self.merchant = merchant
-        self.console = console
-        self.run_id = run_id
-        self.rows: list[Row] = []
-        self._ids = itertools.count(1)
-
-    @property
-    def admin(self) -> Any:
-        assert self.stack.simulator is not None
-        return self.stack.simulator.admin
-
-    def order(self, amount: int = 1500) -> dict[str, Any]:
-        return {"orderId": f"{self.run_id}-{next(self._ids):02d}", "amount": str(amount), "currency": "EUR"}
-
-    # -- running one flow -------------------------------------------------------------------------------
-
-    def flow(
-        self,
-        name: str,
-        kind: str,
-        body: dict[str, Any],
-        *,
-        expect: str = "succeeded",
-        note: str = "",
-        during: Callable[[dict[str, Any]], None] | None = None,
-        check: Check | None = None,
-        timeout: float = 30.0,
-    ) -> dict[str, Any] | None:
-        """Start ``kind``, let ``during`` act while it runs, wait for its end; add and print its row."""
-        began = time.monotonic()
-        flow_id = "-"
-        try:
-            with self.console.status(f"{name} ({kind})"):
-                started = self.merchant.start(kind, body)
-                flow_id = started["id"]
-                if during is not None:
-                    during(started)
-                final = self.merchant.wait(flow_id, timeout=timeout)
-                problem = check(final) if check is not None and final["state"] == expect else ""
-        except DemoError as exc:
-            self.add(Row(name, kind, flow_id, [], "error", expect, time.monotonic() - began, problem=str(exc)))
-            return None
-        steps = list(final.get("steps_done") or [])
-        self.add(Row(name, kind, flow_id, steps, final["state"], expect, time.monotonic() - began, note, problem))
-        return final
-
-    def add(self, row: Row) -> None:
-        self.rows.append(row)
-        print_row(self.console, row)
-
-    def skip(self, name: str, kind: str, why: str) -> None:
-        self.add(Row(name, kind, "-", [], "skipped", "succeeded", 0.0, problem=why))
-
-    def phase(self, title: str) -> None:
-        self.console.print(f"\n[bold]{title}[/bold]")
-
-    # -- 1. cards -----------------------------------------------------------------------------------------
-
-    def cards(self) -> str | None:
-        """Returns the contract id the schedule will charge."""
-        self.phase("1. Card payments, refunds, captures, contracts, 3DS")
-        sale = self.flow("MOTO sale", "moto", {"order": self.order(3000), "card": card()})
-        sold = operation_id(sale)
-        if sold:
-            self.flow("partial refund of the sale", "refund", {"operationId": sold, "amount": 1000, "currency": "EUR"})
-        else:
-            self.skip("partial refund of the sale", "refund", "the sale did not succeed")
-        auth = self.flow("MOTO authorization", "moto", {"order": self.order(2000), "card": card(), "captureType": "EXPLICIT"})
-        authorized = operation_id(auth)
-        capture = None
-        if authorized:
-            capture = self.flow(
-                "capture of the authorization", "capture", {"operationId": authorized, "amount": 2000, "currency": "EUR"}
-            )
-        else:
-            self.skip("capture of the authorization", "capture", "the authorization did not succeed")
-        captured = operation_id(capture)
-        if captured:
-            self.flow("cancel of the capture (same day)", "cancel_capture", {"operationId": captured})
-        else:
-            self.skip("cancel of the capture (same day)", "cancel_capture", "the capture did not succeed")
-        self.flow("card verification", "card_verification", {"order": self.order(0), "card": card()})
-        self.flow("wallet payment", "wallet", {"order": self.order(), "walletPaymentData": {"pan": APPROVE}})
-        self.flow("SVS: init, then pay", "svs", {"order": self.order(), "card": card()})
-
-        contract = f"{self.run_id}-ct1"
-        recurrence = {"action": "CONTRACT_CREATION", "contractId": contract, "contractType": "MIT_UNSCHEDULED"}
-        order = {**self.order(100), "customerId": f"{self.run_id}-cust"}
-        first = self.flow(
-            "3-step payment creating a contract", "three_steps", {"order": order, "card": card(), "recurrence": recurrence}
-        )
-        if first and first["state"] == "succeeded":
-            self.flow("MIT payment on the contract", "mit", {"order": self.order(990), "contractId": contract})
-            self.flow("deactivate the contract", "deactivate_contract", {"contractId": contract})
-        else:
-            self.skip("MIT payment on the contract", "mit", "the contract was not created")
-            self.skip("deactivate the contract", "deactivate_contract", "the contract was not created")
-
-        self.flow(
-            "3DS challenge answered at the ACS",
-            "three_steps",
-            {"order": self.order(2500), "card": card(CHALLENGE)},
-            during=self._answer_challenge,
-            note="PaRes from the simulator's ACS page, sent as signal 3ds_result",
-        )
-        scheduled = f"{self.run_id}-ct2"
-        recurrence = {"action": "CONTRACT_CREATION", "contractId": scheduled, "contractType": "MIT_SCHEDULED"}
-        order = {**self.order(100), "customerId": f"{self.run_id}-cust"}
-        made = self.flow(
-            "3-step payment creating a scheduled contract",
-            "three_steps",
-            {"order": order, "card": card(), "recurrence": recurrence},
-        )
-        return scheduled if made and made["state"] == "succeeded" else None
-
-    def _answer_challenge(self, started: dict[str, Any]) -> None:
-        waiting = self.merchant.wait(
-            started["id"], lambda v: v["state"] == "waiting" or v["state"] in {"failed", "succeeded"}, what="reach the challenge"
-        )
-        if waiting["state"] != "waiting":
-            return
-        init = waiting["outputs"]["init"]
-        pares = self.admin.acs_challenge(init["operation"]["operationId"], init["threeDSAuthRequest"])
-        self.merchant.signal(started["id"], "3ds_result", {"threeDSAuthResponse": pares})
-
-    # -- 2. customer pages ---------------------------------------------------------------------------------
-
-    def pages(self) -> None:
-        self.phase("2. Hosted page, pay-by-link, embedded form (the customer is simulated)")
-        assert self.stack.clock is not None
-        expires = (datetime.fromtimestamp(self.stack.clock.now(), UTC) + timedelta(days=3)).date().isoformat()
-        self.flow(
-            "hosted payment page",
-            "hpp",
-            {"order": self.order(), "paymentSession": session(1500)},
-            check=self._by_notification,
-            note="resumed by the gateway's notification",
-        )
-        self.flow(
-            "pay-by-link",
-            "paybylink",
-            {"order": self.order(), "paymentSession": session(1500), "expirationDate": expires},
-            check=self._by_notification,
-            note="resumed by the gateway's notification",
-        )
-        form = {"merchantUrl": "https://shop.example", "order": self.order(), "paymentSession": session(1500), "formSeconds": 3}
-        self.flow("embedded form", "build", form, note="form filled by the customer; read back at the deadline")
-
-        self.admin.set_auto_complete(None)  # from here the customer never pays: links and forms stay open
-        try:
-            self._link_renewed_and_cancelled(expires)
-            self._form_cancelled()
-        finally:
-            self.admin.set_auto_complete(AUTO_COMPLETE_MS)
-
-    def _by_notification(self, final: dict[str, Any]) -> str:
-        if any(entry.get("by") == "notification" for entry in self.merchant.history(final["id"])):
-            return ""
-        return "not resumed by a notification"
-
-    def _link_renewed_and_cancelled(self, expires: str) -> None:
-        body = {"order": self.order(), "paymentSession": session(1500), "expirationDate": expires}
-        started = self.merchant.start("paybylink", body)
-        try:
-            waiting = self.merchant.wait(started["id"], lambda v: v["state"] == "waiting", what="wait for the customer")
-        except DemoError as exc:
-            self.add(
-                Row(
-                    "pay-by-link whose link was cancelled",
-                    "paybylink",
-                    started["id"],
-                    [],
-                    "error",
-                    "failed",
-                    0.0,
-                    problem=str(exc),
-                )
-            )
-            return
-        link_id = waiting["outputs"]["create"]["paymentLink"]["linkId"]
-        self.flow("renew the unpaid link", "paybylink_renew", {"linkId": link_id})
-        self.flow("cancel the unpaid link", "paybylink_cancel", {"linkId": link_id})
-        # The gateway notifies the cancellation: the waiting flow learns its link will never be paid.
-        began = time.monotonic()
-        try:
-            final = self.merchant.wait(started["id"], timeout=15)
-            problem = self._by_notification(final)
-        except DemoError as exc:
-            final, problem = {"state": "error", "steps_done": []}, str(exc)
-        self.add(
-            Row(
-                "pay-by-link whose link was cancelled",
-                "paybylink",
-                started["id"],
-                list(final.get("steps_done") or []),
-                final["state"],
-                "failed",
-                time.monotonic() - began,
-                "ended by the cancellation's notification",
-                problem,
-            )
-        )
-
-    def _form_cancelled(self) -> None:
-        body = {"merchantUrl": "https://shop.example", "order": self.order(), "paymentSession": session(1500)}
-        started = self.merchant.start("build", body)
-        try:
-            waiting = self.merchant.wait(started["id"], lambda v: v["state"] == "waiting", what="show its form")
-        except DemoError as exc:
-            self.add(Row("embedded form left unfilled", "build", started["id"], [], "error", "cancelled", 0.0, problem=str(exc)))
-            return
-        self._cancel_row("embedded form left unfilled", started, "the merchant gave up on it")
-        self.flow("cancel the form's payment", "build_cancel", {"sessionId": waiting["outputs"]["create"]["sessionId"]})
-
-    def _cancel_row(self, name: str, started: dict[str, Any], reason: str) -> None:
-        began = time.monotonic()
-        try:
-            final = self.merchant.cancel(started["id"], reason)
-        except DemoError as exc:
-            self.add(Row(name, started["kind"], started["id"], [], "error", "cancelled", 0.0, problem=str(exc)))
-            return
-        steps = list(final.get("steps_done") or [])
-        self.add(
-            Row(
-                name,
-                started["kind"],
-                started["id"],
-                steps,
-                final["state"],
-                "cancelled",
-                time.monotonic() - began,
-                "cancelled over the API",
-            )
-        )
-
-    # -- 3. reservations -------------------------------------------------------------------------------------
-
+class Scenarios(Payments):
     def reservations(self) -> None:
         self.phase("3. Reservations: set-up, paid reservation, no-show, incremental, delayed charge")
         structure = f"{self.run_id}-hotel"
@@ -358,15 +90,6 @@ class Scenarios:
             during=fast_forward,
             note="durable timer; clock moved 2 days forward",
         )
-
-    def advance(self, seconds: float) -> None:
-        """Move the engine's shared clock and the simulator's clock forward together."""
-        assert self.stack.clock is not None
-        self.stack.clock.advance(seconds)
-        self.admin.advance_clock(seconds)
-        time.sleep(0.2)  # every process re-reads the shared offset within 50 ms
-
-    # -- 4. a worker killed mid-step -----------------------------------------------------------------------
 
     def crash(self) -> None:
         self.phase("4. A worker killed mid-step (SIGKILL); the flow survives and charges once")
