@@ -7,7 +7,8 @@ Run any number of each, on any machines, against the same Redis (README: scaling
 * ``scheduler`` - the dispatcher: sends what the ``due`` set says is due and fires schedules.
 * ``api`` - the receiver and control API on uvicorn, one worker per process.
 
-Each stops cleanly on SIGTERM or Ctrl-C.
+Each stops cleanly on SIGTERM or Ctrl-C. ``durapay alive worker|scheduler`` is their health check
+(exit 0 while the heartbeat is present), for containers.
 """
 
 from __future__ import annotations
@@ -25,6 +26,11 @@ from service.cli._common import fail, runtime, safe_url
 
 #: The demo's shared clock (``service.demo.clock``): hidden, not for production use.
 ClockKey = Annotated[str | None, typer.Option("--clock-key", hidden=True)]
+
+
+class Role(StrEnum):
+    worker = "worker"
+    scheduler = "scheduler"
 
 
 class Pool(StrEnum):
@@ -112,7 +118,24 @@ def api(
         serve_forever(app, bind_host, bind_port)
 
 
+def alive(
+    role: Annotated[Role, typer.Argument(help="worker (this host's worker) or scheduler (any scheduler).")],
+    name: Annotated[str | None, typer.Option(help="The worker's name (default: celery@<this host>).")] = None,
+) -> None:
+    """Exit 0 if the heartbeat is present, 1 if not: a container health check."""
+    import socket
+
+    with runtime() as rt:
+        key = rt.engine.keys.heartbeat(role.value)
+        if role is Role.worker:
+            key = rt.engine.keys.heartbeat(f"worker:{name or 'celery@' + socket.gethostname()}")
+        present = bool(rt.redis.exists(key))
+    typer.echo(f"{role.value}: {'alive' if present else 'no heartbeat'}")
+    raise typer.Exit(0 if present else 1)
+
+
 def register(app: typer.Typer) -> None:
+    app.command("alive")(alive)
     app.command("worker")(worker)
     app.command("scheduler")(scheduler)
     app.command("api")(api)

@@ -136,3 +136,19 @@ def test_api_worker_and_scheduler_run_flows_together(
         assert "durapay scheduler: stopped" in processes.log("scheduler")
         assert processes.stop("worker") == 0
         assert processes.stop("api") == 0
+
+
+def test_alive_reports_the_heartbeat_for_health_checks(cli_env: dict[str, str], redis_url: str, key_prefix: str) -> None:
+    import redis
+
+    client = redis.Redis.from_url(redis_url)
+    try:
+        assert invoke("alive", "scheduler").exit_code == 1
+        client.set(f"{key_prefix}:alive:scheduler", "1", ex=10)
+        assert invoke("alive", "scheduler").exit_code == 0
+        assert invoke("alive", "worker", "--name", "celery@box-1").exit_code == 1
+        client.set(f"{key_prefix}:alive:worker:celery@box-1", "1", ex=10)
+        result = invoke("alive", "worker", "--name", "celery@box-1")
+        assert (result.exit_code, result.stdout.strip()) == (0, "worker: alive")
+    finally:
+        client.close()

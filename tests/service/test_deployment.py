@@ -1,0 +1,50 @@
+"""docker-compose.yml and the Dockerfile stay in step with the code (Docker itself cannot run here;
+``.ci/run`` validates the compose file with ``docker-compose config -q``)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from config import load_settings
+from service.app import create_app
+from service.cli.config_cmd import effective
+from service.runtime import Runtime
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_every_durapay_variable_in_compose_is_a_setting() -> None:
+    compose = (ROOT / "docker-compose.yml").read_text()
+    names = set(re.findall(r"\b(DURAPAY_[A-Z_]+)\s*:", compose))
+    assert {"DURAPAY_REDIS_URL", "DURAPAY_API__KEY", "DURAPAY_GATEWAY__BASE_URL", "DURAPAY_RECEIVER__PUBLIC_URL"} <= names
+    assert names <= set(effective(load_settings())), names - set(effective(load_settings()))
+
+
+def test_compose_runs_every_process_type_with_health_checks_and_aof() -> None:
+    compose = (ROOT / "docker-compose.yml").read_text()
+    services = re.findall(r"^  ([a-z]+):\n", compose.split("\nservices:\n", 1)[1], re.M)
+    assert set(services) == {"valkey", "worker", "scheduler", "api", "simulator", "flower"}
+    assert compose.count("healthcheck:") == len(services)
+    assert "--appendonly" in compose and "--appendfsync" in compose
+    for command in ('"worker"', '"scheduler"', '"api"', '"simulator"'):
+        assert f"command: [{command}" in compose
+
+
+def test_the_image_installs_every_package_and_runs_durapay() -> None:
+    dockerfile = (ROOT / "Dockerfile").read_text()
+    for package in ("config", "gateway", "tasks", "workflows", "service", "simulator"):
+        assert f"COPY {package} {package}" in dockerfile
+    assert 'ENTRYPOINT ["durapay"]' in dockerfile
+    assert "USER durapay" in dockerfile
+
+
+def test_the_readme_lists_every_route_of_the_app(runtime: Runtime) -> None:
+    readme = (ROOT / "README.md").read_text()
+    section = readme.split("## HTTP API", 1)[1].split("\n## CLI", 1)[0]
+    documented = {re.sub(r"\{[^}]*\}", "{}", path) for path in re.findall(r"`(?:[A-Z]+ )?(/[a-z{}_/]*)", section)}
+    kinds = {f"/flows/{kind}" for kind in runtime.engine.registry}
+    for path in create_app(runtime).openapi()["paths"]:
+        if path in kinds:
+            continue
+        assert re.sub(r"\{[^}]*\}", "{}", path) in documented, f"{path} is not in README's HTTP API section"
