@@ -8,13 +8,15 @@ same key with another body is a 409.
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Body, Header, Path, Query
 from pydantic import BaseModel, Field
+from starlette.concurrency import run_in_threadpool
 
 from config.settings import ApiSettings
 from service.errors import ErrorBody, conflict, invalid, not_found
@@ -58,6 +60,15 @@ def _uses_customer_url(definition: FlowDefinition) -> bool:
     return any(step.customer_url is not None for step in definition.steps)
 
 
+def _settled(record: FlowRecord, first_step: str) -> bool:
+    """The customer URL is known, or will not come from the first step (it moved on or stopped)."""
+    return bool(
+        record.customer_url
+        or record.step != first_step
+        or record.state not in {FlowState.READY, FlowState.RUNNING, FlowState.RETRYING}
+    )
+
+
 def wait_for_customer_url(engine: Engine, record: FlowRecord, seconds: float) -> FlowRecord:
     """Poll briefly until the flow has a customer URL, has moved past its first step, or stopped."""
     if seconds <= 0 or not _uses_customer_url(engine.registry[record.kind]):
@@ -65,18 +76,26 @@ def wait_for_customer_url(engine: Engine, record: FlowRecord, seconds: float) ->
     first_step = record.step
     deadline = time.monotonic() + seconds
     pause = 0.01
-    while True:
-        if (
-            record.customer_url
-            or record.step != first_step
-            or record.state not in {FlowState.READY, FlowState.RUNNING, FlowState.RETRYING}
-        ):
-            return record
-        if time.monotonic() >= deadline:
-            return record
+    while not _settled(record, first_step) and time.monotonic() < deadline:
         time.sleep(pause)
         pause = min(pause * 1.5, 0.1)
         record = engine.get(record.id)
+    return record
+
+
+async def await_customer_url(engine: Engine, record: FlowRecord, seconds: float) -> FlowRecord:
+    """:func:`wait_for_customer_url` for the API: sleeps without holding a thread, so that many waiting
+    starts never starve the receiver of the thread pool."""
+    if seconds <= 0 or not _uses_customer_url(engine.registry[record.kind]):
+        return record
+    first_step = record.step
+    deadline = time.monotonic() + seconds
+    pause = 0.01
+    while not _settled(record, first_step) and time.monotonic() < deadline:
+        await asyncio.sleep(pause)
+        pause = min(pause * 1.5, 0.1)
+        record = await run_in_threadpool(engine.get, record.id)
+    return record
 
 
 def _get(engine: Engine, flow_id: str) -> FlowRecord:
@@ -86,8 +105,10 @@ def _get(engine: Engine, flow_id: str) -> FlowRecord:
         raise not_found(f"no flow {flow_id!r}") from None
 
 
-def _start_route(engine: Engine, settings: ApiSettings, kind: str, model: type[BaseModel]) -> Callable[..., dict[str, Any]]:
-    def start(
+def _start_route(
+    engine: Engine, settings: ApiSettings, kind: str, model: type[BaseModel]
+) -> Callable[..., Awaitable[dict[str, Any]]]:
+    async def start(
         body: Any,
         idempotency_key: IdempotencyKey = None,
         wait: Annotated[float | None, Query(ge=0, le=60, description="Seconds to wait for the customer URL.")] = None,
@@ -100,12 +121,12 @@ def _start_route(engine: Engine, settings: ApiSettings, kind: str, model: type[B
             except ValueError as exc:
                 raise invalid("query.run_at", str(exc)) from None
         try:
-            record = engine.start(kind, body, idempotency_key, run_at=when)
+            record = await run_in_threadpool(engine.start, kind, body, idempotency_key, run_at=when)
         except InputError as exc:
             raise invalid(exc.field, exc.reason) from None
         except StartConflict as exc:
             raise conflict(str(exc)) from None
-        record = wait_for_customer_url(engine, record, settings.start_wait_seconds if wait is None else wait)
+        record = await await_customer_url(engine, record, settings.start_wait_seconds if wait is None else wait)
         return flow_view(record, engine.registry)
 
     # FastAPI reads the body's model from the signature: give it this kind's input model.

@@ -6,6 +6,7 @@ Celery worker, for the answers that depend on a step having run (the customer UR
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import httpx
@@ -230,3 +231,11 @@ def test_http_keeps_working_after_errors(served: Served) -> None:
         for _ in range(3):
             assert client.get("/flows/fnothere").status_code == 404
             assert client.get("/flows").status_code == 200
+
+
+def test_the_wait_for_the_customer_url_is_bounded(served: Served) -> None:
+    began = time.monotonic()
+    answer = served.http.post("/flows/notified?wait=0.3", json={"orderId": "ord-slow", "token": TOKEN}, headers=KEY)
+    assert answer.status_code == 201
+    assert answer.json()["customer_url"] is None and answer.json()["state"] == "ready", "no worker ran the first step"
+    assert 0.3 <= time.monotonic() - began < 3
