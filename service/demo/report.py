@@ -63,20 +63,31 @@ class Places:
 
 
 def next_steps(places: Places, *, keep: bool) -> str:
+    """While the parts run (``--keep``): their URLs and the key. After: what still works from the data."""
+    if not keep:
+        return "\n".join(
+            [
+                "Where to look next:",
+                "  The flows are kept in the data folder; from this folder (nothing to configure):",
+                "              durapay flows ls",
+                "              durapay flows show <id>",
+                "              durapay schedules ls",
+                f"  Data        {places.data_dir} (Valkey with AOF; worker logs in {places.log_dir})",
+                "  Explore the running system (API docs, /metrics, the simulator): durapay demo --keep",
+            ]
+        )
     env = f"DURAPAY_REDIS_URL={places.redis_url}"
-    lines = [
-        "Where to look next:",
-        f"  API docs    {places.api_url}/docs  (X-Api-Key: {places.api_key})",
-        f"  Flows       curl -H 'X-Api-Key: {places.api_key}' {places.api_url}/flows",
-        f"  Metrics     curl -H 'X-Api-Key: {places.api_key}' {places.api_url}/metrics",
-        f"  Simulator   {places.simulator_url}/_sim/operations  (what the gateway saw)",
-        f"  CLI         {env} durapay flows ls",
-        f"              {env} durapay flows show <id>",
-        f"              {env} durapay schedules ls",
-        f"  Data        {places.data_dir} (Valkey with AOF; worker logs in {places.log_dir})",
-    ]
-    if keep:
-        lines.append("Everything keeps running (--keep); press Ctrl-C to stop.")
-    else:
-        lines.append("Everything has been stopped; `durapay demo --keep` leaves it running to explore.")
-    return "\n".join(lines)
+    return "\n".join(
+        [
+            "Where to look next:",
+            f"  API docs    {places.api_url}/docs  (X-Api-Key: {places.api_key})",
+            f"  Flows       curl -H 'X-Api-Key: {places.api_key}' {places.api_url}/flows",
+            f"  Metrics     curl -H 'X-Api-Key: {places.api_key}' {places.api_url}/metrics",
+            f"  Simulator   {places.simulator_url}/_sim/operations  (what the gateway saw)",
+            f"  CLI         durapay flows ls   (or {env} durapay flows ls from elsewhere)",
+            "              durapay flows show <id>",
+            "              durapay schedules ls",
+            f"  Data        {places.data_dir} (Valkey with AOF; worker logs in {places.log_dir})",
+            "Everything keeps running (--keep); press Ctrl-C to stop.",
+        ]
+    )

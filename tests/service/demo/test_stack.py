@@ -61,3 +61,5 @@ def test_the_table_and_the_closing_notes() -> None:
     notes = next_steps(places, keep=True)
     assert "X-Api-Key: key" in notes and "DURAPAY_REDIS_URL=redis://127.0.0.1:1/0 durapay flows ls" in notes
     assert "Ctrl-C" in notes
+    after = next_steps(places, keep=False)
+    assert "durapay flows ls" in after and "durapay demo --keep" in after and "X-Api-Key" not in after
