@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Body, Header, Path, Query
@@ -69,16 +69,25 @@ def _settled(record: FlowRecord, first_step: str) -> bool:
     )
 
 
-def wait_for_customer_url(engine: Engine, record: FlowRecord, seconds: float) -> FlowRecord:
-    """Poll briefly until the flow has a customer URL, has moved past its first step, or stopped."""
+def _pauses(engine: Engine, record: FlowRecord, seconds: float) -> Iterator[float]:
+    """The rhythm both waits poll at (10 ms growing to 100 ms), for ``seconds`` at most; nothing when
+    the flow kind shows no customer URL."""
     if seconds <= 0 or not _uses_customer_url(engine.registry[record.kind]):
-        return record
-    first_step = record.step
+        return
     deadline = time.monotonic() + seconds
     pause = 0.01
-    while not _settled(record, first_step) and time.monotonic() < deadline:
-        time.sleep(pause)
+    while time.monotonic() < deadline:
+        yield pause
         pause = min(pause * 1.5, 0.1)
+
+
+def wait_for_customer_url(engine: Engine, record: FlowRecord, seconds: float) -> FlowRecord:
+    """Poll briefly until the flow has a customer URL, has moved past its first step, or stopped."""
+    first_step = record.step
+    for pause in _pauses(engine, record, seconds):
+        if _settled(record, first_step):
+            break
+        time.sleep(pause)
         record = engine.get(record.id)
     return record
 
@@ -86,14 +95,11 @@ def wait_for_customer_url(engine: Engine, record: FlowRecord, seconds: float) ->
 async def await_customer_url(engine: Engine, record: FlowRecord, seconds: float) -> FlowRecord:
     """:func:`wait_for_customer_url` for the API: sleeps without holding a thread, so that many waiting
     starts never starve the receiver of the thread pool."""
-    if seconds <= 0 or not _uses_customer_url(engine.registry[record.kind]):
-        return record
     first_step = record.step
-    deadline = time.monotonic() + seconds
-    pause = 0.01
-    while not _settled(record, first_step) and time.monotonic() < deadline:
+    for pause in _pauses(engine, record, seconds):
+        if _settled(record, first_step):
+            break
         await asyncio.sleep(pause)
-        pause = min(pause * 1.5, 0.1)
         record = await run_in_threadpool(engine.get, record.id)
     return record
 
@@ -200,6 +206,9 @@ def flows_router(engine: Engine, settings: ApiSettings) -> APIRouter:
         name: Annotated[str, Path(pattern=r"^[a-z0-9][a-z0-9_]{0,39}$")],
         payload: Annotated[dict[str, Any] | None, Body(description="The signal's payload, a JSON object")] = None,
     ) -> dict[str, Any]:
+        if name == "notification":
+            # A notification is money's word only when its security token was checked: the receiver's.
+            raise invalid("name", "notification signals come only through the notification receiver (token checked)")
         try:
             result = engine.signal(flow_id, name, payload or {}, by="api")
         except NotFound:

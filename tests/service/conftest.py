@@ -50,7 +50,7 @@ NOTIFIED = FlowDefinition(
         _KeepToken("create", Catalogue.create_hpp_order, lambda ctx: Call(), customer_url=lambda out: out.get("hostedPage")),
         WaitStep(
             "payment",
-            ("notification",),
+            ("notification", "paid"),
             lambda ctx, name, payload: Finish(not payload.get("fail"), "notified", {"notification": payload}),
             lambda ctx: Finish(False, "no notification by the deadline"),
             timeout=lambda ctx: 3600.0,
@@ -65,6 +65,7 @@ NOTIFIED = FlowDefinition(
 def service_settings(key_prefix: str, **overrides: Any) -> Settings:
     values: dict[str, Any] = {
         "api": {"key": API_KEY, "start_wait_seconds": 2.0},
+        "gateway": {"timeout": 3.0, "connect_timeout": 1.0},
         "engine": {"key_prefix": key_prefix, "partitions": 2, "lease_seconds": 5.0},
         "receiver": {"max_body_bytes": 4096},
     }

@@ -169,20 +169,22 @@ def test_get_history_and_404(served: Served) -> None:
 def test_signal_resumes_then_a_finished_flow_refuses_it(served: Served) -> None:
     flow_id = waiting_flow(served.engine, "ord-sig", TOKEN)
     payload = notification("ord-sig", None)
-    answer = served.http.post(f"/flows/{flow_id}/signals/notification", json=payload, headers=KEY)
+    forged = served.http.post(f"/flows/{flow_id}/signals/notification", json=payload, headers=KEY)
+    assert forged.status_code == 422 and forged.json()["field"] == "name", "only the receiver delivers notifications"
+    answer = served.http.post(f"/flows/{flow_id}/signals/paid", json=payload, headers=KEY)
     assert answer.status_code == 200
     assert answer.json()["result"] == "resumed"
     assert served.engine.run_step(flow_id, "payment") == FlowState.SUCCEEDED.value
-    late = served.http.post(f"/flows/{flow_id}/signals/notification", json={}, headers=KEY)
+    late = served.http.post(f"/flows/{flow_id}/signals/paid", json={}, headers=KEY)
     assert late.status_code == 409
-    assert served.http.post("/flows/fnothere/signals/notification", headers=KEY).status_code == 404
-    bad = served.http.post(f"/flows/{flow_id}/signals/notification", json=[1], headers=KEY)
+    assert served.http.post("/flows/fnothere/signals/paid", headers=KEY).status_code == 404
+    bad = served.http.post(f"/flows/{flow_id}/signals/paid", json=[1], headers=KEY)
     assert bad.status_code == 422
 
 
 def test_a_signal_without_body_is_stored_until_the_flow_waits(served: Served) -> None:
     record = served.engine.start("notified", {"orderId": "ord-early", "token": TOKEN})
-    answer = served.http.post(f"/flows/{record.id}/signals/notification", headers=KEY)
+    answer = served.http.post(f"/flows/{record.id}/signals/paid", headers=KEY)
     assert answer.json()["result"] == "stored"
 
 

@@ -47,6 +47,8 @@ from workflows.steps import Call, CallStep, FlowDefinition, WaitStep
 #: How many times a deadline read that finds the payment still PENDING extends the wait.
 MAX_EXTENSIONS = 3
 EXTENSION_SECONDS = 600.0
+#: How often a flow reads the order of a link it adopted (it cannot verify that link's notifications).
+ADOPTED_READ_SECONDS = 300.0
 
 
 def _order_id(data: Any) -> str:
@@ -92,6 +94,10 @@ def _read_order_at_deadline(ctx: StepContext, waited_for: str) -> Outcome:
         return Finish(False, "the pay-by-link was cancelled", error={"type": "LinkCancelled"})
     if pending and ctx.polls < MAX_EXTENSIONS:
         return Poll(EXTENSION_SECONDS, note="payment still PENDING at the deadline; read again later")
+    if ctx.output("create").get("adopted") and any(link.status is PaymentLinkStatus.ACTIVE for link in links):
+        # An adopted link's security token was lost with the answer, so its notifications cannot be
+        # verified: read the order every ADOPTED_READ_SECONDS until the link is paid or expires.
+        return Wait(("notification",), ctx.now + ADOPTED_READ_SECONDS, note="adopted link still open; read again later")
     return Finish(False, f"no payment by the deadline ({waited_for})", error={"type": "Expired"})
 
 
@@ -146,10 +152,12 @@ class PayByLinkInput(PayByLinkRequest):
 
 
 def _link_deadline(ctx: StepContext) -> float:
-    """The end of the link's expiration day (UTC), plus a minute for the gateway's own expiry run."""
+    """The end of the link's expiration day (UTC), plus a minute for the gateway's own expiry run; for
+    an adopted link (no token to verify its notifications) the first read comes sooner."""
     day = date.fromisoformat(ctx.input.expirationDate)
     end = datetime(day.year, day.month, day.day, tzinfo=UTC) + timedelta(days=1, minutes=1)
-    return max(ctx.now + 60.0, end.timestamp()) - ctx.now
+    seconds = max(ctx.now + 60.0, end.timestamp()) - ctx.now
+    return min(seconds, ADOPTED_READ_SECONDS) if ctx.output("create").get("adopted") else seconds
 
 
 def _adopt_link(ctx: StepContext) -> ReconcileResult:
@@ -254,8 +262,11 @@ def _session_id(ctx: StepContext) -> str:
 
 
 def _form_signal(ctx: StepContext, name: str, payload: dict[str, Any]) -> Outcome:
+    """``form_completed`` comes from the merchant's page and proves nothing about money: its payload is
+    dropped and the flow goes on to finalize, which asks the gateway. Only a verified notification (or
+    ``GET /build/state`` at the deadline) may say the payment already happened."""
     if name == "form_completed":
-        return Advance({"formCompleted": True, **payload})
+        return Advance({"formCompleted": True})
     return _notified(ctx, name, payload)
 
 
@@ -275,7 +286,8 @@ def _finalize_result(ctx: StepContext, answer: BuildStateResponse) -> Outcome:
     return Finish(False, f"the form ended in state {answer.state} without an operation", answer.wire())
 
 
-def _already_paid(ctx: StepContext) -> bool:
+def _needs_finalize(ctx: StepContext) -> bool:
+    """Finalize unless the gateway itself (notification or state read) already reported the operation."""
     return "operation" not in ctx.output("form")
 
 
@@ -316,7 +328,7 @@ BUILD = FlowDefinition(
             _form_deadline,
             timeout=lambda ctx: ctx.input.formSeconds or 360.0,
         ),
-        _Finalize("finalize", Catalogue.build_finalize_payment, lambda ctx: Call(), adopt=_adopt_finalize, when=_already_paid),
+        _Finalize("finalize", Catalogue.build_finalize_payment, lambda ctx: Call(), adopt=_adopt_finalize, when=_needs_finalize),
         settle_step("settle", "finalize"),
     ),
     summarize,

@@ -219,6 +219,19 @@ def test_embedded_form_versions_and_cancel(stack: Stack) -> None:
 
 
 @pytest.mark.integration
+def test_a_form_completed_signal_is_no_proof_of_payment(stack: Stack) -> None:
+    body = {"merchantUrl": "https://shop.example", "order": order(), "paymentSession": session()}
+    started = stack.engine.start("build", body)
+    wait_for_state(stack, started.id, FlowState.WAITING)
+    forged = {"operation": {"operationId": "forged", "operationResult": "EXECUTED", "orderId": started.order_id}}
+    stack.engine.signal(started.id, "form_completed", forged)  # the form was never filled in
+    done = stack.engine.wait(started.id, 20)
+    assert done.state is not FlowState.SUCCEEDED, done.summary()
+    assert done.outputs["form"] == {"formCompleted": True}, "the signal's payload is not taken as the gateway's word"
+    assert "forged" not in str(done.outcome)
+
+
+@pytest.mark.integration
 def test_mit_after_contract_creation_then_deactivation(stack: Stack) -> None:
     contract = f"ct{time.time_ns() % 10**12}"
     recurrence = {"action": "CONTRACT_CREATION", "contractId": contract, "contractType": "MIT_UNSCHEDULED"}
