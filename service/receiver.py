@@ -43,7 +43,7 @@ REFUSED: dict[str, Any] = {"outcome": "KO", "error": "notification refused"}
 REFUSED_STATUS = 401
 
 #: Counter names (``engine.keys.counter(name)``) the receiver increments; ``/metrics`` reports them.
-COUNTERS = ("accepted", "duplicate", "rejected", "malformed", "oversized", "unrouted", "failed")
+COUNTERS = ("accepted", "duplicate", "rejected", "malformed", "oversized", "unrouted", "failed", "late_payment")
 
 # Compare-and-set of an event claim: take over a stale ``pending`` claim, or mark it ``done``.
 _SWAP = """
@@ -118,6 +118,9 @@ class NotificationReceiver:
         except (ValueError, UnicodeDecodeError) as exc:
             self.count("malformed")
             return bad_request(f"body is not JSON: {exc}")
+        except RecursionError:
+            self.count("malformed")
+            return bad_request("body is nested too deeply")
         if not isinstance(data, dict):
             self.count("malformed")
             return bad_request(f"body must be a JSON object, got {type(data).__name__}")
@@ -126,6 +129,9 @@ class NotificationReceiver:
         except NotificationError as exc:
             self.count("malformed")
             return bad_request(str(exc))
+        except RecursionError:
+            self.count("malformed")
+            return bad_request("operation: nested too deeply")
         order_id = notification.order_id
         if not order_id:
             self.count("malformed")
@@ -190,6 +196,17 @@ class NotificationReceiver:
             self.count("failed")
             self._release(key, pending)
             raise
+        if result == "finished":
+            try:
+                if self.engine.late_payment(flow_id, "notification", payload):
+                    result = "late_payment"
+                    self.count("late_payment")
+            except NotFound:
+                result = "missing"
+            except Exception:
+                self.count("failed")
+                self._release(key, pending)
+                raise
         pipe = self.redis.pipeline(transaction=False)
         self._swap(keys=[key], args=[pending, json.dumps({"state": "done", "flow": flow_id, "result": result})], client=pipe)
         pipe.incr(counter_key(self.engine, "accepted"))

@@ -57,6 +57,12 @@ class RetryPolicy:
             if attempt >= self.reconcile_attempts:
                 return Attention("a resend after an ambiguous failure was refused; state unclear", record)
             return Retry(self.delay(attempt), record, reconcile=True)
+        if not error.retryable and error.ambiguous:
+            # An answer we cannot read (an unexpected status): the gateway may have acted. Read it back
+            # for a call that is not safe to repeat; past that, or for a read, only a person can judge.
+            if not op.retry_safe and attempt < self.reconcile_attempts:
+                return Retry(self.delay(attempt), record, reconcile=True)
+            return Attention(f"{op.name}: the gateway answered {error.message}; it may have taken effect", record)
         if not error.retryable:
             return Finish(False, f"the gateway refused {op.name}: {error.message}", error=record)
         must_reconcile = error.ambiguous and not op.retry_safe

@@ -110,6 +110,9 @@ def run_step(step: Step, ctx: StepContext, *, must_reconcile: bool, resend: bool
         except GatewayError as error:
             found = UNCLEAR
             log.info("flow %s step %s: reconcile read failed: %s", ctx.flow_id, ctx.step, error)
+        except Exception as error:  # a defect in the reconcile read: stop for a person, never loop
+            log.exception("flow %s step %s: reconcile raised", ctx.flow_id, ctx.step)
+            return Attention(f"{ctx.step}: reconcile raised {type(error).__name__}: {error}", _describe(error, ctx))
         if isinstance(found, Unclear):
             if ctx.attempt >= policy.reconcile_attempts:
                 return Attention(f"{op.name} may have taken effect and the gateway cannot tell yet")
@@ -123,6 +126,15 @@ def run_step(step: Step, ctx: StepContext, *, must_reconcile: bool, resend: bool
         if failing is None:
             return Retry(policy.delay(ctx.attempt), error.to_dict(), reconcile=False)
         return policy.on_error(error, failing, ctx.attempt, resend=resend)
+    except Exception as error:  # a defect in a step body or an answer it cannot read
+        # Raising would leave the step leased, to be claimed and crash again forever. A person looks;
+        # ``retry`` then reconciles first, as the call may have reached the gateway before the crash.
+        log.exception("flow %s step %s: unexpected error", ctx.flow_id, ctx.step)
+        return Attention(f"{ctx.step}: unexpected {type(error).__name__}: {error}", _describe(error, ctx))
+
+
+def _describe(error: Exception, ctx: StepContext) -> dict[str, Any]:
+    return {"type": type(error).__name__, "message": str(error)[:500], "calls": list(ctx.calls)}
 
 
 def _operation_of(error: GatewayError, op: GatewayOperation[Any] | None, ctx: StepContext) -> GatewayOperation[Any] | None:

@@ -55,7 +55,7 @@ class Dispatcher:
         self.engine.redis.set(heartbeat, repr(now), ex=max(5, int(self.interval * 10)))
         if time.monotonic() - self._last_trim > 300:
             self._last_trim = time.monotonic()
-            self.engine.store.trim_indexes(now=now)
+            self.engine.store.trim_indexes(now=now, kinds=self.engine.registry)
         return sent
 
     def run(self) -> None:

@@ -32,15 +32,15 @@ import redis
 from pydantic import BaseModel, ValidationError
 
 from config.settings import Settings
-from gateway import GatewayClient, describe_validation_error
+from gateway import SUCCESS_RESULTS, GatewayClient, describe_validation_error
 from tasks.outcomes import Advance, Finish, NewOrder, Outcome, Poll, Retry, Sleep, Wait
 from tasks.retry import RetryPolicy
 from tasks.runner import StepContext, run_step
 from workflows.clock import Clock, SystemClock
 from workflows.keys import Keys, derived_id, step_idempotency_key
-from workflows.states import STOPPED, FlowState
+from workflows.states import STOPPED, TERMINAL, FlowState
 from workflows.steps import FlowDefinition, Step
-from workflows.store import Change, FlowRecord, FlowStore, StartConflict
+from workflows.store import Change, FlowRecord, FlowStore, StartConflict, compact_json
 
 log = logging.getLogger("durapay.engine")
 
@@ -164,8 +164,6 @@ class Engine:
         first = definition.first_step(ctx)
         if first is None:
             raise InputError(kind, "(input)", "no step of this flow applies to this input")
-        if order_id:
-            self._index_order(order_id, flow_id)
         record, created = self.store.create(
             flow_id,
             kind,
@@ -178,6 +176,8 @@ class Engine:
             run_at=run_at,
             safety=self._safety,
         )
+        if created and order_id:
+            self._index_order(order_id, flow_id, take_over=False)
         if created and record.state is FlowState.READY:
             self._send_from(record, definition, first.name)
         return record
@@ -244,11 +244,40 @@ class Engine:
             if record.state is FlowState.RUNNING:
                 self.store.request_cancel(flow_id)
                 return self.get(flow_id)
-            change = Change(FlowState.CANCELLED, f"cancelled: {reason}", {"outcome": _dump({"reason": reason})})
+            change = Change(FlowState.CANCELLED, f"cancelled: {reason}", {"outcome": compact_json({"reason": reason})})
             written = self.store.transition(record, change, now=self.clock.now(), by=by)
             if written is not None:
+                if written.state in TERMINAL:
+                    self.store.expire_orders(self._order_ids(written))
                 return written
         raise OperatorError(f"flow {flow_id} kept changing; try again")
+
+    def late_payment(self, flow_id: str, name: str, payload: Mapping[str, Any], *, by: str = "notification") -> bool:
+        """A verified notification reports money taken after the flow ended without it (the customer
+        paid on a page past our deadline, or after a cancel): never drop it. The flow moves to
+        ``needs_attention`` with the notification kept as a signal, so a person either refunds the
+        payment (a ``refund`` flow) or runs ``retry``, which lets the waiting step take it as its
+        outcome. True when the flow was moved."""
+        operation = payload.get("operation")
+        if not isinstance(operation, Mapping) or operation.get("operationResult") not in SUCCESS_RESULTS:
+            return False
+        record = self.get(flow_id)
+        if record.state not in {FlowState.FAILED, FlowState.CANCELLED}:
+            return False
+        seq = int(record.fields.get("sigseq") or 0) + 1
+        now = self.clock.now()
+        reported = {key: operation.get(key) for key in ("operationId", "orderId", "operationResult", "amount")}
+        what = f"late payment: the gateway reports {reported['operationResult']} after the flow ended {record.state}"
+        fields = {
+            "sigseq": str(seq),
+            f"sig:{seq}": compact_json({"name": name, "payload": dict(payload), "t": now}),
+            "error": compact_json({"type": "LatePayment", "endedAs": record.state.value, "operation": reported}),
+        }
+        written = self.store.transition(record, Change(FlowState.NEEDS_ATTENTION, what, fields), now=now, by=by)
+        if written is None:
+            return self.late_payment(flow_id, name, payload, by=by)
+        log.error("flow %s: %s (operation %s)", flow_id, what, reported["operationId"])
+        return True
 
     def retry(self, flow_id: str, *, by: str = "api") -> FlowRecord:
         """Move a ``needs_attention`` flow on from its current step (reconciling first when its last
@@ -258,8 +287,10 @@ class Engine:
         now = self.clock.now()
         definition = self.registry[record.kind]
         if record.state is FlowState.NEEDS_ATTENTION:
-            fields: dict[str, str | None] = {"attempt": "0", "polls": "0"}
-            change = Change(FlowState.READY, "retry requested", fields, due=now + self._safety)
+            # Whatever stopped the flow (an ambiguous error, a crash, a lost worker), the step's call
+            # may have reached the gateway: read it back before calling again (a no-op for reads).
+            fields: dict[str, str | None] = {"attempt": "0", "polls": "0", "reconcile": "1"}
+            change = Change(FlowState.READY, "retry requested (reconcile first)", fields, due=now + self._safety)
         elif record.state is FlowState.FAILED:
             try:
                 model = definition.input_model.model_validate(record.input)
@@ -351,13 +382,33 @@ class Engine:
         }
         if reclaim:
             claim_fields["uncertain"] = "1"
+            if record.attempt >= self.retry_policy.max_attempts:
+                # The step's worker died holding it again and again (a crash, the OOM killer): stop
+                # for a person instead of killing workers forever. ``retry`` reconciles first.
+                lost = Change(
+                    FlowState.NEEDS_ATTENTION,
+                    f"{step_name}: its worker was lost {record.attempt} times",
+                    {"lease_until": None, "lease_owner": None, "reconcile": "1", "error": compact_json({"type": "WorkerLost"})},
+                )
+                stopped = self.store.transition(record, lost, now=now, by=worker or f"pid-{os.getpid()}")
+                return "lost-race" if stopped is None else str(stopped.state)
         what = f"claimed {step_name}" + (" after the lease ran out" if reclaim else "")
         claimed = self.store.transition(record, Change(FlowState.RUNNING, what, claim_fields, due=lease_until), now=now, by=owner)
         if claimed is None:
             return "lost-race"
         if claimed.state is not FlowState.RUNNING:
             return str(claimed.state)
-        model = definition.input_model.model_validate(claimed.input)
+        try:
+            model = definition.input_model.model_validate(claimed.input)
+        except ValidationError as exc:  # an input the flow's model no longer accepts (a changed release)
+            field, reason = describe_validation_error(exc)
+            bad = Change(
+                FlowState.NEEDS_ATTENTION,
+                f"{step_name}: the stored input no longer validates: {field}: {reason}",
+                {"lease_until": None, "lease_owner": None, "error": compact_json({"type": "InputError", "field": field})},
+            )
+            stopped = self.store.transition(claimed, bad, now=now, by=owner)
+            return "lost-race" if stopped is None else str(stopped.state)
         ctx = self._context(claimed.id, claimed.kind, step_name, model, claimed.outputs, now, claimed.order_id, claimed)
         ctx.deadline_reached = record.state is FlowState.WAITING
         return Claim(claimed, definition, definition.step(step_name), ctx, resend=claimed.reconcile or claimed.uncertain)
@@ -437,7 +488,7 @@ class Engine:
             ctx.outputs = {**ctx.outputs, step.name: outcome.output}
             following = definition.next_step(step.name, ctx)
             done |= {
-                f"out:{step.name}": _dump(outcome.output),
+                f"out:{step.name}": compact_json(outcome.output),
                 "attempt": "0",
                 "polls": "0",
                 "reconcile": None,
@@ -447,25 +498,25 @@ class Engine:
             done |= self._customer_url(step, outcome.output)
             if following is None:
                 summary = definition.summary(ctx.input, ctx.outputs)
-                done["outcome"] = _dump({**summary, "result": "succeeded"})
+                done["outcome"] = compact_json({**summary, "result": "succeeded"})
                 change = Change(FlowState.SUCCEEDED, f"{step.name} done; flow succeeded", done)
             else:
                 done["step"] = following.name
                 change = Change(FlowState.READY, f"{step.name} done", done, due=now + self._safety, step=following.name)
         elif isinstance(outcome, Finish):
             if outcome.output:
-                done[f"out:{step.name}"] = _dump(outcome.output)
+                done[f"out:{step.name}"] = compact_json(outcome.output)
                 ctx.outputs = {**ctx.outputs, step.name: outcome.output}
             summary = definition.summary(ctx.input, ctx.outputs)
-            done["outcome"] = _dump(
+            done["outcome"] = compact_json(
                 {**summary, "result": "succeeded" if outcome.succeeded else "failed", "reason": outcome.reason}
             )
-            done["error"] = _dump(outcome.error) if outcome.error else None
+            done["error"] = compact_json(outcome.error) if outcome.error else None
             done["wait"] = None
             state = FlowState.SUCCEEDED if outcome.succeeded else FlowState.FAILED
             change = Change(state, f"{step.name}: {outcome.reason}", done)
         elif isinstance(outcome, Retry):
-            done |= {"error": _dump(outcome.error), "reconcile": "1" if outcome.reconcile else None}
+            done |= {"error": compact_json(outcome.error), "reconcile": "1" if outcome.reconcile else None}
             what = f"{step.name} will be retried in {outcome.after:.1f}s" + (" (reconcile first)" if outcome.reconcile else "")
             change = Change(FlowState.RETRYING, what, done, due=now + outcome.after)
         elif isinstance(outcome, Poll):
@@ -473,7 +524,7 @@ class Engine:
             change = Change(FlowState.RETRYING, f"{step.name}: {outcome.note or 'poll again'}", done, due=now + outcome.after)
         elif isinstance(outcome, Wait):
             wait = {"signals": list(outcome.signals), "deadline": outcome.deadline, "step": step.name}
-            done |= {"wait": _dump(wait), "attempt": "0", "reconcile": None}
+            done |= {"wait": compact_json(wait), "attempt": "0", "reconcile": None}
             change = Change(
                 FlowState.WAITING,
                 outcome.note or f"{step.name} waits",
@@ -497,12 +548,14 @@ class Engine:
                 due=now + self._safety,
             )
         else:
-            done |= {"error": _dump(outcome.error) if outcome.error else _dump({"message": outcome.reason})}
+            done |= {"error": compact_json(outcome.error) if outcome.error else compact_json({"message": outcome.reason})}
             change = Change(FlowState.NEEDS_ATTENTION, f"{step.name}: {outcome.reason}", done)
         written = self.store.transition(claimed, change, now=now, by=claimed.lease_owner)
         if written is None:
             log.info("flow %s step %s: stale completion dropped", claimed.id, step.name)
             return "stale"
+        if written.state in TERMINAL:
+            self.store.expire_orders(self._order_ids(written))
         if written.state is FlowState.READY and written.step != chained_next:
             self._send_from(written, definition, written.step)
         return str(written.state)
@@ -517,8 +570,31 @@ class Engine:
         except Exception:
             log.exception("flow %s: sending step %s failed; the dispatcher will pick it up", record.id, step_name)
 
-    def _index_order(self, order_id: str, flow_id: str) -> None:
-        self.redis.hset(self.keys.order(order_id), "flow", flow_id)
+    def _index_order(self, order_id: str, flow_id: str, *, take_over: bool = True) -> None:
+        """Point notifications for ``order_id`` at ``flow_id``. A start that merely *names* an order id
+        (``take_over=False``) never takes it from another live flow: the gateway will refuse the
+        second order and that flow moves to ``<orderId>-2``; the first keeps its notifications."""
+        key = self.keys.order(order_id)
+        if take_over:
+            self.redis.hset(key, "flow", flow_id)
+            return
+        if self.redis.hsetnx(key, "flow", flow_id):
+            return
+        holder = self.flow_for_order(order_id)
+        held = self.store.get(holder) if holder and holder != flow_id else None
+        if held is None or held.state in TERMINAL:
+            self.redis.hset(key, "flow", flow_id)
+
+    def _order_ids(self, record: FlowRecord) -> builtins.list[str]:
+        """Every gateway order id the flow used (its first, then ``-2``, ``-3`` after new orders)."""
+        definition = self.registry.get(record.kind)
+        if not record.order_id or definition is None or definition.order_id is None:
+            return [record.order_id] if record.order_id else []
+        try:
+            base = definition.order_id(definition.input_model.model_validate(record.input))
+        except ValidationError:  # card data erased at the end: the current id is what we know
+            return [record.order_id]
+        return sorted({gateway_order_id(base, seq) for seq in range(record.order_seq + 1)} | {record.order_id})
 
     def _keep_tokens(self, order_id: str, flow_id: str, output: Mapping[str, Any]) -> None:
         token = output.get("securityToken")
@@ -551,9 +627,3 @@ class _NoClient:
 
     def call(self, *args: Any, **kwargs: Any) -> Any:
         raise RuntimeError("a step condition must not call the gateway")
-
-
-def _dump(value: Any) -> str:
-    import json
-
-    return json.dumps(value, separators=(",", ":"), default=str)

@@ -43,9 +43,6 @@ class Keys:
     def by_kind(self, partition: int, kind: str) -> str:
         return f"{self.tag(partition)}:kind:{kind}"
 
-    def kinds(self) -> str:
-        return f"{self.prefix}:kinds"
-
     # -- notification lookups: keyed by the gateway's orderId, in the order id's own partition ------
 
     def order(self, order_id: str) -> str:

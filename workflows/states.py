@@ -43,9 +43,10 @@ TRANSITIONS: dict[FlowState, frozenset[FlowState]] = {
     S.WAITING: frozenset({S.READY, S.RUNNING, S.CANCELLED}),
     S.SLEEPING: frozenset({S.RUNNING, S.CANCELLED}),
     S.NEEDS_ATTENTION: frozenset({S.READY, S.CANCELLED}),
-    S.FAILED: frozenset({S.READY}),
+    # A payment reported after the flow ended without one (Engine.late_payment) needs a person.
+    S.FAILED: frozenset({S.READY, S.NEEDS_ATTENTION}),
     S.SUCCEEDED: frozenset(),
-    S.CANCELLED: frozenset(),
+    S.CANCELLED: frozenset({S.NEEDS_ATTENTION}),
 }
 
 

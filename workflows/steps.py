@@ -20,11 +20,9 @@ from typing import Any
 from pydantic import BaseModel
 
 from gateway import GatewayModel, GatewayOperation
+from tasks.celery_tasks import ENGINE_STEP_TASK
 from tasks.outcomes import Advance, Outcome, Sleep, Wait
 from tasks.runner import NOT_COMMITTED, ReconcileResult, StepContext
-
-#: The Celery task that runs steps which call no gateway operation.
-ENGINE_STEP_TASK = "durapay.engine.step"
 
 Condition = Callable[[StepContext], bool]
 RequestBuilder = Callable[[StepContext], "Call"]

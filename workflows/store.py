@@ -32,12 +32,13 @@ def _script(name: str) -> str:
     return resources.files("workflows").joinpath("lua", name).read_text()
 
 
-def _json(value: Any) -> str:
+def compact_json(value: Any) -> str:
+    """The one JSON form of everything the engine writes to Redis (compact, keys sorted)."""
     return json.dumps(value, separators=(",", ":"), sort_keys=True, default=str)
 
 
 def input_hash(kind: str, data: Mapping[str, Any]) -> str:
-    return hashlib.sha256(f"{kind}\x1f{_json(data)}".encode()).hexdigest()[:32]
+    return hashlib.sha256(f"{kind}\x1f{compact_json(data)}".encode()).hexdigest()[:32]
 
 
 @dataclass(frozen=True)
@@ -269,7 +270,7 @@ class FlowStore:
             "created": repr(now),
             "updated": repr(now),
             "due": repr(due),
-            "input": _json(data),
+            "input": compact_json(data),
         }
         if order_id:
             fields["order_id"] = order_id
@@ -286,7 +287,7 @@ class FlowStore:
                 self.keys.by_state(partition, state.value),
                 self.keys.by_kind(partition, kind),
             ],
-            args=[flow_id, repr(now), _json(fields), entry, digest, repr(due)],
+            args=[flow_id, repr(now), compact_json(fields), entry, digest, repr(due)],
         )
         created, stored_hash = answer
         if not created and stored_hash.decode() != digest:
@@ -306,7 +307,7 @@ class FlowStore:
             ttl = str(max(1, int(self.retention_seconds)))
         step = change.step or fields.get("step") or record.step
         clean = scrub(record.input)
-        scrubbed = _json(clean) if clean != record.input else ""
+        scrubbed = compact_json(clean) if clean != record.input else ""
         entry = self._entry(now, record.state, change.state, step or "", by, change.what)
         version, final_state = self._transition(
             keys=[
@@ -322,12 +323,12 @@ class FlowStore:
                 record.id,
                 str(record.version),
                 change.state.value,
-                _json(fields),
+                compact_json(fields),
                 "" if change.due is None else repr(change.due),
                 entry,
                 repr(now),
                 ttl,
-                _json(list(change.awaited)),
+                compact_json(list(change.awaited)),
                 str(max(1, int(self.retention_seconds))),
                 scrubbed,
             ],
@@ -369,7 +370,14 @@ class FlowStore:
                 self.keys.by_state(partition, FlowState.WAITING.value),
                 self.keys.by_state(partition, FlowState.READY.value),
             ],
-            args=[flow_id, name, _json({"name": name, "payload": dict(payload), "t": now}), repr(now), entry, repr(now + safety)],
+            args=[
+                flow_id,
+                name,
+                compact_json({"name": name, "payload": dict(payload), "t": now}),
+                repr(now),
+                entry,
+                repr(now + safety),
+            ],
         )
         return result.decode() if isinstance(result, bytes) else str(result)
 
@@ -387,18 +395,42 @@ class FlowStore:
                 earliest = score if earliest is None else min(earliest, score)
         return earliest
 
-    def trim_indexes(self, *, now: float) -> int:
-        """Drop index entries of finished flows whose records have expired."""
+    def trim_indexes(self, *, now: float, kinds: Iterable[str] = (), batch: int = 1000) -> int:
+        """Drop index entries of flows whose records have expired (a bounded batch per index and call).
+
+        Only entries older than the retention are looked at, and only those whose record is gone are
+        dropped: a flow may live longer than the retention (a timer months ahead), and a clock that
+        was moved (the demo's fast-forward) must not hide flows that still exist.
+        """
         removed = 0
         horizon = now - self.retention_seconds
         for partition in range(self.keys.partitions):
-            for state in TERMINAL:
-                removed += int(self.redis.zremrangebyscore(self.keys.by_state(partition, state.value), "-inf", horizon))
+            indexes = [self.keys.by_state(partition, state.value) for state in TERMINAL]
+            indexes += [self.keys.by_kind(partition, kind) for kind in kinds]
+            for index in indexes:
+                old = [member.decode() for member in self.redis.zrangebyscore(index, "-inf", horizon, start=0, num=batch)]
+                if not old:
+                    continue
+                pipe = self.redis.pipeline(transaction=False)
+                for flow_id in old:
+                    pipe.exists(self.keys.flow(flow_id))
+                gone = [flow_id for flow_id, exists in zip(old, pipe.execute(), strict=True) if not exists]
+                if gone:
+                    removed += int(self.redis.zrem(index, *gone))
         return removed
+
+    def expire_orders(self, order_ids: Iterable[str]) -> None:
+        """A finished flow's order lookups (flow, tokens) live as long as its record."""
+        ttl = max(1, int(self.retention_seconds))
+        pipe = self.redis.pipeline(transaction=False)
+        for order_id in order_ids:
+            pipe.expire(self.keys.order(order_id), ttl)
+            pipe.expire(self.keys.tokens(order_id), ttl)
+        pipe.execute()
 
     @staticmethod
     def _entry(now: float, source: FlowState | None, target: FlowState, step: str, by: str, what: str) -> str:
-        return _json(
+        return compact_json(
             {
                 "t": now,
                 "from": source.value if source else None,

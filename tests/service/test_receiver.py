@@ -108,6 +108,7 @@ def test_a_notification_without_event_id_is_deduplicated_by_its_body(served: Ser
         (json.dumps({"eventId": ["e"], "operation": {"orderId": "o"}}).encode(), "eventId"),
         (json.dumps({"eventId": "e", "securityToken": TOKEN}).encode(), "operation.orderId: missing"),
         (b"\xff\xfe\x00", "body is not JSON"),
+        (b"[" * 2_000 + b"]" * 2_000, "nested too deeply"),
     ],
 )
 def test_a_malformed_body_is_400_naming_the_problem(served: Served, raw: bytes, problem: str) -> None:
@@ -211,3 +212,17 @@ def test_redis_unavailable_is_503_not_a_traceback(runtime: Runtime, key_prefix: 
         assert receipt.body["outcome"] == "KO"
     finally:
         broken.close()
+
+
+def test_a_payment_notified_after_the_flow_failed_is_not_dropped(served: Served) -> None:
+    flow_id = waiting_flow(served.engine, "ord-late", TOKEN)
+    served.engine.signal(flow_id, "notification", {"fail": True})
+    assert served.engine.run_step(flow_id, "payment") == FlowState.FAILED.value
+    answer = post(served, notification("ord-late", TOKEN, "ev-late", result="AUTHORIZED"))
+    assert answer.status_code == 200, "acknowledged: the gateway must not keep resending"
+    late = served.engine.get(flow_id)
+    assert late.state is FlowState.NEEDS_ATTENTION
+    assert late.error is not None and late.error["type"] == "LatePayment"
+    assert served.counter("late_payment") == 1
+    assert post(served, notification("ord-late", TOKEN, "ev-late", result="AUTHORIZED")).status_code == 200
+    assert served.counter("late_payment") == 1, "a repeated event is not counted twice"

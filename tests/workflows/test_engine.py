@@ -325,6 +325,7 @@ def test_operator_retry_from_needs_attention_and_from_failed(make_engine: Any) -
     assert engine.dispatch_due() == 0, "nothing is due in needs_attention"
     assert engine.retry(record.id).state is FlowState.READY
     assert engine.run_step(record.id, "pay") == "failed"
+    assert step.reconciled == [1], "a retry from needs_attention reads the gateway before calling again"
     restarted = engine.retry(record.id)
     assert restarted.generation == 1 and restarted.outputs == {}
     assert engine.run_step(record.id, "pay") == "succeeded"
@@ -411,3 +412,126 @@ def test_a_cancel_erases_card_secrets_too(make_engine: Any) -> None:
     record = engine.start("demo", {"card": {"pan": "5186151650005008", "cvv": "999"}, "walletPaymentData": {"token": "t"}})
     engine.cancel(record.id)
     assert engine.get(record.id).input == {"card": {"pan": "518615******5008"}, "walletPaymentData": "redacted"}
+
+
+def test_a_step_that_raises_stops_for_a_person_instead_of_looping(make_engine: Any) -> None:
+    def crash(ctx: StepContext) -> None:
+        raise KeyError("operationId")
+
+    step = ScriptedStep("pay", during=crash)
+    engine, _ = make_engine(flow(step))
+    record = engine.start("demo", {"amount": 5})
+    assert engine.run_step(record.id, "pay") == "needs_attention"
+    stopped = engine.get(record.id)
+    assert stopped.error is not None and stopped.error["type"] == "KeyError"
+    assert stopped.lease_until is None and engine.dispatch_due() == 0, "nothing left leased or due"
+    step.during = None
+    engine.retry(record.id)
+    assert engine.run_step(record.id, "pay") == "succeeded"
+    assert step.reconciled == [1], "the crash may have followed the call: the retry reconciles first"
+
+
+def test_a_step_whose_worker_keeps_dying_stops_after_the_attempts(make_engine: Any, clock: ManualClock) -> None:
+    step = ScriptedStep("pay")
+    engine, _ = make_engine(flow(step))  # max_attempts = 3
+    record = engine.start("demo", {"amount": 5})
+    results = []
+    for _ in range(4):
+        current = engine.get(record.id)
+        if current.state is FlowState.NEEDS_ATTENTION:
+            break
+        claim = {"attempt": str(current.attempt + 1), "lease_until": repr(clock.now() + 30)}
+        engine.store.transition(  # a worker claims, then is killed (the OOM killer, a segfault)
+            current,
+            Change(FlowState.RUNNING, "claimed pay", claim),
+            now=clock.now(),
+            by="doomed",
+        )
+        clock.advance(31)
+        results.append(engine.run_step(record.id, "pay", worker="next") if current.attempt + 1 >= 3 else "killed")
+    assert results[-1] == "needs_attention"
+    stopped = engine.get(record.id)
+    assert stopped.state is FlowState.NEEDS_ATTENTION and stopped.error == {"type": "WorkerLost"}
+    assert step.runs == [], "the step was not run once more after its workers kept dying"
+    engine.retry(record.id)
+    assert engine.run_step(record.id, "pay") == "succeeded" and step.reconciled == [1]
+
+
+def test_a_stored_input_that_no_longer_validates_stops_for_a_person(make_engine: Any) -> None:
+    engine, _ = make_engine(flow(ScriptedStep("pay")))
+    record = engine.start("demo", {"amount": 5})
+    engine.redis.hset(engine.keys.flow(record.id), "input", '{"amount": 0}')
+    assert engine.run_step(record.id, "pay") == "needs_attention"
+    assert engine.get(record.id).error == {"type": "InputError", "field": "amount"}
+
+
+PAID = {"operation": {"operationId": "op-9", "orderId": "ord-1", "operationResult": "AUTHORIZED", "amount": "500"}}
+
+
+def test_a_payment_reported_after_the_flow_failed_needs_a_person(make_engine: Any, clock: ManualClock) -> None:
+    engine, _ = make_engine(flow(wait_step()))
+    record = engine.start("demo", {"amount": 5})
+    engine.run_step(record.id, "customer")
+    clock.advance(101)
+    assert engine.run_step(record.id, "customer") == "failed", "no payment by the deadline"
+    assert engine.signal(record.id, "paid", PAID) == "finished"
+    declined = {"operation": {**PAID["operation"], "operationResult": "DECLINED"}}
+    assert engine.late_payment(record.id, "paid", declined) is False, "only money taken needs a person"
+    assert engine.late_payment(record.id, "paid", PAID) is True
+    late = engine.get(record.id)
+    assert late.state is FlowState.NEEDS_ATTENTION and late.error is not None
+    assert late.error["type"] == "LatePayment" and late.error["operation"]["operationId"] == "op-9"
+    assert engine.redis.ttl(engine.keys.flow(record.id)) == -1, "kept until a person acts"
+    assert engine.late_payment(record.id, "paid", PAID) is False, "reported once"
+    engine.retry(record.id)  # the operator accepts the payment: the waiting step takes the notification
+    assert engine.run_step(record.id, "customer") == "succeeded"
+    assert engine.get(record.id).outputs["customer"]["operation"]["operationId"] == "op-9"
+
+
+class OrderInput(GatewayModel):
+    orderId: str
+
+
+def test_a_second_flow_naming_the_same_order_does_not_take_its_notifications(make_engine: Any, clock: ManualClock) -> None:
+    definition = FlowDefinition("demo", OrderInput, (wait_step(),), summary, order_id=lambda data: data.orderId)
+    engine, _ = make_engine(definition)
+    first = engine.start("demo", {"orderId": "ord-7"}, key="a")
+    second = engine.start("demo", {"orderId": "ord-7"}, key="b")
+    assert second.id != first.id
+    assert engine.flow_for_order("ord-7") == first.id, "the live flow keeps its order's notifications"
+    engine.cancel(first.id)
+    assert engine.redis.ttl(engine.keys.order("ord-7")) > 0, "a finished flow's order lookup expires with it"
+    third = engine.start("demo", {"orderId": "ord-7"}, key="c")
+    assert engine.flow_for_order("ord-7") == third.id, "an order of a finished flow may be named again"
+
+
+def test_trimming_drops_index_entries_only_of_expired_records(make_engine: Any, clock: ManualClock) -> None:
+    engine, _ = make_engine(flow(ScriptedStep("pay")))
+    gone, kept = engine.start("demo", {"amount": 5}), engine.start("demo", {"amount": 7})
+    engine.run_step(gone.id, "pay")
+    engine.run_step(kept.id, "pay")
+    alive = engine.start("demo", {"amount": 6})  # still ready, whatever its age
+    engine.redis.delete(engine.keys.flow(gone.id))  # as if its retention had passed
+    clock.advance(engine.store.retention_seconds + 1)  # a moved clock: ``kept`` still has its record
+    assert engine.store.trim_indexes(now=clock.now(), kinds=["demo"]) == 2
+    assert {flow_id for _, flow_id in engine.store.ids(kind="demo")} == {alive.id, kept.id}
+    assert [flow_id for _, flow_id in engine.store.ids(state=FlowState.SUCCEEDED)] == [kept.id]
+
+
+def test_a_signal_the_wait_step_consumed_does_not_wake_it_again(make_engine: Any) -> None:
+    from tasks.outcomes import Wait
+
+    def on_signal(ctx: StepContext, name: str, payload: dict[str, Any]) -> Outcome:
+        if payload.get("pending"):  # e.g. a PENDING notification: keep waiting
+            return Wait(("paid",), ctx.wait_deadline or ctx.now + 100)
+        return Advance({"signal": name})
+
+    step = WaitStep("customer", ("paid",), on_signal, lambda ctx: Finish(False, "expired"), lambda ctx: 100.0)
+    engine, _ = make_engine(flow(step))
+    record = engine.start("demo", {"amount": 5})
+    assert engine.run_step(record.id, "customer") == "waiting"
+    assert engine.signal(record.id, "paid", {"pending": True}) == "resumed"
+    assert engine.run_step(record.id, "customer") == "waiting", "the consumed signal does not resume it again"
+    assert engine.get(record.id).signals == []
+    assert engine.signal(record.id, "paid", {}) == "resumed"
+    assert engine.run_step(record.id, "customer") == "succeeded"

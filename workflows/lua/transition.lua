@@ -14,13 +14,15 @@ local state = ARGV[3]
 local due = ARGV[5]
 local idx = KEYS[5]
 local entry = ARGV[6]
+local fields = cjson.decode(ARGV[4])
 if state == 'waiting' then
   -- A signal that arrived while the step ran must not be slept through: resume at once.
   local awaited = {}
   for _, name in ipairs(cjson.decode(ARGV[9])) do awaited[name] = true end
   local keys = redis.call('HKEYS', KEYS[1])
   for _, key in ipairs(keys) do
-    if string.sub(key, 1, 4) == 'sig:' then
+    -- (a signal this very step consumed is deleted below: it must not wake the flow again)
+    if string.sub(key, 1, 4) == 'sig:' and fields[key] ~= cjson.null then
       local signal = cjson.decode(redis.call('HGET', KEYS[1], key))
       if awaited[signal['name']] then
         state = 'ready'
@@ -48,7 +50,6 @@ if redis.call('HGET', KEYS[1], 'cancel_requested') == '1' and
   log['what'] = (log['what'] or '') .. ' (then cancelled as requested)'
   entry = cjson.encode(log)
 end
-local fields = cjson.decode(ARGV[4])
 for name, value in pairs(fields) do
   if value == cjson.null then
     redis.call('HDEL', KEYS[1], name)
