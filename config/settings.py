@@ -156,7 +156,7 @@ def load_settings(overrides: Mapping[str, Any] | None = None) -> Settings:
     The first problem is reported; that is the one the operator fixes next.
     """
     try:
-        return Settings(**dict(overrides or {}))
+        settings = Settings(**dict(overrides or {}))
     except ValidationError as exc:
         first = exc.errors()[0]
         message = first["msg"].removeprefix("Value error, ")
@@ -166,3 +166,11 @@ def load_settings(overrides: Mapping[str, Any] | None = None) -> Settings:
         found = re.search(r'field "(\w+)"', str(exc))
         name = _variable((found.group(1),)) if found else ENV_PREFIX + "*"
         raise SettingsError(f"{name}: not valid JSON (set the nested variables, e.g. {name}__...)") from None
+    call = settings.gateway.timeout + settings.gateway.connect_timeout
+    if settings.engine.lease_seconds <= call:
+        # A lease shorter than one gateway call lets a second worker take a step still talking to the gateway.
+        raise SettingsError(
+            f"{_variable(('engine', 'lease_seconds'))}: must exceed one gateway call "
+            f"(DURAPAY_GATEWAY__TIMEOUT + DURAPAY_GATEWAY__CONNECT_TIMEOUT = {call:g}s)"
+        )
+    return settings

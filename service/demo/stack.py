@@ -131,7 +131,7 @@ class DemoStack:
             "gateway": {
                 "base_url": self.simulator.base_url,
                 "api_key": SIMULATOR_API_KEY,
-                "timeout": 4.0,
+                "timeout": 3.5,
                 "connect_timeout": 2.0,
             },
             "receiver": {"public_url": f"http://127.0.0.1:{api_port}{self.base.receiver.path}"},

@@ -81,7 +81,10 @@ class ClaimProtocol(RuleBasedStateMachine):
         super().__init__()
         self.clock = ManualClock(1_900_000_000.0)
         settings_ = load_settings(
-            {"engine": {"key_prefix": "p" + uuid.uuid4().hex[:10], "lease_seconds": LEASE, "partitions": 2}}
+            {
+                "gateway": {"timeout": 5.0, "connect_timeout": 1.0},
+                "engine": {"key_prefix": "p" + uuid.uuid4().hex[:10], "lease_seconds": LEASE, "partitions": 2},
+            }
         )
         self.redis = redis.Redis.from_url(REDIS_URL)
         self.engine = Engine(settings_, self.redis, {"prop": DEFINITION}, clock=self.clock)

@@ -101,6 +101,7 @@ def test_api_worker_and_scheduler_run_flows_together(
         monkeypatch.setenv("DURAPAY_GATEWAY__BASE_URL", sim.base_url)
         monkeypatch.setenv("DURAPAY_RECEIVER__PUBLIC_URL", f"{api}/notifications")
         monkeypatch.setenv("DURAPAY_ENGINE__LEASE_SECONDS", "10")
+        monkeypatch.setenv("DURAPAY_GATEWAY__TIMEOUT", "5")  # the lease must exceed one gateway call
 
         processes.start("api", "api", "--port", str(port))
         wait_until(lambda: answers(f"{api}/healthz", 200), 30, "durapay api to listen")

@@ -17,7 +17,7 @@ def test_settings_env_reproduces_the_settings(monkeypatch: pytest.MonkeyPatch) -
     settings = load_settings(
         {
             "redis_url": "redis://127.0.0.1:7001/0",
-            "gateway": {"base_url": "http://127.0.0.1:9999/api", "api_key": "k-gw", "timeout": 4.0},
+            "gateway": {"base_url": "http://127.0.0.1:9999/api", "api_key": "k-gw", "timeout": 3.0, "connect_timeout": 2.0},
             "api": {"key": "k-api", "port": 1234},
             "engine": {"lease_seconds": 6.0, "key_prefix": "demo"},
         }
