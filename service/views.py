@@ -11,20 +11,17 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from workflows.sensitive import mask_pan
 from workflows.steps import FlowDefinition
 from workflows.store import FlowRecord
 
-#: Keys whose values are secrets: shown as ``***``.
-SECRET_KEYS = frozenset({"cvv", "cvv2", "cvc", "securitytoken", "threedsauthresponse", "pares", "password"})
+#: Keys whose values are secrets: shown as ``***`` (the expiry date and wallet data too: with a PAN
+#: they are what a fraudster needs).
+SECRET_KEYS = frozenset(
+    {"cvv", "cvv2", "cvc", "expirydate", "walletpaymentdata", "securitytoken", "threedsauthresponse", "pares", "password"}
+)
 #: Keys holding a card number: first six and last four digits kept.
 PAN_KEYS = frozenset({"pan", "cardnumber"})
-
-
-def mask_pan(value: str) -> str:
-    digits = value.strip()
-    if len(digits) < 13:
-        return "***"
-    return digits[:6] + "*" * (len(digits) - 10) + digits[-4:]
 
 
 def redact(value: Any) -> Any:

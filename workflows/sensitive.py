@@ -15,7 +15,12 @@ REDACTED = "redacted"
 
 
 def mask_pan(pan: str) -> str:
-    return pan[:6] + "*" * max(0, len(pan) - 10) + pan[-4:] if len(pan) > 10 else "*" * len(pan)
+    """First six and last four digits (what PCI DSS allows to show); anything too short to be a card
+    number is hidden whole."""
+    digits = pan.strip()
+    if len(digits) < 13:
+        return "***"
+    return digits[:6] + "*" * (len(digits) - 10) + digits[-4:]
 
 
 def scrub(data: Any) -> Any:
