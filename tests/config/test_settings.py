@@ -87,3 +87,12 @@ def test_the_cli_prints_one_line_and_exits_2() -> None:
         "durapay: configuration error: DURAPAY_GATEWAY__TIMEOUT: Input should be a valid number, "
         "unable to parse string as a number"
     ]
+
+
+def test_a_lease_shorter_than_one_gateway_call_is_refused() -> None:
+    with pytest.raises(SettingsError) as refused:
+        load_settings({"engine": {"lease_seconds": 12}, "gateway": {"timeout": 10, "connect_timeout": 3}})
+    message = str(refused.value)
+    assert message.startswith("DURAPAY_ENGINE__LEASE_SECONDS: must exceed one gateway call") and "13s" in message
+    assert "\n" not in message
+    assert load_settings({"engine": {"lease_seconds": 14}}).engine.lease_seconds == 14
