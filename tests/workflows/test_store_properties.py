@@ -16,6 +16,7 @@ import uuid
 from collections import Counter
 from typing import Any
 
+import pytest
 import redis
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
@@ -67,16 +68,34 @@ OUTCOMES = st.sampled_from(["advance", "advance", "advance", "retry", "retry-rec
 
 
 def outcome_of(choice: str) -> Outcome:
-    return {
+    outcomes: dict[str, Outcome] = {
         "advance": Advance({"done": True}),
         "retry": Retry(1.0, {"type": "ServerError"}),
         "retry-reconcile": Retry(2.0, {"type": "GatewayTimeout"}, reconcile=True),
         "poll": Poll(3.0),
         "fail": Finish(False, "declined"),
-    }[choice]
+    }
+    return outcomes[choice]
+
+
+class Messages:
+    """Stands in for Celery: the chains the engine sends, delivered (or not) when the test says."""
+
+    def __init__(self) -> None:
+        self.in_flight: list[tuple[str, str]] = []
+
+    def send(self, task_name: str, flow_id: str, step: str) -> None:
+        self.in_flight.append((flow_id, step))
+
+    def send_chain(self, flow_id: str, links: list[tuple[str, str]]) -> None:
+        self.in_flight.append((flow_id, links[0][1]))
 
 
 class ClaimProtocol(RuleBasedStateMachine):
+    #: With a sender the engine takes the fast path (it sends each step itself, and the due entry is
+    #: only the safety net a lease away); without one, only the dispatcher moves flows.
+    WITH_SENDER = False
+
     def __init__(self) -> None:
         super().__init__()
         self.clock = ManualClock(1_900_000_000.0)
@@ -87,7 +106,9 @@ class ClaimProtocol(RuleBasedStateMachine):
             }
         )
         self.redis = redis.Redis.from_url(REDIS_URL)
-        self.engine = Engine(settings_, self.redis, {"prop": DEFINITION}, clock=self.clock)
+        self.messages = Messages()
+        sender = self.messages if self.WITH_SENDER else None
+        self.engine = Engine(settings_, self.redis, {"prop": DEFINITION}, clock=self.clock, sender=sender)
         self.flows: list[str] = []
         self.claims: list[Claim] = []
         self.completed: Counter[tuple[str, str, int]] = Counter()
@@ -117,6 +138,24 @@ class ClaimProtocol(RuleBasedStateMachine):
         """The record the engine rebuilt after a write is the record Redis holds."""
         stored = self.engine.store.get(record.id)
         assert stored is not None and stored.summary() == record.summary()
+
+    @precondition(lambda self: self.messages.in_flight)
+    @rule(data=st.data(), worker=st.sampled_from(["w1", "w2"]), lost=st.integers(0, 5))
+    def deliver_a_sent_message(self, data: Any, worker: str, lost: int) -> None:
+        """Celery delivers a message the engine sent (in any order), or loses it (the broker died)."""
+        # Pick by the flow's place in self.flows: flow ids are random, and the dispatcher sends in
+        # partition order, so the list's own order would differ between Hypothesis replays.
+        waiting = [flow_id for flow_id in self.flows if any(sent == flow_id for sent, _ in self.messages.in_flight)]
+        chosen = data.draw(st.sampled_from(waiting))
+        flow_id, step = self.messages.in_flight.pop(
+            next(i for i, (sent, _) in enumerate(self.messages.in_flight) if sent == chosen)
+        )
+        if not lost:
+            return
+        claim = self.engine.claim(flow_id, step, worker=worker)
+        if isinstance(claim, Claim):
+            self.same_as_stored(claim.record)
+            self.claims.append(claim)
 
     @precondition(lambda self: self.claims)
     @rule(data=st.data())
@@ -189,10 +228,15 @@ class ClaimProtocol(RuleBasedStateMachine):
 REDIS_URL = ""
 
 
-def test_claim_protocol_properties(redis_url: str) -> None:
+class ClaimProtocolWithSender(ClaimProtocol):
+    WITH_SENDER = True
+
+
+@pytest.mark.parametrize("machine", [ClaimProtocol, ClaimProtocolWithSender], ids=["dispatcher-only", "with-sender"])
+def test_claim_protocol_properties(redis_url: str, machine: type[ClaimProtocol]) -> None:
     global REDIS_URL
     REDIS_URL = redis_url
-    runner = ClaimProtocol.TestCase
+    runner = machine.TestCase
     runner.settings = settings(
         max_examples=200,
         stateful_step_count=60,
