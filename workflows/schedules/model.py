@@ -12,12 +12,12 @@ from __future__ import annotations
 import itertools
 import json
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, date, datetime
 from enum import StrEnum
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from gateway import Amount, CaptureType, Currency
 from workflows.schedules.rules import Calendar, Rule, instant, iso, zone
@@ -93,7 +93,9 @@ class ScheduleInput(BaseModel):
         return value
 
     @model_validator(mode="after")
-    def _window(self) -> ScheduleInput:
+    def _window(self, info: ValidationInfo) -> ScheduleInput:
+        if info.context and info.context.get("stored"):
+            return self  # read back from Redis: checked when it was created
         calendar = self.calendar()
         if calendar.end is not None and calendar.end < calendar.start:
             raise ValueError("end: must not be before start")
@@ -162,7 +164,7 @@ class ScheduleRecord:
             version=int(data["version"]),
             created=float(data["created"]),
             updated=float(data.get("updated") or data["created"]),
-            spec=ScheduleInput.model_validate_json(data["spec"]),
+            spec=ScheduleInput.model_validate_json(data["spec"], context={"stored": True}),
             next_at=float(data["next_at"]) if data.get("next_at") else None,
             seq=int(data.get("seq") or 0),
             open=[Attempt.parse(item) for item in json.loads(data.get("open") or "[]")],
@@ -170,6 +172,16 @@ class ScheduleRecord:
             last=json.loads(data["last"]) if data.get("last") else None,
             reason=data.get("reason", ""),
             start_key=data.get("start_key", ""),
+        )
+
+    def copy(self) -> ScheduleRecord:
+        """A copy whose attempts, counts and last outcome can change without touching this one (the spec
+        is immutable and shared)."""
+        return replace(
+            self,
+            open=[replace(attempt) for attempt in self.open],
+            counts=dict(self.counts),
+            last=dict(self.last) if self.last else None,
         )
 
     def fields(self) -> dict[str, str]:

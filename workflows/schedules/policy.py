@@ -254,7 +254,7 @@ def _fire_due(plan: Plan, now: float, flow_kind: str) -> None:
 
 def advance(record: ScheduleRecord, now: float, flows: Mapping[str, FlowRecord], flow_kind: str) -> Plan:
     """The scheduler's look at a due schedule (see the module docstring)."""
-    plan = Plan(copy.deepcopy(record))
+    plan = Plan(record.copy())
     current = plan.record
     if current.state not in (S.ACTIVE, S.DUNNING):
         return plan
@@ -288,7 +288,7 @@ def advance(record: ScheduleRecord, now: float, flows: Mapping[str, FlowRecord],
 
 
 def pause(record: ScheduleRecord, now: float, by: str) -> Plan:
-    plan = Plan(copy.deepcopy(record))
+    plan = Plan(record.copy())
     if record.state not in (S.ACTIVE, S.DUNNING):
         raise OperatorError(f"schedule {record.id} is {record.state}; only an active or dunning schedule can be paused")
     plan.record.state = S.PAUSED
@@ -298,7 +298,7 @@ def pause(record: ScheduleRecord, now: float, by: str) -> Plan:
 
 def resume(record: ScheduleRecord, now: float, by: str) -> Plan:
     """Go on from now: occurrences passed meanwhile are skipped; open attempts are looked at at once."""
-    plan = Plan(copy.deepcopy(record))
+    plan = Plan(record.copy())
     current = plan.record
     if record.state not in (S.PAUSED, S.NEEDS_ATTENTION):
         raise OperatorError(f"schedule {record.id} is {record.state}; only a paused or needs_attention schedule resumes")
@@ -317,7 +317,7 @@ def resume(record: ScheduleRecord, now: float, by: str) -> Plan:
 
 def cancel(record: ScheduleRecord, now: float, by: str, reason: str) -> Plan:
     """Stop for good. Retries not yet started are dropped; charges already in flight run to their end."""
-    plan = Plan(copy.deepcopy(record))
+    plan = Plan(record.copy())
     if record.state in FINAL:
         raise OperatorError(f"schedule {record.id} is already {record.state}")
     current = plan.record
@@ -334,7 +334,7 @@ def change_amount(record: ScheduleRecord, now: float, amount: int, by: str) -> P
     """New occurrences charge ``amount``; retries of an occurrence already charged keep its amount."""
     if record.state in FINAL:
         raise OperatorError(f"schedule {record.id} is {record.state}; its amount can no longer change")
-    plan = Plan(copy.deepcopy(record))
+    plan = Plan(record.copy())
     plan.record.spec = record.spec.model_copy(update={"amount": amount})
     plan.event(now, "amount changed", by=by, previous=record.spec.amount, amount=amount)
     return plan
