@@ -1,0 +1,116 @@
+"""The step runner without Celery or Redis: reconcile-first, the idempotency key, errors to outcomes."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+from typing import Any
+
+from gateway import Catalogue, GatewayOperation, GatewayTimeout, ServerError
+from tasks.outcomes import Advance, Attention, Outcome, Retry
+from tasks.retry import RetryPolicy
+from tasks.runner import NOT_COMMITTED, UNCLEAR, ReconcileResult, StepContext, run_step
+
+
+class Client:
+    """Records calls; raises the errors it is given, in order, then answers {}."""
+
+    def __init__(self, *errors: Exception) -> None:
+        self.errors = list(errors)
+        self.keys: list[str | None] = []
+
+    def call(self, op: GatewayOperation[Any], *path: str, request: Any = None, idempotency_key: str | None = None) -> Any:
+        self.keys.append(idempotency_key)
+        if self.errors:
+            raise self.errors.pop(0)
+        return None  # the steps here ignore the answer
+
+
+@dataclass
+class Step:
+    name: str = "pay"
+    operation: GatewayOperation[Any] | None = Catalogue.create_moto_order
+    found: list[ReconcileResult] = field(default_factory=list)
+    executed: int = 0
+
+    def execute(self, ctx: StepContext) -> Outcome:
+        self.executed += 1
+        assert self.operation is not None
+        ctx.call(self.operation, request={})
+        return Advance({"paid": True})
+
+    def reconcile(self, ctx: StepContext) -> ReconcileResult:
+        return self.found.pop(0) if self.found else NOT_COMMITTED
+
+
+def context(client: Client, attempt: int = 1) -> StepContext:
+    policy = RetryPolicy(base_seconds=1, cap_seconds=10, max_attempts=4, reconcile_attempts=3, rng=random.Random(5))
+    return StepContext(
+        flow_id="f1",
+        kind="demo",
+        step="pay",
+        input=None,
+        outputs={},
+        attempt=attempt,
+        now=0.0,
+        idempotency_key="f1.pay",
+        order_id="ord-1",
+        client=client,  # type: ignore[arg-type]
+        retry=policy,
+    )
+
+
+def test_a_success_advances_and_sends_the_key_only_where_the_operation_takes_one() -> None:
+    client = Client()
+    assert run_step(Step(), context(client), must_reconcile=False, resend=False) == Advance({"paid": True})
+    assert client.keys == [None], "MOTO takes no Idempotency-Key"
+    keyed = Client()
+    run_step(Step(operation=Catalogue.create_mit_order), context(keyed), must_reconcile=False, resend=False)
+    assert keyed.keys == ["f1.pay"]
+
+
+def test_a_retryable_error_becomes_a_retry_with_a_delay() -> None:
+    outcome = run_step(Step(), context(Client(ServerError("503", status_code=503))), must_reconcile=False, resend=False)
+    assert isinstance(outcome, Retry) and 0 <= outcome.after <= 1 and outcome.reconcile
+    assert outcome.error["type"] == "ServerError"
+
+
+def test_reconcile_first_adopts_what_the_gateway_did_without_calling_again() -> None:
+    step = Step(found=[Advance({"adopted": True})])
+    client = Client()
+    assert run_step(step, context(client), must_reconcile=True, resend=True) == Advance({"adopted": True})
+    assert step.executed == 0 and client.keys == []
+
+
+def test_reconcile_that_finds_nothing_calls_again() -> None:
+    step = Step(found=[NOT_COMMITTED])
+    assert run_step(step, context(Client()), must_reconcile=True, resend=True) == Advance({"paid": True})
+    assert step.executed == 1
+
+
+def test_reconcile_that_cannot_tell_reads_again_then_needs_a_person() -> None:
+    early = run_step(Step(found=[UNCLEAR]), context(Client(), attempt=1), must_reconcile=True, resend=True)
+    assert isinstance(early, Retry) and early.reconcile
+    late = run_step(Step(found=[UNCLEAR]), context(Client(), attempt=3), must_reconcile=True, resend=True)
+    assert isinstance(late, Attention)
+
+
+def test_a_retry_safe_operation_skips_the_reconcile_read() -> None:
+    step = Step(operation=Catalogue.create_mit_order, found=[Advance({"adopted": True})])
+    assert run_step(step, context(Client()), must_reconcile=True, resend=True) == Advance({"paid": True})
+
+
+def test_a_defect_in_a_step_stops_for_a_person_instead_of_raising() -> None:
+    class Broken(Step):
+        def execute(self, ctx: StepContext) -> Outcome:
+            ctx.call(Catalogue.create_moto_order, request={})
+            raise KeyError("operationId")
+
+    outcome = run_step(Broken(), context(Client()), must_reconcile=False, resend=False)
+    assert isinstance(outcome, Attention) and outcome.error is not None
+    assert outcome.error["type"] == "KeyError" and outcome.error["calls"] == ["create_moto_order"]
+
+
+def test_a_timeout_after_sending_is_flagged_for_reconciliation() -> None:
+    outcome = run_step(Step(), context(Client(GatewayTimeout("read", sent=True))), must_reconcile=False, resend=False)
+    assert isinstance(outcome, Retry) and outcome.reconcile and outcome.error["ambiguous"] is True
