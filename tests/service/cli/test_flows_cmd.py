@@ -11,6 +11,7 @@ import pytest
 
 from service.runtime import Runtime
 from tasks.outcomes import Finish
+from tests.gateway.test_catalogue import spec_pairs
 from tests.service.cli.conftest import invoke
 from workflows.engine import Claim
 from workflows.states import FlowState
@@ -137,7 +138,11 @@ def test_flows_kinds_config_and_endpoints(cli_env: dict[str, str]) -> None:
     config = json.loads(invoke("config", "--json").stdout)
     assert config["DURAPAY_API__KEY"] == "(set)"
     assert config["DURAPAY_RECEIVER__PATH"] == "/notifications"
-    assert len(json.loads(invoke("endpoints", "--json").stdout)) > 50
+    listed = json.loads(invoke("endpoints", "--json").stdout)
+    pairs = [(row["method"], row["path"]) for row in listed]
+    assert len(pairs) == 83 == len(set(pairs)), "every method and path of the spec, each once"
+    assert pairs == spec_pairs(), "in the spec's order"
+    assert all(isinstance(row["idempotency_key"], bool) and row["operation"] for row in listed)
 
 
 def test_redis_unreachable_is_one_line(cli_env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> None:
