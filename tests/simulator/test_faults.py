@@ -155,13 +155,14 @@ def test_fixed_latency_delays_and_concurrent_requests_overlap(client: GatewayCli
     started = time.monotonic()
     client.call(Catalogue.list_payment_methods)
     assert time.monotonic() - started >= 0.2
+    sim.admin.set_faults(latency_ms=3000)
     threads = [threading.Thread(target=client.call, args=(Catalogue.list_payment_methods,)) for _ in range(8)]
-    started = time.monotonic()
     for thread in threads:
         thread.start()
+    # The simulator holds all eight at once (a serializing server would hold one): seen, not timed.
+    wait_until(lambda: sim.admin.health()["inFlight"] == 8, what="eight requests in flight together")
     for thread in threads:
-        thread.join(timeout=10)
-    assert time.monotonic() - started < 0.2 * 4  # eight sequential requests would take 1.6 s
+        thread.join(timeout=30)
 
 
 def test_a_latency_rule_delays_only_its_operation_and_leaves_the_global_latency(
@@ -169,20 +170,22 @@ def test_a_latency_rule_delays_only_its_operation_and_leaves_the_global_latency(
 ) -> None:
     sim.admin.set_faults(mode="latency", operation="list_payment_methods", latency_ms=300, count=1)
     assert sim.admin.faults()["latency_ms"] == 0, "a rule's latency_ms is the rule's, not every request's"
-    started = time.monotonic()
     client.call(Catalogue.get_exchange_rates)
-    other = time.monotonic() - started
+    [rule] = sim.admin.faults()["rules"]
+    assert (rule["remaining"], rule["fired"]) == (1, 0), "another operation does not take the rule"
     started = time.monotonic()
     client.call(Catalogue.list_payment_methods)
-    assert time.monotonic() - started >= 0.3 > other
+    assert time.monotonic() - started >= 0.3
+    assert [rule["fired"] for rule in sim.admin.faults()["rules"]] in ([], [1]), "its operation took it"
 
 
-def test_random_latency_stays_within_its_bounds(client: GatewayClient, sim: SimulatorServer) -> None:
+def test_random_latency_is_at_least_the_fixed_part(client: GatewayClient, sim: SimulatorServer) -> None:
     sim.admin.set_faults(latency_ms=50, latency_jitter_ms=100, seed=3)
+    assert (sim.admin.faults()["latency_ms"], sim.admin.faults()["latency_jitter_ms"]) == (50, 100)
     for _ in range(5):
         started = time.monotonic()
         client.call(Catalogue.list_payment_methods)
-        assert 0.05 <= time.monotonic() - started < 1.0
+        assert time.monotonic() - started >= 0.05  # (no upper bound: the machine may be slow)
 
 
 def test_clearing_faults_restores_the_start_up_settings(client: GatewayClient, sim: SimulatorServer) -> None:
