@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import json
 import threading
-import time
-from collections.abc import Callable
 from typing import Any, TypeVar
 
 import uvicorn
@@ -18,24 +16,14 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from tests.waiting import wait_until
+
 T = TypeVar("T")
 
 APPROVE = "4349940199004549"
 CHALLENGE = "5186151650005008"
 DECLINE = "4349940199997007"
 THREEDS_FAIL = "5533893874304465"
-
-
-def wait_until(probe: Callable[[], T], *, timeout: float = 10.0, what: str = "condition") -> T:
-    """Poll ``probe`` until it returns something truthy; fail after ``timeout`` seconds (never a bare sleep)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = probe()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.01)
 
 
 def order(order_id: str, amount: int = 1500, currency: str = "EUR", **extra: Any) -> dict[str, Any]:

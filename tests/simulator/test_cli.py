@@ -12,7 +12,8 @@ import httpx
 
 from config import GatewaySettings
 from gateway import Catalogue, GatewayClient
-from tests.simulator.support import card, order, wait_until
+from tests.simulator.support import card, order
+from tests.waiting import wait_until
 
 DURAPAY = str(Path(sys.executable).parent / "durapay")
 

@@ -21,7 +21,8 @@ from gateway import (
 )
 from simulator import SimulatorAdminError, SimulatorServer
 from tests.simulator.scenario import Scenario
-from tests.simulator.support import card, order, wait_until
+from tests.simulator.support import card, order
+from tests.waiting import wait_until
 
 
 @pytest.fixture

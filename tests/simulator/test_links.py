@@ -12,7 +12,8 @@ from config import GatewaySettings
 from gateway import BadRequest, Catalogue, GatewayClient
 from simulator import SimulatorAdminError, SimulatorConfig, SimulatorServer
 from tests.simulator.scenario import Scenario
-from tests.simulator.support import DECLINE, order, session, wait_until
+from tests.simulator.support import DECLINE, order, session
+from tests.waiting import wait_until
 
 
 @pytest.fixture

@@ -9,7 +9,8 @@ import pytest
 
 from gateway import Catalogue, GatewayClient, InvalidSecurityToken, parse_notification, verify_security_token
 from simulator import SimulatorServer
-from tests.simulator.support import DECLINE, Receiver, order, session, wait_until
+from tests.simulator.support import DECLINE, Receiver, order, session
+from tests.waiting import wait_until
 
 
 def _hpp(client: GatewayClient, receiver: Receiver, order_id: str = "n-1") -> str:

@@ -12,8 +12,7 @@ import json
 import os
 import signal
 import subprocess
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,21 +22,9 @@ import pytest
 from config.embedded import free_port
 from simulator import SimulatorConfig, SimulatorServer
 from tests.service.cli.conftest import API_KEY, DURAPAY, invoke
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.integration
-
-
-def wait_until(condition: Callable[[], Any], timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    pause = 0.02
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(pause)
-        pause = min(pause * 1.5, 0.25)
 
 
 def answers(url: str, status: int, **kwargs: Any) -> bool:

@@ -10,7 +10,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -73,17 +72,3 @@ class WorkerProcess:
                 self.process.wait(timeout=15)
             except subprocess.TimeoutExpired:
                 self.kill()
-
-
-def wait_until(condition: Any, timeout: float = 30.0, what: str = "condition") -> Any:
-    """Poll ``condition()`` until it returns something truthy; TimeoutError naming ``what`` otherwise."""
-    deadline = time.monotonic() + timeout
-    pause = 0.01
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{what} did not happen within {timeout}s")
-        time.sleep(pause)
-        pause = min(pause * 1.5, 0.2)

@@ -18,8 +18,9 @@ import redis
 
 from service.runtime import build_runtime
 from simulator import SimulatorServer
+from tests.waiting import wait_until
 from tests.workflows.integration.conftest import Stack, stack_settings
-from tests.workflows.integration.processes import WorkerProcess, wait_until
+from tests.workflows.integration.processes import WorkerProcess
 from tests.workflows.integration.test_flows import APPROVE, card, order
 from workflows.dispatcher import Dispatcher
 from workflows.engine import Engine

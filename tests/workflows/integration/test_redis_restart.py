@@ -17,8 +17,8 @@ from celery.contrib.testing.worker import start_worker
 from config.embedded import EmbeddedValkey
 from service.runtime import build_runtime
 from simulator import SimulatorServer
+from tests.waiting import wait_until
 from tests.workflows.integration.conftest import stack_settings
-from tests.workflows.integration.processes import wait_until
 from tests.workflows.integration.test_durability import charges, one_operation_per_key
 from tests.workflows.integration.test_flows import APPROVE, card, order
 from workflows.dispatcher import Dispatcher

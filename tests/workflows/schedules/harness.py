@@ -38,6 +38,7 @@ from config import load_settings
 from gateway import Catalogue, GatewayClient, GatewayError, parse_notification, verify_security_token
 from service.runtime import Runtime, build_runtime
 from simulator import SimulatorServer
+from tests.waiting import wait_until
 from workflows.clock import ManualClock
 from workflows.dispatcher import Dispatcher
 from workflows.engine import Engine
@@ -45,20 +46,6 @@ from workflows.schedules import Schedules
 
 T = TypeVar("T")
 APPROVE_PAN = "4349940199004549"
-
-
-def wait_until(probe: Callable[[], T], *, timeout: float = 30.0, what: str = "condition") -> T:
-    """Poll ``probe`` until it returns something truthy (a deadline, never a bare sleep)."""
-    deadline = time.monotonic() + timeout
-    pause = 0.005
-    while True:
-        value = probe()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(pause)
-        pause = min(pause * 1.5, 0.05)
 
 
 class Receiver:
