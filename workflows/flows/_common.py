@@ -120,6 +120,11 @@ def settle_step(name: str, source: str) -> CallStep:
     return CallStep(name, Catalogue.get_operation, build, result=result, when=pending)
 
 
+def input_order_id(data: Any) -> str:
+    """The merchant's ``order.orderId`` of a flow input (a FlowDefinition's ``order_id``)."""
+    return str(data.order.orderId)
+
+
 def order_with_current_id(ctx: StepContext, order: Any) -> dict[str, Any]:
     """The input's order as sent: the flow's current gateway order id replaces the merchant's."""
     data: dict[str, Any] = order.wire()

@@ -37,6 +37,7 @@ from tasks.runner import NOT_COMMITTED, UNCLEAR, ReconcileResult, StepContext
 from workflows.flows._common import (
     adopt_final_payment,
     adopt_order_operation,
+    input_order_id,
     new_order_if_exists,
     operation_of,
     order_with_current_id,
@@ -45,10 +46,6 @@ from workflows.flows._common import (
     summarize,
 )
 from workflows.steps import Call, CallStep, FlowDefinition, WaitStep
-
-
-def _order_id(data: Any) -> str:
-    return str(data.order.orderId)
 
 
 def _with_order(ctx: StepContext) -> dict[str, Any]:
@@ -60,7 +57,7 @@ def _with_order(ctx: StepContext) -> dict[str, Any]:
 def one_call(kind: str, model: type[GatewayModel], op: Any, description: str) -> FlowDefinition:
     """A payment made by one call, reconciled by reading the order, then read until final if PENDING."""
     pay = CallStep("pay", op, lambda ctx: Call(request=_with_order(ctx)), result=payment_result, adopt=adopt_order_operation)
-    return FlowDefinition(kind, model, (pay, settle_step("settle", "pay")), summarize, _order_id, description)
+    return FlowDefinition(kind, model, (pay, settle_step("settle", "pay")), summarize, input_order_id, description)
 
 
 MOTO = one_call("moto", MotoRequest, Catalogue.create_moto_order, "mail-order/telephone-order payment")
@@ -205,7 +202,7 @@ THREE_STEPS = FlowDefinition(
         settle_step("settle", "payment"),
     ),
     summarize,
-    _order_id,
+    input_order_id,
     "server-to-server card payment: init, 3DS challenge when needed, validation, payment",
 )
 
@@ -243,6 +240,6 @@ SVS = FlowDefinition(
         settle_step("settle", "pay"),
     ),
     summarize,
-    _order_id,
+    input_order_id,
     "init/pay server-to-server flow on /v2/svs",
 )

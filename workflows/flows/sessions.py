@@ -34,6 +34,7 @@ from gateway import (
 from tasks.outcomes import Advance, Finish, Outcome, Poll, Wait
 from tasks.runner import NOT_COMMITTED, ReconcileResult, StepContext
 from workflows.flows._common import (
+    input_order_id,
     judge_operation,
     new_order_if_exists,
     order_with_current_id,
@@ -49,10 +50,6 @@ MAX_EXTENSIONS = 3
 EXTENSION_SECONDS = 600.0
 #: How often a flow reads the order of a link it adopted (it cannot verify that link's notifications).
 ADOPTED_READ_SECONDS = 300.0
-
-
-def _order_id(data: Any) -> str:
-    return str(data.order.orderId)
 
 
 def _session_body(ctx: StepContext, drop: tuple[str, ...] = ()) -> dict[str, Any]:
@@ -132,7 +129,7 @@ HPP = FlowDefinition(
         _await("payment", lambda ctx: ctx.input.waitSeconds or 1800.0, "hosted payment page"),
     ),
     summarize,
-    _order_id,
+    input_order_id,
     "hosted payment page: create, wait for the customer, outcome",
 )
 
@@ -192,7 +189,7 @@ PAYBYLINK = FlowDefinition(
     PayByLinkInput,
     (_link_create_step("create"), _await("payment", _link_deadline, "pay-by-link")),
     summarize,
-    _order_id,
+    input_order_id,
     "pay-by-link (v3 by default; v2, v1 and unversioned selectable): create, wait, outcome",
 )
 
@@ -332,7 +329,7 @@ BUILD = FlowDefinition(
         settle_step("settle", "finalize"),
     ),
     summarize,
-    _order_id,
+    input_order_id,
     "embedded payment form (versions 3 and 2): order, wait for the form, finalize/confirm, outcome",
 )
 
