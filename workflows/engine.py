@@ -356,7 +356,29 @@ class Engine:
 
     def claim(self, flow_id: str, step_name: str, *, worker: str = "") -> Claim | str:
         """Take the step under a lease, or say why not: ``missing``, ``not-current``, ``leased``,
-        ``stopped``, ``early`` (not due yet), ``lost-race`` (another claim won)."""
+        ``stopped``, ``early`` (not due yet), ``lost-race`` (another claim won).
+
+        One round trip (``claim.lua``) in the common case; a flow with a cancel request or a step
+        reclaimed past its attempts takes the careful path (:meth:`_claim_carefully`)."""
+        now = self.clock.now()
+        owner = worker or f"pid-{os.getpid()}"
+        taken = self.store.claim(
+            flow_id,
+            step_name,
+            now=now,
+            lease_until=now + self.lease,
+            owner=owner,
+            max_attempts=self.retry_policy.max_attempts,
+        )
+        if taken == "fallback":
+            return self._claim_carefully(flow_id, step_name, worker=worker)
+        if isinstance(taken, str):
+            return taken
+        claimed, previous = taken
+        return self._claimed(claimed, step_name, now, owner, deadline_reached=previous is FlowState.WAITING)
+
+    def _claim_carefully(self, flow_id: str, step_name: str, *, worker: str = "") -> Claim | str:
+        """The claim read, decided and written in three steps (the rules ``claim.lua`` follows)."""
         now = self.clock.now()
         record = self.store.get(flow_id)
         if record is None:
@@ -372,7 +394,6 @@ class Engine:
             return "stopped"
         elif record.state is not FlowState.READY and (record.due is None or record.due > now):
             return "early"
-        definition = self.registry[record.kind]
         lease_until = now + self.lease
         owner = worker or f"pid-{os.getpid()}"
         claim_fields: dict[str, str | None] = {
@@ -398,6 +419,11 @@ class Engine:
             return "lost-race"
         if claimed.state is not FlowState.RUNNING:
             return str(claimed.state)
+        return self._claimed(claimed, step_name, now, owner, deadline_reached=record.state is FlowState.WAITING)
+
+    def _claimed(self, claimed: FlowRecord, step_name: str, now: float, owner: str, *, deadline_reached: bool) -> Claim | str:
+        """The claim handed to the step: its input typed again, its context built."""
+        definition = self.registry[claimed.kind]
         try:
             model = definition.input_model.model_validate(claimed.input)
         except ValidationError as exc:  # an input the flow's model no longer accepts (a changed release)
@@ -410,7 +436,7 @@ class Engine:
             stopped = self.store.transition(claimed, bad, now=now, by=owner)
             return "lost-race" if stopped is None else str(stopped.state)
         ctx = self._context(claimed.id, claimed.kind, step_name, model, claimed.outputs, now, claimed.order_id, claimed)
-        ctx.deadline_reached = record.state is FlowState.WAITING
+        ctx.deadline_reached = deadline_reached
         return Claim(claimed, definition, definition.step(step_name), ctx, resend=claimed.reconcile or claimed.uncertain)
 
     def dispatch_due(self, *, batch: int | None = None) -> int:

@@ -188,6 +188,7 @@ class FlowStore:
         self._transition = client.register_script(_script("transition.lua"))
         self._signal = client.register_script(_script("signal.lua"))
         self._take_due = client.register_script(_script("take_due.lua"))
+        self._claim = client.register_script(_script("claim.lua"))
 
     # -- reading -------------------------------------------------------------------------------
 
@@ -353,6 +354,26 @@ class FlowStore:
         else:
             data["due"] = repr(change.due)
         return FlowRecord.from_fields(data)
+
+    def claim(
+        self, flow_id: str, step: str, *, now: float, lease_until: float, owner: str, max_attempts: int
+    ) -> tuple[FlowRecord, FlowState] | str:
+        """Claim ``step`` in one round trip (``claim.lua``): the record as written and the state it left,
+        or why not (``missing``, ``not-current``, ``leased``, ``stopped``, ``early``), or ``fallback``
+        for the rare cases the caller handles with :meth:`get` and :meth:`transition` (a cancel
+        request, a reclaim past the attempts)."""
+        partition = self.keys.partition(flow_id)
+        states = (FlowState.READY, FlowState.RETRYING, FlowState.WAITING, FlowState.SLEEPING, FlowState.RUNNING)
+        answer = self._claim(
+            keys=[self.keys.flow(flow_id), self.keys.log(flow_id), self.keys.due(partition)]
+            + [self.keys.by_state(partition, state.value) for state in states],
+            args=[flow_id, step, repr(now), repr(lease_until), owner, str(max_attempts)],
+        )
+        outcome = str(answer[0].decode())
+        if outcome != "ok":
+            return outcome
+        items = [item.decode() for item in answer[2:]]
+        return FlowRecord.from_fields(dict(zip(items[::2], items[1::2], strict=True))), FlowState(answer[1].decode())
 
     def request_cancel(self, flow_id: str) -> None:
         """Ask a running step's flow to stop at the step boundary (no version change: the step completes)."""

@@ -20,7 +20,7 @@ from gateway import Catalogue, GatewayModel, GatewayOperation
 from tasks.outcomes import Advance, Attention, Finish, Outcome, Retry, Sleep
 from tasks.runner import NOT_COMMITTED, ReconcileResult, StepContext
 from workflows.clock import ManualClock
-from workflows.engine import Engine, InputError, NotFound, OperatorError
+from workflows.engine import Claim, Engine, InputError, NotFound, OperatorError
 from workflows.states import FlowState
 from workflows.steps import FlowDefinition, SleepStep, WaitStep
 from workflows.store import Change, StartConflict
@@ -535,3 +535,30 @@ def test_a_signal_the_wait_step_consumed_does_not_wake_it_again(make_engine: Any
     assert engine.get(record.id).signals == []
     assert engine.signal(record.id, "paid", {}) == "resumed"
     assert engine.run_step(record.id, "customer") == "succeeded"
+
+
+def test_a_cancel_requested_of_a_dead_workers_step_ends_the_flow_at_the_reclaim(make_engine: Any, clock: ManualClock) -> None:
+    step = ScriptedStep("pay")
+    engine, _ = make_engine(flow(step))
+    record = engine.start("demo", {"amount": 5})
+    assert isinstance(engine.claim(record.id, "pay", worker="doomed"), Claim)  # then the worker dies
+    engine.cancel(record.id)  # running: asked to stop at the step boundary
+    clock.advance(31)
+    assert engine.run_step(record.id, "pay", worker="next") == "cancelled"
+    assert step.runs == [] and engine.get(record.id).state is FlowState.CANCELLED
+
+
+def test_the_one_trip_claim_writes_what_the_careful_path_writes(make_engine: Any, clock: ManualClock) -> None:
+    engine, _ = make_engine(flow(wait_step()))
+    quick, careful = engine.start("demo", {"amount": 5}), engine.start("demo", {"amount": 5})
+    taken = [engine.claim(quick.id, "customer", worker="w"), engine._claim_carefully(careful.id, "customer", worker="w")]
+    assert all(isinstance(claim, Claim) for claim in taken)
+    ignored = {"id", "created", "updated"}
+    first, second = (
+        {k: v for k, v in engine.get(flow_id).fields.items() if k not in ignored} for flow_id in (quick.id, careful.id)
+    )
+    assert first == second
+    logs = [[{k: v for k, v in entry.items()} for entry in engine.history(flow_id)] for flow_id in (quick.id, careful.id)]
+    assert logs[0] == logs[1]
+    assert engine.redis.zscore(engine.keys.due_of(quick.id), quick.id) == T0 + 30
+    assert engine.redis.zscore(engine.keys.by_state(engine.keys.partition(quick.id), "running"), quick.id) == T0
