@@ -189,30 +189,29 @@ class NotificationReceiver:
             pending = taken
         payload = {"eventId": event_id, "eventTime": data.get("eventTime"), "operation": data.get("operation") or {}}
         try:
-            result = self.engine.signal(flow_id, "notification", payload, by="notification")
-        except NotFound:
-            result = "missing"
+            result = self._hand_over(flow_id, payload)
         except Exception:
             self.count("failed")
             self._release(key, pending)
             raise
-        if result == "finished":
-            try:
-                if self.engine.late_payment(flow_id, "notification", payload):
-                    result = "late_payment"
-                    self.count("late_payment")
-            except NotFound:
-                result = "missing"
-            except Exception:
-                self.count("failed")
-                self._release(key, pending)
-                raise
         pipe = self.redis.pipeline(transaction=False)
         self._swap(keys=[key], args=[pending, json.dumps({"state": "done", "flow": flow_id, "result": result})], client=pipe)
         pipe.incr(counter_key(self.engine, "accepted"))
         pipe.execute()
         log.info("notification %s for flow %s: %s", event_id, flow_id, result)
         return Receipt(200, OK)
+
+    def _hand_over(self, flow_id: str, payload: dict[str, Any]) -> str:
+        """Signal the flow. A payment reported for a flow that already ended without one is never
+        dropped: the engine moves the flow to a person (``late_payment``)."""
+        try:
+            result = self.engine.signal(flow_id, "notification", payload, by="notification")
+            if result == "finished" and self.engine.late_payment(flow_id, "notification", payload):
+                self.count("late_payment")
+                return "late_payment"
+            return result
+        except NotFound:
+            return "missing"
 
     def _release(self, key: str, claim: str) -> None:
         """Free our claim after a failure, so that the gateway's retry is not taken for a repeat."""

@@ -58,23 +58,17 @@ def test_wallet_declined_keeps_the_soft_decline(stack: Stack) -> None:
     assert (declined.error["responseCode"], declined.error["decline"]) == ("116", "soft")
 
 
-def test_hosted_page_declined_on_the_page_is_read_at_the_deadline(stack: Stack) -> None:
+@pytest.mark.parametrize(("pay", "code"), [({"pan": DECLINE}, "100"), ({"cancel": True}, None)], ids=["declined", "cancelled"])
+def test_hosted_page_declined_or_cancelled_on_the_page_is_read_at_the_deadline(
+    stack: Stack, pay: dict[str, Any], code: str | None
+) -> None:
     started = stack.engine.start("hpp", {"order": order(), "paymentSession": session(), "waitSeconds": 1.5})
     waiting = wait_for_state(stack, started.id, FlowState.WAITING)
-    stack.simulator.admin.complete_hpp(waiting.order_id, pan=DECLINE)
+    stack.simulator.admin.complete_hpp(waiting.order_id, **pay)
     failed = stack.engine.wait(started.id, 20)
     assert failed.state is FlowState.FAILED, failed.summary()
-    assert failed.error is not None and failed.error["responseCode"] == "100"
+    assert failed.error is not None and failed.error.get("responseCode") == code, failed.error
     assert failed.outputs["payment"]["readAtDeadline"] is True
-
-
-def test_hosted_page_cancelled_by_the_customer(stack: Stack) -> None:
-    started = stack.engine.start("hpp", {"order": order(), "paymentSession": session(), "waitSeconds": 1.5})
-    waiting = wait_for_state(stack, started.id, FlowState.WAITING)
-    stack.simulator.admin.complete_hpp(waiting.order_id, cancel=True)
-    failed = stack.engine.wait(started.id, 20)
-    assert failed.state is FlowState.FAILED, failed.summary()
-    assert failed.outcome is not None and failed.outcome["result"] == "failed"
 
 
 def test_embedded_form_not_completed_by_its_deadline(stack: Stack) -> None:
