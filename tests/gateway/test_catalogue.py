@@ -10,9 +10,16 @@ import pytest
 
 from gateway import BY_NAME, CATALOGUE, Catalogue, GatewayModel, Reconcile, Version, operation
 
-#: The spec lives beside the repository (``../shared/spec``); DURAPAY_SPEC_FILE points elsewhere.
+#: The repository root (tests/gateway/test_catalogue.py is two folders below it).
 REPO = Path(__file__).resolve().parents[2]
-SPEC = Path(os.environ.get("DURAPAY_SPEC_FILE") or REPO.parent / "shared" / "spec" / "gateway-interface.md")
+#: DURAPAY_SPEC_FILE names the spec explicitly (then it must exist); otherwise it is looked for beside
+#: the repository, at ``../shared/spec/gateway-interface.md``, and the file comparisons skip without it.
+SPEC_FROM_ENV = os.environ.get("DURAPAY_SPEC_FILE") or ""
+SPEC = Path(SPEC_FROM_ENV) if SPEC_FROM_ENV else REPO.parent / "shared" / "spec" / "gateway-interface.md"
+#: Skip a comparison with the spec file only when nobody asked for one and it is not beside the checkout.
+needs_spec_file = pytest.mark.skipif(
+    not SPEC_FROM_ENV and not SPEC.exists(), reason="the shared spec is not beside this checkout (set DURAPAY_SPEC_FILE)"
+)
 
 # The 83 method+path pairs of gateway-interface.md, in its order (kept here so the test runs where
 # the spec file is not checked out beside the repository; compared with the file when it is).
@@ -55,14 +62,28 @@ def test_catalogue_is_every_pair_of_the_spec_once_in_order() -> None:
     assert pairs == spec_pairs()
 
 
-@pytest.mark.skipif(not SPEC.exists(), reason="the shared spec is not beside this checkout")
-def test_embedded_pairs_match_the_spec_file() -> None:
+def spec_file_pairs() -> list[tuple[str, str]]:
+    """The method+path pairs of the spec file's endpoint tables, in its order (a ``GET, POST`` row gives two)."""
+    assert SPEC.is_file(), f"DURAPAY_SPEC_FILE={SPEC_FROM_ENV!r} is not a file"
     found: list[tuple[str, str]] = []
     pattern = re.compile(r"^\|\s*((?:GET|POST)(?:\s*,\s*(?:GET|POST))*)\s*\|\s*(/[^\s|]*)\s*\|")
     for line in SPEC.read_text().splitlines():
         match = pattern.match(line)
         if match:
             found.extend((method.strip(), match.group(2)) for method in match.group(1).split(","))
+    return found
+
+
+def test_the_spec_is_looked_for_beside_the_repository_root() -> None:
+    assert (REPO / "pyproject.toml").is_file() and (REPO / "gateway").is_dir(), "REPO is the repository root"
+    expected = Path(SPEC_FROM_ENV) if SPEC_FROM_ENV else REPO.parent / "shared" / "spec" / "gateway-interface.md"
+    assert expected == SPEC
+
+
+@needs_spec_file
+def test_embedded_pairs_match_the_spec_file() -> None:
+    found = spec_file_pairs()
+    assert len(found) == 83 == len(set(found))
     assert found == spec_pairs()
 
 
