@@ -38,7 +38,7 @@ def _moto(client: GatewayClient, order_id: str) -> str:
 
 
 def _idle(sim: SimulatorServer) -> bool:
-    return sim.admin.health()["inFlight"] == 0
+    return bool(sim.admin.health()["inFlight"] == 0)
 
 
 @pytest.mark.parametrize("status", [500, 503])
@@ -177,7 +177,11 @@ def test_a_latency_rule_delays_only_its_operation_and_leaves_the_global_latency(
     started = time.monotonic()
     client.call(Catalogue.list_payment_methods)
     assert time.monotonic() - started >= 0.3
-    assert [rule["fired"] for rule in sim.admin.faults()["rules"]] in ([], [1]), "its operation took it"
+    [rule] = sim.admin.faults()["rules"]
+    assert (rule["remaining"], rule["fired"]) == (0, 1), "its operation took it, once"
+    client.call(Catalogue.list_payment_methods)
+    [rule] = sim.admin.faults()["rules"]
+    assert (rule["remaining"], rule["fired"]) == (0, 1), "a spent rule delays nothing more"
 
 
 def test_random_latency_is_at_least_the_fixed_part(client: GatewayClient, sim: SimulatorServer) -> None:
