@@ -54,7 +54,7 @@ class Scenario:
         return contract_id
 
     def link(self, *, notification_url: str | None = None, days: int = 10) -> str:
-        extra = {"notificationUrl": notification_url} if notification_url else {}
+        extra: dict[str, Any] = {"notificationUrl": notification_url} if notification_url else {}
         request = {
             "order": order(self.new_id("pbl")),
             "paymentSession": session(**extra),

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import httpx
 import pytest
 
@@ -24,7 +26,7 @@ def _mit(client: GatewayClient, contract_id: str, order_id: str) -> tuple[str, s
 def test_the_hosted_page_redirects_to_the_merchant_after_paying_or_cancelling(
     client: GatewayClient, sim: SimulatorServer
 ) -> None:
-    urls = {"resultUrl": "https://shop.example/ok", "cancelUrl": "https://shop.example/ko"}
+    urls: dict[str, Any] = {"resultUrl": "https://shop.example/ok", "cancelUrl": "https://shop.example/ko"}
     for order_id, action, target in (("h-1", "pay", "/ok"), ("h-2", "cancel", "/ko")):
         client.call(Catalogue.create_hpp_order, request={"order": order(order_id), "paymentSession": session(**urls)})
         answer = httpx.post(

@@ -18,6 +18,11 @@ def _hpp(client: GatewayClient, receiver: Receiver, order_id: str = "n-1") -> st
     return client.call(Catalogue.create_hpp_order, request=request).securityToken
 
 
+def _when_two(bodies: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The bodies once there are exactly two, else nothing (a probe for wait_until)."""
+    return bodies if len(bodies) == 2 else []
+
+
 def _delivered(sim: SimulatorServer, count: int = 1) -> list[dict[str, Any]]:
     return sim.admin.wait_for_notifications(lambda log: sum(1 for d in log if d["state"] in ("delivered", "failed")) >= count)
 
@@ -43,7 +48,7 @@ def test_declines_and_customer_cancels_are_notified_too(client: GatewayClient, s
     _hpp(client, receiver, "n-2")
     sim.admin.complete_hpp("n-1", pan=DECLINE)
     sim.admin.complete_hpp("n-2", cancel=True)
-    bodies = wait_until(lambda: len(receiver.bodies()) == 2 and receiver.bodies(), what="two notifications")
+    bodies = wait_until(lambda: _when_two(receiver.bodies()), what="two notifications")
     results = {
         b["operation"]["orderId"]: (b["operation"]["operationResult"], b["operation"]["additionalData"].get("responseCode"))
         for b in bodies
@@ -77,7 +82,7 @@ def test_duplicate_fault_delivers_the_same_event_twice(client: GatewayClient, si
     sim.admin.set_faults(mode="notify_duplicate", count=1)
     _hpp(client, receiver)
     sim.admin.complete_hpp("n-1")
-    first, second = wait_until(lambda: len(receiver.bodies()) == 2 and receiver.bodies(), what="the duplicate")
+    first, second = wait_until(lambda: _when_two(receiver.bodies()), what="the duplicate")
     assert first == second
     [delivery] = sim.admin.notifications()
     assert delivery["duplicate"] and delivery["deliveries"] == 2

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
-from gateway import BadRequest, Catalogue, GatewayClient
+from gateway import BadRequest, Catalogue, GatewayClient, GatewayOperation
 from simulator import SimulatorServer
 from tests.simulator.scenario import Scenario
 
@@ -123,7 +125,7 @@ def test_terms_in_use_by_a_paid_reservation_cannot_be_cancelled(
 
 
 def test_references_to_unknown_objects_are_refused(client: GatewayClient) -> None:
-    cases = [
+    cases: list[tuple[GatewayOperation[Any], dict[str, Any], str]] = [
         (
             Catalogue.create_reservation,
             {"reservation": {"reservationId": "r-x", "amount": "1", "currency": "EUR", "structureId": "nope"}},
