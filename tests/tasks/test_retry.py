@@ -6,6 +6,7 @@ import random
 
 import pytest
 
+from config.settings import RetrySettings
 from gateway import (
     BadRequest,
     Catalogue,
@@ -44,6 +45,26 @@ def test_delays_stay_within_the_exponential_ceiling_and_the_cap() -> None:
         delays = [backoff.delay(attempt) for _ in range(200)]
         assert all(0.0 <= delay <= ceiling for delay in delays), attempt
     assert max(backoff.delay(40) for _ in range(200)) <= 30.0, "the cap holds however many attempts"
+
+
+def test_the_first_retry_waits_at_most_base_and_each_attempt_doubles_the_ceiling() -> None:
+    backoff = policy(base=2, cap=1000)
+    for attempt, ceiling in [(1, 2.0), (2, 4.0), (3, 8.0), (4, 16.0)]:
+        delays = [backoff.delay(attempt) for _ in range(500)]
+        assert max(delays) <= ceiling, attempt
+        assert max(delays) > ceiling * 0.9, f"attempt {attempt} reaches up to {ceiling}, not a smaller ceiling"
+
+
+@pytest.mark.xfail(
+    strict=True,
+    raises=OverflowError,
+    reason="source bug: RetryPolicy.delay computes base * 2**(attempt-1) before applying the cap; with a float base "
+    "(as RetrySettings gives) 2**1024 does not convert to float, so delay(1025) raises OverflowError",
+)
+def test_the_cap_holds_at_any_attempt_number() -> None:
+    backoff = policy(base=1.0, cap=30.0)  # floats, as RetrySettings gives them
+    assert 0.0 <= backoff.delay(1025) <= 30.0
+    assert 0.0 <= backoff.delay(10_000) <= 30.0
 
 
 def test_full_jitter_spreads_the_delays_over_the_whole_range() -> None:
@@ -92,6 +113,44 @@ def test_exhausted_retries_fail_only_when_nothing_can_have_happened() -> None:
     assert lost.error["type"] == "GatewayUnreachable"
     unknown = backoff.on_error(GatewayTimeout("read", sent=True), PAY, 3, resend=False)
     assert isinstance(unknown, Attention), "a timeout is not a failure: a person decides"
+
+
+@pytest.mark.parametrize(
+    ("error", "op", "last"),
+    [
+        (GatewayUnreachable("refused"), PAY, Finish),
+        (RateLimited("429", retry_after=0.5), PAY, Finish),
+        (ServerError("503", status_code=503), PAY, Attention),
+        (ServerError("503", status_code=503), KEYED, Attention),
+        (ConnectionDropped("reset"), READ, Attention),
+    ],
+    ids=["unreachable", "429", "5xx", "5xx-keyed", "dropped-read"],
+)
+def test_every_try_before_the_last_retries_and_the_last_ends_the_step(error: Exception, op: object, last: type) -> None:
+    backoff = policy(attempts=4)
+    for attempt in range(1, 4):
+        outcome = backoff.on_error(error, op, attempt, resend=False)  # type: ignore[arg-type]
+        assert isinstance(outcome, Retry), attempt
+        assert outcome.after >= 0 and outcome.error["type"] == type(error).__name__
+    final = backoff.on_error(error, op, 4, resend=False)  # type: ignore[arg-type]
+    assert isinstance(final, last) and isinstance(final, Finish | Attention), "ambiguous: a person decides; nothing sent: failed"
+    assert final.error is not None and final.error["type"] == type(error).__name__, "the last error is kept"
+    if isinstance(final, Finish):
+        assert not final.succeeded and "failed 4 times" in final.reason
+
+
+def test_a_timeout_after_sending_asks_to_reconcile_with_the_error_marked_ambiguous() -> None:
+    outcome = policy().on_error(GatewayTimeout("read timed out", sent=True), PAY, 1, resend=False)
+    assert isinstance(outcome, Retry) and outcome.reconcile
+    assert (outcome.error["type"], outcome.error["ambiguous"], outcome.error["retryable"]) == ("GatewayTimeout", True, True)
+
+
+def test_settings_give_the_policy_its_numbers_and_a_seeded_rng_its_delays() -> None:
+    settings = RetrySettings(base_seconds=0.25, cap_seconds=4.0, max_attempts=3, reconcile_attempts=2)
+    made = RetryPolicy.from_settings(settings, random.Random(99))
+    assert (made.base_seconds, made.cap_seconds, made.max_attempts, made.reconcile_attempts) == (0.25, 4.0, 3, 2)
+    again = RetryPolicy.from_settings(settings, random.Random(99))
+    assert [made.delay(n) for n in range(1, 6)] == [again.delay(n) for n in range(1, 6)]
 
 
 @pytest.mark.parametrize(
