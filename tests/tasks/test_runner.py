@@ -6,8 +6,10 @@ import random
 from dataclasses import dataclass, field
 from typing import Any
 
-from gateway import Catalogue, GatewayOperation, GatewayTimeout, ServerError
-from tasks.outcomes import Advance, Attention, Outcome, Retry
+import pytest
+
+from gateway import Catalogue, GatewayOperation, GatewayTimeout, GatewayUnreachable, ServerError
+from tasks.outcomes import Advance, Attention, Finish, Outcome, Retry
 from tasks.retry import RetryPolicy
 from tasks.runner import NOT_COMMITTED, UNCLEAR, ReconcileResult, StepContext, run_step
 
@@ -114,3 +116,69 @@ def test_a_defect_in_a_step_stops_for_a_person_instead_of_raising() -> None:
 def test_a_timeout_after_sending_is_flagged_for_reconciliation() -> None:
     outcome = run_step(Step(), context(Client(GatewayTimeout("read", sent=True))), must_reconcile=False, resend=False)
     assert isinstance(outcome, Retry) and outcome.reconcile and outcome.error["ambiguous"] is True
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [Finish(True, "paid", output={"operationId": "op-1"}), Finish(False, "declined", error={"type": "PaymentDeclined"})],
+    ids=["succeeded", "declined"],
+)
+def test_a_step_that_finishes_the_flow_is_passed_through(answer: Finish) -> None:
+    class Ending(Step):
+        def execute(self, ctx: StepContext) -> Outcome:
+            ctx.call(Catalogue.create_moto_order, request={})
+            return answer
+
+    assert run_step(Ending(), context(Client()), must_reconcile=False, resend=False) == answer
+
+
+def test_an_error_that_sent_nothing_retries_within_the_first_ceiling_without_reconciling() -> None:
+    outcome = run_step(Step(), context(Client(GatewayUnreachable("refused"))), must_reconcile=False, resend=False)
+    assert isinstance(outcome, Retry) and not outcome.reconcile
+    assert 0 <= outcome.after <= 1, "base 1 s: the first retry waits at most 1 s"
+    assert outcome.error["type"] == "GatewayUnreachable"
+
+
+def test_later_attempts_wait_longer_at_most_and_the_last_one_ends_the_step() -> None:
+    third = run_step(Step(), context(Client(GatewayUnreachable("refused")), attempt=3), must_reconcile=False, resend=False)
+    assert isinstance(third, Retry) and 0 <= third.after <= 4, "base 1 s, third try: at most 4 s"
+    last = run_step(Step(), context(Client(GatewayUnreachable("refused")), attempt=4), must_reconcile=False, resend=False)
+    assert isinstance(last, Finish) and not last.succeeded, "max_attempts 4: nothing was sent, so it failed"
+
+
+def test_a_step_not_marked_for_reconciliation_calls_without_reading_first() -> None:
+    step = Step(found=[Advance({"adopted": True})])
+    assert run_step(step, context(Client()), must_reconcile=False, resend=False) == Advance({"paid": True})
+    assert step.executed == 1 and step.found == [Advance({"adopted": True})], "reconcile was not called"
+
+
+def test_a_reconcile_read_that_fails_at_the_gateway_reads_again_later() -> None:
+    class Unreadable(Step):
+        def reconcile(self, ctx: StepContext) -> Any:
+            raise GatewayTimeout("read", sent=True, operation="get_order")
+
+    step = Unreadable()
+    outcome = run_step(step, context(Client()), must_reconcile=True, resend=True)
+    assert isinstance(outcome, Retry) and outcome.reconcile, "still unknown: read before paying again"
+    assert step.executed == 0, "never pay again without knowing"
+
+
+def test_a_defect_in_the_reconcile_read_stops_for_a_person() -> None:
+    class Broken(Step):
+        def reconcile(self, ctx: StepContext) -> Any:
+            raise TypeError("bad answer")
+
+    step = Broken()
+    outcome = run_step(step, context(Client()), must_reconcile=True, resend=True)
+    assert isinstance(outcome, Attention) and outcome.error is not None and outcome.error["type"] == "TypeError"
+    assert step.executed == 0
+
+
+def test_an_error_is_judged_by_the_operation_that_failed_not_the_steps_own() -> None:
+    """A step that reads before it pays: a 5xx on the read (retry safe) needs no reconcile of the payment."""
+    failed_read = ServerError("503", status_code=503, operation=Catalogue.get_order.name)
+    outcome = run_step(Step(), context(Client(failed_read)), must_reconcile=False, resend=False)
+    assert isinstance(outcome, Retry) and not outcome.reconcile
+    failed_pay = ServerError("503", status_code=503, operation=Catalogue.create_moto_order.name)
+    outcome = run_step(Step(), context(Client(failed_pay)), must_reconcile=False, resend=False)
+    assert isinstance(outcome, Retry) and outcome.reconcile
