@@ -7,6 +7,7 @@ worker picks them up (the flow records stay in database 0 under the test's prefi
 from __future__ import annotations
 
 import os
+import random
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -47,7 +48,7 @@ def cli_env(monkeypatch: pytest.MonkeyPatch, redis_url: str, key_prefix: str, tm
 @pytest.fixture
 def engine_side(cli_env: dict[str, str]) -> Iterator[Runtime]:
     """The same settings as the commands, for setting flows up; sends nothing to Celery."""
-    built = build_runtime(load_settings(), redis_url=cli_env["DURAPAY_REDIS_URL"])
+    built = build_runtime(load_settings(), redis_url=cli_env["DURAPAY_REDIS_URL"], rng=random.Random(41))
     built.engine.sender = None
     yield built
     built.close()
