@@ -11,13 +11,13 @@ import json
 import os
 import signal
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
 import redis
 
 from tests.service.cli.conftest import DURAPAY
+from tests.waiting import wait_until
 from workflows.flows import REGISTRY
 
 pytestmark = pytest.mark.integration
@@ -35,11 +35,15 @@ def test_the_demo_runs_every_kind_keeps_running_and_stops(tmp_path: Path) -> Non
             stderr=subprocess.STDOUT,
         )
     try:
-        deadline = time.monotonic() + 240
-        while "press Ctrl-C to stop" not in log_path.read_text():
+
+        def keeps_running() -> bool:
             assert demo.poll() is None, log_path.read_text()
-            assert time.monotonic() < deadline, log_path.read_text()
-            time.sleep(0.2)
+            return "press Ctrl-C to stop" in log_path.read_text()
+
+        try:
+            wait_until(keeps_running, timeout=240, what="the demo to end its flows and keep running")
+        except AssertionError as failed:
+            raise AssertionError(f"{failed}\n{log_path.read_text()}") from None
         output = log_path.read_text()
         assert "UNEXPECTED" not in output, output
         assert "durapay demo: " in output and "flows ended as expected" in output
