@@ -9,10 +9,11 @@ the last outcome and the reason of a stop.
 
 from __future__ import annotations
 
+import copy as _copy
 import itertools
 import json
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 from datetime import UTC, date, datetime
 from enum import StrEnum
 from typing import Annotated, Any, Literal
@@ -175,11 +176,13 @@ class ScheduleRecord:
         )
 
     def copy(self) -> ScheduleRecord:
-        """A copy whose attempts, counts and last outcome can change without touching this one (the spec
-        is immutable and shared)."""
+        """A copy that can change without touching this one (the policy changes the copy and the store
+        compares against the original), cheaper than ``deepcopy``: each attempt and its ``data`` are
+        copied, ``counts`` holds numbers and ``last`` plain values (one level each is enough); ``spec`` is
+        shared, as it is frozen and holds only immutable values (a change of amount replaces it)."""
         return replace(
             self,
-            open=[replace(attempt) for attempt in self.open],
+            open=[replace(attempt, data=_copy.deepcopy(attempt.data)) for attempt in self.open],
             counts=dict(self.counts),
             last=dict(self.last) if self.last else None,
         )
@@ -190,7 +193,8 @@ class ScheduleRecord:
             "spec": self.spec.model_dump_json(exclude_none=True),
             "next_at": repr(self.next_at) if self.next_at is not None else "",
             "seq": str(self.seq),
-            "open": json.dumps([asdict(attempt) for attempt in self.open], separators=(",", ":")),
+            # vars(), not asdict(): asdict deep-copies every value only for json to read it once
+            "open": json.dumps([vars(attempt) for attempt in self.open], separators=(",", ":")),
             "counts": json.dumps(self.counts, separators=(",", ":"), sort_keys=True),
             "last": json.dumps(self.last, separators=(",", ":")) if self.last else "",
             "reason": self.reason,

@@ -1,0 +1,147 @@
+"""The schedule record, pure: ``copy()`` is independent of its original, ``fields()`` round-trips through
+``parse``, and a spec read back from Redis is not re-checked against its creation window.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+from pydantic import ValidationError
+
+from workflows.schedules import policy
+from workflows.schedules.model import Attempt, ScheduleInput, ScheduleRecord, ScheduleState
+
+T0 = datetime(2026, 1, 1, tzinfo=UTC).timestamp()
+SPEC = {
+    "contractId": "c-1",
+    "amount": 1500,
+    "currency": "EUR",
+    "description": "plan",
+    "rule": {"every": "month", "day": 31},
+    "timezone": "Europe/Rome",
+    "start": "2026-01-31T09:00:00",
+}
+
+
+def record(**changes: Any) -> ScheduleRecord:
+    spec = ScheduleInput.model_validate(SPEC)
+    attempt = Attempt(
+        occurrence="2026-01-31T08:00:00Z",
+        index=0,
+        attempt=1,
+        key="s1@2026-01-31T08:00:00Z#1",
+        flow_id="f-1",
+        data={"order": {"orderId": "s1-0-r1", "amount": "1500"}, "contractId": "c-1"},
+        due=T0 + 100,
+        started=True,
+        first_decline=T0,
+        checks=2,
+    )
+    base = ScheduleRecord(
+        id="s1",
+        state=ScheduleState.DUNNING,
+        version=7,
+        created=T0,
+        updated=T0,
+        spec=spec,
+        next_at=T0 + 3600,
+        seq=1,
+        open=[attempt],
+        counts={"fired": 1, "declined": 1},
+        last={"result": "declined", "responseCode": "116", "at": T0},
+        reason="",
+        start_key="gym-42",
+    )
+    for name, value in changes.items():
+        setattr(base, name, value)
+    return base
+
+
+def stored(rec: ScheduleRecord) -> dict[bytes, bytes]:
+    """The hash as ``ScheduleStore`` writes it (create's fixed fields plus ``fields()``)."""
+    fields = {"id": rec.id, "state": rec.state.value, "version": str(rec.version), "created": repr(rec.created)}
+    fields |= {"updated": repr(rec.updated), "start_key": rec.start_key, **rec.fields()}
+    return {name.encode(): value.encode() for name, value in fields.items()}
+
+
+def test_copy_changes_nothing_in_the_original() -> None:
+    original = record()
+    before = (original.state, original.version, original.next_at, original.seq, original.fields())
+    clone = original.copy()
+    clone.state = ScheduleState.NEEDS_ATTENTION
+    clone.next_at = None
+    clone.seq = 9
+    clone.open[0].due = 0.0
+    clone.open[0].checks = 99
+    clone.open[0].data["order"]["orderId"] = "changed"
+    clone.open[0].data["extra"] = True
+    clone.open.append(clone.open[0])
+    clone.counts["fired"] = 50
+    assert clone.last is not None
+    clone.last["result"] = "charged"
+    assert (original.state, original.version, original.next_at, original.seq, original.fields()) == before
+    assert clone.spec is original.spec  # frozen, holds only immutable values: shared on purpose
+
+
+def test_copy_of_a_record_without_last_or_attempts() -> None:
+    original = record(open=[], last=None, counts={})
+    clone = original.copy()
+    assert clone == original
+    assert clone.last is None and clone.open == [] and clone.counts is not original.counts
+
+
+def test_the_policy_leaves_the_record_it_was_given_unchanged() -> None:
+    """The store compares against the original (version, old state index): the policy works on a copy."""
+    due = record(state=ScheduleState.ACTIVE, open=[], next_at=T0, last=None)
+    before = due.fields() | {"state": due.state.value}
+    plan = policy.advance(due, T0 + 1, {}, "mit")
+    assert len(plan.starts) == 1 and plan.record.open and plan.record.seq == due.seq + 1
+    plans = [
+        policy.pause(due, T0, "test"),
+        policy.cancel(due, T0, "test", "no"),
+        policy.change_amount(due, T0, 999, "test"),
+    ]
+    assert [p.record.state for p in plans[:2]] == [ScheduleState.PAUSED, ScheduleState.CANCELLED]
+    assert plans[2].record.spec.amount == 999
+    assert due.fields() | {"state": due.state.value} == before
+    dunning = record()
+    before = dunning.fields()
+    policy.resume(record(state=ScheduleState.PAUSED), T0 + 10**6, "test")
+    policy.advance(dunning, T0 + 10**6, {}, "mit")  # the open attempt's flow is missing: looked at, restarted
+    assert dunning.fields() == before
+
+
+def test_fields_round_trip_through_parse() -> None:
+    original = record()
+    back = ScheduleRecord.parse(stored(original))
+    assert back == original
+    assert json.loads(original.fields()["open"])[0] == {
+        "occurrence": "2026-01-31T08:00:00Z",
+        "index": 0,
+        "attempt": 1,
+        "key": "s1@2026-01-31T08:00:00Z#1",
+        "flow_id": "f-1",
+        "data": {"order": {"orderId": "s1-0-r1", "amount": "1500"}, "contractId": "c-1"},
+        "due": T0 + 100,
+        "started": True,
+        "first_decline": T0,
+        "checks": 2,
+    }
+
+
+def test_a_stored_spec_is_not_checked_against_its_window_again() -> None:
+    """The window (end not before start, at least one occurrence) was checked at create; reading back skips
+    it (it is a pure function of the spec, and a cron that never fires costs a long search), while field
+    checks still run."""
+    never = {**SPEC, "rule": {"cron": "0 0 30 2 *"}}  # 30 February: never fires
+    with pytest.raises(ValidationError, match="never fires"):
+        ScheduleInput.model_validate(never)
+    raw = stored(record())
+    raw[b"spec"] = json.dumps(never).encode()
+    assert ScheduleRecord.parse(raw).spec.rule.model_dump() == {"cron": "0 0 30 2 *"}
+    raw[b"spec"] = json.dumps({**SPEC, "timezone": "Mars/Olympus"}).encode()
+    with pytest.raises(ValidationError, match="IANA"):
+        ScheduleRecord.parse(raw)
