@@ -100,24 +100,52 @@ def payment_result(ctx: StepContext, answer: OperationResponse) -> Outcome:
     return outcome
 
 
-def settle_step(name: str, source: str) -> CallStep:
-    """Read ``GET /operations/{id}`` until the operation of step ``source`` is final (only when PENDING)."""
+def read_until_final(
+    name: str,
+    source: str,
+    *,
+    accept: frozenset[str] = frozenset(),
+    only_if_pending: bool = False,
+    note: str = "",
+) -> CallStep:
+    """Read ``GET /operations/{id}`` (the operation of step ``source``) until its result is final.
+
+    The one "read until final" step of every flow: a success (or a result in ``accept``, such as
+    REFUNDED for a refund) advances, a failure ends the flow ``failed``, PENDING reads again every
+    :data:`POLL_SECONDS`, at most :data:`MAX_POLLS` times, then a person looks. With
+    ``only_if_pending`` the step runs only when the source's answer was PENDING (a payment answered
+    final needs no read)."""
+
+    def operation_id(ctx: StepContext) -> str:
+        output = ctx.output(source)
+        found = operation_of(output) or output
+        return str(found["operationId"])
 
     def pending(ctx: StepContext) -> bool:
         found = operation_of(ctx.output(source))
         return found is not None and found.get("operationResult") == OperationResult.PENDING.value
 
-    def build(ctx: StepContext) -> Call:
-        found = operation_of(ctx.output(source)) or {}
-        return Call((str(found["operationId"]),))
-
     def result(ctx: StepContext, answer: Operation) -> Outcome:
-        outcome = judge_operation(answer, {"operation": answer.wire()})
+        output: dict[str, Any] = {"operation": answer.wire()}
+        if note:
+            output[note] = True
+        outcome = judge_operation(answer, output, accept=accept)
         if isinstance(outcome, Poll) and ctx.polls >= MAX_POLLS:
             return Attention(f"operation {answer.operationId} still PENDING after {ctx.polls} reads")
         return outcome
 
-    return CallStep(name, Catalogue.get_operation, build, result=result, when=pending)
+    return CallStep(
+        name,
+        Catalogue.get_operation,
+        lambda ctx: Call((operation_id(ctx),)),
+        result=result,
+        when=pending if only_if_pending else None,
+    )
+
+
+def settle_step(name: str, source: str) -> CallStep:
+    """Read the operation of a payment answered PENDING until it is final (skipped when it was final)."""
+    return read_until_final(name, source, only_if_pending=True)
 
 
 def input_order_id(data: Any) -> str:
