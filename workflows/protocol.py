@@ -200,8 +200,12 @@ class StepProtocol:
             state = FlowState.SUCCEEDED if outcome.succeeded else FlowState.FAILED
             change = Change(state, f"{step.name}: {outcome.reason}", done)
         elif isinstance(outcome, Retry):
-            done |= {"error": compact_json(outcome.error), "reconcile": "1" if outcome.reconcile else None}
-            what = f"{step.name} will be retried in {outcome.after:.1f}s" + (" (reconcile first)" if outcome.reconcile else "")
+            # Once a call of this step may have reached the gateway (an ambiguous error, a lost worker),
+            # that stays true until the step is done: a later 429 or 5xx of a resend proves nothing
+            # about the earlier request, which may still be on its way to commit.
+            reconcile = outcome.reconcile or claimed.reconcile or claimed.uncertain
+            done |= {"error": compact_json(outcome.error), "reconcile": "1" if reconcile else None}
+            what = f"{step.name} will be retried in {outcome.after:.1f}s" + (" (reconcile first)" if reconcile else "")
             change = Change(FlowState.RETRYING, what, done, due=now + outcome.after)
         elif isinstance(outcome, Poll):
             done |= {"attempt": "0", "polls": str(claimed.polls + 1), "reconcile": None}

@@ -9,7 +9,7 @@ answer kept (and, for declines, the ISO response code and whether it is soft or 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 from gateway import (
@@ -25,8 +25,8 @@ from gateway import (
     Unknown,
     decline_kind,
 )
-from tasks.outcomes import Advance, Attention, Finish, NewOrder, Outcome, Poll
-from tasks.runner import NOT_COMMITTED, UNCLEAR, ReconcileResult, StepContext
+from tasks.outcomes import Advance, Attention, Finish, Outcome, Poll
+from tasks.runner import StepContext
 from workflows.steps import Call, CallStep
 
 #: How long to wait between reads of a PENDING operation, and how many reads before a person looks.
@@ -166,39 +166,6 @@ def read_order(ctx: StepContext) -> Any | None:
         return ctx.call(Catalogue.get_order, ctx.order_id)
     except NotFound:
         return None
-
-
-def adopt_order_operation(ctx: StepContext) -> ReconcileResult:
-    """For direct payments: the order's latest operation *is* the answer that was lost."""
-    found = read_order(ctx)
-    if found is None:
-        return NOT_COMMITTED
-    if not found.operations:
-        return UNCLEAR
-    latest = found.operations[-1]
-    return payment_result(ctx, OperationResponse(operation=latest))
-
-
-def new_order_if_exists(reason: str) -> Callable[[StepContext], ReconcileResult]:
-    """For customer sessions (hosted page, embedded form, 3DS init): an order whose answer was lost was
-    never shown to the customer, so nothing can be charged on it; continue on a fresh gateway order."""
-
-    def adopt(ctx: StepContext) -> ReconcileResult:
-        return NOT_COMMITTED if read_order(ctx) is None else NewOrder(reason)
-
-    return adopt
-
-
-def adopt_final_payment(ctx: StepContext) -> ReconcileResult:
-    """For the payment call of a multi-step flow: a final operation on the order means it was made."""
-    found = read_order(ctx)
-    if found is None:
-        return UNCLEAR
-    for operation in reversed(found.operations):
-        result = operation.operationResult
-        if result in SUCCESS_RESULTS or result in FAILURE_RESULTS:
-            return payment_result(ctx, OperationResponse(operation=operation))
-    return NOT_COMMITTED
 
 
 def summarize(data: Any, outputs: Mapping[str, dict[str, Any]]) -> dict[str, Any]:
