@@ -197,7 +197,7 @@ from gateway._models_reservations import (
     Translation,
 )
 from gateway._money import GATEWAY_CURRENCIES, Amount, Currency, exponent, to_major, to_minor
-from gateway._notification import Notification, parse_notification, verify_security_token
+from gateway._notification import Notification, parse_notification, reported_payment, verify_security_token
 
 __all__ = [
     "BY_NAME",
@@ -380,6 +380,7 @@ __all__ = [
     "operation",
     "parse_lenient",
     "parse_notification",
+    "reported_payment",
     "to_major",
     "to_minor",
     "validate_request",
