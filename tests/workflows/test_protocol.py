@@ -85,8 +85,6 @@ def test_a_worker_behind_the_dispatchers_clock_does_not_delay_the_step(make_engi
     assert engine.redis.zscore(engine.keys.due_of(record.id), record.id) == due
 
 
-
-
 class Client:
     """A gateway client that answers every call with ``{}`` and lets the test act between calls."""
 
