@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -109,6 +109,12 @@ class EngineSettings(_Group):
     dispatch_batch: int = Field(default=500, ge=1)
     retention_days: float = Field(default=30.0, gt=0)
     wait_deadline_seconds: float = Field(default=1800.0, gt=0)
+    sync_aof: Literal["auto", "yes", "no"] = Field(
+        default="auto",
+        description="Wait for the AOF fsync of starts, money-moving claims and signals (auto: unless appendfsync is always).",
+    )
+    sync_replicas: int = Field(default=0, ge=0, le=16, description="Replicas that must receive those writes (WAIT).")
+    sync_timeout: float = Field(default=2.0, gt=0, le=60, description="Seconds to wait for them before refusing.")
     max_step_runs: int = Field(
         default=500,
         ge=10,

@@ -27,6 +27,8 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from workflows.durability import NotDurable
+
 log = logging.getLogger("durapay.api")
 
 
@@ -112,6 +114,11 @@ def install_error_handlers(app: FastAPI) -> None:
     async def _redis(request: Request, exc: redis.RedisError) -> JSONResponse:
         log.warning("%s %s: Redis unavailable: %s", request.method, request.url.path, exc)
         return error_response(503, "unavailable", "the flow store (Redis) is unavailable; try again")
+
+    @app.exception_handler(NotDurable)
+    async def _not_durable(request: Request, exc: NotDurable) -> JSONResponse:
+        log.warning("%s %s: %s", request.method, request.url.path, exc)
+        return error_response(503, "unavailable", "the write could not be made durable in time; try again")
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> JSONResponse:

@@ -34,7 +34,7 @@ import redis
 
 from config.settings import ReceiverSettings
 from gateway import InvalidSecurityToken, NotificationError, parse_notification, verify_security_token
-from workflows.engine import Engine, NotFound
+from workflows.engine import Engine, NotDurable, NotFound
 
 log = logging.getLogger("durapay.receiver")
 
@@ -138,8 +138,9 @@ class NotificationReceiver:
             return bad_request("operation.orderId: missing")
         try:
             return self._deliver(notification, data, order_id, body)
-        except redis.RedisError as exc:
-            log.warning("notification for order %s not recorded: Redis unavailable (%s)", order_id, exc)
+        except (redis.RedisError, NotDurable) as exc:
+            # Not recorded (Redis down), or recorded but not yet durable: the gateway must send it again.
+            log.warning("notification for order %s not recorded: %s", order_id, exc)
             return Receipt(503, {"outcome": "KO", "error": "not recorded; try again"})
 
     def _deliver(self, notification: Any, data: dict[str, Any], order_id: str, body: bytes) -> Receipt:

@@ -31,6 +31,7 @@ from gateway import GatewayClient, describe_validation_error, reported_payment
 from tasks.outcomes import Outcome
 from tasks.retry import RetryPolicy
 from workflows.clock import Clock, SystemClock
+from workflows.durability import Durability, NotDurable
 from workflows.keys import Keys, derived_id
 from workflows.orders import OrderIndex, gateway_order_id
 from workflows.protocol import Claim, StepProtocol
@@ -40,7 +41,17 @@ from workflows.store import Change, FlowRecord, FlowStore, StartConflict, compac
 
 log = logging.getLogger("durapay.engine")
 
-__all__ = ["Claim", "Engine", "InputError", "NotFound", "OperatorError", "Sender", "StartConflict", "gateway_order_id"]
+__all__ = [
+    "Claim",
+    "Engine",
+    "InputError",
+    "NotDurable",
+    "NotFound",
+    "OperatorError",
+    "Sender",
+    "StartConflict",
+    "gateway_order_id",
+]
 
 
 class Sender(Protocol):
@@ -88,7 +99,11 @@ class Engine:
         self.sender = sender
         self.clock = clock or SystemClock()
         self.keys = keys or Keys(prefix=settings.engine.key_prefix, partitions=settings.engine.partitions)
-        self.store = FlowStore(client, self.keys, settings.engine.retention_days * 86400)
+        engine_settings = settings.engine
+        durability = Durability.resolve(
+            client, engine_settings.sync_aof, engine_settings.sync_replicas, engine_settings.sync_timeout
+        )
+        self.store = FlowStore(client, self.keys, engine_settings.retention_days * 86400, durability)
         self.retry_policy = RetryPolicy.from_settings(settings.retry, rng)
         self.lease = settings.engine.lease_seconds
         self._client_factory = client_factory or (lambda: GatewayClient(settings.gateway))
@@ -157,6 +172,8 @@ class Engine:
         )
         if created and order_id:
             self.orders.claim(order_id, flow_id, holder_live=self._live)
+        # Acknowledged means durable: a start lost by a crash after this answer would be a promise broken.
+        self.store.sync(flow_id, f"start of flow {flow_id}")
         if created and record.state is FlowState.READY:
             self.protocol.send_from(record, first.name)
         return record
@@ -216,6 +233,8 @@ class Engine:
         result = self.store.signal(flow_id, name, body, now=self.clock.now(), by=by, safety=self.safety, paid=paid)
         if result == "missing":
             raise NotFound(f"no flow {flow_id!r}")
+        if result != "finished":
+            self.store.sync(flow_id, f"signal {name} of flow {flow_id}")  # before the sender is told
         if result == "resumed":
             record = self.get(flow_id)
             self.protocol.send_from(record, record.step)
@@ -233,11 +252,13 @@ class Engine:
                 raise OperatorError(f"flow {flow_id} already ended ({record.state}); nothing to cancel")
             if record.state is FlowState.RUNNING:
                 self.store.request_cancel(flow_id)
+                self.store.sync(flow_id, f"cancel request of flow {flow_id}")
                 return self.get(flow_id)
             change = Change(FlowState.CANCELLED, f"cancelled: {reason}", {"outcome": compact_json({"reason": reason})})
             written = self.store.transition(record, change, now=self.clock.now(), by=by)
             if written is not None:
                 self.finished(written)
+                self.store.sync(flow_id, f"cancel of flow {flow_id}")
                 return written
         raise OperatorError(f"flow {flow_id} kept changing; try again")
 
@@ -300,6 +321,7 @@ class Engine:
         written = self.store.transition(record, change, now=now, by=by)
         if written is None:
             raise OperatorError(f"flow {flow_id} changed meanwhile; look again")
+        self.store.sync(flow_id, f"retry of flow {flow_id}")
         self.protocol.send_from(written, written.step)
         return written
 

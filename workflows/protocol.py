@@ -26,6 +26,7 @@ from pydantic import ValidationError
 from gateway import describe_validation_error
 from tasks.outcomes import Advance, Finish, NewOrder, Outcome, Poll, Retry, Sleep, Wait
 from tasks.runner import LeaseLost, StepContext, run_step
+from workflows.durability import NotDurable
 from workflows.keys import step_idempotency_key
 from workflows.orders import gateway_order_id
 from workflows.states import STOPPED, FlowState
@@ -129,7 +130,16 @@ class StepProtocol:
                 raise LeaseLost(f"flow {claimed.id} step {step_name}: the claim is no longer {owner}'s")
 
         ctx.renew_lease = renew_lease
-        return Claim(claimed, definition, definition.step(step_name), ctx, resend=claimed.reconcile or claimed.uncertain)
+        step = definition.step(step_name)
+        if step.operation is not None and not step.operation.retry_safe:
+            # Before money moves, the claim must be durable: if Redis lost it, the step would run again
+            # as if it never had, without reading the gateway first.
+            try:
+                engine.store.sync(claimed.id, f"claim of {step_name} of flow {claimed.id}")
+            except NotDurable as exc:
+                log.warning("%s; the step waits for its lease to run out, then reads the gateway first", exc)
+                return "not-durable"
+        return Claim(claimed, definition, step, ctx, resend=claimed.reconcile or claimed.uncertain)
 
     def context(
         self,

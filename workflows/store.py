@@ -24,6 +24,7 @@ from typing import Any
 
 import redis
 
+from workflows.durability import Durability
 from workflows.keys import Keys
 from workflows.sensitive import scrub
 from workflows.states import TERMINAL, FlowState, IllegalTransition, can_move
@@ -183,10 +184,11 @@ class Change:
 class FlowStore:
     """Reads and atomically changes flow records. Give it a Redis client and the key layout."""
 
-    def __init__(self, client: redis.Redis, keys: Keys, retention_seconds: float) -> None:
+    def __init__(self, client: redis.Redis, keys: Keys, retention_seconds: float, durability: Durability | None = None) -> None:
         self.redis: Any = client
         self.keys = keys
         self.retention_seconds = retention_seconds
+        self.durability = durability or Durability()
         money = _script("money.lua")  # one rule, shared by the two scripts that can end with money reported
         self._create = client.register_script(_script("create.lua"))
         self._transition = client.register_script(money + _script("transition.lua"))
@@ -397,6 +399,11 @@ class FlowStore:
             args=[record.id, str(record.version), record.lease_owner, repr(lease_until)],
         )
         return bool(answer)
+
+    def sync(self, flow_id: str, what: str) -> None:
+        """Return once every write so far is durable as configured (see ``workflows.durability``), or
+        raise NotDurable. The marker written to get there sits in the flow's partition (its slot)."""
+        self.durability.sync(self.redis, f"{self.keys.tag(self.keys.partition(flow_id))}:sync", what)
 
     def request_cancel(self, flow_id: str) -> None:
         """Ask a running step's flow to stop at the step boundary (no version change: the step completes)."""

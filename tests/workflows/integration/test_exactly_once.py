@@ -8,16 +8,23 @@ over HTTP. The invariant checked at the gateway's own ledger: money taken is ref
 
 from __future__ import annotations
 
+import random
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
+import redis
 
 from gateway import Catalogue
 from simulator import SimulatorServer
 from tests.waiting import wait_until
-from tests.workflows.integration.conftest import Stack
+from tests.workflows.integration.conftest import Stack, stack_settings
 from tests.workflows.integration.test_flows import APPROVE, card, order, session, wait_for_state
-from workflows.states import FlowState
+from workflows.clock import ManualClock
+from workflows.engine import Claim, Engine
+from workflows.flows import REGISTRY
+from workflows.states import STOPPED, FlowState
+from workflows.store import FlowRecord
 
 #: Operations that take money (or verify a card) and are the flow's own payment.
 PAYMENT_TYPES = {"AUTHORIZATION", "CAPTURE", "CARD_VERIFICATION"}
@@ -143,3 +150,87 @@ def test_the_deadline_read_finds_a_payment_on_an_earlier_order(stack: Stack) -> 
     done = stack.engine.wait(started.id, 30)
     assert done.state is FlowState.NEEDS_ATTENTION, (done.summary(), stack.engine.history(started.id))
     assert done.error is not None and done.error["operation"]["operationId"] == paid["operationId"]
+
+
+# -- Redis losing its last writes ---------------------------------------------------------------------
+
+
+class Snapshot:
+    """A flow's record, log, due entry and state index as they were: restoring it is Redis losing every
+    write made to the flow since (a host crash inside ``everysec``'s second, a failover to a replica
+    that had not received them)."""
+
+    def __init__(self, engine: Engine, flow_id: str) -> None:
+        self.engine, self.flow_id = engine, flow_id
+        keys = engine.keys
+        self.dumps = {key: engine.redis.dump(key) for key in (keys.flow(flow_id), keys.log(flow_id))}
+        self.due = engine.redis.zscore(keys.due_of(flow_id), flow_id)
+        self.state = engine.get(flow_id).state
+
+    def restore(self) -> None:
+        engine, keys, flow_id = self.engine, self.engine.keys, self.flow_id
+        for key, dumped in self.dumps.items():
+            engine.redis.restore(key, 0, dumped, replace=True)
+        partition = keys.partition(flow_id)
+        for state in FlowState:
+            engine.redis.zrem(keys.by_state(partition, state.value), flow_id)
+        engine.redis.zadd(keys.by_state(partition, self.state.value), {flow_id: 0})
+        if self.due is not None:
+            engine.redis.zadd(keys.due_of(flow_id), {flow_id: self.due})
+
+
+def drive(engine: Engine, clock: ManualClock, flow_id: str, *, until: frozenset[FlowState] = STOPPED) -> FlowRecord:
+    """Run what is due (moving the clock to it) until the flow is in one of ``until``."""
+    for _ in range(100):
+        record = engine.get(flow_id)
+        if record.state in until:
+            return record
+        due = record.lease_until if record.state is FlowState.RUNNING else record.due
+        if due is not None and due > clock.now():
+            clock.set(due + 0.001)
+        engine.run_step(flow_id, record.step)
+    raise AssertionError(f"flow {flow_id} did not get there: {engine.history(flow_id)[-5:]}")
+
+
+@pytest.fixture
+def bare_engine(redis_client: redis.Redis, key_prefix: str, simulator: SimulatorServer) -> Iterator[tuple[Engine, ManualClock]]:
+    """An engine without Celery (steps run here, in order) against the simulator, on a manual clock."""
+    clock = ManualClock()
+    settings = stack_settings(key_prefix, simulator.base_url)
+    engine = Engine(settings, redis_client, REGISTRY, clock=clock, rng=random.Random(3))
+    yield engine, clock
+    engine.gateway().close()
+
+
+def run_to_the_end(engine: Engine, clock: ManualClock, simulator: SimulatorServer, flow_id: str) -> FlowRecord:
+    """Run the flow; a hosted page is paid by the customer once it shows, and read at its deadline."""
+    if engine.get(flow_id).kind == "hpp":
+        waiting = drive(engine, clock, flow_id, until=frozenset({FlowState.WAITING}))
+        simulator.admin.complete_hpp(waiting.order_id)
+    return drive(engine, clock, flow_id)
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("lost", ["since the first claim", "since the start"])
+@pytest.mark.parametrize("kind", ["three_steps", "moto", "svs", "hpp"])
+def test_a_flow_whose_writes_redis_lost_runs_again_without_charging_twice(
+    bare_engine: tuple[Engine, ManualClock], simulator: SimulatorServer, kind: str, lost: str
+) -> None:
+    """The flow succeeds and is charged; then Redis loses every write since its start (or since its first
+    step was claimed). The step runs again: its call finds the order already there, reads the gateway
+    and adopts this flow's payment, never moving on to a fresh order id to be charged again."""
+    engine, clock = bare_engine
+    data = {"order": order(), "paymentSession": session()} if kind == "hpp" else inputs(kind)
+    flow = engine.start(kind, data)
+    if lost == "since the first claim":
+        assert isinstance(engine.claim(flow.id, flow.step), Claim)
+    snapshot = Snapshot(engine, flow.id)
+    done = run_to_the_end(engine, clock, simulator, flow.id)
+    assert done.state is FlowState.SUCCEEDED, (done.summary(), engine.history(flow.id))
+    assert len(payments(simulator, done.orders)) == 1
+    snapshot.restore()
+    again = drive(engine, clock, flow.id)
+    history = engine.history(flow.id)
+    assert again.state is FlowState.SUCCEEDED, (again.summary(), history)
+    charged = payments(simulator, sorted(set(again.orders) | set(done.orders)))
+    assert len(charged) == 1, (charged, history)

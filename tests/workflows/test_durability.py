@@ -1,0 +1,101 @@
+"""Durable acknowledgements on a real Valkey: which settings wait for what, and where the engine waits.
+
+A Valkey of its own (``appendfsync everysec``, the setting under which a host crash loses acknowledged
+writes) whose persistence each test may change with CONFIG SET. Where the engine waits is seen in
+the server's own command statistics: one ``WAITAOF`` per start, per claim of a step that moves money,
+per signal; none for a claim of a wait or a read.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+
+from config import load_settings
+from config.embedded import EmbeddedValkey
+from gateway import Catalogue
+from tests.workflows.engine_support import ScriptedStep, flow, wait_step
+from workflows.clock import ManualClock
+from workflows.durability import Durability, NotDurable
+from workflows.engine import Claim, Engine
+
+
+@pytest.fixture(scope="module")
+def everysec(tmp_path_factory: pytest.TempPathFactory) -> Iterator[redis.Redis]:
+    with EmbeddedValkey(Path(tmp_path_factory.mktemp("everysec")), appendfsync="everysec") as server:
+        client = redis.Redis.from_url(server.url)
+        yield client
+        client.close()
+
+
+@pytest.fixture
+def persistence(everysec: redis.Redis) -> Iterator[redis.Redis]:
+    """The server, set back to AOF with ``everysec`` after each test."""
+    yield everysec
+    everysec.config_set("appendonly", "yes")
+    everysec.config_set("appendfsync", "everysec")
+
+
+def waitaofs(client: redis.Redis) -> int:
+    stats: Any = client.info("commandstats")
+    return int(stats.get("cmdstat_waitaof", {}).get("calls", 0))
+
+
+def engine_on(client: redis.Redis, definition: Any, **engine_settings: Any) -> Engine:
+    settings = load_settings({"engine": {"key_prefix": "d" + str(id(definition)), **engine_settings}})
+    return Engine(settings, client, {definition.kind: definition}, clock=ManualClock(1_800_000_000.0))
+
+
+@pytest.mark.parametrize(
+    ("appendonly", "appendfsync", "waits"),
+    [("yes", "everysec", True), ("yes", "always", False), ("yes", "no", False), ("no", "everysec", False)],
+)
+def test_auto_waits_for_the_fsync_only_where_an_acknowledged_write_may_be_lost(
+    persistence: redis.Redis, appendonly: str, appendfsync: str, waits: bool
+) -> None:
+    persistence.config_set("appendfsync", appendfsync)
+    persistence.config_set("appendonly", appendonly)
+    assert Durability.resolve(persistence, "auto", 0, 2.0).aof is waits
+    assert Durability.resolve(persistence, "yes", 0, 2.0).aof is True
+    assert Durability.resolve(persistence, "no", 0, 2.0).aof is False
+
+
+def test_the_engine_waits_after_a_start_a_money_claim_and_a_signal_only(persistence: redis.Redis) -> None:
+    pay = ScriptedStep("pay", op=Catalogue.create_moto_order)
+    engine = engine_on(persistence, flow(wait_step(), pay))
+    before = waitaofs(persistence)
+    record = engine.start("demo", {"amount": 5})
+    assert waitaofs(persistence) == before + 1, "a start is durable before it is acknowledged"
+    assert engine.run_step(record.id, "customer") == "waiting"
+    assert waitaofs(persistence) == before + 1, "claiming a wait moves no money: no wait for the disk"
+    assert engine.signal(record.id, "paid", {}) == "resumed"
+    assert waitaofs(persistence) == before + 2, "a signal is durable before the sender is told"
+    engine.run_step(record.id, "customer")
+    assert isinstance(engine.claim(record.id, "pay"), Claim)
+    assert waitaofs(persistence) == before + 3, "a claim is durable before the call that moves money"
+
+
+def test_a_read_is_claimed_without_waiting(persistence: redis.Redis) -> None:
+    read = ScriptedStep("read", op=Catalogue.get_order)
+    engine = engine_on(persistence, flow(read))
+    record = engine.start("demo", {"amount": 5})
+    before = waitaofs(persistence)
+    assert isinstance(engine.claim(record.id, "read"), Claim)
+    assert waitaofs(persistence) == before
+
+
+def test_a_write_that_cannot_be_made_durable_is_refused_and_calls_nothing(persistence: redis.Redis) -> None:
+    """With ``appendfsync no`` the server never confirms an fsync in time: the start is not acknowledged,
+    and a claim does not run its step."""
+    pay = ScriptedStep("pay", op=Catalogue.create_moto_order)
+    engine = engine_on(persistence, flow(pay), sync_aof="yes", sync_timeout=0.2)
+    persistence.config_set("appendfsync", "no")
+    with pytest.raises(NotDurable):
+        engine.start("demo", {"amount": 5}, key="k1")
+    record = engine.get(engine.store.ids(state=None, kind="demo")[0][1])
+    assert engine.claim(record.id, "pay") == "not-durable"
+    assert pay.runs == []

@@ -1,0 +1,108 @@
+"""Durable acknowledgements: a write is on disk (or on replicas) before money moves or a caller is told.
+
+Redis acknowledges a write once it is in memory. With ``appendfsync everysec`` a host crash loses the
+last second of acknowledged writes, and a replica promoted after a failover lacks whatever it had not
+received yet. If the lost write is a claim, the step runs again as if it never ran; if it is a start,
+an acknowledged flow is gone. So the engine waits for the write to be durable at the three points
+where losing it would cost money or a promise:
+
+* after a **start** is written, before the caller gets the flow;
+* after a **claim** of a step that moves money (a call the gateway cannot deduplicate), before the
+  call: a later run of the step then knows the call may have happened, and reads the gateway first;
+* after a **signal** is stored (a notification), before the receiver answers 200 and the gateway
+  stops retrying.
+
+``WAITAOF 1 0`` waits for the local AOF fsync (Valkey, Redis >= 7.2); ``WAIT n`` for ``n`` replicas to
+receive it. Both wait for every write this connection made, and the AOF and the replication stream
+are each one ordered log, so the engine issues them on the connection that made the write (one
+pipeline: the write, then the wait). A wait that times out raises :class:`NotDurable`: nothing is
+called, and the caller retries later. What each setting guarantees is in docs/durability.md.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+import redis
+
+log = logging.getLogger("durapay.durability")
+
+
+class NotDurable(Exception):
+    """The write was not confirmed durable in time (fsync, or replicas): retry later, nothing was called."""
+
+    retryable = True
+
+
+@dataclass(frozen=True)
+class Durability:
+    """What to wait for after a write that must not be lost: the local fsync, and ``replicas``."""
+
+    aof: bool = False
+    replicas: int = 0
+    timeout_ms: int = 2000
+
+    @property
+    def active(self) -> bool:
+        return self.aof or self.replicas > 0
+
+    @classmethod
+    def resolve(cls, client: Any, sync_aof: str, replicas: int, timeout: float) -> Durability:
+        """``sync_aof``: ``yes``, ``no``, or ``auto``: wait for the fsync where a write is acknowledged before
+        it and an fsync comes within a second (``appendfsync everysec``); not under ``always`` (already
+        on disk when acknowledged), nor under ``no`` (the server never fsyncs on its own: nothing to
+        wait for, and the loss of acknowledged writes on a host crash was chosen)."""
+        timeout_ms = max(1, int(timeout * 1000))
+        if sync_aof == "yes":
+            return cls(True, replicas, timeout_ms)
+        if sync_aof == "no":
+            return cls(False, replicas, timeout_ms)
+        try:
+            config = client.config_get("append*")
+        except redis.RedisError as exc:  # CONFIG may be disabled (managed Redis): wait, to be safe
+            log.info("cannot read the AOF settings (%s); waiting for the fsync of claims and starts", exc)
+            return cls(True, replicas, timeout_ms)
+        appendonly = _text(config.get("appendonly", config.get(b"appendonly", "no")))
+        fsync = _text(config.get("appendfsync", config.get(b"appendfsync", "")))
+        if appendonly != "yes":
+            log.warning("Redis keeps no AOF: a restart loses flows (see docs/durability.md)")
+            return cls(False, replicas, timeout_ms)
+        if fsync == "no":
+            log.warning("Redis AOF with appendfsync no: a host crash loses acknowledged writes (see docs/durability.md)")
+        return cls(fsync == "everysec", replicas, timeout_ms)
+
+    def append(self, pipe: Any) -> None:
+        """Queue the waits after the write queued on ``pipe`` (the same connection)."""
+        if self.aof:
+            pipe.execute_command("WAITAOF", 1, 0, self.timeout_ms)
+        if self.replicas:
+            pipe.execute_command("WAIT", self.replicas, self.timeout_ms)
+
+    def check(self, replies: list[Any], what: str) -> None:
+        """Raise NotDurable unless the queued waits were met (``replies``: their answers, in order)."""
+        answers = iter(replies)
+        if self.aof:
+            local = next(answers)
+            if int(local[0]) < 1:
+                raise NotDurable(f"{what}: the AOF fsync was not confirmed within {self.timeout_ms} ms")
+        if self.replicas:
+            acked = int(next(answers))
+            if acked < self.replicas:
+                raise NotDurable(f"{what}: {acked} of {self.replicas} replicas confirmed within {self.timeout_ms} ms")
+
+    def sync(self, client: Any, marker_key: str, what: str) -> None:
+        """Wait for every write made so far (by any connection) to be durable: one small write of this
+        connection's own (``marker_key``), then the waits. The AOF and the replication stream are
+        ordered, so the fsync (or replica receipt) of this write covers every earlier one."""
+        if not self.active:
+            return
+        pipe = client.pipeline(transaction=False)
+        pipe.set(marker_key, "1")
+        self.append(pipe)
+        self.check(pipe.execute()[1:], what)
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
