@@ -18,6 +18,7 @@ replay or a restart never charge an occurrence twice.
 from __future__ import annotations
 
 import builtins
+import dataclasses
 import hashlib
 import logging
 import uuid
@@ -179,10 +180,31 @@ class Schedules:
             changes.append((record, plan.record, plan.events))
             plans.append(plan)
         started = 0
+        marks = []
         for plan, written in zip(plans, self.store.update_many(changes, now), strict=True):
-            if written:
-                started += sum(self._start(plan.record, attempt) for attempt in plan.starts)
+            if not written:
+                continue
+            made = [attempt for attempt in plan.starts if self._start(plan.record, attempt)]
+            started += len(made)
+            if made:
+                marks.append(self._created(plan.record, made))
+        if marks:
+            # One more round trip per batch: the schedule itself now says these flows exist. A lost
+            # mark is made at the next look instead.
+            self.store.update_many(marks, now)
         return started
+
+    @staticmethod
+    def _created(
+        written: ScheduleRecord, made: builtins.list[Attempt]
+    ) -> tuple[ScheduleRecord, ScheduleRecord, builtins.list[dict[str, Any]]]:
+        """(the record as just written, the same with ``made`` marked created, no events)."""
+        current = dataclasses.replace(written, version=written.version + 1)
+        marked = current.copy()
+        keys = {attempt.key for attempt in made}
+        for attempt in marked.open:
+            attempt.created |= attempt.key in keys
+        return current, marked, []
 
     def _start(self, record: ScheduleRecord, attempt: Attempt) -> bool:
         """Start an attempt's flow (idempotent by its key); a failure is retried at the next look."""

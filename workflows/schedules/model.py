@@ -119,7 +119,9 @@ class Attempt:
 
     ``flow_id`` is known before the flow is started (it derives from ``key``), so the record says what
     must exist before it does: a scheduler that died between writing and starting is caught up at the
-    next check, which finds the flow missing and starts it with the same key and input.
+    next check, which finds the flow missing and starts it with the same key and input. Once the flow
+    is known to exist (``created``), a missing flow means an expired one, never a lost start: the
+    occurrence is never started again (the gateway's idempotency window is not forever).
     """
 
     occurrence: str
@@ -132,6 +134,10 @@ class Attempt:
     started: bool = False
     first_decline: float | None = None
     checks: int = 0
+    #: The flow was seen to exist (right after its start, or at a look): it is never started again, even
+    #: once its record has expired. When it was started (to tell a lost start from an expired flow).
+    created: bool = False
+    started_at: float | None = None
 
     @classmethod
     def parse(cls, item: Mapping[str, Any]) -> Attempt:

@@ -13,6 +13,11 @@ schedule's ``missed`` policy: ``each`` fires every one, ``once`` fires one charg
 by the latest), ``skip`` fires only those less than :data:`MISSED_GRACE` late. Occurrences before the
 schedule was created never fire; those passing while it is paused, stopped or dunning are skipped.
 
+**Started once, ever.** An attempt's flow, once seen to exist (``Attempt.created``, marked right after
+its start and at every look), is never started again: a flow found missing then has expired (its
+schedule was paused, or waited for a person, longer than the flows' retention), and its occurrence
+stops the schedule for a person instead of charging again.
+
 **Dunning.** The scheduler looks at a started flow shortly after it starts, then on a backoff. A soft
 decline (by ISO response code, ``gateway.decline_kind``) opens the next attempt at the first decline plus
 ``dunning[i]`` days (default 1, 3, 7): a fresh flow (key ``...#<i>``, ``orderId`` ``...-r<i>``, so a
@@ -44,6 +49,8 @@ CHECK_FIRST = 30.0
 CHECK_MAX = 3600.0
 #: With ``missed: skip``, an occurrence later than this is skipped rather than fired.
 MISSED_GRACE = 3600.0
+#: A started flow still missing after this long was not lost on its way: it existed and expired.
+LOST_START = 7 * DAY
 #: At most this many charges are started per schedule per look (the rest at the next tick).
 MAX_FIRE = 100
 #: At most this many skipped occurrences are listed in one history event (all are counted).
@@ -108,6 +115,7 @@ def _retry_of(attempt: Attempt, record: ScheduleRecord, flow_kind: str, first: f
 
 def _start(plan: Plan, attempt: Attempt, now: float) -> None:
     attempt.started = True
+    attempt.started_at = now
     attempt.checks = 0
     attempt.due = now + CHECK_FIRST
     plan.starts.append(attempt)
@@ -145,7 +153,14 @@ def _look(plan: Plan, attempt: Attempt, flow: FlowRecord | None, now: float, flo
         if attempt.due <= now:
             _start(plan, attempt, now)
         return [attempt], "open"
+    if flow is None and (attempt.created or now - (attempt.started_at or now) > LOST_START):
+        # The flow existed and its record expired (kept longer than the flows' retention, paused or
+        # waiting for a person): its outcome was never read here. Never start it again.
+        plan.event(now, "outcome unknown", occurrence=attempt.occurrence, attempt=attempt.attempt, flow=attempt.flow_id)
+        gone = f"the flow {attempt.flow_id} of {attempt.occurrence} is gone before its outcome was read"
+        return [attempt], f"stop:{gone}; check order {attempt.data['order']['orderId']} at the gateway"
     if flow is None or flow.state not in STOPPED:
+        attempt.created |= flow is not None
         if attempt.due <= now:
             attempt.checks += 1
             attempt.due = now + min(CHECK_FIRST * 2**attempt.checks, CHECK_MAX)
@@ -260,13 +275,11 @@ def advance(record: ScheduleRecord, now: float, flows: Mapping[str, FlowRecord],
         return plan
     kept: list[Attempt] = []
     stop = ""
-    dunning_ended = False
     for attempt in current.open:
         still, what = _look(plan, attempt, flows.get(attempt.flow_id), now, flow_kind)
         kept.extend(still)
         if what.startswith("stop:") and not stop:
             stop = what[5:]
-        dunning_ended |= what == "charged" and attempt.attempt > 0
     current.open = kept
     if stop:
         current.state = S.NEEDS_ATTENTION
@@ -275,7 +288,9 @@ def advance(record: ScheduleRecord, now: float, flows: Mapping[str, FlowRecord],
         return plan
     current.state = S.DUNNING if any(attempt.attempt > 0 for attempt in kept) else S.ACTIVE
     if current.state is S.ACTIVE:
-        if dunning_ended:
+        if record.state is S.DUNNING:
+            # Whatever ended the dunning (a success, a cancelled retry, a failure): the occurrences
+            # that passed meanwhile are skipped, never fired all at once.
             skip_passed(plan, now, "dunning")
         _fire_due(plan, now, flow_kind)
         if current.next_at is None and not current.open:

@@ -129,6 +129,8 @@ def test_fields_round_trip_through_parse() -> None:
         "started": True,
         "first_decline": T0,
         "checks": 2,
+        "created": False,
+        "started_at": None,
     }
 
 

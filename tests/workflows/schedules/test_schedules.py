@@ -401,3 +401,49 @@ def test_a_start_lost_after_the_write_is_made_at_the_next_look(world: World, mon
     world.clock.advance(120)
     world.tick()
     assert world.schedules.get(record.id).counts["charged"] == 1
+
+
+def test_a_charged_occurrence_whose_flow_expired_while_paused_is_never_charged_again(world: World) -> None:
+    """The occurrence's flow succeeded; the schedule was paused past the flows' retention (30 days), so
+    the finished flow's record expired; on resume the schedule must not start that occurrence again."""
+    record = world.schedules.create(monthly())
+    world.at(rome(1, 1))
+    world.tick()
+    assert len(world.mit.calls) == 1
+    world.schedules.pause(record.id)
+    (flow,) = world.flows()
+    world.engine.redis.delete(world.engine.keys.flow(flow.id), world.engine.keys.log(flow.id))  # what the TTL does
+    world.at(rome(2, 15))
+    world.schedules.resume(record.id)
+    world.tick()
+    world.clock.advance(3600)
+    world.tick()
+    assert len(world.mit.calls) == 1, "the occurrence was charged once, ever"
+    stopped = world.schedules.get(record.id)
+    assert stopped.state is ScheduleState.NEEDS_ATTENTION and "2026-01-01" in stopped.reason
+
+
+def test_cancelling_a_dunning_retry_skips_the_occurrences_that_passed_during_dunning(world: World) -> None:
+    """Daily charges, every missed occurrence fired (``missed: each``); a soft decline opens a retry three
+    days later; the operator cancels the retry's flow. The occurrences that passed meanwhile are skipped,
+    whatever ended the dunning."""
+    world.mit.script["c-1"] = ["116"]
+    record = world.schedules.create({**monthly(), "rule": {"every": "days", "interval": 1}, "dunning": [3], "missed": "each"})
+    first = rome(1, 1).timestamp()
+    world.at(first)
+    world.tick()
+    world.at(first + 60)
+    world.tick()
+    assert world.schedules.get(record.id).state is ScheduleState.DUNNING
+    world.at(first + 3 * DAY)
+    world.schedules.tick()  # the retry's flow is started ...
+    retry = [flow for flow in world.flows() if flow.state is FlowState.READY]
+    assert len(retry) == 1
+    world.engine.cancel(retry[0].id, "customer asked to stop")  # ... and cancelled before it runs
+    world.clock.advance(60)
+    world.tick()
+    world.clock.advance(3600)
+    world.tick()
+    assert len(world.mit.calls) == 1, "no occurrence that passed during dunning was charged"
+    (skipped,) = world.events(record.id, "skipped")
+    assert skipped["reason"] == "dunning" and skipped["count"] == 3
