@@ -15,11 +15,14 @@ from __future__ import annotations
 
 import signal
 import sys
+import warnings
 from enum import StrEnum
 from types import FrameType
 from typing import Annotated
 
 import typer
+from celery import Celery, signals
+from celery.exceptions import CPendingDeprecationWarning
 
 from config.celery import QUEUE
 from service.cli._common import fail, runtime, safe_url
@@ -61,7 +64,36 @@ def worker(
         if hostname:
             argv.append(f"--hostname={hostname}")
         print(f"durapay worker: {pool.value} pool on {safe_url(rt.redis_url)}", file=sys.stderr, flush=True)
-        rt.celery.worker_main(argv)
+        code = run_worker(rt.celery, argv)
+    if code:
+        print(f"durapay worker: stopped with exit status {code}", file=sys.stderr, flush=True)
+    raise typer.Exit(code)
+
+
+def run_worker(app: Celery, argv: list[str]) -> int:
+    """Run the Celery worker until it stops; its exit status (non-zero after a fatal error).
+
+    Not ``app.worker_main`` (nor ``app.start``): they drop the status that ``celery worker`` ends
+    with, so a worker that stopped on an "Unrecoverable error" exited 0 and a supervisor restarting
+    on failure left it down. This runs the same ``celery`` command, bound to ``app`` the way
+    ``app.start`` binds it, and keeps the status.
+    """
+    from celery.bin.celery import celery as celery_command
+
+    signals.celeryd_after_setup.connect(_quiet_reconnect_warning, weak=False)
+    celery_command.params[0].default = app  # the --app option, as app.start sets it
+    try:
+        code = celery_command.main(args=argv, standalone_mode=False)
+    finally:
+        celery_command.params[0].default = None
+    return code if isinstance(code, int) else 0
+
+
+def _quiet_reconnect_warning(**_: object) -> None:
+    """Celery warns on every reconnect that it does not cancel the steps in flight: that is the choice
+    (config/celery.py), and the warning would repeat through a Redis outage. Added after Celery's own
+    log set-up, which turns its warnings back on."""
+    warnings.filterwarnings("ignore", category=CPendingDeprecationWarning, module="celery.worker.consumer")
 
 
 def scheduler(
