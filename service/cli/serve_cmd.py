@@ -13,6 +13,7 @@ Each stops cleanly on SIGTERM or Ctrl-C. ``durapay alive worker|scheduler`` is t
 
 from __future__ import annotations
 
+import logging
 import signal
 import sys
 import warnings
@@ -106,6 +107,8 @@ def scheduler(
     from workflows.dispatcher import Dispatcher
     from workflows.schedules import Schedules
 
+    # One timestamped line per event (a Redis outage is two: lost, back), on stderr.
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", stream=sys.stderr)
     with runtime(clock_key) as rt:
         schedules = Schedules(rt.engine)
         dispatcher = Dispatcher(rt.engine, interval=interval, tickers=[schedules.tick], name="scheduler")

@@ -238,3 +238,32 @@ def test_a_fatal_worker_error_exits_non_zero(cli_env: dict[str, str], tmp_path: 
     assert "forced fatal error" in done.stderr
     assert done.returncode != 0, done.stderr
     assert "durapay worker: stopped with exit status" in done.stderr
+
+
+def test_scheduler_says_redis_was_lost_and_back_in_two_lines(cli_env: dict[str, str], tmp_path: Path) -> None:
+    """``durapay scheduler`` started while its Redis is down (it printed a warning per tick and a traceback
+    per ticker per tick): one line when Redis is found unreachable, one when it answers again, naming
+    how many attempts failed meanwhile; no traceback."""
+    import re
+
+    from config.embedded import EmbeddedValkey
+
+    valkey = EmbeddedValkey(tmp_path / "valkey")
+    env = {**os.environ, "DURAPAY_REDIS_URL": valkey.url, "DURAPAY_BROKER_URL": valkey.url}
+    log_path = tmp_path / "scheduler.log"
+    with log_path.open("wb") as log:
+        scheduler = subprocess.Popen([*DURAPAY, "scheduler", "--interval", "0.05"], env=env, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        wait_until(lambda: "Redis unreachable" in log_path.read_text(), 60, "the scheduler to notice Redis is down")
+        valkey.start()
+        back = wait_until(lambda: re.search(r"Redis is back after .*\((\d+) attempts failed\)", log_path.read_text()), 60, "back")
+        scheduler.send_signal(signal.SIGTERM)
+        assert scheduler.wait(timeout=30) == 0
+    finally:
+        if scheduler.poll() is None:
+            scheduler.kill()
+        valkey.stop()
+    output = log_path.read_text()
+    assert int(back.group(1)) >= 2, output
+    assert "Traceback" not in output
+    assert len(output.strip().splitlines()) == 4, output  # started, unreachable, back, stopped
