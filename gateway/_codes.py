@@ -102,7 +102,7 @@ class ContractType(StrEnum):
 
 class ThreeDSEnrollmentStatus(StrEnum):
     ENROLLED = "ENROLLED"
-    NOT_ENROLLED = "NOT_ENROLLED"  # durapay's choice for frictionless cards (only ENROLLED is published)
+    NOT_ENROLLED = "NOT_ENROLLED"  # not published (the test environment answers ENROLLED + "notneeded"); still read
 
 
 #: ``threeDSAuthRequest`` value that means no challenge is needed (seen in the sandbox).

@@ -191,6 +191,7 @@ def list_payment_methods(sim: Simulator, call: Call) -> Reply:
     methods = [
         {
             "paymentMethodType": kind,
+            "methodType": kind,  # the name other sources give the same field
             "circuit": name,
             "imageLink": f"{call.root_url}/_sim/img/{name.lower()}.svg",
             "recurringSupported": recurring,
