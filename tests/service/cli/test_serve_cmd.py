@@ -114,6 +114,8 @@ def test_api_worker_and_scheduler_run_flows_together(
         assert page.exit_code == 0, page.output
         flow = json.loads(page.stdout)
         assert flow["state"] == "succeeded"
+        announced = json.loads(page.stderr.splitlines()[0])  # while it waited, for the customer to pay
+        assert announced["id"] == flow["id"] and announced["customer_url"] == flow["customer_url"]
         history = httpx.get(f"{api}/flows/{flow['id']}/history", headers=key).json()["history"]
         assert any(entry["by"] == "notification" for entry in history), "resumed by the notification"
 
@@ -237,7 +239,7 @@ def test_a_fatal_worker_error_exits_non_zero(cli_env: dict[str, str], tmp_path: 
     )
     assert "forced fatal error" in done.stderr
     assert done.returncode != 0, done.stderr
-    assert "durapay worker: stopped with exit status" in done.stderr
+    assert "durapay: the worker stopped with exit status 1" in done.stderr
 
 
 def test_scheduler_says_redis_was_lost_and_back_in_two_lines(cli_env: dict[str, str], tmp_path: Path) -> None:
