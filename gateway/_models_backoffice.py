@@ -1,7 +1,7 @@
 """Bodies and queries of the back-office operations: lookups, post-operations, contracts, rates.
 
 Lists are newest first with no cursor: "for the next page set toTime equal to the lastOperationTime of
-the last record" (gateway-facts.md §5); windows of at most one month; ``maxRecords`` at most 500.
+the last record" (docs/gateway.md, Times); windows of at most one month; ``maxRecords`` at most 500.
 """
 
 from __future__ import annotations

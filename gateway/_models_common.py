@@ -1,6 +1,6 @@
 """Objects shared by many bodies: Order, PaymentSession, Card, Operation, PaymentLink, errors.
 
-Field names are the gateway's own (camelCase, one to one, gateway-facts.md §2-§3). Lengths and
+Field names are the gateway's own (camelCase, one to one; docs/gateway.md). Lengths and
 required flags are those the public material states; where sources conflict the longer limit is
 accepted (e.g. ``orderId`` up to 27 characters). Every model keeps unknown fields.
 """

@@ -1,7 +1,7 @@
 """Bodies of the reservation-guarantee area: structures, agencies, reservations, conditions, charges.
 
-Shapes follow the earlier (deprecated) specification set as public code carries it (gateway-facts.md
-§6). Agencies and the current-path variants are not published: agencies mirror structures, and the
+Shapes follow the earlier (deprecated) specification set as public code carries it (docs/gateway.md,
+Reservations). Agencies and the current-path variants are not published: agencies mirror structures, and the
 current paths take the same bodies as their earlier forms.
 """
 

@@ -1,6 +1,6 @@
 """Captures, refunds, cancels, the allowed actions, and the order amounts they move.
 
-The rules (gateway-facts.md §3, with the codes of §5):
+The rules (docs/gateway.md, Post-operations, with the gateway's error codes):
 
 * capture: once, on an ``AUTHORIZED`` authorization, at most the authorized amount (default all of it);
   PS0022 after a void, PS0023 when already captured (or on a capture), PS0024 after a refund.

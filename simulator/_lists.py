@@ -1,7 +1,7 @@
 """What every list endpoint shares: a time window of at most a month, newest first, ``maxRecords``.
 
-"For the next page set toTime equal to the lastOperationTime value of the last record" (gateway-facts.md
-§5): bounds are inclusive, so the boundary record repeats on the next page; callers drop it by id.
+"For the next page set toTime equal to the lastOperationTime value of the last record" (docs/gateway.md,
+Times): bounds are inclusive, so the boundary record repeats on the next page; callers drop it by id.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@ conditions (with PDF), custom fields and services.
 
 Created objects are kept as the gateway shows them (the request's own fields plus creation date and
 status). Creating an id twice is refused (400 PS0026 naming the field); cancels are repeatable (the
-catalogue marks them retry safe). Agencies mirror structures (gateway-facts.md §6: nothing published).
+catalogue marks them retry safe). Agencies mirror structures (nothing is published: docs/gateway.md).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The durable engine: start flows, run their steps under claims, and the Python API around them.
 
-The Celery chain is the fast path; the Redis record is the truth (DESIGN.md). Every step runs as:
+The Celery chain is the fast path; the Redis record is the truth (docs/durability.md). Every step runs as:
 
 1. **claim** - a compare-and-set moves the flow to ``running`` with a lease and puts it on the ``due``
    set at the lease's end. A duplicate or late delivery finds the step claimed or done and returns.
