@@ -143,7 +143,7 @@ class NotificationReceiver:
             return Receipt(503, {"outcome": "KO", "error": "not recorded; try again"})
 
     def _deliver(self, notification: Any, data: dict[str, Any], order_id: str, body: bytes) -> Receipt:
-        flow_id, kept = self._lookup(order_id)
+        flow_id, kept = self.engine.orders.lookup(order_id)
         try:
             # An unknown order is compared against a random token: same work, same answer.
             verify_security_token(notification, kept or [self._decoy])
@@ -160,15 +160,6 @@ class NotificationReceiver:
             log.warning("authentic notification %s for order %s has no flow; acknowledged", event_id, order_id)
             return Receipt(200, OK)
         return self._once(event_id, flow_id, data)
-
-    def _lookup(self, order_id: str) -> tuple[str | None, list[str]]:
-        """The flow and the kept tokens of the order, in one round trip (``Engine.flow_for_order`` and
-        ``Engine.tokens_for_order`` read the same keys)."""
-        pipe = self.redis.pipeline(transaction=False)
-        pipe.hget(self.engine.keys.order(order_id), "flow")
-        pipe.smembers(self.engine.keys.tokens(order_id))
-        flow, tokens = pipe.execute()
-        return (flow.decode() if flow else None), [token.decode() for token in tokens]
 
     @staticmethod
     def event_id(given: str | None, body: bytes) -> str:

@@ -7,9 +7,9 @@ worker's write fails the version check and is dropped; nothing is half written.
 
 Hash fields: ``id kind state step version attempt created updated due lease_until lease_owner
 order_id order_seq start_key input_hash reconcile uncertain cancel_requested customer_url polls
-generation`` as
-strings, ``input error wait outcome`` as JSON, ``out:<step>`` (JSON) per finished step and
-``sig:<n>`` (JSON ``{name, payload, t}``) per received signal not yet consumed.
+generation`` as strings, ``input error wait outcome orders`` as JSON (``orders``: every gateway order
+id the flow made, oldest first; absent while it is only ``order_id``), ``out:<step>`` (JSON) per
+finished step and ``sig:<n>`` (JSON ``{name, payload, t}``) per received signal not yet consumed.
 """
 
 from __future__ import annotations
@@ -68,6 +68,7 @@ class FlowRecord:
     lease_owner: str = ""
     order_id: str = ""
     order_seq: int = 0
+    orders: list[str] = field(default_factory=list)
     start_key: str = ""
     reconcile: bool = False
     uncertain: bool = False
@@ -119,6 +120,7 @@ class FlowRecord:
             lease_owner=data.get("lease_owner", ""),
             order_id=data.get("order_id", ""),
             order_seq=int(data.get("order_seq") or 0),
+            orders=loads("orders") or ([data["order_id"]] if data.get("order_id") else []),
             start_key=data.get("start_key", ""),
             reconcile=data.get("reconcile") == "1",
             uncertain=data.get("uncertain") == "1",
@@ -357,11 +359,13 @@ class FlowStore:
 
     def claim(
         self, flow_id: str, step: str, *, now: float, lease_until: float, owner: str, max_attempts: int
-    ) -> tuple[FlowRecord, FlowState] | str:
-        """Claim ``step`` in one round trip (``claim.lua``): the record as written and the state it left,
-        or why not (``missing``, ``not-current``, ``leased``, ``stopped``, ``early``), or ``fallback``
-        for the rare cases the caller handles with :meth:`get` and :meth:`transition` (a cancel
-        request, a reclaim past the attempts)."""
+    ) -> tuple[str, FlowRecord, FlowState] | str:
+        """Claim ``step`` in one round trip (``claim.lua``, the one home of the claim rules).
+
+        Returns why not (``missing``, ``not-current``, ``leased``, ``stopped``, ``early``), or
+        ``(verdict, record, previous state)``: ``ok`` with the record as claimed, or ``cancel`` / ``lost``
+        with the record untouched (a cancel was requested; the step's worker was lost ``max_attempts``
+        times), which the caller ends with :meth:`transition`."""
         partition = self.keys.partition(flow_id)
         states = (FlowState.READY, FlowState.RETRYING, FlowState.WAITING, FlowState.SLEEPING, FlowState.RUNNING)
         answer = self._claim(
@@ -369,11 +373,12 @@ class FlowStore:
             + [self.keys.by_state(partition, state.value) for state in states],
             args=[flow_id, step, repr(now), repr(lease_until), owner, str(max_attempts)],
         )
-        outcome = str(answer[0].decode())
-        if outcome != "ok":
-            return outcome
+        verdict = str(answer[0].decode())
+        if len(answer) == 1:
+            return verdict
         items = [item.decode() for item in answer[2:]]
-        return FlowRecord.from_fields(dict(zip(items[::2], items[1::2], strict=True))), FlowState(answer[1].decode())
+        record = FlowRecord.from_fields(dict(zip(items[::2], items[1::2], strict=True)))
+        return verdict, record, FlowState(answer[1].decode())
 
     def request_cancel(self, flow_id: str) -> None:
         """Ask a running step's flow to stop at the step boundary (no version change: the step completes)."""
@@ -439,15 +444,6 @@ class FlowStore:
                 if gone:
                     removed += int(self.redis.zrem(index, *gone))
         return removed
-
-    def expire_orders(self, order_ids: Iterable[str]) -> None:
-        """A finished flow's order lookups (flow, tokens) live as long as its record."""
-        ttl = max(1, int(self.retention_seconds))
-        pipe = self.redis.pipeline(transaction=False)
-        for order_id in order_ids:
-            pipe.expire(self.keys.order(order_id), ttl)
-            pipe.expire(self.keys.tokens(order_id), ttl)
-        pipe.execute()
 
     @staticmethod
     def _entry(now: float, source: FlowState | None, target: FlowState, step: str, by: str, what: str) -> str:

@@ -548,17 +548,22 @@ def test_a_cancel_requested_of_a_dead_workers_step_ends_the_flow_at_the_reclaim(
     assert step.runs == [] and engine.get(record.id).state is FlowState.CANCELLED
 
 
-def test_the_one_trip_claim_writes_what_the_careful_path_writes(make_engine: Any, clock: ManualClock) -> None:
+def test_a_claim_writes_the_lease_the_due_entry_the_index_and_one_log_entry(make_engine: Any, clock: ManualClock) -> None:
     engine, _ = make_engine(flow(wait_step()))
-    quick, careful = engine.start("demo", {"amount": 5}), engine.start("demo", {"amount": 5})
-    taken = [engine.claim(quick.id, "customer", worker="w"), engine._claim_carefully(careful.id, "customer", worker="w")]
-    assert all(isinstance(claim, Claim) for claim in taken)
-    ignored = {"id", "created", "updated"}
-    first, second = (
-        {k: v for k, v in engine.get(flow_id).fields.items() if k not in ignored} for flow_id in (quick.id, careful.id)
-    )
-    assert first == second
-    logs = [[{k: v for k, v in entry.items()} for entry in engine.history(flow_id)] for flow_id in (quick.id, careful.id)]
-    assert logs[0] == logs[1]
-    assert engine.redis.zscore(engine.keys.due_of(quick.id), quick.id) == T0 + 30
-    assert engine.redis.zscore(engine.keys.by_state(engine.keys.partition(quick.id), "running"), quick.id) == T0
+    record = engine.start("demo", {"amount": 5})
+    assert isinstance(engine.claim(record.id, "customer", worker="w"), Claim)
+    claimed = engine.get(record.id)
+    assert claimed.state is FlowState.RUNNING and claimed.version == record.version + 1 and claimed.attempt == 1
+    assert claimed.lease_until == T0 + 30 and claimed.lease_owner == "w" and not claimed.uncertain
+    assert engine.history(record.id)[-1] == {
+        "t": T0,
+        "from": "ready",
+        "to": "running",
+        "step": "customer",
+        "by": "w",
+        "what": "claimed customer",
+    }
+    partition = engine.keys.partition(record.id)
+    assert engine.redis.zscore(engine.keys.due_of(record.id), record.id) == T0 + 30
+    assert engine.redis.zscore(engine.keys.by_state(partition, "running"), record.id) == T0
+    assert engine.redis.zscore(engine.keys.by_state(partition, "ready"), record.id) is None

@@ -33,10 +33,10 @@ from gateway import (
 )
 from tasks.outcomes import Advance, Finish, Outcome, Poll, Wait
 from tasks.runner import NOT_COMMITTED, ReconcileResult, StepContext
+from workflows.flows._adopt import new_order_if_never_charged
 from workflows.flows._common import (
     input_order_id,
     judge_operation,
-    new_order_if_exists,
     order_with_current_id,
     payment_result,
     read_order,
@@ -123,7 +123,7 @@ HPP = FlowDefinition(
             "create",
             Catalogue.create_hpp_order,
             lambda ctx: Call(request=_session_body(ctx, ("waitSeconds",))),
-            adopt=new_order_if_exists("the hosted page answer was lost before the customer saw it"),
+            adopt=new_order_if_never_charged("the hosted page answer was lost before the customer saw it"),
             customer_url=lambda output: output.get("hostedPage"),
         ),
         _await("payment", lambda ctx: ctx.input.waitSeconds or 1800.0, "hosted payment page"),
@@ -315,7 +315,7 @@ BUILD = FlowDefinition(
             "create",
             Catalogue.create_build_order,
             lambda ctx: Call(request=_session_body(ctx, ("formSeconds",))),
-            adopt=new_order_if_exists("the embedded form answer was lost before the customer saw it"),
+            adopt=new_order_if_never_charged("the embedded form answer was lost before the customer saw it"),
             customer_url=lambda output: next((f.get("src") for f in output.get("fields") or [] if f.get("src")), None),
         ),
         WaitStep(
