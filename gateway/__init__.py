@@ -197,7 +197,7 @@ from gateway._models_reservations import (
     Translation,
 )
 from gateway._money import GATEWAY_CURRENCIES, Amount, Currency, exponent, to_major, to_minor
-from gateway._notification import Notification, parse_notification, verify_security_token
+from gateway._notification import Notification, parse_notification, reported_payment, verify_security_token
 from gateway._time import GATEWAY_ZONE, GatewayTime, format_gateway_time, parse_gateway_time
 
 __all__ = [
@@ -385,6 +385,7 @@ __all__ = [
     "parse_gateway_time",
     "parse_lenient",
     "parse_notification",
+    "reported_payment",
     "to_major",
     "to_minor",
     "validate_request",

@@ -197,9 +197,8 @@ class NotificationReceiver:
         dropped: the engine moves the flow to a person (``late_payment``)."""
         try:
             result = self.engine.signal(flow_id, "notification", payload, by="notification")
-            if result == "finished" and self.engine.late_payment(flow_id, "notification", payload):
+            if result == "late_payment":
                 self.count("late_payment")
-                return "late_payment"
             return result
         except NotFound:
             return "missing"

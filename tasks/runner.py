@@ -63,6 +63,8 @@ class StepContext:
     idempotency_key: str
     order_id: str
     client: GatewayClient
+    orders: list[str] = field(default_factory=list)
+    created: float = 0.0
     deadline_reached: bool = False
     wait_deadline: float | None = None
     signals: list[tuple[str, str, dict[str, Any]]] = field(default_factory=list)

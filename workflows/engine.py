@@ -27,7 +27,7 @@ import redis
 from pydantic import BaseModel, ValidationError
 
 from config.settings import Settings
-from gateway import SUCCESS_RESULTS, GatewayClient, describe_validation_error
+from gateway import GatewayClient, describe_validation_error, reported_payment
 from tasks.outcomes import Outcome
 from tasks.retry import RetryPolicy
 from workflows.clock import Clock, SystemClock
@@ -205,13 +205,24 @@ class Engine:
 
     def signal(self, flow_id: str, name: str, payload: Mapping[str, Any] | None = None, *, by: str = "api") -> str:
         """Deliver a signal (``3ds_result``, ``form_completed``, ``notification``, ...): ``resumed``,
-        ``stored`` (kept until the flow waits for it), ``finished`` or raise NotFound."""
-        result = self.store.signal(flow_id, name, payload or {}, now=self.clock.now(), by=by, safety=self.safety)
+        ``stored`` (kept until the flow waits for it), ``finished``, ``late_payment``, or raise NotFound.
+
+        A signal reporting a payment taken (a notification of an AUTHORIZED or EXECUTED operation) is
+        marked, so that the money always shows in the flow: a flow that ended failed or cancelled, or
+        succeeded with another operation, moves to ``needs_attention`` (``late_payment``) with the
+        signal kept; ``retry`` then lets the waiting step take it, or a person refunds it."""
+        body = dict(payload or {})
+        paid = reported_payment(body)
+        result = self.store.signal(flow_id, name, body, now=self.clock.now(), by=by, safety=self.safety, paid=paid)
         if result == "missing":
             raise NotFound(f"no flow {flow_id!r}")
         if result == "resumed":
             record = self.get(flow_id)
             self.protocol.send_from(record, record.step)
+        elif result == "late_payment":
+            record = self.get(flow_id)
+            self.orders.keep(record.orders)
+            log.error("flow %s: %s", flow_id, (record.error or {}).get("type"), extra={"payment": paid})
         return result
 
     def cancel(self, flow_id: str, reason: str = "cancelled", *, by: str = "api") -> FlowRecord:
@@ -230,33 +241,6 @@ class Engine:
                 return written
         raise OperatorError(f"flow {flow_id} kept changing; try again")
 
-    def late_payment(self, flow_id: str, name: str, payload: Mapping[str, Any], *, by: str = "notification") -> bool:
-        """A verified notification reports money taken after the flow ended without it (the customer
-        paid on a page past our deadline, or after a cancel): never drop it. The flow moves to
-        ``needs_attention`` with the notification kept as a signal, so a person either refunds the
-        payment (a ``refund`` flow) or runs ``retry``, which lets the waiting step take it as its
-        outcome. True when the flow was moved."""
-        operation = payload.get("operation")
-        if not isinstance(operation, Mapping) or operation.get("operationResult") not in SUCCESS_RESULTS:
-            return False
-        record = self.get(flow_id)
-        if record.state not in {FlowState.FAILED, FlowState.CANCELLED}:
-            return False
-        seq = int(record.fields.get("sigseq") or 0) + 1
-        now = self.clock.now()
-        reported = {key: operation.get(key) for key in ("operationId", "orderId", "operationResult", "amount")}
-        what = f"late payment: the gateway reports {reported['operationResult']} after the flow ended {record.state}"
-        fields = {
-            "sigseq": str(seq),
-            f"sig:{seq}": compact_json({"name": name, "payload": dict(payload), "t": now}),
-            "error": compact_json({"type": "LatePayment", "endedAs": record.state.value, "operation": reported}),
-        }
-        written = self.store.transition(record, Change(FlowState.NEEDS_ATTENTION, what, fields), now=now, by=by)
-        if written is None:
-            return self.late_payment(flow_id, name, payload, by=by)
-        log.error("flow %s: %s (operation %s)", flow_id, what, reported["operationId"])
-        return True
-
     def retry(self, flow_id: str, *, by: str = "api") -> FlowRecord:
         """Move a ``needs_attention`` flow on from its current step (reconciling first when its last
         try was ambiguous), or start a ``failed`` flow again from its first step on a fresh gateway
@@ -267,7 +251,7 @@ class Engine:
         if record.state is FlowState.NEEDS_ATTENTION:
             # Whatever stopped the flow (an ambiguous error, a crash, a lost worker), the step's call
             # may have reached the gateway: read it back before calling again (a no-op for reads).
-            fields: dict[str, str | None] = {"attempt": "0", "polls": "0", "reconcile": "1"}
+            fields: dict[str, str | None] = {"attempt": "0", "polls": "0", "reconcile": "1", "cancel_requested": None}
             change = Change(FlowState.READY, "retry requested (reconcile first)", fields, due=now + self.safety)
         elif record.state is FlowState.FAILED:
             try:
@@ -297,7 +281,9 @@ class Engine:
                 "outcome": None,
                 "wait": None,
                 "customer_url": None,
+                "cancel_requested": None,
             }
+            self.orders.keep(record.orders)  # live again: its earlier orders still route to it
             if new_order:
                 self.orders.point(new_order, flow_id)
                 fields["orders"] = compact_json([*record.orders, new_order])

@@ -83,6 +83,14 @@ class OrderIndex:
             pipe.hset(self.keys.order(order_id), "flow", flow_id)
             pipe.execute()
 
+    def keep(self, order_ids: Iterable[str]) -> None:
+        """A flow that came back from its end (a late payment) keeps its order lookups until it ends again."""
+        pipe = self.redis.pipeline(transaction=False)
+        for order_id in order_ids:
+            pipe.persist(self.keys.order(order_id))
+            pipe.persist(self.keys.tokens(order_id))
+        pipe.execute()
+
     def expire(self, order_ids: Iterable[str]) -> None:
         """A finished flow's order lookups (flow, tokens) live as long as its record."""
         ttl = max(1, int(self.retention_seconds))

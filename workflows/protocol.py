@@ -29,7 +29,7 @@ from tasks.runner import StepContext, run_step
 from workflows.keys import step_idempotency_key
 from workflows.orders import gateway_order_id
 from workflows.states import STOPPED, FlowState
-from workflows.steps import FlowDefinition, Step
+from workflows.steps import FlowDefinition, Step, WaitStep
 from workflows.store import Change, FlowRecord, compact_json
 
 if TYPE_CHECKING:
@@ -141,6 +141,8 @@ class StepProtocol:
             now=now,
             idempotency_key=step_idempotency_key(flow_id, key_step),
             order_id=order_id,
+            orders=list(record.orders) if record else ([order_id] if order_id else []),
+            created=record.created if record else now,
             client=engine.gateway() if record else _NoClient(),  # type: ignore[arg-type]
             signals=[(s.field, s.name, s.payload) for s in record.signals] if record else [],
             polls=record.polls if record else 0,
@@ -198,7 +200,10 @@ class StepProtocol:
             done["error"] = compact_json(outcome.error) if outcome.error else None
             done["wait"] = None
             state = FlowState.SUCCEEDED if outcome.succeeded else FlowState.FAILED
-            change = Change(state, f"{step.name}: {outcome.reason}", done)
+            # A wait that fails (its deadline passed) while the signal it awaits arrived meanwhile must
+            # read that signal first: the script turns the failure into another run of the step.
+            awaited = step.signals if isinstance(step, WaitStep) and not outcome.succeeded else ()
+            change = Change(state, f"{step.name}: {outcome.reason}", done, awaited=awaited)
         elif isinstance(outcome, Retry):
             # Once a call of this step may have reached the gateway (an ambiguous error, a lost worker),
             # that stays true until the step is done: a later 429 or 5xx of a resend proves nothing

@@ -43,9 +43,9 @@ TRANSITIONS: dict[FlowState, frozenset[FlowState]] = {
     S.WAITING: frozenset({S.READY, S.RUNNING, S.CANCELLED}),
     S.SLEEPING: frozenset({S.RUNNING, S.CANCELLED}),
     S.NEEDS_ATTENTION: frozenset({S.READY, S.CANCELLED}),
-    # A payment reported after the flow ended without one (Engine.late_payment) needs a person.
+    # A payment reported after the flow ended without it (signal.lua, see money.lua) needs a person.
     S.FAILED: frozenset({S.READY, S.NEEDS_ATTENTION}),
-    S.SUCCEEDED: frozenset(),
+    S.SUCCEEDED: frozenset({S.NEEDS_ATTENTION}),
     S.CANCELLED: frozenset({S.NEEDS_ATTENTION}),
 }
 

@@ -186,9 +186,10 @@ class FlowStore:
         self.redis: Any = client
         self.keys = keys
         self.retention_seconds = retention_seconds
+        money = _script("money.lua")  # one rule, shared by the two scripts that can end with money reported
         self._create = client.register_script(_script("create.lua"))
-        self._transition = client.register_script(_script("transition.lua"))
-        self._signal = client.register_script(_script("signal.lua"))
+        self._transition = client.register_script(money + _script("transition.lua"))
+        self._signal = client.register_script(money + _script("signal.lua"))
         self._take_due = client.register_script(_script("take_due.lua"))
         self._claim = client.register_script(_script("claim.lua"))
 
@@ -321,6 +322,7 @@ class FlowStore:
                 self.keys.by_state(partition, change.state.value),
                 self.keys.by_state(partition, FlowState.READY.value),
                 self.keys.by_state(partition, FlowState.CANCELLED.value),
+                self.keys.by_state(partition, FlowState.NEEDS_ATTENTION.value),
             ],
             args=[
                 record.id,
@@ -338,6 +340,11 @@ class FlowStore:
         )
         if not version:
             return None
+        state = final_state.decode() if isinstance(final_state, bytes) else str(final_state)
+        if state != change.state.value:
+            # The script moved it elsewhere (a signal already there, a cancel request, a reported
+            # payment) and wrote fields of its own: read the record back (rare).
+            return self.get(record.id)
         # The script applied exactly these changes: rebuild the record here instead of reading it back.
         data = dict(record.fields)
         for name, value in fields.items():
@@ -345,14 +352,13 @@ class FlowStore:
                 data.pop(name, None)
             else:
                 data[name] = value
-        state = final_state.decode() if isinstance(final_state, bytes) else str(final_state)
         if scrubbed and state in {s.value for s in TERMINAL}:
             data["input"] = scrubbed
+        if state == FlowState.CANCELLED.value:
+            data.pop("cancel_requested", None)
         data.update({"state": state, "version": str(version), "updated": repr(now)})
-        if state == FlowState.CANCELLED.value or change.due is None:
-            data.pop("due", None)  # finished, stopped, or turned into a cancel by a cancel request
-        elif state != change.state.value:
-            data["due"] = repr(now)  # a wait that found its signal already there: due at once
+        if change.due is None:
+            data.pop("due", None)
         else:
             data["due"] = repr(change.due)
         return FlowRecord.from_fields(data)
@@ -384,26 +390,30 @@ class FlowStore:
         """Ask a running step's flow to stop at the step boundary (no version change: the step completes)."""
         self.redis.hset(self.keys.flow(flow_id), "cancel_requested", "1")
 
-    def signal(self, flow_id: str, name: str, payload: Mapping[str, Any], *, now: float, by: str, safety: float = 0.0) -> str:
-        """Deliver a signal: ``resumed``, ``stored`` (kept until the flow waits for it), ``finished``, ``missing``."""
+    def signal(
+        self,
+        flow_id: str,
+        name: str,
+        payload: Mapping[str, Any],
+        *,
+        now: float,
+        by: str,
+        safety: float = 0.0,
+        paid: Mapping[str, Any] | None = None,
+    ) -> str:
+        """Deliver a signal: ``resumed``, ``stored`` (kept until the flow waits for it), ``finished``,
+        ``late_payment`` (the flow ended without the payment ``paid`` reports: now needs a person),
+        ``missing``."""
         partition = self.keys.partition(flow_id)
         entry = self._entry(now, FlowState.WAITING, FlowState.READY, "", by, f"signal {name}")
+        signal: dict[str, Any] = {"name": name, "payload": dict(payload), "t": now}
+        if paid:
+            signal["paid"] = dict(paid)
+        states = (FlowState.WAITING, FlowState.READY, FlowState.SUCCEEDED, FlowState.FAILED, FlowState.CANCELLED)
         result = self._signal(
-            keys=[
-                self.keys.flow(flow_id),
-                self.keys.log(flow_id),
-                self.keys.due(partition),
-                self.keys.by_state(partition, FlowState.WAITING.value),
-                self.keys.by_state(partition, FlowState.READY.value),
-            ],
-            args=[
-                flow_id,
-                name,
-                compact_json({"name": name, "payload": dict(payload), "t": now}),
-                repr(now),
-                entry,
-                repr(now + safety),
-            ],
+            keys=[self.keys.flow(flow_id), self.keys.log(flow_id), self.keys.due(partition)]
+            + [self.keys.by_state(partition, state.value) for state in (*states, FlowState.NEEDS_ATTENTION)],
+            args=[flow_id, name, compact_json(signal), repr(now), entry, repr(now + safety), by],
         )
         return result.decode() if isinstance(result, bytes) else str(result)
 

@@ -83,6 +83,17 @@ def own_payment(operations: Sequence[Operation]) -> Operation | None:
     return None
 
 
+def page_payment(operations: Sequence[Operation]) -> Operation | None:
+    """The outcome of a customer's page (hosted page, link, form) from its order's operations: its first
+    successful payment, else its last failed one (a customer may be declined, then pay), else None."""
+    payments = [op for op in operations if op.operationType in PAYMENT_TYPES]
+    for operation in payments:
+        if operation.operationResult in SUCCESS_RESULTS:
+            return operation
+    failed = [op for op in payments if op.operationResult in FAILURE_RESULTS]
+    return failed[-1] if failed else None
+
+
 def _adopted(ctx: StepContext, operation: Operation, note: str) -> Outcome:
     """The outcome of a payment found at the gateway, judged as if its answer had arrived (a PENDING
     one advances: the flow's settle step reads it until final)."""
@@ -149,17 +160,16 @@ def new_order_if_never_charged(reason: str, *, initiated: bool = False) -> Calla
         if found is None:
             return NOT_COMMITTED
         payments = [op for op in found.operations if op.operationType in PAYMENT_TYPES]
-        for operation in payments:
-            if operation.operationResult in SUCCESS_RESULTS:
-                why = foreign(ctx, operation)
-                if why:
-                    return _not_ours(ctx, operation, why)
-                return Finish(True, "the gateway already holds this flow's payment", {"operation": operation.wire()})
+        outcome = page_payment(payments)
+        if outcome is not None and outcome.operationResult in SUCCESS_RESULTS:
+            why = foreign(ctx, outcome)
+            if why:
+                return _not_ours(ctx, outcome, why)
+            return Finish(True, "the gateway already holds this flow's payment", {"operation": outcome.wire()})
         if not initiated and any(op.operationResult in BEFORE_PAYMENT for op in payments):
             return UNCLEAR
-        failed = [op for op in payments if op.operationResult in FAILURE_RESULTS]
-        if failed:
-            return _adopted(ctx, failed[-1], "readBack")
+        if outcome is not None:
+            return _adopted(ctx, outcome, "readBack")
         if any(op.operationResult not in BEFORE_PAYMENT for op in payments):
             return UNCLEAR  # a result this version does not know: read again, then a person
         return NewOrder(reason)
@@ -167,4 +177,4 @@ def new_order_if_never_charged(reason: str, *, initiated: bool = False) -> Calla
     return adopt
 
 
-__all__ = ["adopt_operation_of", "adopt_order_payment", "foreign", "new_order_if_never_charged", "own_payment"]
+__all__ = ["adopt_operation_of", "adopt_order_payment", "foreign", "new_order_if_never_charged", "own_payment", "page_payment"]

@@ -16,7 +16,7 @@ from gateway import Catalogue
 from simulator import SimulatorServer
 from tests.waiting import wait_until
 from tests.workflows.integration.conftest import Stack
-from tests.workflows.integration.test_flows import APPROVE, card, order
+from tests.workflows.integration.test_flows import APPROVE, card, order, session, wait_for_state
 from workflows.states import FlowState
 
 #: Operations that take money (or verify a card) and are the flow's own payment.
@@ -107,3 +107,39 @@ def test_an_order_id_already_used_by_another_payment_is_never_adopted(stack: Sta
     second = stack.run("moto", other)
     assert second.state is FlowState.NEEDS_ATTENTION, second.summary()
     assert len(payments(stack.simulator, [first.order_id])) == 1
+
+
+@pytest.mark.integration
+def test_a_payment_on_the_first_page_after_a_restart_on_a_new_order_needs_a_person(stack: Stack) -> None:
+    """A hosted-page flow failed (no payment by its deadline); the operator restarted it on ``<orderId>-2``;
+    the customer, who still had the first page, pays there. That money is the flow's to account for."""
+    started = stack.engine.start("hpp", {"order": order(), "paymentSession": session(), "waitSeconds": 0.5})
+    failed = stack.engine.wait(started.id, 30)
+    assert failed.state is FlowState.FAILED, failed.summary()
+    first_order = failed.order_id
+    stack.engine.retry(started.id)
+    waiting = wait_for_state(stack, started.id, FlowState.WAITING)
+    assert waiting.order_id != first_order and waiting.orders == [first_order, waiting.order_id]
+    paid = stack.simulator.admin.complete_hpp(first_order)
+    assert stack.engine.flow_for_order(first_order) == started.id, "the first order still routes to the flow"
+    operation = {"orderId": first_order, "operationId": paid["operationId"], "operationResult": paid["operationResult"]}
+    stack.engine.signal(started.id, "notification", {"operation": operation})
+    done = stack.engine.wait(started.id, 20)
+    assert done.state is FlowState.NEEDS_ATTENTION, (done.summary(), stack.engine.history(started.id))
+    assert done.error is not None and done.error["type"] == "LatePayment"
+    assert done.error["operation"]["operationId"] == paid["operationId"]
+
+
+@pytest.mark.integration
+def test_the_deadline_read_finds_a_payment_on_an_earlier_order(stack: Stack) -> None:
+    """The same, but the notification of the first page is lost: the read at the deadline looks at every
+    order the flow made."""
+    started = stack.engine.start("hpp", {"order": order(), "paymentSession": session(), "waitSeconds": 0.5})
+    assert stack.engine.wait(started.id, 30).state is FlowState.FAILED
+    first_order = stack.engine.get(started.id).order_id
+    stack.engine.retry(started.id)
+    wait_for_state(stack, started.id, FlowState.WAITING)
+    paid = stack.simulator.admin.complete_hpp(first_order)
+    done = stack.engine.wait(started.id, 30)
+    assert done.state is FlowState.NEEDS_ATTENTION, (done.summary(), stack.engine.history(started.id))
+    assert done.error is not None and done.error["operation"]["operationId"] == paid["operationId"]
