@@ -169,7 +169,7 @@ class NotificationReceiver:
 
     def _once(self, event_id: str, flow_id: str, data: dict[str, Any]) -> Receipt:
         key = self.engine.keys.event(event_id)
-        pending = json.dumps({"state": "pending", "flow": flow_id, "t": time.time()})
+        pending = json.dumps({"state": "pending", "flow": flow_id, "t": self.engine.clock.now()})
         if not self.redis.set(key, pending, nx=True, ex=self.settings.event_ttl_seconds):
             taken = self._settle(key, event_id)
             if taken is None:
@@ -219,7 +219,7 @@ class NotificationReceiver:
             raw = self.redis.get(key)
             if raw is None:
                 # Expired or freed after a failure: claim it afresh.
-                fresh = json.dumps({"state": "pending", "t": time.time()})
+                fresh = json.dumps({"state": "pending", "t": self.engine.clock.now()})
                 if self.redis.set(key, fresh, nx=True, ex=self.settings.event_ttl_seconds):
                     return fresh
                 continue
@@ -229,8 +229,8 @@ class NotificationReceiver:
                 claim = {"state": "pending", "t": 0}
             if claim.get("state") == "done":
                 return None
-            if time.time() - float(claim.get("t", 0)) > self.stale_seconds:
-                fresh = json.dumps({"state": "pending", "flow": claim.get("flow"), "t": time.time()})
+            if self.engine.clock.now() - float(claim.get("t", 0)) > self.stale_seconds:
+                fresh = json.dumps({"state": "pending", "flow": claim.get("flow"), "t": self.engine.clock.now()})
                 if self._swap(keys=[key], args=[raw, fresh]):
                     log.warning("notification %s: took over a stale claim", event_id)
                     return fresh

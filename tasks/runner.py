@@ -15,7 +15,7 @@ the :class:`~tasks.outcomes.Outcome` returned. This module owns what happens in 
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
@@ -28,6 +28,13 @@ from tasks.retry import RetryPolicy
 log = logging.getLogger("durapay.runner")
 
 Resp = TypeVar("Resp", bound=GatewayModel)
+
+
+class LeaseLost(Exception):
+    """The step's claim was taken over (its lease ran out) or ended meanwhile: make no further call.
+
+    Raised by :meth:`StepContext.call` before a call when renewing the lease fails; the engine then
+    drops the step's result (the completion would be refused as stale anyway)."""
 
 
 class NotCommitted:
@@ -72,6 +79,8 @@ class StepContext:
     notification_url: str = ""
     calls: list[str] = field(default_factory=list)
     consumed: list[str] = field(default_factory=list)
+    #: Called before every gateway call but the first: extends the claim's lease, or raises LeaseLost.
+    renew_lease: Callable[[], None] | None = None
     retry: RetryPolicy = field(default_factory=RetryPolicy)
 
     def call(
@@ -80,7 +89,13 @@ class StepContext:
         *path_args: str,
         request: BaseModel | Mapping[str, Any] | None = None,
     ) -> Resp:
-        """Call ``op``, sending this step's idempotency key where the operation takes one."""
+        """Call ``op``, sending this step's idempotency key where the operation takes one.
+
+        A step may read, then write (reconcile, then call; reservation set-up): before every call after
+        the first, the claim's lease is extended, so that no other worker takes the step over while
+        it still calls, and a step whose claim is gone calls no more (LeaseLost)."""
+        if self.calls and self.renew_lease is not None:
+            self.renew_lease()
         self.calls.append(op.name)
         key = self.idempotency_key if op.idempotency_key else None
         return self.client.call(op, *path_args, request=request, idempotency_key=key)
@@ -118,6 +133,8 @@ def run_step(step: Step, ctx: StepContext, *, must_reconcile: bool, resend: bool
             return found
     try:
         return step.execute(ctx)
+    except LeaseLost:
+        raise
     except GatewayError as error:
         failing = _operation_of(error, op, ctx)
         if failing is None:
@@ -144,6 +161,8 @@ def _reconcile(step: Step, ctx: StepContext, operation: str) -> Outcome | NotCom
     retry of the read when it cannot tell."""
     try:
         found = step.reconcile(ctx)
+    except LeaseLost:
+        raise
     except GatewayError as error:
         log.info("flow %s step %s: reconcile read failed: %s", ctx.flow_id, ctx.step, error)
         return _unclear(ctx, operation, {**error.to_dict(), "during": "reconcile"})

@@ -251,7 +251,13 @@ class Engine:
         if record.state is FlowState.NEEDS_ATTENTION:
             # Whatever stopped the flow (an ambiguous error, a crash, a lost worker), the step's call
             # may have reached the gateway: read it back before calling again (a no-op for reads).
-            fields: dict[str, str | None] = {"attempt": "0", "polls": "0", "reconcile": "1", "cancel_requested": None}
+            fields: dict[str, str | None] = {
+                "attempt": "0",
+                "polls": "0",
+                "runs": None,
+                "reconcile": "1",
+                "cancel_requested": None,
+            }
             change = Change(FlowState.READY, "retry requested (reconcile first)", fields, due=now + self.safety)
         elif record.state is FlowState.FAILED:
             try:
@@ -282,6 +288,7 @@ class Engine:
                 "wait": None,
                 "customer_url": None,
                 "cancel_requested": None,
+                "runs": None,
             }
             self.orders.keep(record.orders)  # live again: its earlier orders still route to it
             if new_order:

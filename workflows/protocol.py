@@ -25,7 +25,7 @@ from pydantic import ValidationError
 
 from gateway import describe_validation_error
 from tasks.outcomes import Advance, Finish, NewOrder, Outcome, Poll, Retry, Sleep, Wait
-from tasks.runner import StepContext, run_step
+from tasks.runner import LeaseLost, StepContext, run_step
 from workflows.keys import step_idempotency_key
 from workflows.orders import gateway_order_id
 from workflows.states import STOPPED, FlowState
@@ -71,10 +71,11 @@ class StepProtocol:
             lease_until=now + engine.lease,
             owner=owner,
             max_attempts=engine.retry_policy.max_attempts,
+            max_runs=engine.settings.engine.max_step_runs,
         )
         if isinstance(taken, str):
             return taken
-        verdict, record, previous = taken
+        verdict, record = taken
         if verdict == "cancel":
             return self._stop(record, Change(FlowState.CANCELLED, "cancelled as requested"), now, owner)
         if verdict == "lost":
@@ -86,7 +87,15 @@ class StepProtocol:
                 {"lease_until": None, "lease_owner": None, "reconcile": "1", "error": compact_json({"type": "WorkerLost"})},
             )
             return self._stop(record, lost, now, owner)
-        return self._claimed(record, step_name, now, owner, deadline_reached=previous is FlowState.WAITING)
+        if verdict == "looping":
+            # Every loop of the engine has its own bound; this is the one under all of them.
+            looping = Change(
+                FlowState.NEEDS_ATTENTION,
+                f"{step_name}: claimed {record.fields.get('runs')} times without moving on",
+                {"lease_until": None, "lease_owner": None, "reconcile": "1", "error": compact_json({"type": "TooManyRuns"})},
+            )
+            return self._stop(record, looping, now, owner)
+        return self._claimed(record, step_name, now, owner)
 
     def _stop(self, record: FlowRecord, change: Change, now: float, owner: str) -> str:
         written = self.engine.store.transition(record, change, now=now, by=owner)
@@ -95,7 +104,7 @@ class StepProtocol:
         self.engine.finished(written)
         return str(written.state)
 
-    def _claimed(self, claimed: FlowRecord, step_name: str, now: float, owner: str, *, deadline_reached: bool) -> Claim | str:
+    def _claimed(self, claimed: FlowRecord, step_name: str, now: float, owner: str) -> Claim | str:
         """The claim handed to the step: its input typed again, its context built."""
         engine = self.engine
         definition = engine.registry[claimed.kind]
@@ -111,7 +120,15 @@ class StepProtocol:
             stopped = engine.store.transition(claimed, bad, now=now, by=owner)
             return "lost-race" if stopped is None else str(stopped.state)
         ctx = self.context(claimed.id, claimed.kind, step_name, model, claimed.outputs, now, claimed.order_id, claimed)
-        ctx.deadline_reached = deadline_reached
+        # Judged from the record, not from how the step was woken: a deadline read that failed and is
+        # retried must read again, not wait again (which would start its attempts over, forever).
+        ctx.deadline_reached = ctx.wait_deadline is not None and now >= ctx.wait_deadline
+
+        def renew_lease() -> None:
+            if not engine.store.renew(claimed, lease_until=engine.clock.now() + engine.lease):
+                raise LeaseLost(f"flow {claimed.id} step {step_name}: the claim is no longer {owner}'s")
+
+        ctx.renew_lease = renew_lease
         return Claim(claimed, definition, definition.step(step_name), ctx, resend=claimed.reconcile or claimed.uncertain)
 
     def context(
@@ -158,7 +175,11 @@ class StepProtocol:
         claim = self.claim(flow_id, step_name, worker=worker)
         if isinstance(claim, str):
             return claim
-        outcome = run_step(claim.step, claim.ctx, must_reconcile=claim.resend, resend=claim.resend)
+        try:
+            outcome = run_step(claim.step, claim.ctx, must_reconcile=claim.resend, resend=claim.resend)
+        except LeaseLost as lost:
+            log.warning("%s; its result is dropped", lost)
+            return "stale"
         return self.complete(claim, outcome, chained_next=chained_next)
 
     def complete(self, claim: Claim, outcome: Outcome, *, chained_next: str | None = None) -> str:
@@ -177,6 +198,7 @@ class StepProtocol:
                 f"out:{step.name}": compact_json(outcome.output),
                 "attempt": "0",
                 "polls": "0",
+                "runs": None,
                 "reconcile": None,
                 "error": None,
                 "wait": None,

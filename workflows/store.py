@@ -7,7 +7,8 @@ worker's write fails the version check and is dropped; nothing is half written.
 
 Hash fields: ``id kind state step version attempt created updated due lease_until lease_owner
 order_id order_seq start_key input_hash reconcile uncertain cancel_requested customer_url polls
-generation`` as strings, ``input error wait outcome orders`` as JSON (``orders``: every gateway order
+generation runs`` as strings (``runs``: claims of the current step, the backstop under every loop),
+``input error wait outcome orders`` as JSON (``orders``: every gateway order
 id the flow made, oldest first; absent while it is only ``order_id``), ``out:<step>`` (JSON) per
 finished step and ``sig:<n>`` (JSON ``{name, payload, t}``) per received signal not yet consumed.
 """
@@ -192,6 +193,7 @@ class FlowStore:
         self._signal = client.register_script(money + _script("signal.lua"))
         self._take_due = client.register_script(_script("take_due.lua"))
         self._claim = client.register_script(_script("claim.lua"))
+        self._renew = client.register_script(_script("renew.lua"))
 
     # -- reading -------------------------------------------------------------------------------
 
@@ -364,27 +366,37 @@ class FlowStore:
         return FlowRecord.from_fields(data)
 
     def claim(
-        self, flow_id: str, step: str, *, now: float, lease_until: float, owner: str, max_attempts: int
-    ) -> tuple[str, FlowRecord, FlowState] | str:
+        self, flow_id: str, step: str, *, now: float, lease_until: float, owner: str, max_attempts: int, max_runs: int
+    ) -> tuple[str, FlowRecord] | str:
         """Claim ``step`` in one round trip (``claim.lua``, the one home of the claim rules).
 
         Returns why not (``missing``, ``not-current``, ``leased``, ``stopped``, ``early``), or
-        ``(verdict, record, previous state)``: ``ok`` with the record as claimed, or ``cancel`` / ``lost``
-        with the record untouched (a cancel was requested; the step's worker was lost ``max_attempts``
-        times), which the caller ends with :meth:`transition`."""
+        ``(verdict, record)``: ``ok`` with the record as claimed, or ``cancel`` / ``lost`` /
+        ``looping`` with the record untouched (a cancel was requested; the step's worker was lost
+        ``max_attempts`` times; the step was claimed ``max_runs`` times without moving on), which the
+        caller ends with :meth:`transition`."""
         partition = self.keys.partition(flow_id)
         states = (FlowState.READY, FlowState.RETRYING, FlowState.WAITING, FlowState.SLEEPING, FlowState.RUNNING)
         answer = self._claim(
             keys=[self.keys.flow(flow_id), self.keys.log(flow_id), self.keys.due(partition)]
             + [self.keys.by_state(partition, state.value) for state in states],
-            args=[flow_id, step, repr(now), repr(lease_until), owner, str(max_attempts)],
+            args=[flow_id, step, repr(now), repr(lease_until), owner, str(max_attempts), str(max_runs)],
         )
         verdict = str(answer[0].decode())
         if len(answer) == 1:
             return verdict
         items = [item.decode() for item in answer[2:]]
         record = FlowRecord.from_fields(dict(zip(items[::2], items[1::2], strict=True)))
-        return verdict, record, FlowState(answer[1].decode())
+        return verdict, record
+
+    def renew(self, record: FlowRecord, *, lease_until: float) -> bool:
+        """Extend the lease of ``record``'s claim (as claimed: its version and owner); False once the claim
+        is no longer this worker's."""
+        answer = self._renew(
+            keys=[self.keys.flow(record.id), self.keys.due(self.keys.partition(record.id))],
+            args=[record.id, str(record.version), record.lease_owner, repr(lease_until)],
+        )
+        return bool(answer)
 
     def request_cancel(self, flow_id: str) -> None:
         """Ask a running step's flow to stop at the step boundary (no version change: the step completes)."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 import redis
@@ -20,10 +21,8 @@ def clock() -> ManualClock:
 
 
 @pytest.fixture
-def make_engine(
-    redis_client: redis.Redis, key_prefix: str, clock: ManualClock
-) -> Iterator[Callable[[FlowDefinition], tuple[Engine, Sent]]]:
-    def make(definition: FlowDefinition) -> tuple[Engine, Sent]:
+def make_engine(redis_client: redis.Redis, key_prefix: str, clock: ManualClock) -> Iterator[Callable[..., tuple[Engine, Sent]]]:
+    def make(definition: FlowDefinition, **options: Any) -> tuple[Engine, Sent]:
         settings = load_settings(
             {
                 "engine": {"key_prefix": key_prefix, "lease_seconds": 30, "partitions": 3},
@@ -31,7 +30,9 @@ def make_engine(
             }
         )
         sent = Sent()
-        engine = Engine(settings, redis_client, {definition.kind: definition}, sender=sent, clock=clock)
+        engine = Engine(
+            settings, redis_client, {definition.kind: definition}, sender=sent, clock=options.pop("clock", clock), **options
+        )
         return engine, sent
 
     yield make
