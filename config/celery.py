@@ -1,4 +1,4 @@
-"""The Celery app factory, with settings that match the durability contract (DESIGN.md).
+"""The Celery app factory, with settings that match the durability contract (docs/durability.md).
 
 * ``task_acks_late`` + ``task_reject_on_worker_lost``: a task whose worker dies is delivered again.
 * ``worker_prefetch_multiplier = 1``: a worker holds no queue of messages that would die with it.
@@ -10,21 +10,63 @@
 
 Delays are never Celery ETAs/countdowns (Redis redelivers long ETA tasks after the visibility timeout and
 runs them twice): the engine's ``due`` set and dispatcher carry every delay.
+
+A worker rides out a Redis outage (docs/operations.md): it retries the broker for as long as it takes
+(``broker_connection_max_retries = None``; Celery's default gave up after 100 tries), lets the steps in
+flight finish (their own Redis writes fail and the dispatcher sends them again), and uses
+:class:`RedisTransport`, which closes a lost connection's channels without the crash described there.
 """
 
 from __future__ import annotations
 
+from typing import Any
+from urllib.parse import urlsplit
+
+import redis
 from celery import Celery
+from kombu.transport import redis as kombu_redis
 
 from config.settings import Settings
 
 QUEUE = "durapay"
+
+#: Broker URL schemes served by :class:`RedisTransport` (sentinel and socket URLs keep kombu's own).
+GUARDED_SCHEMES = frozenset({"redis", "rediss"})
+
+
+class _GuardedChannel(kombu_redis.Channel):
+    """kombu's Redis channel, refusing to reconnect through a connection that was already collected.
+
+    After a connection loss Celery calls ``connection.collect()``, which detaches the transport from
+    its connection even when closing a channel was cut short by the dead socket (a ``BRPOP`` still
+    outstanding). Any later use of such a channel (closing it, restoring its unacknowledged messages,
+    acknowledging a task that finished meanwhile) builds a new Redis client from the detached
+    transport and failed with ``AttributeError: 'NoneType' object has no attribute 'hostname'``,
+    which Celery treats as fatal ("Unrecoverable error") where it should reconnect. Here it is a
+    ``redis.ConnectionError``, the error kombu and Celery already handle as a lost broker. The
+    messages stay in the broker's unacknowledged set and come back after the visibility timeout;
+    the engine's dispatcher re-sends the flows long before that.
+    """
+
+    def _connparams(self, asynchronous: bool = False) -> dict[str, Any]:
+        transport = self.connection
+        if transport is None or transport.client is None:
+            raise redis.ConnectionError("the broker connection was closed after a connection loss; reconnecting")
+        params: dict[str, Any] = super()._connparams(asynchronous=asynchronous)  # type: ignore[no-untyped-call]
+        return params
+
+
+class RedisTransport(kombu_redis.Transport):
+    """kombu's Redis transport with :class:`_GuardedChannel`."""
+
+    Channel = _GuardedChannel
 
 
 def make_celery(settings: Settings, broker_url: str) -> Celery:
     """A Celery app on ``broker_url`` (the configured broker, else the Redis in use)."""
     app = Celery("durapay", broker=broker_url, set_as_current=False)
     visibility = max(3600, int(settings.engine.lease_seconds * 3))
+    guarded = urlsplit(broker_url).scheme in GUARDED_SCHEMES
     app.conf.update(
         task_acks_late=True,
         task_reject_on_worker_lost=True,
@@ -36,7 +78,13 @@ def make_celery(settings: Settings, broker_url: str) -> Celery:
         task_ignore_result=True,
         task_store_errors_even_if_ignored=False,
         task_default_queue=QUEUE,
+        broker_transport=f"{__name__}:{RedisTransport.__name__}" if guarded else None,
+        broker_connection_retry=True,
         broker_connection_retry_on_startup=True,
+        broker_connection_max_retries=None,
+        # Steps in flight finish on their own: cancelling them would turn a Redis outage into
+        # ambiguous gateway calls.
+        worker_cancel_long_running_tasks_on_connection_loss=False,
         broker_transport_options={"visibility_timeout": visibility},
         worker_hijack_root_logger=False,
         # Task events cost every task a message; Flower turns them on at run time (compose passes -E).

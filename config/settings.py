@@ -26,7 +26,7 @@ ENV_NESTED_DELIMITER = "__"
 #: The simulator's default API key (also its documented default); the gateway client uses it when no
 #: key is configured so that the demo and tests run with nothing set.
 SIMULATOR_API_KEY = "durapay-simulator-key"
-#: The real gateway's path prefix (gateway-facts.md §1); the simulator serves the same prefix.
+#: The real gateway's published path prefix; the simulator serves the same prefix.
 GATEWAY_PATH_PREFIX = "/api/phoenix-0.0/psp/api/v1"
 
 

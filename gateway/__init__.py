@@ -198,6 +198,7 @@ from gateway._models_reservations import (
 )
 from gateway._money import GATEWAY_CURRENCIES, Amount, Currency, exponent, to_major, to_minor
 from gateway._notification import Notification, parse_notification, reported_payment, verify_security_token
+from gateway._time import GATEWAY_ZONE, GatewayTime, format_gateway_time, parse_gateway_time
 
 __all__ = [
     "BY_NAME",
@@ -206,6 +207,7 @@ __all__ = [
     "FAILURE_RESULTS",
     "FINAL_RESULTS",
     "GATEWAY_CURRENCIES",
+    "GATEWAY_ZONE",
     "HARD_DECLINE_CODES",
     "MAX_IDEMPOTENCY_KEY",
     "RESPONSE_CODES",
@@ -272,6 +274,7 @@ __all__ = [
     "GatewayError",
     "GatewayModel",
     "GatewayOperation",
+    "GatewayTime",
     "GatewayTimeout",
     "GatewayUnreachable",
     "HTTPStatusError",
@@ -376,8 +379,10 @@ __all__ = [
     "error_from_response",
     "error_from_transport",
     "exponent",
+    "format_gateway_time",
     "is_known",
     "operation",
+    "parse_gateway_time",
     "parse_lenient",
     "parse_notification",
     "reported_payment",

@@ -6,7 +6,7 @@ README's endpoint table are all derived from :data:`CATALOGUE`; nothing else lis
 Each entry says how to call the operation (method, path template, version marker, request and response
 models) and what a failure of it means:
 
-* ``idempotency_key``: the gateway takes an ``Idempotency-Key`` header here (gateway-facts.md §1);
+* ``idempotency_key``: the gateway takes an ``Idempotency-Key`` header here (docs/gateway.md);
   a resend with the same key replays the first answer.
 * ``retry_safe``: resending the same request cannot make a second effect (reads, keyed operations,
   switches). When it is False, an ambiguous failure (timeout after sending, connection drop, 5xx) is
@@ -142,7 +142,7 @@ RES, LOOKUP = Reconcile.RESERVATION, Reconcile.LOOKUP
 
 
 class Catalogue:
-    """Every operation of gateway-interface.md. Attribute name = operation name = task suffix."""
+    """Every operation of the gateway (83 methods and paths). Attribute name = operation name = task suffix."""
 
     # fmt: off
 
@@ -239,7 +239,7 @@ class Catalogue:
     # fmt: on
 
 
-#: Every operation, in the order of gateway-interface.md.
+#: Every operation, in the order of the gateway's interface description.
 CATALOGUE: tuple[GatewayOperation[Any], ...] = tuple(
     value for value in vars(Catalogue).values() if isinstance(value, GatewayOperation)
 )

@@ -8,7 +8,7 @@ operation's response model. Failures raise the error tree of ``_errors`` and are
 retries belong to the engine, which knows whether a resend is safe.
 
 The client is synchronous on purpose: measured on these machines a keep-alive ``httpx.Client`` in a
-thread or prefork worker beats ``AsyncClient`` by a wide margin (NOTES.md).
+thread or prefork worker beats ``AsyncClient`` by a wide margin (docs/architecture.md, Measured choices).
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """The gateway's closed sets of values, its error codes and ISO 8583 response codes.
 
-Values come from gateway-facts.md (sources cited there). Fields typed with these enums are parsed
-leniently (see ``_base.LenientEnum``): a value missing here arrives as ``Unknown``, never as a member.
+Values come from the gateway's public documentation and public client code (docs/gateway.md). Fields
+typed with these enums are parsed leniently (see ``_base.LenientEnum``): a value missing here arrives as
+``Unknown``, never as a member.
 
 Where the ISO response code of a declined operation sits in a response is not published; durapay and
 its simulator put it in ``operation.additionalData.responseCode`` (:data:`RESPONSE_CODE_FIELD`).
@@ -102,7 +103,7 @@ class ContractType(StrEnum):
 
 class ThreeDSEnrollmentStatus(StrEnum):
     ENROLLED = "ENROLLED"
-    NOT_ENROLLED = "NOT_ENROLLED"  # durapay's choice for frictionless cards (only ENROLLED is published)
+    NOT_ENROLLED = "NOT_ENROLLED"  # not published (the test environment answers ENROLLED + "notneeded"); still read
 
 
 #: ``threeDSAuthRequest`` value that means no challenge is needed (seen in the sandbox).
@@ -175,7 +176,7 @@ class PaymentLinkStatus(StrEnum):
     FAILED = "FAILED"
 
 
-#: Error codes of the reference list (gateway-facts.md §5).
+#: Error codes of the gateway's published reference list.
 ERROR_CODES: dict[str, str] = {
     "PS0000": "Generic API error",
     "PS0001": "Cancel Operation not allowed for PAYPAL APM",
@@ -219,7 +220,7 @@ ERROR_CODES: dict[str, str] = {
 #: Where durapay and its simulator carry the ISO 8583 response code of an operation.
 RESPONSE_CODE_FIELD = "responseCode"
 
-#: ISO 8583 response codes (gateway-facts.md §5).
+#: ISO 8583 response codes, as the gateway publishes them.
 RESPONSE_CODES: dict[str, str] = {
     "000": "Approved",
     "100": "Do not honour",

@@ -1,7 +1,7 @@
 """Bodies and queries of the back-office operations: lookups, post-operations, contracts, rates.
 
 Lists are newest first with no cursor: "for the next page set toTime equal to the lastOperationTime of
-the last record" (gateway-facts.md §5); windows of at most one month; ``maxRecords`` at most 500.
+the last record" (docs/gateway.md, Times); windows of at most one month; ``maxRecords`` at most 500.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from gateway._base import GatewayModel, LenientEnum, Unknown
 from gateway._codes import AmountType, ContractType, OperationType, OrderState, PaymentMethodType
 from gateway._models_common import ListQuery, Operation, PaymentLink
 from gateway._money import Amount, Currency
+from gateway._time import GatewayTime
 
 
 class OrderInfo(GatewayModel):
@@ -32,7 +33,7 @@ class OrderDetails(GatewayModel):
     authorizedAmount: Amount | None = None
     capturedAmount: Amount | None = None
     lastOperationType: Annotated[OperationType | Unknown | None, LenientEnum(OperationType)] = None
-    lastOperationTime: str | None = None
+    lastOperationTime: GatewayTime | None = None
 
 
 class OrderListQuery(ListQuery):

@@ -1,6 +1,6 @@
 """Objects shared by many bodies: Order, PaymentSession, Card, Operation, PaymentLink, errors.
 
-Field names are the gateway's own (camelCase, one to one, gateway-facts.md §2-§3). Lengths and
+Field names are the gateway's own (camelCase, one to one; docs/gateway.md). Lengths and
 required flags are those the public material states; where sources conflict the longer limit is
 accepted (e.g. ``orderId`` up to 27 characters). Every model keeps unknown fields.
 """
@@ -25,6 +25,7 @@ from gateway._codes import (
     RecurrenceAction,
 )
 from gateway._money import Amount, Currency
+from gateway._time import GatewayTime
 
 OrderId = Annotated[str, Field(min_length=1, max_length=27, pattern=r"^[A-Za-z0-9#*+\-.:;=?\[\]_{|}]+$")]
 Url = Annotated[str, Field(max_length=2048, pattern=r"^https?://")]
@@ -128,7 +129,7 @@ class Operation(GatewayModel):
     channel: Annotated[Channel | Unknown | None, LenientEnum(Channel)] = None
     operationType: Annotated[OperationType | Unknown | None, LenientEnum(OperationType)] = None
     operationResult: Annotated[OperationResult | Unknown | None, LenientEnum(OperationResult)] = None
-    operationTime: str | None = None
+    operationTime: GatewayTime | None = None
     paymentMethod: Annotated[PaymentMethodType | Unknown | None, LenientEnum(PaymentMethodType)] = None
     paymentCircuit: str | None = None
     paymentInstrumentInfo: str | None = None
@@ -153,7 +154,7 @@ class PostOperationResponse(GatewayModel):
     """``{operationId, operationTime}``: refunds, captures, cancels; read the result by operationId."""
 
     operationId: str
-    operationTime: str | None = None
+    operationTime: GatewayTime | None = None
 
 
 class PaymentLink(GatewayModel):

@@ -1,6 +1,6 @@
 """Request and response bodies of the payment-creation operations.
 
-Published shapes (gateway-facts.md §2) are typed field by field. Where nothing is published
+Published shapes are typed field by field (docs/gateway.md). Where nothing is published
 (pay-by-link v2/v3 differences, modify, renewals, ``/v2/svs``, wallet pay, build integrity) durapay
 chooses a shape, documents it here and in README, and its simulator speaks the same; unknown fields
 are kept either way.

@@ -1,7 +1,7 @@
 """Bodies of the reservation-guarantee area: structures, agencies, reservations, conditions, charges.
 
-Shapes follow the earlier (deprecated) specification set as public code carries it (gateway-facts.md
-§6). Agencies and the current-path variants are not published: agencies mirror structures, and the
+Shapes follow the earlier (deprecated) specification set as public code carries it (docs/gateway.md,
+Reservations). Agencies and the current-path variants are not published: agencies mirror structures, and the
 current paths take the same bodies as their earlier forms.
 """
 
@@ -9,14 +9,22 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from pydantic import Field, model_validator
+from pydantic import BeforeValidator, Field, model_validator
 
 from gateway._base import GatewayModel, LenientEnum, Unknown
 from gateway._codes import ActiveStatus, CaptureType, CollectionType, ReservationType
 from gateway._models_common import CustomerInfo, Operation, PaymentLink, TransactionSummary
 from gateway._money import Amount, Currency
+from gateway._time import GatewayTime
 
 HhMm = Annotated[str, Field(pattern=r"^([01][0-9]|2[0-3]):[0-5][0-9]$")]
+
+
+def _one_or_many(value: Any) -> Any:
+    """A list answer's wrapper holds an array, or (as published for the terminal's one structure) an object."""
+    return [value] if isinstance(value, dict) else value
+
+
 Date = Annotated[str, Field(pattern=r"^\d{4}-\d{2}-\d{2}")]
 
 
@@ -60,9 +68,10 @@ class StructureResponse(GatewayModel):
 
 
 class StructureListResponse(GatewayModel):
-    """The list wraps an array under the same name (``{structure: [...]}``)."""
+    """``{structure: {...}}`` as published (the same wrapper as one structure), or ``{structure: [...]}``:
+    both read as a list (docs/gateway.md)."""
 
-    structure: list[Structure] = []
+    structure: Annotated[list[Structure], BeforeValidator(_one_or_many)] = []
 
 
 class Agency(GatewayModel):
@@ -88,7 +97,7 @@ class AgencyResponse(GatewayModel):
 
 
 class AgencyListResponse(GatewayModel):
-    agency: list[Agency] = []
+    agency: Annotated[list[Agency], BeforeValidator(_one_or_many)] = []
 
 
 class ReservationInstallment(GatewayModel):
@@ -170,7 +179,7 @@ class ReservationStatus(GatewayModel):
     authorizedAmount: Amount | None = None
     capturedAmount: Amount | None = None
     lastOperationType: str | None = None
-    lastOperationTime: str | None = None
+    lastOperationTime: GatewayTime | None = None
 
 
 class ReservationLookupResponse(GatewayModel):

@@ -12,13 +12,13 @@ from typing import Annotated, Any
 
 from pydantic import AfterValidator, BeforeValidator, PlainSerializer
 
-# Exponents that differ from 2 (ISO 4217; gateway-facts.md §5 lists BHD/JOD/KWD = 3 and
+# Exponents that differ from 2 (ISO 4217; the gateway's currency list has BHD/JOD/KWD = 3 and
 # BYR/CLP/ISK/JPY/KRW/VND = 0 among the currencies the gateway admits).
 _EXPONENT_0 = frozenset("BIF BYR CLP DJF GNF ISK JPY KMF KRW PYG RWF UGX UYI VND VUV XAF XOF XPF".split())
 _EXPONENT_3 = frozenset("BHD IQD JOD KWD LYD OMR TND".split())
 _EXPONENT_4 = frozenset("CLF UYW".split())
 
-#: The currencies the gateway's reference list admits (gateway-facts.md §5).
+#: The currencies the gateway's published reference list admits.
 GATEWAY_CURRENCIES = frozenset(
     """
     AED AOA ARS AUD AZN BAM BGN BHD BRL BYN BYR CAD CHF CLP CNY COP CZK DKK EGP EUR GBP GIP HKD HRK HUF INR

@@ -14,7 +14,7 @@ from starlette.concurrency import run_in_threadpool
 
 from service.receiver import NotificationReceiver
 
-#: For OpenAPI only: the gateway's notification body (gateway-facts.md §4); every field is optional.
+#: For OpenAPI only: the gateway's notification body (docs/gateway.md); every field is optional.
 NOTIFICATION_SCHEMA: dict[str, Any] = {
     "required": True,
     "content": {

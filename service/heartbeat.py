@@ -25,6 +25,7 @@ import redis
 from celery import Celery, bootsteps
 
 from workflows.keys import Keys
+from workflows.redis_watch import RedisWatch
 
 log = logging.getLogger("durapay.heartbeat")
 
@@ -53,12 +54,15 @@ class Heartbeat:
 
     def _run(self) -> None:
         client = redis.Redis.from_url(self.redis_url, socket_timeout=5, socket_connect_timeout=2)
+        watch = RedisWatch(f"{self.role} heartbeat", log, self.interval)
         try:
             while not self._stop.is_set():
                 try:
                     self.beat(client)
-                except redis.RedisError as exc:  # Redis restarting: keep trying
-                    log.warning("%s heartbeat not written: %s", self.role, exc)
+                    watch.ok()
+                except redis.RedisError as exc:  # Redis restarting: keep trying, say so once
+                    if not watch.failed(exc):
+                        log.warning("%s heartbeat not written: %s", self.role, exc)
                 self._stop.wait(self.interval)
             with contextlib.suppress(redis.RedisError):
                 client.delete(self.keys.heartbeat(f"{self.role}:{self.name}"))

@@ -1,6 +1,6 @@
 """Serving the app on uvicorn: in the foreground (``durapay api``) or in a thread (tests, the demo).
 
-One uvicorn worker per process (NOTES.md: more workers added ~44 ms per keep-alive request here);
+One uvicorn worker per process (more workers added ~44 ms per keep-alive request: docs/architecture.md);
 scale out with more processes behind a load balancer. Access logs are off: every notification would
 log a line; the receiver logs what matters itself.
 """

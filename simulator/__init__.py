@@ -1,7 +1,7 @@
 """A stateful simulator of the payment gateway: every catalogue operation over real HTTP, with faults.
 
 durapay's tests, its demo and merchants' own development need a gateway that behaves like the real one
-(gateway-facts.md) without the network: the same path prefix, headers, error bodies and flows, test
+(docs/gateway.md) without the network: the same path prefix, headers, error bodies and flows, test
 cards with documented outcomes, notifications with retries, and faults on demand (latency, 5xx, 429,
 hangs, commit-then-fail, dropped connections). ``durapay simulator`` serves it; tests start it
 in-process::

@@ -1,7 +1,7 @@
 """Back-office handlers: order and operation look-ups and lists, post-operations, contracts, methods, rates.
 
 The post-operation rules live in ``_ledger``; this module maps them onto the catalogue's operations.
-List filters are those of gateway-facts.md §2 Lookups. Exchange rates are a fixed table against EUR
+List filters are the published ones (docs/gateway.md). Exchange rates are a fixed table against EUR
 (deterministic, so tests can assert them); payment methods a fixed list of the terminal's defaults.
 """
 
@@ -191,6 +191,7 @@ def list_payment_methods(sim: Simulator, call: Call) -> Reply:
     methods = [
         {
             "paymentMethodType": kind,
+            "methodType": kind,  # the name other sources give the same field
             "circuit": name,
             "imageLink": f"{call.root_url}/_sim/img/{name.lower()}.svg",
             "recurringSupported": recurring,

@@ -1,6 +1,6 @@
 """Test cards: what each card number does, and scripted outcomes that override it.
 
-The published test cards (gateway-facts.md §5) behave as published; every other number behaves by
+The published test cards behave as published; every other number behaves by
 its last digit, so a test can pick any outcome with any valid-looking number. Expiry dates are never
 checked (the published cards' dates are past by now). A script (``POST /_sim/scripts``) queues
 outcomes for a contract or a card number; each payment attempt takes the next one before the card

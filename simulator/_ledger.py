@@ -1,6 +1,6 @@
 """Captures, refunds, cancels, the allowed actions, and the order amounts they move.
 
-The rules (gateway-facts.md §3, with the codes of §5):
+The rules (docs/gateway.md, Post-operations, with the gateway's error codes):
 
 * capture: once, on an ``AUTHORIZED`` authorization, at most the authorized amount (default all of it);
   PS0022 after a void, PS0023 when already captured (or on a capture), PS0024 after a refund.
@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from gateway import Channel, OperationResult, OperationType, PostOperationRequest
+from gateway import GATEWAY_ZONE, Channel, OperationResult, OperationType, PostOperationRequest, parse_gateway_time
 from simulator._payments import SUCCESS, new_operation
 from simulator._protocol import Origin, SimError
 from simulator._records import OperationRecord, OrderRecord
@@ -47,7 +47,7 @@ def order_details(state: SimulatorState, order: OrderRecord) -> dict[str, Any]:
     last: OperationRecord | None = None
     for operation_id in order.operation_ids:
         op = state.operations[operation_id]
-        if last is None or op.time >= last.time:
+        if last is None or parse_gateway_time(op.time) >= parse_gateway_time(last.time):
             last = op
         if op.pool and not op.voided:
             authorized += op.authorized
@@ -166,7 +166,9 @@ def cancel(sim: Simulator, origin: Origin, operation_id: str) -> OperationRecord
 
 
 def _same_day(sim: Simulator, op: OperationRecord) -> bool:
-    return op.time[:10] == sim.state.now_iso()[:10]
+    """The gateway's day (UTC+01:00), by the simulator's clock."""
+    made = parse_gateway_time(op.time).astimezone(GATEWAY_ZONE).date()
+    return made == sim.state.clock.now().astimezone(GATEWAY_ZONE).date()
 
 
 def allowed_actions(sim: Simulator, op: OperationRecord) -> list[dict[str, Any]]:

@@ -1,7 +1,7 @@
 """What every list endpoint shares: a time window of at most a month, newest first, ``maxRecords``.
 
-"For the next page set toTime equal to the lastOperationTime value of the last record" (gateway-facts.md
-§5): bounds are inclusive, so the boundary record repeats on the next page; callers drop it by id.
+"For the next page set toTime equal to the lastOperationTime value of the last record" (docs/gateway.md,
+Times): bounds are inclusive, so the boundary record repeats on the next page; callers drop it by id.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import TypeVar
 
-from simulator._clock import parse_iso
+from gateway import parse_gateway_time
 from simulator._protocol import SimError
 
 #: Records a list answers when the query gives no ``maxRecords`` (the gateway's default is not published).
@@ -25,7 +25,7 @@ def _moment(value: str | None, field: str) -> datetime | None:
     if value is None or value == "":
         return None
     try:
-        return parse_iso(value)
+        return parse_gateway_time(value)
     except ValueError:
         raise SimError.rejected("PS0008", f"{field} {value!r}") from None
 
@@ -47,10 +47,11 @@ class Window:
             return True
         if not moment:
             return False
-        when = parse_iso(moment)
+        when = parse_gateway_time(moment)
         return (self.start is None or when >= self.start) and (self.end is None or when <= self.end)
 
 
 def newest_first(items: Iterable[T], key: Callable[[T], str], max_records: int | None) -> list[T]:
-    ordered = sorted(items, key=key, reverse=True)
+    """Newest first by the time ``key`` gives (either gateway form: ordered as moments, not as text)."""
+    ordered = sorted(items, key=lambda item: parse_gateway_time(key(item)), reverse=True)
     return ordered[: max_records or DEFAULT_MAX_RECORDS]

@@ -3,7 +3,7 @@
 Each outcome of an order whose creation carried ``notificationUrl`` becomes one event. A background
 sender delivers it; while the receiver does not answer 2xx it retries with exponential backoff and
 seeded jitter, up to ``notify_max_attempts`` tries, then gives up (the gateway "does not verify the
-outcome of the notification", gateway-facts.md §4). Notification faults can drop, delay, duplicate an
+outcome of the notification", docs/gateway.md). Notification faults can drop, delay, duplicate an
 event or send it with a wrong token. Every attempt is logged for ``/_sim/notifications``.
 """
 

@@ -107,7 +107,7 @@ def new_operation(
         result=result,
         amount=amount,
         currency=order.currency,
-        time=sim.state.now_iso(),
+        time=sim.state.now_gateway(),
         channel=channel,
         created_by=origin.name,
         path=origin.path,
@@ -147,7 +147,7 @@ def settle(sim: Simulator, op: OperationRecord, order: OrderRecord, outcome: Out
         op.operation_type = OperationType.CAPTURE.value
         op.result = OperationResult.EXECUTED.value
         op.authorized = op.captured = op.amount
-    op.time = sim.state.now_iso()
+    op.time = sim.state.now_gateway()
     op.steps.append(origin.step(op.result))
     if outcome.approved:
         create_contract(sim, op, order)

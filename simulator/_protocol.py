@@ -1,8 +1,8 @@
 """What a handler receives (:class:`Call`), what it returns (:class:`Reply`) and how it refuses (:class:`SimError`).
 
 Every gateway operation is one synchronous function ``handler(sim, call) -> Reply`` run under the
-state's lock; the HTTP pipeline (``_app``) does the protocol around it. Errors follow gateway-facts.md
-§5: 400 and 500 carry ``{"errors": [{"code", "description"}]}``; 401 and 404 carry no body.
+state's lock; the HTTP pipeline (``_app``) does the protocol around it. Errors follow docs/gateway.md
+(Protocol): 400 and 500 carry ``{"errors": [{"code", "description"}]}``; 401 and 404 carry no body.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Serving the simulator: in a background thread for tests and the demo, or in the foreground for the CLI.
 
-One uvicorn worker (NOTES.md: more workers cost ~44 ms per keep-alive request here), the pure-Python
+One uvicorn worker (more workers cost ~44 ms per keep-alive request: docs/architecture.md), the pure-Python
 h11 protocol (its connection object is what the dropped-connection fault closes), no access log, and a
 one-second graceful shutdown so that a hanging request never holds ``stop()`` up.
 

@@ -21,6 +21,7 @@ from dataclasses import asdict, fields
 from pathlib import Path
 from typing import Any, TypeVar
 
+from gateway import format_gateway_time
 from simulator._cards import OutcomeScripts
 from simulator._clock import Clock, iso
 from simulator._records import (
@@ -84,6 +85,10 @@ class SimulatorState:
 
     def now_iso(self) -> str:
         return iso(self.clock.now())
+
+    def now_gateway(self) -> str:
+        """Now as operation times are written: ``2023-11-28 12:41:46.724`` (UTC+01:00), like the test environment."""
+        return format_gateway_time(self.clock.now())
 
     def new_operation_id(self) -> str:
         with self.lock:

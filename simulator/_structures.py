@@ -3,7 +3,7 @@ conditions (with PDF), custom fields and services.
 
 Created objects are kept as the gateway shows them (the request's own fields plus creation date and
 status). Creating an id twice is refused (400 PS0026 naming the field); cancels are repeatable (the
-catalogue marks them retry safe). Agencies mirror structures (gateway-facts.md §6: nothing published).
+catalogue marks them retry safe). Agencies mirror structures (nothing is published: docs/gateway.md).
 """
 
 from __future__ import annotations
@@ -48,8 +48,16 @@ def create_structure(sim: Simulator, call: Call) -> Reply:
     return ok()
 
 
+def _one_or_many(name: str, records: list[dict[str, Any]]) -> Reply:
+    """The published list answer is the same ``{structure: {...}}`` object as one structure's (a terminal's
+    structure); with several the same name holds an array; with none, 404 (docs/gateway.md)."""
+    if not records:
+        raise SimError.not_found()
+    return ok({name: records[0] if len(records) == 1 else records})
+
+
 def list_structures(sim: Simulator, call: Call) -> Reply:
-    return ok({"structure": list(sim.state.structures.values())})
+    return _one_or_many("structure", list(sim.state.structures.values()))
 
 
 def get_structure(sim: Simulator, call: Call) -> Reply:
@@ -67,7 +75,7 @@ def create_agency(sim: Simulator, call: Call) -> Reply:
 
 
 def list_agencies(sim: Simulator, call: Call) -> Reply:
-    return ok({"agency": list(sim.state.agencies.values())})
+    return _one_or_many("agency", list(sim.state.agencies.values()))
 
 
 def get_agency(sim: Simulator, call: Call) -> Reply:

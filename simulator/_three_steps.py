@@ -1,9 +1,10 @@
 """Server-to-server card payments: three steps with 3DS (init, ACS challenge, validation, payment) and init/pay.
 
-Three steps: ``init`` records an ``AUTHORIZATION`` / ``PENDING`` operation. A frictionless card answers
-``threeDSEnrollmentStatus: NOT_ENROLLED`` and ``threeDSAuthRequest: "notneeded"`` and goes straight to
-``payment``. A challenge card (or ``exemptions: CHALLENGE_REQUESTED``) answers ``ENROLLED``, an opaque
-``threeDSAuthRequest`` and ``threeDSAuthUrl = {root}/_sim/acs``; the customer's browser posts the ACS
+Three steps: ``init`` records an ``AUTHORIZATION`` / ``PENDING`` operation and answers, as the real test
+environment does, ``threeDSEnrollmentStatus: ENROLLED`` and ``threeDSAuthUrl = {root}/_sim/acs`` for
+every card. A frictionless card's ``threeDSAuthRequest`` is ``"notneeded"``: it goes straight to
+``payment``. A challenge card (or ``exemptions: CHALLENGE_REQUESTED``) gets an opaque
+``threeDSAuthRequest`` instead; the customer's browser posts the ACS
 form there and comes back with a ``PaRes``, which ``validation`` turns into ``THREEDS_VALIDATED`` (or
 ``THREEDS_FAILED`` for a 3DS-failing card, a refused challenge or a forged PaRes). ``payment`` then gives
 the final result. The operation keeps its id through all steps.
@@ -13,7 +14,7 @@ Init/pay (``/v2/svs``): ``init`` records a ``PENDING`` operation with the card; 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from gateway import (
     THREEDS_NOT_NEEDED,
@@ -60,17 +61,17 @@ def three_steps_init(sim: Simulator, call: Call) -> Reply:
         challenge=challenge,
         recurrence=recurrence,
     )
-    answer: dict[str, Any] = {"operation": op.wire()}
     if challenge:
         op.threeds_request = "3DSREQ-" + sim.state.new_token()
-        answer.update(
-            threeDSEnrollmentStatus=ThreeDSEnrollmentStatus.ENROLLED.value,
-            threeDSAuthRequest=op.threeds_request,
-            threeDSAuthUrl=f"{call.root_url}/_sim/acs",
-        )
-    else:
-        answer.update(threeDSEnrollmentStatus=ThreeDSEnrollmentStatus.NOT_ENROLLED.value, threeDSAuthRequest=THREEDS_NOT_NEEDED)
-    return ok(answer)
+    # As the real test environment: ENROLLED and an ACS URL either way; "notneeded" means no challenge.
+    return ok(
+        {
+            "operation": op.wire(),
+            "threeDSEnrollmentStatus": ThreeDSEnrollmentStatus.ENROLLED.value,
+            "threeDSAuthRequest": op.threeds_request if challenge else THREEDS_NOT_NEEDED,
+            "threeDSAuthUrl": f"{call.root_url}/_sim/acs",
+        }
+    )
 
 
 def acs_authenticate(sim: Simulator, operation_id: str, three_ds_request: str, *, approve: bool) -> str:

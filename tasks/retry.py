@@ -1,6 +1,6 @@
 """Technical retry policy: exponential backoff with full jitter, and what each gateway error means.
 
-One retry layer per kind of failure (STYLE.md): the gateway client never retries; this policy decides
+One retry layer per kind of failure (docs/durability.md, Technical retries): the gateway client never retries; this policy decides
 for one step's technical failures (seconds to minutes). Business retries after soft declines (days)
 are the schedules' dunning policy, not this.
 """

@@ -7,6 +7,7 @@ duplicate delivery is harmless because every step claims before it acts.
 
 Besides the due set, each tick runs the registered *tickers* (the schedules fire their occurrences
 this way), writes a heartbeat for ``/readyz``, and now and then trims the indexes of expired flows.
+While Redis cannot be reached the loop keeps trying every interval and says so once (``RedisWatch``).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import time
 from collections.abc import Callable
 
 from workflows.engine import Engine
+from workflows.redis_watch import RedisWatch, is_redis_down
 
 log = logging.getLogger("durapay.dispatcher")
 
@@ -46,7 +48,9 @@ class Dispatcher:
         for ticker in self.tickers:
             try:
                 ticker()
-            except Exception:  # one failing ticker must not stop dispatching
+            except Exception as exc:  # one failing ticker must not stop dispatching
+                if is_redis_down(exc):
+                    raise  # nothing else can work either: run() waits Redis out
                 log.exception("%s: ticker failed", self.name)
         sent = self.engine.dispatch_due()
         self.sent += sent
@@ -59,12 +63,15 @@ class Dispatcher:
         return sent
 
     def run(self) -> None:
-        """Tick until :meth:`stop`; a Redis outage is waited out, not fatal."""
+        """Tick until :meth:`stop`; a Redis outage is waited out, not fatal, and logged once."""
+        watch = RedisWatch(self.name, log, self.interval)
         while not self._stop.is_set():
             try:
                 sent = self.tick()
-            except Exception as exc:  # noqa: BLE001 - Redis restarts are expected; keep trying
-                log.warning("%s: tick failed (%s); retrying", self.name, exc)
+                watch.ok()
+            except Exception as exc:
+                if not watch.failed(exc):
+                    log.exception("%s: tick failed; retrying", self.name)
                 sent = 0
             if not sent:
                 self._stop.wait(self.interval)

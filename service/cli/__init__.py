@@ -1,18 +1,28 @@
 """The ``durapay`` command line: one typer app, one module per group of commands.
 
 Each module under ``service.cli`` exposes ``register(app)``; :data:`COMMAND_MODULES` lists them, so
-adding a command touches its own module and one line here. Errors the operator can fix (a bad
-setting, a refused input) print one line on stderr and exit with status 2, never a traceback.
+adding a command touches its own module and one line here.
+
+Conventions (README, CLI), those of ``gh`` and ``kubectl``: every command takes ``--json``; an error
+is one line ``durapay: ...`` on stderr, or with ``--json`` one JSON object ``{"error", "reason",
+"field"}`` on stderr, never a traceback; exit statuses are those of ``service.cli._common.ExitCode``
+(0 succeeded, 1 failed, 2 usage or configuration, 3 needs attention, 4 timed out while waiting),
+a mistyped option or argument included (2). Shell completion installs with ``durapay
+--install-completion`` (or prints with ``--show-completion``).
 """
 
 from __future__ import annotations
 
 import importlib
+import json
 import sys
+from collections.abc import Sequence
+from typing import Any
 
 import typer
+from typer.core import TyperGroup
 
-from config.settings import SettingsError
+from service.cli._common import ExitCode
 
 COMMAND_MODULES = (
     "service.cli.config_cmd",
@@ -25,12 +35,65 @@ COMMAND_MODULES = (
 )
 
 
+class DurapayGroup(TyperGroup):
+    """The root command: a usage error (unknown option, bad value, missing argument) is reported like
+    every other error, as JSON on stderr when ``--json`` was given, and exits 2."""
+
+    def main(
+        self,
+        args: Sequence[str] | None = None,
+        prog_name: str | None = None,
+        complete_var: str | None = None,
+        standalone_mode: bool = True,
+        windows_expand_args: bool = True,
+        **extra: Any,
+    ) -> Any:
+        argv = list(sys.argv[1:] if args is None else args)
+        try:
+            code = super().main(argv, prog_name, complete_var, False, windows_expand_args, **extra)
+        except typer.TyperException as exc:  # click's usage errors, as typer carries them
+            _usage_error(exc, as_json="--json" in argv, rich=self.rich_markup_mode is not None)
+            code = exc.exit_code
+        except typer.Abort:
+            print("durapay: aborted", file=sys.stderr)
+            code = ExitCode.FAILED
+        if not standalone_mode:
+            return code
+        sys.exit(code if isinstance(code, int) else ExitCode.OK)
+
+
+def _usage_error(exc: typer.TyperException, *, as_json: bool, rich: bool) -> None:
+    if not as_json:
+        if rich:
+            from typer import rich_utils
+
+            rich_utils.rich_format_error(exc)  # type: ignore[arg-type]
+        elif hasattr(exc, "show"):
+            exc.show()
+        else:
+            print(f"Error: {exc.format_message()}", file=sys.stderr)
+        return
+    body: dict[str, Any] = {"error": "usage", "reason": exc.format_message()}
+    param, option = getattr(exc, "param", None), getattr(exc, "option_name", None)
+    if param is not None:
+        body["field"] = (getattr(param, "opts", None) or [param.name])[0]
+    elif option:
+        body["field"] = option
+    print(json.dumps(body), file=sys.stderr)
+
+
 def build_app() -> typer.Typer:
     app = typer.Typer(
         name="durapay",
+        cls=DurapayGroup,
         help="Durable payment flows against the payment gateway.",
+        epilog=(
+            "Exit status: 0 succeeded, 1 failed, 2 usage or configuration error, 3 needs attention, "
+            "4 timed out while waiting. Every command takes --json (errors too, as JSON on stderr). "
+            "Shell completion: durapay --install-completion."
+        ),
         no_args_is_help=True,
-        add_completion=False,
+        add_completion=True,
         pretty_exceptions_enable=False,
     )
 
@@ -45,8 +108,4 @@ def build_app() -> typer.Typer:
 
 def main() -> None:
     """Console-script entry point."""
-    try:
-        build_app()(standalone_mode=True)
-    except SettingsError as exc:
-        print(f"durapay: configuration error: {exc}", file=sys.stderr)
-        sys.exit(2)
+    build_app()(prog_name="durapay")

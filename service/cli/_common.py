@@ -1,8 +1,18 @@
-"""What the commands share: the runtime from the settings, one-line operator errors, output helpers.
+"""What the commands share: exit statuses, errors (one line, or JSON with ``--json``), the runtime.
 
-An operator error (a bad setting, an unknown flow, a refused input, Redis unreachable) prints one line
-``durapay: <what>`` on stderr and exits with status 2, never a traceback. Read commands print a rich
-table, or JSON with ``--json`` (for scripts: stable keys, nothing else on stdout).
+Exit statuses, the same for every command (README, CLI):
+
+=====  ==========================================================================================
+0      done; with ``start --wait``: the flow succeeded
+1      the flow failed or was cancelled (``start --wait``); a health check's "no" (``alive``)
+2      usage, input or configuration error, Redis unreachable, no flow store
+3      the flow needs attention (``start --wait``)
+4      timed out while waiting (``start --wait``): the flow goes on
+=====  ==========================================================================================
+
+An error prints one line ``durapay: <what>`` on stderr; with ``--json`` one JSON object on stderr
+instead, the API's shape: ``{"error": <code>, "reason": <one line>, "field": <which>}`` (``field``
+when one input is to blame). Never a traceback, never a Python repr.
 """
 
 from __future__ import annotations
@@ -11,69 +21,137 @@ import contextlib
 import json
 import sys
 from collections.abc import Iterator
-from datetime import UTC, datetime
+from dataclasses import dataclass
+from enum import IntEnum
 from pathlib import Path
 from typing import Any, NoReturn
 from urllib.parse import urlsplit, urlunsplit
 
 import redis
 import typer
-from rich.console import Console
 
 from config.settings import Settings, SettingsError, load_settings
-from service.runtime import Runtime, build_runtime
+from service.runtime import Runtime, build_runtime, running_embedded
 from workflows.engine import InputError, NotFound, OperatorError
+from workflows.states import FlowState
 from workflows.store import StartConflict
 
-EXIT_OPERATOR = 2
+#: What an embedded Valkey keeps under ``<data dir>/valkey``: its presence means a store exists there.
+AOF_FOLDER = "appendonlydir"
 
 
-def fail(message: str) -> NoReturn:
-    """Print ``durapay: <message>`` on stderr and exit 2."""
-    print(f"durapay: {message}", file=sys.stderr)
-    raise typer.Exit(EXIT_OPERATOR)
+class ExitCode(IntEnum):
+    OK = 0
+    FAILED = 1
+    USAGE = 2
+    NEEDS_ATTENTION = 3
+    TIMED_OUT = 4
+
+
+def exit_code_for(state: FlowState) -> ExitCode:
+    """The exit status of ``start --wait`` once the flow stopped in ``state``."""
+    if state is FlowState.SUCCEEDED:
+        return ExitCode.OK
+    if state is FlowState.NEEDS_ATTENTION:
+        return ExitCode.NEEDS_ATTENTION
+    return ExitCode.FAILED
+
+
+class BadOption(ValueError):
+    """A command-line value that cannot be used: ``field`` names the option, ``error`` the JSON code."""
+
+    def __init__(self, field: str, reason: str, *, error: str = "invalid_input") -> None:
+        super().__init__(f"{field}: {reason}")
+        self.field = field
+        self.reason = reason
+        self.error = error
+
+
+@dataclass(frozen=True)
+class Output:
+    """Where a command's errors go: one human line, or (``--json``) the JSON error shape."""
+
+    json: bool = False
+
+    def fail(
+        self, error: str, reason: str, *, field: str | None = None, human: str | None = None, code: int = ExitCode.USAGE
+    ) -> NoReturn:
+        """Print the error on stderr and exit with ``code``. ``human`` overrides the line without ``--json``."""
+        if self.json:
+            body: dict[str, Any] = {"error": error, "reason": reason}
+            if field is not None:
+                body["field"] = field
+            print(json.dumps(body), file=sys.stderr)
+        else:
+            print(f"durapay: {human or (f'{field}: {reason}' if field else reason)}", file=sys.stderr)
+        raise typer.Exit(code)
+
+    @contextlib.contextmanager
+    def errors(self) -> Iterator[None]:
+        """Turn the errors an operator can act on into one error and exit status 2."""
+        try:
+            yield
+        except SettingsError as exc:
+            self.configuration_error(exc)
+        except InputError as exc:
+            self.fail("invalid_input", exc.reason, field=exc.field, human=f"{exc.kind}: {exc.field}: {exc.reason}")
+        except NotFound as exc:
+            self.fail("not_found", str(exc))
+        except (OperatorError, StartConflict) as exc:
+            self.fail("conflict", str(exc))
+        except redis.RedisError as exc:
+            self.fail("unavailable", f"Redis unavailable ({exc}); check DURAPAY_REDIS_URL")
+        except BadOption as exc:
+            self.fail(exc.error, exc.reason, field=exc.field)
+        except (OSError, ValueError) as exc:
+            self.fail("invalid_input", str(exc))
+
+    def configuration_error(self, exc: SettingsError) -> NoReturn:
+        text = str(exc)
+        variable, _, reason = text.partition(": ")
+        field = variable if variable.startswith("DURAPAY_") and reason else None
+        self.fail("configuration", reason if field else text, field=field, human=f"configuration error: {text}")
+
+    def settings(self) -> Settings:
+        try:
+            return load_settings()
+        except SettingsError as exc:
+            self.configuration_error(exc)
 
 
 @contextlib.contextmanager
-def operator_errors() -> Iterator[None]:
-    """Turn the errors an operator can act on into one line and exit status 2."""
-    try:
-        yield
-    except SettingsError as exc:
-        fail(f"configuration error: {exc}")
-    except InputError as exc:
-        fail(f"{exc.kind}: {exc.field}: {exc.reason}")
-    except (NotFound, OperatorError, StartConflict) as exc:
-        fail(str(exc))
-    except redis.RedisError as exc:
-        fail(f"Redis unavailable ({exc}); check DURAPAY_REDIS_URL")
-    except (OSError, ValueError) as exc:
-        fail(str(exc))
-
-
-def settings_or_fail() -> Settings:
-    try:
-        return load_settings()
-    except SettingsError as exc:
-        fail(f"configuration error: {exc}")
-
-
-@contextlib.contextmanager
-def runtime(clock_key: str | None = None) -> Iterator[Runtime]:
+def runtime(out: Output, clock_key: str | None = None, *, may_start_store: bool = False) -> Iterator[Runtime]:
     """The runtime built from the ``DURAPAY_*`` settings, closed afterwards.
 
+    With no ``DURAPAY_REDIS_URL`` the embedded Valkey already serving ``DURAPAY_DATA_DIR`` is used, or
+    one is started on the store the folder holds (say after ``durapay demo``). Only the commands that
+    run a store of their own (``may_start_store``: worker, scheduler, api) create a new, empty one;
+    the others refuse (exit 2) rather than create a store nothing serves and list nothing from it.
     ``clock_key`` (the demo's hidden ``--clock-key``) makes the engine read the demo's shared clock.
     """
-    with operator_errors():
-        settings = settings_or_fail()
+    with out.errors():
+        settings = out.settings()
+        redis_url = None
+        if not settings.redis_url and not may_start_store:
+            folder = (Path(settings.data_dir) / "valkey").resolve()
+            redis_url = running_embedded(folder)
+            if redis_url is None and not (folder / AOF_FOLDER).is_dir():
+                out.fail(
+                    "configuration",
+                    f"no flow store: DURAPAY_REDIS_URL is not set and no embedded Valkey runs under {folder} "
+                    "(set DURAPAY_REDIS_URL, or start one: durapay demo --keep, or durapay worker)",
+                    field="DURAPAY_REDIS_URL",
+                    human=f"no flow store: DURAPAY_REDIS_URL is not set and no embedded Valkey runs under {folder}; "
+                    "set DURAPAY_REDIS_URL, or start one with `durapay demo --keep` (or `durapay worker`)",
+                )
         clock = None
         if clock_key:
             if not settings.redis_url:
-                fail("--clock-key needs DURAPAY_REDIS_URL (the clock lives in that Redis)")
+                out.fail("configuration", "--clock-key needs DURAPAY_REDIS_URL (the clock lives in that Redis)")
             from service.demo.clock import SharedClock
 
             clock = SharedClock(settings.redis_url, clock_key)
-        built = build_runtime(settings, clock=clock)
+        built = build_runtime(settings, redis_url=redis_url, clock=clock)
         try:
             yield built
         finally:
@@ -92,28 +170,23 @@ def safe_url(url: str) -> str:
     return urlunsplit((parts.scheme, f"{user}:***@{host}", parts.path, parts.query, parts.fragment))
 
 
-def echo_json(value: Any) -> None:
-    typer.echo(json.dumps(value, indent=2, default=str))
+def read_json_input(source: str, *, option: str, expected: str) -> Any:
+    """JSON from a file path, or stdin for ``-``; :class:`BadOption` with a one-line reason.
 
-
-def console() -> Console:
-    found = Console()
-    return found if found.is_terminal else Console(width=200)
-
-
-def when(timestamp: float | None) -> str:
-    if timestamp is None:
-        return ""
-    return datetime.fromtimestamp(timestamp, UTC).strftime("%Y-%m-%d %H:%M:%S")
-
-
-def read_json_input(source: str) -> Any:
-    """JSON from a file path, or stdin for ``-``; ValueError with a one-line reason."""
+    Stdin that is a terminal is refused at once (``expected`` says what to give): reading it would
+    wait, without a word, for a JSON document nobody is typing.
+    """
+    if source == "-" and sys.stdin.isatty():
+        raise BadOption(
+            option,
+            f"expected {expected} on stdin, but stdin is a terminal: give a file ({option} FILE) or pipe it ({option} - < FILE)",
+            error="usage",
+        )
     try:
         text = sys.stdin.read() if source == "-" else Path(source).read_text(encoding="utf-8")
     except OSError as exc:
-        raise ValueError(f"cannot read {source}: {exc.strerror}") from None
+        raise BadOption(option, f"cannot read {source}: {exc.strerror}") from None
     try:
         return json.loads(text)
     except ValueError as exc:
-        raise ValueError(f"{'stdin' if source == '-' else source} is not JSON: {exc}") from None
+        raise BadOption(option, f"{'stdin' if source == '-' else source} is not JSON: {exc}") from None

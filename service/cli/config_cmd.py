@@ -7,10 +7,10 @@ from typing import Annotated, Any
 
 import typer
 from pydantic import SecretStr
-from rich.console import Console
-from rich.table import Table
 
-from config import ENV_NESTED_DELIMITER, ENV_PREFIX, Settings, load_settings
+from config import ENV_NESTED_DELIMITER, ENV_PREFIX, Settings
+from service.cli._common import Output
+from service.cli._output import print_rows
 
 
 def _flatten(prefix: str, value: Any, out: dict[str, str]) -> None:
@@ -31,19 +31,14 @@ def effective(settings: Settings) -> dict[str, str]:
 
 
 def show_config(
-    as_json: Annotated[bool, typer.Option("--json", help="Print a JSON object.")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print a JSON object (errors too, on stderr).")] = False,
 ) -> None:
     """Print the settings durapay would run with (from DURAPAY_* variables), secrets masked."""
-    values = effective(load_settings())
+    values = effective(Output(as_json).settings())
     if as_json:
         typer.echo(json.dumps(values, indent=2))
         return
-    table = Table(title="durapay settings")
-    table.add_column("variable")
-    table.add_column("value")
-    for name, value in values.items():
-        table.add_row(name, value)
-    Console().print(table)
+    print_rows("durapay settings", ("variable", "value"), list(values.items()), ids=frozenset({"variable"}))
 
 
 def register(app: typer.Typer) -> None:

@@ -12,9 +12,12 @@ from types import FrameType
 from typing import Annotated
 
 import typer
+from rich.console import Console
 
-from service.cli._common import console, fail, settings_or_fail
+from service.cli._common import ExitCode, Output
+from service.cli._output import console, echo_json
 from service.cli.simulator_cmd import DEFAULT_PORT
+from service.demo.report import Row
 
 
 def demo(
@@ -26,11 +29,18 @@ def demo(
     simulator_port: Annotated[
         int, typer.Option(min=0, max=65535, help="Simulator port if free, else any (0: any).")
     ] = DEFAULT_PORT,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="Progress on stderr; the flows and their outcomes as JSON on stdout.")
+    ] = False,
 ) -> None:
-    """Start Valkey, the simulator, workers, a scheduler and the API; run every flow kind; show the results."""
+    """Start Valkey, the simulator, workers, a scheduler and the API; run every flow kind; show the results.
+
+    Exit status 0 when every flow ended as expected, 1 otherwise.
+    """
     from service.demo import run_demo
 
-    settings = settings_or_fail()
+    out = Output(as_json)
+    settings = out.settings()
     if data_dir is not None:
         settings = settings.model_copy(update={"data_dir": data_dir})
 
@@ -40,12 +50,33 @@ def demo(
     signal.signal(signal.SIGTERM, _terminate)
     try:
         port = settings.api.port if api_port is None else api_port
-        code = run_demo(settings, console(), keep=keep, api_port=port, simulator_port=simulator_port)
+        screen = Console(stderr=True) if as_json else console()
+        report = _print_rows if as_json else None
+        code = run_demo(settings, screen, keep=keep, api_port=port, simulator_port=simulator_port, report=report)
     except KeyboardInterrupt:
-        fail("interrupted; everything started was stopped")
+        out.fail("interrupted", "interrupted; everything started was stopped", code=ExitCode.FAILED)
     except (OSError, RuntimeError, TimeoutError) as exc:
-        fail(f"the demo could not start: {exc}")
+        out.fail("unavailable", f"the demo could not start: {exc}")
     raise typer.Exit(code)
+
+
+def _print_rows(rows: list[Row]) -> None:
+    echo_json(
+        [
+            {
+                "name": row.name,
+                "kind": row.kind,
+                "id": row.flow_id,
+                "steps": row.steps,
+                "state": row.state,
+                "expected": row.expected,
+                "ok": row.ok,
+                "seconds": round(row.seconds, 3),
+                "problem": row.problem or None,
+            }
+            for row in rows
+        ]
+    )
 
 
 def register(app: typer.Typer) -> None:

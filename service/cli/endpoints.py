@@ -6,10 +6,9 @@ import json
 from typing import Annotated
 
 import typer
-from rich.console import Console
-from rich.table import Table
 
 from gateway import CATALOGUE
+from service.cli._output import print_rows
 
 
 def markdown_table() -> str:
@@ -37,11 +36,8 @@ def endpoints(
     if markdown:
         typer.echo(markdown_table())
         return
-    table = Table(title=f"Gateway operations ({len(CATALOGUE)})")
-    for column in ("method", "path", "operation", "version", "idem. key", "retry safe", "reconcile"):
-        table.add_column(column)
-    for op in CATALOGUE:
-        table.add_row(
+    rows = [
+        [
             op.method,
             op.path,
             op.name,
@@ -49,11 +45,11 @@ def endpoints(
             "yes" if op.idempotency_key else "",
             "yes" if op.retry_safe else "no",
             op.reconcile.value if op.reconcile else "",
-        )
-    console = Console()
-    if not console.is_terminal:
-        console = Console(width=180)  # piped: do not squeeze the paths into 80 columns
-    console.print(table)
+        ]
+        for op in CATALOGUE
+    ]
+    columns = ("method", "path", "operation", "version", "idem. key", "retry safe", "reconcile")
+    print_rows(f"Gateway operations ({len(CATALOGUE)})", columns, rows, ids=frozenset({"path", "operation"}))
 
 
 def register(app: typer.Typer) -> None:

@@ -2,75 +2,93 @@
 
 These talk to Redis directly through the engine (the same calls the HTTP API makes), so an operator on
 a machine with the settings needs no API key. What they show is masked like the API's answers.
+
+``start --wait`` follows the flow to its end and exits with its outcome (0 succeeded, 1 failed or
+cancelled, 3 needs_attention, 4 still going when the wait ran out); the customer's URL (hosted page,
+link, form) is printed on stderr as soon as the flow has one, so that someone can pay while it waits.
 """
 
 from __future__ import annotations
 
+import json
+import sys
 import time
 from typing import Annotated, Any
 
 import typer
-from rich.table import Table
+from rich.console import Console
 
 from service.api_flows import wait_for_customer_url
-from service.cli._common import console, echo_json, fail, operator_errors, read_json_input, runtime, when
+from service.cli._common import BadOption, ExitCode, Output, exit_code_for, read_json_input, runtime
+from service.cli._output import describe_error, echo_json, print_record, print_rows, when
 from service.timeparse import parse_time
 from service.views import flow_brief, flow_view
 from workflows.engine import Engine
 from workflows.states import STOPPED, FlowState
 
-JsonFlag = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
+JsonFlag = Annotated[bool, typer.Option("--json", help="Print JSON (errors too, on stderr).")]
 
 flows_app = typer.Typer(help="List, inspect and steer flows.", no_args_is_help=True)
 
 
-def _print_flow(view: dict[str, Any], history: list[dict[str, Any]] | None = None) -> None:
-    out = console()
-    table = Table(title=f"flow {view['id']}", show_header=False)
-    table.add_column("field", style="bold")
-    table.add_column("value", overflow="fold")
+def _flow_fields(view: dict[str, Any]) -> list[tuple[str, str]]:
+    fields = [("id", view["id"])]
     for name in ("kind", "state", "step", "order_id", "customer_url", "attempt"):
         if view.get(name) not in (None, ""):
-            table.add_row(name, str(view[name]))
-    table.add_row("created", when(view.get("created")))
-    table.add_row("updated", when(view.get("updated")))
-    table.add_row("steps done", ", ".join(view.get("steps_done") or []) or "-")
+            fields.append((name, str(view[name])))
+    fields += [
+        ("created", when(view.get("created"))),
+        ("updated", when(view.get("updated"))),
+        ("steps done", ", ".join(view.get("steps_done") or []) or "-"),
+    ]
     if view.get("outcome"):
         outcome = view["outcome"]
-        table.add_row("result", str(outcome.get("result", "")))
+        fields.append(("result", str(outcome.get("result", ""))))
         if outcome.get("reason"):
-            table.add_row("reason", str(outcome["reason"]))
+            fields.append(("reason", str(outcome["reason"])))
     if view.get("error"):
-        table.add_row("error", str(view["error"]))
-    out.print(table)
+        fields.append(("error", describe_error(view["error"])))
+    return fields
+
+
+def _print_flow(view: dict[str, Any], history: list[dict[str, Any]] | None = None) -> None:
+    print_record(f"flow {view['id']}", _flow_fields(view))
     if history:
-        log = Table(title="history")
-        for column in ("time", "from", "to", "step", "by", "what"):
-            log.add_column(column, overflow="fold")
-        for entry in history:
-            log.add_row(
+        rows = [
+            [
                 when(entry.get("t")),
                 entry.get("from") or "",
                 entry.get("to") or "",
                 entry.get("step") or "",
                 entry.get("by") or "",
                 entry.get("what") or "",
-            )
-        out.print(log)
+            ]
+            for entry in history
+        ]
+        print_rows("history", ("time", "from", "to", "step", "by", "what"), rows, ids=frozenset(), piped_prefix="history")
 
 
-def _wait_with_progress(engine: Engine, flow_id: str, seconds: float) -> dict[str, Any]:
-    """Wait for the flow to stop, showing its state and step as they change."""
+def _announce_customer_url(out: Output, view: dict[str, Any]) -> None:
+    """The customer's URL on stderr, at once: the flow waits for that customer."""
+    if out.json:
+        line = {"id": view["id"], "state": view["state"], "customer_url": view["customer_url"]}
+        print(json.dumps(line), file=sys.stderr, flush=True)
+    else:
+        print(f"flow {view['id']}: customer URL {view['customer_url']}", file=sys.stderr, flush=True)
+
+
+def _wait_for_end(out: Output, engine: Engine, flow_id: str, seconds: float, announced: bool) -> dict[str, Any]:
+    """Follow the flow until it stops (showing its state on a terminal); None when the wait runs out."""
     deadline = time.monotonic() + seconds
-    out = console()
-    with out.status(f"flow {flow_id}: starting") as status:
+    with Console(stderr=True).status(f"flow {flow_id}: starting") as status:
         while True:
             record = engine.get(flow_id)
             status.update(f"flow {flow_id}: {record.state.value} at {record.step}")
-            if record.state in STOPPED:
+            if record.customer_url and not announced:
+                _announce_customer_url(out, flow_view(record, engine.registry))
+                announced = True
+            if record.state in STOPPED or time.monotonic() >= deadline:
                 return flow_view(record, engine.registry)
-            if time.monotonic() >= deadline:
-                fail(f"flow {flow_id} still {record.state.value} at step {record.step} after {seconds:g}s")
             time.sleep(0.1)
 
 
@@ -79,24 +97,44 @@ def start(
     json_input: Annotated[str, typer.Option("--json-input", help="JSON input: a file, or - for stdin.")] = "-",
     key: Annotated[str | None, typer.Option("--key", help="Start key: the same key and input give the same flow.")] = None,
     run_at: Annotated[str | None, typer.Option("--run-at", help="Run later: POSIX seconds or ISO 8601.")] = None,
-    wait: Annotated[float, typer.Option("--wait", help="Wait up to N seconds for the flow to end, showing progress.")] = 0.0,
+    wait: Annotated[float, typer.Option("--wait", help="Wait up to N seconds for the flow to end; exit with its outcome.")] = 0.0,
     as_json: JsonFlag = False,
 ) -> None:
-    """Start a flow of KIND with the JSON input; print its id, state and customer URL."""
-    with operator_errors():
-        data = read_json_input(json_input)
+    """Start a flow of KIND with the JSON input; print its id, state and customer URL.
+
+    With --wait, exit 0 if the flow succeeded, 1 if it failed or was cancelled, 3 if it needs
+    attention, 4 if it was still going when the wait ran out.
+    """
+    out = Output(as_json)
+    with out.errors():
+        data = read_json_input(json_input, option="--json-input", expected=f"the {kind} flow's input as a JSON object")
     if not isinstance(data, dict):
-        fail("the input must be a JSON object")
-    with runtime() as rt, operator_errors():
-        when_at = parse_time(run_at, now=rt.engine.clock.now()) if run_at else None
+        out.fail("invalid_input", "the input must be a JSON object", field="--json-input")
+    with runtime(out) as rt, out.errors():
+        try:
+            when_at = parse_time(run_at, now=rt.engine.clock.now()) if run_at else None
+        except ValueError as exc:
+            raise BadOption("--run-at", str(exc)) from None
         record = rt.engine.start(kind, data, key, run_at=when_at)
         view = flow_view(wait_for_customer_url(rt.engine, record, rt.settings.api.start_wait_seconds), rt.engine.registry)
         if wait > 0:
-            view = _wait_with_progress(rt.engine, record.id, wait)
+            if view.get("customer_url"):
+                _announce_customer_url(out, view)
+            view = _wait_for_end(out, rt.engine, record.id, wait, announced=bool(view.get("customer_url")))
     if as_json:
         echo_json(view)
+    else:
+        _print_flow(view)
+    if wait <= 0:
         return
-    _print_flow(view)
+    state = FlowState(view["state"])
+    if state not in STOPPED:
+        out.fail(
+            "timed_out",
+            f"flow {view['id']} still {state.value} at step {view['step']} after {wait:g}s; it goes on",
+            code=ExitCode.TIMED_OUT,
+        )
+    raise typer.Exit(exit_code_for(state))
 
 
 @flows_app.command("ls")
@@ -108,36 +146,44 @@ def list_flows(
     offset: Annotated[int, typer.Option(min=0)] = 0,
     as_json: JsonFlag = False,
 ) -> None:
-    """List flows, newest first."""
-    with runtime() as rt, operator_errors():
+    """List flows, newest first (piped: one tab-separated line per flow, no header)."""
+    out = Output(as_json)
+    with runtime(out) as rt, out.errors():
         if kind is not None and kind not in rt.engine.registry:
-            fail(f"unknown flow kind {kind!r}; known kinds: {', '.join(sorted(rt.engine.registry))}")
-        start_at = parse_time(since, now=rt.engine.clock.now()) if since else None
+            out.fail(
+                "invalid_input",
+                f"unknown flow kind {kind!r}; known kinds: {', '.join(sorted(rt.engine.registry))}",
+                field="--kind",
+            )
+        try:
+            start_at = parse_time(since, now=rt.engine.clock.now()) if since else None
+        except ValueError as exc:
+            raise BadOption("--since", str(exc)) from None
         records = rt.engine.list(state=state, kind=kind, since=start_at, limit=limit, offset=offset)
     briefs = [flow_brief(record) for record in records]
     if as_json:
         echo_json(briefs)
         return
-    table = Table(title=f"flows ({len(briefs)})")
-    for column in ("id", "kind", "state", "step", "order", "updated", "result"):
-        table.add_column(column)
-    for brief in briefs:
-        table.add_row(
+    rows = [
+        [
             brief["id"],
             brief["kind"],
             brief["state"],
             brief["step"],
             brief["order_id"] or "",
             when(brief["updated"]),
-            brief["result"] or "",
-        )
-    console().print(table)
+        ]
+        for brief in briefs
+    ]
+    columns = ("id", "kind", "state", "step", "order", "updated")
+    print_rows(f"flows ({len(briefs)})", columns, rows, ids=frozenset({"id", "state", "order"}))
 
 
 @flows_app.command("show")
 def show(flow_id: str, as_json: JsonFlag = False) -> None:
     """One flow with its history."""
-    with runtime() as rt, operator_errors():
+    out = Output(as_json)
+    with runtime(out) as rt, out.errors():
         view = flow_view(rt.engine.get(flow_id), rt.engine.registry)
         history = rt.engine.history(flow_id)
     if as_json:
@@ -154,17 +200,18 @@ def signal(
     as_json: JsonFlag = False,
 ) -> None:
     """Deliver a signal to a flow (resumes it if it waits for that signal)."""
+    out = Output(as_json)
     data: Any = {}
     if payload is not None:
-        with operator_errors():
+        with out.errors():
             data = _json_or_file(payload)
     if not isinstance(data, dict):
-        fail("the payload must be a JSON object")
-    with runtime() as rt, operator_errors():
+        out.fail("invalid_input", "the payload must be a JSON object", field="--payload")
+    with runtime(out) as rt, out.errors():
         result = rt.engine.signal(flow_id, name, data, by="cli")
         view = flow_view(rt.engine.get(flow_id), rt.engine.registry)
     if result == "finished":
-        fail(f"flow {flow_id} already ended ({view['state']}); the signal was not delivered")
+        out.fail("conflict", f"flow {flow_id} already ended ({view['state']}); the signal was not delivered")
     if as_json:
         echo_json({"result": result, "flow": view})
         return
@@ -178,7 +225,8 @@ def cancel(
     as_json: JsonFlag = False,
 ) -> None:
     """Cancel a flow now, or at the end of the step in flight."""
-    with runtime() as rt, operator_errors():
+    out = Output(as_json)
+    with runtime(out) as rt, out.errors():
         view = flow_view(rt.engine.cancel(flow_id, reason, by="cli"), rt.engine.registry)
     if as_json:
         echo_json(view)
@@ -190,7 +238,8 @@ def cancel(
 @flows_app.command("retry")
 def retry(flow_id: str, as_json: JsonFlag = False) -> None:
     """Move a failed or needs_attention flow on."""
-    with runtime() as rt, operator_errors():
+    out = Output(as_json)
+    with runtime(out) as rt, out.errors():
         view = flow_view(rt.engine.retry(flow_id, by="cli"), rt.engine.registry)
     if as_json:
         echo_json(view)
@@ -210,24 +259,18 @@ def kinds(as_json: JsonFlag = False) -> None:
     if as_json:
         echo_json(rows)
         return
-    table = Table(title="flow kinds")
-    for column in ("kind", "steps", "description"):
-        table.add_column(column, overflow="fold")
-    for row in rows:
-        table.add_row(row["kind"], " > ".join(row["steps"]), row["description"])
-    console().print(table)
+    table = [[row["kind"], " > ".join(row["steps"]), row["description"]] for row in rows]
+    print_rows("flow kinds", ("kind", "steps", "description"), table, ids=frozenset({"kind"}))
 
 
 def _json_or_file(text: str) -> Any:
     stripped = text.strip()
     if stripped.startswith(("{", "[")):
-        import json
-
         try:
             return json.loads(stripped)
         except ValueError as exc:
-            raise ValueError(f"--payload is not JSON: {exc}") from None
-    return read_json_input(text)
+            raise BadOption("--payload", f"not JSON: {exc}") from None
+    return read_json_input(text, option="--payload", expected="the signal's payload as a JSON object")
 
 
 def register(app: typer.Typer) -> None:

@@ -1,31 +1,26 @@
 """``durapay schedules add|ls|show|pause|resume|cancel|amount``: recurring MIT charges from the terminal.
 
 The commands talk to Redis through ``workflows.schedules.Schedules`` (the same calls as the Python API);
-the ``durapay scheduler`` processes fire what they create. Read commands print a table, or JSON with
-``--json``. A refused input or action prints one line ``durapay: ...`` on stderr and exits with 2.
+the ``durapay scheduler`` processes fire what they create. Read commands print a table on a terminal
+(tab-separated lines when piped), or JSON with ``--json``. A refused input or action prints one error on
+stderr (JSON with ``--json``) and exits with 2.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
-import sys
 from collections.abc import Iterator
 from datetime import UTC, datetime
-from typing import Annotated, Any, NoReturn
+from typing import Annotated, Any
 
-import redis
 import typer
-from rich.console import Console
-from rich.table import Table
 
-from config.settings import SettingsError, load_settings
-from service.runtime import build_runtime
-from workflows.engine import InputError, NotFound, OperatorError
+from service.cli._common import Output, runtime
+from service.cli._output import echo_json, print_record, print_rows
 from workflows.schedules import ScheduleRecord, Schedules
-from workflows.store import StartConflict
 
-JsonFlag = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
+JsonFlag = Annotated[bool, typer.Option("--json", help="Print JSON (errors too, on stderr).")]
 Id = Annotated[str, typer.Argument(help="Schedule id (s + 12 hex digits).")]
 
 schedules_app = typer.Typer(
@@ -33,35 +28,16 @@ schedules_app = typer.Typer(
 )
 
 
-def _fail(message: str) -> NoReturn:
-    print(f"durapay: {message}", file=sys.stderr)
-    raise typer.Exit(2)
-
-
 @contextlib.contextmanager
-def _schedules() -> Iterator[Schedules]:
-    """Schedules on the runtime built from the ``DURAPAY_*`` settings; operator errors as one line."""
-    try:
-        runtime = build_runtime(load_settings())
-    except (SettingsError, redis.RedisError, OSError) as exc:
-        _fail(f"cannot start: {exc}")
-    try:
-        yield Schedules(runtime.engine)
-    except InputError as exc:
-        _fail(f"{exc.kind}: {exc.field}: {exc.reason}")
-    except (NotFound, OperatorError, StartConflict) as exc:
-        _fail(str(exc))
-    except redis.RedisError as exc:
-        _fail(f"Redis unavailable ({exc}); check DURAPAY_REDIS_URL")
-    finally:
-        runtime.close()
+def _schedules(out: Output) -> Iterator[Schedules]:
+    """Schedules on the runtime built from the ``DURAPAY_*`` settings; operator errors as one error."""
+    with runtime(out) as rt, out.errors():
+        yield Schedules(rt.engine)
 
 
 def _print(record: ScheduleRecord, history: list[dict[str, Any]] | None = None) -> None:
     summary = record.summary()
-    table = Table(title=f"schedule {record.id}", show_header=False)
-    table.add_column("field", style="bold")
-    table.add_column("value", overflow="fold")
+    fields: list[tuple[str, str]] = [("id", record.id)]
     for name in (
         "state",
         "contractId",
@@ -76,27 +52,26 @@ def _print(record: ScheduleRecord, history: list[dict[str, Any]] | None = None) 
         "missed",
     ):
         if summary.get(name) is not None:
-            table.add_row(name, json.dumps(summary[name]) if isinstance(summary[name], dict) else str(summary[name]))
-    table.add_row("dunning (days)", ", ".join(str(days) for days in summary["dunning"]) or "none")
-    table.add_row("next run", f"{summary['nextRunLocal']} ({summary['nextRun']})" if summary["nextRun"] else "-")
-    table.add_row("counts", ", ".join(f"{name} {value}" for name, value in summary["counts"].items()))
-    table.add_row("open", ", ".join(f"{a['occurrence']}#{a['attempt']} due {a['due']}" for a in summary["open"]) or "-")
+            fields.append((name, json.dumps(summary[name]) if isinstance(summary[name], dict) else str(summary[name])))
+    fields.append(("dunning (days)", ", ".join(str(days) for days in summary["dunning"]) or "none"))
+    fields.append(("next run", f"{summary['nextRunLocal']} ({summary['nextRun']})" if summary["nextRun"] else "-"))
+    fields.append(("counts", ", ".join(f"{name} {value}" for name, value in summary["counts"].items())))
+    fields.append(("open", ", ".join(f"{a['occurrence']}#{a['attempt']} due {a['due']}" for a in summary["open"]) or "-"))
     if summary["last"]:
-        table.add_row("last", json.dumps(summary["last"]))
+        fields.append(("last", json.dumps(summary["last"])))
     if summary["reason"]:
-        table.add_row("reason", summary["reason"])
-    console = Console()
-    console.print(table)
+        fields.append(("reason", summary["reason"]))
+    print_record(f"schedule {record.id}", fields)
     if history:
-        log = Table(title="history")
-        for column in ("time", "event", "details"):
-            log.add_column(column, overflow="fold")
-        for event in history:
-            details = {k: v for k, v in event.items() if k not in ("t", "event")}
-            log.add_row(
-                datetime.fromtimestamp(event["t"], UTC).isoformat(timespec="seconds"), event["event"], json.dumps(details)
-            )
-        console.print(log)
+        rows = [
+            [
+                datetime.fromtimestamp(event["t"], UTC).isoformat(timespec="seconds"),
+                event["event"],
+                json.dumps({k: v for k, v in event.items() if k not in ("t", "event")}),
+            ]
+            for event in history
+        ]
+        print_rows("history", ("time", "event", "details"), rows, ids=frozenset(), piped_prefix="history")
 
 
 @schedules_app.command("add")
@@ -122,6 +97,7 @@ def add(
     as_json: JsonFlag = False,
 ) -> None:
     """Create a schedule."""
+    out = Output(as_json)
     rule: dict[str, Any]
     if cron is not None:
         rule = {"cron": cron}
@@ -132,11 +108,21 @@ def add(
     elif every == "week":
         rule = {"every": "week", "weekday": weekday}
     else:
-        _fail("schedule: rule: give --every days|month|week (with --interval, --day or --weekday) or --cron")
+        out.fail(
+            "invalid_input",
+            "give --every days|month|week (with --interval, --day or --weekday) or --cron",
+            field="rule",
+            human="schedule: rule: give --every days|month|week (with --interval, --day or --weekday) or --cron",
+        )
     try:
         delays = [int(part) for part in dunning.split(",") if part.strip()]
     except ValueError:
-        _fail(f"schedule: dunning: {dunning!r} is not a comma-separated list of days")
+        out.fail(
+            "invalid_input",
+            f"{dunning!r} is not a comma-separated list of days",
+            field="dunning",
+            human=f"schedule: dunning: {dunning!r} is not a comma-separated list of days",
+        )
     data: dict[str, Any] = {
         "contractId": contract,
         "amount": amount,
@@ -150,10 +136,10 @@ def add(
     }
     extras = {"end": end, "count": count, "customerId": customer, "captureType": capture_type}
     data |= {name: value for name, value in extras.items() if value is not None}
-    with _schedules() as schedules:
+    with _schedules(out) as schedules:
         record = schedules.create(data, key=key)
     if as_json:
-        typer.echo(json.dumps(record.summary(), indent=2))
+        echo_json(record.summary())
     else:
         _print(record)
 
@@ -167,28 +153,29 @@ def list_schedules(
     offset: Annotated[int, typer.Option("--offset", min=0)] = 0,
     as_json: JsonFlag = False,
 ) -> None:
-    """List schedules, newest first."""
-    with _schedules() as schedules:
+    """List schedules, newest first (piped: one tab-separated line per schedule, no header)."""
+    with _schedules(Output(as_json)) as schedules:
         records = schedules.list(state=state, limit=limit, offset=offset)
     if as_json:
-        typer.echo(json.dumps([record.summary() for record in records], indent=2))
+        echo_json([record.summary() for record in records])
         return
-    table = Table(title=f"schedules ({len(records)})")
-    for column in ("id", "state", "contract", "amount", "rule", "next run", "charged", "declined"):
-        table.add_column(column, overflow="fold")
+    rows = []
     for record in records:
         summary = record.summary()
-        table.add_row(
-            record.id,
-            summary["state"],
-            summary["contractId"],
-            f"{summary['amount']} {summary['currency']}",
-            json.dumps(summary["rule"]),
-            summary["nextRunLocal"] or "-",
-            str(summary["counts"]["charged"]),
-            str(summary["counts"]["declined"]),
+        rows.append(
+            [
+                record.id,
+                summary["state"],
+                summary["contractId"],
+                f"{summary['amount']} {summary['currency']}",
+                json.dumps(summary["rule"]),
+                summary["nextRunLocal"] or "-",
+                str(summary["counts"]["charged"]),
+                str(summary["counts"]["declined"]),
+            ]
         )
-    Console().print(table)
+    columns = ("id", "state", "contract", "amount", "rule", "next run", "charged", "declined")
+    print_rows(f"schedules ({len(records)})", columns, rows, ids=frozenset({"id", "state", "contract"}))
 
 
 @schedules_app.command("show")
@@ -198,20 +185,20 @@ def show(
     as_json: JsonFlag = False,
 ) -> None:
     """One schedule: rule, next run, counts, open attempts, last outcome (and its history)."""
-    with _schedules() as schedules:
+    with _schedules(Output(as_json)) as schedules:
         record = schedules.get(schedule_id)
         events = schedules.history(schedule_id) if history else None
     if as_json:
-        typer.echo(json.dumps({**record.summary(), **({"history": events} if events is not None else {})}, indent=2))
+        echo_json({**record.summary(), **({"history": events} if events is not None else {})})
     else:
         _print(record, events)
 
 
 def _act(name: str, schedule_id: str, as_json: bool, **kwargs: Any) -> None:
-    with _schedules() as schedules:
+    with _schedules(Output(as_json)) as schedules:
         record = getattr(schedules, name)(schedule_id, by="cli", **kwargs)
     if as_json:
-        typer.echo(json.dumps(record.summary(), indent=2))
+        echo_json(record.summary())
     else:
         typer.echo(f"schedule {record.id}: {record.state.value}")
 

@@ -13,19 +13,31 @@ Each stops cleanly on SIGTERM or Ctrl-C. ``durapay alive worker|scheduler`` is t
 
 from __future__ import annotations
 
+import json
+import logging
 import signal
 import sys
+import warnings
 from enum import StrEnum
 from types import FrameType
 from typing import Annotated
 
 import typer
+from celery import Celery, signals
+from celery.exceptions import CPendingDeprecationWarning
 
 from config.celery import QUEUE
-from service.cli._common import fail, runtime, safe_url
+from service.cli._common import ExitCode, Output, runtime, safe_url
 
 #: The demo's shared clock (``service.demo.clock``): hidden, not for production use.
 ClockKey = Annotated[str | None, typer.Option("--clock-key", hidden=True)]
+JsonFlag = Annotated[bool, typer.Option("--json", help="Errors (and the start line) as JSON on stderr.")]
+
+
+def _started(out: Output, role: str, text: str, **fields: object) -> None:
+    """The one line a process prints when it starts: plain, or a JSON object with ``--json``."""
+    line = json.dumps({"process": role, "event": "started", **fields}) if out.json else f"durapay {role}: {text}"
+    print(line, file=sys.stderr, flush=True)
 
 
 class Role(StrEnum):
@@ -45,9 +57,11 @@ def worker(
     loglevel: Annotated[str, typer.Option(help="debug, info, warning, error.")] = "info",
     hostname: Annotated[str | None, typer.Option(help="Worker name (default: celery@<host>).")] = None,
     clock_key: ClockKey = None,
+    as_json: JsonFlag = False,
 ) -> None:
-    """Run a Celery worker for the flows' step tasks."""
-    with runtime(clock_key) as rt:
+    """Run a Celery worker for the flows' step tasks (exits non-zero if it stops on a fatal error)."""
+    out = Output(as_json)
+    with runtime(out, clock_key, may_start_store=True) as rt:
         argv = [
             "worker",
             f"--pool={pool.value}",
@@ -60,8 +74,37 @@ def worker(
             argv.append(f"--concurrency={concurrency}")
         if hostname:
             argv.append(f"--hostname={hostname}")
-        print(f"durapay worker: {pool.value} pool on {safe_url(rt.redis_url)}", file=sys.stderr, flush=True)
-        rt.celery.worker_main(argv)
+        _started(out, "worker", f"{pool.value} pool on {safe_url(rt.redis_url)}", pool=pool.value, redis=safe_url(rt.redis_url))
+        code = run_worker(rt.celery, argv)
+    if code:
+        out.fail("worker_stopped", f"the worker stopped with exit status {code} (see its log)", code=code)
+    raise typer.Exit(code)
+
+
+def run_worker(app: Celery, argv: list[str]) -> int:
+    """Run the Celery worker until it stops; its exit status (non-zero after a fatal error).
+
+    Not ``app.worker_main`` (nor ``app.start``): they drop the status that ``celery worker`` ends
+    with, so a worker that stopped on an "Unrecoverable error" exited 0 and a supervisor restarting
+    on failure left it down. This runs the same ``celery`` command, bound to ``app`` the way
+    ``app.start`` binds it, and keeps the status.
+    """
+    from celery.bin.celery import celery as celery_command
+
+    signals.celeryd_after_setup.connect(_quiet_reconnect_warning, weak=False)
+    celery_command.params[0].default = app  # the --app option, as app.start sets it
+    try:
+        code = celery_command.main(args=argv, standalone_mode=False)
+    finally:
+        celery_command.params[0].default = None
+    return code if isinstance(code, int) else 0
+
+
+def _quiet_reconnect_warning(**_: object) -> None:
+    """Celery warns on every reconnect that it does not cancel the steps in flight: that is the choice
+    (config/celery.py), and the warning would repeat through a Redis outage. Added after Celery's own
+    log set-up, which turns its warnings back on."""
+    warnings.filterwarnings("ignore", category=CPendingDeprecationWarning, module="celery.worker.consumer")
 
 
 def scheduler(
@@ -69,12 +112,16 @@ def scheduler(
         float | None, typer.Option(min=0.01, help="Seconds between ticks (DURAPAY_ENGINE__DISPATCH_INTERVAL).")
     ] = None,
     clock_key: ClockKey = None,
+    as_json: JsonFlag = False,
 ) -> None:
     """Run the dispatcher: send due steps (timers, retries, waits, lost messages) and fire schedules."""
     from workflows.dispatcher import Dispatcher
     from workflows.schedules import Schedules
 
-    with runtime(clock_key) as rt:
+    # One timestamped line per event (a Redis outage is two: lost, back), on stderr.
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", stream=sys.stderr)
+    out = Output(as_json)
+    with runtime(out, clock_key, may_start_store=True) as rt:
         schedules = Schedules(rt.engine)
         dispatcher = Dispatcher(rt.engine, interval=interval, tickers=[schedules.tick], name="scheduler")
 
@@ -83,7 +130,8 @@ def scheduler(
 
         signal.signal(signal.SIGTERM, _stop)
         signal.signal(signal.SIGINT, _stop)
-        print(f"durapay scheduler: every {dispatcher.interval:g}s on {safe_url(rt.redis_url)}", file=sys.stderr, flush=True)
+        where = safe_url(rt.redis_url)
+        _started(out, "scheduler", f"every {dispatcher.interval:g}s on {where}", interval=dispatcher.interval, redis=where)
         dispatcher.run()
         print("durapay scheduler: stopped", file=sys.stderr, flush=True)
 
@@ -94,44 +142,47 @@ def api(
     insecure: Annotated[
         bool, typer.Option("--insecure", help="Allow an empty DURAPAY_API__KEY: no key needed (local only).")
     ] = False,
+    as_json: JsonFlag = False,
 ) -> None:
     """Serve the notification receiver and the control API (uvicorn, one worker)."""
     from service.app import create_app
     from service.auth import MissingApiKey
     from service.server import serve_forever
 
-    with runtime() as rt:
+    out = Output(as_json)
+    with runtime(out, may_start_store=True) as rt:
         try:
             app = create_app(rt, insecure=insecure)
         except MissingApiKey as exc:
-            fail(str(exc))
+            out.fail("configuration", str(exc), field="DURAPAY_API__KEY", human=str(exc))
         bind_host = host or rt.settings.api.host
         bind_port = rt.settings.api.port if port is None else port
         if insecure and not rt.settings.api.key.get_secret_value():
             print("durapay api: WARNING: no API key; anyone who can reach this port controls the flows", file=sys.stderr)
-        print(
-            f"durapay api: http://{bind_host}:{bind_port} (receiver {rt.settings.receiver.path}, docs /docs)"
-            f" on {safe_url(rt.redis_url)}",
-            file=sys.stderr,
-            flush=True,
-        )
+        url, where = f"http://{bind_host}:{bind_port}", safe_url(rt.redis_url)
+        _started(out, "api", f"{url} (receiver {rt.settings.receiver.path}, docs /docs) on {where}", url=url, redis=where)
         serve_forever(app, bind_host, bind_port)
 
 
 def alive(
     role: Annotated[Role, typer.Argument(help="worker (this host's worker) or scheduler (any scheduler).")],
     name: Annotated[str | None, typer.Option(help="The worker's name (default: celery@<this host>).")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON (errors too, on stderr).")] = False,
 ) -> None:
     """Exit 0 if the heartbeat is present, 1 if not: a container health check."""
     import socket
 
-    with runtime() as rt:
+    out = Output(as_json)
+    with runtime(out) as rt, out.errors():
         key = rt.engine.keys.heartbeat(role.value)
         if role is Role.worker:
             key = rt.engine.keys.heartbeat(f"worker:{name or 'celery@' + socket.gethostname()}")
         present = bool(rt.redis.exists(key))
-    typer.echo(f"{role.value}: {'alive' if present else 'no heartbeat'}")
-    raise typer.Exit(0 if present else 1)
+    if as_json:
+        typer.echo(json.dumps({"role": role.value, "alive": present}))
+    else:
+        typer.echo(f"{role.value}: {'alive' if present else 'no heartbeat'}")
+    raise typer.Exit(ExitCode.OK if present else ExitCode.FAILED)
 
 
 def register(app: typer.Typer) -> None:

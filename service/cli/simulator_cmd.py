@@ -6,12 +6,14 @@ configured find each other: port 8781, the gateway's path prefix, API key ``dura
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
 from config.settings import SIMULATOR_API_KEY
+from service.cli._common import Output
 
 DEFAULT_PORT = 8781
 
@@ -29,6 +31,7 @@ def simulator(
     state_file: Annotated[
         Path | None, typer.Option(help="Load the state from this JSON file at start; save it there while running.")
     ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Errors (and the start line) as JSON.")] = False,
 ) -> None:
     """Serve the gateway simulator: every gateway operation over HTTP, test cards, faults, /_sim/ admin."""
     from simulator import SimulatorConfig, serve_forever
@@ -45,12 +48,14 @@ def simulator(
             state_file=state_file,
         )
     except ValueError as exc:
-        typer.echo(f"durapay simulator: {exc}", err=True)
-        raise typer.Exit(2) from None
-    typer.echo(
-        f"durapay simulator on http://{host}:{port}{config.path_prefix} (X-Api-Key: {api_key}); "
-        f"admin and pages under http://{host}:{port}/_sim/"
-    )
+        Output(as_json).fail("invalid_input", str(exc), human=f"simulator: {exc}")
+    base = f"http://{host}:{port}"
+    if as_json:
+        typer.echo(
+            json.dumps({"process": "simulator", "event": "started", "url": base + config.path_prefix, "admin": base + "/_sim/"})
+        )
+    else:
+        typer.echo(f"durapay simulator on {base}{config.path_prefix} (X-Api-Key: {api_key}); admin and pages under {base}/_sim/")
     serve_forever(config)
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 
 from rich.console import Console
 
@@ -47,9 +48,10 @@ def run_demo(
     stop: threading.Event | None = None,
     api_port: int = API_PORT,
     simulator_port: int = SIMULATOR_PORT,
+    report: Callable[[list[Row]], None] | None = None,
 ) -> int:
     """Run everything; 0 when every flow ended as expected. With ``keep``, serve until ``stop`` is set
-    (or Ctrl-C) before stopping the parts."""
+    (or Ctrl-C) before stopping the parts. ``report`` also gets the rows (``durapay demo --json``)."""
     run_id = _run_id()
     stack = DemoStack(settings, run_id, api_port=api_port, simulator_port=simulator_port)
     began = time.monotonic()
@@ -72,6 +74,8 @@ def run_demo(
         console.print(summary_table(rows))
         failed = [row for row in rows if not row.ok]
         console.print(f"{len(rows) - len(failed)} of {len(rows)} flows as expected in {time.monotonic() - began:.1f}s")
+        if report is not None:
+            report(rows)
         places = Places(
             api_url=stack.api.url,
             api_key=stack.api_key,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import httpx
 import pytest
 
 from gateway import BadRequest, Catalogue, GatewayClient, NotFound
@@ -64,3 +65,25 @@ def test_custom_fields_belong_to_their_kind_of_owner(client: GatewayClient, scen
     with pytest.raises(BadRequest) as no_owner:
         client.call(Catalogue.create_structure_custom_field, request={"customFieldTitle": "Room"})
     assert "structureId" in no_owner.value.errors[0].description
+
+
+def test_the_structure_list_answers_as_documented_and_the_client_reads_both_forms(
+    client: GatewayClient, scenario: Scenario, sim: SimulatorServer
+) -> None:
+    """``GET /structures`` answers the same ``{structure: {...}}`` object as ``GET /structures/{id}`` for
+    the terminal's structure (as published); with several the same name holds an array; with none, 404.
+    The client reads either form as a list (agencies mirror structures)."""
+    headers = {"X-Api-Key": sim.config.api_key}
+    assert httpx.get(sim.base_url + "/structures", headers=headers).status_code == 404
+    first = scenario.structure()
+    one = httpx.get(sim.base_url + "/structures", headers=headers).json()
+    assert isinstance(one["structure"], dict) and one["structure"]["structureId"] == first
+    assert [s.structureId for s in client.call(Catalogue.list_structures).structure] == [first]
+    second = scenario.structure()
+    both = httpx.get(sim.base_url + "/structures", headers=headers).json()
+    assert [s["structureId"] for s in both["structure"]] == [first, second]
+    assert [s.structureId for s in client.call(Catalogue.list_structures).structure] == [first, second]
+
+    agency = scenario.agency()
+    assert httpx.get(sim.base_url + "/agencies", headers=headers).json()["agency"]["agencyId"] == agency
+    assert [a.agencyId for a in client.call(Catalogue.list_agencies).agency] == [agency]

@@ -26,13 +26,15 @@ def _validate(client: GatewayClient, operation_id: str, pares: str) -> str:
     return str(answer.operation.operationResult)
 
 
-def test_a_frictionless_card_skips_the_challenge_and_validation(client: GatewayClient) -> None:
+def test_a_frictionless_card_skips_the_challenge_and_validation(client: GatewayClient, sim: SimulatorServer) -> None:
+    """As the real test environment answers it: ``ENROLLED`` with ``threeDSAuthRequest: "notneeded"`` (and
+    an ACS URL nobody needs): only ``threeDSAuthRequest`` says whether the customer is challenged."""
     init = _init(client, "o-1", APPROVE)
     assert (init.operation.operationType, init.operation.operationResult) == ("AUTHORIZATION", "PENDING")
     assert (init.threeDSEnrollmentStatus, init.threeDSAuthRequest, init.threeDSAuthUrl) == (
-        "NOT_ENROLLED",
+        "ENROLLED",
         THREEDS_NOT_NEEDED,
-        None,
+        sim.root_url + "/_sim/acs",
     )
     assert _pay(client, init, APPROVE) == "EXECUTED"
     op = client.call(Catalogue.get_operation, init.operation.operationId)

@@ -54,5 +54,5 @@ def engine_side(cli_env: dict[str, str]) -> Iterator[Runtime]:
     built.close()
 
 
-def invoke(*args: str, stdin: str | None = None) -> Result:
-    return CliRunner().invoke(build_app(), list(args), input=stdin)
+def invoke(*args: str, stdin: str | None = None, env: dict[str, str] | None = None) -> Result:
+    return CliRunner().invoke(build_app(), list(args), input=stdin, env=env)

@@ -1,5 +1,6 @@
 """``durapay start`` and ``durapay flows ls|show|signal|cancel|retry|kinds``; plus ``config`` and
-``endpoints``. Operator errors are one line on stderr and exit status 2."""
+``endpoints``. Operator errors are one line on stderr (a JSON object with ``--json``) and exit status 2;
+``start --wait`` exits with the flow's outcome; lists keep ids whole."""
 
 from __future__ import annotations
 
@@ -10,13 +11,15 @@ from typing import Any
 import pytest
 
 from service.runtime import Runtime
-from tasks.outcomes import Finish
-from tests.gateway.test_catalogue import SPEC, SPEC_FROM_ENV, spec_file_pairs, spec_pairs
+from tasks.outcomes import Advance, Attention, Finish, Outcome
+from tests.gateway.test_catalogue import SPEC, spec_file_pairs, spec_pairs
 from tests.service.cli.conftest import invoke
 from workflows.engine import Claim
 from workflows.states import FlowState
 
 CARD = {"pan": "4349940199004549", "expiryDate": "1230", "cvv": "123"}
+#: What makes rich draw tables as on a terminal of 100 columns (the CLI runner's stdout is not a terminal).
+TERMINAL = {"TTY_COMPATIBLE": "1", "NO_COLOR": "1", "COLUMNS": "100"}
 
 
 def moto(order_id: str) -> dict[str, Any]:
@@ -83,9 +86,14 @@ def test_start_with_key_reused_for_another_input_is_refused(engine_side: Runtime
 def test_flows_ls_as_table_and_json_with_filters(engine_side: Runtime) -> None:
     ready = engine_side.engine.start("moto", moto("cli-ls-1")).id
     failed = failed_flow(engine_side, "cli-ls-2")
-    table = invoke("flows", "ls")
+    table = invoke("flows", "ls", env=TERMINAL)
     assert table.exit_code == 0, table.output
     assert ready in table.stdout and failed in table.stdout and "flows (2)" in table.stdout
+    piped = invoke("flows", "ls")
+    assert [line.split("\t")[:3] for line in piped.stdout.splitlines()] == [
+        [failed, "refund", "failed"],
+        [ready, "moto", "ready"],
+    ], "piped: one tab-separated line per flow, newest first, no header"
     listed = json.loads(invoke("flows", "ls", "--state", "failed", "--json").stdout)
     assert [flow["id"] for flow in listed] == [failed]
     assert json.loads(invoke("flows", "ls", "--kind", "moto", "--since", "1h", "--limit", "1", "--json").stdout)[0]["id"] == ready
@@ -112,7 +120,7 @@ def test_flows_signal(engine_side: Runtime) -> None:
     assert "stored" in result.stdout
     as_json = json.loads(invoke("flows", "signal", flow_id, "form_completed", "--json").stdout)
     assert as_json["result"] == "stored"
-    assert "--payload is not JSON" in one_error_line(invoke("flows", "signal", flow_id, "x", "--payload", "{bad"))
+    assert "--payload: not JSON" in one_error_line(invoke("flows", "signal", flow_id, "x", "--payload", "{bad"))
     done = failed_flow(engine_side, "cli-signal-2")
     assert "already ended" in one_error_line(invoke("flows", "signal", done, "3ds_result"))
 
@@ -142,7 +150,7 @@ def test_flows_kinds_config_and_endpoints(cli_env: dict[str, str]) -> None:
     pairs = [(row["method"], row["path"]) for row in listed]
     assert len(pairs) == 83 == len(set(pairs)), "every method and path of the spec, each once"
     assert pairs == spec_pairs(), "in the spec's order"
-    if SPEC_FROM_ENV or SPEC.exists():  # the spec file itself, not only the copy embedded in the tests
+    if SPEC is not None:  # the interface description itself, not only the copy embedded in the tests
         assert pairs == spec_file_pairs(), f"as {SPEC} lists them"
     assert all(isinstance(row["idempotency_key"], bool) and row["operation"] for row in listed)
 
@@ -155,3 +163,193 @@ def test_redis_unreachable_is_one_line(cli_env: dict[str, str], monkeypatch: pyt
 def test_a_bad_setting_is_one_line(cli_env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("DURAPAY_ENGINE__LEASE_SECONDS", "long")
     assert "configuration error: DURAPAY_ENGINE__LEASE_SECONDS" in one_error_line(invoke("flows", "ls"))
+
+
+# -- conventions of gh and kubectl: ids whole, exit statuses, JSON errors, completion ---------------
+
+
+def lines_holding(text: str, value: str) -> list[str]:
+    return [line for line in text.splitlines() if value in line]
+
+
+@pytest.mark.parametrize("columns", ["80", "100"])
+def test_flow_and_order_ids_are_never_cut_on_a_terminal(engine_side: Runtime, columns: str) -> None:
+    """They were cut with an ellipsis at 80 and 100 columns, so they could not be pasted."""
+    started = [engine_side.engine.start("reservation_setup", {"service": {"serviceName": "DISPUTELESS", "enabled": "Y"}}).id]
+    started.append(engine_side.engine.start("moto", moto("order-id-of-twenty-seven-ch")).id)
+    table = invoke("flows", "ls", env={**TERMINAL, "COLUMNS": columns})
+    assert table.exit_code == 0, table.output
+    for flow_id in started:
+        assert len(lines_holding(table.stdout, flow_id)) == 1, table.stdout
+    assert len(lines_holding(table.stdout, "order-id-of-twenty-seven-ch")) == 1, table.stdout
+    assert not any(f"{flow_id[:-1]}…" in table.stdout for flow_id in started)
+
+
+def finished(runtime: Runtime, key: str, outcome: Outcome) -> dict[str, Any]:
+    """A moto flow started with ``key`` and ended by ``outcome`` (no worker involved); its input."""
+    data = moto(key)
+    record = runtime.engine.start("moto", data, key)
+    claim = runtime.engine.claim(record.id, record.step)
+    assert isinstance(claim, Claim)
+    runtime.engine.complete(claim, outcome)
+    return data
+
+
+@pytest.mark.parametrize(
+    ("outcome", "state", "status"),
+    [
+        (Finish(True, "paid"), "succeeded", 0),
+        (Finish(False, "declined", error={"type": "PaymentDeclined", "responseCode": "116"}), "failed", 1),
+        (Attention("the gateway cannot tell"), "needs_attention", 3),
+    ],
+)
+def test_start_wait_exits_with_the_flows_outcome(engine_side: Runtime, outcome: Outcome, state: str, status: int) -> None:
+    """``start --wait`` exited 0 for failed and needs_attention flows too."""
+    data = finished(engine_side, f"wait-{state}", outcome)
+    result = invoke("start", "moto", "--key", f"wait-{state}", "--wait", "10", "--json", stdin=json.dumps(data))
+    assert (result.exit_code, json.loads(result.stdout)["state"]) == (status, state), result.output
+
+
+def test_start_wait_that_runs_out_exits_4_and_shows_the_flow(engine_side: Runtime) -> None:
+    result = invoke("start", "moto", "--wait", "0.3", "--json", stdin=json.dumps(moto("wait-out")))
+    assert result.exit_code == 4, result.output
+    assert json.loads(result.stdout)["state"] == "ready", "the flow as it stands, on stdout"
+    error = json.loads(result.stderr.strip().splitlines()[-1])
+    assert error["error"] == "timed_out" and "still ready at step pay" in error["reason"]
+
+
+def test_start_wait_prints_the_customer_url_while_it_waits(engine_side: Runtime) -> None:
+    """``start hpp --wait`` showed the hosted page's URL only once the flow had ended: nobody could pay."""
+    session = {"actionType": "PAY", "amount": "900", "language": "eng", "resultUrl": "https://shop.example/ok"}
+    data = {"order": {"orderId": "wait-hpp", "amount": "900", "currency": "EUR"}, "paymentSession": session}
+    record = engine_side.engine.start("hpp", data, "wait-hpp")
+    claim = engine_side.engine.claim(record.id, record.step)
+    assert isinstance(claim, Claim)
+    page = "https://gateway.example/hpp/wait-hpp"
+    engine_side.engine.complete(claim, Advance({"hostedPage": page, "securityToken": "t"}))
+
+    human = invoke("start", "hpp", "--key", "wait-hpp", "--wait", "0.3", stdin=json.dumps(data))
+    assert human.exit_code == 4, human.output
+    assert f"flow {record.id}: customer URL {page}" in human.stderr
+    as_json = invoke("start", "hpp", "--key", "wait-hpp", "--wait", "0.3", "--json", stdin=json.dumps(data))
+    announced = json.loads(as_json.stderr.splitlines()[0])
+    assert announced == {"id": record.id, "state": "ready", "customer_url": page}
+
+
+def test_errors_are_json_with_json(engine_side: Runtime, monkeypatch: pytest.MonkeyPatch) -> None:
+    def error_of(*args: str, stdin: str | None = None) -> dict[str, Any]:
+        result = invoke(*args, "--json", stdin=stdin)
+        assert result.exit_code == 2, result.output
+        assert result.stdout == "", "nothing on stdout but results"
+        [line] = result.stderr.strip().splitlines()
+        return dict(json.loads(line))
+
+    bad_amount = {"order": {"orderId": "o", "amount": "x", "currency": "EUR"}, "card": CARD}
+    refused = error_of("start", "moto", stdin=json.dumps(bad_amount))
+    assert (refused["error"], refused["field"]) == ("invalid_input", "order.amount")
+    assert error_of("flows", "show", "fnothere") == {"error": "not_found", "reason": "no flow 'fnothere'"}
+    assert error_of("flows", "ls", "--kind", "nope")["field"] == "--kind"
+    assert error_of("flows", "ls", "--since", "soonish")["field"] == "--since"
+    usage = error_of("flows", "ls", "--state", "bogus")
+    assert (usage["error"], usage["field"]) == ("usage", "--state") and "bogus" in usage["reason"]
+    assert error_of("schedules", "pause", "s000000000000") == {"error": "not_found", "reason": "no schedule 's000000000000'"}
+    monkeypatch.setenv("DURAPAY_ENGINE__LEASE_SECONDS", "long")
+    config = error_of("config")
+    assert (config["error"], config["field"]) == ("configuration", "DURAPAY_ENGINE__LEASE_SECONDS")
+
+
+def test_a_flow_error_is_one_readable_line_never_a_python_dict(engine_side: Runtime) -> None:
+    error = {"type": "PaymentDeclined", "message": "operation 8001 ended DECLINED", "responseCode": "116",
+             "responseText": "insufficient funds", "decline": "soft", "retryable": False}  # fmt: skip
+    data = finished(engine_side, "shown-error", Finish(False, "declined", error=error))
+    flow_id = engine_side.engine.start("moto", data, "shown-error").id
+    shown = invoke("flows", "show", flow_id)
+    assert shown.exit_code == 0, shown.output
+    [line] = lines_holding(shown.stdout, "PaymentDeclined")
+    assert line == ("error\tPaymentDeclined: operation 8001 ended DECLINED; response code 116 (insufficient funds, soft decline)")
+    assert "{" not in shown.stdout and "'type'" not in shown.stdout
+
+
+def test_every_command_takes_json() -> None:
+    from typer.main import get_command
+
+    from service.cli import build_app
+
+    def leaves(command: Any, path: str) -> list[tuple[str, Any]]:
+        children = getattr(command, "commands", None)
+        if not children:
+            return [(path, command)]
+        return [leaf for name, child in children.items() for leaf in leaves(child, f"{path} {name}")]
+
+    missing = [path for path, command in leaves(get_command(build_app()), "durapay")
+               if not any("--json" in param.opts for param in command.params)]  # fmt: skip
+    assert missing == []
+
+
+def test_shell_completion_is_installable() -> None:
+    script = invoke("--show-completion", "bash")
+    assert script.exit_code == 0, script.output
+    assert "_DURAPAY_COMPLETE" in script.stdout and "complete" in script.stdout
+    assert "--install-completion" in invoke("--help").stdout
+
+
+def test_a_client_command_never_creates_an_empty_store(cli_env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """``flows ls`` with no Redis configured started an embedded Valkey on a fresh folder and listed nothing."""
+    monkeypatch.delenv("DURAPAY_REDIS_URL")
+    monkeypatch.delenv("DURAPAY_BROKER_URL")
+    data_dir = Path(cli_env["DURAPAY_DATA_DIR"])
+    for args in (["flows", "ls"], ["schedules", "ls"], ["alive", "worker"]):
+        line = one_error_line(invoke(*args))
+        assert "no flow store: DURAPAY_REDIS_URL is not set and no embedded Valkey runs under" in line
+    as_json = json.loads(invoke("flows", "ls", "--json").stderr)
+    assert (as_json["error"], as_json["field"]) == ("configuration", "DURAPAY_REDIS_URL")
+    assert not data_dir.exists(), "nothing created"
+
+
+def test_start_on_a_terminal_with_no_input_says_what_it_expects(cli_env: dict[str, str]) -> None:
+    """``durapay start moto`` with stdin a terminal waited for input without a word."""
+    import os
+    import pty
+    import subprocess
+
+    from tests.service.cli.conftest import DURAPAY
+
+    primary, secondary = pty.openpty()
+    try:
+        done = subprocess.run(
+            [*DURAPAY, "start", "moto"],
+            stdin=secondary,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+            env=dict(os.environ),
+        )
+    finally:
+        os.close(primary)
+        os.close(secondary)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.strip() == (
+        "durapay: --json-input: expected the moto flow's input as a JSON object on stdin, but stdin is a terminal: "
+        "give a file (--json-input FILE) or pipe it (--json-input - < FILE)"
+    )
+
+
+def test_a_store_left_in_the_data_folder_is_read(cli_env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """After ``durapay demo`` (its Valkey stopped) the folder holds a store: ``flows ls`` reads it."""
+    import random
+
+    from config import load_settings
+    from config.embedded import EmbeddedValkey
+    from service.runtime import build_runtime
+
+    monkeypatch.delenv("DURAPAY_REDIS_URL")
+    monkeypatch.delenv("DURAPAY_BROKER_URL")
+    with EmbeddedValkey(Path(cli_env["DURAPAY_DATA_DIR"]) / "valkey", appendfsync="always") as left:
+        built = build_runtime(load_settings(), redis_url=left.url, rng=random.Random(3))
+        built.engine.sender = None
+        flow_id = built.engine.start("moto", moto("left-behind")).id
+        built.close()
+    listed = invoke("flows", "ls", "--json")
+    assert listed.exit_code == 0, listed.output
+    assert [flow["id"] for flow in json.loads(listed.stdout)] == [flow_id]

@@ -12,6 +12,7 @@ import json
 import os
 import signal
 import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -113,6 +114,8 @@ def test_api_worker_and_scheduler_run_flows_together(
         assert page.exit_code == 0, page.output
         flow = json.loads(page.stdout)
         assert flow["state"] == "succeeded"
+        announced = json.loads(page.stderr.splitlines()[0])  # while it waited, for the customer to pay
+        assert announced["id"] == flow["id"] and announced["customer_url"] == flow["customer_url"]
         history = httpx.get(f"{api}/flows/{flow['id']}/history", headers=key).json()["history"]
         assert any(entry["by"] == "notification" for entry in history), "resumed by the notification"
 
@@ -140,3 +143,129 @@ def test_alive_reports_the_heartbeat_for_health_checks(cli_env: dict[str, str], 
         assert (result.exit_code, result.stdout.strip()) == (0, "worker: alive")
     finally:
         client.close()
+
+
+def redis_is_answering(url: str) -> bool:
+    import redis
+
+    client = redis.Redis.from_url(url, socket_connect_timeout=1)
+    try:
+        return bool(client.ping())
+    except redis.RedisError:
+        return False
+    finally:
+        client.close()
+
+
+@pytest.mark.chaos
+def test_worker_rides_out_redis_down_then_runs_flows(
+    cli_env: dict[str, str], processes: Processes, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """``durapay worker`` (prefork, the default) with steps in flight when its Redis (broker and flow
+    records) is killed, down for the time of three reconnect attempts (about 12 s), then back: the worker
+    is still running, finishes the flows it had and runs a new one; every order is charged once."""
+    import random
+
+    from config import load_settings
+    from config.embedded import EmbeddedValkey
+    from service.runtime import build_runtime
+    from tests.workflows.integration.test_durability import charges
+    from workflows.dispatcher import Dispatcher
+    from workflows.states import FlowState
+
+    card = {"pan": "4349940199004549", "expiryDate": "1230", "cvv": "123"}
+    valkey = EmbeddedValkey(tmp_path / "valkey", appendfsync="always")
+    valkey.start()
+    with SimulatorServer(SimulatorConfig(seed=11)) as sim:
+        sim.admin.set_faults(rules=[{"mode": "latency", "operation": "create_moto_order", "latency_ms": 1500}])
+        monkeypatch.setenv("DURAPAY_REDIS_URL", valkey.url)
+        monkeypatch.setenv("DURAPAY_BROKER_URL", valkey.url)
+        monkeypatch.setenv("DURAPAY_GATEWAY__BASE_URL", sim.base_url)
+        monkeypatch.setenv("DURAPAY_ENGINE__LEASE_SECONDS", "8")
+        monkeypatch.setenv("DURAPAY_GATEWAY__TIMEOUT", "4")
+        monkeypatch.setenv("DURAPAY_GATEWAY__CONNECT_TIMEOUT", "1")
+        monkeypatch.setenv("DURAPAY_RETRY__CAP_SECONDS", "2")
+        engine_side = build_runtime(load_settings(), redis_url=valkey.url, rng=random.Random(12))
+        dispatcher = Dispatcher(engine_side.engine, interval=0.1).start()
+        worker = processes.start("worker", "worker", "--concurrency", "2", "--loglevel", "info")
+        try:
+            engine = engine_side.engine
+            heartbeat = engine.keys.heartbeat("worker")
+            wait_until(lambda: engine.redis.exists(heartbeat), 60, "the worker's heartbeat")
+            before = [
+                engine.start("moto", {"order": {"orderId": f"outage-{n}", "amount": "500", "currency": "EUR"}, "card": card}).id
+                for n in range(4)
+            ]
+            wait_until(lambda: any(engine.get(i).state is FlowState.RUNNING for i in before), 30, "a step in flight")
+
+            valkey.kill()
+            wait_until(lambda: processes.log("worker").count("Cannot connect to") >= 3, 60, "three reconnect attempts")
+            assert worker.poll() is None, processes.log("worker")
+            valkey.start()
+            wait_until(lambda: redis_is_answering(valkey.url), 30, "Valkey back")
+
+            order = {"orderId": "outage-after", "amount": "700", "currency": "EUR"}
+            after = engine.start("moto", {"order": order, "card": card}).id
+            records = [engine.wait(flow_id, 120) for flow_id in [*before, after]]
+            assert [r.summary() for r in records if r.state is not FlowState.SUCCEEDED] == []
+            for record in records:
+                assert len(charges(sim, record.order_id)) == 1, record.summary()
+            assert worker.poll() is None
+            log = processes.log("worker")
+            assert "Unrecoverable error" not in log and "AttributeError" not in log, log
+            assert processes.stop("worker") == 0
+        finally:
+            dispatcher.stop()
+            engine_side.close()
+            valkey.stop()
+
+
+def test_a_fatal_worker_error_exits_non_zero(cli_env: dict[str, str], tmp_path: Path) -> None:
+    """A worker that stops on an error Celery cannot recover from exits non-zero, so that a supervisor
+    restarting on failure brings it back (Celery's ``worker_main`` dropped the status: exit 0). The
+    fatal error is forced in the worker's heartbeat bootstep, one of the steps a worker starts."""
+    forced = (
+        "import sys\n"
+        "import service.heartbeat\n"
+        "def broken(self):\n"
+        "    raise RuntimeError('forced fatal error')\n"
+        "service.heartbeat.Heartbeat.start = broken\n"
+        "from service.cli import main\n"
+        "sys.argv = ['durapay', 'worker', '--pool', 'solo', '--loglevel', 'warning']\n"
+        "main()\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", forced], env=dict(os.environ), capture_output=True, text=True, timeout=120, check=False
+    )
+    assert "forced fatal error" in done.stderr
+    assert done.returncode != 0, done.stderr
+    assert "durapay: the worker stopped with exit status 1" in done.stderr
+
+
+def test_scheduler_says_redis_was_lost_and_back_in_two_lines(cli_env: dict[str, str], tmp_path: Path) -> None:
+    """``durapay scheduler`` started while its Redis is down (it printed a warning per tick and a traceback
+    per ticker per tick): one line when Redis is found unreachable, one when it answers again, naming
+    how many attempts failed meanwhile; no traceback."""
+    import re
+
+    from config.embedded import EmbeddedValkey
+
+    valkey = EmbeddedValkey(tmp_path / "valkey")
+    env = {**os.environ, "DURAPAY_REDIS_URL": valkey.url, "DURAPAY_BROKER_URL": valkey.url}
+    log_path = tmp_path / "scheduler.log"
+    with log_path.open("wb") as log:
+        scheduler = subprocess.Popen([*DURAPAY, "scheduler", "--interval", "0.05"], env=env, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        wait_until(lambda: "Redis unreachable" in log_path.read_text(), 60, "the scheduler to notice Redis is down")
+        valkey.start()
+        back = wait_until(lambda: re.search(r"Redis is back after .*\((\d+) attempts failed\)", log_path.read_text()), 60, "back")
+        scheduler.send_signal(signal.SIGTERM)
+        assert scheduler.wait(timeout=30) == 0
+    finally:
+        if scheduler.poll() is None:
+            scheduler.kill()
+        valkey.stop()
+    output = log_path.read_text()
+    assert int(back.group(1)) >= 2, output
+    assert "Traceback" not in output
+    assert len(output.strip().splitlines()) == 4, output  # started, unreachable, back, stopped

@@ -12,7 +12,7 @@ receiver, and one shared manual clock that tests move (never sleep for).
         stack.wait_until(lambda: ..., what="the first charge")
 
 The receiver stands in for durapay's own: it checks the notification's security token against those
-the engine kept for the order, then signals the waiting flow, as DESIGN.md §10 asks.
+the engine kept for the order, then signals the waiting flow (docs/durability.md, Notifications).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Rule arithmetic, pure: month ends, leap years, DST in Europe/Rome and America/New_York, cron, counts, ends.
 
-freezegun freezes "now" only around these pure functions (never around Celery or asyncio, NOTES.md).
+freezegun freezes "now" only around these pure functions (it also stops Celery's and asyncio's timers).
 """
 
 from __future__ import annotations

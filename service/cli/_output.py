@@ -1,0 +1,129 @@
+"""How the commands print results: tables on a terminal, plain lines when piped, JSON with ``--json``.
+
+Conventions of ``gh`` and ``kubectl``:
+
+* On a terminal a list is aligned columns under a header; id columns are never cut nor wrapped (other
+  columns are shortened with an ellipsis when the terminal is too narrow); piped, it is one line per
+  row, fields separated by a tab, no header, nothing cut, so that
+  ``durapay flows ls --state failed | cut -f1`` gives ids to paste.
+* A record (``flows show``) is ``field  value`` lines on a terminal, ``field<TAB>value`` lines when piped.
+* ``--json`` prints JSON on stdout and nothing else there; errors then go to stderr as JSON too
+  (``service.cli._common.Output``).
+* An error dict of a flow is shown as one readable line (:func:`describe_error`), never as a Python dict.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+import typer
+from rich.console import Console
+
+
+def console() -> Console:
+    return Console()
+
+
+def echo_json(value: Any) -> None:
+    typer.echo(json.dumps(value, indent=2, default=str))
+
+
+def when(timestamp: float | None) -> str:
+    if timestamp is None:
+        return ""
+    return datetime.fromtimestamp(timestamp, UTC).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def print_rows(
+    title: str, columns: Sequence[str], rows: Sequence[Sequence[str]], *, ids: frozenset[str], piped_prefix: str = ""
+) -> None:
+    """A list: aligned columns under a header on a terminal, tab-separated lines when piped (each
+    starting with ``piped_prefix`` and a tab when given: a list printed after a record).
+
+    On a terminal too narrow for every column, the columns not named in ``ids`` are shortened (an
+    ellipsis marks it), widest first, never below their header; ``ids`` columns are never cut. If
+    that is not enough the lines are longer than the terminal: it wraps them, nothing is lost.
+    """
+    out = console()
+    if not out.is_terminal:
+        for row in rows:
+            typer.echo("\t".join([piped_prefix] * bool(piped_prefix) + [_plain(cell) for cell in row]))
+        return
+    table = [list(columns), *([_plain(cell) for cell in row] for row in rows)]
+    widths = _fit([max(len(line[i]) for line in table) for i in range(len(columns))], columns, ids, out.width)
+    out.print(f"{title}", style="italic", highlight=False)
+    for number, line in enumerate(table):
+        text = _GAP.join(_cut(cell, width).ljust(width) for cell, width in zip(line, widths, strict=True)).rstrip()
+        out.print(text, style="bold" if number == 0 else None, highlight=False, markup=False, soft_wrap=True)
+
+
+def print_record(title: str, fields: Sequence[tuple[str, str]]) -> None:
+    """One record: ``field  value`` lines under a title on a terminal (values whole, never cut),
+    ``field<TAB>value`` lines when piped."""
+    out = console()
+    if not out.is_terminal:
+        for name, value in fields:
+            typer.echo(f"{name}\t{_plain(value)}")
+        return
+    out.print(title, style="italic", highlight=False)
+    width = max((len(name) for name, _ in fields), default=0)
+    for name, value in fields:
+        out.print(f"{name.ljust(width)}{_GAP}{_plain(value)}", highlight=False, markup=False, soft_wrap=True)
+
+
+_GAP = "  "
+
+
+def _fit(widths: list[int], columns: Sequence[str], keep: frozenset[str], room: int) -> list[int]:
+    """Column widths within ``room``: shorten the widest column not in ``keep``, one character at a time."""
+    fitted = list(widths)
+    floors = [len(name) if name in keep else max(len(name), 4) for name in columns]
+    while sum(fitted) + len(_GAP) * (len(fitted) - 1) > room:
+        shrinkable = [i for i, name in enumerate(columns) if name not in keep and fitted[i] > floors[i]]
+        if not shrinkable:
+            break
+        widest = max(shrinkable, key=lambda i: fitted[i])
+        fitted[widest] -= 1
+    return fitted
+
+
+def _cut(cell: str, width: int) -> str:
+    return cell if len(cell) <= width else cell[: width - 1] + "…"
+
+
+def _plain(value: str) -> str:
+    """A cell on one line: tabs and newlines would break the columns of piped output."""
+    return " ".join(value.split()) if any(ch in value for ch in "\t\n\r") else value
+
+
+def describe_error(error: Mapping[str, Any] | None) -> str:
+    """A flow's error as one line: ``PaymentDeclined: operation 8000 ended DECLINED; response code 116
+    (insufficient funds, soft decline)``; ``BadRequest: ...; PS0026 Invalid orderId``."""
+    if not error:
+        return ""
+    kind = str(error.get("type") or "error")
+    parts = [f"{kind}: {error['message']}" if error.get("message") else kind]
+    gateway_errors = [item for item in error.get("errors") or [] if isinstance(item, Mapping)]
+    if gateway_errors:
+        parts.append(", ".join(f"{item.get('code') or ''} {item.get('description') or ''}".strip() for item in gateway_errors))
+    if error.get("responseCode"):
+        detail = ", ".join(str(text) for text in (error.get("responseText"), _decline(error.get("decline"))) if text)
+        parts.append(f"response code {error['responseCode']}" + (f" ({detail})" if detail else ""))
+    shown = {"type", "message", "errors", "responseCode", "responseText", "decline", "calls", "retryable", "ambiguous"}
+    extras = [f"{name} {value}" for name, value in error.items() if name not in shown and _scalar(value)]
+    if isinstance(error.get("operation"), Mapping):  # a late payment names the operation the gateway reported
+        operation = error["operation"]
+        extras.append(f"operation {operation.get('operationId')} {operation.get('operationResult') or ''}".strip())
+    parts.extend(extras)
+    return "; ".join(parts)
+
+
+def _decline(kind: Any) -> str:
+    return f"{kind} decline" if kind else ""
+
+
+def _scalar(value: Any) -> bool:
+    return value not in (None, "", [], {}) and isinstance(value, (str, int, float, bool))

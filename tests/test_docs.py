@@ -1,0 +1,70 @@
+"""The repository explains itself: docs/ exists, README maps it, the code points at it, and the state
+diagram is the engine's transition table.
+
+The design notes, style notes and gateway descriptions the project was started from live outside the
+repository; nothing tracked may send a reader there.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from workflows.states import TRANSITIONS, FlowState
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCS = ("architecture.md", "durability.md", "gateway.md", "operations.md")
+#: Names of documents outside the repository (spelt in pieces so that this file does not match itself).
+OUTSIDE_NAMES = ("DESIGN" + ".md", "STYLE" + ".md", "NOTES" + ".md")
+OUTSIDE_NAMES += ("gateway-" + "facts", "gateway-" + "interface", "../" + "shared")
+OUTSIDE = re.compile("|".join(re.escape(name) for name in OUTSIDE_NAMES))
+SKIPPED_DIRS = {".git", ".venv", "__pycache__", ".mypy_cache", ".ruff_cache", ".pytest_cache", ".durapay", "build"}
+
+
+def repository_files() -> list[Path]:
+    found = []
+    for path in ROOT.rglob("*"):
+        relative = path.relative_to(ROOT)
+        if any(part in SKIPPED_DIRS or part.endswith(".egg-info") for part in relative.parts):
+            continue
+        if path.is_file() and path.suffix in {".py", ".md", ".toml", ".yml", ".yaml", ".lua", ".cfg", ".txt", ""}:
+            found.append(path)
+    return found
+
+
+def test_nothing_points_outside_the_repository() -> None:
+    offenders = []
+    for path in repository_files():
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (UnicodeDecodeError, OSError):
+            continue
+        for number, line in enumerate(text.splitlines(), start=1):
+            if OUTSIDE.search(line):
+                offenders.append(f"{path.relative_to(ROOT)}:{number}: {line.strip()}")
+    assert offenders == []
+
+
+@pytest.mark.parametrize("name", DOCS)
+def test_docs_exist_and_readme_maps_them(name: str) -> None:
+    assert (ROOT / "docs" / name).is_file()
+    assert f"](docs/{name})" in (ROOT / "README.md").read_text()
+
+
+@pytest.mark.parametrize("name", DOCS)
+def test_relative_links_in_docs_resolve(name: str) -> None:
+    text = (ROOT / "docs" / name).read_text()
+    for target in re.findall(r"\]\(([^)#:]+)(?:#[^)]*)?\)", text):
+        assert (ROOT / "docs" / target).resolve().exists(), f"{name} links to {target}"
+
+
+def test_the_state_diagram_is_the_transition_table() -> None:
+    text = (ROOT / "docs" / "architecture.md").read_text()
+    block = text.split("```mermaid\nstateDiagram-v2\n", 1)[1].split("```", 1)[0]
+    drawn = {(FlowState(source), FlowState(target)) for source, target in re.findall(r"^\s*(\w+) --> (\w+)", block, re.M)}
+    table = {(source, target) for source, targets in TRANSITIONS.items() for target in targets}
+    assert drawn == table
+    starts = set(re.findall(r"^\s*\[\*\] --> (\w+)", block, re.M))
+    assert starts == {FlowState.READY.value, FlowState.SLEEPING.value}
