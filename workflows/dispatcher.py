@@ -6,7 +6,7 @@ sending, the entry comes due again). What it sends is a chain of the flow's rema
 duplicate delivery is harmless because every step claims before it acts.
 
 Besides the due set, each tick runs the registered *tickers* (the schedules fire their occurrences
-this way), writes a heartbeat for ``/readyz``, and now and then trims the indexes of expired flows.
+this way), writes a heartbeat for ``/readyz``, and trims the indexes of expired flows (``workflows.trim``).
 While Redis cannot be reached the loop keeps trying every interval and says so once (``RedisWatch``).
 """
 
@@ -19,10 +19,14 @@ from collections.abc import Callable
 
 from workflows.engine import Engine
 from workflows.redis_watch import RedisWatch, is_redis_down
+from workflows.trim import IndexTrimmer
 
 log = logging.getLogger("durapay.dispatcher")
 
 Ticker = Callable[[], int]
+
+#: Seconds between passes of the index trimmer, unless the last pass found a backlog (then: every tick).
+TRIM_INTERVAL = 10.0
 
 
 class Dispatcher:
@@ -41,7 +45,8 @@ class Dispatcher:
         self.sent = 0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._last_trim = 0.0
+        self._last_trim = float("-inf")
+        self.trimmer = IndexTrimmer(engine.redis, engine.keys, engine.store.retention_seconds)
 
     def tick(self) -> int:
         """One pass: fire tickers, send due flows. Returns how many flows were sent."""
@@ -57,9 +62,9 @@ class Dispatcher:
         now = self.engine.clock.now()
         heartbeat = self.engine.keys.heartbeat("scheduler")
         self.engine.redis.set(heartbeat, repr(now), ex=max(5, int(self.interval * 10)))
-        if time.monotonic() - self._last_trim > 300:
+        if self.trimmer.backlog or time.monotonic() - self._last_trim > TRIM_INTERVAL:
             self._last_trim = time.monotonic()
-            self.engine.store.trim_indexes(now=now, kinds=self.engine.registry)
+            self.trimmer.run(now=now, kinds=self.engine.registry)
         return sent
 
     def run(self) -> None:

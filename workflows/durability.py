@@ -50,7 +50,10 @@ class Durability:
 
     @classmethod
     def resolve(cls, client: Any, sync_aof: str, replicas: int, timeout: float) -> Durability:
-        """``sync_aof``: ``yes``, ``no``, or ``auto``: wait for the fsync where a write is acknowledged before
+        """Decide from the settings and, for ``auto``, the server's own (a connection error propagates:
+        the caller asks again once the server answers).
+
+        ``sync_aof``: ``yes``, ``no``, or ``auto``: wait for the fsync where a write is acknowledged before
         it and an fsync comes within a second (``appendfsync everysec``); not under ``always`` (already
         on disk when acknowledged), nor under ``no`` (the server never fsyncs on its own: nothing to
         wait for, and the loss of acknowledged writes on a host crash was chosen)."""
@@ -61,7 +64,7 @@ class Durability:
             return cls(False, replicas, timeout_ms)
         try:
             config = client.config_get("append*")
-        except redis.RedisError as exc:  # CONFIG may be disabled (managed Redis): wait, to be safe
+        except redis.ResponseError as exc:  # CONFIG may be disabled (managed Redis): wait, to be safe
             log.info("cannot read the AOF settings (%s); waiting for the fsync of claims and starts", exc)
             return cls(True, replicas, timeout_ms)
         appendonly = _text(config.get("appendonly", config.get(b"appendonly", "no")))

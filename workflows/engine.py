@@ -100,10 +100,14 @@ class Engine:
         self.clock = clock or SystemClock()
         self.keys = keys or Keys(prefix=settings.engine.key_prefix, partitions=settings.engine.partitions)
         engine_settings = settings.engine
-        durability = Durability.resolve(
-            client, engine_settings.sync_aof, engine_settings.sync_replicas, engine_settings.sync_timeout
+        self.store = FlowStore(
+            client,
+            self.keys,
+            engine_settings.retention_days * 86400,
+            lambda: Durability.resolve(
+                client, engine_settings.sync_aof, engine_settings.sync_replicas, engine_settings.sync_timeout
+            ),
         )
-        self.store = FlowStore(client, self.keys, engine_settings.retention_days * 86400, durability)
         self.retry_policy = RetryPolicy.from_settings(settings.retry, rng)
         self.lease = settings.engine.lease_seconds
         self._client_factory = client_factory or (lambda: GatewayClient(settings.gateway))

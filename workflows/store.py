@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any
@@ -184,11 +184,17 @@ class Change:
 class FlowStore:
     """Reads and atomically changes flow records. Give it a Redis client and the key layout."""
 
-    def __init__(self, client: redis.Redis, keys: Keys, retention_seconds: float, durability: Durability | None = None) -> None:
+    def __init__(
+        self,
+        client: redis.Redis,
+        keys: Keys,
+        retention_seconds: float,
+        durability: Durability | Callable[[], Durability] | None = None,
+    ) -> None:
         self.redis: Any = client
         self.keys = keys
         self.retention_seconds = retention_seconds
-        self.durability = durability or Durability()
+        self._durability: Durability | Callable[[], Durability] = durability or Durability()
         money = _script("money.lua")  # one rule, shared by the two scripts that can end with money reported
         self._create = client.register_script(_script("create.lua"))
         self._transition = client.register_script(money + _script("transition.lua"))
@@ -405,6 +411,13 @@ class FlowStore:
         raise NotDurable. The marker written to get there sits in the flow's partition (its slot)."""
         self.durability.sync(self.redis, f"{self.keys.tag(self.keys.partition(flow_id))}:sync", what)
 
+    @property
+    def durability(self) -> Durability:
+        """What to wait for, decided at the first need (the server must answer to tell its persistence)."""
+        if not isinstance(self._durability, Durability):
+            self._durability = self._durability()
+        return self._durability
+
     def request_cancel(self, flow_id: str) -> None:
         """Ask a running step's flow to stop at the step boundary (no version change: the step completes)."""
         self.redis.hset(self.keys.flow(flow_id), "cancel_requested", "1")
@@ -449,30 +462,6 @@ class FlowStore:
                 score = float(first[0][1])
                 earliest = score if earliest is None else min(earliest, score)
         return earliest
-
-    def trim_indexes(self, *, now: float, kinds: Iterable[str] = (), batch: int = 1000) -> int:
-        """Drop index entries of flows whose records have expired (a bounded batch per index and call).
-
-        Only entries older than the retention are looked at, and only those whose record is gone are
-        dropped: a flow may live longer than the retention (a timer months ahead), and a clock that
-        was moved (the demo's fast-forward) must not hide flows that still exist.
-        """
-        removed = 0
-        horizon = now - self.retention_seconds
-        for partition in range(self.keys.partitions):
-            indexes = [self.keys.by_state(partition, state.value) for state in TERMINAL]
-            indexes += [self.keys.by_kind(partition, kind) for kind in kinds]
-            for index in indexes:
-                old = [member.decode() for member in self.redis.zrangebyscore(index, "-inf", horizon, start=0, num=batch)]
-                if not old:
-                    continue
-                pipe = self.redis.pipeline(transaction=False)
-                for flow_id in old:
-                    pipe.exists(self.keys.flow(flow_id))
-                gone = [flow_id for flow_id, exists in zip(old, pipe.execute(), strict=True) if not exists]
-                if gone:
-                    removed += int(self.redis.zrem(index, *gone))
-        return removed
 
     @staticmethod
     def _entry(now: float, source: FlowState | None, target: FlowState, step: str, by: str, what: str) -> str:

@@ -386,19 +386,6 @@ def test_a_second_flow_naming_the_same_order_does_not_take_its_notifications(mak
     assert engine.flow_for_order("ord-7") == third.id, "an order of a finished flow may be named again"
 
 
-def test_trimming_drops_index_entries_only_of_expired_records(make_engine: Any, clock: ManualClock) -> None:
-    engine, _ = make_engine(flow(ScriptedStep("pay")))
-    gone, kept = engine.start("demo", {"amount": 5}), engine.start("demo", {"amount": 7})
-    engine.run_step(gone.id, "pay")
-    engine.run_step(kept.id, "pay")
-    alive = engine.start("demo", {"amount": 6})  # still ready, whatever its age
-    engine.redis.delete(engine.keys.flow(gone.id))  # as if its retention had passed
-    clock.advance(engine.store.retention_seconds + 1)  # a moved clock: ``kept`` still has its record
-    assert engine.store.trim_indexes(now=clock.now(), kinds=["demo"]) == 2
-    assert {flow_id for _, flow_id in engine.store.ids(kind="demo")} == {alive.id, kept.id}
-    assert [flow_id for _, flow_id in engine.store.ids(state=FlowState.SUCCEEDED)] == [kept.id]
-
-
 def test_a_signal_the_wait_step_consumed_does_not_wake_it_again(make_engine: Any) -> None:
     from tasks.outcomes import Wait
 

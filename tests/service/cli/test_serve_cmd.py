@@ -266,6 +266,6 @@ def test_scheduler_says_redis_was_lost_and_back_in_two_lines(cli_env: dict[str, 
             scheduler.kill()
         valkey.stop()
     output = log_path.read_text()
-    assert int(back.group(1)) >= 2, output
+    assert int(back.group(1)) >= 1, output  # the attempt that found it down, at least
     assert "Traceback" not in output
     assert len(output.strip().splitlines()) == 4, output  # started, unreachable, back, stopped

@@ -1,0 +1,33 @@
+"""The order index: every order a flow made routes to it, and all of them expire with the flow."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gateway import Card, GatewayModel
+from tasks.outcomes import Advance, NewOrder
+from tests.workflows.engine_support import ScriptedStep, summary
+from workflows.clock import ManualClock
+from workflows.steps import FlowDefinition
+
+
+class CardInput(GatewayModel):
+    orderId: str
+    card: Card
+
+
+def test_every_order_of_a_flow_expires_with_it_even_once_its_card_is_erased(make_engine: Any, clock: ManualClock) -> None:
+    """The flow moved to ``<orderId>-2``, then ended: its card data is erased (the input no longer
+    validates), and the lookups of both orders must still get the record's retention."""
+    pay = ScriptedStep("pay", outcomes=[NewOrder("the answer was lost"), Advance({})])
+    definition = FlowDefinition("demo", CardInput, (pay,), summary, order_id=lambda data: data.orderId)
+    engine, _ = make_engine(definition)
+    record = engine.start("demo", {"orderId": "ord-9", "card": {"pan": "4349940199004549", "expiryDate": "1230"}})
+    assert engine.run_step(record.id, "pay") == "ready"
+    assert engine.run_step(record.id, "pay") == "succeeded"
+    done = engine.get(record.id)
+    assert done.orders == ["ord-9", "ord-9-2"]
+    assert "expiryDate" not in done.input["card"], "card data erased at the end"
+    for order_id in done.orders:
+        assert engine.flow_for_order(order_id) == record.id
+        assert 0 < engine.redis.ttl(engine.keys.order(order_id)) <= engine.store.retention_seconds

@@ -1,0 +1,76 @@
+"""Trimming the listing indexes: drop the entries of flows whose records have expired.
+
+A finished flow's record and log expire on their own (``retention_days``); its entries in the state and
+kind indexes (sorted sets, see ``keys``) do not, so the dispatcher trims them. Two rules:
+
+* **Only the gone.** An entry is dropped only when its record no longer exists: a flow may live longer
+  than the retention (a timer months ahead, a flow waiting for a person), and a moved clock (the
+  demo's fast-forward) must not hide flows that still exist.
+* **Never stalled, and as fast as flows finish.** Entries are read oldest first, but the live ones at
+  the front (long-lived flows) are stepped over, not read again and again: per index the trimmer
+  keeps how many live entries lead it (``offset``) and starts after them, wrapping to the front once
+  it reaches the end. A pass reads every index in one round trip, checks the candidates in a second
+  and removes the gone in a third; the dispatcher runs a pass every few seconds, and at once again
+  while a pass still finds a full batch (a backlog), so trimming keeps pace with the finishing rate.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from workflows.keys import Keys
+from workflows.states import TERMINAL
+
+
+class IndexTrimmer:
+    """One per dispatcher. ``batch``: entries read per index and pass."""
+
+    def __init__(self, client: Any, keys: Keys, retention_seconds: float, *, batch: int = 1000) -> None:
+        self.redis = client
+        self.keys = keys
+        self.retention_seconds = retention_seconds
+        self.batch = batch
+        self.offsets: dict[str, int] = {}
+        self.backlog = False
+
+    def indexes(self, kinds: Iterable[str]) -> list[str]:
+        """Every index a finished flow stays in: its terminal state's and its kind's, per partition."""
+        found = []
+        for partition in range(self.keys.partitions):
+            found += [self.keys.by_state(partition, state.value) for state in sorted(TERMINAL)]
+            found += [self.keys.by_kind(partition, kind) for kind in sorted(kinds)]
+        return found
+
+    def run(self, *, now: float, kinds: Iterable[str]) -> int:
+        """One pass over every index; returns how many entries were dropped. Sets ``backlog`` when some
+        index still had a full batch of old entries (run again soon)."""
+        horizon = now - self.retention_seconds
+        indexes = self.indexes(kinds)
+        pipe = self.redis.pipeline(transaction=False)
+        for index in indexes:
+            pipe.zrangebyscore(index, "-inf", horizon, start=self.offsets.get(index, 0), num=self.batch)
+        read = zip(indexes, pipe.execute(), strict=True)
+        candidates = {index: [member.decode() for member in members] for index, members in read}
+        pipe = self.redis.pipeline(transaction=False)
+        for members in candidates.values():
+            for flow_id in members:
+                pipe.exists(self.keys.flow(flow_id))
+        exists = iter(pipe.execute())
+        pipe = self.redis.pipeline(transaction=False)
+        dropped = 0
+        self.backlog = False
+        for index, members in candidates.items():
+            gone = [flow_id for flow_id in members if not next(exists)]
+            live = len(members) - len(gone)
+            if len(members) < self.batch:
+                self.offsets[index] = 0  # reached the end of the old entries: start at the front next time
+            else:
+                self.offsets[index] = self.offsets.get(index, 0) + live
+                self.backlog = True
+            if gone:
+                pipe.zrem(index, *gone)
+                dropped += len(gone)
+        if dropped:
+            pipe.execute()
+        return dropped
