@@ -13,10 +13,9 @@ where losing it would cost money or a promise:
   stops retrying.
 
 ``WAITAOF 1 0`` waits for the local AOF fsync (Valkey, Redis >= 7.2); ``WAIT n`` for ``n`` replicas to
-receive it. Both wait for every write this connection made, and the AOF and the replication stream
-are each one ordered log, so the engine issues them on the connection that made the write (one
-pipeline: the write, then the wait). A wait that times out raises :class:`NotDurable`: nothing is
-called, and the caller retries later. What each setting guarantees is in docs/durability.md.
+receive it. Both wait for every write the connection made, and the AOF and the replication stream
+are each one ordered log, so the engine makes a small write of its own and waits on that connection.
+A wait that times out raises :class:`NotDurable`: nothing is called, and the caller retries later. What each setting guarantees is in docs/durability.md.
 """
 
 from __future__ import annotations
@@ -76,35 +75,42 @@ class Durability:
             log.warning("Redis AOF with appendfsync no: a host crash loses acknowledged writes (see docs/durability.md)")
         return cls(fsync == "everysec", replicas, timeout_ms)
 
-    def append(self, pipe: Any) -> None:
-        """Queue the waits after the write queued on ``pipe`` (the same connection)."""
-        if self.aof:
-            pipe.execute_command("WAITAOF", 1, 0, self.timeout_ms)
-        if self.replicas:
-            pipe.execute_command("WAIT", self.replicas, self.timeout_ms)
-
-    def check(self, replies: list[Any], what: str) -> None:
-        """Raise NotDurable unless the queued waits were met (``replies``: their answers, in order)."""
-        answers = iter(replies)
-        if self.aof:
-            local = next(answers)
-            if int(local[0]) < 1:
-                raise NotDurable(f"{what}: the AOF fsync was not confirmed within {self.timeout_ms} ms")
-        if self.replicas:
-            acked = int(next(answers))
-            if acked < self.replicas:
-                raise NotDurable(f"{what}: {acked} of {self.replicas} replicas confirmed within {self.timeout_ms} ms")
+    def check(self, local: Any, acked: Any, what: str) -> None:
+        """Raise NotDurable unless the waits were met (``local``: WAITAOF's answer, ``acked``: WAIT's)."""
+        if self.aof and int(local[0]) < 1:
+            raise NotDurable(f"{what}: the AOF fsync was not confirmed within {self.timeout_ms} ms")
+        if self.replicas and int(acked) < self.replicas:
+            raise NotDurable(f"{what}: {acked} of {self.replicas} replicas confirmed within {self.timeout_ms} ms")
 
     def sync(self, client: Any, marker_key: str, what: str) -> None:
         """Wait for every write made so far (by any connection) to be durable: one small write of this
-        connection's own (``marker_key``), then the waits. The AOF and the replication stream are
-        ordered, so the fsync (or replica receipt) of this write covers every earlier one."""
+        connection's own (``marker_key``), then the waits, on that same connection. The AOF and the
+        replication stream are ordered, so the fsync (or replica receipt) of this write covers every
+        earlier one.
+
+        The write and the waits are separate round trips on purpose: pipelined behind the write, a
+        ``WAITAOF`` reaches the server before the write is in the AOF and waits for the next periodic
+        fsync (tens of milliseconds under ``everysec``); asked after it, the server fsyncs at once."""
         if not self.active:
             return
-        pipe = client.pipeline(transaction=False)
-        pipe.set(marker_key, "1")
-        self.append(pipe)
-        self.check(pipe.execute()[1:], what)
+        pool = client.connection_pool
+        connection = pool.get_connection()
+        try:
+            connection.send_command("SET", marker_key, "1")
+            connection.read_response()
+            local = acked = None
+            if self.aof:
+                connection.send_command("WAITAOF", 1, 0, self.timeout_ms)
+                local = connection.read_response()
+            if self.replicas:
+                connection.send_command("WAIT", self.replicas, self.timeout_ms)
+                acked = connection.read_response()
+        except BaseException:
+            connection.disconnect()  # its state is unknown: never hand it back half read
+            raise
+        finally:
+            pool.release(connection)
+        self.check(local, acked, what)
 
 
 def _text(value: Any) -> str:
