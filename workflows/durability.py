@@ -15,7 +15,8 @@ where losing it would cost money or a promise:
 ``WAITAOF 1 0`` waits for the local AOF fsync (Valkey, Redis >= 7.2); ``WAIT n`` for ``n`` replicas to
 receive it. Both wait for every write the connection made, and the AOF and the replication stream
 are each one ordered log, so the engine makes a small write of its own and waits on that connection.
-A wait that times out raises :class:`NotDurable`: nothing is called, and the caller retries later. What each setting guarantees is in docs/durability.md.
+A wait that times out raises :class:`NotDurable`: nothing is called, and the caller retries later.
+What each setting guarantees is in docs/durability.md.
 """
 
 from __future__ import annotations
