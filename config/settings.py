@@ -122,6 +122,13 @@ class EngineSettings(_Group):
     )
 
 
+class EventsSettings(_Group):
+    """Merchant events (``workflows/events.py``): written with each transition, read by the feed and webhooks."""
+
+    enabled: bool = Field(default=True, description="Write merchant events with each transition.")
+    retention_days: float = Field(default=7.0, gt=0, le=90, description="How long events stay readable and deliverable.")
+
+
 class Settings(BaseSettings):
     """The whole tree. Build it with :func:`load_settings`; pass the parts to constructors."""
 
@@ -140,6 +147,7 @@ class Settings(BaseSettings):
     api: ApiSettings = ApiSettings()
     retry: RetrySettings = RetrySettings()
     engine: EngineSettings = EngineSettings()
+    events: EventsSettings = EventsSettings()
 
     @field_validator("redis_url", "broker_url")
     @classmethod

@@ -20,7 +20,7 @@ import random
 import threading
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, Protocol
 
 import redis
@@ -32,6 +32,7 @@ from tasks.outcomes import Outcome
 from tasks.retry import RetryPolicy
 from workflows.clock import Clock, SystemClock
 from workflows.durability import Durability, NotDurable
+from workflows.events import Cursor, Event, EventFeed
 from workflows.keys import Keys, derived_id
 from workflows.orders import OrderIndex, gateway_order_id
 from workflows.protocol import Claim, StepProtocol
@@ -219,6 +220,31 @@ class Engine:
                 if len(found) >= limit:
                     return found
         return found
+
+    def events(
+        self,
+        after: str | Cursor | None = None,
+        *,
+        types: Iterable[str] | None = None,
+        follow: bool = False,
+        poll: float = 0.5,
+    ) -> Iterator[tuple[Event, Cursor]]:
+        """Merchant events (``workflows.events``) after the cursor ``after`` (its text form, as the
+        feed answers it, or a Cursor; None: from the oldest kept), each with the cursor to resume
+        after it. With ``follow`` it waits for new ones (polling every ``poll`` seconds) for ever."""
+        cursor = Cursor.parse(after) if isinstance(after, str) or after is None else after
+        feed = EventFeed(self.redis, self.keys)
+        if follow:
+            yield from feed.follow(cursor, types=types, poll=poll)
+            return
+        while True:
+            page, following = feed.read(cursor, types=types)
+            for event in page:
+                cursor = cursor.after(event)
+                yield event, cursor
+            if following == cursor and not page:
+                return
+            cursor = following
 
     def history(self, flow_id: str) -> builtins.list[dict[str, Any]]:
         self.get(flow_id)

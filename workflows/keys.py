@@ -43,6 +43,10 @@ class Keys:
     def by_kind(self, partition: int, kind: str) -> str:
         return f"{self.tag(partition)}:kind:{kind}"
 
+    def events(self, partition: int) -> str:
+        """Stream of the partition's merchant events (``workflows.events``), written with the changes."""
+        return f"{self.tag(partition)}:events"
+
     # -- notification lookups: keyed by the gateway's orderId, in the order id's own partition ------
 
     def order(self, order_id: str) -> str:

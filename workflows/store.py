@@ -190,15 +190,19 @@ class FlowStore:
         keys: Keys,
         retention_seconds: float,
         durability: Durability | Callable[[], Durability] | None = None,
+        *,
+        events: bool = True,
     ) -> None:
         self.redis: Any = client
+        self.events = "1" if events else ""
         self.keys = keys
         self.retention_seconds = retention_seconds
         self._durability: Durability | Callable[[], Durability] = durability or Durability()
-        money = _script("money.lua")  # one rule, shared by the two scripts that can end with money reported
-        self._create = client.register_script(_script("create.lua"))
-        self._transition = client.register_script(money + _script("transition.lua"))
-        self._signal = client.register_script(money + _script("signal.lua"))
+        # Shared code is prepended: money.lua (one rule for payments reported), events.lua (the outbox).
+        money, outbox = _script("money.lua"), _script("events.lua")
+        self._create = client.register_script(outbox + _script("create.lua"))
+        self._transition = client.register_script(money + outbox + _script("transition.lua"))
+        self._signal = client.register_script(money + outbox + _script("signal.lua"))
         self._take_due = client.register_script(_script("take_due.lua"))
         self._claim = client.register_script(_script("claim.lua"))
         self._renew = client.register_script(_script("renew.lua"))
@@ -300,8 +304,9 @@ class FlowStore:
                 self.keys.due(partition),
                 self.keys.by_state(partition, state.value),
                 self.keys.by_kind(partition, kind),
+                self.keys.events(partition),
             ],
-            args=[flow_id, repr(now), compact_json(fields), entry, digest, repr(due)],
+            args=[flow_id, repr(now), compact_json(fields), entry, digest, repr(due), self.events],
         )
         created, stored_hash = answer
         if not created and stored_hash.decode() != digest:
@@ -333,6 +338,7 @@ class FlowStore:
                 self.keys.by_state(partition, FlowState.READY.value),
                 self.keys.by_state(partition, FlowState.CANCELLED.value),
                 self.keys.by_state(partition, FlowState.NEEDS_ATTENTION.value),
+                self.keys.events(partition),
             ],
             args=[
                 record.id,
@@ -346,6 +352,7 @@ class FlowStore:
                 compact_json(list(change.awaited)),
                 str(max(1, int(self.retention_seconds))),
                 scrubbed,
+                self.events,
             ],
         )
         if not version:
@@ -444,8 +451,9 @@ class FlowStore:
         states = (FlowState.WAITING, FlowState.READY, FlowState.SUCCEEDED, FlowState.FAILED, FlowState.CANCELLED)
         result = self._signal(
             keys=[self.keys.flow(flow_id), self.keys.log(flow_id), self.keys.due(partition)]
-            + [self.keys.by_state(partition, state.value) for state in (*states, FlowState.NEEDS_ATTENTION)],
-            args=[flow_id, name, compact_json(signal), repr(now), entry, repr(now + safety), by],
+            + [self.keys.by_state(partition, state.value) for state in (*states, FlowState.NEEDS_ATTENTION)]
+            + [self.keys.events(partition)],
+            args=[flow_id, name, compact_json(signal), repr(now), entry, repr(now + safety), by, self.events],
         )
         return result.decode() if isinstance(result, bytes) else str(result)
 

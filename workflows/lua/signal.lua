@@ -1,8 +1,9 @@
--- Deliver a signal to a flow. KEYS: flow, log, due, then the state indexes waiting, ready, succeeded,
--- failed, cancelled, needs_attention.
+-- Deliver a signal to a flow (money.lua and events.lua are prepended). KEYS: flow, log, due, then the
+-- state indexes waiting, ready, succeeded, failed, cancelled, needs_attention; the event stream.
 -- ARGV: 1 flow id, 2 signal name, 3 signal (JSON object with name, payload, t and, when it reports a
 --       payment taken, paid), 4 now, 5 log entry of a resume (JSON), 6 due time of the resumed flow
---       (now, or later when the caller sends the step itself), 7 who delivers it.
+--       (now, or later when the caller sends the step itself), 7 who delivers it, 8 "1" to emit the
+--       merchant events of a late payment (payment.late, flow.needs_attention).
 -- Returns "missing"; "finished" (ended, nothing to do); "late_payment" (ended without this payment:
 -- kept, and the flow moved to needs_attention, see money.lua); "resumed" (it was waiting for it); or
 -- "stored" (kept until the flow waits for it). Storing does not change the version: a step in flight
@@ -24,10 +25,16 @@ if state == 'succeeded' or state == 'failed' or state == 'cancelled' then
   redis.call('HDEL', KEYS[1], 'due')
   redis.call('ZREM', indexes[state], ARGV[1])
   redis.call('ZADD', KEYS[9], ARGV[4], ARGV[1])
+  local what = late_payment_what(signal['paid'], 'ended ' .. state)
   redis.call('RPUSH', KEYS[2], cjson.encode({t = tonumber(ARGV[4]), from = state, to = 'needs_attention',
-    step = redis.call('HGET', KEYS[1], 'step') or '', by = ARGV[7], what = late_payment_what(signal['paid'], 'ended ' .. state)}))
+    step = redis.call('HGET', KEYS[1], 'step') or '', by = ARGV[7], what = what}))
   redis.call('PERSIST', KEYS[1])
   redis.call('PERSIST', KEYS[2])
+  if ARGV[8] == '1' then
+    emit(KEYS[10], KEYS[1], ARGV[1], 'payment.late', ARGV[4], {operation = signal['paid'], endedAs = state})
+    local kind, data = state_event(KEYS[1], 'needs_attention', what)
+    emit(KEYS[10], KEYS[1], ARGV[1], kind, ARGV[4], data)
+  end
   return 'late_payment'
 end
 local seq = redis.call('HINCRBY', KEYS[1], 'sigseq', 1)

@@ -1,12 +1,14 @@
--- Compare-and-set one transition of a flow (money.lua is prepended).
+-- Compare-and-set one transition of a flow (money.lua and events.lua are prepended).
 -- KEYS: flow, log, due, old-state index, new-state index, ready index, cancelled index,
---       needs_attention index.
+--       needs_attention index, event stream.
 -- ARGV: 1 flow id, 2 expected version, 3 new state, 4 fields (JSON object; JSON null deletes),
 --       5 due score ("" removes the flow from the due set), 6 log entry (JSON), 7 now,
 --       8 ttl seconds ("" keeps the record forever), 9 signal names the completing step awaits (JSON
 --       list: for a wait, or a wait step ending failed), 10 ttl seconds of a finished flow (used when
 --       a cancel request turns this move into a cancel), 11 the input without card secrets ("" when
---       there are none), written when the flow ends.
+--       there are none), written when the flow ends, 12 "1" to emit the merchant events of the move
+--       (flow.waiting when it starts to wait, flow.succeeded/failed/cancelled/needs_attention,
+--       payment.late).
 -- Returns {new version, final state}, or {0, current state} when the version did not match. The final
 -- state differs from the one asked for when: a signal the step awaits is already there (ready: run
 -- the step again to read it); a cancel was requested (cancelled, the request used up); or the flow
@@ -21,6 +23,7 @@ local idx = KEYS[5]
 local ttl = ARGV[8]
 local fields = cjson.decode(ARGV[4])
 local log = cjson.decode(ARGV[6])
+local was_waiting = redis.call('HEXISTS', KEYS[1], 'wait') == 1
 local rewritten = false  -- the log entry is re-encoded only when this script changed it
 if state == 'waiting' or state == 'failed' then
   -- A signal that arrived while the step ran must not be slept through, nor failed past: run again.
@@ -67,6 +70,7 @@ if outcome == cjson.null or outcome == nil then
   outcome = redis.call('HGET', KEYS[1], 'outcome')
 end
 local paid = unaccounted_signal(KEYS[1], fields, state, outcome)
+local ended = state
 if paid then
   fields['error'] = late_payment_error(paid, state)
   log['what'] = (log['what'] or '') .. '; but ' .. late_payment_what(paid, 'would end ' .. state)
@@ -110,5 +114,18 @@ if ttl == '' then
 else
   redis.call('EXPIRE', KEYS[1], ttl)
   redis.call('EXPIRE', KEYS[2], ttl)
+end
+if ARGV[12] == '1' then
+  if paid then
+    emit(KEYS[9], KEYS[1], ARGV[1], 'payment.late', ARGV[7], {operation = paid, endedAs = ended})
+  end
+  local kind, data = state_event(KEYS[1], state, log['what'])
+  if kind then
+    emit(KEYS[9], KEYS[1], ARGV[1], kind, ARGV[7], data)
+  elseif state == 'waiting' and not was_waiting then
+    local wait = event_json(fields['wait']) or {}
+    emit(KEYS[9], KEYS[1], ARGV[1], 'flow.waiting', ARGV[7], {customerUrl = redis.call('HGET', KEYS[1], 'customer_url') or cjson.null,
+      deadline = wait['deadline'] or cjson.null, signals = wait['signals'] or cjson.null, step = wait['step'] or cjson.null})
+  end
 end
 return {version, state}

@@ -63,7 +63,7 @@ class Schedules:
 
     def __init__(self, engine: Engine, *, flow_kind: str = MIT_KIND, batch: int = 500, grace: float | None = None) -> None:
         self.engine = engine
-        self.store = ScheduleStore(engine.redis, engine.keys)
+        self.store = ScheduleStore(engine.redis, engine.keys, events=engine.settings.events.enabled)
         self.flow_kind = flow_kind
         self.batch = batch
         self.grace = grace if grace is not None else engine.lease

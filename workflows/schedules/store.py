@@ -28,6 +28,7 @@ from typing import Any
 
 import redis
 
+from workflows.events import schedule_events_key
 from workflows.keys import Keys
 from workflows.schedules.model import ScheduleRecord, ScheduleState
 
@@ -69,10 +70,36 @@ class ScheduleKeys:
     def all(self, partition: int) -> str:
         return f"{self.tag(partition)}:schedules"
 
+    def events(self, partition: int) -> str:
+        return schedule_events_key(self.keys, partition)
+
+
+#: History events of a schedule that are also merchant events (``workflows.events``), and their type.
+MERCHANT_EVENTS = {
+    "charged": "schedule.charged",
+    "declined": "schedule.declined",
+    "retry scheduled": "schedule.dunning",
+    "needs attention": "schedule.needs_attention",
+    "completed": "schedule.completed",
+}
+
+
+def merchant_events(schedule_id: str, events: Sequence[dict[str, Any]]) -> list[str]:
+    """The merchant events (JSON) of a change whose history events are ``events``."""
+    found = []
+    for event in events:
+        kind = MERCHANT_EVENTS.get(str(event.get("event")))
+        if kind is None:
+            continue
+        data = {key: value for key, value in event.items() if key not in {"t", "event"}}
+        found.append(_json({"type": kind, "time": event.get("t"), "schedule": schedule_id, "data": data}))
+    return found
+
 
 class ScheduleStore:
-    def __init__(self, client: redis.Redis, keys: Keys) -> None:
+    def __init__(self, client: redis.Redis, keys: Keys, *, events: bool = True) -> None:
         self.redis: Any = client
+        self.events = events
         self.keys = ScheduleKeys(keys)
         self.partitions = keys.partitions
         self._create = client.register_script(_script("workflows.schedules", "create.lua"))
@@ -163,6 +190,7 @@ class ScheduleStore:
                 self.keys.due(partition),
                 self.keys.by_state(partition, old.state.value),
                 self.keys.by_state(partition, new.state.value),
+                self.keys.events(partition),
             ],
             "args": [
                 old.id,
@@ -173,6 +201,7 @@ class ScheduleStore:
                 _json([_json(event) for event in events]),
                 repr(now),
                 repr(old.created),
+                _json(merchant_events(old.id, events) if self.events else []),
             ],
         }
 

@@ -22,6 +22,7 @@ from tasks.outcomes import Advance, Finish, Outcome
 from tasks.runner import NOT_COMMITTED, ReconcileResult, StepContext
 from workflows.clock import ManualClock
 from workflows.engine import Engine, InputError, NotFound, OperatorError
+from workflows.events import SCHEDULE_TYPES
 from workflows.flows._common import summarize
 from workflows.schedules import Schedules, ScheduleState
 from workflows.states import FlowState
@@ -447,3 +448,30 @@ def test_cancelling_a_dunning_retry_skips_the_occurrences_that_passed_during_dun
     assert len(world.mit.calls) == 1, "no occurrence that passed during dunning was charged"
     (skipped,) = world.events(record.id, "skipped")
     assert skipped["reason"] == "dunning" and skipped["count"] == 3
+
+
+def test_a_schedules_charges_declines_dunning_and_end_are_told_in_events(world: World) -> None:
+    world.mit.script["c-1"] = ["000", "116", "116"]
+    record = world.schedules.create({**monthly(), "count": 3, "dunning": [1]})
+    for moment in (rome(1, 1), rome(2, 1)):
+        world.at(moment)
+        world.tick()
+        world.clock.advance(60)
+        world.tick()
+    world.clock.advance(DAY)
+    world.tick()
+    world.clock.advance(60)
+    world.tick()
+    told = [event for event, _ in world.engine.events(types=SCHEDULE_TYPES) if event.body.get("schedule") == record.id]
+    assert [event.type for event in told] == [
+        "schedule.charged",
+        "schedule.declined",
+        "schedule.dunning",
+        "schedule.declined",
+        "schedule.needs_attention",
+    ]
+    declined = told[1].wire()
+    assert (
+        declined["schedule"] == record.id and declined["data"]["responseCode"] == "116" and declined["data"]["decline"] == "soft"
+    )
+    assert "dunning exhausted" in told[-1].body["data"]["reason"]

@@ -1,0 +1,141 @@
+"""Merchant events: written by the change that causes them, never otherwise; read back in order from any cursor.
+
+A real Valkey, scripted steps and a manual clock (``engine_support``); schedules as in their own tests.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from tasks.outcomes import Advance, Attention, Finish, Retry
+from tests.workflows.engine_support import DemoInput, ScriptedStep, flow, wait_step
+from workflows.clock import ManualClock
+from workflows.engine import Claim, Engine
+from workflows.events import Cursor, EventFeed
+from workflows.flows._common import summarize
+from workflows.steps import FlowDefinition
+
+PAID = {"operation": {"operationId": "op-9", "orderId": "ord-1", "operationResult": "AUTHORIZED", "operationAmount": "500"}}
+
+
+def types(engine: Engine, flow_id: str | None = None) -> list[str]:
+    return [event.type for event, _ in engine.events() if flow_id is None or event.body.get("flow") == flow_id]
+
+
+def test_a_flows_life_is_told_in_events(make_engine: Any, clock: ManualClock) -> None:
+    create = ScriptedStep("create", customer_url=lambda output: "https://pay.example/page")
+    pay = ScriptedStep("pay", outcomes=[Advance({"operation": {"operationId": "op-1", "operationResult": "EXECUTED"}})])
+    engine, _ = make_engine(FlowDefinition("demo", DemoInput, (create, wait_step(), pay), summarize))
+    record = engine.start("demo", {"amount": 5})
+    engine.run_step(record.id, "create")
+    engine.run_step(record.id, "customer")
+    engine.signal(record.id, "paid", {})
+    engine.run_step(record.id, "customer")
+    engine.run_step(record.id, "pay")
+    events = [event for event, _ in engine.events()]
+    assert [event.type for event in events] == ["flow.created", "flow.waiting", "flow.succeeded"]
+    created, waiting, succeeded = (event.wire() for event in events)
+    assert created["flow"] == record.id and created["kind"] == "demo" and created["data"]["state"] == "ready"
+    assert waiting["data"]["customerUrl"] == "https://pay.example/page" and waiting["data"]["signals"] == ["paid"]
+    assert succeeded["operationId"] == "op-1" and succeeded["data"]["operation"]["operationResult"] == "EXECUTED"
+    assert succeeded["timestamp"].endswith("Z") and len({event.id for event in events}) == 3
+
+
+@pytest.mark.parametrize(
+    ("outcome", "expected"),
+    [
+        (
+            Finish(False, "payment DECLINED", error={"type": "PaymentDeclined", "responseCode": "116", "decline": "soft"}),
+            "flow.failed",
+        ),
+        (Attention("unclear"), "flow.needs_attention"),
+    ],
+)
+def test_an_end_is_one_event_with_its_reason(make_engine: Any, outcome: Any, expected: str) -> None:
+    engine, _ = make_engine(flow(ScriptedStep("pay", outcomes=[outcome])))
+    record = engine.start("demo", {"amount": 5})
+    engine.run_step(record.id, "pay")
+    (_, end) = [event for event, _ in engine.events()]
+    assert end.type == expected
+    if expected == "flow.failed":
+        assert end.body["data"]["decline"] == "soft" and end.body["data"]["error"]["responseCode"] == "116"
+    else:
+        assert end.body["data"]["reason"] == "pay: unclear"
+
+
+def test_no_event_without_its_transition(make_engine: Any, clock: ManualClock) -> None:
+    """A stale completion writes nothing, so it tells nothing; a retry or a claim tells nothing either."""
+    engine, _ = make_engine(flow(ScriptedStep("pay")))
+    record = engine.start("demo", {"amount": 5})
+    stale = engine.claim(record.id, "pay", worker="slow")
+    assert isinstance(stale, Claim)
+    clock.advance(31)
+    assert engine.run_step(record.id, "pay", worker="fast") == "succeeded"
+    assert engine.complete(stale, Finish(False, "too late")) == "stale"
+    assert types(engine) == ["flow.created", "flow.succeeded"]
+    retrying = engine.start("demo", {"amount": 6})
+    claim = engine.claim(retrying.id, "pay")
+    assert isinstance(claim, Claim)
+    engine.complete(claim, Retry(1.0, {"type": "ServerError"}))
+    assert types(engine, retrying.id) == ["flow.created"]
+
+
+def test_a_cancel_requested_during_a_step_is_told_as_the_cancel(make_engine: Any) -> None:
+    engine, _ = make_engine(flow(ScriptedStep("pay"), ScriptedStep("after")))
+    record = engine.start("demo", {"amount": 5})
+    claim = engine.claim(record.id, "pay")
+    assert isinstance(claim, Claim)
+    engine.cancel(record.id, "customer left")
+    engine.complete(claim, Advance({}))
+    assert types(engine, record.id) == ["flow.created", "flow.cancelled"]
+
+
+def test_a_late_payment_is_told_with_the_operation(make_engine: Any, clock: ManualClock) -> None:
+    engine, _ = make_engine(flow(wait_step()))
+    record = engine.start("demo", {"amount": 5})
+    engine.run_step(record.id, "customer")
+    clock.advance(101)
+    engine.run_step(record.id, "customer")
+    assert engine.signal(record.id, "paid", PAID) == "late_payment"
+    tail = [event for event, _ in engine.events()][-3:]
+    assert [event.type for event in tail] == ["flow.failed", "payment.late", "flow.needs_attention"]
+    assert tail[1].body["operationId"] == "op-9" and tail[1].body["data"]["endedAs"] == "failed"
+    assert tail[2].body["data"]["error"]["type"] == "LatePayment"
+
+
+def test_the_feed_resumes_from_any_cursor_in_the_same_order(make_engine: Any) -> None:
+    engine, _ = make_engine(flow(ScriptedStep("pay")))
+    for amount in range(1, 13):
+        record = engine.start("demo", {"amount": amount})
+        engine.run_step(record.id, "pay")
+    everything = list(engine.events())
+    assert len(everything) == 24
+    for index in (0, 5, 17, 23):
+        resumed = [event.id for event, _ in engine.events(after=everything[index][1].text())]
+        assert resumed == [event.id for event, _ in everything[index + 1 :]]
+    feed = EventFeed(engine.redis, engine.keys)
+    page, cursor = feed.read(types=["flow.succeeded"], limit=5)
+    assert len(page) == 5 and all(event.type == "flow.succeeded" for event in page)
+    rest, _ = feed.read(Cursor.parse(cursor.text()), types=["flow.succeeded"], limit=100)
+    assert len(page) + len(rest) == 12
+    per_stream: dict[str, list[str]] = {}
+    for event, _ in everything:
+        per_stream.setdefault(event.stream, []).append(event.entry)
+    for entries in per_stream.values():
+        assert entries == sorted(entries, key=lambda entry: tuple(int(part) for part in entry.split("-")))
+
+
+def test_events_carry_no_card_data(make_engine: Any) -> None:
+    engine, _ = make_engine(flow(ScriptedStep("pay", outcomes=[Finish(False, "declined", error={"type": "PaymentDeclined"})])))
+    engine.start("demo", {"amount": 4349940199004549})
+    for event, _ in engine.events():
+        assert "4349940199004549" not in json.dumps(event.wire())
+
+
+def test_a_bad_cursor_is_refused_naming_the_part() -> None:
+    with pytest.raises(ValueError, match="p0=x"):
+        Cursor.parse("p0=x")
+    assert Cursor.parse("p0=1-0.s2=5-1").positions == {"p0": "1-0", "s2": "5-1"}

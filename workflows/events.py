@@ -1,0 +1,201 @@
+"""Merchant events: what happened to a flow or a schedule, told to the merchant instead of asked.
+
+Every event is written by the same Lua script as the change that causes it (``workflows/lua/events.lua``
+for flows, ``workflows/schedules/lua/update.lua`` for schedules): an outbox in the record's own hash
+slot, never a second write a crash could skip, so an event exists if and only if its transition
+happened. Each partition has one Redis stream (``Keys.events``, ``ScheduleKeys.events``); an event's
+id is its stream's tag and entry id (``evt_p3_1795398043974-0``), unique and ordered within the
+partition.
+
+This module reads them: :class:`EventFeed` pages through every stream after a :class:`Cursor` (the
+pull feed, ``GET /events``, ``Engine.events``), and webhooks fan out from the same streams.
+
+Types and their ``data`` (JSON; card data never appears):
+
+==========================  =========================================================================
+``flow.created``            ``state`` (ready, or sleeping until ``runAt``), ``step``
+``flow.waiting``            ``customerUrl`` (the page to send the customer to), ``deadline``, ``signals``
+``flow.succeeded``          ``operation`` (operationId, orderId, type, result, amount, currency, ...)
+``flow.failed``             ``reason``, ``error`` (type, responseCode, decline ...), ``decline``
+                            (``soft``/``hard``/null), ``operation``
+``flow.cancelled``          ``reason``
+``flow.needs_attention``    ``reason``, ``error`` (its ``type`` says why: LatePayment, WorkerLost ...)
+``payment.late``            ``operation`` (the payment reported), ``endedAs`` (how the flow ended)
+``schedule.charged``        ``occurrence``, ``attempt``, ``flow``
+``schedule.declined``       ``occurrence``, ``attempt``, ``flow``, ``responseCode``, ``decline``
+``schedule.dunning``        ``occurrence``, ``attempt`` (the retry), ``at`` (when it runs)
+``schedule.needs_attention`` ``reason``
+``schedule.completed``      ``occurrences``
+==========================  =========================================================================
+
+Every event also carries ``flow`` and ``kind`` (or ``schedule``), ``orderId`` and ``operationId``
+where known, and ``time`` (POSIX seconds; ``timestamp`` in ISO 8601 on the wire).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from workflows.keys import Keys
+
+FLOW_TYPES = (
+    "flow.created",
+    "flow.waiting",
+    "flow.succeeded",
+    "flow.failed",
+    "flow.cancelled",
+    "flow.needs_attention",
+    "payment.late",
+)
+SCHEDULE_TYPES = (
+    "schedule.charged",
+    "schedule.declined",
+    "schedule.dunning",
+    "schedule.needs_attention",
+    "schedule.completed",
+)
+EVENT_TYPES = FLOW_TYPES + SCHEDULE_TYPES
+
+
+@dataclass(frozen=True)
+class Event:
+    """One event as read back: its id (``evt_<stream tag>_<entry id>``), type, time and body."""
+
+    id: str
+    type: str
+    time: float
+    body: dict[str, Any] = field(repr=False)
+
+    @property
+    def stream(self) -> str:
+        return self.id.split("_")[1]
+
+    @property
+    def entry(self) -> str:
+        return self.id.split("_", 2)[2]
+
+    def wire(self) -> dict[str, Any]:
+        """The event as the feed and webhooks send it (Standard Webhooks payload: type, timestamp, data)."""
+        subject = {key: value for key, value in self.body.items() if key not in {"type", "time", "data"}}
+        return {"id": self.id, "type": self.type, "timestamp": iso(self.time), **subject, "data": self.body.get("data") or {}}
+
+
+def iso(moment: float) -> str:
+    return datetime.fromtimestamp(moment, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+@dataclass(frozen=True)
+class Cursor:
+    """Where a reader stands: the last entry id read on each stream (``p0``, ``s3``...). Its text form
+    (``p0=1795398043974-0.p1=0-0``) is what ``GET /events?after=`` takes and answers as ``next``."""
+
+    positions: dict[str, str] = field(default_factory=dict)
+
+    def text(self) -> str:
+        return ".".join(f"{stream}={entry}" for stream, entry in sorted(self.positions.items()))
+
+    @classmethod
+    def parse(cls, text: str | None) -> Cursor:
+        """The cursor of ``text`` (empty: from the beginning). Raises ValueError naming what is wrong."""
+        if not text:
+            return cls()
+        positions: dict[str, str] = {}
+        for part in text.split("."):
+            stream, sep, entry = part.partition("=")
+            millis, dash, seq = entry.partition("-")
+            if not sep or not stream or not dash or not millis.isdigit() or not seq.isdigit():
+                raise ValueError(f"{part!r} is not a stream position (expected like p0=1795398043974-0)")
+            positions[stream] = entry
+        return cls(positions)
+
+    def after(self, event: Event) -> Cursor:
+        return Cursor({**self.positions, event.stream: event.entry})
+
+
+class EventFeed:
+    """Reads the event streams of flows (``p<n>``) and schedules (``s<n>``), oldest first per stream."""
+
+    def __init__(self, client: Any, keys: Keys) -> None:
+        self.redis = client
+        self.keys = keys
+
+    def streams(self) -> dict[str, str]:
+        """Stream tag -> key, for every partition of flows and schedules."""
+        found = {f"p{p}": self.keys.events(p) for p in range(self.keys.partitions)}
+        found |= {f"s{p}": schedule_events_key(self.keys, p) for p in range(self.keys.partitions)}
+        return found
+
+    def read(
+        self, after: Cursor | None = None, *, types: Iterable[str] | None = None, limit: int = 100
+    ) -> tuple[list[Event], Cursor]:
+        """Up to ``limit`` events after ``after``, in time order across streams (in entry order within
+        one), and the cursor after the last one returned. Events of other types are stepped over: the
+        cursor moves past them too."""
+        cursor = after or Cursor()
+        wanted = set(types) if types else None
+        streams = self.streams()
+        pipe = self.redis.pipeline(transaction=False)
+        for tag, key in streams.items():
+            pipe.xrange(key, min=_exclusive(cursor.positions.get(tag)), count=limit)
+        found: list[Event] = []
+        for tag, entries in zip(streams, pipe.execute(), strict=True):
+            found += [_event(tag, entry_id, values) for entry_id, values in entries]
+        found.sort(key=lambda event: (event.time, event.id))
+        page: list[Event] = []
+        for event in found:
+            if len(page) >= limit:
+                break
+            cursor = cursor.after(event)
+            if wanted is None or event.type in wanted:
+                page.append(event)
+        return page, cursor
+
+    def follow(
+        self,
+        after: Cursor | None = None,
+        *,
+        types: Iterable[str] | None = None,
+        poll: float = 0.5,
+        stop: Any = None,
+    ) -> Iterator[tuple[Event, Cursor]]:
+        """Every event after ``after``, as it comes (polling every ``poll`` seconds), with the cursor
+        to resume from after it; ends when ``stop()`` is true."""
+        cursor = after or Cursor()
+        while stop is None or not stop():
+            page, following = self.read(cursor, types=types)
+            for event in page:
+                cursor = cursor.after(event)
+                yield event, cursor
+            cursor = following
+            if not page:
+                time.sleep(poll)
+
+    def trim(self, *, older_than_seconds: float) -> int:
+        """Drop events older than the retention (by the server's clock, which stamps the entry ids)."""
+        seconds, micros = self.redis.time()
+        horizon = int((seconds + micros / 1e6 - older_than_seconds) * 1000)
+        pipe = self.redis.pipeline(transaction=False)
+        for key in self.streams().values():
+            pipe.xtrim(key, minid=f"{horizon}-0", approximate=True)
+        return sum(int(dropped) for dropped in pipe.execute())
+
+
+def schedule_events_key(keys: Keys, partition: int) -> str:
+    """The schedules' stream of ``partition`` (in the schedules' slot, see ``schedules.store``)."""
+    return f"{keys.prefix}:{{s{partition}}}:events"
+
+
+def _exclusive(entry: str | None) -> str:
+    return f"({entry}" if entry else "-"
+
+
+def _event(tag: str, entry_id: Any, values: Any) -> Event:
+    entry = entry_id.decode() if isinstance(entry_id, bytes) else str(entry_id)
+    raw = values.get(b"e") or values.get("e") or b"{}"
+    body = json.loads(raw)
+    return Event(f"evt_{tag}_{entry}", str(body.get("type")), float(body.get("time") or 0.0), body)
