@@ -38,6 +38,7 @@ from tasks.retry import RetryPolicy
 from tasks.runner import StepContext, run_step
 from workflows.clock import Clock, SystemClock
 from workflows.keys import Keys, derived_id, step_idempotency_key
+from workflows.signals import admit
 from workflows.states import STOPPED, TERMINAL, FlowState
 from workflows.steps import FlowDefinition, Step
 from workflows.store import Change, FlowRecord, FlowStore, StartConflict, compact_json
@@ -227,6 +228,7 @@ class Engine:
     def signal(self, flow_id: str, name: str, payload: Mapping[str, Any] | None = None, *, by: str = "api") -> str:
         """Deliver a signal (``3ds_result``, ``form_completed``, ``notification``, ...): ``resumed``,
         ``stored`` (kept until the flow waits for it), ``finished`` or raise NotFound."""
+        payload = admit(self.registry.get(self.get(flow_id).kind), name, payload, by=by)  # SignalRefused: workflows.signals
         result = self.store.signal(flow_id, name, payload or {}, now=self.clock.now(), by=by, safety=self._safety)
         if result == "missing":
             raise NotFound(f"no flow {flow_id!r}")

@@ -149,7 +149,7 @@ def test_hosted_page_resumed_by_a_notification_signal(stack: Stack) -> None:
     waiting = wait_for_state(stack, started.id, FlowState.WAITING)
     paid = stack.simulator.admin.complete_hpp(waiting.order_id)
     operation = {"orderId": waiting.order_id, "operationId": paid["operationId"], "operationResult": paid["operationResult"]}
-    assert stack.engine.signal(started.id, "notification", {"operation": operation}) == "resumed"
+    assert stack.engine.signal(started.id, "notification", {"operation": operation}, by="notification") == "resumed"
     done = stack.engine.wait(started.id, 20)
     assert done.state is FlowState.SUCCEEDED, done.summary()
     assert stack.engine.tokens_for_order(waiting.order_id) == [waiting.outputs["create"]["securityToken"]]
@@ -167,7 +167,7 @@ def test_paybylink_every_version(stack: Stack, version: str) -> None:
     assert waiting.customer_url == link["link"]
     paid = stack.simulator.admin.complete_link(link["linkId"])
     operation = {"orderId": waiting.order_id, "operationId": paid["operationId"], "operationResult": paid["operationResult"]}
-    stack.engine.signal(started.id, "notification", {"operation": operation})
+    stack.engine.signal(started.id, "notification", {"operation": operation}, by="notification")
     done = stack.engine.wait(started.id, 20)
     assert done.state is FlowState.SUCCEEDED, done.summary()
 
