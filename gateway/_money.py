@@ -93,11 +93,16 @@ def to_major(minor: int, currency: str) -> Decimal:
 
 
 def _parse_minor(value: Any) -> Any:
-    """Accept "3545" (the wire form) or 3545; refuse floats, signs, decimals, bools and blanks."""
+    """Accept "3545" (the wire form) or 3545; refuse fractions, signs, decimals, bools and blanks.
+
+    JSON has one number type, so ``3545.0`` is the integer 3545 to a JSON client (and to JSON Schema's
+    "integer"): it is taken as 3545, exactly (the bounds stay below 2**53). ``35.45`` is refused."""
     if isinstance(value, bool):
         raise ValueError("must be a whole number of minor units, not a boolean")
     if isinstance(value, int):
         return value
+    if isinstance(value, float) and value.is_integer() and abs(value) < 2**53:
+        return int(value)
     if isinstance(value, str):
         if not value.isascii() or not value.isdigit():
             raise ValueError(f'must be a string of digits in minor units (e.g. "3545"), got {value!r}')

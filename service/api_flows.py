@@ -25,7 +25,7 @@ from config.settings import ApiSettings
 from gateway import StrictInput, StrictModel, closest
 from service.errors import ERRORS, ApiError, conflict, invalid, not_found
 from service.schemas import FlowList, FlowView, History, SignalAnswer
-from service.timeparse import RUN_AT_FORMS, SINCE_FORMS, parse_run_at, parse_since
+from service.timeparse import RUN_AT_FORMS, RUN_AT_PATTERN, SINCE_FORMS, SINCE_PATTERN, parse_run_at, parse_since
 from service.views import flow_brief, flow_view
 from workflows.engine import Engine, InputError, NotFound, OperatorError, StartConflict
 from workflows.signals import RULES, SignalRefused, accepted, may_send
@@ -107,7 +107,8 @@ def _start_route(
         idempotency_key: IdempotencyKey = None,
         wait: Annotated[float | None, Query(ge=0, le=60, description="Seconds to wait for the customer URL.")] = None,
         run_at: Annotated[
-            str | None, Query(min_length=1, max_length=64, description=f"Run later (a durable timer): {RUN_AT_FORMS}.")
+            str | None,
+            Query(description=f"Run later (a durable timer): {RUN_AT_FORMS}.", json_schema_extra={"pattern": RUN_AT_PATTERN}),
         ] = None,
     ) -> dict[str, Any]:
         when = None
@@ -145,7 +146,9 @@ def _signal_route(deliver: Callable[[str, str, Any], dict[str, Any]], name: str)
         return deliver(flow_id, name, data)
 
     body: Any
-    if rule is not None and rule.payload is not None:
+    if rule is not None and rule.payload is not None and rule.payload_required:
+        body = Annotated[rule.payload, StrictInput(), Body(description=rule.description)]
+    elif rule is not None and rule.payload is not None:
         body = Annotated[Annotated[rule.payload, StrictInput()] | None, Body(description=rule.description)]
     else:
         body = Annotated[dict[str, Any] | None, Body(description="the signal's payload, a JSON object")]
@@ -179,8 +182,10 @@ def flows_router(engine: Engine, settings: ApiSettings) -> APIRouter:
     @router.get("", response_model=FlowList, summary="List flows, newest first")
     def list_flows(
         state: Annotated[FlowState | None, Query()] = None,
-        kind: Annotated[str | None, Query(max_length=64)] = None,
-        since: Annotated[str | None, Query(min_length=1, max_length=64, description=f"Newer than: {SINCE_FORMS}.")] = None,
+        kind: str | None = Query(default=None, json_schema_extra={"enum": sorted(engine.registry)}),
+        since: Annotated[
+            str | None, Query(description=f"Newer than: {SINCE_FORMS}.", json_schema_extra={"pattern": SINCE_PATTERN})
+        ] = None,
         limit: Annotated[int, Query(ge=1, le=500)] = 50,
         offset: Annotated[int, Query(ge=0, le=1_000_000)] = 0,
     ) -> dict[str, Any]:

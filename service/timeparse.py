@@ -16,10 +16,20 @@ import math
 import re
 from datetime import UTC, datetime
 
-_SPAN = r"(\d{1,9}(?:\.\d{1,6})?)([smhd])"
-_AGE = re.compile(rf"^{_SPAN}$")
-_DELAY = re.compile(rf"^(?:in\s+|\+){_SPAN}$")
-_POSIX = re.compile(r"^\d{1,12}(?:\.\d{1,9})?$")
+# One set of pieces for the parser and for the patterns the OpenAPI document states (ASCII digits).
+_NUMBER = r"[0-9]{1,12}(?:\.[0-9]{1,9})?"
+_SPAN = r"[0-9]{1,9}(?:\.[0-9]{1,6})?[smhd]"
+_DATE = r"[1-9][0-9]{3}-(?:0[1-9]|1[0-2])-(?:0[1-9]|[12][0-9]|3[01])"
+_CLOCK = r"(?:[01][0-9]|2[0-3]):[0-5][0-9](?::[0-5][0-9](?:\.[0-9]{1,6})?)?"
+_OFFSET = r"(?:Z|[+-](?:[01][0-9]|2[0-3]):[0-5][0-9])"
+
+#: What ``?since=`` and ``?run_at=`` accept, as the OpenAPI document states it.
+SINCE_PATTERN = rf"^(?:{_NUMBER}|{_SPAN}|{_DATE}T{_CLOCK}{_OFFSET}?)$"
+RUN_AT_PATTERN = rf"^(?:{_NUMBER}|(?:in |\+){_SPAN}|{_DATE}T{_CLOCK}{_OFFSET})$"
+
+_AGE = re.compile(r"^([0-9]{1,9}(?:\.[0-9]{1,6})?)([smhd])$")
+_DELAY = re.compile(r"^(?:in |\+)([0-9]{1,9}(?:\.[0-9]{1,6})?)([smhd])$")
+_POSIX = re.compile(rf"^{_NUMBER}$")
 _UNIT = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 
 SINCE_FORMS = "POSIX seconds, an ISO 8601 time (2026-01-01T00:00:00Z) or an age (15m, 2h, 7d)"
@@ -32,47 +42,38 @@ def _span(match: re.Match[str]) -> float:
     return float(match.group(1)) * _UNIT[match.group(2)]
 
 
-def _absolute(value: str, *, need_offset: bool) -> float | None:
-    """POSIX seconds or ISO 8601, else None; an ISO time without offset is UTC unless ``need_offset``."""
+def _absolute(value: str) -> float:
+    """POSIX seconds or an ISO 8601 time that matched the pattern (no offset = UTC)."""
     if _POSIX.match(value):
         return float(value)
     try:
-        parsed = datetime.fromisoformat(value.replace("Z", "+00:00").replace("z", "+00:00"))
-    except ValueError:
-        return None
+        parsed = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:  # the pattern cannot know month lengths: 2026-02-30
+        raise ValueError(f"{value!r} is not a real date and time") from None
     if parsed.tzinfo is None:
-        if need_offset:
-            raise ValueError(f"{value!r} has no UTC offset; write it as {value}Z or with +01:00 (expected {RUN_AT_FORMS})")
         parsed = parsed.replace(tzinfo=UTC)
     return parsed.timestamp()
 
 
 def parse_since(text: str, *, now: float) -> float:
     """POSIX seconds from ``1767225600``, ``2026-01-01T00:00:00Z`` or an age (``90s``, ``15m``, ``2h``, ``7d``)."""
-    value = text.strip()
-    age = _AGE.match(value)
-    if age:
-        return now - _span(age)
-    found = _absolute(value, need_offset=False)
-    if found is None or not math.isfinite(found):
+    if not re.match(SINCE_PATTERN, text):
         raise ValueError(f"expected {SINCE_FORMS}")
-    return found
+    age = _AGE.match(text)
+    return now - _span(age) if age else _absolute(text)
 
 
 def parse_run_at(text: str, *, now: float) -> float:
     """POSIX seconds of a time after ``now``: ``1767225600``, ``2026-01-31T09:00:00+01:00``, ``in 2h``, ``+2h``."""
-    value = text.strip()
-    delay = _DELAY.match(value)
-    if delay:
-        when = now + _span(delay)
-    elif _AGE.match(value):
-        raise ValueError(f"{value!r} is ambiguous: write a delay as 'in {value}' or '+{value}' (expected {RUN_AT_FORMS})")
-    else:
-        found = _absolute(value, need_offset=True)
-        if found is None or not math.isfinite(found):
-            raise ValueError(f"expected {RUN_AT_FORMS}")
-        when = found
-    if when <= now:
-        moment = datetime.fromtimestamp(when, UTC).isoformat(timespec="seconds")
+    if _AGE.match(text):
+        raise ValueError(f"{text!r} is ambiguous: write a delay as 'in {text}' or '+{text}' (expected {RUN_AT_FORMS})")
+    if re.match(SINCE_PATTERN, text) and not re.match(RUN_AT_PATTERN, text):
+        raise ValueError(f"{text!r} has no UTC offset; add Z or one like +01:00 (expected {RUN_AT_FORMS})")
+    if not re.match(RUN_AT_PATTERN, text):
+        raise ValueError(f"expected {RUN_AT_FORMS}")
+    delay = _DELAY.match(text)
+    when = now + _span(delay) if delay else _absolute(text)
+    if not math.isfinite(when) or when <= now:
+        moment = datetime.fromtimestamp(when, UTC).isoformat(timespec="seconds") if math.isfinite(when) else text
         raise ValueError(f"{moment} is not in the future (expected {RUN_AT_FORMS})")
     return when

@@ -17,9 +17,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import BaseModel, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic.json_schema import SkipJsonSchema
 
 from gateway import StrictModel, closest, error_field, validate_strict
 from workflows.steps import FlowDefinition, WaitStep
@@ -39,16 +40,30 @@ class SignalRefused(ValueError):
 
 
 class ThreeDSResult(StrictModel):
-    """``3ds_result``: what the issuer's page posted back to the merchant after the 3DS challenge."""
+    """``3ds_result``: what the issuer's page posted back to the merchant after the 3DS challenge: its
+    answer, as ``threeDSAuthResponse`` or (3DS 1's name) ``PaRes``, exactly one of them."""
 
-    threeDSAuthResponse: str | None = Field(default=None, min_length=1, description="the challenge's answer")
-    PaRes: str | None = Field(default=None, min_length=1, description="the same under its 3DS 1 name")
+    model_config = ConfigDict(
+        extra="forbid", json_schema_extra={"oneOf": [{"required": ["threeDSAuthResponse"]}, {"required": ["PaRes"]}]}
+    )
 
-    @model_validator(mode="after")
-    def _exactly_one(self) -> ThreeDSResult:
-        if (self.threeDSAuthResponse is None) == (self.PaRes is None):
-            raise ValueError("threeDSAuthResponse: give the challenge's answer as threeDSAuthResponse (or PaRes), once")
-        return self
+    threeDSAuthResponse: Annotated[str, Field(min_length=1)] | SkipJsonSchema[None] = Field(
+        default=None, description="the challenge's answer"
+    )
+    PaRes: Annotated[str, Field(min_length=1)] | SkipJsonSchema[None] = Field(
+        default=None, description="the same under its 3DS 1 name"
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _exactly_one(cls, data: Any) -> Any:
+        if isinstance(data, Mapping):
+            given = [name for name in ("threeDSAuthResponse", "PaRes") if name in data]
+            if len(given) == 1 and data[given[0]] is None:
+                raise ValueError(f"{given[0]}: must be a non-empty string")
+            if len(given) != 1:
+                raise ValueError("threeDSAuthResponse: give the challenge's answer as threeDSAuthResponse (or PaRes), once")
+        return data
 
 
 class FormCompleted(StrictModel):
@@ -61,6 +76,17 @@ class SignalRule:
     payload: type[BaseModel] | None
     senders: frozenset[str] | None
     description: str
+
+    @property
+    def payload_required(self) -> bool:
+        """True when no payload (an empty object) is not enough."""
+        if self.payload is None:
+            return False
+        try:
+            self.payload.model_validate({})
+        except ValidationError:
+            return True
+        return False
 
 
 RULES: dict[str, SignalRule] = {

@@ -21,7 +21,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BeforeValidator, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from gateway import Amount, CaptureType, Currency, StrictModel, check_amount
-from workflows.schedules.rules import Calendar, Rule, instant, iso, zone
+from workflows.schedules.rules import ZONES, Calendar, Rule, instant, iso, zone
 
 DEFAULT_DUNNING = (1, 3, 7)
 
@@ -70,12 +70,14 @@ class ScheduleInput(StrictModel):
     description: str = Field(min_length=1, max_length=255)
     customerId: str | None = Field(default=None, max_length=27)
     rule: Rule
-    timezone: str = "UTC"
+    timezone: str = Field(default="UTC", json_schema_extra={"enum": ZONES})
     start: When
     end: When | None = None
     count: int | None = Field(default=None, ge=1)
     missed: Literal["once", "each", "skip"] = "once"
-    dunning: tuple[int, ...] = Field(default=DEFAULT_DUNNING, max_length=12, description="retry after these days")
+    dunning: tuple[Annotated[int, Field(ge=1)], ...] = Field(
+        default=DEFAULT_DUNNING, max_length=12, description="retry after these days (increasing)"
+    )
     captureType: CaptureType | None = None
 
     @field_validator("timezone")
