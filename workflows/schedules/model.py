@@ -70,7 +70,7 @@ class ScheduleInput(StrictModel):
     description: str = Field(min_length=1, max_length=255)
     customerId: str | None = Field(default=None, max_length=27)
     rule: Rule
-    timezone: str = Field(default="UTC", json_schema_extra={"enum": ZONES})
+    timezone: str = Field(default="UTC", json_schema_extra={"enum": [*ZONES]})
     start: When
     end: When | None = None
     count: int | None = Field(default=None, ge=1)
