@@ -210,7 +210,17 @@ from gateway._money import (
     to_minor,
 )
 from gateway._notification import Notification, parse_notification, verify_security_token
-from gateway._strict import STRICT, StrictInput, StrictModel, closest, did_you_mean, error_field, is_strict, validate_strict
+from gateway._strict import (
+    STRICT,
+    StrictInput,
+    StrictModel,
+    closest,
+    did_you_mean,
+    error_field,
+    is_strict,
+    known_names,
+    validate_strict,
+)
 
 __all__ = [
     "BY_NAME",
@@ -403,6 +413,7 @@ __all__ = [
     "exponent",
     "is_known",
     "is_strict",
+    "known_names",
     "max_amount",
     "operation",
     "parse_lenient",

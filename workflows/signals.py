@@ -17,12 +17,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Annotated, Any
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
-from pydantic.json_schema import SkipJsonSchema
 
-from gateway import StrictModel, closest, error_field, validate_strict
+from gateway import StrictModel, closest, error_field, known_names, validate_strict
 from workflows.steps import FlowDefinition, WaitStep
 
 #: The ``by`` of the notification receiver (``service.receiver``), the only sender of ``notification``.
@@ -39,27 +38,29 @@ class SignalRefused(ValueError):
         self.reason = reason
 
 
+def _one_answer(schema: dict[str, Any]) -> None:
+    """The document of a 3ds_result: exactly one of the two names, a non-empty string (never null)."""
+    for name in ("threeDSAuthResponse", "PaRes"):
+        description = schema["properties"][name].get("description", "")
+        schema["properties"][name] = {"type": "string", "minLength": 1, "description": description}
+    schema["oneOf"] = [{"required": ["threeDSAuthResponse"]}, {"required": ["PaRes"]}]
+
+
 class ThreeDSResult(StrictModel):
     """``3ds_result``: what the issuer's page posted back to the merchant after the 3DS challenge: its
     answer, as ``threeDSAuthResponse`` or (3DS 1's name) ``PaRes``, exactly one of them."""
 
-    model_config = ConfigDict(
-        extra="forbid", json_schema_extra={"oneOf": [{"required": ["threeDSAuthResponse"]}, {"required": ["PaRes"]}]}
-    )
+    model_config = ConfigDict(extra="forbid", json_schema_extra=lambda schema: _one_answer(schema))
 
-    threeDSAuthResponse: Annotated[str, Field(min_length=1)] | SkipJsonSchema[None] = Field(
-        default=None, description="the challenge's answer"
-    )
-    PaRes: Annotated[str, Field(min_length=1)] | SkipJsonSchema[None] = Field(
-        default=None, description="the same under its 3DS 1 name"
-    )
+    threeDSAuthResponse: str | None = Field(default=None, description="the challenge's answer")
+    PaRes: str | None = Field(default=None, description="the same under its 3DS 1 name")
 
     @model_validator(mode="before")
     @classmethod
     def _exactly_one(cls, data: Any) -> Any:
-        if isinstance(data, Mapping):
+        if isinstance(data, Mapping) and not set(data) - known_names(cls):  # unknown fields: StrictModel says
             given = [name for name in ("threeDSAuthResponse", "PaRes") if name in data]
-            if len(given) == 1 and data[given[0]] is None:
+            if len(given) == 1 and data[given[0]] in (None, ""):
                 raise ValueError(f"{given[0]}: must be a non-empty string")
             if len(given) != 1:
                 raise ValueError("threeDSAuthResponse: give the challenge's answer as threeDSAuthResponse (or PaRes), once")
@@ -125,7 +126,9 @@ def admit(definition: FlowDefinition | None, name: str, payload: Mapping[str, An
     data = {} if payload is None else payload
     if not isinstance(data, Mapping):
         raise SignalRefused(name, "(body)", "the payload must be a JSON object")
-    if definition is None:
+    if definition is None or (name == "notification" and by == RECEIVER):
+        # The receiver checked the gateway's token: its word is kept as before, whatever the kind (a
+        # refusal here would only make the gateway send it again and again).
         return dict(data)
     names = accepted(definition)
     if name not in names:

@@ -28,6 +28,9 @@ def test_only_the_receiver_sends_a_notification() -> None:
     for by in ("api", "cli", "python"):
         assert refused("hpp", "notification", paid, by).field == "name"
     assert admit(REGISTRY["hpp"], "notification", paid, by="notification") == paid
+    # the receiver's word (its token checked) is kept as before for any kind: a refusal would only
+    # make the gateway send it again
+    assert admit(REGISTRY["moto"], "notification", paid, by="notification") == paid
 
 
 @pytest.mark.parametrize(
