@@ -15,6 +15,7 @@ import pytest
 
 from gateway import OperationResult
 from tests.workflows.integration.conftest import Stack
+from workflows.signals import SignalRefused
 from workflows.states import FlowState
 
 APPROVE = "4349940199004549"  # published approving VISA, frictionless
@@ -224,7 +225,10 @@ def test_a_form_completed_signal_is_no_proof_of_payment(stack: Stack) -> None:
     started = stack.engine.start("build", body)
     wait_for_state(stack, started.id, FlowState.WAITING)
     forged = {"operation": {"operationId": "forged", "operationResult": "EXECUTED", "orderId": started.order_id}}
-    stack.engine.signal(started.id, "form_completed", forged)  # the form was never filled in
+    with pytest.raises(SignalRefused, match="unknown field"):  # a form_completed carries nothing
+        stack.engine.signal(started.id, "form_completed", forged)
+    assert stack.engine.get(started.id).signals == [], "nothing stored"
+    stack.engine.signal(started.id, "form_completed", {})  # the form was never filled in
     done = stack.engine.wait(started.id, 20)
     assert done.state is not FlowState.SUCCEEDED, done.summary()
     assert done.outputs["form"] == {"formCompleted": True}, "the signal's payload is not taken as the gateway's word"
