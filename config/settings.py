@@ -114,6 +114,11 @@ class EngineSettings(_Group):
     dispatch_batch: int = Field(default=500, ge=1)
     retention_days: float = Field(default=30.0, gt=0)
     wait_deadline_seconds: float = Field(default=1800.0, gt=0)
+    max_step_runs: int = Field(
+        default=500,
+        ge=10,
+        description="Claims of one step without moving on before the flow stops for a person (the bound under every loop).",
+    )
 
 
 class Settings(BaseSettings):

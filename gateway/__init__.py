@@ -209,7 +209,7 @@ from gateway._money import (
     to_major,
     to_minor,
 )
-from gateway._notification import Notification, parse_notification, verify_security_token
+from gateway._notification import Notification, parse_notification, reported_payment, verify_security_token
 from gateway._strict import (
     STRICT,
     StrictInput,
@@ -418,6 +418,7 @@ __all__ = [
     "operation",
     "parse_lenient",
     "parse_notification",
+    "reported_payment",
     "to_major",
     "to_minor",
     "validate_request",

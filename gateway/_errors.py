@@ -9,7 +9,8 @@
     │   ├── GatewayTimeout               yes         yes*   no answer in time (*no if the connect timed out)
     │   └── ConnectionDropped            yes         yes    the connection broke after sending
     ├── HTTPStatusError                                      an answer with an error status
-    │   ├── BadRequest (400)             no          no     ``errors`` = [{code, description}]
+    │   ├── BadRequest (400)             no          no     ``errors`` = [{code, description}];
+    │   │                                                    ``.already_done``: a duplicate (see below)
     │   ├── Unauthorized (401)           no          no
     │   ├── NotFound (404)               no          no
     │   ├── RateLimited (429)            yes         no     ``retry_after`` seconds when the gateway says
@@ -22,6 +23,12 @@
 ``ambiguous`` means "the request may have taken effect at the gateway": the engine then reads the
 gateway (the operation's ``reconcile``) before any resend of an operation that is not ``retry_safe``.
 Retries themselves belong to the engine; the client never retries on its own.
+
+A 400 that says the thing *already exists* (``orderId already used``, ``operation already completed``,
+``contract ... already exists``) is not a refusal of the request but news that it was made before: a
+resend after a lost answer, or after a lost write of durapay's own. ``BadRequest.already_done`` is the
+one place that recognises it; the engine then reads the gateway and adopts what it holds, if it is
+this flow's.
 """
 
 from __future__ import annotations
@@ -119,8 +126,17 @@ class HTTPStatusError(GatewayError):
     """The gateway answered with an error status."""
 
 
+#: What the gateway says, in a 400's descriptions, when what a request would create already exists.
+ALREADY_DONE_PHRASES = ("already used", "already completed", "already exists")
+
+
 class BadRequest(HTTPStatusError):
     """400: the gateway refused the request ("Invalid request data" / "Request rejected")."""
+
+    @property
+    def already_done(self) -> bool:
+        """The request (or one with the same order, operation or contract) was made before."""
+        return any(phrase in error.description.lower() for error in self.errors for phrase in ALREADY_DONE_PHRASES)
 
 
 class Unauthorized(HTTPStatusError):

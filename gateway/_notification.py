@@ -20,6 +20,7 @@ from pydantic import ValidationError
 
 from gateway._base import GatewayModel
 from gateway._client import describe_validation_error
+from gateway._codes import SUCCESS_RESULTS
 from gateway._errors import InvalidSecurityToken, NotificationError
 from gateway._models_common import Operation
 
@@ -68,3 +69,19 @@ def verify_security_token(notification: Notification, kept_tokens: Iterable[str]
         raise InvalidSecurityToken("notification carries no securityToken")
     if not matched:
         raise InvalidSecurityToken("securityToken is not valid for this order")
+
+
+#: The operation fields a record keeps of a reported payment (no card data).
+REPORTED_FIELDS = ("operationId", "orderId", "operationType", "operationResult", "operationAmount", "operationCurrency")
+
+
+def reported_payment(body: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The payment a notification body reports as taken (AUTHORIZED or EXECUTED), or None.
+
+    The engine marks such a signal when it stores it, so that whatever the flow's state then (waiting,
+    in a step, ended), the money is accounted for: taken as the outcome, or shown to a person.
+    """
+    operation = body.get("operation")
+    if not isinstance(operation, Mapping) or operation.get("operationResult") not in {r.value for r in SUCCESS_RESULTS}:
+        return None
+    return {key: operation.get(key) for key in REPORTED_FIELDS if operation.get(key) is not None}

@@ -143,7 +143,7 @@ class NotificationReceiver:
             return Receipt(503, {"outcome": "KO", "error": "not recorded; try again"})
 
     def _deliver(self, notification: Any, data: dict[str, Any], order_id: str, body: bytes) -> Receipt:
-        flow_id, kept = self._lookup(order_id)
+        flow_id, kept = self.engine.orders.lookup(order_id)
         try:
             # An unknown order is compared against a random token: same work, same answer.
             verify_security_token(notification, kept or [self._decoy])
@@ -161,15 +161,6 @@ class NotificationReceiver:
             return Receipt(200, OK)
         return self._once(event_id, flow_id, data)
 
-    def _lookup(self, order_id: str) -> tuple[str | None, list[str]]:
-        """The flow and the kept tokens of the order, in one round trip (``Engine.flow_for_order`` and
-        ``Engine.tokens_for_order`` read the same keys)."""
-        pipe = self.redis.pipeline(transaction=False)
-        pipe.hget(self.engine.keys.order(order_id), "flow")
-        pipe.smembers(self.engine.keys.tokens(order_id))
-        flow, tokens = pipe.execute()
-        return (flow.decode() if flow else None), [token.decode() for token in tokens]
-
     @staticmethod
     def event_id(given: str | None, body: bytes) -> str:
         if given and len(given) <= 200:
@@ -178,7 +169,7 @@ class NotificationReceiver:
 
     def _once(self, event_id: str, flow_id: str, data: dict[str, Any]) -> Receipt:
         key = self.engine.keys.event(event_id)
-        pending = json.dumps({"state": "pending", "flow": flow_id, "t": time.time()})
+        pending = json.dumps({"state": "pending", "flow": flow_id, "t": self.engine.clock.now()})
         if not self.redis.set(key, pending, nx=True, ex=self.settings.event_ttl_seconds):
             taken = self._settle(key, event_id)
             if taken is None:
@@ -206,9 +197,8 @@ class NotificationReceiver:
         dropped: the engine moves the flow to a person (``late_payment``)."""
         try:
             result = self.engine.signal(flow_id, "notification", payload, by="notification")
-            if result == "finished" and self.engine.late_payment(flow_id, "notification", payload):
+            if result == "late_payment":
                 self.count("late_payment")
-                return "late_payment"
             return result
         except NotFound:
             return "missing"
@@ -229,7 +219,7 @@ class NotificationReceiver:
             raw = self.redis.get(key)
             if raw is None:
                 # Expired or freed after a failure: claim it afresh.
-                fresh = json.dumps({"state": "pending", "t": time.time()})
+                fresh = json.dumps({"state": "pending", "t": self.engine.clock.now()})
                 if self.redis.set(key, fresh, nx=True, ex=self.settings.event_ttl_seconds):
                     return fresh
                 continue
@@ -239,8 +229,8 @@ class NotificationReceiver:
                 claim = {"state": "pending", "t": 0}
             if claim.get("state") == "done":
                 return None
-            if time.time() - float(claim.get("t", 0)) > self.stale_seconds:
-                fresh = json.dumps({"state": "pending", "flow": claim.get("flow"), "t": time.time()})
+            if self.engine.clock.now() - float(claim.get("t", 0)) > self.stale_seconds:
+                fresh = json.dumps({"state": "pending", "flow": claim.get("flow"), "t": self.engine.clock.now()})
                 if self._swap(keys=[key], args=[raw, fresh]):
                     log.warning("notification %s: took over a stale claim", event_id)
                     return fresh

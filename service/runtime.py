@@ -33,7 +33,7 @@ from gateway import GatewayClient
 from service.heartbeat import install_worker_heartbeat
 from service.metrics import StepMetrics
 from tasks.celery_tasks import CelerySender, register_tasks
-from workflows.clock import Clock
+from workflows.clock import Clock, ServerClock
 from workflows.engine import Engine
 from workflows.flows import REGISTRY
 from workflows.steps import FlowDefinition
@@ -121,7 +121,7 @@ def build_runtime(
     app = make_celery(settings, settings.broker_url or redis_url)
     registry = dict(REGISTRY)
     registry.update(flows or {})
-    engine = Engine(settings, client, registry, sender=CelerySender(app), clock=clock, rng=rng)
+    engine = Engine(settings, client, registry, sender=CelerySender(app), clock=clock or ServerClock(client), rng=rng)
     register_tasks(app, StepMetrics(engine).wrap(engine.run_step), lambda: GatewayClient(settings.gateway))
     install_worker_heartbeat(app, redis_url, engine.keys)
     return Runtime(settings, redis_url, client, app, engine, embedded)

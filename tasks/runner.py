@@ -15,19 +15,26 @@ the :class:`~tasks.outcomes.Outcome` returned. This module owns what happens in 
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
 from pydantic import BaseModel
 
-from gateway import BY_NAME, GatewayClient, GatewayError, GatewayModel, GatewayOperation
+from gateway import BY_NAME, Area, BadRequest, GatewayClient, GatewayError, GatewayModel, GatewayOperation
 from tasks.outcomes import Attention, Outcome, Retry
 from tasks.retry import RetryPolicy
 
 log = logging.getLogger("durapay.runner")
 
 Resp = TypeVar("Resp", bound=GatewayModel)
+
+
+class LeaseLost(Exception):
+    """The step's claim was taken over (its lease ran out) or ended meanwhile: make no further call.
+
+    Raised by :meth:`StepContext.call` before a call when renewing the lease fails; the engine then
+    drops the step's result (the completion would be refused as stale anyway)."""
 
 
 class NotCommitted:
@@ -41,6 +48,12 @@ class Unclear:
 NOT_COMMITTED = NotCommitted()
 UNCLEAR = Unclear()
 ReconcileResult = Outcome | NotCommitted | Unclear
+
+#: Stands for the call that failed when an error does not say which: judged as not safe to repeat.
+UNKNOWN_OPERATION: GatewayOperation[Any] = GatewayOperation(
+    "POST", "", None, GatewayModel, "an operation the error does not name", Area.PAYMENTS, retry_safe=False
+)
+object.__setattr__(UNKNOWN_OPERATION, "name", "an unknown operation")
 
 
 @dataclass
@@ -57,6 +70,8 @@ class StepContext:
     idempotency_key: str
     order_id: str
     client: GatewayClient
+    orders: list[str] = field(default_factory=list)
+    created: float = 0.0
     deadline_reached: bool = False
     wait_deadline: float | None = None
     signals: list[tuple[str, str, dict[str, Any]]] = field(default_factory=list)
@@ -64,6 +79,8 @@ class StepContext:
     notification_url: str = ""
     calls: list[str] = field(default_factory=list)
     consumed: list[str] = field(default_factory=list)
+    #: Called before every gateway call but the first: extends the claim's lease, or raises LeaseLost.
+    renew_lease: Callable[[], None] | None = None
     retry: RetryPolicy = field(default_factory=RetryPolicy)
 
     def call(
@@ -72,7 +89,13 @@ class StepContext:
         *path_args: str,
         request: BaseModel | Mapping[str, Any] | None = None,
     ) -> Resp:
-        """Call ``op``, sending this step's idempotency key where the operation takes one."""
+        """Call ``op``, sending this step's idempotency key where the operation takes one.
+
+        A step may read, then write (reconcile, then call; reservation set-up): before every call after
+        the first, the claim's lease is extended, so that no other worker takes the step over while
+        it still calls, and a step whose claim is gone calls no more (LeaseLost)."""
+        if self.calls and self.renew_lease is not None:
+            self.renew_lease()
         self.calls.append(op.name)
         key = self.idempotency_key if op.idempotency_key else None
         return self.client.call(op, *path_args, request=request, idempotency_key=key)
@@ -105,32 +128,57 @@ def run_step(step: Step, ctx: StepContext, *, must_reconcile: bool, resend: bool
     op = step.operation
     policy = ctx.retry
     if must_reconcile and op is not None and not op.retry_safe:
-        try:
-            found = step.reconcile(ctx)
-        except GatewayError as error:
-            found = UNCLEAR
-            log.info("flow %s step %s: reconcile read failed: %s", ctx.flow_id, ctx.step, error)
-        except Exception as error:  # a defect in the reconcile read: stop for a person, never loop
-            log.exception("flow %s step %s: reconcile raised", ctx.flow_id, ctx.step)
-            return Attention(f"{ctx.step}: reconcile raised {type(error).__name__}: {error}", _describe(error, ctx))
-        if isinstance(found, Unclear):
-            if ctx.attempt >= policy.reconcile_attempts:
-                return Attention(f"{op.name} may have taken effect and the gateway cannot tell yet")
-            return Retry(policy.delay(ctx.attempt), {"type": "Unclear", "message": "outcome not yet known"}, True)
+        found = _reconcile(step, ctx, op.name)
         if not isinstance(found, NotCommitted):
             return found
     try:
         return step.execute(ctx)
+    except LeaseLost:
+        raise
     except GatewayError as error:
         failing = _operation_of(error, op, ctx)
         if failing is None:
-            return Retry(policy.delay(ctx.attempt), error.to_dict(), reconcile=False)
+            # Which call failed is unknown, so whether it was safe to repeat is too: read back first.
+            return policy.on_error(error, UNKNOWN_OPERATION, ctx.attempt, resend=True)
+        if isinstance(error, BadRequest) and error.already_done and not failing.retry_safe and op is not None:
+            # "Already used / completed / exists": an earlier try (or one whose record Redis lost)
+            # reached the gateway. Read it and adopt what it holds, if it is this flow's.
+            found = _reconcile(step, ctx, failing.name)
+            if isinstance(found, NotCommitted):
+                # The gateway says it exists but shows nothing yet: read again, bounded.
+                return _unclear(ctx, failing.name, error.to_dict())
+            return found
         return policy.on_error(error, failing, ctx.attempt, resend=resend)
     except Exception as error:  # a defect in a step body or an answer it cannot read
         # Raising would leave the step leased, to be claimed and crash again forever. A person looks;
         # ``retry`` then reconciles first, as the call may have reached the gateway before the crash.
         log.exception("flow %s step %s: unexpected error", ctx.flow_id, ctx.step)
         return Attention(f"{ctx.step}: unexpected {type(error).__name__}: {error}", _describe(error, ctx))
+
+
+def _reconcile(step: Step, ctx: StepContext, operation: str) -> Outcome | NotCommitted:
+    """Read the gateway (the step's ``reconcile``): the adopted outcome, NOT_COMMITTED, or a bounded
+    retry of the read when it cannot tell."""
+    try:
+        found = step.reconcile(ctx)
+    except LeaseLost:
+        raise
+    except GatewayError as error:
+        log.info("flow %s step %s: reconcile read failed: %s", ctx.flow_id, ctx.step, error)
+        return _unclear(ctx, operation, {**error.to_dict(), "during": "reconcile"})
+    except Exception as error:  # a defect in the reconcile read: stop for a person, never loop
+        log.exception("flow %s step %s: reconcile raised", ctx.flow_id, ctx.step)
+        return Attention(f"{ctx.step}: reconcile raised {type(error).__name__}: {error}", _describe(error, ctx))
+    if isinstance(found, Unclear):
+        return _unclear(ctx, operation, {"type": "Unclear", "message": "outcome not yet known"})
+    return found
+
+
+def _unclear(ctx: StepContext, operation: str, error: dict[str, Any]) -> Outcome:
+    policy = ctx.retry
+    if ctx.attempt >= policy.reconcile_attempts:
+        return Attention(f"{operation} may have taken effect and the gateway cannot tell yet", error)
+    return Retry(policy.delay(ctx.attempt), error, True)
 
 
 def _describe(error: Exception, ctx: StepContext) -> dict[str, Any]:

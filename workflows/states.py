@@ -35,17 +35,18 @@ CLAIMABLE = frozenset({S.READY, S.RETRYING, S.WAITING, S.SLEEPING, S.RUNNING})
 
 #: Every allowed transition. RUNNING -> RUNNING is a reclaim after the lease ran out.
 TRANSITIONS: dict[FlowState, frozenset[FlowState]] = {
-    S.READY: frozenset({S.RUNNING, S.CANCELLED}),
+    # A claim may stop a flow for a person instead of running its step (a step claimed too often).
+    S.READY: frozenset({S.RUNNING, S.CANCELLED, S.NEEDS_ATTENTION}),
     S.RUNNING: frozenset(
         {S.RUNNING, S.READY, S.RETRYING, S.WAITING, S.SLEEPING, S.SUCCEEDED, S.FAILED, S.CANCELLED, S.NEEDS_ATTENTION}
     ),
-    S.RETRYING: frozenset({S.RUNNING, S.CANCELLED}),
-    S.WAITING: frozenset({S.READY, S.RUNNING, S.CANCELLED}),
-    S.SLEEPING: frozenset({S.RUNNING, S.CANCELLED}),
+    S.RETRYING: frozenset({S.RUNNING, S.CANCELLED, S.NEEDS_ATTENTION}),
+    S.WAITING: frozenset({S.READY, S.RUNNING, S.CANCELLED, S.NEEDS_ATTENTION}),
+    S.SLEEPING: frozenset({S.RUNNING, S.CANCELLED, S.NEEDS_ATTENTION}),
     S.NEEDS_ATTENTION: frozenset({S.READY, S.CANCELLED}),
-    # A payment reported after the flow ended without one (Engine.late_payment) needs a person.
+    # A payment reported after the flow ended without it (signal.lua, see money.lua) needs a person.
     S.FAILED: frozenset({S.READY, S.NEEDS_ATTENTION}),
-    S.SUCCEEDED: frozenset(),
+    S.SUCCEEDED: frozenset({S.NEEDS_ATTENTION}),
     S.CANCELLED: frozenset({S.NEEDS_ATTENTION}),
 }
 

@@ -7,9 +7,10 @@ worker's write fails the version check and is dropped; nothing is half written.
 
 Hash fields: ``id kind state step version attempt created updated due lease_until lease_owner
 order_id order_seq start_key input_hash reconcile uncertain cancel_requested customer_url polls
-generation`` as
-strings, ``input error wait outcome`` as JSON, ``out:<step>`` (JSON) per finished step and
-``sig:<n>`` (JSON ``{name, payload, t}``) per received signal not yet consumed.
+generation runs`` as strings (``runs``: claims of the current step, the backstop under every loop),
+``input error wait outcome orders`` as JSON (``orders``: every gateway order
+id the flow made, oldest first; absent while it is only ``order_id``), ``out:<step>`` (JSON) per
+finished step and ``sig:<n>`` (JSON ``{name, payload, t}``) per received signal not yet consumed.
 """
 
 from __future__ import annotations
@@ -68,6 +69,7 @@ class FlowRecord:
     lease_owner: str = ""
     order_id: str = ""
     order_seq: int = 0
+    orders: list[str] = field(default_factory=list)
     start_key: str = ""
     reconcile: bool = False
     uncertain: bool = False
@@ -119,6 +121,7 @@ class FlowRecord:
             lease_owner=data.get("lease_owner", ""),
             order_id=data.get("order_id", ""),
             order_seq=int(data.get("order_seq") or 0),
+            orders=loads("orders") or ([data["order_id"]] if data.get("order_id") else []),
             start_key=data.get("start_key", ""),
             reconcile=data.get("reconcile") == "1",
             uncertain=data.get("uncertain") == "1",
@@ -184,11 +187,13 @@ class FlowStore:
         self.redis: Any = client
         self.keys = keys
         self.retention_seconds = retention_seconds
+        money = _script("money.lua")  # one rule, shared by the two scripts that can end with money reported
         self._create = client.register_script(_script("create.lua"))
-        self._transition = client.register_script(_script("transition.lua"))
-        self._signal = client.register_script(_script("signal.lua"))
+        self._transition = client.register_script(money + _script("transition.lua"))
+        self._signal = client.register_script(money + _script("signal.lua"))
         self._take_due = client.register_script(_script("take_due.lua"))
         self._claim = client.register_script(_script("claim.lua"))
+        self._renew = client.register_script(_script("renew.lua"))
 
     # -- reading -------------------------------------------------------------------------------
 
@@ -319,6 +324,7 @@ class FlowStore:
                 self.keys.by_state(partition, change.state.value),
                 self.keys.by_state(partition, FlowState.READY.value),
                 self.keys.by_state(partition, FlowState.CANCELLED.value),
+                self.keys.by_state(partition, FlowState.NEEDS_ATTENTION.value),
             ],
             args=[
                 record.id,
@@ -336,6 +342,11 @@ class FlowStore:
         )
         if not version:
             return None
+        state = final_state.decode() if isinstance(final_state, bytes) else str(final_state)
+        if state != change.state.value:
+            # The script moved it elsewhere (a signal already there, a cancel request, a reported
+            # payment) and wrote fields of its own: read the record back (rare).
+            return self.get(record.id)
         # The script applied exactly these changes: rebuild the record here instead of reading it back.
         data = dict(record.fields)
         for name, value in fields.items():
@@ -343,62 +354,78 @@ class FlowStore:
                 data.pop(name, None)
             else:
                 data[name] = value
-        state = final_state.decode() if isinstance(final_state, bytes) else str(final_state)
         if scrubbed and state in {s.value for s in TERMINAL}:
             data["input"] = scrubbed
+        if state == FlowState.CANCELLED.value:
+            data.pop("cancel_requested", None)
         data.update({"state": state, "version": str(version), "updated": repr(now)})
-        if state == FlowState.CANCELLED.value or change.due is None:
-            data.pop("due", None)  # finished, stopped, or turned into a cancel by a cancel request
-        elif state != change.state.value:
-            data["due"] = repr(now)  # a wait that found its signal already there: due at once
+        if change.due is None:
+            data.pop("due", None)
         else:
             data["due"] = repr(change.due)
         return FlowRecord.from_fields(data)
 
     def claim(
-        self, flow_id: str, step: str, *, now: float, lease_until: float, owner: str, max_attempts: int
-    ) -> tuple[FlowRecord, FlowState] | str:
-        """Claim ``step`` in one round trip (``claim.lua``): the record as written and the state it left,
-        or why not (``missing``, ``not-current``, ``leased``, ``stopped``, ``early``), or ``fallback``
-        for the rare cases the caller handles with :meth:`get` and :meth:`transition` (a cancel
-        request, a reclaim past the attempts)."""
+        self, flow_id: str, step: str, *, now: float, lease_until: float, owner: str, max_attempts: int, max_runs: int
+    ) -> tuple[str, FlowRecord] | str:
+        """Claim ``step`` in one round trip (``claim.lua``, the one home of the claim rules).
+
+        Returns why not (``missing``, ``not-current``, ``leased``, ``stopped``, ``early``), or
+        ``(verdict, record)``: ``ok`` with the record as claimed, or ``cancel`` / ``lost`` /
+        ``looping`` with the record untouched (a cancel was requested; the step's worker was lost
+        ``max_attempts`` times; the step was claimed ``max_runs`` times without moving on), which the
+        caller ends with :meth:`transition`."""
         partition = self.keys.partition(flow_id)
         states = (FlowState.READY, FlowState.RETRYING, FlowState.WAITING, FlowState.SLEEPING, FlowState.RUNNING)
         answer = self._claim(
             keys=[self.keys.flow(flow_id), self.keys.log(flow_id), self.keys.due(partition)]
             + [self.keys.by_state(partition, state.value) for state in states],
-            args=[flow_id, step, repr(now), repr(lease_until), owner, str(max_attempts)],
+            args=[flow_id, step, repr(now), repr(lease_until), owner, str(max_attempts), str(max_runs)],
         )
-        outcome = str(answer[0].decode())
-        if outcome != "ok":
-            return outcome
+        verdict = str(answer[0].decode())
+        if len(answer) == 1:
+            return verdict
         items = [item.decode() for item in answer[2:]]
-        return FlowRecord.from_fields(dict(zip(items[::2], items[1::2], strict=True))), FlowState(answer[1].decode())
+        record = FlowRecord.from_fields(dict(zip(items[::2], items[1::2], strict=True)))
+        return verdict, record
+
+    def renew(self, record: FlowRecord, *, lease_until: float) -> bool:
+        """Extend the lease of ``record``'s claim (as claimed: its version and owner); False once the claim
+        is no longer this worker's."""
+        answer = self._renew(
+            keys=[self.keys.flow(record.id), self.keys.due(self.keys.partition(record.id))],
+            args=[record.id, str(record.version), record.lease_owner, repr(lease_until)],
+        )
+        return bool(answer)
 
     def request_cancel(self, flow_id: str) -> None:
         """Ask a running step's flow to stop at the step boundary (no version change: the step completes)."""
         self.redis.hset(self.keys.flow(flow_id), "cancel_requested", "1")
 
-    def signal(self, flow_id: str, name: str, payload: Mapping[str, Any], *, now: float, by: str, safety: float = 0.0) -> str:
-        """Deliver a signal: ``resumed``, ``stored`` (kept until the flow waits for it), ``finished``, ``missing``."""
+    def signal(
+        self,
+        flow_id: str,
+        name: str,
+        payload: Mapping[str, Any],
+        *,
+        now: float,
+        by: str,
+        safety: float = 0.0,
+        paid: Mapping[str, Any] | None = None,
+    ) -> str:
+        """Deliver a signal: ``resumed``, ``stored`` (kept until the flow waits for it), ``finished``,
+        ``late_payment`` (the flow ended without the payment ``paid`` reports: now needs a person),
+        ``missing``."""
         partition = self.keys.partition(flow_id)
         entry = self._entry(now, FlowState.WAITING, FlowState.READY, "", by, f"signal {name}")
+        signal: dict[str, Any] = {"name": name, "payload": dict(payload), "t": now}
+        if paid:
+            signal["paid"] = dict(paid)
+        states = (FlowState.WAITING, FlowState.READY, FlowState.SUCCEEDED, FlowState.FAILED, FlowState.CANCELLED)
         result = self._signal(
-            keys=[
-                self.keys.flow(flow_id),
-                self.keys.log(flow_id),
-                self.keys.due(partition),
-                self.keys.by_state(partition, FlowState.WAITING.value),
-                self.keys.by_state(partition, FlowState.READY.value),
-            ],
-            args=[
-                flow_id,
-                name,
-                compact_json({"name": name, "payload": dict(payload), "t": now}),
-                repr(now),
-                entry,
-                repr(now + safety),
-            ],
+            keys=[self.keys.flow(flow_id), self.keys.log(flow_id), self.keys.due(partition)]
+            + [self.keys.by_state(partition, state.value) for state in (*states, FlowState.NEEDS_ATTENTION)],
+            args=[flow_id, name, compact_json(signal), repr(now), entry, repr(now + safety), by],
         )
         return result.decode() if isinstance(result, bytes) else str(result)
 
@@ -439,15 +466,6 @@ class FlowStore:
                 if gone:
                     removed += int(self.redis.zrem(index, *gone))
         return removed
-
-    def expire_orders(self, order_ids: Iterable[str]) -> None:
-        """A finished flow's order lookups (flow, tokens) live as long as its record."""
-        ttl = max(1, int(self.retention_seconds))
-        pipe = self.redis.pipeline(transaction=False)
-        for order_id in order_ids:
-            pipe.expire(self.keys.order(order_id), ttl)
-            pipe.expire(self.keys.tokens(order_id), ttl)
-        pipe.execute()
 
     @staticmethod
     def _entry(now: float, source: FlowState | None, target: FlowState, step: str, by: str, what: str) -> str:

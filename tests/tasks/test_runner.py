@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from gateway import Catalogue, GatewayOperation, GatewayTimeout, GatewayUnreachable, ServerError
+from gateway import BadRequest, Catalogue, ErrorDetail, GatewayOperation, GatewayTimeout, GatewayUnreachable, ServerError
 from tasks.outcomes import Advance, Attention, Finish, Outcome, Retry
 from tasks.retry import RetryPolicy
 from tasks.runner import NOT_COMMITTED, UNCLEAR, ReconcileResult, StepContext, run_step
@@ -182,3 +182,57 @@ def test_an_error_is_judged_by_the_operation_that_failed_not_the_steps_own() -> 
     failed_pay = ServerError("503", status_code=503, operation=Catalogue.create_moto_order.name)
     outcome = run_step(Step(), context(Client(failed_pay)), must_reconcile=False, resend=False)
     assert isinstance(outcome, Retry) and outcome.reconcile
+
+
+def duplicate(description: str) -> BadRequest:
+    return BadRequest("400", status_code=400, errors=[ErrorDetail("PS0026", description)], operation="create_moto_order")
+
+
+@pytest.mark.parametrize(
+    "description",
+    ["Invalid order.orderId parameter: orderId already used", "Invalid operationId parameter: operation already completed"],
+)
+def test_an_already_done_answer_reads_the_gateway_and_adopts_even_on_a_first_try(description: str) -> None:
+    """A duplicate answer means an earlier request (maybe one whose record Redis lost) reached the gateway."""
+    adopted = Advance({"operation": {"operationId": "op-1"}})
+    step = Step(found=[adopted])
+    outcome = run_step(step, context(Client(duplicate(description))), must_reconcile=False, resend=False)
+    assert outcome == adopted and step.executed == 1
+
+
+def test_an_already_done_answer_the_gateway_cannot_show_yet_is_read_again_then_needs_a_person() -> None:
+    outcome = run_step(Step(), context(Client(duplicate("orderId already used"))), must_reconcile=False, resend=False)
+    assert isinstance(outcome, Retry) and outcome.reconcile
+    last = run_step(Step(), context(Client(duplicate("orderId already used")), attempt=3), must_reconcile=False, resend=False)
+    assert isinstance(last, Attention)
+
+
+def test_a_plain_refusal_still_fails_the_flow() -> None:
+    refused = BadRequest("400", status_code=400, errors=[ErrorDetail("PS0026", "Invalid order.amount parameter")])
+    outcome = run_step(Step(), context(Client(refused)), must_reconcile=False, resend=False)
+    assert isinstance(outcome, Finish) and not outcome.succeeded
+
+
+def test_an_error_that_names_no_known_operation_is_bounded_and_reads_back_first() -> None:
+    """Whether the failed call was safe to repeat is unknown: it is treated as not safe, and the
+    retries end with a person instead of looping."""
+    lost = ServerError("502", status_code=502, operation="not_a_catalogue_operation")
+    first = run_step(Local(lost), context(Client()), must_reconcile=False, resend=False)
+    assert isinstance(first, Retry) and first.reconcile
+    last = run_step(Local(lost), context(Client(), attempt=4), must_reconcile=False, resend=False)
+    assert isinstance(last, Attention)
+
+
+@dataclass
+class Local:
+    """A step that calls no catalogue operation of its own and fails with an error naming none."""
+
+    error: Exception
+    name: str = "wait"
+    operation: GatewayOperation[Any] | None = None
+
+    def execute(self, ctx: StepContext) -> Outcome:
+        raise self.error
+
+    def reconcile(self, ctx: StepContext) -> ReconcileResult:
+        return NOT_COMMITTED

@@ -7,105 +7,19 @@ cancel, operator retry, durable timers, start keys.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
-import redis
-from pydantic import Field
 
-from config import load_settings
-from gateway import Catalogue, GatewayModel, GatewayOperation
+from gateway import Catalogue, GatewayModel
 from tasks.outcomes import Advance, Attention, Finish, Outcome, Retry, Sleep
-from tasks.runner import NOT_COMMITTED, ReconcileResult, StepContext
+from tasks.runner import NOT_COMMITTED, StepContext
+from tests.workflows.engine_support import T0, ScriptedStep, flow, summary, wait_step
 from workflows.clock import ManualClock
-from workflows.engine import Claim, Engine, InputError, NotFound, OperatorError
+from workflows.engine import Claim, InputError, NotFound, OperatorError
 from workflows.states import FlowState
 from workflows.steps import FlowDefinition, SleepStep, WaitStep
 from workflows.store import Change, StartConflict
-
-T0 = 1_800_000_000.0
-
-
-class DemoInput(GatewayModel):
-    amount: int = Field(ge=1)
-    sleepUntil: float | None = None
-
-
-@dataclass
-class ScriptedStep:
-    """A step whose answers are scripted; it records every execute and reconcile."""
-
-    name: str
-    outcomes: list[Outcome] = field(default_factory=list)
-    reconciles: list[ReconcileResult] = field(default_factory=list)
-    op: GatewayOperation[Any] | None = Catalogue.create_moto_order
-    runs: list[int] = field(default_factory=list)
-    reconciled: list[int] = field(default_factory=list)
-    during: Callable[[StepContext], None] | None = None
-    when: Any = None
-    customer_url: Any = None
-
-    @property
-    def operation(self) -> GatewayOperation[Any] | None:
-        return self.op
-
-    @property
-    def task_name(self) -> str:
-        return "test.step"
-
-    def execute(self, ctx: StepContext) -> Outcome:
-        self.runs.append(ctx.attempt)
-        if self.during:
-            self.during(ctx)
-        return self.outcomes.pop(0) if self.outcomes else Advance({"step": self.name, "key": ctx.idempotency_key})
-
-    def reconcile(self, ctx: StepContext) -> ReconcileResult:
-        self.reconciled.append(ctx.attempt)
-        return self.reconciles.pop(0) if self.reconciles else NOT_COMMITTED
-
-
-def summary(data: Any, outputs: Any) -> dict[str, Any]:
-    return {"steps": sorted(outputs)}
-
-
-class Sent:
-    def __init__(self) -> None:
-        self.chains: list[tuple[str, list[tuple[str, str]]]] = []
-
-    def send(self, task_name: str, flow_id: str, step: str) -> None:
-        self.chains.append((flow_id, [(task_name, step)]))
-
-    def send_chain(self, flow_id: str, links: list[tuple[str, str]]) -> None:
-        self.chains.append((flow_id, list(links)))
-
-
-@pytest.fixture
-def clock() -> ManualClock:
-    return ManualClock(T0)
-
-
-@pytest.fixture
-def make_engine(
-    redis_client: redis.Redis, key_prefix: str, clock: ManualClock
-) -> Iterator[Callable[[FlowDefinition], tuple[Engine, Sent]]]:
-    def make(definition: FlowDefinition) -> tuple[Engine, Sent]:
-        settings = load_settings(
-            {
-                "engine": {"key_prefix": key_prefix, "lease_seconds": 30, "partitions": 3},
-                "retry": {"base_seconds": 1, "cap_seconds": 10, "max_attempts": 3, "reconcile_attempts": 3},
-            }
-        )
-        sent = Sent()
-        engine = Engine(settings, redis_client, {definition.kind: definition}, sender=sent, clock=clock)
-        return engine, sent
-
-    yield make
-
-
-def flow(*steps: Any) -> FlowDefinition:
-    return FlowDefinition("demo", DemoInput, tuple(steps), summary)
 
 
 def test_steps_run_in_order_and_the_flow_succeeds(make_engine: Any) -> None:
@@ -216,16 +130,6 @@ def test_start_with_a_key_is_idempotent(make_engine: Any) -> None:
     assert len(sent.chains) == 1
     with pytest.raises(StartConflict):
         engine.start("demo", {"amount": 6}, key="order-77")
-
-
-def wait_step(name: str = "customer") -> WaitStep:
-    return WaitStep(
-        name,
-        ("paid",),
-        on_signal=lambda ctx, signal, payload: Advance({"signal": signal, **payload}),
-        on_deadline=lambda ctx: Finish(False, "expired"),
-        timeout=lambda ctx: 100.0,
-    )
 
 
 def test_a_signal_resumes_a_waiting_flow(make_engine: Any) -> None:
@@ -465,29 +369,6 @@ def test_a_stored_input_that_no_longer_validates_stops_for_a_person(make_engine:
     assert engine.get(record.id).error == {"type": "InputError", "field": "amount"}
 
 
-PAID = {"operation": {"operationId": "op-9", "orderId": "ord-1", "operationResult": "AUTHORIZED", "amount": "500"}}
-
-
-def test_a_payment_reported_after_the_flow_failed_needs_a_person(make_engine: Any, clock: ManualClock) -> None:
-    engine, _ = make_engine(flow(wait_step()))
-    record = engine.start("demo", {"amount": 5})
-    engine.run_step(record.id, "customer")
-    clock.advance(101)
-    assert engine.run_step(record.id, "customer") == "failed", "no payment by the deadline"
-    assert engine.signal(record.id, "paid", PAID) == "finished"
-    declined = {"operation": {**PAID["operation"], "operationResult": "DECLINED"}}
-    assert engine.late_payment(record.id, "paid", declined) is False, "only money taken needs a person"
-    assert engine.late_payment(record.id, "paid", PAID) is True
-    late = engine.get(record.id)
-    assert late.state is FlowState.NEEDS_ATTENTION and late.error is not None
-    assert late.error["type"] == "LatePayment" and late.error["operation"]["operationId"] == "op-9"
-    assert engine.redis.ttl(engine.keys.flow(record.id)) == -1, "kept until a person acts"
-    assert engine.late_payment(record.id, "paid", PAID) is False, "reported once"
-    engine.retry(record.id)  # the operator accepts the payment: the waiting step takes the notification
-    assert engine.run_step(record.id, "customer") == "succeeded"
-    assert engine.get(record.id).outputs["customer"]["operation"]["operationId"] == "op-9"
-
-
 class OrderInput(GatewayModel):
     orderId: str
 
@@ -548,17 +429,22 @@ def test_a_cancel_requested_of_a_dead_workers_step_ends_the_flow_at_the_reclaim(
     assert step.runs == [] and engine.get(record.id).state is FlowState.CANCELLED
 
 
-def test_the_one_trip_claim_writes_what_the_careful_path_writes(make_engine: Any, clock: ManualClock) -> None:
+def test_a_claim_writes_the_lease_the_due_entry_the_index_and_one_log_entry(make_engine: Any, clock: ManualClock) -> None:
     engine, _ = make_engine(flow(wait_step()))
-    quick, careful = engine.start("demo", {"amount": 5}), engine.start("demo", {"amount": 5})
-    taken = [engine.claim(quick.id, "customer", worker="w"), engine._claim_carefully(careful.id, "customer", worker="w")]
-    assert all(isinstance(claim, Claim) for claim in taken)
-    ignored = {"id", "created", "updated"}
-    first, second = (
-        {k: v for k, v in engine.get(flow_id).fields.items() if k not in ignored} for flow_id in (quick.id, careful.id)
-    )
-    assert first == second
-    logs = [[{k: v for k, v in entry.items()} for entry in engine.history(flow_id)] for flow_id in (quick.id, careful.id)]
-    assert logs[0] == logs[1]
-    assert engine.redis.zscore(engine.keys.due_of(quick.id), quick.id) == T0 + 30
-    assert engine.redis.zscore(engine.keys.by_state(engine.keys.partition(quick.id), "running"), quick.id) == T0
+    record = engine.start("demo", {"amount": 5})
+    assert isinstance(engine.claim(record.id, "customer", worker="w"), Claim)
+    claimed = engine.get(record.id)
+    assert claimed.state is FlowState.RUNNING and claimed.version == record.version + 1 and claimed.attempt == 1
+    assert claimed.lease_until == T0 + 30 and claimed.lease_owner == "w" and not claimed.uncertain
+    assert engine.history(record.id)[-1] == {
+        "t": T0,
+        "from": "ready",
+        "to": "running",
+        "step": "customer",
+        "by": "w",
+        "what": "claimed customer",
+    }
+    partition = engine.keys.partition(record.id)
+    assert engine.redis.zscore(engine.keys.due_of(record.id), record.id) == T0 + 30
+    assert engine.redis.zscore(engine.keys.by_state(partition, "running"), record.id) == T0
+    assert engine.redis.zscore(engine.keys.by_state(partition, "ready"), record.id) is None

@@ -9,7 +9,7 @@ answer kept (and, for declines, the ISO response code and whether it is soft or 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 from gateway import (
@@ -25,8 +25,8 @@ from gateway import (
     Unknown,
     decline_kind,
 )
-from tasks.outcomes import Advance, Attention, Finish, NewOrder, Outcome, Poll
-from tasks.runner import NOT_COMMITTED, UNCLEAR, ReconcileResult, StepContext
+from tasks.outcomes import Advance, Attention, Finish, Outcome, Poll
+from tasks.runner import StepContext
 from workflows.steps import Call, CallStep
 
 #: How long to wait between reads of a PENDING operation, and how many reads before a person looks.
@@ -100,24 +100,52 @@ def payment_result(ctx: StepContext, answer: OperationResponse) -> Outcome:
     return outcome
 
 
-def settle_step(name: str, source: str) -> CallStep:
-    """Read ``GET /operations/{id}`` until the operation of step ``source`` is final (only when PENDING)."""
+def read_until_final(
+    name: str,
+    source: str,
+    *,
+    accept: frozenset[str] = frozenset(),
+    only_if_pending: bool = False,
+    note: str = "",
+) -> CallStep:
+    """Read ``GET /operations/{id}`` (the operation of step ``source``) until its result is final.
+
+    The one "read until final" step of every flow: a success (or a result in ``accept``, such as
+    REFUNDED for a refund) advances, a failure ends the flow ``failed``, PENDING reads again every
+    :data:`POLL_SECONDS`, at most :data:`MAX_POLLS` times, then a person looks. With
+    ``only_if_pending`` the step runs only when the source's answer was PENDING (a payment answered
+    final needs no read)."""
+
+    def operation_id(ctx: StepContext) -> str:
+        output = ctx.output(source)
+        found = operation_of(output) or output
+        return str(found["operationId"])
 
     def pending(ctx: StepContext) -> bool:
         found = operation_of(ctx.output(source))
         return found is not None and found.get("operationResult") == OperationResult.PENDING.value
 
-    def build(ctx: StepContext) -> Call:
-        found = operation_of(ctx.output(source)) or {}
-        return Call((str(found["operationId"]),))
-
     def result(ctx: StepContext, answer: Operation) -> Outcome:
-        outcome = judge_operation(answer, {"operation": answer.wire()})
+        output: dict[str, Any] = {"operation": answer.wire()}
+        if note:
+            output[note] = True
+        outcome = judge_operation(answer, output, accept=accept)
         if isinstance(outcome, Poll) and ctx.polls >= MAX_POLLS:
             return Attention(f"operation {answer.operationId} still PENDING after {ctx.polls} reads")
         return outcome
 
-    return CallStep(name, Catalogue.get_operation, build, result=result, when=pending)
+    return CallStep(
+        name,
+        Catalogue.get_operation,
+        lambda ctx: Call((operation_id(ctx),)),
+        result=result,
+        when=pending if only_if_pending else None,
+    )
+
+
+def settle_step(name: str, source: str) -> CallStep:
+    """Read the operation of a payment answered PENDING until it is final (skipped when it was final)."""
+    return read_until_final(name, source, only_if_pending=True)
 
 
 def input_order_id(data: Any) -> str:
@@ -138,39 +166,6 @@ def read_order(ctx: StepContext) -> Any | None:
         return ctx.call(Catalogue.get_order, ctx.order_id)
     except NotFound:
         return None
-
-
-def adopt_order_operation(ctx: StepContext) -> ReconcileResult:
-    """For direct payments: the order's latest operation *is* the answer that was lost."""
-    found = read_order(ctx)
-    if found is None:
-        return NOT_COMMITTED
-    if not found.operations:
-        return UNCLEAR
-    latest = found.operations[-1]
-    return payment_result(ctx, OperationResponse(operation=latest))
-
-
-def new_order_if_exists(reason: str) -> Callable[[StepContext], ReconcileResult]:
-    """For customer sessions (hosted page, embedded form, 3DS init): an order whose answer was lost was
-    never shown to the customer, so nothing can be charged on it; continue on a fresh gateway order."""
-
-    def adopt(ctx: StepContext) -> ReconcileResult:
-        return NOT_COMMITTED if read_order(ctx) is None else NewOrder(reason)
-
-    return adopt
-
-
-def adopt_final_payment(ctx: StepContext) -> ReconcileResult:
-    """For the payment call of a multi-step flow: a final operation on the order means it was made."""
-    found = read_order(ctx)
-    if found is None:
-        return UNCLEAR
-    for operation in reversed(found.operations):
-        result = operation.operationResult
-        if result in SUCCESS_RESULTS or result in FAILURE_RESULTS:
-            return payment_result(ctx, OperationResponse(operation=operation))
-    return NOT_COMMITTED
 
 
 def summarize(data: Any, outputs: Mapping[str, dict[str, Any]]) -> dict[str, Any]:

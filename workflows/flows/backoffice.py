@@ -13,10 +13,10 @@ from typing import Any
 from pydantic import Field
 
 from gateway import Amount as AmountField
-from gateway import Catalogue, Currency, GatewayModel, NotFound, Operation, OperationType, PassThrough
-from tasks.outcomes import Advance, Attention, Outcome
+from gateway import Catalogue, Currency, GatewayModel, NotFound, OperationType, PassThrough
+from tasks.outcomes import Advance
 from tasks.runner import NOT_COMMITTED, UNCLEAR, ReconcileResult, StepContext
-from workflows.flows._common import MAX_POLLS, judge_operation, summarize
+from workflows.flows._common import read_until_final, summarize
 from workflows.steps import Call, CallStep, FlowDefinition
 
 
@@ -45,17 +45,7 @@ def _post_body(ctx: StepContext) -> Call:
 
 def _result_step() -> CallStep:
     """Read the post-operation's own operation until its result is final."""
-
-    def build(ctx: StepContext) -> Call:
-        return Call((str(ctx.output("post")["operationId"]),))
-
-    def result(ctx: StepContext, answer: Operation) -> Outcome:
-        outcome = judge_operation(answer, {"operation": answer.wire()}, accept=frozenset({"REFUNDED", "VOIDED", "CANCELED"}))
-        if not isinstance(outcome, Advance) and ctx.polls >= MAX_POLLS and not isinstance(outcome, Attention):
-            return Attention(f"operation {answer.operationId} has no final result after {ctx.polls} reads")
-        return outcome
-
-    return CallStep("result", Catalogue.get_operation, build, result=result)
+    return read_until_final("result", "post", accept=frozenset({"REFUNDED", "VOIDED", "CANCELED"}))
 
 
 def post_operation(kind: str, op: Any, description: str) -> FlowDefinition:

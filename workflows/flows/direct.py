@@ -35,11 +35,9 @@ from gateway import (
 )
 from tasks.outcomes import Advance, Finish, Outcome
 from tasks.runner import NOT_COMMITTED, UNCLEAR, ReconcileResult, StepContext
+from workflows.flows._adopt import adopt_operation_of, adopt_order_payment, new_order_if_never_charged
 from workflows.flows._common import (
-    adopt_final_payment,
-    adopt_order_operation,
     input_order_id,
-    new_order_if_exists,
     operation_of,
     order_with_current_id,
     payment_result,
@@ -57,7 +55,7 @@ def _with_order(ctx: StepContext) -> dict[str, Any]:
 
 def one_call(kind: str, model: type[GatewayModel], op: Any, description: str) -> FlowDefinition:
     """A payment made by one call, reconciled by reading the order, then read until final if PENDING."""
-    pay = CallStep("pay", op, lambda ctx: Call(request=_with_order(ctx)), result=payment_result, adopt=adopt_order_operation)
+    pay = CallStep("pay", op, lambda ctx: Call(request=_with_order(ctx)), result=payment_result, adopt=adopt_order_payment)
     return FlowDefinition(kind, model, (pay, settle_step("settle", "pay")), summarize, input_order_id, description)
 
 
@@ -191,7 +189,7 @@ THREE_STEPS = FlowDefinition(
             Catalogue.three_steps_init,
             _three_steps_init,
             result=_init_result,
-            adopt=new_order_if_exists("the 3DS initiation answer was lost"),
+            adopt=new_order_if_never_charged("the 3DS initiation answer was lost", initiated=True),
             customer_url=_challenge_url,
         ),
         WaitStep(
@@ -215,7 +213,13 @@ THREE_STEPS = FlowDefinition(
             adopt=_adopt_validation,
             when=lambda ctx: _challenge_needed(ctx) and bool(ctx.output("challenge").get("threeDSAuthResponse")),
         ),
-        CallStep("payment", Catalogue.three_steps_payment, _payment_request, result=payment_result, adopt=adopt_final_payment),
+        CallStep(
+            "payment",
+            Catalogue.three_steps_payment,
+            _payment_request,
+            result=payment_result,
+            adopt=adopt_operation_of("init"),
+        ),
         settle_step("settle", "payment"),
     ),
     summarize,
@@ -251,9 +255,9 @@ SVS = FlowDefinition(
             Catalogue.svs_init_order,
             lambda ctx: Call(request=_with_order(ctx)),
             result=lambda ctx, answer: Advance(answer.wire()),
-            adopt=adopt_order_operation,  # the initiated (PENDING) operation is all "pay" needs
+            adopt=adopt_order_payment,  # the initiated (PENDING) operation is all "pay" needs
         ),
-        CallStep("pay", Catalogue.svs_pay_operation, _svs_pay, result=payment_result, adopt=adopt_final_payment),
+        CallStep("pay", Catalogue.svs_pay_operation, _svs_pay, result=payment_result, adopt=adopt_operation_of("init")),
         settle_step("settle", "pay"),
     ),
     summarize,

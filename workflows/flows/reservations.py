@@ -43,9 +43,9 @@ from gateway import (
     ReservationIdResponse,
     Unknown,
 )
-from tasks.outcomes import Advance, Attention, Finish, Outcome, Poll, Wait
+from tasks.outcomes import Advance, Finish, Outcome, Poll, Wait
 from tasks.runner import NOT_COMMITTED, ReconcileResult, StepContext
-from workflows.flows._common import MAX_POLLS, judge_operation, summarize
+from workflows.flows._common import judge_operation, read_until_final, summarize
 from workflows.steps import Call, CallStep, FlowDefinition, SleepStep, WaitStep
 
 Form = Literal["current", "earlier"]
@@ -228,13 +228,6 @@ def _charged(ctx: StepContext, answer: OperationResponse) -> Outcome:
     return Advance(answer.wire())
 
 
-def _read_back(ctx: StepContext, answer: Operation) -> Outcome:
-    outcome = judge_operation(answer, {"operation": answer.wire(), "readBack": True})
-    if isinstance(outcome, Poll) and ctx.polls >= MAX_POLLS:
-        return Attention(f"operation {answer.operationId} still PENDING after {ctx.polls} reads")
-    return outcome
-
-
 def charge_flow(kind: str, model: type[ChargeInput], description: str) -> FlowDefinition:
     steps: list[Any] = []
     if kind == "delay_charge":
@@ -249,12 +242,7 @@ def charge_flow(kind: str, model: type[ChargeInput], description: str) -> FlowDe
         ),
         _Validate("validate", VALIDATIONS[(kind, "current")], lambda ctx: Call()),
         CallStep("charge", CHARGES[kind], _charge_body, result=_charged),
-        CallStep(
-            "result",
-            Catalogue.get_operation,
-            lambda ctx: Call((str(ctx.output("charge")["operation"]["operationId"]),)),
-            result=_read_back,
-        ),
+        read_until_final("result", "charge", note="readBack"),
     ]
     return FlowDefinition(kind, model, tuple(steps), summarize, None, description)
 

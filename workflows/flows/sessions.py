@@ -14,7 +14,6 @@ from typing import Any, Literal
 from pydantic import Field
 
 from gateway import (
-    FAILURE_RESULTS,
     SUCCESS_RESULTS,
     BuildOrderRequest,
     BuildSessionRequest,
@@ -32,12 +31,13 @@ from gateway import (
     PayByLinkRequest,
     PaymentLinkStatus,
 )
-from tasks.outcomes import Advance, Finish, Outcome, Poll, Wait
+from gateway._notification import REPORTED_FIELDS
+from tasks.outcomes import Advance, Attention, Finish, Outcome, Poll, Wait
 from tasks.runner import NOT_COMMITTED, ReconcileResult, StepContext
+from workflows.flows._adopt import new_order_if_never_charged, page_payment
 from workflows.flows._common import (
     input_order_id,
     judge_operation,
-    new_order_if_exists,
     order_with_current_id,
     payment_result,
     read_order,
@@ -49,8 +49,10 @@ from workflows.steps import Call, CallStep, FlowDefinition, WaitStep
 #: How many times a deadline read that finds the payment still PENDING extends the wait.
 MAX_EXTENSIONS = 3
 EXTENSION_SECONDS = 600.0
-#: How often a flow reads the order of a link it adopted (it cannot verify that link's notifications).
+#: How often a flow reads the order of a link it adopted (it cannot verify that link's notifications): at
+#: first every 5 minutes, then a tenth of the link's age, at most every 6 hours (a bounded number of reads).
 ADOPTED_READ_SECONDS = 300.0
+ADOPTED_READ_MAX_SECONDS = 21600.0
 
 
 def _session_body(ctx: StepContext, drop: tuple[str, ...] = ()) -> dict[str, Any]:
@@ -65,12 +67,16 @@ def _session_body(ctx: StepContext, drop: tuple[str, ...] = ()) -> dict[str, Any
 
 
 def _notified(ctx: StepContext, name: str, payload: dict[str, Any]) -> Outcome:
-    """A verified notification carries the operation: final results end the wait, PENDING keeps it."""
+    """A verified notification carries the operation: final results end the wait, PENDING keeps it. A
+    payment on an earlier order of the flow (a page from before a restart or a new order id) is money
+    the flow must account for: a person looks."""
     data = payload.get("operation")
     if not isinstance(data, dict):
         return Wait((name,), ctx.wait_deadline or ctx.now)
     operation = Operation.model_validate(data)
     if operation.orderId and ctx.order_id and operation.orderId != ctx.order_id:
+        if operation.operationResult in SUCCESS_RESULTS:
+            return earlier_order_paid(ctx, operation)
         return Wait((name,), ctx.wait_deadline or ctx.now, note="notification of an earlier order ignored")
     outcome = judge_operation(operation, {"operation": operation.wire()})
     if isinstance(outcome, Advance | Finish):
@@ -78,12 +84,40 @@ def _notified(ctx: StepContext, name: str, payload: dict[str, Any]) -> Outcome:
     return Wait(("notification",), ctx.wait_deadline or ctx.now)
 
 
+def earlier_order_paid(ctx: StepContext, operation: Operation) -> Attention:
+    paid = {key: value for key, value in operation.wire().items() if key in REPORTED_FIELDS}
+    return Attention(
+        f"the gateway reports {operation.operationResult} of operation {operation.operationId} on the flow's earlier "
+        f"order {operation.orderId} (the flow now uses {ctx.order_id})",
+        {"type": "LatePayment", "endedAs": "moved to a new order", "operation": paid},
+    )
+
+
+def _earlier_payment(ctx: StepContext) -> Operation | None:
+    """A successful payment on an order the flow made before its current one (read at the deadline,
+    in case that page's notification never came)."""
+    for order_id in ctx.orders:
+        if order_id == ctx.order_id:
+            continue
+        try:
+            found = ctx.call(Catalogue.get_order, order_id)
+        except NotFound:
+            continue
+        for operation in found.operations:
+            if operation.operationResult in SUCCESS_RESULTS:
+                return operation
+    return None
+
+
 def _read_order_at_deadline(ctx: StepContext, waited_for: str) -> Outcome:
+    earlier = _earlier_payment(ctx)
+    if earlier is not None:
+        return earlier_order_paid(ctx, earlier)
     found = read_order(ctx)
     operations = found.operations if found else []
-    final = [op for op in operations if op.operationResult in SUCCESS_RESULTS or op.operationResult in FAILURE_RESULTS]
-    if final:
-        return judge_operation(final[-1], {"operation": final[-1].wire(), "readAtDeadline": True})
+    paid = page_payment(operations)
+    if paid is not None:
+        return judge_operation(paid, {"operation": paid.wire(), "readAtDeadline": True})
     pending = [op for op in operations if op.operationResult is OperationResult.PENDING]
     links = found.all_links() if found else []
     if any(link.status is PaymentLinkStatus.EXPIRED for link in links):
@@ -94,8 +128,9 @@ def _read_order_at_deadline(ctx: StepContext, waited_for: str) -> Outcome:
         return Poll(EXTENSION_SECONDS, note="payment still PENDING at the deadline; read again later")
     if ctx.output("create").get("adopted") and any(link.status is PaymentLinkStatus.ACTIVE for link in links):
         # An adopted link's security token was lost with the answer, so its notifications cannot be
-        # verified: read the order every ADOPTED_READ_SECONDS until the link is paid or expires.
-        return Wait(("notification",), ctx.now + ADOPTED_READ_SECONDS, note="adopted link still open; read again later")
+        # verified: read the order again later, less often as the link ages, until it is paid or expires.
+        later = min(max(ADOPTED_READ_SECONDS, (ctx.now - ctx.created) / 10), ADOPTED_READ_MAX_SECONDS)
+        return Wait(("notification",), ctx.now + later, note="adopted link still open; read again later")
     return Finish(False, f"no payment by the deadline ({waited_for})", error={"type": "Expired"})
 
 
@@ -124,7 +159,7 @@ HPP = FlowDefinition(
             "create",
             Catalogue.create_hpp_order,
             lambda ctx: Call(request=_session_body(ctx, ("waitSeconds",))),
-            adopt=new_order_if_exists("the hosted page answer was lost before the customer saw it"),
+            adopt=new_order_if_never_charged("the hosted page answer was lost before the customer saw it"),
             customer_url=lambda output: output.get("hostedPage"),
         ),
         _await("payment", lambda ctx: ctx.input.waitSeconds or 1800.0, "hosted payment page"),
@@ -316,7 +351,7 @@ BUILD = FlowDefinition(
             "create",
             Catalogue.create_build_order,
             lambda ctx: Call(request=_session_body(ctx, ("formSeconds",))),
-            adopt=new_order_if_exists("the embedded form answer was lost before the customer saw it"),
+            adopt=new_order_if_never_charged("the embedded form answer was lost before the customer saw it"),
             customer_url=lambda output: next((f.get("src") for f in output.get("fields") or [] if f.get("src")), None),
         ),
         WaitStep(

@@ -1,58 +1,73 @@
--- Claim a flow's step under a lease in one round trip: check, write the claim, return the record.
+-- Claim a flow's step under a lease in one round trip: every claim rule lives here.
 -- KEYS: flow, log, due, then the state indexes ready, retrying, waiting, sleeping, running.
--- ARGV: 1 flow id, 2 step, 3 now, 4 lease until, 5 owner, 6 max attempts (a reclaim at or past
---       it is left to the caller, as is a flow with a cancel request: both answer 'fallback').
--- Returns {outcome} for missing, not-current, leased, stopped, early, fallback; or
--- {'ok', previous state, field, value, ...} with the record as written.
--- Same rules as Engine.claim's careful path (which handles the rare cases).
+-- ARGV: 1 flow id, 2 step, 3 now, 4 lease until, 5 owner, 6 max attempts, 7 max runs of one step.
+-- Returns {reason} when the step is not claimed: missing, not-current, leased, stopped, early;
+-- {'ok', previous state, field, value, ...} with the record as written by the claim; or, without
+-- writing anything, {'cancel', state, field, value, ...} for a flow whose cancel was requested and
+-- {'lost', state, field, value, ...} for a step whose worker was lost max-attempts times, and
+-- {'looping', ...} for a step claimed max-runs times without moving on (the backstop under every
+-- loop: polls, waits woken again and again, retries that reset): the caller ends the flow with a
+-- compare-and-set (transition.lua), which also scrubs the card data.
+-- A step found 'early' or 'leased' has its due entry re-armed at the record's own time: a dispatcher
+-- that took it pushed it back by a lease, which a worker whose clock is behind must not leave there.
 if redis.call('EXISTS', KEYS[1]) == 0 then
   return {'missing'}
 end
-local data = redis.call('HMGET', KEYS[1], 'state', 'step', 'lease_until', 'due', 'attempt', 'cancel_requested', 'version')
+local data = redis.call('HMGET', KEYS[1], 'state', 'step', 'lease_until', 'due', 'attempt', 'cancel_requested', 'version', 'runs')
 local state, step, lease_until, due = data[1], data[2] or '', data[3], data[4]
 local attempt = tonumber(data[5] or '0') or 0
 local now = tonumber(ARGV[3])
 if step ~= ARGV[2] then
   return {'not-current'}
 end
-local reclaim = false
-if state == 'running' then
-  if lease_until and tonumber(lease_until) > now then
-    return {'leased'}
-  end
-  reclaim = true
-elseif state == 'succeeded' or state == 'failed' or state == 'cancelled' or state == 'needs_attention' then
-  return {'stopped'}
-elseif state ~= 'ready' and (not due or tonumber(due) > now) then
-  return {'early'}
-end
-if data[6] == '1' or (reclaim and attempt >= tonumber(ARGV[6])) then
-  return {'fallback'}
-end
 local indexes = {ready = KEYS[4], retrying = KEYS[5], waiting = KEYS[6], sleeping = KEYS[7], running = KEYS[8]}
 local old_index = indexes[state]
 if not old_index then
-  return {'fallback'}
+  return {'stopped'}
 end
-local version = tonumber(data[7]) + 1
-redis.call('HSET', KEYS[1], 'state', 'running', 'version', version, 'updated', ARGV[3], 'due', ARGV[4],
-  'attempt', attempt + 1, 'lease_until', ARGV[4], 'lease_owner', ARGV[5])
-local what = 'claimed ' .. ARGV[2]
-if reclaim then
-  redis.call('HSET', KEYS[1], 'uncertain', '1')
-  what = what .. ' after the lease ran out'
+local reclaim = false
+if state == 'running' then
+  if lease_until and tonumber(lease_until) > now then
+    redis.call('ZADD', KEYS[3], lease_until, ARGV[1])
+    return {'leased'}
+  end
+  reclaim = true
+elseif state ~= 'ready' and (not due or tonumber(due) > now) then
+  if due then
+    redis.call('ZADD', KEYS[3], due, ARGV[1])
+  end
+  return {'early'}
 end
-redis.call('ZADD', KEYS[3], ARGV[4], ARGV[1])
-if old_index ~= KEYS[8] then
-  redis.call('ZREM', old_index, ARGV[1])
+local runs = tonumber(data[8] or '0') or 0
+local verdict = 'ok'
+if data[6] == '1' then
+  verdict = 'cancel'
+elseif reclaim and attempt >= tonumber(ARGV[6]) then
+  verdict = 'lost'
+elseif runs >= tonumber(ARGV[7]) then
+  verdict = 'looping'
 end
-redis.call('ZADD', KEYS[8], ARGV[3], ARGV[1])
--- The log entry in FlowStore._entry's form (sorted keys); "t" keeps the caller's exact number.
-redis.call('RPUSH', KEYS[2], '{"by":' .. cjson.encode(ARGV[5]) .. ',"from":' .. cjson.encode(state) ..
-  ',"step":' .. cjson.encode(ARGV[2]) .. ',"t":' .. ARGV[3] .. ',"to":"running","what":' .. cjson.encode(what) .. '}')
-redis.call('PERSIST', KEYS[1])
-redis.call('PERSIST', KEYS[2])
-local result = {'ok', state}
+if verdict == 'ok' then
+  local version = tonumber(data[7]) + 1
+  redis.call('HSET', KEYS[1], 'state', 'running', 'version', version, 'updated', ARGV[3], 'due', ARGV[4],
+    'attempt', attempt + 1, 'lease_until', ARGV[4], 'lease_owner', ARGV[5], 'runs', runs + 1)
+  local what = 'claimed ' .. ARGV[2]
+  if reclaim then
+    redis.call('HSET', KEYS[1], 'uncertain', '1')
+    what = what .. ' after the lease ran out'
+  end
+  redis.call('ZADD', KEYS[3], ARGV[4], ARGV[1])
+  if old_index ~= KEYS[8] then
+    redis.call('ZREM', old_index, ARGV[1])
+  end
+  redis.call('ZADD', KEYS[8], ARGV[3], ARGV[1])
+  -- The log entry in FlowStore._entry's form (sorted keys); "t" keeps the caller's exact number.
+  redis.call('RPUSH', KEYS[2], '{"by":' .. cjson.encode(ARGV[5]) .. ',"from":' .. cjson.encode(state) ..
+    ',"step":' .. cjson.encode(ARGV[2]) .. ',"t":' .. ARGV[3] .. ',"to":"running","what":' .. cjson.encode(what) .. '}')
+  redis.call('PERSIST', KEYS[1])
+  redis.call('PERSIST', KEYS[2])
+end
+local result = {verdict, state}
 for _, item in ipairs(redis.call('HGETALL', KEYS[1])) do
   table.insert(result, item)
 end

@@ -1,15 +1,34 @@
--- Deliver a signal to a flow. KEYS: flow, log, due, waiting index, ready index.
--- ARGV: 1 flow id, 2 signal name, 3 signal (JSON object with name, payload, t), 4 now, 5 log entry,
---       6 due time of the resumed flow (now, or later when the caller sends the step itself).
--- Returns "missing", "finished", "resumed" (the flow was waiting for it) or "stored" (kept until the
--- flow waits for it). Storing does not change the version: a step in flight completes normally and
--- its wait then finds the signal (see transition.lua).
+-- Deliver a signal to a flow. KEYS: flow, log, due, then the state indexes waiting, ready, succeeded,
+-- failed, cancelled, needs_attention.
+-- ARGV: 1 flow id, 2 signal name, 3 signal (JSON object with name, payload, t and, when it reports a
+--       payment taken, paid), 4 now, 5 log entry of a resume (JSON), 6 due time of the resumed flow
+--       (now, or later when the caller sends the step itself), 7 who delivers it.
+-- Returns "missing"; "finished" (ended, nothing to do); "late_payment" (ended without this payment:
+-- kept, and the flow moved to needs_attention, see money.lua); "resumed" (it was waiting for it); or
+-- "stored" (kept until the flow waits for it). Storing does not change the version: a step in flight
+-- completes normally and its completion then finds the signal (see transition.lua).
 if redis.call('EXISTS', KEYS[1]) == 0 then
   return 'missing'
 end
 local state = redis.call('HGET', KEYS[1], 'state')
+local signal = cjson.decode(ARGV[3])
 if state == 'succeeded' or state == 'failed' or state == 'cancelled' then
-  return 'finished'
+  if not unaccounted(signal['paid'], state, redis.call('HGET', KEYS[1], 'outcome')) then
+    return 'finished'
+  end
+  local indexes = {succeeded = KEYS[6], failed = KEYS[7], cancelled = KEYS[8]}
+  local seq = redis.call('HINCRBY', KEYS[1], 'sigseq', 1)
+  local version = tonumber(redis.call('HGET', KEYS[1], 'version')) + 1
+  redis.call('HSET', KEYS[1], 'sig:' .. seq, ARGV[3], 'state', 'needs_attention', 'version', version, 'updated', ARGV[4],
+    'error', late_payment_error(signal['paid'], state))
+  redis.call('HDEL', KEYS[1], 'due')
+  redis.call('ZREM', indexes[state], ARGV[1])
+  redis.call('ZADD', KEYS[9], ARGV[4], ARGV[1])
+  redis.call('RPUSH', KEYS[2], cjson.encode({t = tonumber(ARGV[4]), from = state, to = 'needs_attention',
+    step = redis.call('HGET', KEYS[1], 'step') or '', by = ARGV[7], what = late_payment_what(signal['paid'], 'ended ' .. state)}))
+  redis.call('PERSIST', KEYS[1])
+  redis.call('PERSIST', KEYS[2])
+  return 'late_payment'
 end
 local seq = redis.call('HINCRBY', KEYS[1], 'sigseq', 1)
 redis.call('HSET', KEYS[1], 'sig:' .. seq, ARGV[3])

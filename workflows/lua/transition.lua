@@ -1,11 +1,16 @@
--- Compare-and-set one transition of a flow.
--- KEYS: flow, log, due, old-state index, new-state index, ready index, cancelled index.
+-- Compare-and-set one transition of a flow (money.lua is prepended).
+-- KEYS: flow, log, due, old-state index, new-state index, ready index, cancelled index,
+--       needs_attention index.
 -- ARGV: 1 flow id, 2 expected version, 3 new state, 4 fields (JSON object; JSON null deletes),
 --       5 due score ("" removes the flow from the due set), 6 log entry (JSON), 7 now,
---       8 ttl seconds ("" keeps the record forever), 9 awaited signal names (JSON list, for waits),
---       10 ttl seconds of a finished flow (used when a cancel request turns this move into a cancel),
---       11 the input without card secrets ("" when there are none), written when the flow ends.
--- Returns {new version, final state}, or {0, current state} when the version did not match.
+--       8 ttl seconds ("" keeps the record forever), 9 signal names the completing step awaits (JSON
+--       list: for a wait, or a wait step ending failed), 10 ttl seconds of a finished flow (used when
+--       a cancel request turns this move into a cancel), 11 the input without card secrets ("" when
+--       there are none), written when the flow ends.
+-- Returns {new version, final state}, or {0, current state} when the version did not match. The final
+-- state differs from the one asked for when: a signal the step awaits is already there (ready: run
+-- the step again to read it); a cancel was requested (cancelled, the request used up); or the flow
+-- would end with a reported payment unaccounted (needs_attention, see money.lua).
 local current = redis.call('HGET', KEYS[1], 'version')
 if current ~= ARGV[2] then
   return {0, redis.call('HGET', KEYS[1], 'state') or ''}
@@ -13,42 +18,64 @@ end
 local state = ARGV[3]
 local due = ARGV[5]
 local idx = KEYS[5]
-local entry = ARGV[6]
+local ttl = ARGV[8]
 local fields = cjson.decode(ARGV[4])
-if state == 'waiting' then
-  -- A signal that arrived while the step ran must not be slept through: resume at once.
+local log = cjson.decode(ARGV[6])
+local rewritten = false  -- the log entry is re-encoded only when this script changed it
+if state == 'waiting' or state == 'failed' then
+  -- A signal that arrived while the step ran must not be slept through, nor failed past: run again.
   local awaited = {}
   for _, name in ipairs(cjson.decode(ARGV[9])) do awaited[name] = true end
-  local keys = redis.call('HKEYS', KEYS[1])
-  for _, key in ipairs(keys) do
+  for _, key in ipairs(redis.call('HKEYS', KEYS[1])) do
     -- (a signal this very step consumed is deleted below: it must not wake the flow again)
     if string.sub(key, 1, 4) == 'sig:' and fields[key] ~= cjson.null then
       local signal = cjson.decode(redis.call('HGET', KEYS[1], key))
       if awaited[signal['name']] then
+        if state == 'failed' then
+          fields['outcome'] = nil  -- not failed after all, perhaps: the run that reads the signal decides
+          fields['error'] = nil
+        end
         state = 'ready'
         due = ARGV[7]
         idx = KEYS[6]
-        local log = cjson.decode(entry)
+        ttl = ''
         log['to'] = 'ready'
-        log['what'] = (log['what'] or '') .. ' (a signal was already there)'
-        entry = cjson.encode(log)
+        rewritten = true
+        log['what'] = (log['what'] or '') .. ' (a signal was already there: read it first)'
         break
       end
     end
   end
 end
-local ttl = ARGV[8]
-if redis.call('HGET', KEYS[1], 'cancel_requested') == '1' and
+local cancel_requested = redis.call('HGET', KEYS[1], 'cancel_requested') == '1'
+if fields['cancel_requested'] ~= nil then
+  cancel_requested = fields['cancel_requested'] == '1'  -- withdrawn (an operator's retry) or made here
+end
+if cancel_requested and
    (state == 'ready' or state == 'running' or state == 'retrying' or state == 'waiting' or state == 'sleeping') then
   -- Cancelled while a step ran: keep what the step did, then stop at this step boundary.
   state = 'cancelled'
   due = ''
   idx = KEYS[7]
   ttl = ARGV[10]
-  local log = cjson.decode(entry)
   log['to'] = 'cancelled'
+  rewritten = true
   log['what'] = (log['what'] or '') .. ' (then cancelled as requested)'
-  entry = cjson.encode(log)
+end
+local outcome = fields['outcome']
+if outcome == cjson.null or outcome == nil then
+  outcome = redis.call('HGET', KEYS[1], 'outcome')
+end
+local paid = unaccounted_signal(KEYS[1], fields, state, outcome)
+if paid then
+  fields['error'] = late_payment_error(paid, state)
+  log['what'] = (log['what'] or '') .. '; but ' .. late_payment_what(paid, 'would end ' .. state)
+  state = 'needs_attention'
+  due = ''
+  idx = KEYS[8]
+  ttl = ''
+  log['to'] = 'needs_attention'
+  rewritten = true
 end
 for name, value in pairs(fields) do
   if value == cjson.null then
@@ -56,6 +83,9 @@ for name, value in pairs(fields) do
   else
     redis.call('HSET', KEYS[1], name, value)
   end
+end
+if state == 'cancelled' then
+  redis.call('HDEL', KEYS[1], 'cancel_requested')  -- used up: a later retry does not cancel again
 end
 local version = tonumber(current) + 1
 redis.call('HSET', KEYS[1], 'state', state, 'version', version, 'updated', ARGV[7])
@@ -70,7 +100,7 @@ if KEYS[4] ~= idx then
   redis.call('ZREM', KEYS[4], ARGV[1])
 end
 redis.call('ZADD', idx, ARGV[7], ARGV[1])
-redis.call('RPUSH', KEYS[2], entry)
+redis.call('RPUSH', KEYS[2], rewritten and cjson.encode(log) or ARGV[6])
 if ARGV[11] ~= '' and (state == 'succeeded' or state == 'failed' or state == 'cancelled') then
   redis.call('HSET', KEYS[1], 'input', ARGV[11])
 end

@@ -7,6 +7,7 @@ link, gateway 400) with the gateway's error kept in the record.
 from __future__ import annotations
 
 import itertools
+import json
 import time
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -189,8 +190,10 @@ def test_paybylink_expired_cancel_and_renew(stack: Stack) -> None:
 
     # The waiting flow learns at its deadline that its link will never be paid.
     record = stack.engine.get(started.id)
+    assert record.wait is not None
+    past = json.dumps({**record.wait, "deadline": 0})  # its deadline is now
+    stack.runtime.redis.hset(stack.engine.keys.flow(started.id), mapping={"due": "0", "wait": past})
     stack.runtime.redis.zadd(stack.engine.keys.due_of(started.id), {started.id: 0})
-    stack.runtime.redis.hset(stack.engine.keys.flow(started.id), "due", "0")
     failed = stack.engine.wait(record.id, 20)
     assert failed.state is FlowState.FAILED
     assert failed.error is not None and failed.error["type"] in {"LinkCancelled", "LinkExpired", "Cancelled"}

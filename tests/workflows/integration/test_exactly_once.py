@@ -1,0 +1,145 @@
+"""Exactly once at the edges: fault sequences, "already done" answers, adopting the right operation.
+
+Each test reproduces a way money went wrong in independent testing (a late commit followed by a 429;
+a reconcile that adopted a later refund) against the real parts: Valkey, a Celery worker, the simulator
+over HTTP. The invariant checked at the gateway's own ledger: money taken is reflected in the flow
+(``succeeded``, or ``needs_attention`` naming it), and no step charges twice.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from gateway import Catalogue
+from simulator import SimulatorServer
+from tests.waiting import wait_until
+from tests.workflows.integration.conftest import Stack
+from tests.workflows.integration.test_flows import APPROVE, card, order, session, wait_for_state
+from workflows.states import FlowState
+
+#: Operations that take money (or verify a card) and are the flow's own payment.
+PAYMENT_TYPES = {"AUTHORIZATION", "CAPTURE", "CARD_VERIFICATION"}
+SUCCESS = {"AUTHORIZED", "EXECUTED"}
+
+
+def payments(simulator: SimulatorServer, order_ids: list[str]) -> list[dict[str, Any]]:
+    """Successful payment operations the gateway recorded on any of the orders (post-operations aside)."""
+    found = []
+    for order_id in order_ids:
+        for op in simulator.admin.operations(order_id=order_id):
+            if op["operationType"] in PAYMENT_TYPES and op["operationResult"] in SUCCESS and not op.get("parentOperationId"):
+                found.append(op)
+    return found
+
+
+def inputs(kind: str) -> dict[str, Any]:
+    if kind == "card_verification":
+        return {"order": order(0), "card": card(APPROVE)}
+    return {"order": order(), "card": card(APPROVE)}
+
+
+def in_flight(simulator: SimulatorServer) -> int:
+    return int(simulator.admin.health()["inFlight"])
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize(
+    ("kind", "operation"),
+    [
+        ("moto", "create_moto_order"),
+        ("card_verification", "card_verification"),
+        ("svs", "svs_init_order"),
+        ("svs", "svs_pay_operation"),
+        ("three_steps", "three_steps_init"),
+        ("three_steps", "three_steps_payment"),
+    ],
+)
+def test_a_late_commit_then_a_429_ends_succeeded_and_charged_once(stack: Stack, kind: str, operation: str) -> None:
+    """The first request commits after the client gave up (3 s against a 2 s timeout); the reconcile read
+    finds nothing yet, the resend is answered 429, and the next resend hits the committed order. The
+    mark "this call may have reached the gateway" must survive the 429, and "already used" / "already
+    completed" must be read as "already done", not as a refusal."""
+    sim = stack.simulator
+    sim.admin.set_faults(mode="latency", operation=operation, count=1, latency_ms=3000)
+    flow = stack.engine.start(kind, inputs(kind))
+    wait_until(lambda: in_flight(sim) >= 1, what="the slow request to reach the gateway")
+    sim.admin.set_faults(mode="error", operation=operation, count=1, status=429, retry_after=3)
+    done = stack.engine.wait(flow.id, 60)
+    history = stack.engine.history(flow.id)
+    assert done.state is FlowState.SUCCEEDED, (done.summary(), history)
+    charged = payments(sim, done.orders)
+    assert len(charged) == 1, (charged, history)
+    assert done.outcome is not None and done.outcome["operation"]["operationId"] == charged[0]["operationId"]
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("post", ["refund", "capture"])
+def test_reconcile_adopts_the_steps_own_payment_not_a_later_post_operation(stack: Stack, post: str) -> None:
+    """A MOTO payment commits but its answer is lost; before the flow reads the order back, a refund (or
+    a capture) is made on the payment. The read must adopt the payment the step made, not the order's
+    latest operation."""
+    sim = stack.simulator
+    data = inputs("moto") | ({"captureType": "EXPLICIT"} if post == "capture" else {})
+    sim.admin.set_faults(mode="hang", operation="create_moto_order", count=1, seconds=30, commit=True)
+    flow = stack.engine.start("moto", data)
+    order_id = data["order"]["orderId"]
+    wait_until(lambda: payments(sim, [order_id]), what="the payment to commit at the gateway")
+    payment = payments(sim, [order_id])[0]
+    # Straight to the gateway (well inside the payment call's 2 s timeout, before the flow reads back).
+    op = Catalogue.refund_operation if post == "refund" else Catalogue.capture_operation
+    stack.engine.gateway().call(op, payment["operationId"], request={}, idempotency_key=f"test-{post}-{order_id}")
+    done = stack.engine.wait(flow.id, 60)
+    history = stack.engine.history(flow.id)
+    assert done.state is FlowState.SUCCEEDED, (done.summary(), history)
+    assert done.outcome is not None and done.outcome["operation"]["operationId"] == payment["operationId"], history
+    assert len(payments(sim, [order_id])) == 1
+
+
+@pytest.mark.integration
+def test_an_order_id_already_used_by_another_payment_is_never_adopted(stack: Stack) -> None:
+    """A merchant starts a second MOTO flow naming an order id the gateway already holds for another
+    amount: the duplicate answer must not be taken for this flow's payment."""
+    first = stack.run("moto", inputs("moto"))
+    assert first.state is FlowState.SUCCEEDED
+    other = {"order": {**first.input["order"], "amount": "999"}, "card": card(APPROVE)}
+    second = stack.run("moto", other)
+    assert second.state is FlowState.NEEDS_ATTENTION, second.summary()
+    assert len(payments(stack.simulator, [first.order_id])) == 1
+
+
+@pytest.mark.integration
+def test_a_payment_on_the_first_page_after_a_restart_on_a_new_order_needs_a_person(stack: Stack) -> None:
+    """A hosted-page flow failed (no payment by its deadline); the operator restarted it on ``<orderId>-2``;
+    the customer, who still had the first page, pays there. That money is the flow's to account for."""
+    started = stack.engine.start("hpp", {"order": order(), "paymentSession": session(), "waitSeconds": 0.5})
+    failed = stack.engine.wait(started.id, 30)
+    assert failed.state is FlowState.FAILED, failed.summary()
+    first_order = failed.order_id
+    stack.engine.retry(started.id)
+    waiting = wait_for_state(stack, started.id, FlowState.WAITING)
+    assert waiting.order_id != first_order and waiting.orders == [first_order, waiting.order_id]
+    paid = stack.simulator.admin.complete_hpp(first_order)
+    assert stack.engine.flow_for_order(first_order) == started.id, "the first order still routes to the flow"
+    operation = {"orderId": first_order, "operationId": paid["operationId"], "operationResult": paid["operationResult"]}
+    stack.engine.signal(started.id, "notification", {"operation": operation}, by="notification")
+    done = stack.engine.wait(started.id, 20)
+    assert done.state is FlowState.NEEDS_ATTENTION, (done.summary(), stack.engine.history(started.id))
+    assert done.error is not None and done.error["type"] == "LatePayment"
+    assert done.error["operation"]["operationId"] == paid["operationId"]
+
+
+@pytest.mark.integration
+def test_the_deadline_read_finds_a_payment_on_an_earlier_order(stack: Stack) -> None:
+    """The same, but the notification of the first page is lost: the read at the deadline looks at every
+    order the flow made."""
+    started = stack.engine.start("hpp", {"order": order(), "paymentSession": session(), "waitSeconds": 0.5})
+    assert stack.engine.wait(started.id, 30).state is FlowState.FAILED
+    first_order = stack.engine.get(started.id).order_id
+    stack.engine.retry(started.id)
+    wait_for_state(stack, started.id, FlowState.WAITING)
+    paid = stack.simulator.admin.complete_hpp(first_order)
+    done = stack.engine.wait(started.id, 30)
+    assert done.state is FlowState.NEEDS_ATTENTION, (done.summary(), stack.engine.history(started.id))
+    assert done.error is not None and done.error["operation"]["operationId"] == paid["operationId"]

@@ -1,0 +1,136 @@
+"""Money the gateway reports always shows in the flow: ``succeeded``, or ``needs_attention`` naming it.
+
+A notification of a payment can arrive at any moment: while the flow waits, while a step runs (the
+deadline read), after a cancel request, after the flow ended, for an earlier order of the flow. Each
+test delivers it at one of those moments (a real Valkey, scripted steps, a manual clock) and checks
+where the flow ends, and that a cancel request is used once, not again after an operator's retry.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tasks.outcomes import Advance, Attention, Finish, Outcome
+from tasks.runner import StepContext
+from tests.workflows.engine_support import DemoInput, ScriptedStep, flow, wait_step
+from workflows.clock import ManualClock
+from workflows.engine import Claim
+from workflows.flows._common import summarize
+from workflows.states import FlowState
+from workflows.steps import FlowDefinition, WaitStep
+
+PAID = {"operation": {"operationId": "op-9", "orderId": "ord-1", "operationResult": "AUTHORIZED", "amount": "500"}}
+OTHER = {"operation": {**PAID["operation"], "operationId": "op-10"}}
+DECLINED = {"operation": {**PAID["operation"], "operationResult": "DECLINED"}}
+
+
+def paid_on(signal: str, payload: dict[str, Any]) -> Outcome:
+    operation = payload.get("operation") or {}
+    if operation.get("operationResult") in {"AUTHORIZED", "EXECUTED"}:
+        return Advance({"operation": operation})
+    return Finish(False, f"payment {operation.get('operationResult')}")
+
+
+def racing_wait(deliver: Any) -> WaitStep:
+    """A wait whose deadline read runs while ``deliver(ctx)`` reports the payment, then finds nothing."""
+
+    def at_deadline(ctx: StepContext) -> Outcome:
+        deliver(ctx)
+        return Finish(False, "no payment by the deadline", error={"type": "Expired"})
+
+    return WaitStep(
+        "customer",
+        ("paid",),
+        on_signal=lambda ctx, name, payload: paid_on(name, payload),
+        on_deadline=at_deadline,
+        timeout=lambda ctx: 100.0,
+    )
+
+
+def test_a_payment_reported_during_the_deadline_read_ends_succeeded(make_engine: Any, clock: ManualClock) -> None:
+    engines: list[Any] = []
+    engine, _ = make_engine(flow(racing_wait(lambda ctx: engines[0].signal(ctx.flow_id, "paid", PAID))))
+    engines.append(engine)
+    record = engine.start("demo", {"amount": 5})
+    assert engine.run_step(record.id, "customer") == "waiting"
+    clock.advance(101)
+    outcome = engine.run_step(record.id, "customer")
+    assert outcome == "ready", "the reported payment is read before the flow may fail"
+    assert engine.run_step(record.id, "customer") == "succeeded"
+    assert engine.get(record.id).outputs["customer"]["operation"]["operationId"] == "op-9"
+
+
+def test_a_payment_reported_while_a_cancel_is_pending_needs_a_person(make_engine: Any, clock: ManualClock) -> None:
+    engines: list[Any] = []
+
+    def report_then_cancel(ctx: StepContext) -> None:
+        engines[0].signal(ctx.flow_id, "paid", PAID)
+        engines[0].cancel(ctx.flow_id, "customer gave up")
+
+    engine, _ = make_engine(flow(racing_wait(report_then_cancel)))
+    engines.append(engine)
+    record = engine.start("demo", {"amount": 5})
+    engine.run_step(record.id, "customer")
+    clock.advance(101)
+    assert engine.run_step(record.id, "customer") == "needs_attention"
+    stopped = engine.get(record.id)
+    assert stopped.error is not None and stopped.error["type"] == "LatePayment"
+    assert stopped.error["operation"]["operationId"] == "op-9"
+
+
+def test_a_payment_reported_after_the_flow_failed_needs_a_person(make_engine: Any, clock: ManualClock) -> None:
+    engine, _ = make_engine(flow(wait_step()))
+    record = engine.start("demo", {"amount": 5})
+    engine.run_step(record.id, "customer")
+    clock.advance(101)
+    assert engine.run_step(record.id, "customer") == "failed", "no payment by the deadline"
+    assert engine.signal(record.id, "paid", DECLINED) == "finished", "only money taken needs a person"
+    assert engine.signal(record.id, "paid", PAID) == "late_payment"
+    late = engine.get(record.id)
+    assert late.state is FlowState.NEEDS_ATTENTION and late.error is not None
+    assert late.error["type"] == "LatePayment" and late.error["operation"]["operationId"] == "op-9"
+    assert engine.redis.ttl(engine.keys.flow(record.id)) == -1, "kept until a person acts"
+    engine.retry(record.id)  # the operator accepts the payment: the waiting step takes the notification
+    assert engine.run_step(record.id, "customer") == "succeeded"
+    assert engine.get(record.id).outputs["customer"]["operation"]["operationId"] == "op-9"
+
+
+def test_a_second_payment_reported_for_a_succeeded_flow_needs_a_person(make_engine: Any, clock: ManualClock) -> None:
+    """The flow's outcome names the payments it made (every flow kind's summary lists ``operationIds``)."""
+    engine, _ = make_engine(FlowDefinition("demo", DemoInput, (wait_step(),), summarize))
+    record = engine.start("demo", {"amount": 5})
+    engine.run_step(record.id, "customer")
+    engine.signal(record.id, "paid", PAID)
+    assert engine.run_step(record.id, "customer") == "succeeded"
+    assert engine.signal(record.id, "paid", PAID) == "finished", "its own payment, repeated"
+    assert engine.signal(record.id, "paid", OTHER) == "late_payment"
+    doubled = engine.get(record.id)
+    assert doubled.state is FlowState.NEEDS_ATTENTION and doubled.error is not None
+    assert doubled.error["type"] == "LatePayment" and doubled.error["endedAs"] == "succeeded"
+    assert doubled.error["operation"]["operationId"] == "op-10"
+
+
+def test_a_cancel_is_applied_once_not_again_after_an_operators_retry(make_engine: Any, clock: ManualClock) -> None:
+    """Cancelled while a step ran; the customer's payment arrives later; the operator accepts it."""
+    engine, _ = make_engine(flow(wait_step()))
+    record = engine.start("demo", {"amount": 5})
+    assert isinstance(engine.claim(record.id, "customer"), Claim)
+    engine.cancel(record.id, "changed my mind")
+    clock.advance(31)
+    assert engine.run_step(record.id, "customer") == "cancelled"
+    assert engine.signal(record.id, "paid", PAID) == "late_payment"
+    engine.retry(record.id)
+    assert not engine.get(record.id).cancel_requested
+    assert engine.run_step(record.id, "customer") == "succeeded"
+
+
+def test_a_cancel_requested_during_a_step_that_stops_for_a_person_is_not_applied_after_retry(make_engine: Any) -> None:
+    step = ScriptedStep("pay", outcomes=[Advance({"paid": True})])
+    engine, _ = make_engine(flow(step))
+    record = engine.start("demo", {"amount": 5})
+    claim = engine.claim(record.id, "pay")
+    assert isinstance(claim, Claim)
+    engine.cancel(record.id)
+    assert engine.complete(claim, Attention("unclear")) == "needs_attention"
+    engine.retry(record.id)  # the operator decides the payment goes on after all
+    assert engine.run_step(record.id, "pay") == "succeeded"

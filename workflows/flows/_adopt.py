@@ -1,0 +1,180 @@
+"""Reading the gateway back: which operation is this flow's, and when a fresh order id is safe.
+
+A call whose answer was lost (a timeout, a 5xx, a worker killed, a write Redis lost) may have taken
+effect. Before calling again, the step reads the gateway and decides here:
+
+* **Adopt** what the gateway holds, if it is *this flow's*: the operation this step made, never
+  simply the order's latest (a later refund or capture on the same order is not the payment), and
+  only if it matches the flow (amount, currency, card). An operation that does not match is someone
+  else's (a merchant reusing an order id): a person looks, nothing is adopted.
+* **Call again** only when the gateway shows the call never acted (no order, or the operation still
+  where the earlier step left it).
+* **A fresh order id** (``<orderId>-2``) for a customer session only when the read proves that the
+  first order can never be charged: it holds no payment, final or in progress.
+
+The same reads serve a duplicate answer (``orderId already used``, ``operation already completed``):
+``BadRequest.already_done`` sends the step here instead of failing it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from gateway import (
+    FAILURE_RESULTS,
+    SUCCESS_RESULTS,
+    Catalogue,
+    NotFound,
+    Operation,
+    OperationResult,
+    OperationType,
+)
+from tasks.outcomes import Advance, Attention, Finish, NewOrder, Outcome, Poll
+from tasks.runner import NOT_COMMITTED, UNCLEAR, ReconcileResult, StepContext
+from workflows.flows._common import judge_operation, operation_of, read_order
+from workflows.sensitive import mask_pan
+
+#: Operations that take (or verify) the customer's money: what a payment step makes.
+PAYMENT_TYPES = frozenset({OperationType.AUTHORIZATION, OperationType.CAPTURE, OperationType.CARD_VERIFICATION})
+#: Results of a payment that succeeded and was reversed afterwards (a void of an authorization).
+REVERSED = frozenset({"VOIDED"})
+#: Results of a 3-step operation before its payment: nothing charged on it yet.
+BEFORE_PAYMENT = frozenset({OperationResult.PENDING, OperationResult.THREEDS_VALIDATED})
+
+
+def _expected(ctx: StepContext) -> tuple[set[int], str | None, str | None]:
+    """(amounts, currency, card number) a payment of this flow carries, from its input."""
+    data = ctx.input
+    amounts: set[int] = set()
+    currency = None
+    order = getattr(data, "order", None)
+    if order is not None:
+        amounts.add(int(order.amount))
+        currency = str(order.currency)
+    session = getattr(data, "paymentSession", None)
+    if session is not None and getattr(session, "amount", None) is not None:
+        amounts.add(int(session.amount))
+    card = getattr(data, "card", None)
+    return amounts, currency, (card.pan if card is not None else None)
+
+
+def foreign(ctx: StepContext, operation: Operation) -> str | None:
+    """Why ``operation`` cannot be this flow's payment, or None when it matches the flow's input."""
+    amounts, currency, pan = _expected(ctx)
+    verification = operation.operationType is OperationType.CARD_VERIFICATION
+    if amounts and operation.operationAmount is not None and not verification and int(operation.operationAmount) not in amounts:
+        return f"amount {operation.operationAmount}, this flow pays {'/'.join(str(a) for a in sorted(amounts))}"
+    if currency and operation.operationCurrency is not None and str(operation.operationCurrency) != currency:
+        return f"currency {operation.operationCurrency}, this flow pays in {currency}"
+    masked = (operation.additionalData or {}).get("maskedPan")
+    if pan and isinstance(masked, str) and len(masked) >= 10:
+        ours = mask_pan(pan)
+        if (masked[:6], masked[-4:]) != (ours[:6], ours[-4:]):
+            return f"card {masked}, this flow pays with {ours}"
+    return None
+
+
+def own_payment(operations: Sequence[Operation]) -> Operation | None:
+    """The payment the flow's step made on its own order: the order's first payment operation (the
+    flow created the order, so whatever came later, a capture or a refund, came after it)."""
+    for operation in operations:
+        if operation.operationType in PAYMENT_TYPES:
+            return operation
+    return None
+
+
+def page_payment(operations: Sequence[Operation]) -> Operation | None:
+    """The outcome of a customer's page (hosted page, link, form) from its order's operations: its first
+    successful payment, else its last failed one (a customer may be declined, then pay), else None."""
+    payments = [op for op in operations if op.operationType in PAYMENT_TYPES]
+    for operation in payments:
+        if operation.operationResult in SUCCESS_RESULTS:
+            return operation
+    failed = [op for op in payments if op.operationResult in FAILURE_RESULTS]
+    return failed[-1] if failed else None
+
+
+def _adopted(ctx: StepContext, operation: Operation, note: str) -> Outcome:
+    """The outcome of a payment found at the gateway, judged as if its answer had arrived (a PENDING
+    one advances: the flow's settle step reads it until final)."""
+    output = {"operation": operation.wire(), note: True}
+    outcome = judge_operation(operation, output, accept=REVERSED)
+    return Advance(output) if isinstance(outcome, Poll) else outcome
+
+
+def _not_ours(ctx: StepContext, operation: Operation, why: str) -> Attention:
+    return Attention(
+        f"order {ctx.order_id} holds operation {operation.operationId}, which is not this flow's payment ({why})",
+        {"type": "ForeignOperation", "orderId": ctx.order_id, "operationId": operation.operationId, "reason": why},
+    )
+
+
+def adopt_order_payment(ctx: StepContext) -> ReconcileResult:
+    """For a payment made in one call (MOTO, card verification, wallet, MIT, init of init/pay): read the
+    order; no order means the call never acted."""
+    found = read_order(ctx)
+    if found is None:
+        return NOT_COMMITTED
+    operation = own_payment(found.operations)
+    if operation is None:
+        return UNCLEAR
+    why = foreign(ctx, operation)
+    if why:
+        return _not_ours(ctx, operation, why)
+    return _adopted(ctx, operation, "adopted")
+
+
+def adopt_operation_of(step: str) -> Callable[[StepContext], ReconcileResult]:
+    """For the payment call of a multi-step flow (3-step payment, svs pay): the operation keeps the id
+    step ``step`` got; still before payment means the call never acted."""
+
+    def adopt(ctx: StepContext) -> ReconcileResult:
+        found = operation_of(ctx.output(step)) or {}
+        try:
+            operation = ctx.call(Catalogue.get_operation, str(found["operationId"]))
+        except NotFound:
+            return UNCLEAR
+        if operation.operationResult in BEFORE_PAYMENT:
+            return NOT_COMMITTED
+        why = foreign(ctx, operation)
+        if why:
+            return _not_ours(ctx, operation, why)
+        return _adopted(ctx, operation, "adopted")
+
+    return adopt
+
+
+def new_order_if_never_charged(reason: str, *, initiated: bool = False) -> Callable[[StepContext], ReconcileResult]:
+    """For customer sessions (hosted page, embedded form, 3DS initiation) whose create answer was lost.
+
+    The order exists, but the customer never got its page from durapay, so the flow may go on with a
+    fresh order id: *only* when the order holds no payment. A successful payment on it (the page was
+    used after all, e.g. its URL left durapay before Redis lost the write that recorded it) is the
+    flow's money: adopted, the flow succeeds. A failed one ends the flow as the wait would have. One
+    in progress means "not yet": read again. ``initiated``: the session's own creation records a
+    PENDING operation (3-step init), which is not a payment in progress.
+    """
+
+    def adopt(ctx: StepContext) -> ReconcileResult:
+        found = read_order(ctx)
+        if found is None:
+            return NOT_COMMITTED
+        payments = [op for op in found.operations if op.operationType in PAYMENT_TYPES]
+        outcome = page_payment(payments)
+        if outcome is not None and outcome.operationResult in SUCCESS_RESULTS:
+            why = foreign(ctx, outcome)
+            if why:
+                return _not_ours(ctx, outcome, why)
+            return Finish(True, "the gateway already holds this flow's payment", {"operation": outcome.wire()})
+        if not initiated and any(op.operationResult in BEFORE_PAYMENT for op in payments):
+            return UNCLEAR
+        if outcome is not None:
+            return _adopted(ctx, outcome, "readBack")
+        if any(op.operationResult not in BEFORE_PAYMENT for op in payments):
+            return UNCLEAR  # a result this version does not know: read again, then a person
+        return NewOrder(reason)
+
+    return adopt
+
+
+__all__ = ["adopt_operation_of", "adopt_order_payment", "foreign", "new_order_if_never_charged", "own_payment", "page_payment"]

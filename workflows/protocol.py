@@ -1,0 +1,323 @@
+"""The worker's side of the engine: claim a step, run it, complete it; and the dispatcher's send.
+
+Every step runs as:
+
+1. **claim** - ``claim.lua`` decides and writes in one round trip: the flow moves to ``running`` with a
+   lease and sits on the ``due`` set at the lease's end. A duplicate or late delivery finds the step
+   claimed or done and returns. The script is the one home of every claim rule; Python only applies
+   the two verdicts that end the claim instead (a cancel request, a worker lost too often).
+2. **run** - ``tasks.runner.run_step``: reconcile first when a previous try may have reached the
+   gateway, then call with the step's idempotency key (one per flow and step, never per try).
+3. **complete** - one compare-and-set writes the step's outcome, the next state and the next due time;
+   a stale worker's write is refused. Security tokens and order lookups are written *before* the
+   complete, so a notification can always be checked once the flow says it waits for one.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from pydantic import ValidationError
+
+from gateway import describe_validation_error
+from tasks.outcomes import Advance, Finish, NewOrder, Outcome, Poll, Retry, Sleep, Wait
+from tasks.runner import LeaseLost, StepContext, run_step
+from workflows.keys import step_idempotency_key
+from workflows.orders import gateway_order_id
+from workflows.states import STOPPED, FlowState
+from workflows.steps import FlowDefinition, Step, WaitStep
+from workflows.store import Change, FlowRecord, compact_json
+
+if TYPE_CHECKING:
+    from workflows.engine import Engine
+
+log = logging.getLogger("durapay.engine")
+
+
+@dataclass
+class Claim:
+    """A step held under a lease: the record as claimed, and the context to run the step in."""
+
+    record: FlowRecord
+    definition: FlowDefinition
+    step: Step
+    ctx: StepContext
+    resend: bool
+
+
+class StepProtocol:
+    """Claim, complete, dispatch. One per engine; it reads the engine's store, registry and settings."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+
+    # -- claim ---------------------------------------------------------------------------------
+
+    def claim(self, flow_id: str, step_name: str, *, worker: str = "") -> Claim | str:
+        """Take the step under a lease, or say why not: ``missing``, ``not-current``, ``leased``,
+        ``stopped``, ``early`` (not due yet), ``lost-race`` (another writer won), or the state a
+        cancel request or a too often lost worker moved the flow to."""
+        engine = self.engine
+        now = engine.clock.now()
+        owner = worker or f"pid-{os.getpid()}"
+        taken = engine.store.claim(
+            flow_id,
+            step_name,
+            now=now,
+            lease_until=now + engine.lease,
+            owner=owner,
+            max_attempts=engine.retry_policy.max_attempts,
+            max_runs=engine.settings.engine.max_step_runs,
+        )
+        if isinstance(taken, str):
+            return taken
+        verdict, record = taken
+        if verdict == "cancel":
+            return self._stop(record, Change(FlowState.CANCELLED, "cancelled as requested"), now, owner)
+        if verdict == "lost":
+            # The step's worker died holding it again and again (a crash, the OOM killer): stop for a
+            # person instead of killing workers forever. ``retry`` reconciles first.
+            lost = Change(
+                FlowState.NEEDS_ATTENTION,
+                f"{step_name}: its worker was lost {record.attempt} times",
+                {"lease_until": None, "lease_owner": None, "reconcile": "1", "error": compact_json({"type": "WorkerLost"})},
+            )
+            return self._stop(record, lost, now, owner)
+        if verdict == "looping":
+            # Every loop of the engine has its own bound; this is the one under all of them.
+            looping = Change(
+                FlowState.NEEDS_ATTENTION,
+                f"{step_name}: claimed {record.fields.get('runs')} times without moving on",
+                {"lease_until": None, "lease_owner": None, "reconcile": "1", "error": compact_json({"type": "TooManyRuns"})},
+            )
+            return self._stop(record, looping, now, owner)
+        return self._claimed(record, step_name, now, owner)
+
+    def _stop(self, record: FlowRecord, change: Change, now: float, owner: str) -> str:
+        written = self.engine.store.transition(record, change, now=now, by=owner)
+        if written is None:
+            return "lost-race"
+        self.engine.finished(written)
+        return str(written.state)
+
+    def _claimed(self, claimed: FlowRecord, step_name: str, now: float, owner: str) -> Claim | str:
+        """The claim handed to the step: its input typed again, its context built."""
+        engine = self.engine
+        definition = engine.registry[claimed.kind]
+        try:
+            model = definition.input_model.model_validate(claimed.input)
+        except ValidationError as exc:  # an input the flow's model no longer accepts (a changed release)
+            field, reason = describe_validation_error(exc)
+            bad = Change(
+                FlowState.NEEDS_ATTENTION,
+                f"{step_name}: the stored input no longer validates: {field}: {reason}",
+                {"lease_until": None, "lease_owner": None, "error": compact_json({"type": "InputError", "field": field})},
+            )
+            stopped = engine.store.transition(claimed, bad, now=now, by=owner)
+            return "lost-race" if stopped is None else str(stopped.state)
+        ctx = self.context(claimed.id, claimed.kind, step_name, model, claimed.outputs, now, claimed.order_id, claimed)
+        # Judged from the record, not from how the step was woken: a deadline read that failed and is
+        # retried must read again, not wait again (which would start its attempts over, forever).
+        ctx.deadline_reached = ctx.wait_deadline is not None and now >= ctx.wait_deadline
+
+        def renew_lease() -> None:
+            if not engine.store.renew(claimed, lease_until=engine.clock.now() + engine.lease):
+                raise LeaseLost(f"flow {claimed.id} step {step_name}: the claim is no longer {owner}'s")
+
+        ctx.renew_lease = renew_lease
+        return Claim(claimed, definition, definition.step(step_name), ctx, resend=claimed.reconcile or claimed.uncertain)
+
+    def context(
+        self,
+        flow_id: str,
+        kind: str,
+        step: str,
+        model: Any,
+        outputs: Mapping[str, dict[str, Any]],
+        now: float,
+        order_id: str,
+        record: FlowRecord | None = None,
+    ) -> StepContext:
+        engine = self.engine
+        generation = record.generation if record else 0
+        steps = engine.registry[kind].steps if kind in engine.registry else ()
+        # Redis keeps no field order: give steps their outputs in the flow's step order.
+        outputs = {step.name: outputs[step.name] for step in steps if step.name in outputs} | dict(outputs)
+        key_step = f"{step}~{generation}" if generation else step
+        return StepContext(
+            flow_id=flow_id,
+            kind=kind,
+            step=step,
+            input=model,
+            outputs=dict(outputs),
+            attempt=record.attempt if record else 0,
+            now=now,
+            idempotency_key=step_idempotency_key(flow_id, key_step),
+            order_id=order_id,
+            orders=list(record.orders) if record else ([order_id] if order_id else []),
+            created=record.created if record else now,
+            client=engine.gateway() if record else _NoClient(),  # type: ignore[arg-type]
+            signals=[(s.field, s.name, s.payload) for s in record.signals] if record else [],
+            polls=record.polls if record else 0,
+            wait_deadline=float(record.wait["deadline"]) if record and record.wait else None,
+            notification_url=engine.settings.receiver.public_url,
+            retry=engine.retry_policy,
+        )
+
+    # -- run and complete -------------------------------------------------------------------------
+
+    def run_step(self, flow_id: str, step_name: str, *, worker: str = "", chained_next: str | None = None) -> str:
+        """Claim, run and complete one step. Returns what happened (for logs and tests)."""
+        claim = self.claim(flow_id, step_name, worker=worker)
+        if isinstance(claim, str):
+            return claim
+        try:
+            outcome = run_step(claim.step, claim.ctx, must_reconcile=claim.resend, resend=claim.resend)
+        except LeaseLost as lost:
+            log.warning("%s; its result is dropped", lost)
+            return "stale"
+        return self.complete(claim, outcome, chained_next=chained_next)
+
+    def complete(self, claim: Claim, outcome: Outcome, *, chained_next: str | None = None) -> str:
+        """Write the step's outcome in one compare-and-set; ``stale`` if the claim was taken over."""
+        engine = self.engine
+        claimed, definition, step, ctx = claim.record, claim.definition, claim.step, claim.ctx
+        now = engine.clock.now()
+        done: dict[str, str | None] = {"lease_until": None, "lease_owner": None, "uncertain": None}
+        done |= {signal_field: None for signal_field in ctx.consumed}
+        change: Change
+        if isinstance(outcome, Advance):
+            engine.orders.keep_token(ctx.order_id, claimed.id, outcome.output)
+            ctx.outputs = {**ctx.outputs, step.name: outcome.output}
+            following = definition.next_step(step.name, ctx)
+            done |= {
+                f"out:{step.name}": compact_json(outcome.output),
+                "attempt": "0",
+                "polls": "0",
+                "runs": None,
+                "reconcile": None,
+                "error": None,
+                "wait": None,
+            }
+            done |= _customer_url(step, outcome.output)
+            if following is None:
+                summary = definition.summary(ctx.input, ctx.outputs)
+                done["outcome"] = compact_json({**summary, "result": "succeeded"})
+                change = Change(FlowState.SUCCEEDED, f"{step.name} done; flow succeeded", done)
+            else:
+                done["step"] = following.name
+                change = Change(FlowState.READY, f"{step.name} done", done, due=now + engine.safety, step=following.name)
+        elif isinstance(outcome, Finish):
+            if outcome.output:
+                done[f"out:{step.name}"] = compact_json(outcome.output)
+                ctx.outputs = {**ctx.outputs, step.name: outcome.output}
+            summary = definition.summary(ctx.input, ctx.outputs)
+            done["outcome"] = compact_json(
+                {**summary, "result": "succeeded" if outcome.succeeded else "failed", "reason": outcome.reason}
+            )
+            done["error"] = compact_json(outcome.error) if outcome.error else None
+            done["wait"] = None
+            state = FlowState.SUCCEEDED if outcome.succeeded else FlowState.FAILED
+            # A wait that fails (its deadline passed) while the signal it awaits arrived meanwhile must
+            # read that signal first: the script turns the failure into another run of the step.
+            awaited = step.signals if isinstance(step, WaitStep) and not outcome.succeeded else ()
+            change = Change(state, f"{step.name}: {outcome.reason}", done, awaited=awaited)
+        elif isinstance(outcome, Retry):
+            # Once a call of this step may have reached the gateway (an ambiguous error, a lost worker),
+            # that stays true until the step is done: a later 429 or 5xx of a resend proves nothing
+            # about the earlier request, which may still be on its way to commit.
+            reconcile = outcome.reconcile or claimed.reconcile or claimed.uncertain
+            done |= {"error": compact_json(outcome.error), "reconcile": "1" if reconcile else None}
+            what = f"{step.name} will be retried in {outcome.after:.1f}s" + (" (reconcile first)" if reconcile else "")
+            change = Change(FlowState.RETRYING, what, done, due=now + outcome.after)
+        elif isinstance(outcome, Poll):
+            done |= {"attempt": "0", "polls": str(claimed.polls + 1), "reconcile": None}
+            change = Change(FlowState.RETRYING, f"{step.name}: {outcome.note or 'poll again'}", done, due=now + outcome.after)
+        elif isinstance(outcome, Wait):
+            wait = {"signals": list(outcome.signals), "deadline": outcome.deadline, "step": step.name}
+            done |= {"wait": compact_json(wait), "attempt": "0", "reconcile": None}
+            change = Change(
+                FlowState.WAITING,
+                outcome.note or f"{step.name} waits",
+                done,
+                due=outcome.deadline,
+                awaited=outcome.signals,
+            )
+        elif isinstance(outcome, Sleep):
+            done |= {"attempt": "0"}
+            change = Change(FlowState.SLEEPING, f"{step.name}: sleeps until {outcome.until:.0f}", done, due=outcome.until)
+        elif isinstance(outcome, NewOrder):
+            seq = claimed.order_seq + 1
+            base = definition.order_id(ctx.input) if definition.order_id else claimed.order_id
+            new_order = gateway_order_id(base, seq)
+            engine.orders.point(new_order, claimed.id)
+            done |= {
+                "order_seq": str(seq),
+                "order_id": new_order,
+                "orders": compact_json([*claimed.orders, new_order]),
+                "attempt": "0",
+                "reconcile": None,
+            }
+            change = Change(
+                FlowState.READY,
+                f"{step.name}: {outcome.reason}; new gateway order {new_order}",
+                done,
+                due=now + engine.safety,
+            )
+        else:
+            done |= {"error": compact_json(outcome.error) if outcome.error else compact_json({"message": outcome.reason})}
+            change = Change(FlowState.NEEDS_ATTENTION, f"{step.name}: {outcome.reason}", done)
+        written = engine.store.transition(claimed, change, now=now, by=claimed.lease_owner)
+        if written is None:
+            log.info("flow %s step %s: stale completion dropped", claimed.id, step.name)
+            return "stale"
+        engine.finished(written)
+        if written.state is FlowState.READY and written.step != chained_next:
+            self.send_from(written, written.step)
+        return str(written.state)
+
+    # -- sending -------------------------------------------------------------------------------
+
+    def dispatch_due(self, *, batch: int | None = None) -> int:
+        """Send every flow that is due (timers, retries, wait deadlines, lost links, dead workers)."""
+        engine = self.engine
+        now = engine.clock.now()
+        sent = 0
+        for partition in range(engine.keys.partitions):
+            size = batch or engine.settings.engine.dispatch_batch
+            ids = engine.store.take_due(partition, now=now, batch=size, grace=engine.lease)
+            for record in engine.store.many(ids):
+                if record.state in STOPPED:
+                    continue
+                self.send_from(record, record.step)
+                sent += 1
+        return sent
+
+    def send_from(self, record: FlowRecord, step_name: str) -> None:
+        """Send the chain of the flow's next steps from ``step_name`` (the fast path)."""
+        sender = self.engine.sender
+        if sender is None:
+            return
+        links = [(step.task_name, step.name) for step in self.engine.registry[record.kind].segment(step_name)]
+        try:
+            sender.send_chain(record.id, links)
+        except Exception:
+            log.exception("flow %s: sending step %s failed; the dispatcher will pick it up", record.id, step_name)
+
+
+def _customer_url(step: Step, output: Mapping[str, Any]) -> dict[str, str | None]:
+    if step.customer_url is None:
+        return {}
+    url = step.customer_url(dict(output))
+    return {"customer_url": url} if url else {}
+
+
+class _NoClient:
+    """Stands in for the gateway client where no step runs (choosing a flow's first step at start)."""
+
+    def call(self, *args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("a step condition must not call the gateway")
