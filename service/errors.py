@@ -111,13 +111,14 @@ _STATUS_CODES = {401: "unauthorized", 404: "not_found", 405: "method_not_allowed
 
 
 def allowed_methods(request: Request) -> str:
-    """Every method some route takes at this path (Starlette names only the first route's)."""
-    methods: set[str] = set()
-    for route in request.app.router.routes:
-        match, _ = route.matches(request.scope)
-        if match is not Match.NONE:
-            methods |= set(getattr(route, "methods", None) or ())
-    return ", ".join(sorted(methods))
+    """Every method some route takes at this path (Starlette names only the first matching route's):
+    each method is tried against the routes, the way the router itself matches."""
+    found = []
+    for method in ("DELETE", "GET", "HEAD", "OPTIONS", "PATCH", "POST", "PUT"):
+        scope = {**request.scope, "method": method}
+        if any(route.matches(scope)[0] is Match.FULL for route in request.app.router.routes):
+            found.append(method)
+    return ", ".join(found)
 
 
 def install_error_handlers(app: FastAPI) -> None:

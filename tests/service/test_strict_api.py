@@ -197,3 +197,12 @@ def test_the_document_declares_both_security_schemes_and_typed_answers(served: S
     started = spec["paths"]["/flows/moto"]["post"]["responses"]["201"]["content"]["application/json"]["schema"]
     assert started == {"$ref": "#/components/schemas/FlowView"}
     assert {"401", "413", "422"} <= set(spec["paths"]["/flows/moto"]["post"]["responses"])
+
+
+def test_a_method_the_path_does_not_take_is_405_listing_what_it_takes(served: Served) -> None:
+    answer = served.http.request("OPTIONS", "/flows/moto", headers=KEY)
+    assert answer.status_code == 405
+    assert answer.json()["error"] == "method_not_allowed"
+    assert "POST" in answer.headers["allow"].split(", ")
+    history = served.http.delete("/flows/f1/history", headers=KEY)
+    assert (history.status_code, history.headers["allow"]) == (405, "GET")
