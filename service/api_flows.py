@@ -173,12 +173,6 @@ def flows_router(engine: Engine, settings: ApiSettings) -> APIRouter:
             description=definition.description or kind,
         )
 
-    @router.post("/{kind}", include_in_schema=False)
-    def start_unknown(kind: str) -> None:
-        guess = closest(kind, engine.registry)
-        hint = f"; did you mean `{guess}`?" if guess else ""
-        raise ApiError(404, "not_found", f"no flow kind {kind!r}{hint} (known kinds: {', '.join(sorted(engine.registry))})")
-
     @router.get("", response_model=FlowList, summary="List flows, newest first")
     def list_flows(
         state: Annotated[FlowState | None, Query()] = None,
@@ -241,15 +235,6 @@ def flows_router(engine: Engine, settings: ApiSettings) -> APIRouter:
                 description=RULES[name].description if name in RULES else f"the {name} signal",
             )
 
-    @router.post("/{flow_id}/signals/{name}", include_in_schema=False)
-    def signal_unknown(flow_id: FlowId, name: str, payload: Annotated[Any, Body()] = None) -> dict[str, Any]:
-        if name in names:  # a signal some flow takes, though not from here (notification): the engine says why
-            return deliver(flow_id, name, payload)
-        offered = [known for known in names if may_send(known, "api")]
-        guess = closest(name, offered)
-        hint = f"; did you mean `{guess}`?" if guess else ""
-        raise ApiError(404, "not_found", f"no signal {name!r}{hint} (signals: {', '.join(offered) or 'none'})")
-
     @router.post("/{flow_id}/cancel", response_model=FlowView, summary="Cancel now, or at the end of the step in flight")
     def cancel_flow(flow_id: FlowId, request: Annotated[CancelRequest | None, Body()] = None) -> dict[str, Any]:
         reason = request.reason if request else CancelRequest().reason
@@ -268,5 +253,22 @@ def flows_router(engine: Engine, settings: ApiSettings) -> APIRouter:
             raise not_found(f"no flow {flow_id!r}") from None
         except OperatorError as exc:
             raise conflict(str(exc)) from None
+
+    # Last, so that a method a documented path does not take is a 405 naming that path's methods
+    # (Starlette's Allow lists the methods of the first route whose path matches).
+    @router.post("/{kind}", include_in_schema=False)
+    def start_unknown(kind: str) -> None:
+        guess = closest(kind, engine.registry)
+        hint = f"; did you mean `{guess}`?" if guess else ""
+        raise ApiError(404, "not_found", f"no flow kind {kind!r}{hint} (known kinds: {', '.join(sorted(engine.registry))})")
+
+    @router.post("/{flow_id}/signals/{name}", include_in_schema=False)
+    def signal_unknown(flow_id: FlowId, name: str, payload: Annotated[Any, Body()] = None) -> dict[str, Any]:
+        if name in names:  # a signal some flow takes, though not from here (notification): the engine says why
+            return deliver(flow_id, name, payload)
+        offered = [known for known in names if may_send(known, "api")]
+        guess = closest(name, offered)
+        hint = f"; did you mean `{guess}`?" if guess else ""
+        raise ApiError(404, "not_found", f"no signal {name!r}{hint} (signals: {', '.join(offered) or 'none'})")
 
     return router

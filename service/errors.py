@@ -21,6 +21,7 @@ There is no 400: a body that cannot be parsed is invalid input like any other (4
 from __future__ import annotations
 
 import logging
+import re
 import uuid
 from typing import Any
 
@@ -30,7 +31,6 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.routing import Match
 
 from gateway import error_field
 
@@ -110,15 +110,21 @@ def describe_request_error(exc: RequestValidationError) -> tuple[str, str]:
 _STATUS_CODES = {401: "unauthorized", 404: "not_found", 405: "method_not_allowed", 409: "conflict", 413: "too_large"}
 
 
-def allowed_methods(request: Request) -> str:
-    """Every method some route takes at this path (Starlette names only the first matching route's):
-    each method is tried against the routes, the way the router itself matches."""
-    found = []
-    for method in ("DELETE", "GET", "HEAD", "OPTIONS", "PATCH", "POST", "PUT"):
-        scope = {**request.scope, "method": method}
-        if any(route.matches(scope)[0] is Match.FULL for route in request.app.router.routes):
-            found.append(method)
-    return ", ".join(found)
+def documented_methods(app: FastAPI, path: str) -> str:
+    """The methods the OpenAPI document gives ``path``: its concrete path if it has one (``/flows/moto``),
+    else every templated path it fits (``/flows/{flow_id}``), as OpenAPI matches them. Starlette's own
+    ``Allow`` names the methods of the first route whose path matches, which is not always the path's."""
+    documented: dict[str, tuple[re.Pattern[str], list[str]]] | None = getattr(app.state, "documented_paths", None)
+    if documented is None:
+        documented = {}
+        for template, operations in app.openapi()["paths"].items():
+            parts = ["[^/]+" if part.startswith("{") else re.escape(part) for part in template.split("/")]
+            documented[template] = (re.compile("^" + "/".join(parts) + "$"), [method.upper() for method in operations])
+        app.state.documented_paths = documented
+    if path in documented:
+        return ", ".join(sorted(documented[path][1]))
+    fitting = {method for pattern, methods in documented.values() if pattern.match(path) for method in methods}
+    return ", ".join(sorted(fitting))
 
 
 def install_error_handlers(app: FastAPI) -> None:
@@ -141,7 +147,7 @@ def install_error_handlers(app: FastAPI) -> None:
             )
         headers = dict(getattr(exc, "headers", None) or {})
         if exc.status_code == 405:
-            headers["Allow"] = allowed_methods(request)
+            headers["Allow"] = documented_methods(app, request.url.path) or headers.get("Allow", "")
         code = _STATUS_CODES.get(exc.status_code, "error")
         return error_response(exc.status_code, code, str(exc.detail), headers=headers or None)
 

@@ -206,3 +206,6 @@ def test_a_method_the_path_does_not_take_is_405_listing_what_it_takes(served: Se
     assert "POST" in answer.headers["allow"].split(", ")
     history = served.http.delete("/flows/f1/history", headers=KEY)
     assert (history.status_code, history.headers["allow"]) == (405, "GET")
+    assert served.http.request("OPTIONS", "/flows/moto", headers=KEY).headers["allow"] == "POST", "the concrete path's"
+    assert served.http.put("/flows/f1", headers=KEY).headers["allow"] == "GET", "not the hidden POST /flows/{kind}"
+    assert served.http.put("/schedules", headers=KEY).headers["allow"] == "GET, POST", "both routes of the path"
