@@ -69,6 +69,8 @@ def test_start_from_a_file_and_from_stdin(engine_side: Runtime, tmp_path: Path) 
         (["start", "moto"], "[1]", "must be a JSON object"),
         (["start", "moto", "--json-input", "/nonexistent/input.json"], None, "cannot read"),
         (["start", "moto", "--run-at", "soonish"], json.dumps(moto("o-late")), "expected a future time"),
+        (["start", "moto", "--run-at", "2h"], json.dumps(moto("o-ago")), "write a delay as 'in 2h'"),
+        (["start", "moto"], json.dumps({**moto("o-typo"), "captureTyp": "EXPLICIT"}), "did you mean `captureType`?"),
     ],
 )
 def test_start_refusals_are_one_line(engine_side: Runtime, args: list[str], stdin: str | None, message: str) -> None:
