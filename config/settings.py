@@ -88,6 +88,11 @@ class ApiSettings(_Group):
     start_wait_seconds: float = Field(
         default=5.0, ge=0, le=60, description="How long POST /flows/{kind} waits for the customer-facing URL."
     )
+    max_body_bytes: int = Field(
+        default=1024 * 1024,
+        ge=1024,
+        description="Larger control API bodies are refused (413) before they are parsed; flow inputs are a few KB.",
+    )
 
 
 class RetrySettings(_Group):

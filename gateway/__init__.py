@@ -10,7 +10,7 @@ Everything a caller needs is exported here; the ``_modules`` behind it are priva
 ``gateway`` imports nothing of durapay's but ``config``.
 """
 
-from gateway._base import AnyObject, GatewayModel, LenientEnum, Unknown, is_known, parse_lenient
+from gateway._base import PASS_THROUGH, AnyObject, GatewayModel, LenientEnum, PassThrough, Unknown, is_known, parse_lenient
 from gateway._catalogue import (
     BY_NAME,
     CATALOGUE,
@@ -117,6 +117,7 @@ from gateway._models_common import (
     PostOperationResponse,
     Recurrence,
     TransactionSummary,
+    VerificationOrder,
 )
 from gateway._models_payments import (
     BuildCardDataResponse,
@@ -196,8 +197,30 @@ from gateway._models_reservations import (
     TermsText,
     Translation,
 )
-from gateway._money import GATEWAY_CURRENCIES, Amount, Currency, exponent, to_major, to_minor
+from gateway._money import (
+    GATEWAY_CURRENCIES,
+    MAJOR_DIGITS,
+    Amount,
+    AmountOrZero,
+    Currency,
+    check_amount,
+    exponent,
+    max_amount,
+    to_major,
+    to_minor,
+)
 from gateway._notification import Notification, parse_notification, reported_payment, verify_security_token
+from gateway._strict import (
+    STRICT,
+    StrictInput,
+    StrictModel,
+    closest,
+    did_you_mean,
+    error_field,
+    is_strict,
+    known_names,
+    validate_strict,
+)
 from gateway._time import GATEWAY_ZONE, GatewayTime, format_gateway_time, parse_gateway_time
 
 __all__ = [
@@ -209,10 +232,13 @@ __all__ = [
     "GATEWAY_CURRENCIES",
     "GATEWAY_ZONE",
     "HARD_DECLINE_CODES",
+    "MAJOR_DIGITS",
     "MAX_IDEMPOTENCY_KEY",
+    "PASS_THROUGH",
     "RESPONSE_CODES",
     "RESPONSE_CODE_FIELD",
     "SOFT_DECLINE_CODES",
+    "STRICT",
     "SUCCESS_RESULTS",
     "THREEDS_NOT_NEEDED",
     "ActionType",
@@ -226,6 +252,7 @@ __all__ = [
     "AgencyRequest",
     "AgencyResponse",
     "Amount",
+    "AmountOrZero",
     "AmountType",
     "AnyObject",
     "Area",
@@ -305,6 +332,7 @@ __all__ = [
     "OrderListResponse",
     "OrderLookupResponse",
     "OrderState",
+    "PassThrough",
     "PayByLinkDetails",
     "PayByLinkExportQuery",
     "PayByLinkListQuery",
@@ -343,6 +371,8 @@ __all__ = [
     "ServiceListResponse",
     "ServiceQuery",
     "ServiceRequest",
+    "StrictInput",
+    "StrictModel",
     "Structure",
     "StructureCondition",
     "StructureConditionIdResponse",
@@ -371,16 +401,24 @@ __all__ = [
     "Unauthorized",
     "UnexpectedStatus",
     "Unknown",
+    "VerificationOrder",
     "Version",
     "WalletPayRequest",
+    "check_amount",
     "check_idempotency_key",
+    "closest",
     "decline_kind",
     "describe_validation_error",
+    "did_you_mean",
+    "error_field",
     "error_from_response",
     "error_from_transport",
     "exponent",
     "format_gateway_time",
     "is_known",
+    "is_strict",
+    "known_names",
+    "max_amount",
     "operation",
     "parse_gateway_time",
     "parse_lenient",
@@ -389,5 +427,6 @@ __all__ = [
     "to_major",
     "to_minor",
     "validate_request",
+    "validate_strict",
     "verify_security_token",
 ]

@@ -8,21 +8,66 @@ Two rules from the house style meet here:
   with :class:`LenientEnum` holds either a member of the enum or an :class:`Unknown` (a ``str`` subclass), so
   ``value is OperationResult.AUTHORIZED`` stays exact and ``isinstance(value, Unknown)`` says the
   gateway sent something this version does not understand.
+
+Merchant input is read from the same models in a strict mode (``gateway._strict``): unknown fields and
+unknown values are refused there, amounts bounded. :class:`PassThrough` is the one explicit way to send
+the gateway a field durapay does not model.
 """
 
 from __future__ import annotations
 
 from enum import Enum
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 
-from pydantic import BaseModel, ConfigDict, GetCoreSchemaHandler
-from pydantic_core import core_schema
+from pydantic import BaseModel, ConfigDict, Field, GetCoreSchemaHandler, GetJsonSchemaHandler, ValidationInfo, model_validator
+from pydantic.json_schema import JsonSchemaValue
+from pydantic_core import PydanticCustomError, core_schema
+
+from gateway._money import bounded_amounts, check_amount
+from gateway._strict import is_strict, known_names, refuse_unknown_fields, unknown_value
 
 
 class GatewayModel(BaseModel):
-    """Every request and response body: the gateway's own field names, unknown fields kept."""
+    """Every request and response body: the gateway's own field names, unknown fields kept.
+
+    Read with ``context=STRICT`` (merchant input), unknown fields are refused instead, and every amount
+    is checked against the bound of the model's ``currency`` when it has one.
+    """
 
     model_config = ConfigDict(extra="allow", populate_by_name=True, use_enum_values=False)
+
+    #: True for a body whose fields durapay does not model (:class:`AnyObject`): kept even when strict.
+    open_fields: ClassVar[bool] = False
+
+    @model_validator(mode="before")
+    @classmethod
+    def _strict_fields(cls, data: Any, info: ValidationInfo) -> Any:
+        if not cls.open_fields and is_strict(info):
+            refuse_unknown_fields(cls, data)
+        return data
+
+    @model_validator(mode="after")
+    def _strict_amounts(self, info: ValidationInfo) -> Any:
+        if is_strict(info):
+            currency = getattr(self, "currency", None)
+            for name, zero in bounded_amounts(type(self)):
+                value = getattr(self, name)
+                if value is not None and isinstance(currency, str):
+                    try:
+                        check_amount(value, currency, zero=zero)
+                    except ValueError as exc:
+                        raise PydanticCustomError(
+                            "amount_out_of_range", "{reason}", {"reason": str(exc), "field": name}
+                        ) from None
+        return self
+
+    @classmethod
+    def __get_pydantic_json_schema__(cls, schema: core_schema.CoreSchema, handler: GetJsonSchemaHandler) -> JsonSchemaValue:
+        """Requests (validation mode) are read strictly: the document says no other field is taken."""
+        found = handler(schema)
+        if handler.mode == "validation" and not cls.open_fields:
+            handler.resolve_ref_schema(found)["additionalProperties"] = False
+        return found
 
     def wire(self) -> dict[str, Any]:
         """The JSON object sent to the gateway: amounts as strings, no ``None`` fields."""
@@ -31,6 +76,49 @@ class GatewayModel(BaseModel):
 
 class AnyObject(GatewayModel):
     """A body the public material does not describe: any JSON object, every field kept."""
+
+    open_fields: ClassVar[bool] = True
+
+
+#: The pass-through field's name (README: "Fields durapay does not model").
+PASS_THROUGH = "passThrough"  # noqa: S105 (a field name, not a password)
+
+
+class PassThrough(GatewayModel):
+    """A merchant input that may carry gateway fields durapay does not model, explicitly.
+
+    Strict reading refuses unknown fields, so a field the gateway takes and durapay does not model is
+    sent under ``passThrough``: ``{"order": {...}, "passThrough": {"newGatewayField": "x"}}`` sends
+    ``newGatewayField`` at the top of the request body, as it is. It may not name a field durapay models
+    (that field is written in its own place, where it is checked).
+    """
+
+    passThrough: dict[str, Any] | None = Field(
+        default=None,
+        description="Gateway request fields durapay does not model, merged as they are into the top of the request "
+        "body (never one of the fields above).",
+    )
+
+    @model_validator(mode="after")
+    def _no_override(self) -> Any:
+        if self.passThrough:
+            known = known_names(type(self))
+            for key in self.passThrough:
+                if key in known:
+                    raise PydanticCustomError(
+                        "pass_through_override",
+                        "{reason}",
+                        {
+                            "reason": f"`{key}` is a field durapay models: write it in its place, not in passThrough",
+                            "field": f"{PASS_THROUGH}.{key}",
+                        },
+                    )
+        return self
+
+    def wire(self) -> dict[str, Any]:
+        body = super().wire()
+        extra = body.pop(PASS_THROUGH, None) or {}
+        return {**extra, **body}
 
 
 class Unknown(str):
@@ -70,21 +158,26 @@ class LenientEnum:
     def __init__(self, enum: type[Enum]) -> None:
         self.enum = enum
 
-    def _parse(self, value: Any) -> Any:
-        if value is None or isinstance(value, (self.enum, Unknown)):
+    def _parse(self, value: Any, info: ValidationInfo) -> Any:
+        if value is None or isinstance(value, self.enum):
             return value
         if not isinstance(value, str):
             raise ValueError(f"must be a string, got {type(value).__name__}")
-        return parse_lenient(self.enum, value)
+        parsed = parse_lenient(self.enum, value)
+        if isinstance(parsed, Unknown) and is_strict(info):
+            raise unknown_value(value, [member.value for member in self.enum])
+        return parsed
 
     def __get_pydantic_core_schema__(self, source: Any, handler: GetCoreSchemaHandler) -> core_schema.CoreSchema:
-        return core_schema.no_info_plain_validator_function(
+        return core_schema.with_info_plain_validator_function(
             self._parse,
             serialization=core_schema.plain_serializer_function_ser_schema(_serialise, when_used="json"),
         )
 
-    def __get_pydantic_json_schema__(self, schema: core_schema.CoreSchema, handler: Any) -> dict[str, Any]:
+    def __get_pydantic_json_schema__(self, schema: core_schema.CoreSchema, handler: GetJsonSchemaHandler) -> JsonSchemaValue:
         known = [member.value for member in self.enum]
+        if handler.mode == "validation":  # what a merchant may send: one of the known values
+            return {"type": "string", "enum": known}
         return {"type": "string", "examples": known, "description": f"one of {known}; other values are kept"}
 
 

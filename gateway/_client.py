@@ -33,6 +33,7 @@ from gateway._errors import (
     error_from_transport,
 )
 from gateway._models_common import BinaryResponse, EmptyResponse
+from gateway._strict import error_field
 
 Resp = TypeVar("Resp", bound=GatewayModel)
 
@@ -53,7 +54,7 @@ def check_idempotency_key(key: str) -> str:
 def describe_validation_error(exc: ValidationError) -> tuple[str, str]:
     """(field path, reason) of the first problem, e.g. ``("order.amount", "must be a string of digits")``."""
     first = exc.errors()[0]
-    field = ".".join(str(part) for part in first["loc"]) or "(body)"
+    field = error_field(first) or "(body)"
     return field, first["msg"].removeprefix("Value error, ")
 
 

@@ -24,7 +24,7 @@ from gateway._codes import (
     PaymentMethodType,
     RecurrenceAction,
 )
-from gateway._money import Amount, Currency
+from gateway._money import Amount, AmountOrZero, Currency
 from gateway._time import GatewayTime
 
 OrderId = Annotated[str, Field(min_length=1, max_length=27, pattern=r"^[A-Za-z0-9#*+\-.:;=?\[\]_{|}]+$")]
@@ -83,6 +83,12 @@ class Order(GatewayModel):
     transactionSummary: list[TransactionSummary] | None = None
     termsAndConditionsIds: list[str] | None = None
     installments: list[Installment] | None = None
+
+
+class VerificationOrder(Order):
+    """The order of a card verification: "without any charge", so its amount may be 0."""
+
+    amount: AmountOrZero
 
 
 class Card(GatewayModel):

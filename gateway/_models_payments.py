@@ -22,6 +22,7 @@ from gateway._models_common import (
     PaymentSession,
     Recurrence,
     Url,
+    VerificationOrder,
 )
 from gateway._money import Amount
 
@@ -186,7 +187,7 @@ class MitRequest(GatewayModel):
 
 
 class CardVerificationRequest(GatewayModel):
-    order: Order
+    order: VerificationOrder
     card: Card
 
 

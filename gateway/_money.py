@@ -1,8 +1,14 @@
-"""Money: integer minor units in Python, strings of digits on the wire, ISO 4217 exponents.
+"""Money: integer minor units in Python, strings of digits on the wire, ISO 4217 exponents, bounds.
 
 The gateway sends and takes amounts as strings in minor units ("3545"; "50 EUR is 5000, 50 JPY is 50").
 durapay never holds an amount as a float: ``Amount`` fields are ``int`` in Python and serialise to a
 string in JSON. :func:`to_minor` and :func:`to_major` convert for people who think in major units.
+
+Bounds (merchant input only, see ``gateway._strict``): an amount a merchant sends is positive (a card
+verification's order may be 0: :data:`AmountOrZero`) and at most :func:`max_amount` of its currency,
+``MAJOR_DIGITS`` digits of major units (9,999,999,999.99 EUR; 9,999,999,999 JPY). No payment comes near
+it, a typo of many zeros does, and every bound stays below 2**53, so a JavaScript client reading the
+number never rounds it. An answer of the gateway is never refused for its amount.
 """
 
 from __future__ import annotations
@@ -10,7 +16,11 @@ from __future__ import annotations
 from decimal import Decimal, InvalidOperation
 from typing import Annotated, Any
 
-from pydantic import AfterValidator, BeforeValidator, PlainSerializer
+from pydantic import BeforeValidator, GetJsonSchemaHandler, PlainSerializer, ValidationInfo, WithJsonSchema
+from pydantic.json_schema import JsonSchemaValue
+from pydantic_core import core_schema
+
+from gateway._strict import is_strict
 
 # Exponents that differ from 2 (ISO 4217; the gateway's currency list has BHD/JOD/KWD = 3 and
 # BYR/CLP/ISK/JPY/KRW/VND = 0 among the currencies the gateway admits).
@@ -28,6 +38,12 @@ GATEWAY_CURRENCIES = frozenset(
 )
 
 
+#: Digits of major units an amount may have, in any currency (see the module's docstring).
+MAJOR_DIGITS = 10
+#: The largest exponent of the table above: the bound of an amount whose currency is not known.
+_MAX_EXPONENT = 4
+
+
 def exponent(currency: str) -> int:
     """Number of decimal places of ``currency`` (ISO 4217); 2 unless the table says otherwise."""
     code = currency.upper()
@@ -38,6 +54,23 @@ def exponent(currency: str) -> int:
     if code in _EXPONENT_4:
         return 4
     return 2
+
+
+def max_amount(currency: str | None) -> int:
+    """The largest amount (minor units) a merchant may ask for in ``currency``; ``None``: in any currency."""
+    digits = MAJOR_DIGITS + (exponent(currency) if currency else _MAX_EXPONENT)
+    return int(10**digits) - 1
+
+
+def check_amount(amount: int, currency: str | None, *, zero: bool = False) -> None:
+    """Refuse (ValueError, one line) an amount below 1 (below 0 with ``zero``) or above :func:`max_amount`."""
+    least = 0 if zero else 1
+    if amount < least:
+        raise ValueError(f"must be at least {least} (minor units)" + ("" if zero else "; a payment of nothing is no payment"))
+    most = max_amount(currency)
+    if amount > most:
+        where = f"{to_major(most, currency)} {currency}" if currency else "any currency's bound"
+        raise ValueError(f"must be at most {most} minor units ({where}); check for extra zeros")
 
 
 def to_minor(major: Decimal | str | int, currency: str) -> int:
@@ -60,11 +93,16 @@ def to_major(minor: int, currency: str) -> Decimal:
 
 
 def _parse_minor(value: Any) -> Any:
-    """Accept "3545" (the wire form) or 3545; refuse floats, signs, decimals, bools and blanks."""
+    """Accept "3545" (the wire form) or 3545; refuse fractions, signs, decimals, bools and blanks.
+
+    JSON has one number type, so ``3545.0`` is the integer 3545 to a JSON client (and to JSON Schema's
+    "integer"): it is taken as 3545, exactly (the bounds stay below 2**53). ``35.45`` is refused."""
     if isinstance(value, bool):
         raise ValueError("must be a whole number of minor units, not a boolean")
     if isinstance(value, int):
         return value
+    if isinstance(value, float) and value.is_integer() and abs(value) < 2**53:
+        return int(value)
     if isinstance(value, str):
         if not value.isascii() or not value.isdigit():
             raise ValueError(f'must be a string of digits in minor units (e.g. "3545"), got {value!r}')
@@ -72,10 +110,28 @@ def _parse_minor(value: Any) -> Any:
     raise ValueError(f"must be a whole number of minor units, got {type(value).__name__}")
 
 
-def _non_negative(value: int) -> int:
-    if value < 0:
-        raise ValueError("must not be negative")
-    return value
+def _bounded(zero: bool) -> Any:
+    """The after-validator of an amount: never negative; for merchant input (strict) also bounded."""
+
+    def check(value: int, info: ValidationInfo) -> int:
+        if value < 0:
+            raise ValueError("must not be negative")
+        if is_strict(info):
+            check_amount(value, None, zero=zero)
+        return value
+
+    return check
+
+
+def _amount_schema(zero: bool) -> dict[str, Any]:
+    """What the API documents: an integer or a string of digits, in the bounds of merchant input."""
+    most = max_amount(None)
+    digits = len(str(most))
+    pattern = f"^0*[0-9]{{1,{digits}}}$" if zero else f"^0*[1-9][0-9]{{0,{digits - 1}}}$"
+    return {
+        "anyOf": [{"type": "integer", "minimum": 0 if zero else 1, "maximum": most}, {"type": "string", "pattern": pattern}],
+        "description": f"minor units (1500 = 15.00 EUR), at most {MAJOR_DIGITS} digits of major units of the currency",
+    }
 
 
 def _parse_currency(value: Any) -> Any:
@@ -84,14 +140,50 @@ def _parse_currency(value: Any) -> Any:
     raise ValueError(f"must be a three-letter ISO 4217 code, got {value!r}")
 
 
-#: An amount in minor units: ``int`` in Python, a string of digits on the wire.
+class _Bounds:
+    """Field metadata: the after-validator that sees the validation context (strict or not)."""
+
+    def __init__(self, zero: bool) -> None:
+        self.zero = zero
+
+    def __get_pydantic_core_schema__(self, source: Any, handler: Any) -> core_schema.CoreSchema:
+        return core_schema.with_info_after_validator_function(_bounded(self.zero), handler(source))
+
+    def __get_pydantic_json_schema__(self, schema: core_schema.CoreSchema, handler: GetJsonSchemaHandler) -> JsonSchemaValue:
+        if handler.mode == "validation":
+            return _amount_schema(self.zero)
+        return {"type": "string", "pattern": "^[0-9]+$", "description": "minor units"}
+
+
+#: An amount in minor units: ``int`` in Python, a string of digits on the wire. Merchant input: 1 or more.
 Amount = Annotated[
     int,
     BeforeValidator(_parse_minor),
-    AfterValidator(_non_negative),
+    _Bounds(zero=False),
+    PlainSerializer(str, return_type=str, when_used="json"),
+]
+#: The same where 0 has a meaning (a card verification's order: "without any charge").
+AmountOrZero = Annotated[
+    int,
+    BeforeValidator(_parse_minor),
+    _Bounds(zero=True),
     PlainSerializer(str, return_type=str, when_used="json"),
 ]
 
 #: An ISO 4217 alphabetic code. Codes outside :data:`GATEWAY_CURRENCIES` are kept (the gateway may
 #: add currencies); :func:`exponent` falls back to 2 for them.
-Currency = Annotated[str, BeforeValidator(_parse_currency)]
+Currency = Annotated[
+    str,
+    BeforeValidator(_parse_currency),
+    WithJsonSchema({"type": "string", "pattern": "^[A-Za-z]{3}$", "description": "ISO 4217 alphabetic code"}),
+]
+
+
+def bounded_amounts(model: type[Any]) -> tuple[tuple[str, bool], ...]:
+    """The (field name, zero allowed) of ``model``'s amount fields, for the check in its currency."""
+    found = []
+    for name, info in model.model_fields.items():
+        bounds = [item for item in info.metadata if isinstance(item, _Bounds)]
+        if bounds:
+            found.append((name, bounds[0].zero))
+    return tuple(found)

@@ -1,9 +1,12 @@
 """``/flows``: start a flow of any kind, read, list, history, signal, cancel, retry.
 
-One ``POST /flows/<kind>`` route per flow kind, each declaring that kind's input model: the OpenAPI
-document then shows every kind's fields, and a bad field is a 422 naming it before anything is
-written. ``Idempotency-Key`` is the engine's start key: the same key and body give the same flow; the
-same key with another body is a 409.
+One ``POST /flows/<kind>`` route per flow kind, each declaring that kind's input model, read strictly
+(``gateway._strict``): the OpenAPI document shows every kind's fields, and an unknown or misspelt field
+or value is a 422 naming it before anything is written. ``Idempotency-Key`` is the engine's start key:
+the same key and body give the same flow; the same key with another body is a 409.
+
+Signals get one route per name a flow kind may be sent from here (``workflows.signals``), each with
+its payload's model; ``notification`` has none (only the receiver delivers it).
 """
 
 from __future__ import annotations
@@ -19,20 +22,17 @@ from pydantic import BaseModel, Field
 from starlette.concurrency import run_in_threadpool
 
 from config.settings import ApiSettings
-from service.errors import ErrorBody, conflict, invalid, not_found
-from service.timeparse import parse_time
+from gateway import StrictInput, StrictModel, closest
+from service.errors import ERRORS, ApiError, conflict, invalid, not_found
+from service.schemas import FlowList, FlowView, History, SignalAnswer
+from service.timeparse import RUN_AT_FORMS, RUN_AT_PATTERN, SINCE_FORMS, SINCE_PATTERN, parse_run_at, parse_since
 from service.views import flow_brief, flow_view
 from workflows.engine import Engine, InputError, NotFound, OperatorError, StartConflict
+from workflows.signals import RULES, SignalRefused, accepted, may_send
 from workflows.states import FlowState
 from workflows.steps import FlowDefinition
 from workflows.store import FlowRecord
 
-ERRORS: dict[int | str, dict[str, Any]] = {
-    401: {"model": ErrorBody},
-    404: {"model": ErrorBody},
-    409: {"model": ErrorBody},
-    422: {"model": ErrorBody},
-}
 IdempotencyKey = Annotated[
     str | None,
     Header(alias="Idempotency-Key", min_length=1, max_length=200, description="Same key and body: the same flow."),
@@ -40,19 +40,7 @@ IdempotencyKey = Annotated[
 FlowId = Annotated[str, Path(min_length=1, max_length=100, pattern=r"^[A-Za-z0-9._:-]+$")]
 
 
-class FlowList(BaseModel):
-    flows: list[dict[str, Any]]
-    limit: int
-    offset: int
-    next_offset: int | None
-
-
-class SignalAnswer(BaseModel):
-    result: str = Field(description="resumed (the flow was waiting for it) or stored (kept until it waits)")
-    flow: dict[str, Any]
-
-
-class CancelRequest(BaseModel):
+class CancelRequest(StrictModel):
     reason: str = Field(default="cancelled by operator", min_length=1, max_length=500)
 
 
@@ -118,12 +106,15 @@ def _start_route(
         body: Any,
         idempotency_key: IdempotencyKey = None,
         wait: Annotated[float | None, Query(ge=0, le=60, description="Seconds to wait for the customer URL.")] = None,
-        run_at: Annotated[str | None, Query(description="Run later: POSIX seconds or ISO 8601 (a durable timer).")] = None,
+        run_at: Annotated[
+            str | None,
+            Query(description=f"Run later (a durable timer): {RUN_AT_FORMS}.", json_schema_extra={"pattern": RUN_AT_PATTERN}),
+        ] = None,
     ) -> dict[str, Any]:
         when = None
         if run_at is not None:
             try:
-                when = parse_time(run_at, now=engine.clock.now())
+                when = parse_run_at(run_at, now=engine.clock.now())
             except ValueError as exc:
                 raise invalid("query.run_at", str(exc)) from None
         try:
@@ -138,11 +129,34 @@ def _start_route(
     # FastAPI reads the body's model from the signature: give it this kind's input model.
     signature = inspect.signature(start, eval_str=True)
     parameters = [
-        p.replace(annotation=Annotated[model, Body()]) if p.name == "body" else p for p in signature.parameters.values()
+        p.replace(annotation=Annotated[model, StrictInput(), Body()]) if p.name == "body" else p
+        for p in signature.parameters.values()
     ]
     start.__signature__ = signature.replace(parameters=parameters)  # type: ignore[attr-defined]
     start.__name__ = f"start_{kind}"
     return start
+
+
+def _signal_route(deliver: Callable[[str, str, Any], dict[str, Any]], name: str) -> Callable[..., dict[str, Any]]:
+    """The route of one signal name, its body typed by the signal's payload model (read strictly)."""
+    rule = RULES.get(name)
+
+    def signal(flow_id: FlowId, payload: Any = None) -> dict[str, Any]:
+        data = payload.model_dump(exclude_none=True) if isinstance(payload, BaseModel) else payload
+        return deliver(flow_id, name, data)
+
+    body: Any
+    if rule is not None and rule.payload is not None and rule.payload_required:
+        body = Annotated[rule.payload, StrictInput(), Body(description=rule.description)]
+    elif rule is not None and rule.payload is not None:
+        body = Annotated[Annotated[rule.payload, StrictInput()] | None, Body(description=rule.description)]
+    else:
+        body = Annotated[dict[str, Any] | None, Body(description="the signal's payload, a JSON object")]
+    signature = inspect.signature(signal, eval_str=True)
+    parameters = [p.replace(annotation=body) if p.name == "payload" else p for p in signature.parameters.values()]
+    signal.__signature__ = signature.replace(parameters=parameters)  # type: ignore[attr-defined]
+    signal.__name__ = f"signal_{name}"
+    return signal
 
 
 def flows_router(engine: Engine, settings: ApiSettings) -> APIRouter:
@@ -154,19 +168,18 @@ def flows_router(engine: Engine, settings: ApiSettings) -> APIRouter:
             _start_route(engine, settings, kind, definition.input_model),
             methods=["POST"],
             status_code=201,
+            response_model=FlowView,
             summary=f"Start a {kind} flow",
             description=definition.description or kind,
         )
 
-    @router.post("/{kind}", include_in_schema=False)
-    def start_unknown(kind: str) -> None:
-        raise invalid("kind", f"unknown flow kind {kind!r}; known kinds: {', '.join(sorted(engine.registry))}")
-
     @router.get("", response_model=FlowList, summary="List flows, newest first")
     def list_flows(
         state: Annotated[FlowState | None, Query()] = None,
-        kind: Annotated[str | None, Query(max_length=64)] = None,
-        since: Annotated[str | None, Query(description="POSIX seconds, ISO 8601, or an age: 15m, 2h, 7d")] = None,
+        kind: str | None = Query(default=None, json_schema_extra={"enum": sorted(engine.registry)}),
+        since: Annotated[
+            str | None, Query(description=f"Newer than: {SINCE_FORMS}.", json_schema_extra={"pattern": SINCE_PATTERN})
+        ] = None,
         limit: Annotated[int, Query(ge=1, le=500)] = 50,
         offset: Annotated[int, Query(ge=0, le=1_000_000)] = 0,
     ) -> dict[str, Any]:
@@ -175,7 +188,7 @@ def flows_router(engine: Engine, settings: ApiSettings) -> APIRouter:
         start = None
         if since is not None:
             try:
-                start = parse_time(since, now=engine.clock.now())
+                start = parse_since(since, now=engine.clock.now())
             except ValueError as exc:
                 raise invalid("query.since", str(exc)) from None
         records = engine.list(state=state, kind=kind, since=start, limit=limit + 1, offset=offset)
@@ -187,38 +200,42 @@ def flows_router(engine: Engine, settings: ApiSettings) -> APIRouter:
             "next_offset": offset + limit if more else None,
         }
 
-    @router.get("/{flow_id}", summary="One flow: state, step, outputs, outcome, error")
+    @router.get("/{flow_id}", response_model=FlowView, summary="One flow: state, step, outputs, outcome, error")
     def get_flow(flow_id: FlowId) -> dict[str, Any]:
         return flow_view(_get(engine, flow_id), engine.registry)
 
-    @router.get("/{flow_id}/history", summary="Every transition of the flow, oldest first")
+    @router.get("/{flow_id}/history", response_model=History, summary="Every transition of the flow, oldest first")
     def flow_history(flow_id: FlowId) -> dict[str, Any]:
         try:
             return {"id": flow_id, "history": engine.history(flow_id)}
         except NotFound:
             raise not_found(f"no flow {flow_id!r}") from None
 
-    @router.post(
-        "/{flow_id}/signals/{name}", response_model=SignalAnswer, summary="Deliver a signal (3ds_result, form_completed)"
-    )
-    def signal_flow(
-        flow_id: FlowId,
-        name: Annotated[str, Path(pattern=r"^[a-z0-9][a-z0-9_]{0,39}$")],
-        payload: Annotated[dict[str, Any] | None, Body(description="The signal's payload, a JSON object")] = None,
-    ) -> dict[str, Any]:
-        if name == "notification":
-            # A notification is money's word only when its security token was checked: the receiver's.
-            raise invalid("name", "notification signals come only through the notification receiver (token checked)")
+    def deliver(flow_id: str, name: str, payload: Any) -> dict[str, Any]:
         try:
-            result = engine.signal(flow_id, name, payload or {}, by="api")
+            result = engine.signal(flow_id, name, payload, by="api")
         except NotFound:
             raise not_found(f"no flow {flow_id!r}") from None
+        except SignalRefused as exc:
+            raise invalid(exc.field, exc.reason) from None
         if result == "finished":
             record = _get(engine, flow_id)
             raise conflict(f"flow {flow_id} already ended ({record.state.value}); the signal was not delivered")
         return {"result": result, "flow": flow_view(_get(engine, flow_id), engine.registry)}
 
-    @router.post("/{flow_id}/cancel", summary="Cancel now, or at the end of the step in flight")
+    names = sorted({name for definition in engine.registry.values() for name in accepted(definition)})
+    for name in names:
+        if may_send(name, "api"):
+            router.add_api_route(
+                f"/{{flow_id}}/signals/{name}",
+                _signal_route(deliver, name),
+                methods=["POST"],
+                response_model=SignalAnswer,
+                summary=f"Deliver a {name} signal",
+                description=RULES[name].description if name in RULES else f"the {name} signal",
+            )
+
+    @router.post("/{flow_id}/cancel", response_model=FlowView, summary="Cancel now, or at the end of the step in flight")
     def cancel_flow(flow_id: FlowId, request: Annotated[CancelRequest | None, Body()] = None) -> dict[str, Any]:
         reason = request.reason if request else CancelRequest().reason
         try:
@@ -228,7 +245,7 @@ def flows_router(engine: Engine, settings: ApiSettings) -> APIRouter:
         except OperatorError as exc:
             raise conflict(str(exc)) from None
 
-    @router.post("/{flow_id}/retry", summary="Move a failed or needs_attention flow on")
+    @router.post("/{flow_id}/retry", response_model=FlowView, summary="Move a failed or needs_attention flow on")
     def retry_flow(flow_id: FlowId) -> dict[str, Any]:
         try:
             return flow_view(engine.retry(flow_id, by="api"), engine.registry)
@@ -236,5 +253,22 @@ def flows_router(engine: Engine, settings: ApiSettings) -> APIRouter:
             raise not_found(f"no flow {flow_id!r}") from None
         except OperatorError as exc:
             raise conflict(str(exc)) from None
+
+    # Last, so that a method a documented path does not take is a 405 naming that path's methods
+    # (Starlette's Allow lists the methods of the first route whose path matches).
+    @router.post("/{kind}", include_in_schema=False)
+    def start_unknown(kind: str) -> None:
+        guess = closest(kind, engine.registry)
+        hint = f"; did you mean `{guess}`?" if guess else ""
+        raise ApiError(404, "not_found", f"no flow kind {kind!r}{hint} (known kinds: {', '.join(sorted(engine.registry))})")
+
+    @router.post("/{flow_id}/signals/{name}", include_in_schema=False)
+    def signal_unknown(flow_id: FlowId, name: str, payload: Annotated[Any, Body()] = None) -> dict[str, Any]:
+        if name in names:  # a signal some flow takes, though not from here (notification): the engine says why
+            return deliver(flow_id, name, payload)
+        offered = [known for known in names if may_send(known, "api")]
+        guess = closest(name, offered)
+        hint = f"; did you mean `{guess}`?" if guess else ""
+        raise ApiError(404, "not_found", f"no signal {name!r}{hint} (signals: {', '.join(offered) or 'none'})")
 
     return router

@@ -16,7 +16,9 @@ from fastapi import APIRouter
 from fastapi.params import Depends
 from fastapi.responses import JSONResponse, PlainTextResponse
 
+from service.errors import ERRORS
 from service.metrics import render
+from service.schemas import Health, Readiness
 from workflows.engine import Engine
 
 PROMETHEUS_TEXT = "text/plain; version=0.0.4; charset=utf-8"
@@ -36,18 +38,32 @@ def readiness(engine: Engine) -> dict[str, bool]:
 def ops_router(engine: Engine, protected: Sequence[Depends]) -> APIRouter:
     router = APIRouter(tags=["operations"])
 
-    @router.get("/healthz", summary="Liveness: the process answers (no key needed)")
+    guarded: dict[int | str, dict[str, Any]] = {401: ERRORS[401], 413: ERRORS[413]}
+
+    @router.get("/healthz", response_model=Health, summary="Liveness: the process answers (no key needed)")
     def healthz() -> dict[str, str]:
         return {"status": "ok"}
 
-    @router.get("/readyz", summary="Readiness: Redis, a worker and a scheduler are alive", dependencies=list(protected))
+    @router.get(
+        "/readyz",
+        response_model=Readiness,
+        responses={**guarded, 503: {"model": Readiness, "description": "not ready: the failing checks are false"}},
+        summary="Readiness: Redis, a worker and a scheduler are alive",
+        dependencies=list(protected),
+    )
     def readyz() -> JSONResponse:
         checks = readiness(engine)
         ready = all(checks.values())
         body: dict[str, Any] = {"ready": ready, "checks": checks}
         return JSONResponse(body, status_code=200 if ready else 503)
 
-    @router.get("/metrics", summary="Prometheus metrics", response_class=PlainTextResponse, dependencies=list(protected))
+    @router.get(
+        "/metrics",
+        summary="Prometheus metrics",
+        response_class=PlainTextResponse,
+        responses={**guarded, 200: {"content": {PROMETHEUS_TEXT: {"schema": {"type": "string"}}}}},
+        dependencies=list(protected),
+    )
     def metrics() -> PlainTextResponse:
         return PlainTextResponse(render(engine), media_type=PROMETHEUS_TEXT)
 

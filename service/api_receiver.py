@@ -21,11 +21,17 @@ NOTIFICATION_SCHEMA: dict[str, Any] = {
         "application/json": {
             "schema": {
                 "type": "object",
+                "required": ["operation"],
                 "properties": {
                     "eventId": {"type": "string"},
                     "eventTime": {"type": "string"},
                     "securityToken": {"type": "string"},
-                    "operation": {"type": "object", "description": "the gateway's Operation; orderId is required"},
+                    "operation": {
+                        "type": "object",
+                        "required": ["orderId", "operationId"],
+                        "properties": {"orderId": {"type": "string", "minLength": 1}, "operationId": {"type": "string"}},
+                        "description": "the gateway's Operation; orderId and operationId are required",
+                    },
                 },
             }
         }

@@ -11,35 +11,24 @@ from collections.abc import Callable
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Body, Header, Path, Query
-from pydantic import BaseModel, Field
+from pydantic import Field
 
-from service.errors import ErrorBody, conflict, invalid, not_found
+from gateway import StrictInput, StrictModel
+from service.errors import ERRORS, conflict, invalid, not_found
+from service.schemas import History, ScheduleList, ScheduleView
 from workflows.engine import InputError, NotFound, OperatorError
 from workflows.schedules import ScheduleInput, ScheduleRecord, Schedules, ScheduleState
 from workflows.store import StartConflict
 
-ERRORS: dict[int | str, dict[str, Any]] = {
-    401: {"model": ErrorBody},
-    404: {"model": ErrorBody},
-    409: {"model": ErrorBody},
-    422: {"model": ErrorBody},
-}
 ScheduleId = Annotated[str, Path(min_length=1, max_length=100, pattern=r"^[A-Za-z0-9._:-]+$")]
 
 
-class AmountChange(BaseModel):
+class AmountChange(StrictModel):
     amount: int = Field(ge=1, description="minor units, from the next occurrence on")
 
 
-class CancelRequest(BaseModel):
+class CancelRequest(StrictModel):
     reason: str = Field(default="cancelled by operator", min_length=1, max_length=500)
-
-
-class ScheduleList(BaseModel):
-    schedules: list[dict[str, Any]]
-    limit: int
-    offset: int
-    next_offset: int | None
 
 
 def _act(action: Callable[[], ScheduleRecord], schedule_id: str) -> dict[str, Any]:
@@ -56,9 +45,9 @@ def _act(action: Callable[[], ScheduleRecord], schedule_id: str) -> dict[str, An
 def schedules_router(schedules: Schedules) -> APIRouter:
     router = APIRouter(prefix="/schedules", tags=["schedules"], responses=ERRORS)
 
-    @router.post("", status_code=201, summary="Create a schedule")
+    @router.post("", status_code=201, response_model=ScheduleView, summary="Create a schedule")
     def create_schedule(
-        body: Annotated[ScheduleInput, Body()],
+        body: Annotated[ScheduleInput, StrictInput(), Body()],
         idempotency_key: Annotated[str | None, Header(alias="Idempotency-Key", min_length=1, max_length=200)] = None,
     ) -> dict[str, Any]:
         try:
@@ -83,35 +72,35 @@ def schedules_router(schedules: Schedules) -> APIRouter:
             "next_offset": offset + limit if more else None,
         }
 
-    @router.get("/{schedule_id}", summary="One schedule: rule, next run, counts, open attempts")
+    @router.get("/{schedule_id}", response_model=ScheduleView, summary="One schedule: rule, next run, counts, open attempts")
     def get_schedule(schedule_id: ScheduleId) -> dict[str, Any]:
         return _act(lambda: schedules.get(schedule_id), schedule_id)
 
-    @router.get("/{schedule_id}/history", summary="Every event of the schedule, oldest first")
+    @router.get("/{schedule_id}/history", response_model=History, summary="Every event of the schedule, oldest first")
     def schedule_history(schedule_id: ScheduleId) -> dict[str, Any]:
         try:
             return {"id": schedule_id, "history": schedules.history(schedule_id)}
         except NotFound:
             raise not_found(f"no schedule {schedule_id!r}") from None
 
-    @router.patch("/{schedule_id}", summary="Change the amount from the next occurrence on")
+    @router.patch("/{schedule_id}", response_model=ScheduleView, summary="Change the amount from the next occurrence on")
     def change_amount(schedule_id: ScheduleId, change: AmountChange) -> dict[str, Any]:
         return _act(lambda: schedules.change_amount(schedule_id, change.amount, by="api"), schedule_id)
 
-    @router.post("/{schedule_id}/pause", summary="Pause: fire nothing until resumed")
+    @router.post("/{schedule_id}/pause", response_model=ScheduleView, summary="Pause: fire nothing until resumed")
     def pause(schedule_id: ScheduleId) -> dict[str, Any]:
         return _act(lambda: schedules.pause(schedule_id, by="api"), schedule_id)
 
-    @router.post("/{schedule_id}/resume", summary="Resume a paused or needs_attention schedule")
+    @router.post("/{schedule_id}/resume", response_model=ScheduleView, summary="Resume a paused or needs_attention schedule")
     def resume(schedule_id: ScheduleId) -> dict[str, Any]:
         return _act(lambda: schedules.resume(schedule_id, by="api"), schedule_id)
 
-    @router.post("/{schedule_id}/cancel", summary="Cancel: no further charges")
+    @router.post("/{schedule_id}/cancel", response_model=ScheduleView, summary="Cancel: no further charges")
     def cancel(schedule_id: ScheduleId, request: Annotated[CancelRequest | None, Body()] = None) -> dict[str, Any]:
         reason = request.reason if request else CancelRequest().reason
         return _act(lambda: schedules.cancel(schedule_id, reason, by="api"), schedule_id)
 
-    @router.delete("/{schedule_id}", summary="Cancel (the record and its history are kept)")
+    @router.delete("/{schedule_id}", response_model=ScheduleView, summary="Cancel (the record and its history are kept)")
     def delete(schedule_id: ScheduleId) -> dict[str, Any]:
         return _act(lambda: schedules.cancel(schedule_id, "cancelled by operator", by="api"), schedule_id)
 

@@ -3,22 +3,31 @@
 Why one app: the gateway's notifications and the merchant's control calls reach the same flows; one
 process type (``durapay api``, one uvicorn worker per process, as many processes as needed) serves
 both. Only the receiver path (and ``/healthz``, ``/docs``, ``/openapi.json``, which hold no data) is
-open; every other route needs ``DURAPAY_API__KEY`` as ``X-Api-Key``.
+open; every other route needs ``DURAPAY_API__KEY`` as ``X-Api-Key``, checked by ``service.guard`` before
+any body is read, and takes a body of at most ``DURAPAY_API__MAX_BODY_BYTES``.
+
+``/docs`` is served from the installed packages (Swagger UI's files ship in ``fastapi-offline``): it
+loads nothing from another host, so it works offline and behind a strict proxy.
 
 Build it with :func:`create_app` from a :class:`~service.runtime.Runtime`; there is no module-level app.
 """
 
 from __future__ import annotations
 
+from importlib.resources import files
 from typing import Any
 
 from fastapi import Depends, FastAPI
+from fastapi.openapi.docs import get_swagger_ui_html, get_swagger_ui_oauth2_redirect_html
+from fastapi.responses import HTMLResponse
+from fastapi.staticfiles import StaticFiles
 
 from service.api_flows import flows_router
 from service.api_ops import ops_router
 from service.api_receiver import receiver_router
-from service.auth import api_key_scheme, require_key
+from service.auth import api_key_scheme, bearer_scheme, require_key
 from service.errors import install_error_handlers
+from service.guard import ControlGate
 from service.receiver import NotificationReceiver
 from service.runtime import Runtime
 
@@ -32,9 +41,15 @@ Durable payment flows against the payment gateway.
 * **Schedules**: recurring MIT payments; create, read, list, pause, resume, change the amount, cancel.
 * **Operations**: `/healthz`, `/readyz`, `/metrics` (Prometheus text).
 
-Every route but the receiver, `/healthz` and these docs needs `X-Api-Key` (or `Authorization: Bearer`).
+Every route but the receiver, `/healthz` and these docs needs `X-Api-Key` (or `Authorization: Bearer`),
+checked before the body is read; bodies above `DURAPAY_API__MAX_BODY_BYTES` are refused with 413.
+Inputs are read strictly: an unknown field or value is a 422 naming it (and the closest known name).
 Errors are `{"error", "reason"}` (+ `"field"` on 422).
 """
+
+#: Where ``/docs`` finds Swagger UI's files (the ``fastapi-offline`` package ships them).
+DOCS_ASSETS = "/docs/assets"
+OPEN_PATHS = frozenset({"/healthz", "/openapi.json", "/docs", "/docs/oauth2-redirect"})
 
 
 def create_app(runtime: Runtime, *, insecure: bool = False, schedules: Any = None) -> FastAPI:
@@ -42,10 +57,12 @@ def create_app(runtime: Runtime, *, insecure: bool = False, schedules: Any = Non
     unless ``insecure``. ``schedules`` (a ``workflows.schedules.Schedules``) adds ``/schedules``;
     by default one is built when the schedules module is present."""
     settings = runtime.settings
-    auth = require_key(settings.api.key.get_secret_value(), insecure=insecure)
+    key_ok = require_key(settings.api.key.get_secret_value(), insecure=insecure)
     app = FastAPI(
         title="durapay",
         version="0.1.0",
+        docs_url=None,
+        redoc_url=None,
         description=DESCRIPTION.replace("{receiver}", settings.receiver.path),
         openapi_tags=[
             {"name": "notifications", "description": "The gateway's notifications (open path)."},
@@ -59,7 +76,7 @@ def create_app(runtime: Runtime, *, insecure: bool = False, schedules: Any = Non
     app.state.receiver = receiver
     app.state.runtime = runtime
     app.include_router(receiver_router(receiver))
-    protected = [Depends(api_key_scheme), Depends(auth)]
+    protected = [Depends(api_key_scheme), Depends(bearer_scheme)]  # declared; ControlGate checks
     app.include_router(flows_router(runtime.engine, settings.api), dependencies=protected)
     if schedules is None:
         schedules = default_schedules(runtime)
@@ -68,7 +85,34 @@ def create_app(runtime: Runtime, *, insecure: bool = False, schedules: Any = Non
 
         app.include_router(schedules_router(schedules), dependencies=protected)
     app.include_router(ops_router(runtime.engine, protected))
+    _offline_docs(app)
+
+    def is_open(path: str) -> bool:
+        return path in OPEN_PATHS or path == settings.receiver.path or path.startswith(DOCS_ASSETS + "/")
+
+    app.add_middleware(ControlGate, key_ok=key_ok, limit=settings.api.max_body_bytes, is_open=is_open)
     return app
+
+
+def _offline_docs(app: FastAPI) -> None:
+    """``/docs`` with Swagger UI's files served from the installed package: no request to another host."""
+    app.mount(DOCS_ASSETS, StaticFiles(directory=str(files("fastapi_offline") / "static")), name="docs-assets")
+
+    @app.get("/docs", include_in_schema=False)
+    def docs() -> HTMLResponse:
+        return get_swagger_ui_html(
+            openapi_url="/openapi.json",
+            title="durapay - API",
+            swagger_js_url=f"{DOCS_ASSETS}/swagger-ui-bundle.js",
+            swagger_css_url=f"{DOCS_ASSETS}/swagger-ui.css",
+            swagger_favicon_url=f"{DOCS_ASSETS}/favicon.png",
+            oauth2_redirect_url="/docs/oauth2-redirect",
+            swagger_ui_parameters={"validatorUrl": None},  # the online validator badge would call another host
+        )
+
+    @app.get("/docs/oauth2-redirect", include_in_schema=False)
+    def oauth2_redirect() -> HTMLResponse:
+        return get_swagger_ui_oauth2_redirect_html()
 
 
 def default_schedules(runtime: Runtime) -> Any:

@@ -3,6 +3,9 @@
 Why both headers: merchants' backends send ``X-Api-Key``; Prometheus can only send a bearer token when
 it scrapes ``/metrics``. Either carries the same key, ``DURAPAY_API__KEY``.
 
+The check runs in ``service.guard.ControlGate``, before a body is read; the two schemes below only
+declare it in the OpenAPI document (the "Authorize" button of ``/docs``, typed generated clients).
+
 An empty key is not "no authentication" by accident: :func:`require_key` refuses to build the check
 unless the caller explicitly asked for an open API (``durapay api --insecure``, local development).
 """
@@ -10,28 +13,26 @@ unless the caller explicitly asked for an open API (``durapay api --insecure``, 
 from __future__ import annotations
 
 import hmac
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
-from fastapi import Request
-from fastapi.security import APIKeyHeader
-
-from service.errors import ApiError
+from fastapi.security import APIKeyHeader, HTTPBearer
 
 API_KEY_HEADER = "X-Api-Key"
 
-#: Declared for OpenAPI, so ``/docs`` offers an "Authorize" button; the check itself is ours.
+#: Declared for OpenAPI only (the check itself is ``require_key``'s, in the gate).
 api_key_scheme = APIKeyHeader(name=API_KEY_HEADER, auto_error=False, description="DURAPAY_API__KEY")
+bearer_scheme = HTTPBearer(auto_error=False, description="DURAPAY_API__KEY as a bearer token (Prometheus)")
 
 
 class MissingApiKey(Exception):
     """``DURAPAY_API__KEY`` is empty and the open mode was not asked for."""
 
 
-def presented_key(request: Request) -> str:
-    key = request.headers.get(API_KEY_HEADER)
+def presented_key(headers: Mapping[str, str]) -> str:
+    key = headers.get(API_KEY_HEADER.lower()) or headers.get(API_KEY_HEADER)
     if key:
         return key
-    scheme, _, token = request.headers.get("authorization", "").partition(" ")
+    scheme, _, token = (headers.get("authorization") or "").partition(" ")
     return token.strip() if scheme.lower() == "bearer" else ""
 
 
@@ -40,8 +41,8 @@ def key_matches(presented: str, expected: str) -> bool:
     return hmac.compare_digest(presented.encode(), expected.encode())
 
 
-def require_key(expected: str, *, insecure: bool = False) -> Callable[[Request], None]:
-    """A FastAPI dependency that refuses a request without the right key with 401.
+def require_key(expected: str, *, insecure: bool = False) -> Callable[[Mapping[str, str]], bool]:
+    """The check of a request's headers: True when they carry the key.
 
     With an empty ``expected`` key: raise MissingApiKey, unless ``insecure`` (then every request passes).
     """
@@ -51,10 +52,7 @@ def require_key(expected: str, *, insecure: bool = False) -> Callable[[Request],
             "or pass --insecure to run the control API without a key (local development only)"
         )
 
-    def check(request: Request) -> None:
-        if not expected:
-            return
-        if not key_matches(presented_key(request), expected):
-            raise ApiError(401, "unauthorized", f"missing or wrong {API_KEY_HEADER}")
+    def check(headers: Mapping[str, str]) -> bool:
+        return not expected or key_matches(presented_key(headers), expected)
 
     return check

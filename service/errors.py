@@ -6,17 +6,22 @@ Every refusal is ``{"error": <code>, "reason": <one line>}`` plus ``"field"`` fo
 | status | ``error`` | when |
 |---|---|---|
 | 401 | ``unauthorized`` | missing or wrong API key |
-| 404 | ``not_found`` | no such flow or schedule |
+| 404 | ``not_found`` | no such flow, schedule, flow kind or signal |
+| 405 | ``method_not_allowed`` | the path takes other methods (``Allow`` lists them) |
 | 409 | ``conflict`` | the state does not allow it (cancel a finished flow, an Idempotency-Key reused) |
 | 413 | ``too_large`` | a body above the limit |
-| 422 | ``invalid_input`` | any input that does not validate; ``field`` names it (``order.amount``, ``query.limit``) |
+| 422 | ``invalid_input`` | any input that does not validate, a body that is not JSON (or nested too deeply)
+included; ``field`` names it (``order.amount``, ``query.limit``, ``(body)``) |
 | 500 | ``internal`` | a bug: logged on the server with a reference, never shown |
 | 503 | ``unavailable`` | Redis unreachable, or not ready |
+
+There is no 400: a body that cannot be parsed is invalid input like any other (422, field ``(body)``).
 """
 
 from __future__ import annotations
 
 import logging
+import re
 import uuid
 from typing import Any
 
@@ -27,6 +32,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from gateway import error_field
 from workflows.durability import NotDurable
 
 log = logging.getLogger("durapay.api")
@@ -38,6 +44,17 @@ class ErrorBody(BaseModel):
     error: str
     reason: str
     field: str | None = None
+
+
+#: The error answers every protected route documents (``responses=`` of its router).
+ERRORS: dict[int | str, dict[str, Any]] = {
+    401: {"model": ErrorBody, "description": "missing or wrong API key (checked before the body is read)"},
+    404: {"model": ErrorBody, "description": "no such flow, schedule, flow kind or signal"},
+    409: {"model": ErrorBody, "description": "the state does not allow it, or an Idempotency-Key reused"},
+    413: {"model": ErrorBody, "description": "a body above DURAPAY_API__MAX_BODY_BYTES"},
+    422: {"model": ErrorBody, "description": "invalid input; `field` names it"},
+    503: {"model": ErrorBody, "description": "the flow store (Redis) is unavailable; try again"},
+}
 
 
 class ApiError(Exception):
@@ -78,7 +95,8 @@ def describe_request_error(exc: RequestValidationError) -> tuple[str, str]:
     if not errors:
         return "(request)", "invalid request"
     first = errors[0]
-    location = [str(part) for part in first.get("loc", ())]
+    path = error_field(first)
+    location = path.split(".") if path else []
     if location and location[0] == "body":
         location = location[1:] or ["(body)"]
     field = ".".join(location) or "(request)"
@@ -91,6 +109,23 @@ def describe_request_error(exc: RequestValidationError) -> tuple[str, str]:
 
 
 _STATUS_CODES = {401: "unauthorized", 404: "not_found", 405: "method_not_allowed", 409: "conflict", 413: "too_large"}
+
+
+def documented_methods(app: FastAPI, path: str) -> str:
+    """The methods the OpenAPI document gives ``path``: its concrete path if it has one (``/flows/moto``),
+    else every templated path it fits (``/flows/{flow_id}``), as OpenAPI matches them. Starlette's own
+    ``Allow`` names the methods of the first route whose path matches, which is not always the path's."""
+    documented: dict[str, tuple[re.Pattern[str], list[str]]] | None = getattr(app.state, "documented_paths", None)
+    if documented is None:
+        documented = {}
+        for template, operations in app.openapi()["paths"].items():
+            parts = ["[^/]+" if part.startswith("{") else re.escape(part) for part in template.split("/")]
+            documented[template] = (re.compile("^" + "/".join(parts) + "$"), [method.upper() for method in operations])
+        app.state.documented_paths = documented
+    if path in documented:
+        return ", ".join(sorted(documented[path][1]))
+    fitting = {method for pattern, methods in documented.values() if pattern.match(path) for method in methods}
+    return ", ".join(sorted(fitting))
 
 
 def install_error_handlers(app: FastAPI) -> None:
@@ -107,8 +142,15 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        if exc.status_code == 400:  # FastAPI could not parse the body (e.g. JSON nested too deeply)
+            return error_response(
+                422, "invalid_input", "the body is not valid JSON (malformed, or nested too deeply)", field="(body)"
+            )
+        headers = dict(getattr(exc, "headers", None) or {})
+        if exc.status_code == 405:
+            headers["Allow"] = documented_methods(app, request.url.path) or headers.get("Allow", "")
         code = _STATUS_CODES.get(exc.status_code, "error")
-        return error_response(exc.status_code, code, str(exc.detail), headers=getattr(exc, "headers", None))
+        return error_response(exc.status_code, code, str(exc.detail), headers=headers or None)
 
     @app.exception_handler(redis.RedisError)
     async def _redis(request: Request, exc: redis.RedisError) -> JSONResponse:

@@ -36,6 +36,7 @@ from workflows.events import Cursor, Event, EventFeed
 from workflows.keys import Keys, derived_id
 from workflows.orders import OrderIndex, gateway_order_id
 from workflows.protocol import Claim, StepProtocol
+from workflows.signals import admit
 from workflows.states import STOPPED, TERMINAL, FlowState
 from workflows.steps import FlowDefinition
 from workflows.store import Change, FlowRecord, FlowStore, StartConflict, compact_json
@@ -258,7 +259,7 @@ class Engine:
         marked, so that the money always shows in the flow: a flow that ended failed or cancelled, or
         succeeded with another operation, moves to ``needs_attention`` (``late_payment``) with the
         signal kept; ``retry`` then lets the waiting step take it, or a person refunds it."""
-        body = dict(payload or {})
+        body = admit(self.registry.get(self.get(flow_id).kind), name, payload, by=by)  # SignalRefused: workflows.signals
         paid = reported_payment(body)
         result = self.store.signal(flow_id, name, body, now=self.clock.now(), by=by, safety=self.safety, paid=paid)
         if result == "missing":

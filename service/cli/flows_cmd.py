@@ -21,9 +21,10 @@ from rich.console import Console
 from service.api_flows import wait_for_customer_url
 from service.cli._common import BadOption, ExitCode, Output, exit_code_for, read_json_input, runtime
 from service.cli._output import describe_error, echo_json, print_record, print_rows, when
-from service.timeparse import parse_time
+from service.timeparse import RUN_AT_FORMS, SINCE_FORMS, parse_run_at, parse_since
 from service.views import flow_brief, flow_view
 from workflows.engine import Engine
+from workflows.inputs import read_input
 from workflows.states import STOPPED, FlowState
 
 JsonFlag = Annotated[bool, typer.Option("--json", help="Print JSON (errors too, on stderr).")]
@@ -96,7 +97,7 @@ def start(
     kind: Annotated[str, typer.Argument(help="Flow kind (durapay flows kinds).")],
     json_input: Annotated[str, typer.Option("--json-input", help="JSON input: a file, or - for stdin.")] = "-",
     key: Annotated[str | None, typer.Option("--key", help="Start key: the same key and input give the same flow.")] = None,
-    run_at: Annotated[str | None, typer.Option("--run-at", help="Run later: POSIX seconds or ISO 8601.")] = None,
+    run_at: Annotated[str | None, typer.Option("--run-at", help=f"Run later: {RUN_AT_FORMS}.")] = None,
     wait: Annotated[float, typer.Option("--wait", help="Wait up to N seconds for the flow to end; exit with its outcome.")] = 0.0,
     as_json: JsonFlag = False,
 ) -> None:
@@ -112,10 +113,10 @@ def start(
         out.fail("invalid_input", "the input must be a JSON object", field="--json-input")
     with runtime(out) as rt, out.errors():
         try:
-            when_at = parse_time(run_at, now=rt.engine.clock.now()) if run_at else None
+            when_at = parse_run_at(run_at, now=rt.engine.clock.now()) if run_at else None
         except ValueError as exc:
             raise BadOption("--run-at", str(exc)) from None
-        record = rt.engine.start(kind, data, key, run_at=when_at)
+        record = rt.engine.start(kind, read_input(rt.engine.registry, kind, data), key, run_at=when_at)
         view = flow_view(wait_for_customer_url(rt.engine, record, rt.settings.api.start_wait_seconds), rt.engine.registry)
         if wait > 0:
             if view.get("customer_url"):
@@ -141,7 +142,7 @@ def start(
 def list_flows(
     state: Annotated[FlowState | None, typer.Option(help="Only flows in this state.")] = None,
     kind: Annotated[str | None, typer.Option(help="Only flows of this kind.")] = None,
-    since: Annotated[str | None, typer.Option(help="Newer than: POSIX seconds, ISO 8601, or an age (15m, 2h, 7d).")] = None,
+    since: Annotated[str | None, typer.Option(help=f"Newer than: {SINCE_FORMS}.")] = None,
     limit: Annotated[int, typer.Option(min=1, max=10_000)] = 50,
     offset: Annotated[int, typer.Option(min=0)] = 0,
     as_json: JsonFlag = False,
@@ -156,7 +157,7 @@ def list_flows(
                 field="--kind",
             )
         try:
-            start_at = parse_time(since, now=rt.engine.clock.now()) if since else None
+            start_at = parse_since(since, now=rt.engine.clock.now()) if since else None
         except ValueError as exc:
             raise BadOption("--since", str(exc)) from None
         records = rt.engine.list(state=state, kind=kind, since=start_at, limit=limit, offset=offset)
@@ -195,7 +196,7 @@ def show(flow_id: str, as_json: JsonFlag = False) -> None:
 @flows_app.command("signal")
 def signal(
     flow_id: str,
-    name: Annotated[str, typer.Argument(help="3ds_result, form_completed, notification, ...")],
+    name: Annotated[str, typer.Argument(help="3ds_result or form_completed (notification comes only through the receiver).")],
     payload: Annotated[str | None, typer.Option(help="The payload as a JSON object, a file, or - for stdin.")] = None,
     as_json: JsonFlag = False,
 ) -> None:

@@ -102,7 +102,6 @@ def test_idempotency_key_gives_the_same_flow_and_a_different_body_conflicts(serv
         ("/flows/moto", {"order": {"orderId": "o1", "amount": "x", "currency": "EUR"}, "card": {}}, "order.amount"),
         ("/flows/moto", {"order": {"orderId": "o1", "amount": "100", "currency": "EUR"}}, "card"),
         ("/flows/moto", [1, 2], "(body)"),
-        ("/flows/no_such_kind", {}, "kind"),
         ("/flows/notified?wait=999", {"orderId": "o", "token": "t"}, "query.wait"),
         ("/flows/notified?run_at=tomorrowish", {"orderId": "o", "token": "t"}, "query.run_at"),
     ],
@@ -113,6 +112,13 @@ def test_bad_input_is_422_naming_the_field(served: Served, path: str, body: Any,
     assert answer.json()["error"] == "invalid_input"
     assert answer.json()["field"] == field
     assert answer.json()["reason"]
+
+
+def test_an_unknown_flow_kind_is_a_path_that_does_not_exist(served: Served) -> None:
+    answer = served.http.post("/flows/mot", json={}, headers=KEY)
+    assert answer.status_code == 404, answer.text
+    assert answer.json()["error"] == "not_found"
+    assert "did you mean `moto`?" in answer.json()["reason"]
 
 
 def test_a_body_that_is_not_json_is_422(served: Served) -> None:
@@ -202,7 +208,7 @@ def test_cancel_then_cancel_again_conflicts(served: Served) -> None:
 
 def test_retry_a_failed_flow_and_refuse_a_cancelled_one(served: Served) -> None:
     flow_id = waiting_flow(served.engine, "ord-retry", TOKEN)
-    served.engine.signal(flow_id, "notification", {"fail": True})
+    served.engine.signal(flow_id, "notification", {"fail": True}, by="notification")
     assert served.engine.run_step(flow_id, "payment") == FlowState.FAILED.value
     answer = served.http.post(f"/flows/{flow_id}/retry", headers=KEY)
     assert answer.status_code == 200

@@ -216,7 +216,7 @@ def test_redis_unavailable_is_503_not_a_traceback(runtime: Runtime, key_prefix: 
 
 def test_a_payment_notified_after_the_flow_failed_is_not_dropped(served: Served) -> None:
     flow_id = waiting_flow(served.engine, "ord-late", TOKEN)
-    served.engine.signal(flow_id, "notification", {"fail": True})
+    served.engine.signal(flow_id, "notification", {"fail": True}, by="notification")
     assert served.engine.run_step(flow_id, "payment") == FlowState.FAILED.value
     answer = post(served, notification("ord-late", TOKEN, "ev-late", result="AUTHORIZED"))
     assert answer.status_code == 200, "acknowledged: the gateway must not keep resending"

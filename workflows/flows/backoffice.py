@@ -13,14 +13,14 @@ from typing import Any
 from pydantic import Field
 
 from gateway import Amount as AmountField
-from gateway import Catalogue, Currency, GatewayModel, NotFound, OperationType
+from gateway import Catalogue, Currency, GatewayModel, NotFound, OperationType, PassThrough
 from tasks.outcomes import Advance
 from tasks.runner import NOT_COMMITTED, UNCLEAR, ReconcileResult, StepContext
 from workflows.flows._common import read_until_final, summarize
 from workflows.steps import Call, CallStep, FlowDefinition
 
 
-class PostOperationInput(GatewayModel):
+class PostOperationInput(PassThrough):
     """Refund or capture of ``operationId``: omit amount and currency for the full amount."""
 
     operationId: str = Field(min_length=1)

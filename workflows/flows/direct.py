@@ -26,6 +26,7 @@ from gateway import (
     NotFound,
     OperationResult,
     Order,
+    PassThrough,
     Recurrence,
     ThreeStepsInitResponse,
     ThreeStepsValidationResponse,
@@ -58,18 +59,34 @@ def one_call(kind: str, model: type[GatewayModel], op: Any, description: str) ->
     return FlowDefinition(kind, model, (pay, settle_step("settle", "pay")), summarize, input_order_id, description)
 
 
-MOTO = one_call("moto", MotoRequest, Catalogue.create_moto_order, "mail-order/telephone-order payment")
+class MotoInput(PassThrough, MotoRequest):
+    pass
+
+
+class CardVerificationInput(PassThrough, CardVerificationRequest):
+    pass
+
+
+class WalletInput(PassThrough, WalletPayRequest):
+    pass
+
+
+class MitInput(PassThrough, MitRequest):
+    pass
+
+
+MOTO = one_call("moto", MotoInput, Catalogue.create_moto_order, "mail-order/telephone-order payment")
 CARD_VERIFICATION = one_call(
-    "card_verification", CardVerificationRequest, Catalogue.card_verification, "card verification (no charge)"
+    "card_verification", CardVerificationInput, Catalogue.card_verification, "card verification (no charge)"
 )
-WALLET = one_call("wallet", WalletPayRequest, Catalogue.wallet_pay, "wallet payment")
-MIT = one_call("mit", MitRequest, Catalogue.create_mit_order, "merchant-initiated payment on a contract")
+WALLET = one_call("wallet", WalletInput, Catalogue.wallet_pay, "wallet payment")
+MIT = one_call("mit", MitInput, Catalogue.create_mit_order, "merchant-initiated payment on a contract")
 
 
 # -- three steps -----------------------------------------------------------------------------------
 
 
-class ThreeStepsInput(GatewayModel):
+class ThreeStepsInput(PassThrough):
     order: Order
     card: Card
     recurrence: Recurrence | None = None
@@ -214,7 +231,7 @@ THREE_STEPS = FlowDefinition(
 # -- init / pay (/v2/svs) --------------------------------------------------------------------------
 
 
-class SvsInput(GatewayModel):
+class SvsInput(PassThrough):
     order: Order
     card: Card
     recurrence: Recurrence | None = None

@@ -26,6 +26,7 @@ from gateway import (
     Operation,
     OperationResponse,
     OperationResult,
+    PassThrough,
     PayByLinkRenewRequest,
     PayByLinkRequest,
     PaymentLinkStatus,
@@ -146,7 +147,7 @@ def _await(name: str, timeout: Any, waited_for: str) -> WaitStep:
 # -- hosted payment page ----------------------------------------------------------------------------
 
 
-class HppInput(HppOrderRequest):
+class HppInput(PassThrough, HppOrderRequest):
     waitSeconds: float | None = Field(default=None, gt=0, description="durapay: how long to wait for the customer")
 
 
@@ -179,7 +180,7 @@ LINK_OPERATIONS = {
 }
 
 
-class PayByLinkInput(PayByLinkRequest):
+class PayByLinkInput(PassThrough, PayByLinkRequest):
     version: Literal["v3", "v2", "v1", "unversioned"] = "v3"
 
 
@@ -284,7 +285,7 @@ PAYBYLINK_RENEW = FlowDefinition(
 # -- embedded form (build) ---------------------------------------------------------------------------
 
 
-class BuildInput(BuildOrderRequest):
+class BuildInput(PassThrough, BuildOrderRequest):
     version: str | None = Field(default="3", pattern=r"^[23]$", description="form version: 3 (default) or 2")
     formSeconds: float | None = Field(default=None, gt=0, description="durapay: how long to wait for the form")
 

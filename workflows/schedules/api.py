@@ -28,7 +28,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from gateway import describe_validation_error
+from gateway import check_amount, describe_validation_error
 from workflows.engine import Engine, InputError, NotFound, OperatorError
 from workflows.schedules import policy
 from workflows.schedules.model import FINAL, Attempt, ScheduleInput, ScheduleRecord, ScheduleState
@@ -143,6 +143,10 @@ class Schedules:
         """Charge ``amount`` (minor units) from the next occurrence on."""
         if isinstance(amount, bool) or not isinstance(amount, int) or amount < 1:
             raise InputError("schedule", "amount", "must be a whole number of minor units, at least 1")
+        try:
+            check_amount(amount, self.get(schedule_id).spec.currency)
+        except ValueError as exc:
+            raise InputError("schedule", "amount", str(exc)) from None
         return self._operate(schedule_id, lambda record, now: policy.change_amount(record, now, amount, by))
 
     def _operate(self, schedule_id: str, change: Callable[[ScheduleRecord, float], policy.Plan]) -> ScheduleRecord:

@@ -18,10 +18,10 @@ from datetime import UTC, date, datetime
 from enum import StrEnum
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+from pydantic import BeforeValidator, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
-from gateway import Amount, CaptureType, Currency
-from workflows.schedules.rules import Calendar, Rule, instant, iso, zone
+from gateway import Amount, CaptureType, Currency, StrictModel, check_amount
+from workflows.schedules.rules import ZONES, Calendar, Rule, instant, iso, zone
 
 DEFAULT_DUNNING = (1, 3, 7)
 
@@ -59,8 +59,8 @@ RUNNING = frozenset({ScheduleState.ACTIVE, ScheduleState.DUNNING})
 FINAL = frozenset({ScheduleState.COMPLETED, ScheduleState.CANCELLED})
 
 
-class ScheduleInput(BaseModel):
-    """A recurring merchant-initiated charge of ``contractId``."""
+class ScheduleInput(StrictModel):
+    """A recurring merchant-initiated charge of ``contractId`` (merchant input: unknown fields refused)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -70,12 +70,14 @@ class ScheduleInput(BaseModel):
     description: str = Field(min_length=1, max_length=255)
     customerId: str | None = Field(default=None, max_length=27)
     rule: Rule
-    timezone: str = "UTC"
+    timezone: str = Field(default="UTC", json_schema_extra={"enum": [*ZONES]})
     start: When
     end: When | None = None
     count: int | None = Field(default=None, ge=1)
     missed: Literal["once", "each", "skip"] = "once"
-    dunning: tuple[int, ...] = Field(default=DEFAULT_DUNNING, max_length=12, description="retry after these days")
+    dunning: tuple[Annotated[int, Field(ge=1)], ...] = Field(
+        default=DEFAULT_DUNNING, max_length=12, description="retry after these days (increasing)"
+    )
     captureType: CaptureType | None = None
 
     @field_validator("timezone")
@@ -97,6 +99,10 @@ class ScheduleInput(BaseModel):
     def _window(self, info: ValidationInfo) -> ScheduleInput:
         if info.context and info.context.get("stored"):
             return self  # read back from Redis: checked when it was created
+        try:
+            check_amount(self.amount, self.currency)
+        except ValueError as exc:
+            raise ValueError(f"amount: {exc}") from None
         calendar = self.calendar()
         if calendar.end is not None and calendar.end < calendar.start:
             raise ValueError("end: must not be before start")

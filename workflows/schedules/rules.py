@@ -21,11 +21,12 @@ drifting: the next month is on day D again. ``end`` is inclusive (a date means t
 from __future__ import annotations
 
 import calendar as _calendar
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, time, timedelta
 from typing import Annotated, Any, Literal
-from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError, available_timezones
 
 from croniter import croniter
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, field_validator
@@ -56,14 +57,20 @@ class Weekly(_Rule):
     weekday: Weekday
 
 
+#: Five cron fields separated by single spaces (the API's document states the same pattern).
+CRON_PATTERN = r"^[0-9A-Za-z*,/?#-]+( [0-9A-Za-z*,/?#-]+){4}$"
+
+
 class Cron(_Rule):
-    cron: str
+    cron: str = Field(
+        json_schema_extra={"pattern": CRON_PATTERN},
+        description="five fields separated by spaces: minute hour day-of-month month day-of-week",
+    )
 
     @field_validator("cron")
     @classmethod
     def _valid(cls, value: str) -> str:
-        value = " ".join(value.split())
-        if len(value.split(" ")) != 5:
+        if not re.match(CRON_PATTERN, value):
             raise ValueError("must have five fields: minute hour day-of-month month day-of-week")
         if not croniter.is_valid(value):
             raise ValueError(f"{value!r} is not a valid cron expression")
@@ -94,9 +101,16 @@ Rule = Annotated[
 ]
 
 
+#: The IANA zones a schedule may name (the tz database this Python reads), for the API's document.
+ZONES = sorted(available_timezones())
+_KNOWN_ZONES = frozenset(ZONES)
+
+
 def zone(name: str) -> ZoneInfo:
     """The IANA zone ``name``; ValueError naming it when unknown."""
     try:
+        if name not in _KNOWN_ZONES:
+            raise ValueError(name)
         return ZoneInfo(name)
     except (ZoneInfoNotFoundError, ValueError):
         raise ValueError(f"{name!r} is not an IANA time zone (e.g. Europe/Rome, America/New_York, UTC)") from None

@@ -71,7 +71,9 @@ def test_start_from_a_file_and_from_stdin(engine_side: Runtime, tmp_path: Path) 
         (["start", "moto"], "{not json", "stdin is not JSON"),
         (["start", "moto"], "[1]", "must be a JSON object"),
         (["start", "moto", "--json-input", "/nonexistent/input.json"], None, "cannot read"),
-        (["start", "moto", "--run-at", "soonish"], json.dumps(moto("o-late")), "expected POSIX seconds"),
+        (["start", "moto", "--run-at", "soonish"], json.dumps(moto("o-late")), "expected a future time"),
+        (["start", "moto", "--run-at", "2h"], json.dumps(moto("o-ago")), "write a delay as 'in 2h'"),
+        (["start", "moto"], json.dumps({**moto("o-typo"), "captureTyp": "EXPLICIT"}), "did you mean `captureType`?"),
     ],
 )
 def test_start_refusals_are_one_line(engine_side: Runtime, args: list[str], stdin: str | None, message: str) -> None:
@@ -114,15 +116,34 @@ def test_flows_show_with_history(engine_side: Runtime) -> None:
 
 
 def test_flows_signal(engine_side: Runtime) -> None:
-    flow_id = engine_side.engine.start("moto", moto("cli-signal")).id
+    flow_id = engine_side.engine.start("three_steps", moto("cli-signal")).id
     result = invoke("flows", "signal", flow_id, "3ds_result", "--payload", '{"threeDSAuthResponse": "x"}')
     assert result.exit_code == 0, result.output
     assert "stored" in result.stdout
-    as_json = json.loads(invoke("flows", "signal", flow_id, "form_completed", "--json").stdout)
+    as_json = json.loads(invoke("flows", "signal", flow_id, "3ds_result", "--json", "--payload", '{"PaRes": "y"}').stdout)
     assert as_json["result"] == "stored"
     assert "--payload: not JSON" in one_error_line(invoke("flows", "signal", flow_id, "x", "--payload", "{bad"))
-    done = failed_flow(engine_side, "cli-signal-2")
-    assert "already ended" in one_error_line(invoke("flows", "signal", done, "3ds_result"))
+    done = engine_side.engine.start("three_steps", moto("cli-signal-2"))
+    claim = engine_side.engine.claim(done.id, done.step)
+    assert isinstance(claim, Claim)
+    engine_side.engine.complete(claim, Finish(False, "declined", error={"type": "PaymentDeclined"}))
+    ended = invoke("flows", "signal", done.id, "3ds_result", "--payload", '{"threeDSAuthResponse": "x"}')
+    assert "already ended" in one_error_line(ended)
+
+
+def test_flows_signal_refuses_what_the_flow_does_not_take(engine_side: Runtime) -> None:
+    """The engine's refusals reach the CLI as they are: no special code there (workflows.signals)."""
+    page = {"order": moto("cli-signal-3")["order"], "paymentSession": {"amount": "1500", "language": "ita"}}
+    hpp = engine_side.engine.start("hpp", page).id
+    three_steps = engine_side.engine.start("three_steps", moto("cli-signal-4")).id
+    forged = '{"operation": {"orderId": "cli-signal-3", "operationId": "1", "operationResult": "EXECUTED"}}'
+    refused = one_error_line(invoke("flows", "signal", hpp, "notification", "--payload", forged))
+    assert "only through the notification receiver" in refused
+    assert "takes no signal 'notification'" in one_error_line(invoke("flows", "signal", three_steps, "notification"))
+    assert "did you mean `3ds_result`" in one_error_line(invoke("flows", "signal", three_steps, "3ds_reslt"))
+    assert "foo: unknown field" in one_error_line(invoke("flows", "signal", three_steps, "3ds_result", "--payload", '{"foo": 1}'))
+    assert all(entry["what"] != "signal notification" for entry in engine_side.engine.history(hpp)), "nothing was stored"
+    assert all(entry["what"] != "signal 3ds_result" for entry in engine_side.engine.history(three_steps))
 
 
 def test_flows_cancel_and_retry(engine_side: Runtime) -> None:

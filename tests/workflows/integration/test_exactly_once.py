@@ -130,7 +130,7 @@ def test_a_payment_on_the_first_page_after_a_restart_on_a_new_order_needs_a_pers
     paid = stack.simulator.admin.complete_hpp(first_order)
     assert stack.engine.flow_for_order(first_order) == started.id, "the first order still routes to the flow"
     operation = {"orderId": first_order, "operationId": paid["operationId"], "operationResult": paid["operationResult"]}
-    stack.engine.signal(started.id, "notification", {"operation": operation})
+    stack.engine.signal(started.id, "notification", {"operation": operation}, by="notification")
     done = stack.engine.wait(started.id, 20)
     assert done.state is FlowState.NEEDS_ATTENTION, (done.summary(), stack.engine.history(started.id))
     assert done.error is not None and done.error["type"] == "LatePayment"

@@ -350,7 +350,7 @@ def test_paybylink_renew_refused_for_a_paid_or_unknown_link(stack: Stack) -> Non
     waiting, link_id = _start_link(stack)
     paid = stack.simulator.admin.complete_link(link_id)
     operation = {"orderId": waiting.order_id, "operationId": paid["operationId"], "operationResult": paid["operationResult"]}
-    stack.engine.signal(waiting.id, "notification", {"operation": operation})
+    stack.engine.signal(waiting.id, "notification", {"operation": operation}, by="notification")
     assert stack.engine.wait(waiting.id, 30).state is FlowState.SUCCEEDED
 
     refused = stack.run("paybylink_renew", {"linkId": link_id})

@@ -16,6 +16,7 @@ import pytest
 
 from gateway import OperationResult
 from tests.workflows.integration.conftest import Stack
+from workflows.signals import SignalRefused
 from workflows.states import FlowState
 
 APPROVE = "4349940199004549"  # published approving VISA, frictionless
@@ -150,7 +151,7 @@ def test_hosted_page_resumed_by_a_notification_signal(stack: Stack) -> None:
     waiting = wait_for_state(stack, started.id, FlowState.WAITING)
     paid = stack.simulator.admin.complete_hpp(waiting.order_id)
     operation = {"orderId": waiting.order_id, "operationId": paid["operationId"], "operationResult": paid["operationResult"]}
-    assert stack.engine.signal(started.id, "notification", {"operation": operation}) == "resumed"
+    assert stack.engine.signal(started.id, "notification", {"operation": operation}, by="notification") == "resumed"
     done = stack.engine.wait(started.id, 20)
     assert done.state is FlowState.SUCCEEDED, done.summary()
     assert stack.engine.tokens_for_order(waiting.order_id) == [waiting.outputs["create"]["securityToken"]]
@@ -168,7 +169,7 @@ def test_paybylink_every_version(stack: Stack, version: str) -> None:
     assert waiting.customer_url == link["link"]
     paid = stack.simulator.admin.complete_link(link["linkId"])
     operation = {"orderId": waiting.order_id, "operationId": paid["operationId"], "operationResult": paid["operationResult"]}
-    stack.engine.signal(started.id, "notification", {"operation": operation})
+    stack.engine.signal(started.id, "notification", {"operation": operation}, by="notification")
     done = stack.engine.wait(started.id, 20)
     assert done.state is FlowState.SUCCEEDED, done.summary()
 
@@ -227,7 +228,10 @@ def test_a_form_completed_signal_is_no_proof_of_payment(stack: Stack) -> None:
     started = stack.engine.start("build", body)
     wait_for_state(stack, started.id, FlowState.WAITING)
     forged = {"operation": {"operationId": "forged", "operationResult": "EXECUTED", "orderId": started.order_id}}
-    stack.engine.signal(started.id, "form_completed", forged)  # the form was never filled in
+    with pytest.raises(SignalRefused, match="unknown field"):  # a form_completed carries nothing
+        stack.engine.signal(started.id, "form_completed", forged)
+    assert stack.engine.get(started.id).signals == [], "nothing stored"
+    stack.engine.signal(started.id, "form_completed", {})  # the form was never filled in
     done = stack.engine.wait(started.id, 20)
     assert done.state is not FlowState.SUCCEEDED, done.summary()
     assert done.outputs["form"] == {"formCompleted": True}, "the signal's payload is not taken as the gateway's word"
