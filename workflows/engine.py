@@ -27,7 +27,7 @@ import redis
 from pydantic import BaseModel, ValidationError
 
 from config.settings import Settings
-from gateway import GatewayClient, describe_validation_error, reported_payment
+from gateway import GatewayClient, describe_validation_error, reported_payment, validate_strict
 from tasks.outcomes import Outcome
 from tasks.retry import RetryPolicy
 from workflows.clock import Clock, SystemClock
@@ -129,11 +129,15 @@ class Engine:
             raise InputError(kind, "kind", f"unknown flow kind; known kinds: {known}") from None
 
     def validate(self, kind: str, data: Mapping[str, Any] | BaseModel) -> BaseModel:
+        """``data`` as the input of ``kind``, read strictly (``gateway._strict``): an unknown field, an
+        unknown value of a closed set or an amount out of bounds is an InputError naming the field, the
+        reason and the closest known name. (A stored input is read back leniently at each step: a
+        record written by an earlier release must still run.)"""
         definition = self.definition(kind)
         try:
             if isinstance(data, BaseModel):
                 data = data.model_dump(mode="json", by_alias=True, exclude_none=True)
-            return definition.input_model.model_validate(data)
+            return validate_strict(definition.input_model, data)
         except ValidationError as exc:
             field, reason = describe_validation_error(exc)
             raise InputError(kind, field, reason) from None

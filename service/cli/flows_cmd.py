@@ -24,7 +24,6 @@ from service.cli._output import describe_error, echo_json, print_record, print_r
 from service.timeparse import RUN_AT_FORMS, SINCE_FORMS, parse_run_at, parse_since
 from service.views import flow_brief, flow_view
 from workflows.engine import Engine
-from workflows.inputs import read_input
 from workflows.states import STOPPED, FlowState
 
 JsonFlag = Annotated[bool, typer.Option("--json", help="Print JSON (errors too, on stderr).")]
@@ -116,7 +115,7 @@ def start(
             when_at = parse_run_at(run_at, now=rt.engine.clock.now()) if run_at else None
         except ValueError as exc:
             raise BadOption("--run-at", str(exc)) from None
-        record = rt.engine.start(kind, read_input(rt.engine.registry, kind, data), key, run_at=when_at)
+        record = rt.engine.start(kind, data, key, run_at=when_at)  # read strictly (Engine.validate)
         view = flow_view(wait_for_customer_url(rt.engine, record, rt.settings.api.start_wait_seconds), rt.engine.registry)
         if wait > 0:
             if view.get("customer_url"):

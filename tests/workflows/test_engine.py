@@ -435,3 +435,16 @@ def test_a_claim_writes_the_lease_the_due_entry_the_index_and_one_log_entry(make
     assert engine.redis.zscore(engine.keys.due_of(record.id), record.id) == T0 + 30
     assert engine.redis.zscore(engine.keys.by_state(partition, "running"), record.id) == T0
     assert engine.redis.zscore(engine.keys.by_state(partition, "ready"), record.id) is None
+
+
+def test_the_python_api_reads_a_start_strictly_and_a_stored_input_leniently(make_engine: Any) -> None:
+    """``engine.start`` is merchant-facing too: a misspelt field is refused before anything is written. An
+    input already stored (by an earlier release, say) is read back leniently at each step."""
+    engine, _ = make_engine(flow(ScriptedStep("pay")))
+    with pytest.raises(InputError) as refused:
+        engine.start("demo", {"amount": 5, "amonut": 6})
+    assert refused.value.field == "amonut" and "did you mean `amount`" in refused.value.reason
+    assert engine.store.ids(kind="demo") == []
+    record = engine.start("demo", {"amount": 5})
+    engine.redis.hset(engine.keys.flow(record.id), "input", '{"amount": 5, "fieldOfALaterRelease": 1}')
+    assert engine.run_step(record.id, "pay") == "succeeded"
