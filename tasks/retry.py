@@ -38,7 +38,9 @@ class RetryPolicy:
 
     def delay(self, attempt: int, hint: float | None = None) -> float:
         """Seconds before try ``attempt + 1`` (``attempt`` counts from 1); never below the gateway's hint."""
-        ceiling = min(self.cap_seconds, self.base_seconds * (2 ** max(0, attempt - 1)))
+        doublings = max(0, attempt - 1)
+        # Past 2**64 the cap has long been reached: never raise a float to a power it cannot hold.
+        ceiling = self.cap_seconds if doublings >= 64 else min(self.cap_seconds, self.base_seconds * (2**doublings))
         chosen = self.rng.uniform(0, ceiling)
         return max(chosen, hint or 0.0)
 

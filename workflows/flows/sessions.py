@@ -20,6 +20,7 @@ from gateway import (
     BuildState,
     BuildStateResponse,
     Catalogue,
+    GatewayError,
     GatewayModel,
     HppOrderRequest,
     NotFound,
@@ -30,8 +31,8 @@ from gateway import (
     PayByLinkRenewRequest,
     PayByLinkRequest,
     PaymentLinkStatus,
+    reported_payment,
 )
-from gateway._notification import REPORTED_FIELDS
 from tasks.outcomes import Advance, Attention, Finish, Outcome, Poll, Wait
 from tasks.runner import NOT_COMMITTED, ReconcileResult, StepContext
 from workflows.flows._adopt import new_order_if_never_charged, page_payment
@@ -80,12 +81,31 @@ def _notified(ctx: StepContext, name: str, payload: dict[str, Any]) -> Outcome:
         return Wait((name,), ctx.wait_deadline or ctx.now, note="notification of an earlier order ignored")
     outcome = judge_operation(operation, {"operation": operation.wire()})
     if isinstance(outcome, Advance | Finish):
-        return outcome
+        return _with_link_status(ctx, outcome)
     return Wait(("notification",), ctx.wait_deadline or ctx.now)
 
 
+def _with_link_status(ctx: StepContext, outcome: Advance | Finish) -> Outcome:
+    """A pay-by-link flow's end reports its link as the gateway has it now (PAID, EXPIRED, ...), not as
+    created: one read of the order, best effort (the outcome stands without it)."""
+    created = ctx.output("create").get("paymentLink")
+    if not isinstance(created, dict):
+        return outcome
+    try:
+        found = read_order(ctx)
+    except GatewayError:
+        return outcome
+    links = [link for link in (found.all_links() if found else []) if link.linkId == created.get("linkId")]
+    if not links:
+        return outcome
+    output = {**outcome.output, "paymentLink": links[-1].wire()}
+    if isinstance(outcome, Advance):
+        return Advance(output)
+    return Finish(outcome.succeeded, outcome.reason, output, outcome.error)
+
+
 def earlier_order_paid(ctx: StepContext, operation: Operation) -> Attention:
-    paid = {key: value for key, value in operation.wire().items() if key in REPORTED_FIELDS}
+    paid = reported_payment({"operation": operation.wire()}) or {}
     return Attention(
         f"the gateway reports {operation.operationResult} of operation {operation.operationId} on the flow's earlier "
         f"order {operation.orderId} (the flow now uses {ctx.order_id})",
@@ -115,15 +135,16 @@ def _read_order_at_deadline(ctx: StepContext, waited_for: str) -> Outcome:
         return earlier_order_paid(ctx, earlier)
     found = read_order(ctx)
     operations = found.operations if found else []
+    links = found.all_links() if found else []
+    shown = {"paymentLink": links[-1].wire()} if links else {}
     paid = page_payment(operations)
     if paid is not None:
-        return judge_operation(paid, {"operation": paid.wire(), "readAtDeadline": True})
+        return judge_operation(paid, {"operation": paid.wire(), "readAtDeadline": True, **shown})
     pending = [op for op in operations if op.operationResult is OperationResult.PENDING]
-    links = found.all_links() if found else []
     if any(link.status is PaymentLinkStatus.EXPIRED for link in links):
-        return Finish(False, "the pay-by-link expired unpaid", error={"type": "LinkExpired"})
+        return Finish(False, "the pay-by-link expired unpaid", shown, error={"type": "LinkExpired"})
     if any(link.status is PaymentLinkStatus.CANCELLED for link in links):
-        return Finish(False, "the pay-by-link was cancelled", error={"type": "LinkCancelled"})
+        return Finish(False, "the pay-by-link was cancelled", shown, error={"type": "LinkCancelled"})
     if pending and ctx.polls < MAX_EXTENSIONS:
         return Poll(EXTENSION_SECONDS, note="payment still PENDING at the deadline; read again later")
     if ctx.output("create").get("adopted") and any(link.status is PaymentLinkStatus.ACTIVE for link in links):

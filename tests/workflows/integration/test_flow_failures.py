@@ -287,12 +287,6 @@ def test_paybylink_expires_when_the_gateway_clock_passes_its_date_notified(live:
     assert renewed.state is FlowState.SUCCEEDED, "an expired link can be renewed"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="outcome.paymentLink is copied from the create step's answer (status ACTIVE) and never updated: "
-    "workflows/flows/_common.py summarize() takes paymentLink only from outputs that carry one, and the wait "
-    "step of workflows/flows/sessions.py (_notified, _read_order_at_deadline) records only the operation",
-)
 def test_an_expired_links_outcome_reports_the_gateways_link_status(live: Live) -> None:
     today = live.sim.admin.now().date().isoformat()
     waiting, link_id = _start_link(live.stack, expires=today)
@@ -322,6 +316,7 @@ def test_paybylink_expiry_read_at_the_deadline_when_the_notification_is_lost(liv
     assert failed.error["operationId"] == expired_op["operationId"]
     assert failed.outputs["payment"]["readAtDeadline"] is True
     assert_operation(failed, "EXPIRED")
+    assert failed.outcome is not None and failed.outcome["paymentLink"]["status"] == "EXPIRED"
 
 
 def test_paybylink_cancelled_by_the_merchant_ends_the_waiting_flow(live: Live) -> None:
