@@ -33,7 +33,7 @@ log = logging.getLogger("durapay.metrics")
 
 BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 #: run_step results that mean the step did not run here (a duplicate or early delivery).
-NOT_RUN = frozenset({"missing", "not-current", "leased", "stopped", "early", "lost-race"})
+NOT_RUN = frozenset({"missing", "not-current", "leased", "stopped", "early", "lost-race", "not-durable"})
 
 _RECORD = """
 local kind = redis.call('HGET', KEYS[1], 'kind')
@@ -76,9 +76,9 @@ class StepMetrics:
             log.warning("step metrics not recorded: %s", exc)
 
     def wrap(self, run_step: StepRunner) -> StepRunner:
-        def timed(flow_id: str, step: str, /, *, worker: str, chained_next: str | None) -> str:
+        def timed(flow_id: str, step: str, /, *, worker: str, chained_next: str | None, money: bool | None) -> str:
             began = time.perf_counter()
-            result = run_step(flow_id, step, worker=worker, chained_next=chained_next)
+            result = run_step(flow_id, step, worker=worker, chained_next=chained_next, money=money)
             if result not in NOT_RUN:
                 self.record(flow_id, step, time.perf_counter() - began, result)
             return result

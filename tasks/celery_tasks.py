@@ -27,7 +27,7 @@ ENGINE_STEP_TASK = "durapay.engine.step"
 
 
 class StepRunner(Protocol):
-    def __call__(self, flow_id: str, step: str, /, *, worker: str, chained_next: str | None) -> str: ...
+    def __call__(self, flow_id: str, step: str, /, *, worker: str, chained_next: str | None, money: bool | None) -> str: ...
 
 
 def _next_link(request: Any, flow_id: str) -> str | None:
@@ -57,7 +57,10 @@ def register_tasks(app: Celery, run_step: StepRunner, client_factory: Callable[[
             idempotency_key: str | None = None,
         ) -> Any:
             if flow_id is not None and step is not None:
-                return run_step(flow_id, step, worker=self.request.hostname or "", chained_next=_next_link(self.request, flow_id))
+                # A call the gateway cannot deduplicate moves money: its claim is made durable at once.
+                money = not op.retry_safe
+                next_link = _next_link(self.request, flow_id)
+                return run_step(flow_id, step, worker=self.request.hostname or "", chained_next=next_link, money=money)
             with client_factory() as client:
                 return client.call(op, *path_args, request=request, idempotency_key=idempotency_key).wire()
 
@@ -66,7 +69,8 @@ def register_tasks(app: Celery, run_step: StepRunner, client_factory: Callable[[
 
     @app.task(name=ENGINE_STEP_TASK, bind=True, shared=False, acks_late=True, reject_on_worker_lost=True)  # type: ignore[untyped-decorator]
     def engine_step(self: Any, flow_id: str, step: str) -> str:
-        return run_step(flow_id, step, worker=self.request.hostname or "", chained_next=_next_link(self.request, flow_id))
+        next_link = _next_link(self.request, flow_id)
+        return run_step(flow_id, step, worker=self.request.hostname or "", chained_next=next_link, money=False)
 
 
 class CelerySender:

@@ -83,35 +83,28 @@ class Durability:
         if self.replicas and int(acked) < self.replicas:
             raise NotDurable(f"{what}: {acked} of {self.replicas} replicas confirmed within {self.timeout_ms} ms")
 
-    def sync(self, client: Any, marker_key: str, what: str) -> None:
-        """Wait for every write made so far (by any connection) to be durable: one small write of this
-        connection's own (``marker_key``), then the waits, on that same connection. The AOF and the
-        replication stream are ordered, so the fsync (or replica receipt) of this write covers every
-        earlier one.
+    def wait(self, pinned: Any, what: str) -> None:
+        """Wait until the writes ``pinned`` made are durable, or raise NotDurable. ``pinned`` must be a
+        client bound to one connection (``single_connection_client``): the waits count that
+        connection's writes.
 
-        The write and the waits are separate round trips on purpose: pipelined behind the write, a
-        ``WAITAOF`` reaches the server before the write is in the AOF and waits for the next periodic
-        fsync (tens of milliseconds under ``everysec``); asked after it, the server fsyncs at once."""
+        The waits go after the write's answer, never pipelined behind it: pipelined, a ``WAITAOF``
+        reaches the server before the write is in the AOF and waits for the next periodic fsync (tens of
+        milliseconds under ``everysec``); asked after it, the server fsyncs at once."""
         if not self.active:
             return
-        pool = client.connection_pool
-        connection = pool.get_connection()
-        try:
-            connection.send_command("SET", marker_key, "1")
-            connection.read_response()
-            local = acked = None
-            if self.aof:
-                connection.send_command("WAITAOF", 1, 0, self.timeout_ms)
-                local = connection.read_response()
-            if self.replicas:
-                connection.send_command("WAIT", self.replicas, self.timeout_ms)
-                acked = connection.read_response()
-        except BaseException:
-            connection.disconnect()  # its state is unknown: never hand it back half read
-            raise
-        finally:
-            pool.release(connection)
+        local = pinned.execute_command("WAITAOF", 1, 0, self.timeout_ms) if self.aof else None
+        acked = pinned.execute_command("WAIT", self.replicas, self.timeout_ms) if self.replicas else None
         self.check(local, acked, what)
+
+    def sync(self, pinned: Any, marker_key: str, what: str) -> None:
+        """Wait for every write made so far (by any connection) to be durable: one small write of the
+        pinned connection's own (``marker_key``), then :meth:`wait`. The AOF and the replication stream
+        are ordered, so the fsync (or replica receipt) of this write covers every earlier one."""
+        if not self.active:
+            return
+        pinned.set(marker_key, "1")
+        self.wait(pinned, what)
 
 
 def _text(value: Any) -> str:

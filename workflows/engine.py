@@ -375,9 +375,12 @@ class Engine:
 
     # -- the worker side ---------------------------------------------------------------------
 
-    def run_step(self, flow_id: str, step_name: str, *, worker: str = "", chained_next: str | None = None) -> str:
-        """Claim, run and complete one step (``workflows.protocol``). Returns what happened."""
-        return self.protocol.run_step(flow_id, step_name, worker=worker, chained_next=chained_next)
+    def run_step(
+        self, flow_id: str, step_name: str, *, worker: str = "", chained_next: str | None = None, money: bool | None = None
+    ) -> str:
+        """Claim, run and complete one step (``workflows.protocol``). Returns what happened. ``money``:
+        the caller knows whether the step's call moves money (its Celery task says which operation)."""
+        return self.protocol.run_step(flow_id, step_name, worker=worker, chained_next=chained_next, money=money)
 
     def claim(self, flow_id: str, step_name: str, *, worker: str = "") -> Claim | str:
         return self.protocol.claim(flow_id, step_name, worker=worker)

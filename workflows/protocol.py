@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -38,6 +39,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("durapay.engine")
 
+#: Typed inputs kept per process (the oldest dropped first): enough for the flows in flight in a worker.
+INPUT_CACHE = 2048
+
 
 @dataclass
 class Claim:
@@ -55,25 +59,35 @@ class StepProtocol:
 
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
+        self._inputs: dict[tuple[str, str], Any] = {}
+        self._inputs_lock = threading.Lock()
 
     # -- claim ---------------------------------------------------------------------------------
 
-    def claim(self, flow_id: str, step_name: str, *, worker: str = "") -> Claim | str:
+    def claim(self, flow_id: str, step_name: str, *, worker: str = "", money: bool | None = None) -> Claim | str:
         """Take the step under a lease, or say why not: ``missing``, ``not-current``, ``leased``,
         ``stopped``, ``early`` (not due yet), ``lost-race`` (another writer won), or the state a
-        cancel request or a too often lost worker moved the flow to."""
+        cancel request or a too often lost worker moved the flow to.
+
+        ``money``: the caller knows the step moves money (its task is a call the gateway cannot
+        deduplicate): the claim is made durable in the same exchange (see ``FlowStore.claim``)."""
         engine = self.engine
         now = engine.clock.now()
         owner = worker or f"pid-{os.getpid()}"
-        taken = engine.store.claim(
-            flow_id,
-            step_name,
-            now=now,
-            lease_until=now + engine.lease,
-            owner=owner,
-            max_attempts=engine.retry_policy.max_attempts,
-            max_runs=engine.settings.engine.max_step_runs,
-        )
+        try:
+            taken = engine.store.claim(
+                flow_id,
+                step_name,
+                now=now,
+                lease_until=now + engine.lease,
+                owner=owner,
+                max_attempts=engine.retry_policy.max_attempts,
+                max_runs=engine.settings.engine.max_step_runs,
+                durable=bool(money),
+            )
+        except NotDurable as exc:
+            log.warning("%s; the step waits for its lease to run out, then reads the gateway first", exc)
+            return "not-durable"
         if isinstance(taken, str):
             return taken
         verdict, record = taken
@@ -96,7 +110,7 @@ class StepProtocol:
                 {"lease_until": None, "lease_owner": None, "reconcile": "1", "error": compact_json({"type": "TooManyRuns"})},
             )
             return self._stop(record, looping, now, owner)
-        return self._claimed(record, step_name, now, owner)
+        return self._claimed(record, step_name, now, owner, durable=bool(money))
 
     def _stop(self, record: FlowRecord, change: Change, now: float, owner: str) -> str:
         written = self.engine.store.transition(record, change, now=now, by=owner)
@@ -105,12 +119,12 @@ class StepProtocol:
         self.engine.finished(written)
         return str(written.state)
 
-    def _claimed(self, claimed: FlowRecord, step_name: str, now: float, owner: str) -> Claim | str:
+    def _claimed(self, claimed: FlowRecord, step_name: str, now: float, owner: str, *, durable: bool = False) -> Claim | str:
         """The claim handed to the step: its input typed again, its context built."""
         engine = self.engine
         definition = engine.registry[claimed.kind]
         try:
-            model = definition.input_model.model_validate(claimed.input)
+            model = self._typed_input(definition, claimed.fields.get("input") or "{}", claimed.input)
         except ValidationError as exc:  # an input the flow's model no longer accepts (a changed release)
             field, reason = describe_validation_error(exc)
             bad = Change(
@@ -131,7 +145,7 @@ class StepProtocol:
 
         ctx.renew_lease = renew_lease
         step = definition.step(step_name)
-        if step.operation is not None and not step.operation.retry_safe:
+        if not durable and step.operation is not None and not step.operation.retry_safe:
             # Before money moves, the claim must be durable: if Redis lost it, the step would run again
             # as if it never had, without reading the gateway first.
             try:
@@ -140,6 +154,20 @@ class StepProtocol:
                 log.warning("%s; the step waits for its lease to run out, then reads the gateway first", exc)
                 return "not-durable"
         return Claim(claimed, definition, step, ctx, resend=claimed.reconcile or claimed.uncertain)
+
+    def _typed_input(self, definition: FlowDefinition, text: str, data: Mapping[str, Any]) -> Any:
+        """The stored input as its model, read once per process and input: every step of a flow reads
+        the same input, and validating it again at each step was a visible share of a step's CPU.
+        (Steps never change their input; card data is erased only once the flow has ended.)"""
+        key = (definition.kind, text)
+        model = self._inputs.get(key)
+        if model is None:
+            model = definition.input_model.model_validate(data)
+            with self._inputs_lock:
+                if len(self._inputs) >= INPUT_CACHE:
+                    self._inputs.pop(next(iter(self._inputs)))
+                self._inputs[key] = model
+        return model
 
     def context(
         self,
@@ -180,9 +208,11 @@ class StepProtocol:
 
     # -- run and complete -------------------------------------------------------------------------
 
-    def run_step(self, flow_id: str, step_name: str, *, worker: str = "", chained_next: str | None = None) -> str:
+    def run_step(
+        self, flow_id: str, step_name: str, *, worker: str = "", chained_next: str | None = None, money: bool | None = None
+    ) -> str:
         """Claim, run and complete one step. Returns what happened (for logs and tests)."""
-        claim = self.claim(flow_id, step_name, worker=worker)
+        claim = self.claim(flow_id, step_name, worker=worker, money=money)
         if isinstance(claim, str):
             return claim
         try:

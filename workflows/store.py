@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import threading
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from importlib import resources
@@ -194,6 +195,7 @@ class FlowStore:
         events: bool = True,
     ) -> None:
         self.redis: Any = client
+        self._pinned = threading.local()
         self.events = "1" if events else ""
         self.keys = keys
         self.retention_seconds = retention_seconds
@@ -381,7 +383,16 @@ class FlowStore:
         return FlowRecord.from_fields(data)
 
     def claim(
-        self, flow_id: str, step: str, *, now: float, lease_until: float, owner: str, max_attempts: int, max_runs: int
+        self,
+        flow_id: str,
+        step: str,
+        *,
+        now: float,
+        lease_until: float,
+        owner: str,
+        max_attempts: int,
+        max_runs: int,
+        durable: bool = False,
     ) -> tuple[str, FlowRecord] | str:
         """Claim ``step`` in one round trip (``claim.lua``, the one home of the claim rules).
 
@@ -389,15 +400,22 @@ class FlowStore:
         ``(verdict, record)``: ``ok`` with the record as claimed, or ``cancel`` / ``lost`` /
         ``looping`` with the record untouched (a cancel was requested; the step's worker was lost
         ``max_attempts`` times; the step was claimed ``max_runs`` times without moving on), which the
-        caller ends with :meth:`transition`."""
+        caller ends with :meth:`transition`.
+
+        ``durable``: the step moves money, so a claim must be durable before it runs: the claim and the
+        durability wait share one connection (two round trips in all); NotDurable when it is not."""
         partition = self.keys.partition(flow_id)
         states = (FlowState.READY, FlowState.RETRYING, FlowState.WAITING, FlowState.SLEEPING, FlowState.RUNNING)
+        client = self.pinned() if durable and self.durability.active else self.redis
         answer = self._claim(
             keys=[self.keys.flow(flow_id), self.keys.log(flow_id), self.keys.due(partition)]
             + [self.keys.by_state(partition, state.value) for state in states],
             args=[flow_id, step, repr(now), repr(lease_until), owner, str(max_attempts), str(max_runs)],
+            client=client,
         )
         verdict = str(answer[0].decode())
+        if verdict == "ok" and client is not self.redis:
+            self.durability.wait(client, f"claim of {step} of flow {flow_id}")
         if len(answer) == 1:
             return verdict
         items = [item.decode() for item in answer[2:]]
@@ -416,7 +434,17 @@ class FlowStore:
     def sync(self, flow_id: str, what: str) -> None:
         """Return once every write so far is durable as configured (see ``workflows.durability``), or
         raise NotDurable. The marker written to get there sits in the flow's partition (its slot)."""
-        self.durability.sync(self.redis, f"{self.keys.tag(self.keys.partition(flow_id))}:sync", what)
+        if self.durability.active:
+            self.durability.sync(self.pinned(), f"{self.keys.tag(self.keys.partition(flow_id))}:sync", what)
+
+    def pinned(self) -> Any:
+        """This thread's client bound to one connection (of the same pool): the durability waits count
+        the writes of the connection they are asked on, so the write and the wait share it."""
+        client = getattr(self._pinned, "client", None)
+        if client is None:
+            client = redis.Redis(connection_pool=self.redis.connection_pool, single_connection_client=True)
+            self._pinned.client = client
+        return client
 
     @property
     def durability(self) -> Durability:

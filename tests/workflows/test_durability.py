@@ -99,3 +99,18 @@ def test_a_write_that_cannot_be_made_durable_is_refused_and_calls_nothing(persis
     record = engine.get(engine.store.ids(state=None, kind="demo")[0][1])
     assert engine.claim(record.id, "pay") == "not-durable"
     assert pay.runs == []
+
+
+def test_a_claim_known_to_move_money_is_made_durable_in_the_same_exchange(persistence: redis.Redis) -> None:
+    """The step's task says it moves money: the claim and the fsync wait share one connection, with no
+    marker write of their own (two round trips in all)."""
+    pay = ScriptedStep("pay", op=Catalogue.create_moto_order)
+    engine = engine_on(persistence, flow(pay))
+    record = engine.start("demo", {"amount": 5})
+    stats: Any = persistence.info("commandstats")
+    sets = int(stats.get("cmdstat_set", {}).get("calls", 0))
+    before = waitaofs(persistence)
+    assert engine.run_step(record.id, "pay", money=True) == "succeeded"
+    stats = persistence.info("commandstats")
+    assert waitaofs(persistence) == before + 1
+    assert int(stats.get("cmdstat_set", {}).get("calls", 0)) == sets, "no marker write"
