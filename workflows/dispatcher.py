@@ -6,7 +6,8 @@ sending, the entry comes due again). What it sends is a chain of the flow's rema
 duplicate delivery is harmless because every step claims before it acts.
 
 Besides the due set, each tick runs the registered *tickers* (the schedules fire their occurrences
-this way), writes a heartbeat for ``/readyz``, and trims the indexes of expired flows (``workflows.trim``).
+this way), writes a heartbeat for ``/readyz``, packs finished flows (``workflows.compact``) and trims the indexes
+of expired flows (``workflows.trim``).
 While Redis cannot be reached the loop keeps trying every interval and says so once (``RedisWatch``).
 """
 
@@ -17,6 +18,7 @@ import threading
 import time
 from collections.abc import Callable
 
+from workflows.compact import Compactor
 from workflows.engine import Engine
 from workflows.redis_watch import RedisWatch, is_redis_down
 from workflows.trim import IndexTrimmer
@@ -47,6 +49,7 @@ class Dispatcher:
         self._thread: threading.Thread | None = None
         self._last_trim = float("-inf")
         self.trimmer = IndexTrimmer(engine.redis, engine.keys, engine.store.retention_seconds)
+        self.compactor = Compactor(engine.redis, engine.keys)
 
     def tick(self) -> int:
         """One pass: fire tickers, send due flows. Returns how many flows were sent."""
@@ -62,6 +65,7 @@ class Dispatcher:
         now = self.engine.clock.now()
         heartbeat = self.engine.keys.heartbeat("scheduler")
         self.engine.redis.set(heartbeat, repr(now), ex=max(5, int(self.interval * 10)))
+        self.compactor.run(now=now)
         if self.trimmer.backlog or time.monotonic() - self._last_trim > TRIM_INTERVAL:
             self._last_trim = time.monotonic()
             self.trimmer.run(now=now, kinds=self.engine.registry)

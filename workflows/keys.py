@@ -43,6 +43,10 @@ class Keys:
     def by_kind(self, partition: int, kind: str) -> str:
         return f"{self.tag(partition)}:kind:{kind}"
 
+    def finished(self, partition: int) -> str:
+        """Flows that finished and are not yet packed (``workflows.compact``), scored by when."""
+        return f"{self.tag(partition)}:finished"
+
     def events(self, partition: int) -> str:
         """Stream of the partition's merchant events (``workflows.events``), written with the changes."""
         return f"{self.tag(partition)}:events"

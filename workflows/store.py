@@ -25,6 +25,7 @@ from typing import Any
 
 import redis
 
+from workflows.compact import unpack
 from workflows.durability import Durability
 from workflows.keys import Keys
 from workflows.sensitive import scrub
@@ -85,9 +86,24 @@ class FlowRecord:
     signals: list[Signal] = field(default_factory=list)
     fields: dict[str, str] = field(default_factory=dict, repr=False, compare=False)
 
+    #: The log entries a packed record carries (``workflows.compact``); empty for a record not packed.
+    packed_log: list[str] = field(default_factory=list, repr=False, compare=False)
+
+    @property
+    def packed(self) -> bool:
+        return "z" in self.fields
+
     @classmethod
     def parse(cls, raw: Mapping[bytes, bytes]) -> FlowRecord:
-        return cls.from_fields({key.decode(): value.decode() for key, value in raw.items()})
+        """A record as read from Redis, unpacked if it was packed (its plain fields win: they are newer)."""
+        blob = raw.get(b"z")
+        plain = {key.decode(): value.decode() for key, value in raw.items() if key != b"z"}
+        if blob is None:
+            return cls.from_fields(plain)
+        cold, log = unpack(blob)
+        record = cls.from_fields(cold | plain | {"z": "1"})
+        record.packed_log = log
+        return record
 
     @classmethod
     def from_fields(cls, data: dict[str, str]) -> FlowRecord:
@@ -208,6 +224,7 @@ class FlowStore:
         self._take_due = client.register_script(_script("take_due.lua"))
         self._claim = client.register_script(_script("claim.lua"))
         self._renew = client.register_script(_script("renew.lua"))
+        self._expand = client.register_script(_script("expand.lua"))
 
     # -- reading -------------------------------------------------------------------------------
 
@@ -216,7 +233,13 @@ class FlowStore:
         return FlowRecord.parse(raw) if raw else None
 
     def history(self, flow_id: str) -> list[dict[str, Any]]:
-        return [json.loads(item) for item in self.redis.lrange(self.keys.log(flow_id), 0, -1)]
+        """Every transition, oldest first (a packed record's log, then what was logged since)."""
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.hget(self.keys.flow(flow_id), "z")
+        pipe.lrange(self.keys.log(flow_id), 0, -1)
+        blob, entries = pipe.execute()
+        packed = unpack(blob)[1] if blob else []
+        return [json.loads(item) for item in [*packed, *entries]]
 
     def ids(
         self,
@@ -321,6 +344,8 @@ class FlowStore:
         """Write ``change`` if ``record`` is still current; None when another writer got there first."""
         if not can_move(record.state, change.state):
             raise IllegalTransition(record.state, change.state, record.id)
+        if record.packed and not self._unpack(record):
+            return None
         partition = self.keys.partition(record.id)
         fields = dict(change.fields)
         ttl = ""
@@ -341,6 +366,7 @@ class FlowStore:
                 self.keys.by_state(partition, FlowState.CANCELLED.value),
                 self.keys.by_state(partition, FlowState.NEEDS_ATTENTION.value),
                 self.keys.events(partition),
+                self.keys.finished(partition),
             ],
             args=[
                 record.id,
@@ -381,6 +407,20 @@ class FlowStore:
         else:
             data["due"] = repr(change.due)
         return FlowRecord.from_fields(data)
+
+    def _unpack(self, record: FlowRecord) -> bool:
+        """Make a packed record plain again (same version) before a change that may delete fields; False
+        when it changed meanwhile."""
+        fields = {name: value for name, value in record.fields.items() if name != "z"}
+        answer = self._expand(
+            keys=[self.keys.flow(record.id), self.keys.log(record.id)],
+            args=[str(record.version), compact_json(fields), compact_json(record.packed_log)],
+        )
+        if not answer:
+            return False
+        record.fields.pop("z", None)
+        record.packed_log = []
+        return True
 
     def claim(
         self,

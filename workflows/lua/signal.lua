@@ -14,7 +14,13 @@ end
 local state = redis.call('HGET', KEYS[1], 'state')
 local signal = cjson.decode(ARGV[3])
 if state == 'succeeded' or state == 'failed' or state == 'cancelled' then
-  if not unaccounted(signal['paid'], state, redis.call('HGET', KEYS[1], 'outcome')) then
+  -- A packed record (workflows/compact.py) keeps the outcome's operation ids plain, as "ops".
+  local outcome = redis.call('HGET', KEYS[1], 'outcome')
+  local ops = redis.call('HGET', KEYS[1], 'ops')
+  if not outcome and ops then
+    outcome = '{"operationIds":' .. ops .. '}'
+  end
+  if not unaccounted(signal['paid'], state, outcome) then
     return 'finished'
   end
   local indexes = {succeeded = KEYS[6], failed = KEYS[7], cancelled = KEYS[8]}

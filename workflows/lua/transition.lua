@@ -1,6 +1,6 @@
 -- Compare-and-set one transition of a flow (money.lua and events.lua are prepended).
 -- KEYS: flow, log, due, old-state index, new-state index, ready index, cancelled index,
---       needs_attention index, event stream.
+--       needs_attention index, event stream, the finished set (flows to pack: workflows/compact.py).
 -- ARGV: 1 flow id, 2 expected version, 3 new state, 4 fields (JSON object; JSON null deletes),
 --       5 due score ("" removes the flow from the due set), 6 log entry (JSON), 7 now,
 --       8 ttl seconds ("" keeps the record forever), 9 signal names the completing step awaits (JSON
@@ -105,8 +105,11 @@ if KEYS[4] ~= idx then
 end
 redis.call('ZADD', idx, ARGV[7], ARGV[1])
 redis.call('RPUSH', KEYS[2], rewritten and cjson.encode(log) or ARGV[6])
-if ARGV[11] ~= '' and (state == 'succeeded' or state == 'failed' or state == 'cancelled') then
-  redis.call('HSET', KEYS[1], 'input', ARGV[11])
+if state == 'succeeded' or state == 'failed' or state == 'cancelled' then
+  if ARGV[11] ~= '' then
+    redis.call('HSET', KEYS[1], 'input', ARGV[11])
+  end
+  redis.call('ZADD', KEYS[10], ARGV[7], ARGV[1])
 end
 if ttl == '' then
   redis.call('PERSIST', KEYS[1])

@@ -1,0 +1,68 @@
+"""Packing finished flows: less memory, the same record, history and guarantees when read or changed again."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tests.workflows.engine_support import DemoInput, ScriptedStep, flow, wait_step
+from workflows.clock import ManualClock
+from workflows.compact import Compactor
+from workflows.flows._common import summarize
+from workflows.states import FlowState
+from workflows.steps import FlowDefinition
+
+PAID = {"operation": {"operationId": "op-9", "orderId": "ord-1", "operationResult": "AUTHORIZED", "operationAmount": "500"}}
+
+
+def compactor(engine: Any) -> Compactor:
+    return Compactor(engine.redis, engine.keys, delay=0.0)
+
+
+def test_a_finished_flow_reads_the_same_once_packed_and_takes_less_memory(make_engine: Any, clock: ManualClock) -> None:
+    engine, _ = make_engine(flow(ScriptedStep("first"), ScriptedStep("second")))
+    record = engine.start("demo", {"amount": 5})
+    engine.run_step(record.id, "first")
+    engine.run_step(record.id, "second")
+    before, history = engine.get(record.id), engine.history(record.id)
+    size = int(engine.redis.memory_usage(engine.keys.flow(record.id))) + int(
+        engine.redis.memory_usage(engine.keys.log(record.id))
+    )
+    ttl = engine.redis.ttl(engine.keys.flow(record.id))
+    assert compactor(engine).run(now=clock.now()) == 1
+    after = engine.get(record.id)
+    assert after.summary() == before.summary() and engine.history(record.id) == history
+    assert engine.redis.exists(engine.keys.log(record.id)) == 0
+    assert int(engine.redis.memory_usage(engine.keys.flow(record.id))) < size
+    assert 0 < engine.redis.ttl(engine.keys.flow(record.id)) <= ttl
+    assert compactor(engine).run(now=clock.now()) == 0, "packed once"
+
+
+def test_a_packed_flow_still_accounts_for_money_and_can_be_retried(make_engine: Any, clock: ManualClock) -> None:
+    """A payment reported after the flow failed and was packed: needs a person; the operator's retry
+    unpacks it and the step takes the payment."""
+    engine, _ = make_engine(FlowDefinition("demo", DemoInput, (wait_step(),), summarize))
+    record = engine.start("demo", {"amount": 5})
+    engine.run_step(record.id, "customer")
+    clock.advance(101)
+    assert engine.run_step(record.id, "customer") == "failed"
+    assert compactor(engine).run(now=clock.now()) == 1
+    assert engine.signal(record.id, "paid", PAID) == "late_payment"
+    late = engine.get(record.id)
+    assert late.state is FlowState.NEEDS_ATTENTION and late.error is not None and late.error["type"] == "LatePayment"
+    engine.retry(record.id)
+    assert engine.get(record.id).fields.get("z") is None, "unpacked before it changed"
+    assert engine.run_step(record.id, "customer") == "succeeded"
+    kinds = [entry["to"] for entry in engine.history(record.id)]
+    assert kinds[:3] == ["ready", "running", "waiting"] and kinds[-1] == "succeeded"
+
+
+def test_a_packed_succeeded_flow_still_tells_its_own_payment_from_a_second_one(make_engine: Any, clock: ManualClock) -> None:
+    engine, _ = make_engine(FlowDefinition("demo", DemoInput, (wait_step(),), summarize))
+    record = engine.start("demo", {"amount": 5})
+    engine.run_step(record.id, "customer")
+    engine.signal(record.id, "paid", PAID)
+    assert engine.run_step(record.id, "customer") == "succeeded"
+    assert compactor(engine).run(now=clock.now()) == 1
+    assert engine.signal(record.id, "paid", PAID) == "finished", "its own payment, repeated"
+    other = {"operation": {**PAID["operation"], "operationId": "op-10"}}
+    assert engine.signal(record.id, "paid", other) == "late_payment"
