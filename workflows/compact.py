@@ -5,8 +5,8 @@ and a list (its log). Redis keeps a hash with any value longer than 64 bytes in 
 some 50 bytes of bookkeeping per field, and a finished flow is kept for weeks
 (``DURAPAY_ENGINE__RETENTION_DAYS``) but read rarely. So once it has finished, the dispatcher packs it:
 the cold fields and the log become one zlib-compressed JSON value ``z``, and only what the Lua scripts
-read of a finished flow stays a plain field (``PLAIN``: its state and version, kind, step, order id,
-input hash for start keys, and ``ops``, the operation ids its outcome names, for the money rule).
+read of a finished flow stays a plain field (``PLAIN``: its state and version, kind, the input hash of
+a flow started with a key, and ``ops``, the operation ids its outcome names, for the money rule).
 
 Reading is unchanged for everyone: ``FlowRecord.parse`` unpacks ``z``, ``FlowStore.history`` reads the
 packed log. A packed flow that changes again (a late payment moves it to ``needs_attention`` in
@@ -20,6 +20,7 @@ pass, and off every worker's path.
 
 from __future__ import annotations
 
+import functools
 import json
 import zlib
 from collections.abc import Mapping
@@ -28,28 +29,84 @@ from typing import Any
 
 from workflows.keys import Keys
 
-#: Fields a packed record keeps plain: what the scripts read of a finished flow.
-PLAIN = ("state", "version", "kind", "step", "order_id", "input_hash", "ops")
+#: Fields a packed record keeps plain: what the scripts read of a finished flow (``input_hash`` only when
+#: a start key can name the flow again: ``create.lua`` compares it).
+PLAIN = ("state", "version", "kind", "ops")
 
 
 def _script(name: str) -> str:
     return resources.files("workflows").joinpath("lua", name).read_text()
 
 
-def pack(fields: Mapping[str, str], log: list[str]) -> tuple[dict[str, str], bytes]:
-    """(the plain fields, the packed value) of a finished flow's fields and log entries."""
+#: Redis keeps a hash compactly (a listpack, a few bytes per field) only while every value is at most 64
+#: bytes long (``hash-max-listpack-value``): the packed value is stored in chunks of that size.
+CHUNK = 64
+
+
+#: The preset dictionary packed values are compressed with (``compact_v<n>.zdict``, made by
+#: ``bench/compact_dictionary.py``): common keys and structures of flows, so that a small record
+#: compresses to about half what zlib alone makes of it. The first byte of a packed value names the
+#: version it was made with (0: none); a released version's file never changes.
+DICTIONARY_VERSION = 1
+
+
+@functools.cache
+def dictionary(version: int) -> bytes:
+    if version == 0:
+        return b""
+    return resources.files("workflows").joinpath(f"compact_v{version}.zdict").read_bytes()
+
+
+def pack_json(fields: Mapping[str, str], log: list[str]) -> bytes:
+    """The JSON that a finished flow's cold fields and log are packed as (before compression)."""
+    plain = plain_fields(fields)
+    cold = {name: value for name, value in fields.items() if name not in plain}
+    return json.dumps({"fields": cold, "log": log}, separators=(",", ":")).encode()
+
+
+def plain_fields(fields: Mapping[str, str]) -> dict[str, str]:
     plain = {name: fields[name] for name in PLAIN if name in fields}
+    if fields.get("start_key") and "input_hash" in fields:
+        plain["input_hash"] = fields["input_hash"]
     outcome = json.loads(fields.get("outcome") or "{}")
     plain["ops"] = json.dumps(outcome.get("operationIds") or [], separators=(",", ":"))
-    cold = {name: value for name, value in fields.items() if name not in plain}
-    blob = json.dumps({"fields": cold, "log": log}, separators=(",", ":"))
-    return plain, zlib.compress(blob.encode(), 6)
+    return plain
+
+
+def pack(fields: Mapping[str, str], log: list[str], *, version: int = DICTIONARY_VERSION) -> tuple[dict[str, str], bytes]:
+    """(the plain fields, the packed value) of a finished flow's fields and log entries."""
+    compressor = zlib.compressobj(9, zlib.DEFLATED, 15, 9, zlib.Z_DEFAULT_STRATEGY, dictionary(version))
+    packed = compressor.compress(pack_json(fields, log)) + compressor.flush()
+    return plain_fields(fields), bytes([version]) + packed
 
 
 def unpack(blob: bytes) -> tuple[dict[str, str], list[str]]:
     """(the cold fields, the log entries) of a packed value."""
-    data = json.loads(zlib.decompress(blob))
+    decompressor = zlib.decompressobj(15, dictionary(blob[0]))
+    data = json.loads(decompressor.decompress(blob[1:]) + decompressor.flush())
     return dict(data.get("fields") or {}), list(data.get("log") or [])
+
+
+def chunks(blob: bytes) -> dict[str, bytes]:
+    """The packed value as hash fields ``z``, ``z1``, ``z2``... of at most CHUNK bytes."""
+    parts = [blob[start : start + CHUNK] for start in range(0, len(blob), CHUNK)] or [b""]
+    return {("z" if index == 0 else f"z{index}"): part for index, part in enumerate(parts)}
+
+
+def joined(raw: Mapping[bytes, bytes]) -> bytes | None:
+    """The packed value of a record read as raw hash fields (None: not packed)."""
+    if b"z" not in raw:
+        return None
+    parts = [raw[b"z"]]
+    index = 1
+    while (part := raw.get(f"z{index}".encode())) is not None:
+        parts.append(part)
+        index += 1
+    return b"".join(parts)
+
+
+def is_chunk(name: str) -> bool:
+    return name == "z" or (name[:1] == "z" and name[1:].isdigit())
 
 
 class Compactor:
@@ -90,6 +147,7 @@ class Compactor:
                 continue
             fields = {name.decode(): value.decode() for name, value in raw.items()}
             plain, blob = pack(fields, [entry.decode() for entry in log])
-            self._compact(keys=keys, args=[flow_id, fields.get("version", ""), json.dumps(plain), blob], client=pipe)
+            args = [flow_id, fields.get("version", ""), json.dumps(plain), *chunks(blob).values()]
+            self._compact(keys=keys, args=args, client=pipe)
         results = pipe.execute()
         return sum(1 for was_packed, result in zip(packed, results, strict=True) if was_packed and result == 1)

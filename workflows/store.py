@@ -25,7 +25,7 @@ from typing import Any
 
 import redis
 
-from workflows.compact import unpack
+from workflows.compact import is_chunk, joined, unpack
 from workflows.durability import Durability
 from workflows.keys import Keys
 from workflows.sensitive import scrub
@@ -96,10 +96,10 @@ class FlowRecord:
     @classmethod
     def parse(cls, raw: Mapping[bytes, bytes]) -> FlowRecord:
         """A record as read from Redis, unpacked if it was packed (its plain fields win: they are newer)."""
-        blob = raw.get(b"z")
-        plain = {key.decode(): value.decode() for key, value in raw.items() if key != b"z"}
+        blob = joined(raw)
         if blob is None:
-            return cls.from_fields(plain)
+            return cls.from_fields({key.decode(): value.decode() for key, value in raw.items()})
+        plain = {key.decode(): value.decode() for key, value in raw.items() if not is_chunk(key.decode())}
         cold, log = unpack(blob)
         record = cls.from_fields(cold | plain | {"z": "1"})
         record.packed_log = log
@@ -235,9 +235,10 @@ class FlowStore:
     def history(self, flow_id: str) -> list[dict[str, Any]]:
         """Every transition, oldest first (a packed record's log, then what was logged since)."""
         pipe = self.redis.pipeline(transaction=False)
-        pipe.hget(self.keys.flow(flow_id), "z")
+        pipe.hgetall(self.keys.flow(flow_id))
         pipe.lrange(self.keys.log(flow_id), 0, -1)
-        blob, entries = pipe.execute()
+        raw, entries = pipe.execute()
+        blob = joined(raw)
         packed = unpack(blob)[1] if blob else []
         return [json.loads(item) for item in [*packed, *entries]]
 
@@ -411,7 +412,7 @@ class FlowStore:
     def _unpack(self, record: FlowRecord) -> bool:
         """Make a packed record plain again (same version) before a change that may delete fields; False
         when it changed meanwhile."""
-        fields = {name: value for name, value in record.fields.items() if name != "z"}
+        fields = {name: value for name, value in record.fields.items() if not is_chunk(name)}
         answer = self._expand(
             keys=[self.keys.flow(record.id), self.keys.log(record.id)],
             args=[str(record.version), compact_json(fields), compact_json(record.packed_log)],

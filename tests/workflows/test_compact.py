@@ -6,7 +6,7 @@ from typing import Any
 
 from tests.workflows.engine_support import DemoInput, ScriptedStep, flow, wait_step
 from workflows.clock import ManualClock
-from workflows.compact import Compactor
+from workflows.compact import DICTIONARY_VERSION, Compactor, pack, unpack
 from workflows.flows._common import summarize
 from workflows.states import FlowState
 from workflows.steps import FlowDefinition
@@ -66,3 +66,14 @@ def test_a_packed_succeeded_flow_still_tells_its_own_payment_from_a_second_one(m
     assert engine.signal(record.id, "paid", PAID) == "finished", "its own payment, repeated"
     other = {"operation": {**PAID["operation"], "operationId": "op-10"}}
     assert engine.signal(record.id, "paid", other) == "late_payment"
+
+
+def test_a_packed_value_names_its_dictionary_and_older_ones_still_read() -> None:
+    """Packed values carry the version of the dictionary they were made with; version 0 is none."""
+    fields = {"state": "succeeded", "version": "3", "kind": "moto", "input": '{"order": {"orderId": "o1"}}', "outcome": "{}"}
+    log = ['{"t": 1, "to": "succeeded"}']
+    for version in (0, DICTIONARY_VERSION):
+        plain, blob = pack(fields, log, version=version)
+        assert blob[0] == version
+        cold, entries = unpack(blob)
+        assert cold["input"] == fields["input"] and entries == log and plain["state"] == "succeeded"

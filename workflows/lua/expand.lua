@@ -6,7 +6,11 @@
 if redis.call('HGET', KEYS[1], 'version') ~= ARGV[1] then
   return 0
 end
-redis.call('HDEL', KEYS[1], 'z')
+for _, name in ipairs(redis.call('HKEYS', KEYS[1])) do
+  if name == 'z' or string.match(name, '^z%d+$') then
+    redis.call('HDEL', KEYS[1], name)
+  end
+end
 for name, value in pairs(cjson.decode(ARGV[2])) do
   if redis.call('HEXISTS', KEYS[1], name) == 0 then
     redis.call('HSET', KEYS[1], name, value)
