@@ -20,7 +20,7 @@ import random
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, Protocol
 
 import redis
@@ -39,7 +39,7 @@ from workflows.protocol import Claim, StepProtocol
 from workflows.signals import admit
 from workflows.states import STOPPED, TERMINAL, FlowState
 from workflows.steps import FlowDefinition
-from workflows.store import Change, FlowRecord, FlowStore, StartConflict, compact_json
+from workflows.store import Change, FlowRecord, FlowStore, NewFlow, StartConflict, compact_json
 
 log = logging.getLogger("durapay.engine")
 
@@ -158,35 +158,65 @@ class Engine:
         Raises InputError (field, reason) before anything is written when the input is bad, and
         StartConflict when ``key`` was used for a different input.
         """
+        now = self.clock.now()
+        new = self._new_flow(kind, data, key, run_at, now)
+        record, created = self.store.create(new, now=now, by="start", safety=self.safety)
+        if created and new.order_id:
+            self.orders.claim(new.order_id, new.flow_id, holder_live=self._live)
+        # Acknowledged means durable: a start lost by a crash after this answer would be a promise broken.
+        self.store.sync(new.flow_id, f"start of flow {new.flow_id}")
+        if created and record.state is FlowState.READY:
+            self.protocol.send_from(record, record.step)
+        return record
+
+    def start_many(
+        self, starts: Sequence[tuple[str, Mapping[str, Any] | BaseModel, str | None]]
+    ) -> builtins.list[str | Exception]:
+        """Start many flows (kind, input, key) in a few round trips: one to create them all, one wait for
+        durability covering them all (the scheduler fires occurrences this way). Per start: the flow id,
+        or the InputError or StartConflict that refused it (the others go on)."""
+        now = self.clock.now()
+        results: builtins.list[str | Exception] = []
+        news: builtins.list[NewFlow] = []
+        for kind, data, key in starts:
+            try:
+                news.append(self._new_flow(kind, data, key, None, now))
+                results.append(news[-1].flow_id)
+            except InputError as refused:
+                results.append(refused)
+        created = iter(zip(news, self.store.create_many(news, now=now, by="start", safety=self.safety), strict=True))
+        made: builtins.list[NewFlow] = []
+        for index, result in enumerate(results):
+            if isinstance(result, Exception):
+                continue
+            new, outcome = next(created)
+            if isinstance(outcome, StartConflict):
+                results[index] = outcome
+            elif outcome:
+                made.append(new)
+        for new in made:
+            if new.order_id:
+                self.orders.claim(new.order_id, new.flow_id, holder_live=self._live)
+        if news:
+            self.store.sync(news[0].flow_id, f"start of {len(news)} flows")
+        for new in made:
+            self.protocol.send_chain(new.flow_id, new.kind, new.first_step)
+        return results
+
+    def _new_flow(
+        self, kind: str, data: Mapping[str, Any] | BaseModel, key: str | None, run_at: float | None, now: float
+    ) -> NewFlow:
+        """The flow ``start`` would create (its input read strictly), or InputError."""
         definition = self.definition(kind)
         model = self.validate(kind, data)
         wire = model.model_dump(mode="json", by_alias=True, exclude_none=True)
         flow_id = derived_id("f", kind, key) if key else "f" + uuid.uuid4().hex[:24]
-        now = self.clock.now()
         order_id = definition.order_id(model) if definition.order_id else ""
         ctx = self.protocol.context(flow_id, kind, "", model, {}, now, order_id)
         first = definition.first_step(ctx)
         if first is None:
             raise InputError(kind, "(input)", "no step of this flow applies to this input")
-        record, created = self.store.create(
-            flow_id,
-            kind,
-            first.name,
-            wire,
-            now=now,
-            order_id=order_id,
-            start_key=key or "",
-            by="start",
-            run_at=run_at,
-            safety=self.safety,
-        )
-        if created and order_id:
-            self.orders.claim(order_id, flow_id, holder_live=self._live)
-        # Acknowledged means durable: a start lost by a crash after this answer would be a promise broken.
-        self.store.sync(flow_id, f"start of flow {flow_id}")
-        if created and record.state is FlowState.READY:
-            self.protocol.send_from(record, first.name)
-        return record
+        return NewFlow(flow_id, kind, first.name, wire, order_id, key or "", run_at)
 
     def get(self, flow_id: str) -> FlowRecord:
         record = self.store.get(flow_id)

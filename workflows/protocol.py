@@ -339,14 +339,17 @@ class StepProtocol:
 
     def send_from(self, record: FlowRecord, step_name: str) -> None:
         """Send the chain of the flow's next steps from ``step_name`` (the fast path)."""
+        self.send_chain(record.id, record.kind, step_name)
+
+    def send_chain(self, flow_id: str, kind: str, step_name: str) -> None:
         sender = self.engine.sender
         if sender is None:
             return
-        links = [(step.task_name, step.name) for step in self.engine.registry[record.kind].segment(step_name)]
+        links = [(step.task_name, step.name) for step in self.engine.registry[kind].segment(step_name)]
         try:
-            sender.send_chain(record.id, links)
+            sender.send_chain(flow_id, links)
         except Exception:
-            log.exception("flow %s: sending step %s failed; the dispatcher will pick it up", record.id, step_name)
+            log.exception("flow %s: sending step %s failed; the dispatcher will pick it up", flow_id, step_name)
 
 
 def _customer_url(step: Step, output: Mapping[str, Any]) -> dict[str, str | None]:

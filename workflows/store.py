@@ -18,7 +18,7 @@ from __future__ import annotations
 import hashlib
 import json
 import threading
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any
@@ -187,6 +187,19 @@ class StartConflict(Exception):
 
 
 @dataclass(frozen=True)
+class NewFlow:
+    """A flow to create: its id, kind, first step, input (as sent to the gateway), and how it starts."""
+
+    flow_id: str
+    kind: str
+    first_step: str
+    data: Mapping[str, Any]
+    order_id: str = ""
+    start_key: str = ""
+    run_at: float | None = None
+
+
+@dataclass(frozen=True)
 class Change:
     """One transition to write: the new state, fields to set (``None`` deletes), the due time."""
 
@@ -282,64 +295,74 @@ class FlowStore:
 
     # -- writing -------------------------------------------------------------------------------
 
-    def create(
-        self,
-        flow_id: str,
-        kind: str,
-        first_step: str,
-        data: Mapping[str, Any],
-        *,
-        now: float,
-        order_id: str = "",
-        start_key: str = "",
-        by: str = "api",
-        run_at: float | None = None,
-        safety: float = 0.0,
-    ) -> tuple[FlowRecord, bool]:
+    def create(self, new: NewFlow, *, now: float, by: str = "api", safety: float = 0.0) -> tuple[FlowRecord, bool]:
         """Create the flow ``ready`` and due now (or ``sleeping`` until ``run_at``); or return the
         existing one (``created`` False). ``safety`` delays the due entry of a flow whose first step is
         being sent right away, so the dispatcher only sends it if that message is lost.
 
-        Raises StartConflict when ``flow_id`` exists with a different input (a start key reused).
+        Raises StartConflict when the flow exists with a different input (a start key reused).
         """
+        keys, args, digest = self._create_call(new, now=now, by=by, safety=safety)
+        created, stored_hash = self._create(keys=keys, args=args)
+        if not created and stored_hash.decode() != digest:
+            raise StartConflict(f"key {new.start_key or new.flow_id!r} was used to start a different {new.kind} flow")
+        record = self.get(new.flow_id)
+        assert record is not None
+        return record, bool(created)
+
+    def create_many(self, news: Sequence[NewFlow], *, now: float, by: str, safety: float = 0.0) -> list[bool | StartConflict]:
+        """:meth:`create` for many flows in one round trip (the scheduler's batches): per flow, whether
+        it was created (False: it existed with the same input), or the StartConflict it raised."""
+        pipe = self.redis.pipeline(transaction=False)
+        digests = []
+        for new in news:
+            keys, args, digest = self._create_call(new, now=now, by=by, safety=safety)
+            self._create(keys=keys, args=args, client=pipe)
+            digests.append(digest)
+        results: list[bool | StartConflict] = []
+        for new, digest, (created, stored_hash) in zip(news, digests, pipe.execute(), strict=True):
+            if not created and stored_hash.decode() != digest:
+                results.append(
+                    StartConflict(f"key {new.start_key or new.flow_id!r} was used to start a different {new.kind} flow")
+                )
+            else:
+                results.append(bool(created))
+        return results
+
+    def _create_call(self, new: NewFlow, *, now: float, by: str, safety: float) -> tuple[list[str], list[str], str]:
+        run_at = new.run_at
         state = FlowState.SLEEPING if run_at is not None and run_at > now else FlowState.READY
         due = run_at if state is FlowState.SLEEPING and run_at is not None else now + safety
         fields: dict[str, str] = {
-            "id": flow_id,
-            "kind": kind,
+            "id": new.flow_id,
+            "kind": new.kind,
             "state": state.value,
-            "step": first_step,
+            "step": new.first_step,
             "version": "1",
             "attempt": "0",
             "created": repr(now),
             "updated": repr(now),
             "due": repr(due),
-            "input": compact_json(data),
+            "input": compact_json(new.data),
         }
-        if order_id:
-            fields["order_id"] = order_id
-        if start_key:
-            fields["start_key"] = start_key
-        digest = input_hash(kind, data)
-        entry = self._entry(now, None, state, first_step, by, "created" if state is FlowState.READY else "created to run later")
-        partition = self.keys.partition(flow_id)
-        answer: Any = self._create(
-            keys=[
-                self.keys.flow(flow_id),
-                self.keys.log(flow_id),
-                self.keys.due(partition),
-                self.keys.by_state(partition, state.value),
-                self.keys.by_kind(partition, kind),
-                self.keys.events(partition),
-            ],
-            args=[flow_id, repr(now), compact_json(fields), entry, digest, repr(due), self.events],
-        )
-        created, stored_hash = answer
-        if not created and stored_hash.decode() != digest:
-            raise StartConflict(f"key {start_key or flow_id!r} was used to start a different {kind} flow")
-        record = self.get(flow_id)
-        assert record is not None
-        return record, bool(created)
+        if new.order_id:
+            fields["order_id"] = new.order_id
+        if new.start_key:
+            fields["start_key"] = new.start_key
+        digest = input_hash(new.kind, new.data)
+        what = "created" if state is FlowState.READY else "created to run later"
+        entry = self._entry(now, None, state, new.first_step, by, what)
+        partition = self.keys.partition(new.flow_id)
+        keys = [
+            self.keys.flow(new.flow_id),
+            self.keys.log(new.flow_id),
+            self.keys.due(partition),
+            self.keys.by_state(partition, state.value),
+            self.keys.by_kind(partition, new.kind),
+            self.keys.events(partition),
+        ]
+        args = [new.flow_id, repr(now), compact_json(fields), entry, digest, repr(due), self.events]
+        return keys, args, digest
 
     def transition(self, record: FlowRecord, change: Change, *, now: float, by: str) -> FlowRecord | None:
         """Write ``change`` if ``record`` is still current; None when another writer got there first."""

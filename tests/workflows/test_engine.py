@@ -448,3 +448,21 @@ def test_the_python_api_reads_a_start_strictly_and_a_stored_input_leniently(make
     record = engine.start("demo", {"amount": 5})
     engine.redis.hset(engine.keys.flow(record.id), "input", '{"amount": 5, "fieldOfALaterRelease": 1}')
     assert engine.run_step(record.id, "pay") == "succeeded"
+
+
+def test_many_starts_in_one_batch_are_each_refused_or_made_once(make_engine: Any) -> None:
+    """``start_many`` (the scheduler's batches): the good ones start, a bad input and a reused key are
+    refused on their own, and starting the batch again makes nothing twice."""
+    engine, sent = make_engine(flow(ScriptedStep("pay")))
+    starts: list[tuple[str, Any, str | None]] = [
+        ("demo", {"amount": 5}, "a"),
+        ("demo", {"amount": 0}, "b"),
+        ("demo", {"amount": 6}, "c"),
+    ]
+    first = engine.start_many(starts)
+    assert isinstance(first[0], str) and isinstance(first[1], InputError) and isinstance(first[2], str)
+    assert len(sent.chains) == 2
+    again = engine.start_many([*starts, ("demo", {"amount": 7}, "a")])
+    assert again[0] == first[0] and again[2] == first[2] and isinstance(again[3], StartConflict)
+    assert len(sent.chains) == 2, "nothing sent twice"
+    assert {engine.get(str(flow_id)).input["amount"] for flow_id in (first[0], first[2])} == {5, 6}

@@ -183,20 +183,18 @@ class Schedules:
             plan = policy.advance(record, now, flows, self.flow_kind)
             changes.append((record, plan.record, plan.events))
             plans.append(plan)
-        started = 0
+        written_plans = [plan for plan, written in zip(plans, self.store.update_many(changes, now), strict=True) if written]
+        made = self._start_all([(plan.record, attempt) for plan in written_plans for attempt in plan.starts])
         marks = []
-        for plan, written in zip(plans, self.store.update_many(changes, now), strict=True):
-            if not written:
-                continue
-            made = [attempt for attempt in plan.starts if self._start(plan.record, attempt)]
-            started += len(made)
-            if made:
-                marks.append(self._created(plan.record, made))
+        for plan in written_plans:
+            started = [attempt for attempt in plan.starts if attempt.key in made]
+            if started:
+                marks.append(self._created(plan.record, started))
         if marks:
             # One more round trip per batch: the schedule itself now says these flows exist. A lost
             # mark is made at the next look instead.
             self.store.update_many(marks, now)
-        return started
+        return len(made)
 
     @staticmethod
     def _created(
@@ -210,16 +208,27 @@ class Schedules:
             attempt.created |= attempt.key in keys
         return current, marked, []
 
-    def _start(self, record: ScheduleRecord, attempt: Attempt) -> bool:
-        """Start an attempt's flow (idempotent by its key); a failure is retried at the next look."""
+    def _start_all(self, attempts: builtins.list[tuple[ScheduleRecord, Attempt]]) -> set[str]:
+        """Start the attempts' flows in one batch (idempotent by their keys); the keys of those started.
+        A failure is retried at the next look."""
+        if not attempts:
+            return set()
         try:
-            flow = self.engine.start(self.flow_kind, attempt.data, key=attempt.key)
-        except Exception:  # one schedule must not stop the others; the next look starts it again
-            log.exception("schedule %s: starting %s (attempt %d) failed", record.id, attempt.occurrence, attempt.attempt)
-            return False
-        if flow.id != attempt.flow_id:
-            log.error("schedule %s: flow id %s differs from the expected %s", record.id, flow.id, attempt.flow_id)
-        return True
+            results = self.engine.start_many([(self.flow_kind, attempt.data, attempt.key) for _, attempt in attempts])
+        except Exception:  # Redis, or not durable in time: the next look starts them again
+            log.exception("starting %d occurrence flows failed; the next look starts them again", len(attempts))
+            return set()
+        started = set()
+        for (record, attempt), result in zip(attempts, results, strict=True):
+            if isinstance(result, Exception):
+                log.error(
+                    "schedule %s: starting %s (attempt %d) failed: %s", record.id, attempt.occurrence, attempt.attempt, result
+                )
+                continue
+            if result != attempt.flow_id:
+                log.error("schedule %s: flow id %s differs from the expected %s", record.id, result, attempt.flow_id)
+            started.add(attempt.key)
+        return started
 
     def next_due(self) -> datetime | None:
         """When the next schedule needs the scheduler (for tests and status pages)."""

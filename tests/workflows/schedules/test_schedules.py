@@ -391,11 +391,11 @@ def test_pause_resume_cancel_and_change_amount(world: World) -> None:
 def test_a_start_lost_after_the_write_is_made_at_the_next_look(world: World, monkeypatch: pytest.MonkeyPatch) -> None:
     record = world.schedules.create(monthly())
     world.at(rome(1, 1))
-    real_start = world.engine.start
-    monkeypatch.setattr(world.engine, "start", lambda *args, **kwargs: (_ for _ in ()).throw(ConnectionError("down")))
+    real_start = world.engine.start_many
+    monkeypatch.setattr(world.engine, "start_many", lambda *args, **kwargs: (_ for _ in ()).throw(ConnectionError("down")))
     world.schedules.tick()
     assert world.flows() == [] and world.schedules.get(record.id).counts["fired"] == 1
-    monkeypatch.setattr(world.engine, "start", real_start)
+    monkeypatch.setattr(world.engine, "start_many", real_start)
     world.clock.advance(30)
     world.tick()
     assert len(world.flows()) == 1
