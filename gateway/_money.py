@@ -13,6 +13,7 @@ number never rounds it. An answer of the gateway is never refused for its amount
 
 from __future__ import annotations
 
+import functools
 from decimal import Decimal, InvalidOperation
 from typing import Annotated, Any
 
@@ -179,8 +180,10 @@ Currency = Annotated[
 ]
 
 
+@functools.cache
 def bounded_amounts(model: type[Any]) -> tuple[tuple[str, bool], ...]:
-    """The (field name, zero allowed) of ``model``'s amount fields, for the check in its currency."""
+    """The (field name, zero allowed) of ``model``'s amount fields, for the check in its currency (once
+    per model class: the check runs for every amount read)."""
     found = []
     for name, info in model.model_fields.items():
         bounds = [item for item in info.metadata if isinstance(item, _Bounds)]

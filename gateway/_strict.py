@@ -21,6 +21,7 @@ A field durapay does not model can still reach the gateway, explicitly: ``passTh
 from __future__ import annotations
 
 import difflib
+import functools
 from collections.abc import Iterable, Mapping
 from types import MappingProxyType
 from typing import Any, TypeVar
@@ -73,8 +74,9 @@ def unknown_value(value: str, known: Iterable[str]) -> PydanticCustomError:
     return PydanticCustomError(UNKNOWN_VALUE, "{reason}", {"reason": reason})
 
 
+@functools.cache
 def known_names(model: type[BaseModel]) -> frozenset[str]:
-    """Every name a field of ``model`` may be given by (its name and its alias)."""
+    """Every name a field of ``model`` may be given by (its name and its alias); once per model class."""
     names: set[str] = set()
     for name, info in model.model_fields.items():
         names.add(name)

@@ -194,9 +194,7 @@ class Engine:
                 results[index] = outcome
             elif outcome:
                 made.append(new)
-        for new in made:
-            if new.order_id:
-                self.orders.claim(new.order_id, new.flow_id, holder_live=self._live)
+        self.orders.claim_many([(new.order_id, new.flow_id) for new in made if new.order_id], holder_live=self._live)
         if news:
             self.store.sync(news[0].flow_id, f"start of {len(news)} flows")
         for new in made:

@@ -74,6 +74,18 @@ class OrderIndex:
         if holder is None or (holder != flow_id and not holder_live(holder)):
             self.redis.hset(key, "flow", flow_id)
 
+    def claim_many(self, pairs: list[tuple[str, str]], *, holder_live: Any) -> None:
+        """:meth:`claim` for many (order id, flow id) pairs: one round trip, plus one per order id that a
+        flow already held (rare: a merchant naming an order id twice)."""
+        if not pairs:
+            return
+        pipe = self.redis.pipeline(transaction=False)
+        for order_id, flow_id in pairs:
+            pipe.hsetnx(self.keys.order(order_id), "flow", flow_id)
+        for (order_id, flow_id), taken in zip(pairs, pipe.execute(), strict=True):
+            if not taken:
+                self.claim(order_id, flow_id, holder_live=holder_live)
+
     def keep_token(self, order_id: str, flow_id: str, output: Mapping[str, Any]) -> None:
         """Keep the security token of a step's answer, so the receiver can verify the order's notifications."""
         token = output.get("securityToken")
