@@ -57,8 +57,8 @@ def register_tasks(app: Celery, run_step: StepRunner, client_factory: Callable[[
             idempotency_key: str | None = None,
         ) -> Any:
             if flow_id is not None and step is not None:
-                # A call the gateway cannot deduplicate moves money: its claim is made durable at once.
-                money = not op.retry_safe
+                # A write at the gateway (a payment, a refund...): its claim is made durable at once.
+                money = op.method == "POST"
                 next_link = _next_link(self.request, flow_id)
                 return run_step(flow_id, step, worker=self.request.hostname or "", chained_next=next_link, money=money)
             with client_factory() as client:

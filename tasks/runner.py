@@ -140,9 +140,10 @@ def run_step(step: Step, ctx: StepContext, *, must_reconcile: bool, resend: bool
         if failing is None:
             # Which call failed is unknown, so whether it was safe to repeat is too: read back first.
             return policy.on_error(error, UNKNOWN_OPERATION, ctx.attempt, resend=True)
-        if isinstance(error, BadRequest) and error.already_done and not failing.retry_safe and op is not None:
+        if isinstance(error, BadRequest) and error.already_done and failing.method == "POST" and op is not None:
             # "Already used / completed / exists": an earlier try (or one whose record Redis lost)
-            # reached the gateway. Read it and adopt what it holds, if it is this flow's.
+            # reached the gateway. Read it and adopt what it holds, if it is this flow's. Also for a
+            # keyed call: the gateway forgets keys after a while, and then answers this way.
             found = _reconcile(step, ctx, failing.name)
             if isinstance(found, NotCommitted):
                 # The gateway says it exists but shows nothing yet: read again, bounded.
@@ -154,6 +155,20 @@ def run_step(step: Step, ctx: StepContext, *, must_reconcile: bool, resend: bool
         # ``retry`` then reconciles first, as the call may have reached the gateway before the crash.
         log.exception("flow %s step %s: unexpected error", ctx.flow_id, ctx.step)
         return Attention(f"{ctx.step}: unexpected {type(error).__name__}: {error}", _describe(error, ctx))
+
+
+def settle_before_cancel(step: Step, ctx: StepContext, *, resend: bool) -> Outcome | None:
+    """A step whose flow was asked to stop: never call again, but if an earlier try may have reached the
+    gateway, read what it did (its money must show in the flow). None when there is nothing to read or
+    the gateway shows it never acted: the flow is then simply cancelled."""
+    op = step.operation
+    if not resend or op is None or op.method != "POST":
+        return None
+    try:
+        found = _reconcile(step, ctx, op.name)
+    except LeaseLost:
+        raise
+    return None if isinstance(found, NotCommitted) else found
 
 
 def _reconcile(step: Step, ctx: StepContext, operation: str) -> Outcome | NotCommitted:

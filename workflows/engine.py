@@ -14,6 +14,7 @@ Delays of every kind (backoff, polls, waits, timers, leases, a lost chain link) 
 from __future__ import annotations
 
 import builtins
+import dataclasses
 import logging
 import os
 import random
@@ -170,17 +171,20 @@ class Engine:
         return record
 
     def start_many(
-        self, starts: Sequence[tuple[str, Mapping[str, Any] | BaseModel, str | None]]
+        self, starts: Sequence[tuple[str, Mapping[str, Any] | BaseModel, str | None]], *, owners: Sequence[str] = ()
     ) -> builtins.list[str | Exception]:
         """Start many flows (kind, input, key) in a few round trips: one to create them all, one wait for
-        durability covering them all (the scheduler fires occurrences this way). Per start: the flow id,
-        or the InputError or StartConflict that refused it (the others go on)."""
+        durability covering them all (the scheduler fires occurrences this way). ``owners``: per start,
+        what owns the flow's retries (a schedule, whose dunning retries a declined charge: an operator's
+        restart of that flow is refused, or the occurrence would be charged twice). Per start: the flow
+        id, or the InputError or StartConflict that refused it (the others go on)."""
         now = self.clock.now()
         results: builtins.list[str | Exception] = []
         news: builtins.list[NewFlow] = []
-        for kind, data, key in starts:
+        for index, (kind, data, key) in enumerate(starts):
             try:
-                news.append(self._new_flow(kind, data, key, None, now))
+                new = self._new_flow(kind, data, key, None, now)
+                news.append(dataclasses.replace(new, owner=owners[index]) if owners else new)
                 results.append(news[-1].flow_id)
             except InputError as refused:
                 results.append(refused)
@@ -313,7 +317,10 @@ class Engine:
             record = self.get(flow_id)
             if record.state in {FlowState.SUCCEEDED, FlowState.FAILED, FlowState.CANCELLED}:
                 raise OperatorError(f"flow {flow_id} already ended ({record.state}); nothing to cancel")
-            if record.state is FlowState.RUNNING:
+            maybe_sent = record.state is not FlowState.NEEDS_ATTENTION and (record.reconcile or record.uncertain)
+            if record.state is FlowState.RUNNING or maybe_sent:
+                # A step in flight, or one whose last try may have reached the gateway: it stops at its
+                # end, after reading what that try did (its money must show), never by a new call.
                 self.store.request_cancel(flow_id)
                 self.store.sync(flow_id, f"cancel request of flow {flow_id}")
                 return self.get(flow_id)
@@ -344,6 +351,11 @@ class Engine:
             }
             change = Change(FlowState.READY, "retry requested (reconcile first)", fields, due=now + self.safety)
         elif record.state is FlowState.FAILED:
+            if record.fields.get("owner"):
+                raise OperatorError(
+                    f"flow {flow_id} is a charge of schedule {record.fields['owner']}, which retries declined charges "
+                    "itself (dunning): resume, or cancel, the schedule instead; a restart here would charge again"
+                )
             try:
                 model = definition.input_model.model_validate(record.input)
             except ValidationError:

@@ -15,6 +15,7 @@ Every step runs as:
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import threading
@@ -24,10 +25,11 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
-from gateway import describe_validation_error
+from gateway import describe_validation_error, reported_payment
 from tasks.outcomes import Advance, Finish, NewOrder, Outcome, Poll, Retry, Sleep, Wait
-from tasks.runner import LeaseLost, StepContext, run_step
+from tasks.runner import LeaseLost, StepContext, run_step, settle_before_cancel
 from workflows.durability import NotDurable
+from workflows.flows._common import operation_of
 from workflows.keys import step_idempotency_key
 from workflows.orders import gateway_order_id
 from workflows.states import STOPPED, FlowState
@@ -145,9 +147,10 @@ class StepProtocol:
 
         ctx.renew_lease = renew_lease
         step = definition.step(step_name)
-        if not durable and step.operation is not None and not step.operation.retry_safe:
-            # Before money moves, the claim must be durable: if Redis lost it, the step would run again
-            # as if it never had, without reading the gateway first.
+        if not durable and step.operation is not None and step.operation.method == "POST":
+            # Before a write at the gateway (money moves), the claim must be durable: if Redis lost it,
+            # the step would run again as if it never had (or a cancel would end the flow) without
+            # reading the gateway first. Keyed calls too: a key is not remembered for ever.
             try:
                 engine.store.sync(claimed.id, f"claim of {step_name} of flow {claimed.id}")
             except NotDurable as exc:
@@ -216,7 +219,16 @@ class StepProtocol:
         if isinstance(claim, str):
             return claim
         try:
-            outcome = run_step(claim.step, claim.ctx, must_reconcile=claim.resend, resend=claim.resend)
+            if claim.record.cancel_requested:
+                # Asked to stop while an earlier try may have reached the gateway (a lost worker, an
+                # ambiguous answer): no new call, only a read of what that try did.
+                found = settle_before_cancel(claim.step, claim.ctx, resend=claim.resend)
+                if found is None:
+                    cancel = Change(FlowState.CANCELLED, "cancelled as requested", {"lease_until": None, "lease_owner": None})
+                    return self._stop(claim.record, cancel, self.engine.clock.now(), claim.record.lease_owner)
+                outcome = found
+            else:
+                outcome = run_step(claim.step, claim.ctx, must_reconcile=claim.resend, resend=claim.resend)
         except LeaseLost as lost:
             log.warning("%s; its result is dropped", lost)
             return "stale"
@@ -311,6 +323,9 @@ class StepProtocol:
         else:
             done |= {"error": compact_json(outcome.error) if outcome.error else compact_json({"message": outcome.reason})}
             change = Change(FlowState.NEEDS_ATTENTION, f"{step.name}: {outcome.reason}", done)
+        paid = _payment_recorded(outcome)
+        if paid:
+            change = dataclasses.replace(change, paid=paid)
         written = engine.store.transition(claimed, change, now=now, by=claimed.lease_owner)
         if written is None:
             log.info("flow %s step %s: stale completion dropped", claimed.id, step.name)
@@ -350,6 +365,14 @@ class StepProtocol:
             sender.send_chain(flow_id, links)
         except Exception:
             log.exception("flow %s: sending step %s failed; the dispatcher will pick it up", flow_id, step_name)
+
+
+def _payment_recorded(outcome: Outcome) -> dict[str, Any] | None:
+    """The payment taken that a step's outcome records (answered or adopted), if any."""
+    if not isinstance(outcome, Advance | Finish):
+        return None
+    operation = operation_of(outcome.output) if outcome.output else None
+    return reported_payment({"operation": operation}) if operation else None
 
 
 def _customer_url(step: Step, output: Mapping[str, Any]) -> dict[str, str | None]:

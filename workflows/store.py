@@ -197,6 +197,8 @@ class NewFlow:
     order_id: str = ""
     start_key: str = ""
     run_at: float | None = None
+    #: What started the flow and owns its retries (a schedule's id): an operator's restart is refused.
+    owner: str = ""
 
 
 @dataclass(frozen=True)
@@ -209,6 +211,9 @@ class Change:
     due: float | None = None
     awaited: tuple[str, ...] = ()
     step: str = ""
+    #: The payment this change records (a step's adopted or answered charge): if a cancel request turns
+    #: the change into a cancel, the flow needs a person instead (the money must show).
+    paid: Mapping[str, Any] | None = None
 
 
 class FlowStore:
@@ -349,6 +354,8 @@ class FlowStore:
             fields["order_id"] = new.order_id
         if new.start_key:
             fields["start_key"] = new.start_key
+        if new.owner:
+            fields["owner"] = new.owner
         digest = input_hash(new.kind, new.data)
         what = "created" if state is FlowState.READY else "created to run later"
         entry = self._entry(now, None, state, new.first_step, by, what)
@@ -405,6 +412,7 @@ class FlowStore:
                 str(max(1, int(self.retention_seconds))),
                 scrubbed,
                 self.events,
+                compact_json(dict(change.paid)) if change.paid else "",
             ],
         )
         if not version:

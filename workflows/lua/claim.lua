@@ -13,7 +13,8 @@
 if redis.call('EXISTS', KEYS[1]) == 0 then
   return {'missing'}
 end
-local data = redis.call('HMGET', KEYS[1], 'state', 'step', 'lease_until', 'due', 'attempt', 'cancel_requested', 'version', 'runs')
+local data = redis.call('HMGET', KEYS[1], 'state', 'step', 'lease_until', 'due', 'attempt', 'cancel_requested', 'version', 'runs',
+  'reconcile', 'uncertain')
 local state, step, lease_until, due = data[1], data[2] or '', data[3], data[4]
 local attempt = tonumber(data[5] or '0') or 0
 local now = tonumber(ARGV[3])
@@ -40,7 +41,10 @@ elseif state ~= 'ready' and (not due or tonumber(due) > now) then
 end
 local runs = tonumber(data[8] or '0') or 0
 local verdict = 'ok'
-if data[6] == '1' then
+-- A cancel ends the flow at once only at a step boundary: a step taken over from a lost worker, or
+-- marked as possibly sent, is claimed (the worker then only reads what the earlier try did).
+local maybe_sent = reclaim or data[9] == '1' or data[10] == '1'
+if data[6] == '1' and not maybe_sent then
   verdict = 'cancel'
 elseif reclaim and attempt >= tonumber(ARGV[6]) then
   verdict = 'lost'

@@ -8,7 +8,8 @@
 --       a cancel request turns this move into a cancel), 11 the input without card secrets ("" when
 --       there are none), written when the flow ends, 12 "1" to emit the merchant events of the move
 --       (flow.waiting when it starts to wait, flow.succeeded/failed/cancelled/needs_attention,
---       payment.late).
+--       payment.late), 13 the payment this very completion recorded (JSON, or ""): ending cancelled
+--       (a cancel request) or failed with it is money unaccounted too.
 -- Returns {new version, final state}, or {0, current state} when the version did not match. The final
 -- state differs from the one asked for when: a signal the step awaits is already there (ready: run
 -- the step again to read it); a cancel was requested (cancelled, the request used up); or the flow
@@ -70,6 +71,9 @@ if outcome == cjson.null or outcome == nil then
   outcome = redis.call('HGET', KEYS[1], 'outcome')
 end
 local paid = unaccounted_signal(KEYS[1], fields, state, outcome)
+if not paid and ARGV[13] ~= '' and (state == 'cancelled' or state == 'failed') then
+  paid = cjson.decode(ARGV[13])
+end
 local ended = state
 if paid then
   fields['error'] = late_payment_error(paid, state)

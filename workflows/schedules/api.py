@@ -214,7 +214,10 @@ class Schedules:
         if not attempts:
             return set()
         try:
-            results = self.engine.start_many([(self.flow_kind, attempt.data, attempt.key) for _, attempt in attempts])
+            results = self.engine.start_many(
+                [(self.flow_kind, attempt.data, attempt.key) for _, attempt in attempts],
+                owners=[record.id for record, _ in attempts],
+            )
         except Exception:  # Redis, or not durable in time: the next look starts them again
             log.exception("starting %d occurrence flows failed; the next look starts them again", len(attempts))
             return set()
