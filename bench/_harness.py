@@ -130,8 +130,10 @@ app.worker_main(["worker", "-P", sys.argv[1], "-c", sys.argv[2], "-Q", "bare", "
 """
 
 
-def valkey() -> EmbeddedValkey:
-    server = EmbeddedValkey(Path(tempfile.mkdtemp(prefix="durapay-bench-valkey-")), appendfsync="everysec")
+def valkey(appendfsync: str = "always") -> EmbeddedValkey:
+    """A private Valkey; ``always`` by default, as durapay's own Valkey runs (``everysec``: starts and
+    money claims then wait for ``WAITAOF``)."""
+    server = EmbeddedValkey(Path(tempfile.mkdtemp(prefix="durapay-bench-valkey-")), appendfsync=appendfsync)
     server.start()
     return server
 

@@ -1,11 +1,14 @@
 """Engine benchmarks: durable 3-step flows against bare Celery chains making the same gateway calls.
 
 Run: ``.venv/bin/python -m bench.bench_engine`` (about ten minutes with the defaults). Everything is
-measured in this run, on one private Valkey (``appendfsync everysec``), one simulator process and the
+measured in this run, on one private Valkey (``appendfsync always`` as durapay's own runs, or
+``--appendfsync everysec``: then starts and money claims wait for ``WAITAOF``), one simulator process and the
 same worker settings, and printed as ratios; never a timed assertion (machines are shared and noisy):
 
 * **throughput**: ``--rounds`` rounds of ``--flows`` flows each with 20 ms gateway latency, one worker
-  process (threads ``-c 32``). Bare and durable alternate (A B, then B A, ...), so drift in the machine's
+  process (threads ``-c 32``), the flows sent from ``SENDERS`` threads on both sides (a durable
+  start waits for its fsync: one thread starting them all timed the starts, not the engine). Bare and
+  durable alternate (A B, then B A, ...), so drift in the machine's
   load falls on both; the median ratio and its spread are printed, and how many rounds it would take
   for the spread to be smaller than the gap to the target;
 * **latency**: one flow at a time, bare and durable alternating, median of ``--latency-flows``;
@@ -13,13 +16,18 @@ same worker settings, and printed as ratios; never a timed assertion (machines a
   what durability costs per step beyond the bare task;
 * **Redis memory per finished flow**, everything it keeps (record, log, indexes, order lookups, its
   events): the server's ``used_memory`` grown over a batch, per flow; and its parts, by key;
-* **events**: durable throughput with merchant events on against off (``DURAPAY_EVENTS__ENABLED``).
+* **events**: durable throughput with merchant events off, on, and on with one webhook endpoint
+  subscribed to every event (a receiver in this process on 127.0.0.1, signatures checked with the
+  ``standardwebhooks`` package; the durable worker delivers), each against events off, and the last
+  against bare chains run in the same round (``--event-rounds``); with the time until every event of
+  the batch was delivered.
 """
 
 from __future__ import annotations
 
 import argparse
 import itertools
+import json
 import math
 import os
 import statistics
@@ -44,6 +52,7 @@ from bench._harness import (
     valkey,
     wait_until,
 )
+from bench._webhook_receiver import WebhookReceiver
 from service.runtime import build_runtime
 from workflows.dispatcher import Dispatcher
 from workflows.states import FlowState
@@ -53,6 +62,10 @@ _orders = itertools.count()
 THROUGHPUT_TARGET = 0.95
 LATENCY_TARGET = 1.02
 MEMORY_TARGET = 2048
+#: Threads sending the flows of a throughput round, on both sides.
+SENDERS = 4
+#: Durable flows with events and one webhook endpoint against bare chains (issue 12).
+WEBHOOK_TARGET = 0.85
 
 
 def body() -> dict[str, Any]:
@@ -87,17 +100,22 @@ def tree_cpu(pid: int) -> float:
 
 
 class Bench:
-    def __init__(self, pool: str, concurrency: int) -> None:
+    def __init__(self, pool: str, concurrency: int, appendfsync: str = "always") -> None:
         self.procs = Processes()
-        self.server = valkey()
+        self.server = valkey(appendfsync)
         self.sim = start_simulator(self.procs)
-        self.settings = bench_settings(self.sim, self.server.url)
+        settings = bench_settings(self.sim, self.server.url)
+        self.settings = settings.model_copy(update={"webhooks": settings.webhooks.model_copy(update={"allow_private": True})})
         url = self.server.url
         self.runtimes = {events: build_runtime(with_events(self.settings, events), redis_url=url) for events in (True, False)}
         self.events = True
         self.bare = make_bare_app(self.settings)
         self.redis = redis.Redis.from_url(self.server.url)
-        self.dispatcher = Dispatcher(self.runtimes[True].engine).start()
+        self.webhooks = self.runtimes[True].webhooks
+        self.dispatcher = Dispatcher(self.runtimes[True].engine, tickers=[self.webhooks.tick]).start()
+        self.receiver = WebhookReceiver().up()
+        self.endpoint: Any = None
+        self.subscribed_at = 0
         self.pool, self.concurrency = pool, concurrency
         self.durable: Any = None
         self.bare_worker: Any = None
@@ -114,13 +132,37 @@ class Bench:
                 worker.wait(timeout=30)
         self.pool, self.concurrency, self.events = pool, concurrency, events
         env = child_env(self.settings) | {"DURAPAY_EVENTS__ENABLED": "true" if events else "false"}
+        env["DURAPAY_WEBHOOKS__ALLOW_PRIVATE"] = "true"
         self.durable = self.procs.spawn("durable-worker", DURABLE_WORKER, env, pool, str(concurrency))
         self.bare_worker = self.procs.spawn("bare-worker", BARE_WORKER, env, pool, str(concurrency))
         # Both workers answer before timing starts: one flow and one chain each.
         self.durable_once()
         self.bare_once()
 
+    def subscribe(self, on: bool) -> None:
+        """One endpoint subscribed to every event (on), or none."""
+        if on and self.endpoint is None:
+            self.subscribed_at = self.event_count()
+            self.endpoint = self.webhooks.endpoints.add(self.receiver.url)
+            self.receiver.secrets = [self.endpoint.secret]
+        elif not on and self.endpoint is not None:
+            self.webhooks.endpoints.remove(self.endpoint.id)
+            self.endpoint = None
+
+    def event_count(self) -> int:
+        pipe = self.redis.pipeline(transaction=False)
+        for key in self.webhooks.feed.streams().values():
+            pipe.xlen(key)
+        return sum(int(n) for n in pipe.execute())
+
+    def delivered(self, started: float) -> float:
+        """Seconds from ``started`` until every event since the subscription was delivered."""
+        wanted = self.event_count() - self.subscribed_at
+        wait_until(lambda: len(self.receiver.applied) >= wanted and self.webhooks.pending() == 0, 900, "every webhook")
+        return time.time() - started
+
     def close(self) -> None:
+        self.receiver.down()
         self.dispatcher.stop()
         self.procs.stop()
         for runtime in self.runtimes.values():
@@ -128,10 +170,34 @@ class Bench:
         self.server.stop()
 
     def durable_once(self) -> float:
+        """One flow, timed from before its start to its completion's own timestamp. The end is awaited
+        like the bare side's (``BLPOP``): blocked on the merchant event its completion writes
+        (``XREAD BLOCK``), not by polling the record, whose reads would take the CPU the flow needs."""
+        engine = self.engine
+        streams = [engine.keys.events(partition) for partition in range(engine.keys.partitions)]
+        pipe = self.redis.pipeline(transaction=False)
+        for stream in streams:
+            pipe.xrevrange(stream, count=1)
+        after = {stream: (last[0][0] if last else b"0-0") for stream, last in zip(streams, pipe.execute(), strict=True)}
         started = time.time()
-        record = self.engine.start("three_steps", body())
+        record = engine.start("three_steps", body())
+        if self.events:
+            stream = engine.keys.events(engine.keys.partition(record.id))
+            self._await_end(stream, after[stream], record.id)
         done = wait_until(lambda: self._finished(record.id), 60, "a durable flow")
         return float(done.updated - started)
+
+    def _await_end(self, stream: str, after: bytes, flow_id: str) -> None:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            answer: Any = self.redis.xread({stream: after}, block=60_000)
+            for _, entries in answer or []:
+                for entry_id, fields in entries:
+                    after = entry_id
+                    event = json.loads(fields[b"e"])
+                    if event["flow"] == flow_id and event["type"] != "flow.created":
+                        return
+        raise TimeoutError(f"no end event for {flow_id} within 60s")
 
     def _finished(self, flow_id: str) -> Any:
         record = self.engine.get(flow_id)
@@ -158,16 +224,39 @@ class Bench:
 
     def durable_batch(self, flows: int) -> tuple[float, float, list[str]]:
         """(seconds, worker CPU seconds, flow ids) of ``flows`` durable flows started at once."""
+        ended_before = self._ended()
         cpu = tree_cpu(self.durable.pid)
         started = time.time()
-        ids = [self.engine.start("three_steps", body()).id for _ in range(flows)]
+        batches: list[list[str]] = [[] for _ in range(SENDERS)]
 
-        def all_done() -> bool:
-            return sum(record.state is FlowState.SUCCEEDED for record in self.engine.store.many(ids)) == flows
+        def start_some(batch: list[str]) -> None:  # as many senders as the bare side: starts come at once
+            batch.extend(self.engine.start("three_steps", body()).id for _ in range(flows // SENDERS))
 
-        wait_until(all_done, 900, "the durable batch")
-        last = max(record.updated for record in self.engine.store.many(ids))
+        senders = [threading.Thread(target=start_some, args=(batch,)) for batch in batches]
+        for sender in senders:
+            sender.start()
+        for sender in senders:
+            sender.join()
+        ids = [flow_id for batch in batches for flow_id in batch]
+        flows = len(ids)
+
+        # Awaited as cheaply as the bare side's LLEN: the sizes of the state indexes, not the records
+        # (reading a thousand records every few milliseconds took the CPU the worker needed).
+        wait_until(lambda: self._ended() - ended_before >= flows, 900, "the durable batch")
+        records = self.engine.store.many(ids)
+        if any(record.state is not FlowState.SUCCEEDED for record in records):
+            raise RuntimeError(f"benchmark flows ended {sorted({record.state.value for record in records})}")
+        last = max(record.updated for record in records)
         return last - started, tree_cpu(self.durable.pid) - cpu, ids
+
+    def _ended(self) -> int:
+        """Flows of this engine that reached an end state, from its state indexes (one round trip)."""
+        keys = self.engine.keys
+        pipe = self.redis.pipeline(transaction=False)
+        for partition in range(keys.partitions):
+            for state in ("succeeded", "failed", "cancelled", "needs_attention"):
+                pipe.zcard(keys.by_state(partition, state))
+        return sum(pipe.execute())
 
     def bare_batch(self, flows: int) -> tuple[float, float]:
         """(seconds, worker CPU seconds) of ``flows`` bare chains sent at once."""
@@ -176,15 +265,15 @@ class Bench:
         started = time.time()
 
         def send_some() -> None:
-            for _ in range(flows // 4):
+            for _ in range(flows // SENDERS):
                 bare_chain(self.bare, body())
 
-        senders = [threading.Thread(target=send_some) for _ in range(4)]
+        senders = [threading.Thread(target=send_some) for _ in range(SENDERS)]
         for sender in senders:
             sender.start()
         for sender in senders:
             sender.join()
-        wait_until(lambda: self.redis.llen(DONE) >= flows - flows % 4, 900, "the bare batch")
+        wait_until(lambda: self.redis.llen(DONE) >= flows - flows % SENDERS, 900, "the bare batch")
         last = max(float(item.split()[1]) for item in self.redis.lrange(DONE, 0, -1))
         return last - started, tree_cpu(self.bare_worker.pid) - cpu
 
@@ -266,6 +355,45 @@ def summary(name: str, ratios: list[float], target: float, above: bool) -> None:
     )
 
 
+def events_rows(bench: Bench, rounds: int, flows: int, pool: str, concurrency: int) -> None:
+    """Events off, on, and on with one endpoint, in rotating order each round; and bare chains."""
+    print(f"events: {rounds} rounds of {flows} flows: events off, on, on + one webhook endpoint; bare chains:")
+    modes = ("off", "on", "webhook")
+    ratios: dict[str, list[float]] = {"on": [], "webhook": [], "webhook_bare": []}
+    cpu: dict[str, list[float]] = {mode: [] for mode in modes}
+    for n in range(rounds):
+        rates: dict[str, float] = {}
+        lag = 0.0
+        for mode in modes[n % 3 :] + modes[: n % 3]:
+            bench.start_workers(pool, concurrency, events=mode != "off")
+            bench.subscribe(mode == "webhook")
+            started, before = time.time(), tree_cpu(bench.durable.pid)
+            seconds, _, _ = bench.durable_batch(flows)
+            rates[mode] = flows / seconds
+            if mode == "webhook":
+                lag = bench.delivered(started) - seconds
+                bench.subscribe(False)
+            cpu[mode].append((tree_cpu(bench.durable.pid) - before) / flows)
+        bare_seconds, _ = bench.bare_batch(flows)
+        rates["bare"] = flows / bare_seconds
+        ratios["on"].append(rates["on"] / rates["off"])
+        ratios["webhook"].append(rates["webhook"] / rates["off"])
+        ratios["webhook_bare"].append(rates["webhook"] / rates["bare"])
+        print(
+            f"  round {n + 1}: off {rates['off']:.1f}, on {rates['on']:.1f}, on + endpoint {rates['webhook']:.1f}, "
+            f"bare {rates['bare']:.1f} flows/s; every event delivered {lag:.2f} s after the last flow finished"
+        )
+    per_flow = {mode: statistics.median(values) * 1000 for mode, values in cpu.items()}
+    print(
+        f"  worker CPU per flow (deliveries included): off {per_flow['off']:.2f} ms, on {per_flow['on']:.2f} ms, "
+        f"on + endpoint {per_flow['webhook']:.2f} ms"
+    )
+    print(f"  events on / off: median {statistics.median(ratios['on']):.3f}")
+    print(f"  events on + one endpoint / off: median {statistics.median(ratios['webhook']):.3f}")
+    summary("durable with events and one endpoint / bare", ratios["webhook_bare"], WEBHOOK_TARGET, above=True)
+    print(f"  repeats seen by the receiver: {bench.receiver.repeats}; signatures refused: {bench.receiver.refused}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--latency-flows", type=int, default=200)
@@ -276,9 +404,11 @@ def main() -> None:
     parser.add_argument("--latency-concurrency", type=int, default=2)
     parser.add_argument("--throughput-pool", default="threads")
     parser.add_argument("--throughput-concurrency", type=int, default=32)
+    parser.add_argument("--appendfsync", choices=("always", "everysec"), default="always", help="the Valkey's AOF fsync")
     args = parser.parse_args()
 
-    bench = Bench(args.latency_pool, args.latency_concurrency)
+    bench = Bench(args.latency_pool, args.latency_concurrency, args.appendfsync)
+    print(f"Valkey appendfsync {args.appendfsync}")
     try:
         print(f"latency, {args.latency_flows} flows each, {args.latency_pool} -c {args.latency_concurrency}, alternating:")
         durable, bare = bench.latency(args.latency_flows)
@@ -318,17 +448,7 @@ def main() -> None:
         )
 
         if args.event_rounds:
-            print(f"events: {args.event_rounds} rounds of {args.flows} flows, events on against off, alternating:")
-            on_off: list[float] = []
-            for n in range(args.event_rounds):
-                rates = {}
-                for events in (True, False) if n % 2 == 0 else (False, True):
-                    bench.start_workers(args.throughput_pool, args.throughput_concurrency, events=events)
-                    seconds, _, _ = bench.durable_batch(args.flows)
-                    rates[events] = args.flows / seconds
-                on_off.append(rates[True] / rates[False])
-                print(f"  round {n + 1}: on {rates[True]:.1f} flows/s, off {rates[False]:.1f} flows/s, ratio {on_off[-1]:.3f}")
-            print(f"  events on / off: median {statistics.median(on_off):.3f}")
+            events_rows(bench, args.event_rounds, args.flows, args.throughput_pool, args.throughput_concurrency)
     finally:
         bench.close()
 

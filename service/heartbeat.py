@@ -24,6 +24,7 @@ from typing import Any
 import redis
 from celery import Celery, bootsteps
 
+from config.connect import open_redis
 from workflows.keys import Keys
 from workflows.redis_watch import RedisWatch
 
@@ -36,8 +37,18 @@ TTL_SECONDS = 10
 class Heartbeat:
     """Writes ``keys.heartbeat(role)`` (and ``role:name``) every ``interval`` seconds from a thread."""
 
-    def __init__(self, redis_url: str, keys: Keys, role: str, name: str, *, interval: float = INTERVAL_SECONDS) -> None:
+    def __init__(
+        self,
+        redis_url: str,
+        keys: Keys,
+        role: str,
+        name: str,
+        *,
+        interval: float = INTERVAL_SECONDS,
+        cluster: bool = False,
+    ) -> None:
         self.redis_url = redis_url
+        self.cluster = cluster
         self.keys = keys
         self.role = role
         self.name = name
@@ -53,7 +64,7 @@ class Heartbeat:
         pipe.execute()
 
     def _run(self) -> None:
-        client = redis.Redis.from_url(self.redis_url, socket_timeout=5, socket_connect_timeout=2)
+        client = open_redis(self.redis_url, cluster=self.cluster, socket_timeout=5, socket_connect_timeout=2)
         watch = RedisWatch(f"{self.role} heartbeat", log, self.interval)
         try:
             while not self._stop.is_set():
@@ -81,7 +92,7 @@ class Heartbeat:
             self._thread = None
 
 
-def install_worker_heartbeat(app: Celery, redis_url: str, keys: Keys) -> None:
+def install_worker_heartbeat(app: Celery, redis_url: str, keys: Keys, *, cluster: bool = False) -> None:
     """Add a bootstep to ``app``'s workers that keeps the ``worker`` heartbeat while they run."""
 
     class WorkerHeartbeat(bootsteps.StartStopStep):  # type: ignore[misc]
@@ -93,7 +104,7 @@ def install_worker_heartbeat(app: Celery, redis_url: str, keys: Keys) -> None:
 
         def start(self, parent: Any) -> None:
             name = getattr(parent, "hostname", None) or f"{socket.gethostname()}-{os.getpid()}"
-            self.heartbeat = Heartbeat(redis_url, keys, "worker", name).start()
+            self.heartbeat = Heartbeat(redis_url, keys, "worker", name, cluster=cluster).start()
 
         def stop(self, parent: Any) -> None:
             if self.heartbeat is not None:

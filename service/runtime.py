@@ -27,25 +27,28 @@ import redis
 from celery import Celery
 
 from config.celery import make_celery
+from config.connect import open_redis
 from config.embedded import EmbeddedValkey
 from config.settings import Settings
 from gateway import GatewayClient
 from service.heartbeat import install_worker_heartbeat
 from service.metrics import StepMetrics
-from tasks.celery_tasks import CelerySender, register_tasks
+from tasks.celery_tasks import CelerySender, register_tasks, register_webhook_task
 from workflows.clock import Clock, ServerClock
 from workflows.engine import Engine
 from workflows.flows import REGISTRY
 from workflows.steps import FlowDefinition
+from workflows.webhooks import Webhooks
 
 
 @dataclass
 class Runtime:
     settings: Settings
     redis_url: str
-    redis: redis.Redis
+    redis: Any
     celery: Celery
     engine: Engine
+    webhooks: Webhooks
     embedded: EmbeddedValkey | None = None
     extras: dict[str, Any] = field(default_factory=dict)
 
@@ -117,11 +120,17 @@ def build_runtime(
     embedded = None
     if redis_url is None:
         redis_url, embedded = resolve_redis(settings)
-    client = redis.Redis.from_url(redis_url, socket_timeout=10, socket_connect_timeout=5, health_check_interval=30)
+    client = open_redis(
+        redis_url, cluster=settings.redis_cluster, socket_timeout=10, socket_connect_timeout=5, health_check_interval=30
+    )
     app = make_celery(settings, settings.broker_url or redis_url)
     registry = dict(REGISTRY)
     registry.update(flows or {})
-    engine = Engine(settings, client, registry, sender=CelerySender(app), clock=clock or ServerClock(client), rng=rng)
-    register_tasks(app, StepMetrics(engine).wrap(engine.run_step), lambda: GatewayClient(settings.gateway))
-    install_worker_heartbeat(app, redis_url, engine.keys)
-    return Runtime(settings, redis_url, client, app, engine, embedded)
+    sender = CelerySender(app)
+    engine = Engine(settings, client, registry, sender=sender, clock=clock or ServerClock(client), rng=rng)
+    engine.protocol.observer = StepMetrics(engine).record
+    register_tasks(app, engine.run_step, lambda: GatewayClient(settings.gateway), follow=settings.engine.follow_steps)
+    webhooks = Webhooks(client, engine.keys, settings.webhooks, send=sender.send_webhook, now=engine.clock.now, rng=rng)
+    register_webhook_task(app, webhooks.deliver_many)
+    install_worker_heartbeat(app, redis_url, engine.keys, cluster=settings.redis_cluster)
+    return Runtime(settings, redis_url, client, app, engine, webhooks, embedded)

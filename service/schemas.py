@@ -108,3 +108,75 @@ class Health(BaseModel):
 class Readiness(BaseModel):
     ready: bool
     checks: dict[str, bool]
+
+
+class EndpointView(_Answer):
+    """A webhook endpoint (its secret is shown only by a create and a rotation)."""
+
+    id: str
+    url: str
+    events: list[str] = Field(description="types sent; empty: all")
+    description: str
+    created: float
+    enabled: bool
+    disabledReason: str | None = Field(default=None, description="why it was disabled (410 Gone, failing for days...)")
+    disabledAt: float | None = None
+    rotating: bool = Field(description="the previous secret is still valid (both signatures sent)")
+    previousSecretUntil: float | None = None
+    source: str = Field(description="api, or config (DURAPAY_WEBHOOKS__ENDPOINTS)")
+
+
+class EndpointWithSecret(EndpointView):
+    """An endpoint as a create or a rotation answers it: with its (new) secret, shown this once."""
+
+    secret: str = Field(description="whsec_ + base64: the key of the signatures")
+
+
+class EndpointList(_Answer):
+    endpoints: list[EndpointView]
+    pending: int = Field(description="deliveries not yet made, every endpoint")
+
+
+class AttemptView(_Answer):
+    """One delivery attempt: its answer (or error), latency, and what followed."""
+
+    event: str
+    endpoint: str
+    at: str
+    status: int | None = Field(default=None, description="HTTP status; null when no answer came")
+    ok: bool
+    outcome: str = Field(description="delivered, retry, given up, dropped, endpoint disabled (...), test failed")
+    attempt: int = Field(description="1 for the first attempt of this delivery")
+    latencyMs: float | None = None
+    response: str | None = Field(default=None, description="the answer's first bytes")
+    error: str | None = None
+    nextAttempt: str | None = None
+
+
+class AttemptList(_Answer):
+    attempts: list[AttemptView]
+
+
+class TestAnswer(AttemptView):
+    """The attempt of a ``webhook.test`` send."""
+
+
+class EventView(_Answer):
+    """A merchant event (docs/events.md has each type's ``data``), with the cursor to resume after it."""
+
+    id: str
+    type: str
+    timestamp: str
+    orderId: str | None = None
+    operationId: str | None = None
+    data: dict[str, Any]
+    cursor: str
+
+
+class EventPage(_Answer):
+    events: list[EventView]
+    next: str | None = Field(description="the cursor to pass as after= next time (null: nothing read yet)")
+
+
+class ReplayAnswer(_Answer):
+    scheduled: int = Field(description="deliveries scheduled (events x endpoints)")

@@ -24,10 +24,13 @@ from config.celery import QUEUE
 from gateway import CATALOGUE, GatewayClient, GatewayOperation
 
 ENGINE_STEP_TASK = "durapay.engine.step"
+WEBHOOK_TASK = "durapay.webhooks.deliver"
 
 
 class StepRunner(Protocol):
-    def __call__(self, flow_id: str, step: str, /, *, worker: str, chained_next: str | None, money: bool | None) -> str: ...
+    def __call__(
+        self, flow_id: str, step: str, /, *, worker: str, chained_next: str | None, money: bool | None, follow: int
+    ) -> str: ...
 
 
 def _next_link(request: Any, flow_id: str) -> str | None:
@@ -42,8 +45,10 @@ def _next_link(request: Any, flow_id: str) -> str | None:
     return None
 
 
-def register_tasks(app: Celery, run_step: StepRunner, client_factory: Callable[[], GatewayClient]) -> None:
-    """Define every task on ``app``. ``run_step`` is the engine's; ``client_factory`` serves direct calls."""
+def register_tasks(app: Celery, run_step: StepRunner, client_factory: Callable[[], GatewayClient], *, follow: int = 0) -> None:
+    """Define every task on ``app``. ``run_step`` is the engine's; ``client_factory`` serves direct calls;
+    ``follow``: how many of a flow's next steps, due at once, a task runs itself after its own
+    (``DURAPAY_ENGINE__FOLLOW_STEPS``)."""
 
     def make(op: GatewayOperation[Any]) -> None:
         @app.task(name=op.task_name, bind=True, shared=False, acks_late=True, reject_on_worker_lost=True)  # type: ignore[untyped-decorator]
@@ -60,7 +65,8 @@ def register_tasks(app: Celery, run_step: StepRunner, client_factory: Callable[[
                 # A write at the gateway (a payment, a refund...): its claim is made durable at once.
                 money = op.method == "POST"
                 next_link = _next_link(self.request, flow_id)
-                return run_step(flow_id, step, worker=self.request.hostname or "", chained_next=next_link, money=money)
+                worker = self.request.hostname or ""
+                return run_step(flow_id, step, worker=worker, chained_next=next_link, money=money, follow=follow)
             with client_factory() as client:
                 return client.call(op, *path_args, request=request, idempotency_key=idempotency_key).wire()
 
@@ -70,7 +76,18 @@ def register_tasks(app: Celery, run_step: StepRunner, client_factory: Callable[[
     @app.task(name=ENGINE_STEP_TASK, bind=True, shared=False, acks_late=True, reject_on_worker_lost=True)  # type: ignore[untyped-decorator]
     def engine_step(self: Any, flow_id: str, step: str) -> str:
         next_link = _next_link(self.request, flow_id)
-        return run_step(flow_id, step, worker=self.request.hostname or "", chained_next=next_link, money=False)
+        worker = self.request.hostname or ""
+        return run_step(flow_id, step, worker=worker, chained_next=next_link, money=False, follow=follow)
+
+
+def register_webhook_task(app: Celery, deliver: Callable[[str, list[str]], Any]) -> None:
+    """``durapay.webhooks.deliver(stream tag, deliveries)``: one attempt of each of a few webhook
+    deliveries of one endpoint (``workflows.webhooks``). Each stays on the due set until its attempt is
+    recorded, so a lost task or a killed worker only delays it."""
+
+    @app.task(name=WEBHOOK_TASK, shared=False, acks_late=True, reject_on_worker_lost=True, ignore_result=True)  # type: ignore[untyped-decorator]
+    def deliver_webhook(tag: str, members: list[str] | str) -> None:
+        deliver(tag, [members] if isinstance(members, str) else list(members))
 
 
 class CelerySender:
@@ -81,6 +98,9 @@ class CelerySender:
 
     def send(self, task_name: str, flow_id: str, step: str) -> None:
         self.app.send_task(task_name, args=[flow_id, step], queue=QUEUE)
+
+    def send_webhook(self, tag: str, members: list[str]) -> None:
+        self.app.send_task(WEBHOOK_TASK, args=[tag, members], queue=QUEUE)
 
     def send_chain(self, flow_id: str, links: Sequence[tuple[str, str]]) -> None:
         """``links`` = [(task name, step name), ...] in order."""

@@ -11,10 +11,22 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
+import kombu.transport.redis
 import pytest
 import redis
 
 from config.embedded import EmbeddedValkey
+
+
+@pytest.fixture(scope="session", autouse=True)
+def quick_worker_stop() -> Iterator[None]:
+    """A Celery worker thread stops only once its ``BRPOP`` on the broker returns: kombu waits up to
+    1 s, and the tests start and stop a worker per test (a minute and more of the suite). In the tests
+    it waits 0.1 s; the ``durapay worker`` processes they run keep kombu's default."""
+    default = kombu.transport.redis.Transport.brpop_timeout
+    kombu.transport.redis.Transport.brpop_timeout = 0.1  # type: ignore[assignment] # kombu sends it as is
+    yield
+    kombu.transport.redis.Transport.brpop_timeout = default
 
 
 @pytest.fixture(scope="session")

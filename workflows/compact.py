@@ -15,19 +15,25 @@ any compare-and-set that could delete a field.
 
 Transitions that finish a flow list it in the partition's ``finished`` set (``transition.lua``); a
 pass takes those finished at least ``delay`` seconds ago, in batches, one round trip per step of the
-pass, and off every worker's path.
+pass, and off every worker's path. The same pass gives the order lookups of each flow it packs (every
+order the flow made: ``<orderId>``, ``<orderId>-2``...) the record's retention (``OrderIndex.expire``):
+the worker that finished the flow no longer spends a round trip on it.
 """
 
 from __future__ import annotations
 
 import functools
 import json
+import logging
 import zlib
 from collections.abc import Mapping
 from importlib import resources
 from typing import Any
 
 from workflows.keys import Keys
+from workflows.orders import OrderIndex
+
+logger = logging.getLogger("durapay.compact")
 
 #: Fields a packed record keeps plain: what the scripts read of a finished flow (``input_hash`` only when
 #: a start key can name the flow again: ``create.lua`` compares it).
@@ -112,9 +118,10 @@ def is_chunk(name: str) -> bool:
 class Compactor:
     """One per dispatcher: packs finished flows in batches."""
 
-    def __init__(self, client: Any, keys: Keys, *, batch: int = 500, delay: float = 1.0) -> None:
+    def __init__(self, client: Any, keys: Keys, orders: OrderIndex, *, batch: int = 500, delay: float = 1.0) -> None:
         self.redis = client
         self.keys = keys
+        self.orders = orders
         self.batch = batch
         self.delay = delay
         self.backlog = False
@@ -138,16 +145,27 @@ class Compactor:
         read = pipe.execute()
         pipe = self.redis.pipeline(transaction=False)
         packed = []
+        order_ids: list[list[str]] = []  # per flow read: the orders it made (none when not packed)
         for index, (partition, flow_id) in enumerate(flows):
             raw, log = read[2 * index], read[2 * index + 1]
-            keys = [self.keys.flow(flow_id), self.keys.log(flow_id), self.keys.finished(partition)]
+            keys = [self.keys.flow(flow_id), self.keys.log(flow_id), self.keys.finished(partition), self.keys.packing(flow_id)]
             packed.append(bool(raw) and b"z" not in raw)
+            order_ids.append([])
             if not packed[-1]:  # expired meanwhile, or already packed
                 pipe.zrem(keys[2], flow_id)
                 continue
             fields = {name.decode(): value.decode() for name, value in raw.items()}
+            order_ids[-1] = json.loads(fields.get("orders") or "[]") or ([fields["order_id"]] if fields.get("order_id") else [])
             plain, blob = pack(fields, [entry.decode() for entry in log])
             args = [flow_id, fields.get("version", ""), json.dumps(plain), *chunks(blob).values()]
             self._compact(keys=keys, args=args, client=pipe)
-        results = pipe.execute()
-        return sum(1 for was_packed, result in zip(packed, results, strict=True) if was_packed and result == 1)
+        # One flow's refusal (TRYAGAIN while its slot moves) leaves it in the finished set for the next
+        # pass; it does not stop the others.
+        results = pipe.execute(raise_on_error=False)
+        done = [was_packed and result == 1 for was_packed, result in zip(packed, results, strict=True)]
+        if refused := [result for result in results if isinstance(result, Exception)]:
+            logger.info("compaction: %d flows not packed this pass (%s)", len(refused), refused[0])
+        # Only the flows packed now (still finished at the version read): one that came back meanwhile
+        # (a late payment) keeps its lookups until it finishes again.
+        self.orders.expire(order_id for ids, ok in zip(order_ids, done, strict=True) if ok for order_id in ids)
+        return sum(done)

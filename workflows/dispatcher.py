@@ -49,7 +49,7 @@ class Dispatcher:
         self._thread: threading.Thread | None = None
         self._last_trim = float("-inf")
         self.trimmer = IndexTrimmer(engine.redis, engine.keys, engine.store.retention_seconds)
-        self.compactor = Compactor(engine.redis, engine.keys)
+        self.compactor = Compactor(engine.redis, engine.keys, engine.orders)
 
     def tick(self) -> int:
         """One pass: fire tickers, send due flows. Returns how many flows were sent."""

@@ -3,18 +3,21 @@
 Redis acknowledges a write once it is in memory. With ``appendfsync everysec`` a host crash loses the
 last second of acknowledged writes, and a replica promoted after a failover lacks whatever it had not
 received yet. If the lost write is a claim, the step runs again as if it never ran; if it is a start,
-an acknowledged flow is gone. So the engine waits for the write to be durable at the three points
-where losing it would cost money or a promise:
+an acknowledged flow is gone. So the engine waits for the write to be durable at the points where
+losing it would cost money or a promise:
 
 * after a **start** is written, before the caller gets the flow;
 * after a **claim** of a step that moves money (a call the gateway cannot deduplicate), before the
   call: a later run of the step then knows the call may have happened, and reads the gateway first;
 * after a **signal** is stored (a notification), before the receiver answers 200 and the gateway
-  stops retrying.
+  stops retrying;
+* after a completion that gives the flow a **customer URL** (a page the customer pays on), before the
+  worker moves on (``StepProtocol._shown``).
 
 ``WAITAOF 1 0`` waits for the local AOF fsync (Valkey, Redis >= 7.2); ``WAIT n`` for ``n`` replicas to
 receive it. Both wait for every write the connection made, and the AOF and the replication stream
-are each one ordered log, so the engine makes a small write of its own and waits on that connection.
+are each one ordered log, so the engine makes a small write of its own and waits on that connection
+(``FlowStore.sync``; on a Redis Cluster, on the node that holds the flow: ``workflows.pins``).
 A wait that times out raises :class:`NotDurable`: nothing is called, and the caller retries later.
 What each setting guarantees is in docs/durability.md.
 """
@@ -74,6 +77,12 @@ class Durability:
             return cls(False, replicas, timeout_ms)
         if fsync == "no":
             log.warning("Redis AOF with appendfsync no: a host crash loses acknowledged writes (see docs/durability.md)")
+        if fsync == "everysec" and (server := early_waitaof(client)):
+            log.warning(
+                "%s answers WAITAOF before its fsync under appendfsync everysec (redis/redis#13793): a host crash "
+                "can lose acknowledged starts and claims; set appendfsync always (see docs/durability.md)",
+                server,
+            )
         return cls(fsync == "everysec", replicas, timeout_ms)
 
     def check(self, local: Any, acked: Any, what: str) -> None:
@@ -97,14 +106,27 @@ class Durability:
         acked = pinned.execute_command("WAIT", self.replicas, self.timeout_ms) if self.replicas else None
         self.check(local, acked, what)
 
-    def sync(self, pinned: Any, marker_key: str, what: str) -> None:
-        """Wait for every write made so far (by any connection) to be durable: one small write of the
-        pinned connection's own (``marker_key``), then :meth:`wait`. The AOF and the replication stream
-        are ordered, so the fsync (or replica receipt) of this write covers every earlier one."""
-        if not self.active:
-            return
-        pinned.set(marker_key, "1")
-        self.wait(pinned, what)
+
+def early_waitaof(client: Any) -> str | None:
+    """The server's name and version when it is known to confirm ``WAITAOF`` before the fsync under
+    ``everysec`` (within a second of its previous fsync): Redis 7.4.0-7.4.2, and Valkey from 8.0 (the
+    bundled 9.1.2 does, as ``durapay chaos --appendfsync everysec --lose-last-writes`` shows; no Valkey
+    release is known to have the fix). None when it is not known to, or cannot be asked."""
+    try:
+        info = client.info("server")
+    except redis.RedisError:
+        return None
+    if isinstance(info, dict) and all(isinstance(node, dict) for node in info.values()) and info:
+        info = next(iter(info.values()))  # a cluster client answers per node; they run one version
+    valkey, redis_version = str(info.get("valkey_version", "")), str(info.get("redis_version", ""))
+    if valkey:
+        return f"Valkey {valkey}" if _version(valkey) >= (8, 0, 0) else None
+    return f"Redis {redis_version}" if (7, 4, 0) <= _version(redis_version) <= (7, 4, 2) else None
+
+
+def _version(text: str) -> tuple[int, ...]:
+    parts = [int(part) if part.isdigit() else 0 for part in text.split(".")[:3]]
+    return tuple(parts + [0] * (3 - len(parts)))
 
 
 def _text(value: Any) -> str:

@@ -129,15 +129,18 @@ class Engine:
             known = ", ".join(sorted(self.registry))
             raise InputError(kind, "kind", f"unknown flow kind; known kinds: {known}") from None
 
-    def validate(self, kind: str, data: Mapping[str, Any] | BaseModel) -> BaseModel:
+    def validate(self, kind: str, data: Mapping[str, Any] | BaseModel, *, strict: bool = True) -> BaseModel:
         """``data`` as the input of ``kind``, read strictly (``gateway._strict``): an unknown field, an
         unknown value of a closed set or an amount out of bounds is an InputError naming the field, the
         reason and the closest known name. (A stored input is read back leniently at each step: a
-        record written by an earlier release must still run.)"""
+        record written by an earlier release must still run.) ``strict=False``: read as a stored input
+        is, the model's own types and constraints only (``start_many``'s ``trusted``)."""
         definition = self.definition(kind)
         try:
             if isinstance(data, BaseModel):
                 data = data.model_dump(mode="json", by_alias=True, exclude_none=True)
+            if not strict:
+                return definition.input_model.model_validate(data)
             return validate_strict(definition.input_model, data)
         except ValidationError as exc:
             field, reason = describe_validation_error(exc)
@@ -162,28 +165,39 @@ class Engine:
         now = self.clock.now()
         new = self._new_flow(kind, data, key, run_at, now)
         record, created = self.store.create(new, now=now, by="start", safety=self.safety)
-        if created and new.order_id:
+        if new.order_id:  # a retried start too: its first try may have died between the two writes
             self.orders.claim(new.order_id, new.flow_id, holder_live=self._live)
         # Acknowledged means durable: a start lost by a crash after this answer would be a promise broken.
-        self.store.sync(new.flow_id, f"start of flow {new.flow_id}")
+        self.store.sync(new.flow_id, f"start of flow {new.flow_id}", orders=[new.order_id] if new.order_id else [])
         if created and record.state is FlowState.READY:
             self.protocol.send_from(record, record.step)
         return record
 
     def start_many(
-        self, starts: Sequence[tuple[str, Mapping[str, Any] | BaseModel, str | None]], *, owners: Sequence[str] = ()
+        self,
+        starts: Sequence[tuple[str, Mapping[str, Any] | BaseModel, str | None]],
+        *,
+        owners: Sequence[str] = (),
+        trusted: bool = False,
     ) -> builtins.list[str | Exception]:
         """Start many flows (kind, input, key) in a few round trips: one to create them all, one wait for
         durability covering them all (the scheduler fires occurrences this way). ``owners``: per start,
         what owns the flow's retries (a schedule, whose dunning retries a declined charge: an operator's
         restart of that flow is refused, or the occurrence would be charged twice). Per start: the flow
-        id, or the InputError or StartConflict that refused it (the others go on)."""
+        id, or the InputError or StartConflict that refused it (the others go on).
+
+        ``trusted``: the inputs were built by durapay itself from input already read strictly (a
+        schedule's occurrences: the schedule's fields, read strictly when it was created or changed, and
+        the occurrence's ``orderId``). They are read as the same typed input, every field's type and
+        constraints checked (a bad ``orderId`` is still an InputError), without the merchant checks of the
+        strict reader (unknown fields and values with their "did you mean", amount bounds) that the
+        schedule's own input passed already. Never for a merchant's input."""
         now = self.clock.now()
         results: builtins.list[str | Exception] = []
         news: builtins.list[NewFlow] = []
         for index, (kind, data, key) in enumerate(starts):
             try:
-                new = self._new_flow(kind, data, key, None, now)
+                new = self._new_flow(kind, data, key, None, now, trusted=trusted)
                 news.append(dataclasses.replace(new, owner=owners[index]) if owners else new)
                 results.append(news[-1].flow_id)
             except InputError as refused:
@@ -200,17 +214,30 @@ class Engine:
                 made.append(new)
         self.orders.claim_many([(new.order_id, new.flow_id) for new in made if new.order_id], holder_live=self._live)
         if news:
-            self.store.sync(news[0].flow_id, f"start of {len(news)} flows")
+            # On a cluster the flows (and their order lookups) sit on several nodes: one wait per node.
+            orders = [new.order_id for new in made if new.order_id]
+            self.store.sync([new.flow_id for new in news], f"start of {len(news)} flows", orders=orders)
         for new in made:
             self.protocol.send_chain(new.flow_id, new.kind, new.first_step)
         return results
 
     def _new_flow(
-        self, kind: str, data: Mapping[str, Any] | BaseModel, key: str | None, run_at: float | None, now: float
+        self,
+        kind: str,
+        data: Mapping[str, Any] | BaseModel,
+        key: str | None,
+        run_at: float | None,
+        now: float,
+        *,
+        trusted: bool = False,
     ) -> NewFlow:
-        """The flow ``start`` would create (its input read strictly), or InputError."""
+        """The flow ``start`` would create (its input read strictly, or with ``trusted`` as ``start_many``
+        says), or InputError."""
         definition = self.definition(kind)
-        model = self.validate(kind, data)
+        model = self.validate(kind, data, strict=not trusted)
+        if run_at is not None and run_at <= now:
+            # A time in the past would run the payment at once: the mistake of an age for a time.
+            raise InputError(kind, "run_at", f"must be in the future (it is {now - run_at:.0f}s in the past)")
         wire = model.model_dump(mode="json", by_alias=True, exclude_none=True)
         flow_id = derived_id("f", kind, key) if key else "f" + uuid.uuid4().hex[:24]
         order_id = definition.order_id(model) if definition.order_id else ""
@@ -327,7 +354,6 @@ class Engine:
             change = Change(FlowState.CANCELLED, f"cancelled: {reason}", {"outcome": compact_json({"reason": reason})})
             written = self.store.transition(record, change, now=self.clock.now(), by=by)
             if written is not None:
-                self.finished(written)
                 self.store.sync(flow_id, f"cancel of flow {flow_id}")
                 return written
         raise OperatorError(f"flow {flow_id} kept changing; try again")
@@ -400,6 +426,37 @@ class Engine:
         self.protocol.send_from(written, written.step)
         return written
 
+    def refund_late_payment(self, flow_id: str, reason: str = "late payment refunded", *, by: str = "api") -> FlowRecord:
+        """The other answer to a ``LatePayment`` (``retry`` accepts it): start a ``refund`` flow of the
+        reported operation (full amount, a start key per flow and operation, so asking twice refunds
+        once), then cancel the flow with the kept notification dropped, the refund named in its outcome.
+        Only for a flow that ended failed or cancelled: a second payment beside a succeeded one is
+        refunded with a ``refund`` flow, and the flow stays the first payment's."""
+        record = self.get(flow_id)
+        error = record.error or {}
+        operation = error.get("operation") if isinstance(error.get("operation"), dict) else {}
+        operation_id = str((operation or {}).get("operationId") or "")
+        if record.state is not FlowState.NEEDS_ATTENTION or error.get("type") != "LatePayment" or not operation_id:
+            raise OperatorError(f"flow {flow_id} has no late payment to refund (it is {record.state})")
+        if error.get("endedAs") == FlowState.SUCCEEDED.value:
+            raise OperatorError(
+                f"flow {flow_id} succeeded with another payment: refund operation {operation_id} with a refund flow, "
+                "then retry this flow to close it"
+            )
+        if "refund" not in self.registry:
+            raise OperatorError("this build has no refund flow kind")
+        refund = self.start("refund", {"operationId": operation_id}, f"late-payment-refund:{flow_id}:{operation_id}")
+        kept = [s.field for s in record.signals if str((s.payload.get("operation") or {}).get("operationId")) == operation_id]
+        fields: dict[str, str | None] = dict.fromkeys(kept)
+        fields["error"] = None
+        fields["outcome"] = compact_json({"reason": reason, "refund": {"flow": refund.id, "operationId": operation_id}})
+        what = f"late payment {operation_id} refunded by flow {refund.id}; cancelled: {reason}"
+        written = self.store.transition(record, Change(FlowState.CANCELLED, what, fields), now=self.clock.now(), by=by)
+        if written is None:
+            raise OperatorError(f"flow {flow_id} changed meanwhile; look again (the refund flow {refund.id} stands)")
+        self.store.sync(flow_id, f"late payment refund of flow {flow_id}")
+        return written
+
     def wait(self, flow_id: str, timeout: float = 30.0, *, states: frozenset[FlowState] = STOPPED) -> FlowRecord:
         """Block until the flow is in one of ``states`` (finished or needing a person), or TimeoutError."""
         deadline = time.monotonic() + timeout
@@ -416,11 +473,19 @@ class Engine:
     # -- the worker side ---------------------------------------------------------------------
 
     def run_step(
-        self, flow_id: str, step_name: str, *, worker: str = "", chained_next: str | None = None, money: bool | None = None
+        self,
+        flow_id: str,
+        step_name: str,
+        *,
+        worker: str = "",
+        chained_next: str | None = None,
+        money: bool | None = None,
+        follow: int = 0,
     ) -> str:
         """Claim, run and complete one step (``workflows.protocol``). Returns what happened. ``money``:
-        the caller knows whether the step's call moves money (its Celery task says which operation)."""
-        return self.protocol.run_step(flow_id, step_name, worker=worker, chained_next=chained_next, money=money)
+        the caller knows whether the step's call moves money (its Celery task says which operation);
+        ``follow``: then run up to that many of the flow's next steps that are due at once."""
+        return self.protocol.run_step(flow_id, step_name, worker=worker, chained_next=chained_next, money=money, follow=follow)
 
     def claim(self, flow_id: str, step_name: str, *, worker: str = "") -> Claim | str:
         return self.protocol.claim(flow_id, step_name, worker=worker)
@@ -447,11 +512,6 @@ class Engine:
                 self._client = self._client_factory()
                 self._client_pid = os.getpid()
             return self._client
-
-    def finished(self, record: FlowRecord) -> None:
-        """After a write: a finished flow's order lookups expire with its record."""
-        if record.state in TERMINAL:
-            self.orders.expire(record.orders)
 
     def _live(self, flow_id: str) -> bool:
         held = self.store.get(flow_id)

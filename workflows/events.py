@@ -34,6 +34,7 @@ where known, and ``time`` (POSIX seconds; ``timestamp`` in ISO 8601 on the wire)
 
 from __future__ import annotations
 
+import heapq
 import json
 import time
 from collections.abc import Iterable, Iterator
@@ -142,12 +143,15 @@ class EventFeed:
         pipe = self.redis.pipeline(transaction=False)
         for tag, key in streams.items():
             pipe.xrange(key, min=_exclusive(cursor.positions.get(tag)), count=limit)
-        found: list[Event] = []
-        for tag, entries in zip(streams, pipe.execute(), strict=True):
-            found += [_event(tag, entry_id, values) for entry_id, values in entries]
-        found.sort(key=lambda event: (event.time, event.id))
+        per_stream = [
+            [decode_entry(tag, entry_id, values) for entry_id, values in entries]
+            for tag, entries in zip(streams, pipe.execute(), strict=True)
+        ]
+        # Interleaved by time across streams, but always in entry order within one: a stream's events
+        # never overtake each other (their times come from the writers' clocks, the ids from the
+        # server's), so no cursor can pass an event it did not return.
         page: list[Event] = []
-        for event in found:
+        for event in heapq.merge(*per_stream, key=lambda event: (event.time, event.id)):
             if len(page) >= limit:
                 break
             cursor = cursor.after(event)
@@ -194,7 +198,8 @@ def _exclusive(entry: str | None) -> str:
     return f"({entry}" if entry else "-"
 
 
-def _event(tag: str, entry_id: Any, values: Any) -> Event:
+def decode_entry(tag: str, entry_id: Any, values: Any) -> Event:
+    """The event of one stream entry (``tag``: the stream's, ``p3``)."""
     entry = entry_id.decode() if isinstance(entry_id, bytes) else str(entry_id)
     raw = values.get(b"e") or values.get("e") or b"{}"
     body = json.loads(raw)

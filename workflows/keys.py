@@ -47,11 +47,21 @@ class Keys:
         """Flows that finished and are not yet packed (``workflows.compact``), scored by when."""
         return f"{self.tag(partition)}:finished"
 
+    def operation(self, partition: int, operation_id: str) -> str:
+        """String: the flow that recorded gateway operation ``operation_id``, in that flow's partition
+        (written by ``transition.lua`` with the step's output; the console's search reads every
+        partition's)."""
+        return f"{self.tag(partition)}:op:{operation_id}"
+
     def events(self, partition: int) -> str:
         """Stream of the partition's merchant events (``workflows.events``), written with the changes."""
         return f"{self.tag(partition)}:events"
 
     # -- notification lookups: keyed by the gateway's orderId, in the order id's own partition ------
+
+    def packing(self, flow_id: str) -> str:
+        """Scratch hash in the flow's slot where a finished record is packed before it replaces it."""
+        return f"{self.tag(self.partition(flow_id))}:packing:{flow_id}"
 
     def order(self, order_id: str) -> str:
         """Hash: ``flow`` = the flow waiting on this gateway order; ``tokens`` live in :meth:`tokens`."""

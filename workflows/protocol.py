@@ -19,7 +19,8 @@ import dataclasses
 import logging
 import os
 import threading
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -61,6 +62,9 @@ class StepProtocol:
 
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
+        #: Told of every step this process ran: (flow kind, step, seconds from claim to completion, what
+        #: happened). The worker's metrics (``service.metrics``) listen here.
+        self.observer: Callable[[str, str, float, str], None] | None = None
         self._inputs: dict[tuple[str, str], Any] = {}
         self._inputs_lock = threading.Lock()
 
@@ -118,8 +122,17 @@ class StepProtocol:
         written = self.engine.store.transition(record, change, now=now, by=owner)
         if written is None:
             return "lost-race"
-        self.engine.finished(written)
         return str(written.state)
+
+    def _shown(self, flow_id: str) -> None:
+        """A completion that gives the flow a customer URL (a page, a 3DS challenge) is made durable at
+        once: the merchant hands that URL to the customer, so Redis must not forget it (nor the page's
+        notification token, written before it). Forgotten, the step would run again, find the order
+        unpaid and move to a fresh order id, while the customer pays the page they were given."""
+        try:
+            self.engine.store.sync(flow_id, f"customer URL of flow {flow_id}")
+        except NotDurable as exc:
+            log.warning("%s; the customer URL is shown before it is durable", exc)
 
     def _claimed(self, claimed: FlowRecord, step_name: str, now: float, owner: str, *, durable: bool = False) -> Claim | str:
         """The claim handed to the step: its input typed again, its context built."""
@@ -147,7 +160,7 @@ class StepProtocol:
 
         ctx.renew_lease = renew_lease
         step = definition.step(step_name)
-        if not durable and step.operation is not None and step.operation.method == "POST":
+        if not durable and writes(step):
             # Before a write at the gateway (money moves), the claim must be durable: if Redis lost it,
             # the step would run again as if it never had (or a cancel would end the flow) without
             # reading the gateway first. Keyed calls too: a key is not remembered for ever.
@@ -212,12 +225,44 @@ class StepProtocol:
     # -- run and complete -------------------------------------------------------------------------
 
     def run_step(
-        self, flow_id: str, step_name: str, *, worker: str = "", chained_next: str | None = None, money: bool | None = None
+        self,
+        flow_id: str,
+        step_name: str,
+        *,
+        worker: str = "",
+        chained_next: str | None = None,
+        money: bool | None = None,
+        follow: int = 0,
     ) -> str:
-        """Claim, run and complete one step. Returns what happened (for logs and tests)."""
+        """Claim, run and complete one step. Returns what happened (for logs and tests).
+
+        ``follow``: then go on with the flow's next step, up to ``follow`` more, for as long as each
+        leaves the flow ``ready`` (its next step due now): each is claimed, run and completed exactly
+        like a step sent as its own task, without the queue's round trip between them (a Celery task
+        costs a worker more CPU than everything durability adds to a step). A worker that dies
+        in between leaves the next step on the due set, where the dispatcher finds it."""
+        result, written = self._run_one(flow_id, step_name, worker, chained_next, money, inline=follow > 0)
+        while follow > 0 and written is not None and written.state is FlowState.READY:
+            follow -= 1
+            following = self.engine.registry[written.kind].step(written.step)
+            result, written = self._run_one(written.id, written.step, worker, None, writes(following), inline=follow > 0)
+        return result
+
+    def _run_one(
+        self, flow_id: str, step_name: str, worker: str, chained_next: str | None, money: bool | None, *, inline: bool
+    ) -> tuple[str, FlowRecord | None]:
+        """One step: (what happened, the record as its completion wrote it, if it did). ``inline``: the
+        caller runs the next step itself (nothing is sent for it)."""
+        began = time.perf_counter()
         claim = self.claim(flow_id, step_name, worker=worker, money=money)
         if isinstance(claim, str):
-            return claim
+            return claim, None
+        result, written = self._run_claimed(claim, chained_next, inline=inline)
+        if self.observer is not None:
+            self.observer(claim.record.kind, step_name, time.perf_counter() - began, result)
+        return result, written
+
+    def _run_claimed(self, claim: Claim, chained_next: str | None, *, inline: bool) -> tuple[str, FlowRecord | None]:
         try:
             if claim.record.cancel_requested:
                 # Asked to stop while an earlier try may have reached the gateway (a lost worker, an
@@ -225,17 +270,22 @@ class StepProtocol:
                 found = settle_before_cancel(claim.step, claim.ctx, resend=claim.resend)
                 if found is None:
                     cancel = Change(FlowState.CANCELLED, "cancelled as requested", {"lease_until": None, "lease_owner": None})
-                    return self._stop(claim.record, cancel, self.engine.clock.now(), claim.record.lease_owner)
+                    return self._stop(claim.record, cancel, self.engine.clock.now(), claim.record.lease_owner), None
                 outcome = found
             else:
                 outcome = run_step(claim.step, claim.ctx, must_reconcile=claim.resend, resend=claim.resend)
         except LeaseLost as lost:
             log.warning("%s; its result is dropped", lost)
-            return "stale"
-        return self.complete(claim, outcome, chained_next=chained_next)
+            return "stale", None
+        return self._complete(claim, outcome, chained_next, inline=inline)
 
     def complete(self, claim: Claim, outcome: Outcome, *, chained_next: str | None = None) -> str:
         """Write the step's outcome in one compare-and-set; ``stale`` if the claim was taken over."""
+        return self._complete(claim, outcome, chained_next, inline=False)[0]
+
+    def _complete(
+        self, claim: Claim, outcome: Outcome, chained_next: str | None, *, inline: bool
+    ) -> tuple[str, FlowRecord | None]:
         engine = self.engine
         claimed, definition, step, ctx = claim.record, claim.definition, claim.step, claim.ctx
         now = engine.clock.now()
@@ -326,14 +376,18 @@ class StepProtocol:
         paid = _payment_recorded(outcome)
         if paid:
             change = dataclasses.replace(change, paid=paid)
+        call = _call_made(step, claimed, outcome, now, reconcile=claim.resend or claimed.reconcile)
+        if call:
+            change = dataclasses.replace(change, call=call)
         written = engine.store.transition(claimed, change, now=now, by=claimed.lease_owner)
         if written is None:
             log.info("flow %s step %s: stale completion dropped", claimed.id, step.name)
-            return "stale"
-        engine.finished(written)
-        if written.state is FlowState.READY and written.step != chained_next:
+            return "stale", None
+        if done.get("customer_url"):
+            self._shown(claimed.id)
+        if written.state is FlowState.READY and written.step != chained_next and not inline:
             self.send_from(written, written.step)
-        return str(written.state)
+        return str(written.state), written
 
     # -- sending -------------------------------------------------------------------------------
 
@@ -342,14 +396,13 @@ class StepProtocol:
         engine = self.engine
         now = engine.clock.now()
         sent = 0
-        for partition in range(engine.keys.partitions):
-            size = batch or engine.settings.engine.dispatch_batch
-            ids = engine.store.take_due(partition, now=now, batch=size, grace=engine.lease)
-            for record in engine.store.many(ids):
-                if record.state in STOPPED:
-                    continue
-                self.send_from(record, record.step)
-                sent += 1
+        size = batch or engine.settings.engine.dispatch_batch
+        ids = engine.store.take_due_all(now=now, batch=size, grace=engine.lease)
+        for record in engine.store.many(ids) if ids else []:
+            if record.state in STOPPED:
+                continue
+            self.send_from(record, record.step)
+            sent += 1
         return sent
 
     def send_from(self, record: FlowRecord, step_name: str) -> None:
@@ -357,14 +410,24 @@ class StepProtocol:
         self.send_chain(record.id, record.kind, step_name)
 
     def send_chain(self, flow_id: str, kind: str, step_name: str) -> None:
+        """Send the step's task; where workers do not follow a flow's steps themselves
+        (``follow_steps`` 0), a Celery chain of it and the unconditional steps after it."""
         sender = self.engine.sender
         if sender is None:
             return
-        links = [(step.task_name, step.name) for step in self.engine.registry[kind].segment(step_name)]
+        definition = self.engine.registry[kind]
+        steps = definition.segment(step_name) if self.engine.settings.engine.follow_steps == 0 else (definition.step(step_name),)
+        links = [(step.task_name, step.name) for step in steps]
         try:
             sender.send_chain(flow_id, links)
         except Exception:
             log.exception("flow %s: sending step %s failed; the dispatcher will pick it up", flow_id, step_name)
+
+
+def writes(step: Step) -> bool:
+    """The step writes at the gateway (a POST: money may move): its claim must be durable before it
+    calls. (A step's Celery task passes the same as ``money``: its operation's method.)"""
+    return step.operation is not None and step.operation.method == "POST"
 
 
 def _payment_recorded(outcome: Outcome) -> dict[str, Any] | None:
@@ -373,6 +436,31 @@ def _payment_recorded(outcome: Outcome) -> dict[str, Any] | None:
         return None
     operation = operation_of(outcome.output) if outcome.output else None
     return reported_payment({"operation": operation}) if operation else None
+
+
+def _call_made(step: Step, claimed: FlowRecord, outcome: Outcome, now: float, *, reconcile: bool) -> dict[str, Any] | None:
+    """What the log keeps of the gateway call a step's try made (the console's timeline): the operation,
+    the status it ended with (the operation's result, an HTTP status, or the error's type), the time
+    from claim to completion, and whether the try only read back what an earlier one did."""
+    operation = getattr(step, "operation", None)
+    name = getattr(operation, "name", "") if operation is not None and not isinstance(step, WaitStep) else ""
+    if not name:
+        return None
+    status: Any = None
+    if isinstance(outcome, Advance | Finish) and outcome.output:
+        found = operation_of(outcome.output)
+        status = found.get("operationResult") if found else None
+    if status is None and isinstance(outcome, Poll):
+        status = "PENDING"
+    error = getattr(outcome, "error", None)
+    if status is None and isinstance(error, dict):
+        status = error.get("status") or error.get("operationResult") or error.get("type")
+    if status is None:
+        status = type(outcome).__name__.lower()
+    call: dict[str, Any] = {"op": name, "status": status, "ms": round(max(0.0, now - claimed.updated) * 1000, 1)}
+    if reconcile:
+        call["reconcile"] = True
+    return call
 
 
 def _customer_url(step: Step, output: Mapping[str, Any]) -> dict[str, str | None]:

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib import resources
@@ -28,6 +27,7 @@ import redis
 from workflows.compact import is_chunk, joined, unpack
 from workflows.durability import Durability
 from workflows.keys import Keys
+from workflows.pins import Pins
 from workflows.sensitive import scrub
 from workflows.states import TERMINAL, FlowState, IllegalTransition, can_move
 
@@ -214,6 +214,9 @@ class Change:
     #: The payment this change records (a step's adopted or answered charge): if a cancel request turns
     #: the change into a cancel, the flow needs a person instead (the money must show).
     paid: Mapping[str, Any] | None = None
+    #: The gateway call this change completes (``op``, ``status``, ``ms``, ``reconcile``), kept in the
+    #: log entry: the console draws the flow's timeline from it.
+    call: Mapping[str, Any] | None = None
 
 
 class FlowStore:
@@ -229,7 +232,7 @@ class FlowStore:
         events: bool = True,
     ) -> None:
         self.redis: Any = client
-        self._pinned = threading.local()
+        self.pins = Pins(client)
         self.events = "1" if events else ""
         self.keys = keys
         self.retention_seconds = retention_seconds
@@ -243,6 +246,7 @@ class FlowStore:
         self._claim = client.register_script(_script("claim.lua"))
         self._renew = client.register_script(_script("renew.lua"))
         self._expand = client.register_script(_script("expand.lua"))
+        self._marker = client.register_script("redis.call('SET', KEYS[1], '1') return 1")
 
     # -- reading -------------------------------------------------------------------------------
 
@@ -272,15 +276,16 @@ class FlowStore:
         found: list[tuple[float, str]] = []
         low = since if since is not None else "-inf"
         high = until if until is not None else "+inf"
+        if state is None and kind is None:
+            return found
+        pipe = self.redis.pipeline(transaction=False)
         for partition in range(self.keys.partitions):
             if state is not None:
-                index = self.keys.by_state(partition, state.value)
+                pipe.zrangebyscore(self.keys.by_state(partition, state.value), low, high, withscores=True)
             elif kind is not None:
-                index = self.keys.by_kind(partition, kind)
-            else:
-                continue
-            for member, score in self.redis.zrangebyscore(index, low, high, withscores=True):
-                found.append((float(score), member.decode()))
+                pipe.zrangebyscore(self.keys.by_kind(partition, kind), low, high, withscores=True)
+        for members in pipe.execute():
+            found += [(float(score), member.decode()) for member, score in members]
         found.sort(reverse=True)
         return found
 
@@ -311,9 +316,11 @@ class FlowStore:
         created, stored_hash = self._create(keys=keys, args=args)
         if not created and stored_hash.decode() != digest:
             raise StartConflict(f"key {new.start_key or new.flow_id!r} was used to start a different {new.kind} flow")
+        if created:  # the script wrote exactly these fields: no need to read them back
+            return FlowRecord.from_fields({**json.loads(args[2]), "input_hash": digest}), True
         record = self.get(new.flow_id)
         assert record is not None
-        return record, bool(created)
+        return record, False
 
     def create_many(self, news: Sequence[NewFlow], *, now: float, by: str, safety: float = 0.0) -> list[bool | StartConflict]:
         """:meth:`create` for many flows in one round trip (the scheduler's batches): per flow, whether
@@ -385,7 +392,8 @@ class FlowStore:
         step = change.step or fields.get("step") or record.step
         clean = scrub(record.input)
         scrubbed = compact_json(clean) if clean != record.input else ""
-        entry = self._entry(now, record.state, change.state, step or "", by, change.what)
+        entry = self._entry(now, record.state, change.state, step or "", by, change.what, change.call)
+        operations = [self.keys.operation(partition, operation_id) for operation_id in operation_ids(fields)]
         version, final_state = self._transition(
             keys=[
                 self.keys.flow(record.id),
@@ -398,6 +406,7 @@ class FlowStore:
                 self.keys.by_state(partition, FlowState.NEEDS_ATTENTION.value),
                 self.keys.events(partition),
                 self.keys.finished(partition),
+                *operations,
             ],
             args=[
                 record.id,
@@ -478,16 +487,16 @@ class FlowStore:
         durability wait share one connection (two round trips in all); NotDurable when it is not."""
         partition = self.keys.partition(flow_id)
         states = (FlowState.READY, FlowState.RETRYING, FlowState.WAITING, FlowState.SLEEPING, FlowState.RUNNING)
-        client = self.pinned() if durable and self.durability.active else self.redis
-        answer = self._claim(
-            keys=[self.keys.flow(flow_id), self.keys.log(flow_id), self.keys.due(partition)]
-            + [self.keys.by_state(partition, state.value) for state in states],
-            args=[flow_id, step, repr(now), repr(lease_until), owner, str(max_attempts), str(max_runs)],
-            client=client,
-        )
+        keys = [self.keys.flow(flow_id), self.keys.log(flow_id), self.keys.due(partition)]
+        keys += [self.keys.by_state(partition, state.value) for state in states]
+        args = [flow_id, step, repr(now), repr(lease_until), owner, str(max_attempts), str(max_runs)]
+        if durable and self.durability.active:
+            answer, pinned = self.pins.script(self._claim, keys, args)
+            if answer[0] == b"ok":
+                self.durability.wait(pinned, f"claim of {step} of flow {flow_id}")
+        else:
+            answer = self._claim(keys=keys, args=args)
         verdict = str(answer[0].decode())
-        if verdict == "ok" and client is not self.redis:
-            self.durability.wait(client, f"claim of {step} of flow {flow_id}")
         if len(answer) == 1:
             return verdict
         items = [item.decode() for item in answer[2:]]
@@ -503,20 +512,36 @@ class FlowStore:
         )
         return bool(answer)
 
-    def sync(self, flow_id: str, what: str) -> None:
+    def sync(self, ids: str | Iterable[str], what: str, *, orders: Iterable[str] = ()) -> None:
         """Return once every write so far is durable as configured (see ``workflows.durability``), or
-        raise NotDurable. The marker written to get there sits in the flow's partition (its slot)."""
-        if self.durability.active:
-            self.durability.sync(self.pinned(), f"{self.keys.tag(self.keys.partition(flow_id))}:sync", what)
+        raise NotDurable. The marker written to get there sits in the partition (the slot) of the flows
+        ``ids`` (and of the order lookups of ``orders``), so on a cluster it reaches the node that holds
+        them; for several, one marker and one wait per node (on a single server: one in all).
 
-    def pinned(self) -> Any:
-        """This thread's client bound to one connection (of the same pool): the durability waits count
-        the writes of the connection they are asked on, so the write and the wait share it."""
-        client = getattr(self._pinned, "client", None)
-        if client is None:
-            client = redis.Redis(connection_pool=self.redis.connection_pool, single_connection_client=True)
-            self._pinned.client = client
-        return client
+        On a cluster the marker is written by a script that also names the flow's (or lookup's) own key:
+        while its slot is being moved, the write then lands where that key is (``TRYAGAIN`` until both
+        are on one side), never on the node the record has already left."""
+        if not self.durability.active:
+            return
+        flows = [ids] if isinstance(ids, str) else list(ids)
+        anchors = [(self.keys.partition(flow_id), self.keys.flow(flow_id)) for flow_id in flows]
+        anchors += [(self.keys.partition(order_id), self.keys.order(order_id)) for order_id in orders]
+        if not anchors:
+            return
+        if not self.pins.cluster:
+            marker = f"{self.keys.prefix}:sync"
+            _, pinned = self.pins.run(marker, _marker_write(marker))
+            self.durability.wait(pinned, what)
+            return
+        by_slot = {f"{self.keys.tag(partition)}:sync": anchor for partition, anchor in anchors}
+        seen: set[str] = set()
+        for marker, anchor in sorted(by_slot.items()):
+            node = self.redis.get_node_from_key(marker).name
+            if node in seen:
+                continue
+            seen.add(node)
+            _, pinned = self.pins.script(self._marker, [marker, anchor], [])
+            self.durability.wait(pinned, what)
 
     @property
     def durability(self) -> Durability:
@@ -561,6 +586,14 @@ class FlowStore:
         ids = self._take_due(keys=[self.keys.due(partition)], args=[repr(now), batch, repr(grace)])
         return [flow_id.decode() for flow_id in ids]
 
+    def take_due_all(self, *, now: float, batch: int, grace: float) -> list[str]:
+        """:meth:`take_due` of every partition in one pipeline (on a cluster: one round trip per node),
+        so that a dispatcher's tick costs about the same whatever the number of partitions."""
+        pipe = self.redis.pipeline(transaction=False)
+        for partition in range(self.keys.partitions):
+            self._take_due(keys=[self.keys.due(partition)], args=[repr(now), batch, repr(grace)], client=pipe)
+        return [flow_id.decode() for ids in pipe.execute() for flow_id in ids]
+
     def next_due(self) -> float | None:
         """The earliest due time over all partitions (for the dispatcher's sleep and for tests)."""
         earliest: float | None = None
@@ -571,15 +604,63 @@ class FlowStore:
                 earliest = score if earliest is None else min(earliest, score)
         return earliest
 
+    def flow_for_operation(self, operation_id: str) -> str | None:
+        """The flow that recorded gateway operation ``operation_id`` (one lookup per partition), if kept."""
+        pipe = self.redis.pipeline(transaction=False)
+        for partition in range(self.keys.partitions):
+            pipe.get(self.keys.operation(partition, operation_id))
+        found = [value for value in pipe.execute() if value]
+        return found[0].decode() if found else None
+
     @staticmethod
-    def _entry(now: float, source: FlowState | None, target: FlowState, step: str, by: str, what: str) -> str:
-        return compact_json(
-            {
-                "t": now,
-                "from": source.value if source else None,
-                "to": target.value,
-                "step": step,
-                "by": by,
-                "what": what,
-            }
-        )
+    def _entry(
+        now: float,
+        source: FlowState | None,
+        target: FlowState,
+        step: str,
+        by: str,
+        what: str,
+        call: Mapping[str, Any] | None = None,
+    ) -> str:
+        entry: dict[str, Any] = {
+            "t": now,
+            "from": source.value if source else None,
+            "to": target.value,
+            "step": step,
+            "by": by,
+            "what": what,
+        }
+        if call:
+            entry["call"] = dict(call)
+        return compact_json(entry)
+
+
+def operation_ids(fields: Mapping[str, str | None]) -> list[str]:
+    """The gateway operation ids a change's fields record (a step's output, the outcome, an error)."""
+    found: list[str] = []
+
+    def note(value: Any) -> None:
+        if isinstance(value, str | int) and str(value) and str(value) not in found and len(str(value)) <= 200:
+            found.append(str(value))
+
+    for name, raw in fields.items():
+        if raw is None or not (name.startswith("out:") or name in {"outcome", "error"}):
+            continue
+        try:
+            value = json.loads(raw)
+        except ValueError:
+            continue
+        if not isinstance(value, dict):
+            continue
+        note(value.get("operationId"))
+        inner = value.get("operation")
+        if isinstance(inner, dict):
+            note(inner.get("operationId"))
+        for item in value.get("operationIds") or []:
+            note(item)
+    return found
+
+
+def _marker_write(key: str) -> Callable[[Any], Any]:
+    """The small write whose durability covers every earlier write of its node (``FlowStore.sync``)."""
+    return lambda client: client.set(key, "1")

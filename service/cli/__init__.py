@@ -31,7 +31,9 @@ COMMAND_MODULES = (
     "service.cli.serve_cmd",
     "service.cli.flows_cmd",
     "service.cli.schedules_cmd",
+    "service.cli.webhooks_cmd",
     "service.cli.demo_cmd",
+    "service.cli.chaos_cmd",
 )
 
 

@@ -19,11 +19,13 @@ from __future__ import annotations
 
 import contextlib
 import json
+import signal
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from enum import IntEnum
 from pathlib import Path
+from types import FrameType
 from typing import Any, NoReturn
 from urllib.parse import urlsplit, urlunsplit
 
@@ -33,6 +35,7 @@ import typer
 from config.settings import Settings, SettingsError, load_settings
 from service.runtime import Runtime, build_runtime, running_embedded
 from workflows.engine import InputError, NotFound, OperatorError
+from workflows.signals import SignalRefused
 from workflows.states import FlowState
 from workflows.store import StartConflict
 
@@ -103,6 +106,8 @@ class Output:
             self.fail("unavailable", f"Redis unavailable ({exc}); check DURAPAY_REDIS_URL")
         except BadOption as exc:
             self.fail(exc.error, exc.reason, field=exc.field)
+        except SignalRefused as exc:
+            self.fail("invalid_input", exc.reason, field=exc.field, human=f"signal {exc.name}: {exc.field}: {exc.reason}")
         except (OSError, ValueError) as exc:
             self.fail("invalid_input", str(exc))
 
@@ -112,11 +117,22 @@ class Output:
         field = variable if variable.startswith("DURAPAY_") and reason else None
         self.fail("configuration", reason if field else text, field=field, human=f"configuration error: {text}")
 
-    def settings(self) -> Settings:
+    def settings(self, *, data_dir: Path | None = None) -> Settings:
+        """The ``DURAPAY_*`` settings; ``data_dir``: a command's ``--data-dir`` over them."""
         try:
-            return load_settings()
+            settings = load_settings()
         except SettingsError as exc:
             self.configuration_error(exc)
+        return settings if data_dir is None else settings.model_copy(update={"data_dir": data_dir})
+
+
+def interrupt_on_sigterm() -> None:
+    """SIGTERM as Ctrl-C (KeyboardInterrupt): a command that started processes stops them either way."""
+
+    def _interrupt(signum: int, frame: FrameType | None) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, _interrupt)
 
 
 @contextlib.contextmanager

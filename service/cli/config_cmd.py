@@ -14,7 +14,10 @@ from service.cli._output import print_rows
 
 
 def _flatten(prefix: str, value: Any, out: dict[str, str]) -> None:
-    if isinstance(value, dict):
+    if prefix.endswith(f"API{ENV_NESTED_DELIMITER}KEYS") and isinstance(value, dict):
+        roles = sorted(value.values())
+        out[prefix] = f"({len(value)} set: {', '.join(roles)})" if value else "(empty)"  # the keys are secrets
+    elif isinstance(value, dict):
         for key, item in value.items():
             _flatten(f"{prefix}{ENV_NESTED_DELIMITER if prefix != ENV_PREFIX else ''}{key.upper()}", item, out)
     elif isinstance(value, SecretStr):

@@ -6,15 +6,13 @@ Nothing needs to be configured: with no ``DURAPAY_REDIS_URL`` an embedded Valkey
 
 from __future__ import annotations
 
-import signal
 from pathlib import Path
-from types import FrameType
 from typing import Annotated
 
 import typer
 from rich.console import Console
 
-from service.cli._common import ExitCode, Output
+from service.cli._common import ExitCode, Output, interrupt_on_sigterm
 from service.cli._output import console, echo_json
 from service.cli.simulator_cmd import DEFAULT_PORT
 from service.demo.report import Row
@@ -40,14 +38,8 @@ def demo(
     from service.demo import run_demo
 
     out = Output(as_json)
-    settings = out.settings()
-    if data_dir is not None:
-        settings = settings.model_copy(update={"data_dir": data_dir})
-
-    def _terminate(signum: int, frame: FrameType | None) -> None:
-        raise KeyboardInterrupt
-
-    signal.signal(signal.SIGTERM, _terminate)
+    settings = out.settings(data_dir=data_dir)
+    interrupt_on_sigterm()
     try:
         port = settings.api.port if api_port is None else api_port
         screen = Console(stderr=True) if as_json else console()

@@ -114,7 +114,7 @@ def scheduler(
     clock_key: ClockKey = None,
     as_json: JsonFlag = False,
 ) -> None:
-    """Run the dispatcher: send due steps (timers, retries, waits, lost messages) and fire schedules."""
+    """Run the dispatcher: send due steps (timers, retries, waits, lost messages), fire schedules, send webhooks."""
     from workflows.dispatcher import Dispatcher
     from workflows.schedules import Schedules
 
@@ -123,7 +123,9 @@ def scheduler(
     out = Output(as_json)
     with runtime(out, clock_key, may_start_store=True) as rt:
         schedules = Schedules(rt.engine)
-        dispatcher = Dispatcher(rt.engine, interval=interval, tickers=[schedules.tick], name="scheduler")
+        rt.webhooks.endpoints.sync_configured()  # DURAPAY_WEBHOOKS__ENDPOINTS
+        tickers = [schedules.tick, rt.webhooks.tick]
+        dispatcher = Dispatcher(rt.engine, interval=interval, tickers=tickers, name="scheduler")
 
         def _stop(signum: int, frame: FrameType | None) -> None:
             dispatcher.stop()

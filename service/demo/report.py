@@ -73,13 +73,14 @@ def next_steps(places: Places, *, keep: bool) -> str:
                 "              durapay flows show <id>",
                 "              durapay schedules ls",
                 f"  Data        {places.data_dir} (Valkey with AOF; worker logs in {places.log_dir})",
-                "  Explore the running system (API docs, /metrics, the simulator): durapay demo --keep",
+                "  Explore the running system (the web console, API docs, /metrics, the simulator): durapay demo --keep",
             ]
         )
     env = f"DURAPAY_REDIS_URL={places.redis_url}"
     return "\n".join(
         [
             "Where to look next:",
+            f"  Console     {places.api_url}/console  (sign in with the key {places.api_key})",
             f"  API docs    {places.api_url}/docs  (X-Api-Key: {places.api_key})",
             f"  Flows       curl -H 'X-Api-Key: {places.api_key}' {places.api_url}/flows",
             f"  Metrics     curl -H 'X-Api-Key: {places.api_key}' {places.api_url}/metrics",

@@ -153,7 +153,8 @@ class DemoStack:
         self.api = ApiServer(create_app(self.runtime), "127.0.0.1", api_port).start()
         say(f"API and receiver on {self.api.url}")
         schedules = Schedules(self.runtime.engine)
-        self.dispatcher = Dispatcher(self.runtime.engine, tickers=[schedules.tick], interval=0.1, name="demo-scheduler").start()
+        tickers = [schedules.tick, self.runtime.webhooks.tick]
+        self.dispatcher = Dispatcher(self.runtime.engine, tickers=tickers, interval=0.1, name="demo-scheduler").start()
         say("scheduler running")
         for _ in range(2):
             self.add_worker()

@@ -80,3 +80,42 @@ def test_the_context_is_what_selects_the_mode() -> None:
     with pytest.raises(ValidationError):
         MotoRequest.model_validate(moto(captureTyp="x"), context=dict(STRICT))
     Operation.model_validate({"operationId": "1", "brandNew": True}, context={"other": True})
+
+
+def test_a_currency_in_merchant_input_is_an_iso_code_and_a_typo_gets_a_guess() -> None:
+    """``"currency": "XXZ"`` was accepted and sent; ``JYP`` (for JPY) was bounded as a 2-decimal currency."""
+    from workflows.flows import REGISTRY
+
+    model = REGISTRY["moto"].input_model
+    card = {"pan": "4349940199004549", "expiryDate": "1230", "cvv": "123"}
+
+    def refusal(currency: str) -> tuple[str, str]:
+        with pytest.raises(ValidationError) as refused:
+            validate_strict(model, {"order": {"orderId": "o-1", "amount": "100", "currency": currency}, "card": card})
+        return describe_validation_error(refused.value)
+
+    assert refusal("JYP") == ("order.currency", "unknown currency 'JYP'; did you mean `JPY`? (an ISO 4217 code)")
+    assert refusal("XXZ")[0] == "order.currency"
+    assert refusal("XAU")[0] == "order.currency", "a precious metal is not a currency a card pays in"
+    assert validate_strict(model, {"order": {"orderId": "o-1", "amount": "100", "currency": "eur"}, "card": card})
+    lenient = model.model_validate({"order": {"orderId": "o-1", "amount": "100", "currency": "XXZ"}, "card": card})
+    assert lenient.order.currency == "XXZ", "a stored record or a gateway answer keeps any code"
+
+
+def test_an_amount_in_a_part_without_its_own_currency_is_bounded_in_the_orders_currency() -> None:
+    """A hosted page's ``paymentSession.amount`` of 90000000000000 with a EUR order was accepted: only the
+    widest bound of any currency applied where the part names no currency."""
+    from workflows.flows import REGISTRY
+
+    model = REGISTRY["hpp"].input_model
+    session = {"actionType": "PAY", "language": "eng", "resultUrl": "https://shop.example/ok"}
+
+    def read(amount: str) -> Any:
+        order = {"orderId": "o-1", "amount": "900", "currency": "EUR"}
+        return validate_strict(model, {"order": order, "paymentSession": {**session, "amount": amount}})
+
+    assert read("900")
+    with pytest.raises(ValidationError) as refused:
+        read("90000000000000")
+    field, reason = describe_validation_error(refused.value)
+    assert field == "paymentSession.amount" and "EUR" in reason and "extra zeros" in reason

@@ -5,14 +5,23 @@ from __future__ import annotations
 import re
 import threading
 import time
+from typing import Any
 
 from service.heartbeat import Heartbeat
 from service.runtime import Runtime
 from tests.service.conftest import API_KEY, Served, notification
+from tests.waiting import wait_until
 from workflows.dispatcher import Dispatcher
 from workflows.states import FlowState
 
 KEY = {"X-Api-Key": API_KEY}
+
+
+def _with(answer: Any, line: str) -> Any:
+    """``answer`` when its text has ``line``, else None."""
+    return answer if line in answer.text.splitlines() else None
+
+
 SAMPLE = re.compile(r'^[a-z_]+(\{([a-z_]+="[^"]*",?)+\})? -?[0-9.e+]+$')
 
 
@@ -49,7 +58,9 @@ def test_metrics_report_flows_steps_and_refused_notifications(live: Served) -> N
     refused = live.http.post("/notifications", json=notification("ord-metrics", "b" * 32))
     assert refused.status_code == 401
 
-    answer = live.http.get("/metrics")
+    # A worker adds its step timings to Redis once a second (service.metrics.FLUSH_SECONDS).
+    step_count = 'durapay_step_duration_seconds_count{kind="notified",step="create"} 1'
+    answer = wait_until(lambda: _with(live.http.get("/metrics"), step_count), 15, "the worker's step timings")
     assert answer.status_code == 200
     assert answer.headers["content-type"].startswith("text/plain; version=0.0.4")
     text = answer.text

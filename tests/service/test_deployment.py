@@ -44,7 +44,7 @@ def test_the_image_installs_every_package_and_runs_durapay() -> None:
 def test_the_readme_lists_every_route_of_the_app(runtime: Runtime) -> None:
     readme = (ROOT / "README.md").read_text()
     section = readme.split("## HTTP API", 1)[1].split("\n## CLI", 1)[0]
-    documented = {re.sub(r"\{[^}]*\}", "{}", path) for path in re.findall(r"`(?:[A-Z]+ )?(/[a-z0-9{}_/]*)", section)}
+    documented = {re.sub(r"\{[^}]*\}", "{}", path) for path in re.findall(r"`(?:[A-Z]+ )?(/[a-z0-9{}_/-]*)", section)}
     kinds = {f"/flows/{kind}" for kind in runtime.engine.registry}
     product_signals = {name for definition in REGISTRY.values() for name in accepted(definition)}
     for path in create_app(runtime).openapi()["paths"]:

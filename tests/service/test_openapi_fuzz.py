@@ -44,6 +44,9 @@ SEMANTIC = (
     "delays count from the first decline",  # dunning delays must increase
     "the earlier path forms have no agency endpoints",  # reservation_setup: form and sections together
     "is not a valid cron expression",  # the cron grammar itself
+    "DURAPAY_WEBHOOKS__ALLOW_PRIVATE",  # a webhook URL naming a private or loopback address, or http://
+    "is not a valid host name",  # the DNS grammar of a webhook URL's host
+    "has a port that is not a number",
 )
 
 

@@ -175,6 +175,34 @@ def test_run_at_as_a_delay_sleeps_until_then(served: Served) -> None:
     assert record.due is not None and record.due > served.engine.clock.now() + 7000
 
 
+@pytest.mark.parametrize(
+    ("method", "path", "params", "field", "meant"),
+    [
+        ("POST", "/flows/moto", {"runat": "+2h"}, "query.runat", "run_at"),
+        ("GET", "/flows", {"stat": "failed"}, "query.stat", "state"),
+        ("GET", "/schedules", {"limt": "2"}, "query.limt", "limit"),
+    ],
+)
+def test_an_unknown_query_parameter_is_refused_not_ignored(
+    served: Served, method: str, path: str, params: dict[str, str], field: str, meant: str
+) -> None:
+    """``?runat=+2h`` (``run_at`` misspelt) was ignored: the payment ran at once; ``?stat=failed`` listed
+    every flow as if filtered."""
+    body = moto("typo") if method == "POST" else None
+    answer = served.http.request(method, path, params=params, json=body, headers=KEY)
+    assert answer.status_code == 422, answer.text
+    assert answer.json()["field"] == field
+    assert f"did you mean `{meant}`?" in answer.json()["reason"]
+    assert flows_written(served) == 0
+
+
+def test_an_unknown_value_of_a_query_parameter_gets_the_closest_known_one(served: Served) -> None:
+    answer = served.http.get("/flows", params={"state": "faild"}, headers=KEY)
+    assert answer.status_code == 422, answer.text
+    assert answer.json()["field"] == "query.state"
+    assert "did you mean `failed`?" in answer.json()["reason"]
+
+
 # -- item 8: /docs offline, the security schemes ---------------------------------------------------
 
 

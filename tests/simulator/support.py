@@ -47,7 +47,9 @@ class Receiver:
         self.attempts = 0
         self._lock = threading.Lock()
         app = Starlette(routes=[Route("/notify", self._notify, methods=["POST"])])
-        config = uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="off", access_log=False)
+        config = uvicorn.Config(
+            app, host="127.0.0.1", port=0, log_level="warning", lifespan="off", access_log=False, timeout_graceful_shutdown=1
+        )
         self._server = uvicorn.Server(config)
         self._thread = threading.Thread(target=self._server.run, daemon=True)
 

@@ -9,7 +9,10 @@ import pytest
 import redis
 
 from config import load_settings
+from simulator import SimulatorServer
+from tests.workflows.aof_tail import AofTail
 from tests.workflows.engine_support import T0, Sent
+from tests.workflows.flow_model import simulator_config
 from workflows.clock import ManualClock
 from workflows.engine import Engine
 from workflows.steps import FlowDefinition
@@ -25,7 +28,7 @@ def make_engine(redis_client: redis.Redis, key_prefix: str, clock: ManualClock) 
     def make(definition: FlowDefinition, **options: Any) -> tuple[Engine, Sent]:
         settings = load_settings(
             {
-                "engine": {"key_prefix": key_prefix, "lease_seconds": 30, "partitions": 3},
+                "engine": {"key_prefix": key_prefix, "lease_seconds": 30, "partitions": 3, **options.pop("engine", {})},
                 "retry": {"base_seconds": 1, "cap_seconds": 10, "max_attempts": 3, "reconcile_attempts": 3},
             }
         )
@@ -36,3 +39,13 @@ def make_engine(redis_client: redis.Redis, key_prefix: str, clock: ManualClock) 
         return engine, sent
 
     yield make
+
+
+@pytest.fixture(scope="module")
+def model_parts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[SimulatorServer, AofTail]]:
+    """The flow model's own Valkey (its AOF is cut) and simulator (``flow_model.py``)."""
+    tail = AofTail(tmp_path_factory.mktemp("model-valkey"))
+    tail.start()
+    with SimulatorServer(simulator_config()) as sim:
+        yield sim, tail
+    tail.stop()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from tasks.outcomes import Advance
 from tests.workflows.engine_support import DemoInput, ScriptedStep, flow, wait_step
 from workflows.clock import ManualClock
 from workflows.compact import DICTIONARY_VERSION, Compactor, pack, unpack
@@ -15,7 +16,7 @@ PAID = {"operation": {"operationId": "op-9", "orderId": "ord-1", "operationResul
 
 
 def compactor(engine: Any) -> Compactor:
-    return Compactor(engine.redis, engine.keys, delay=0.0)
+    return Compactor(engine.redis, engine.keys, engine.orders, delay=0.0)
 
 
 def test_a_finished_flow_reads_the_same_once_packed_and_takes_less_memory(make_engine: Any, clock: ManualClock) -> None:
@@ -35,6 +36,23 @@ def test_a_finished_flow_reads_the_same_once_packed_and_takes_less_memory(make_e
     assert int(engine.redis.memory_usage(engine.keys.flow(record.id))) < size
     assert 0 < engine.redis.ttl(engine.keys.flow(record.id)) <= ttl
     assert compactor(engine).run(now=clock.now()) == 0, "packed once"
+
+
+def test_a_packed_record_is_a_compact_listpack_even_when_it_was_not(make_engine: Any, clock: ManualClock) -> None:
+    """A long field (here a step's output) makes Redis keep a hash as a hashtable, and removing fields
+    never turns it back: packing writes the record anew, so that it is a listpack again."""
+    long_output = Advance({"step": "first", "detail": "x" * 200})
+    engine, _ = make_engine(flow(ScriptedStep("first", outcomes=[long_output]), ScriptedStep("second")))
+    record = engine.start("demo", {"amount": 5})
+    engine.run_step(record.id, "first")
+    engine.run_step(record.id, "second")
+    key = engine.keys.flow(record.id)
+    assert engine.redis.object("encoding", key) == b"hashtable"
+    ttl = engine.redis.ttl(key)
+    assert compactor(engine).run(now=clock.now()) == 1
+    assert engine.redis.object("encoding", key) == b"listpack"
+    assert 0 < engine.redis.ttl(key) <= ttl
+    assert engine.get(record.id).outputs["first"]["detail"] == "x" * 200
 
 
 def test_a_packed_flow_still_accounts_for_money_and_can_be_retried(make_engine: Any, clock: ManualClock) -> None:

@@ -20,7 +20,7 @@ from config.embedded import EmbeddedValkey
 from gateway import Catalogue
 from tests.workflows.engine_support import ScriptedStep, flow, wait_step
 from workflows.clock import ManualClock
-from workflows.durability import Durability, NotDurable
+from workflows.durability import Durability, NotDurable, early_waitaof
 from workflows.engine import Claim, Engine
 
 
@@ -62,6 +62,22 @@ def test_auto_waits_for_the_fsync_only_where_an_acknowledged_write_may_be_lost(
     assert Durability.resolve(persistence, "auto", 0, 2.0).aof is waits
     assert Durability.resolve(persistence, "yes", 0, 2.0).aof is True
     assert Durability.resolve(persistence, "no", 0, 2.0).aof is False
+
+
+def test_a_server_known_to_confirm_waitaof_early_is_named_under_everysec_only(
+    persistence: redis.Redis, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The bundled Valkey confirms WAITAOF before its fsync under everysec (shown with an fsync recorder
+    in tests/service/chaos/test_aof.py): the engine says so where it matters, and only there."""
+    assert early_waitaof(persistence) == f"Valkey {persistence.info('server')['valkey_version']}"
+    with caplog.at_level("WARNING", logger="durapay.durability"):
+        Durability.resolve(persistence, "auto", 0, 2.0)
+    assert "answers WAITAOF before its fsync" in caplog.text and "appendfsync always" in caplog.text
+    caplog.clear()
+    persistence.config_set("appendfsync", "always")
+    with caplog.at_level("WARNING", logger="durapay.durability"):
+        Durability.resolve(persistence, "auto", 0, 2.0)
+    assert caplog.text == ""
 
 
 def test_the_engine_waits_after_a_start_a_money_claim_and_a_signal_only(persistence: redis.Redis) -> None:

@@ -16,6 +16,7 @@ from tasks.outcomes import Advance, Attention, Finish, Outcome, Retry, Sleep
 from tasks.runner import NOT_COMMITTED, StepContext
 from tests.workflows.engine_support import T0, ScriptedStep, flow, summary, wait_step
 from workflows.clock import ManualClock
+from workflows.compact import Compactor
 from workflows.engine import Claim, InputError, NotFound, OperatorError
 from workflows.states import FlowState
 from workflows.steps import FlowDefinition, SleepStep, WaitStep
@@ -23,8 +24,9 @@ from workflows.store import Change, StartConflict
 
 
 def test_steps_run_in_order_and_the_flow_succeeds(make_engine: Any) -> None:
+    """Where workers do not follow a flow's steps themselves, the remaining steps go as one Celery chain."""
     first, second = ScriptedStep("first"), ScriptedStep("second")
-    engine, sent = make_engine(flow(first, second))
+    engine, sent = make_engine(flow(first, second), engine={"follow_steps": 0})
     record = engine.start("demo", {"amount": 5})
     assert record.state is FlowState.READY and record.step == "first"
     assert sent.chains == [(record.id, [("test.step", "first"), ("test.step", "second")])]
@@ -139,7 +141,7 @@ def test_a_signal_resumes_a_waiting_flow(make_engine: Any) -> None:
     assert engine.get(record.id).due == T0 + 100
     sent.chains.clear()
     assert engine.signal(record.id, "paid", {"by": "card"}) == "resumed"
-    assert sent.chains == [(record.id, [("durapay.engine.step", "customer"), ("test.step", "after")])]
+    assert sent.chains == [(record.id, [("durapay.engine.step", "customer")])], "its worker follows on to 'after'"
     assert engine.run_step(record.id, "customer") == "ready"
     assert engine.run_step(record.id, "after") == "succeeded"
     final = engine.get(record.id)
@@ -381,6 +383,8 @@ def test_a_second_flow_naming_the_same_order_does_not_take_its_notifications(mak
     assert second.id != first.id
     assert engine.flow_for_order("ord-7") == first.id, "the live flow keeps its order's notifications"
     engine.cancel(first.id)
+    assert engine.redis.ttl(engine.keys.order("ord-7")) == -1, "lookups of a flow not yet packed stay"
+    Compactor(engine.redis, engine.keys, engine.orders).run(now=clock.now() + 5)  # the dispatcher's pass
     assert engine.redis.ttl(engine.keys.order("ord-7")) > 0, "a finished flow's order lookup expires with it"
     third = engine.start("demo", {"orderId": "ord-7"}, key="c")
     assert engine.flow_for_order("ord-7") == third.id, "an order of a finished flow may be named again"
@@ -466,3 +470,55 @@ def test_many_starts_in_one_batch_are_each_refused_or_made_once(make_engine: Any
     assert again[0] == first[0] and again[2] == first[2] and isinstance(again[3], StartConflict)
     assert len(sent.chains) == 2, "nothing sent twice"
     assert {engine.get(str(flow_id)).input["amount"] for flow_id in (first[0], first[2])} == {5, 6}
+
+
+def test_a_worker_follows_the_steps_due_at_once_and_sends_nothing_for_them(make_engine: Any) -> None:
+    first, second, third = ScriptedStep("first"), ScriptedStep("second"), ScriptedStep("third")
+    engine, sent = make_engine(flow(first, second, third))
+    record = engine.start("demo", {"amount": 5})
+    assert sent.chains == [(record.id, [("test.step", "first")])], "one task: its worker goes on by itself"
+    assert engine.run_step(record.id, "first", follow=8) == "succeeded"
+    assert len(sent.chains) == 1, "nothing was sent for the steps it followed"
+    states = [entry["to"] for entry in engine.history(record.id)]
+    assert states == ["ready", "running", "ready", "running", "ready", "running", "succeeded"], "each step claimed and completed"
+    assert engine.run_step(record.id, "second") == "not-current", "a late delivery of a followed step does nothing"
+
+
+def test_following_stops_at_a_wait_a_retry_or_its_budget_and_the_rest_is_sent(make_engine: Any) -> None:
+    first, second, third = ScriptedStep("first"), ScriptedStep("second"), ScriptedStep("third")
+    engine, sent = make_engine(flow(first, second, third))
+    record = engine.start("demo", {"amount": 5})
+    sent.chains.clear()
+    assert engine.run_step(record.id, "first", follow=1) == "ready", "one more step, then the budget is spent"
+    assert engine.get(record.id).step == "third"
+    assert sent.chains == [(record.id, [("test.step", "third")])], "the step after the budget goes to the queue"
+
+    waiting = make_engine(flow(ScriptedStep("pay"), wait_step()))[0]
+    started = waiting.start("demo", {"amount": 5})
+    assert waiting.run_step(started.id, "pay", follow=8) == "waiting", "a wait ends the run: nothing is due"
+
+    flaky = ScriptedStep("flaky", outcomes=[Retry(2.0, {"type": "GatewayUnavailable"})])
+    retrying = make_engine(flow(ScriptedStep("pay"), flaky))[0]
+    started = retrying.start("demo", {"amount": 5})
+    assert retrying.run_step(started.id, "pay", follow=8) == "retrying", "a retry waits on the due set"
+
+
+def test_a_followed_step_held_by_another_worker_is_left_to_it(make_engine: Any, clock: ManualClock) -> None:
+    first, second = ScriptedStep("first"), ScriptedStep("second")
+    engine, sent = make_engine(flow(first, second))
+    record = engine.start("demo", {"amount": 5})
+    assert engine.run_step(record.id, "first") == "ready"
+    other = engine.claim(record.id, "second", worker="other")
+    assert isinstance(other, Claim)
+    sent.chains.clear()
+    assert engine.run_step(record.id, "second", follow=8) == "leased"
+    assert sent.chains == [] and engine.get(record.id).lease_owner == "other"
+
+
+def test_a_start_to_run_at_a_time_already_passed_is_refused(make_engine: Any, clock: ManualClock) -> None:
+    """Only the API and the CLI refused it: a Python caller's past ``run_at`` ran the payment at once."""
+    engine, sent = make_engine(flow(ScriptedStep("pay")))
+    with pytest.raises(InputError) as refused:
+        engine.start("demo", {"amount": 5}, run_at=clock.now() - 7200)
+    assert refused.value.field == "run_at" and "future" in refused.value.reason
+    assert sent.chains == [] and engine.list() == [], "nothing written, nothing sent"

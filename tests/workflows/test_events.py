@@ -16,6 +16,7 @@ from workflows.clock import ManualClock
 from workflows.engine import Claim, Engine
 from workflows.events import Cursor, EventFeed
 from workflows.flows._common import summarize
+from workflows.keys import Keys
 from workflows.steps import FlowDefinition
 
 PAID = {"operation": {"operationId": "op-9", "orderId": "ord-1", "operationResult": "AUTHORIZED", "operationAmount": "500"}}
@@ -139,3 +140,19 @@ def test_a_bad_cursor_is_refused_naming_the_part() -> None:
     with pytest.raises(ValueError, match="p0=x"):
         Cursor.parse("p0=x")
     assert Cursor.parse("p0=1-0.s2=5-1").positions == {"p0": "1-0", "s2": "5-1"}
+
+
+def test_a_stream_is_read_in_entry_order_even_when_its_times_go_backwards(redis_client: Any, key_prefix: str) -> None:
+    """Times come from the writers' clocks, ids from the server's: paging must follow the ids, or a
+    cursor would pass an event it never returned."""
+    keys = Keys(prefix=key_prefix, partitions=2)
+    for moment in (30.0, 10.0, 20.0):
+        redis_client.xadd(keys.events(0), {"e": json.dumps({"type": "flow.created", "time": moment})})
+    redis_client.xadd(keys.events(1), {"e": json.dumps({"type": "flow.created", "time": 15.0})})
+    feed = EventFeed(redis_client, keys)
+    seen, cursor = [], Cursor()
+    for _ in range(10):
+        page, cursor = feed.read(cursor, limit=2)
+        seen += [(event.stream, event.time) for event in page]
+    assert [time for stream, time in seen if stream == "p0"] == [30.0, 10.0, 20.0]
+    assert len(seen) == 4

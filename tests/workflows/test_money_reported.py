@@ -134,3 +134,28 @@ def test_a_cancel_requested_during_a_step_that_stops_for_a_person_is_not_applied
     assert engine.complete(claim, Attention("unclear")) == "needs_attention"
     engine.retry(record.id)  # the operator decides the payment goes on after all
     assert engine.run_step(record.id, "pay") == "succeeded"
+
+
+def test_a_late_payment_is_closed_by_a_refund_flow_not_by_a_plain_cancel(make_engine: Any) -> None:
+    """A plain cancel cannot close a LatePayment (the kept notification would be money unaccounted: the
+    flow comes back to a person); ``refund_late_payment`` starts a refund of the reported operation and
+    cancels the flow without the notification, naming the refund. Asking twice refunds once."""
+    from workflows.engine import OperatorError
+    from workflows.flows.backoffice import REFUND
+
+    engine, _ = make_engine(flow(wait_step()))
+    engine.registry["refund"] = REFUND
+    record = engine.start("demo", {"amount": 5})
+    engine.cancel(record.id, "changed my mind")
+    assert engine.signal(record.id, "paid", PAID) == "late_payment"
+    assert engine.cancel(record.id, "just close it").state is FlowState.NEEDS_ATTENTION
+    closed = engine.refund_late_payment(record.id, "customer asked")
+    assert closed.state is FlowState.CANCELLED and closed.outcome is not None
+    refund = engine.get(closed.outcome["refund"]["flow"])
+    assert refund.kind == "refund" and refund.input["operationId"] == "op-9"
+    try:
+        engine.refund_late_payment(record.id)
+    except OperatorError:
+        pass
+    else:
+        raise AssertionError("a second refund was started")

@@ -8,6 +8,7 @@ from gateway import Card, GatewayModel
 from tasks.outcomes import Advance, NewOrder
 from tests.workflows.engine_support import ScriptedStep, summary
 from workflows.clock import ManualClock
+from workflows.compact import Compactor
 from workflows.steps import FlowDefinition
 
 
@@ -28,6 +29,22 @@ def test_every_order_of_a_flow_expires_with_it_even_once_its_card_is_erased(make
     done = engine.get(record.id)
     assert done.orders == ["ord-9", "ord-9-2"]
     assert "expiryDate" not in done.input["card"], "card data erased at the end"
+    Compactor(engine.redis, engine.keys, engine.orders).run(now=clock.now() + 5)  # the dispatcher's pass
     for order_id in done.orders:
         assert engine.flow_for_order(order_id) == record.id
         assert 0 < engine.redis.ttl(engine.keys.order(order_id)) <= engine.store.retention_seconds
+
+
+def test_a_start_retried_after_a_crash_before_its_order_lookup_writes_it(make_engine: Any) -> None:
+    """The API wrote the flow, then died before the order lookup (a separate write: the lookup lives
+    in the order id's slot). The merchant, never answered, retries the start with its key: the flow
+    exists already, and its order lookup is written now, so the gateway's notifications find it."""
+    definition = FlowDefinition("demo", CardInput, (ScriptedStep("pay"),), summary, order_id=lambda data: data.orderId)
+    engine, _ = make_engine(definition)
+    data = {"orderId": "ord-crash", "card": {"pan": "4349940199004549", "expiryDate": "1230"}}
+    now = engine.clock.now()
+    written, created = engine.store.create(engine._new_flow("demo", data, "key-1", None, now), now=now)
+    assert created and engine.flow_for_order("ord-crash") is None  # the crash: no lookup
+    again = engine.start("demo", data, "key-1")
+    assert again.id == written.id
+    assert engine.flow_for_order("ord-crash") == written.id

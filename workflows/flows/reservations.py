@@ -46,6 +46,7 @@ from gateway import (
 from tasks.outcomes import Advance, Finish, Outcome, Poll, Wait
 from tasks.runner import NOT_COMMITTED, ReconcileResult, StepContext
 from workflows.flows._common import judge_operation, read_until_final, summarize
+from workflows.flows.sessions import ADOPTED_READ_MAX_SECONDS, ADOPTED_READ_SECONDS
 from workflows.steps import Call, CallStep, FlowDefinition, SleepStep, WaitStep
 
 Form = Literal["current", "earlier"]
@@ -98,14 +99,18 @@ def _adopt_link(ctx: StepContext) -> ReconcileResult:
 
 
 def _link_deadline(ctx: StepContext) -> float:
+    """When to read the reservation: ``waitSeconds``, else the link's expiry; for an adopted link (its
+    token was lost with the answer, so its notifications cannot be verified) within minutes, as for a
+    pay-by-link (``workflows.flows.sessions``)."""
     if ctx.input.waitSeconds:
         return float(ctx.input.waitSeconds)
     expiry = (ctx.output("link").get("paymentLink") or {}).get("expirationDate") or ctx.input.linkExpirationDate
-    if not expiry:
-        return 30 * 86400.0
-    day = date.fromisoformat(str(expiry)[:10])
-    end = datetime(day.year, day.month, day.day, tzinfo=UTC) + timedelta(days=1, minutes=1)
-    return max(60.0, end.timestamp() - ctx.now)
+    seconds = 30 * 86400.0
+    if expiry:
+        day = date.fromisoformat(str(expiry)[:10])
+        end = datetime(day.year, day.month, day.day, tzinfo=UTC) + timedelta(days=1, minutes=1)
+        seconds = max(60.0, end.timestamp() - ctx.now)
+    return min(seconds, ADOPTED_READ_SECONDS) if ctx.output("link").get("adopted") else seconds
 
 
 def _notified(ctx: StepContext, name: str, payload: dict[str, Any]) -> Outcome:
@@ -131,6 +136,9 @@ def _payment_at_deadline(ctx: StepContext) -> Outcome:
     pending = any(op.operationResult is OperationResult.PENDING for op in found.operations)
     if pending and ctx.polls < 3:
         return Poll(600.0, note="payment still PENDING at the deadline; read again later")
+    if ctx.output("link").get("adopted") and any(link.status is PaymentLinkStatus.ACTIVE for link in found.paymentLinks):
+        later = min(max(ADOPTED_READ_SECONDS, (ctx.now - ctx.created) / 10), ADOPTED_READ_MAX_SECONDS)
+        return Wait(("notification",), ctx.now + later, note="adopted link still open; read again later")
     return Finish(False, "no payment by the deadline", error={"type": "Expired"})
 
 

@@ -15,6 +15,7 @@ from pydantic import Field
 
 from gateway import (
     SUCCESS_RESULTS,
+    BadRequest,
     BuildOrderRequest,
     BuildSessionRequest,
     BuildState,
@@ -350,10 +351,19 @@ class _Finalize(CallStep):
 
     def execute(self, ctx: StepContext) -> Outcome:
         body = {"sessionId": _session_id(ctx)}
-        if ctx.input.version == "2":
-            answer = ctx.call(Catalogue.build_confirm_payment, request=body)
-        else:
-            answer = ctx.call(Catalogue.build_finalize_payment, request=BuildSessionRequest(**body))
+        try:
+            if ctx.input.version == "2":
+                answer = ctx.call(Catalogue.build_confirm_payment, request=body)
+            else:
+                answer = ctx.call(Catalogue.build_finalize_payment, request=BuildSessionRequest(**body))
+        except BadRequest:
+            # The session is this flow's own: refused because it is already paid ("session is in state
+            # PAYMENT_COMPLETE"), an earlier try paid it, one whose claim Redis may have lost in a crash
+            # (so no mark says so). Read the session: its payment is this flow's; else the refusal stands.
+            state = ctx.call(Catalogue.build_state, request=body)
+            if state.state is BuildState.PAYMENT_COMPLETE and state.operation is not None:
+                return _finalize_result(ctx, state)
+            raise
         return _finalize_result(ctx, answer)
 
 

@@ -1,6 +1,8 @@
 -- Compare-and-set one transition of a flow (money.lua and events.lua are prepended).
 -- KEYS: flow, log, due, old-state index, new-state index, ready index, cancelled index,
---       needs_attention index, event stream, the finished set (flows to pack: workflows/compact.py).
+--       needs_attention index, event stream, the finished set (flows to pack: workflows/compact.py),
+--       then one lookup key per gateway operation id this change records (Keys.operation: set to the
+--       flow id, kept for the retention time; the console's search by operation id).
 -- ARGV: 1 flow id, 2 expected version, 3 new state, 4 fields (JSON object; JSON null deletes),
 --       5 due score ("" removes the flow from the due set), 6 log entry (JSON), 7 now,
 --       8 ttl seconds ("" keeps the record forever), 9 signal names the completing step awaits (JSON
@@ -55,7 +57,10 @@ local cancel_requested = redis.call('HGET', KEYS[1], 'cancel_requested') == '1'
 if fields['cancel_requested'] ~= nil then
   cancel_requested = fields['cancel_requested'] == '1'  -- withdrawn (an operator's retry) or made here
 end
-if cancel_requested and
+-- A retry whose call may have reached the gateway (reconcile first) is no step boundary: its read is
+-- still owed (claim.lua claims it, and the run only reads), or money taken would end cancelled.
+local read_owed = state == 'retrying' and fields['reconcile'] == '1'
+if cancel_requested and not read_owed and
    (state == 'ready' or state == 'running' or state == 'retrying' or state == 'waiting' or state == 'sleeping') then
   -- Cancelled while a step ran: keep what the step did, then stop at this step boundary.
   state = 'cancelled'
@@ -114,6 +119,9 @@ if state == 'succeeded' or state == 'failed' or state == 'cancelled' then
     redis.call('HSET', KEYS[1], 'input', ARGV[11])
   end
   redis.call('ZADD', KEYS[10], ARGV[7], ARGV[1])
+end
+for i = 11, #KEYS do
+  redis.call('SET', KEYS[i], ARGV[1], 'EX', ARGV[10])
 end
 if ttl == '' then
   redis.call('PERSIST', KEYS[1])

@@ -18,11 +18,10 @@ replay or a restart never charge an occurrence twice.
 from __future__ import annotations
 
 import builtins
-import dataclasses
 import hashlib
 import logging
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -85,8 +84,40 @@ class Schedules:
 
         Raises StartConflict when ``key`` was used for a different schedule.
         """
-        spec = self.validate(data)
+        record, entry, digest = self._new(data, key, self.engine.clock.now())
+        try:
+            self.store.create(record, entry, digest)
+        except ValueError as exc:
+            raise StartConflict(str(exc)) from None
+        return self.get(record.id)
+
+    def create_many(
+        self, items: Sequence[tuple[ScheduleInput | Mapping[str, Any], str | None]]
+    ) -> builtins.list[str | InputError | StartConflict]:
+        """:meth:`create` for many (input, key) pairs in one round trip (bulk loads): per item, the
+        schedule id, or the InputError or StartConflict that refused it (the others go on)."""
         now = self.engine.clock.now()
+        results: builtins.list[str | InputError | StartConflict] = []
+        news = []
+        for data, key in items:
+            try:
+                news.append(self._new(data, key, now))
+                results.append(news[-1][0].id)
+            except InputError as refused:
+                results.append(refused)
+        written = iter(self.store.create_many(news))
+        for index, result in enumerate(results):
+            if isinstance(result, str):
+                outcome = next(written)
+                if isinstance(outcome, ValueError):
+                    results[index] = StartConflict(str(outcome))
+        return results
+
+    def _new(
+        self, data: ScheduleInput | Mapping[str, Any], key: str | None, now: float
+    ) -> tuple[ScheduleRecord, dict[str, Any], str]:
+        """The record ``create`` writes, its first history entry and its input hash (or InputError)."""
+        spec = self.validate(data)
         record = ScheduleRecord(
             id=_schedule_id(key),
             state=ScheduleState.ACTIVE,
@@ -102,12 +133,9 @@ class Schedules:
         if first is None:
             raise InputError("schedule", "end", "the schedule would never fire: its end is already past")
         record.next_at = first.timestamp()
-        entry = {"t": now, "event": "created", "first": iso(first), "rule": spec.dumped()["rule"], "timezone": spec.timezone}
-        try:
-            self.store.create(record, entry, input_hash(spec.dumped()))
-        except ValueError as exc:
-            raise StartConflict(str(exc)) from None
-        return self.get(record.id)
+        dumped = spec.dumped()
+        entry = {"t": now, "event": "created", "first": iso(first), "rule": dumped["rule"], "timezone": spec.timezone}
+        return record, entry, input_hash(dumped)
 
     def get(self, schedule_id: str) -> ScheduleRecord:
         record = self.store.get(schedule_id)
@@ -185,28 +213,13 @@ class Schedules:
             plans.append(plan)
         written_plans = [plan for plan, written in zip(plans, self.store.update_many(changes, now), strict=True) if written]
         made = self._start_all([(plan.record, attempt) for plan in written_plans for attempt in plan.starts])
-        marks = []
-        for plan in written_plans:
-            started = [attempt for attempt in plan.starts if attempt.key in made]
-            if started:
-                marks.append(self._created(plan.record, started))
+        marks = [(plan.record, frozenset(a.key for a in plan.starts if a.key in made)) for plan in written_plans]
+        marks = [(record, keys) for record, keys in marks if keys]
         if marks:
             # One more round trip per batch: the schedule itself now says these flows exist. A lost
             # mark is made at the next look instead.
-            self.store.update_many(marks, now)
+            self.store.mark_many(marks, now)
         return len(made)
-
-    @staticmethod
-    def _created(
-        written: ScheduleRecord, made: builtins.list[Attempt]
-    ) -> tuple[ScheduleRecord, ScheduleRecord, builtins.list[dict[str, Any]]]:
-        """(the record as just written, the same with ``made`` marked created, no events)."""
-        current = dataclasses.replace(written, version=written.version + 1)
-        marked = current.copy()
-        keys = {attempt.key for attempt in made}
-        for attempt in marked.open:
-            attempt.created |= attempt.key in keys
-        return current, marked, []
 
     def _start_all(self, attempts: builtins.list[tuple[ScheduleRecord, Attempt]]) -> set[str]:
         """Start the attempts' flows in one batch (idempotent by their keys); the keys of those started.
@@ -214,9 +227,12 @@ class Schedules:
         if not attempts:
             return set()
         try:
+            # Trusted: the schedule's fields were read strictly at its creation (or change of amount);
+            # the occurrence's orderId is still checked by its type, as every field's type and bounds.
             results = self.engine.start_many(
                 [(self.flow_kind, attempt.data, attempt.key) for _, attempt in attempts],
                 owners=[record.id for record, _ in attempts],
+                trusted=True,
             )
         except Exception:  # Redis, or not durable in time: the next look starts them again
             log.exception("starting %d occurrence flows failed; the next look starts them again", len(attempts))

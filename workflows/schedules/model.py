@@ -9,14 +9,14 @@ the last outcome and the reason of a stop.
 
 from __future__ import annotations
 
-import copy as _copy
 import itertools
 import json
-from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from datetime import UTC, date, datetime
 from enum import StrEnum
-from typing import Annotated, Any, Literal
+from json.encoder import c_make_encoder, encode_basestring_ascii  # type: ignore[attr-defined]
+from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import BeforeValidator, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
@@ -24,6 +24,28 @@ from gateway import Amount, CaptureType, Currency, StrictModel, check_amount
 from workflows.schedules.rules import ZONES, Calendar, Rule, instant, iso, zone
 
 DEFAULT_DUNNING = (1, 3, 7)
+_T = TypeVar("_T")
+
+
+def _not_json(value: Any) -> Any:
+    raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
+
+
+def json_encoder(*, sort_keys: bool = False, default: Callable[[Any], Any] = _not_json) -> Callable[[Any], str]:
+    """``json.dumps(value, separators=(",", ":"), sort_keys=..., default=...)``, its encoder built once:
+    ``json.dumps`` with any argument builds a new encoder at every call, which cost the scheduler as much as
+    the encoding itself (several per occurrence fired). No circular-reference check (records are trees)."""
+    if c_make_encoder is None:  # a Python without the json C accelerator
+        return json.JSONEncoder(separators=(",", ":"), sort_keys=sort_keys, default=default).encode
+    encode = c_make_encoder(None, default, encode_basestring_ascii, None, ":", ",", sort_keys, False, True)
+    return lambda value: "".join(encode(value, 0))
+
+
+#: Compact JSON, keys in their order / sorted and anything else as ``str`` (hashes, events, script arguments).
+compact = json_encoder()
+compact_sorted = json_encoder(sort_keys=True, default=str)
+#: How a stored spec is read back: checked when the schedule was created (``ScheduleInput._window``).
+STORED = {"stored": True}
 
 
 def _when(value: Any) -> Any:
@@ -147,7 +169,40 @@ class Attempt:
 
     @classmethod
     def parse(cls, item: Mapping[str, Any]) -> Attempt:
-        return cls(**dict(item))
+        return cls(**item)
+
+
+def _tree(value: Any) -> Any:
+    """A copy of JSON-like ``value`` (dicts, lists, scalars): ``deepcopy`` without its memo."""
+    if isinstance(value, dict):
+        return {key: _tree(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_tree(item) for item in value]
+    return value
+
+
+def _shallow(value: _T) -> _T:
+    """A shallow copy of a dataclass instance (``copy.copy`` and ``dataclasses.replace`` cost four times as much)."""
+    clone = object.__new__(type(value))
+    clone.__dict__.update(value.__dict__)
+    return clone
+
+
+def _copy_attempt(attempt: Attempt) -> Attempt:
+    clone = _shallow(attempt)
+    clone.data = _tree(attempt.data)
+    return clone
+
+
+def _text(value: bytes | None) -> str:
+    return value.decode() if value else ""
+
+
+def open_json(attempts: list[Attempt], created: frozenset[str] = frozenset()) -> str:
+    """The ``open`` field: the attempts as JSON, those whose key is in ``created`` marked created."""
+    # vars(), not asdict(): asdict deep-copies every value only for json to read it once
+    items = [{**vars(attempt), "created": True} if attempt.key in created else vars(attempt) for attempt in attempts]
+    return compact(items)
 
 
 @dataclass
@@ -169,22 +224,35 @@ class ScheduleRecord:
     start_key: str = ""
 
     @classmethod
-    def parse(cls, raw: Mapping[bytes, bytes]) -> ScheduleRecord:
-        data = {key.decode(): value.decode() for key, value in raw.items()}
+    def parse(cls, raw: Mapping[bytes, bytes | None]) -> ScheduleRecord:
+        """The record from its hash as read (``HGETALL``: field name -> bytes)."""
+        record = cls.read([raw.get(name) for name in _RECORD_KEYS])
+        if record is None:
+            raise KeyError("id")
+        return record
+
+    @classmethod
+    def read(cls, values: Sequence[bytes | None]) -> ScheduleRecord | None:
+        """The record from ``HMGET <record> *RECORD_FIELDS`` (None: no such schedule). Each field is read as
+        it is, nothing else decoded (``int``, ``float`` and ``json`` read bytes; the spec's JSON goes to
+        pydantic as it is)."""
+        id_, state, version, created, updated, spec, next_at, seq, opened, counts, last, reason, start_key = values
+        if id_ is None:
+            return None
         return cls(
-            id=data["id"],
-            state=ScheduleState(data["state"]),
-            version=int(data["version"]),
-            created=float(data["created"]),
-            updated=float(data.get("updated") or data["created"]),
-            spec=ScheduleInput.model_validate_json(data["spec"], context={"stored": True}),
-            next_at=float(data["next_at"]) if data.get("next_at") else None,
-            seq=int(data.get("seq") or 0),
-            open=[Attempt.parse(item) for item in json.loads(data.get("open") or "[]")],
-            counts=json.loads(data.get("counts") or "{}"),
-            last=json.loads(data["last"]) if data.get("last") else None,
-            reason=data.get("reason", ""),
-            start_key=data.get("start_key", ""),
+            id=id_.decode(),
+            state=ScheduleState(_text(state)),
+            version=int(version or 0),
+            created=float(created or 0),
+            updated=float(updated or created or 0),
+            spec=ScheduleInput.model_validate_json(spec or b"", context=STORED),
+            next_at=float(next_at) if next_at else None,
+            seq=int(seq or 0),
+            open=[Attempt.parse(item) for item in json.loads(opened)] if opened and opened != b"[]" else [],
+            counts=json.loads(counts) if counts and counts != b"{}" else {},
+            last=json.loads(last) if last else None,
+            reason=_text(reason),
+            start_key=_text(start_key),
         )
 
     def copy(self) -> ScheduleRecord:
@@ -192,25 +260,30 @@ class ScheduleRecord:
         compares against the original), cheaper than ``deepcopy``: each attempt and its ``data`` are
         copied, ``counts`` holds numbers and ``last`` plain values (one level each is enough); ``spec`` is
         shared, as it is frozen and holds only immutable values (a change of amount replaces it)."""
-        return replace(
-            self,
-            open=[replace(attempt, data=_copy.deepcopy(attempt.data)) for attempt in self.open],
-            counts=dict(self.counts),
-            last=dict(self.last) if self.last else None,
-        )
+        clone = _shallow(self)
+        clone.open = [_copy_attempt(attempt) for attempt in self.open]
+        clone.counts = dict(self.counts)
+        clone.last = dict(self.last) if self.last else None
+        return clone
 
-    def fields(self) -> dict[str, str]:
-        """The hash fields that the scheduler and the operator change (not id, created, spec...)."""
-        return {
-            "spec": self.spec.model_dump_json(exclude_none=True),
+    def fields(self, since: ScheduleRecord | None = None) -> dict[str, str]:
+        """The hash fields that the scheduler and the operator change (not id, created, spec...); with
+        ``since`` (the record as stored), only those that differ from it: a compare-and-set sends and
+        writes no more (the spec, a few hundred bytes of JSON, changes only with the amount)."""
+        fields = {
             "next_at": repr(self.next_at) if self.next_at is not None else "",
             "seq": str(self.seq),
-            # vars(), not asdict(): asdict deep-copies every value only for json to read it once
-            "open": json.dumps([vars(attempt) for attempt in self.open], separators=(",", ":")),
-            "counts": json.dumps(self.counts, separators=(",", ":"), sort_keys=True),
-            "last": json.dumps(self.last, separators=(",", ":")) if self.last else "",
-            "reason": self.reason,
+            "open": open_json(self.open),
         }
+        if since is None or self.reason != since.reason:
+            fields["reason"] = self.reason
+        if since is None or (self.spec is not since.spec and self.spec != since.spec):
+            fields["spec"] = self.spec.model_dump_json(exclude_none=True)
+        if since is None or self.counts != since.counts:
+            fields["counts"] = compact_sorted(self.counts)
+        if since is None or self.last != since.last:
+            fields["last"] = compact(self.last) if self.last else ""
+        return fields
 
     def due(self) -> float | None:
         """When the scheduler must look at this schedule next (None: not on the due set)."""
@@ -258,6 +331,25 @@ class ScheduleRecord:
             "key": self.start_key or None,
         }
 
+
+#: The hash fields a record is read from (all but ``input_hash``, which only ``create`` compares), in the
+#: order ``ScheduleRecord.read`` unpacks them.
+RECORD_FIELDS = (
+    "id",
+    "state",
+    "version",
+    "created",
+    "updated",
+    "spec",
+    "next_at",
+    "seq",
+    "open",
+    "counts",
+    "last",
+    "reason",
+    "start_key",
+)
+_RECORD_KEYS = tuple(name.encode() for name in RECORD_FIELDS)
 
 #: What ``summary()["counts"]`` reports: occurrences fired, charges that succeeded, declines, dunning
 #: retries started, occurrences skipped (missed with "skip", passed while paused or dunning) and

@@ -131,6 +131,15 @@ def _start(plan: Plan, attempt: Attempt, now: float) -> None:
     )
 
 
+def _ids(flow: FlowRecord) -> dict[str, Any]:
+    """The gateway ids of a charge's flow (its order, and the operation that charged or was declined)."""
+    operation = (flow.outcome or {}).get("operation") or {}
+    return {
+        "orderId": flow.order_id or None,
+        "operationId": operation.get("operationId") or (flow.error or {}).get("operationId"),
+    }
+
+
 def _outcome(attempt: Attempt, flow: FlowRecord, result: str, now: float) -> dict[str, Any]:
     operation = (flow.outcome or {}).get("operation") or {}
     error = flow.error or {}
@@ -170,7 +179,7 @@ def _look(plan: Plan, attempt: Attempt, flow: FlowRecord | None, now: float, flo
     if flow.state is FlowState.SUCCEEDED:
         plan.bump("charged")
         record.last = _outcome(attempt, flow, "charged", now)
-        plan.event(now, "charged", occurrence=attempt.occurrence, attempt=attempt.attempt, flow=flow.id)
+        plan.event(now, "charged", occurrence=attempt.occurrence, attempt=attempt.attempt, flow=flow.id, **_ids(flow))
         return [], "charged"
     if flow.state is FlowState.NEEDS_ATTENTION:
         return [attempt], f"stop:flow {flow.id} of {attempt.occurrence} needs attention"
@@ -188,7 +197,14 @@ def _look(plan: Plan, attempt: Attempt, flow: FlowRecord | None, now: float, flo
     kind = "hard" if error.get("decline") == "hard" else "soft"
     text = f"{code} {RESPONSE_CODES.get(code or '', '')}".strip() if code else "no response code"
     plan.event(
-        now, "declined", occurrence=attempt.occurrence, attempt=attempt.attempt, flow=flow.id, responseCode=code, decline=kind
+        now,
+        "declined",
+        occurrence=attempt.occurrence,
+        attempt=attempt.attempt,
+        flow=flow.id,
+        responseCode=code,
+        decline=kind,
+        **_ids(flow),
     )
     if kind == "hard":
         return [], f"stop:hard decline ({text}) on {attempt.occurrence}"

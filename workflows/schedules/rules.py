@@ -23,7 +23,7 @@ from __future__ import annotations
 import calendar as _calendar
 import re
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, time, timedelta
 from typing import Annotated, Any, Literal
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError, available_timezones
@@ -142,13 +142,19 @@ class Calendar:
     tz: ZoneInfo
     start: datetime
     end: datetime | None = None
+    # Set by __post_init__ (not fields: not compared, not shown).
+    _before_start: datetime = field(init=False, repr=False, compare=False)
+    _local: datetime = field(init=False, repr=False, compare=False)
+    _clock: time = field(init=False, repr=False, compare=False)
+    _first_day: date = field(init=False, repr=False, compare=False)
+    _step_days: int = field(init=False, repr=False, compare=False)
 
     def first(self) -> datetime | None:
-        return self.next_after(self.start - timedelta(microseconds=1))
+        return self.next_after(self._before_start)
 
     def next_after(self, after: datetime) -> datetime | None:
         """The first occurrence strictly after ``after`` (and not before ``start``), or None past ``end``."""
-        threshold = max(after, self.start - timedelta(microseconds=1))
+        threshold = max(after, self._before_start)
         found = self._cron_after(threshold) if isinstance(self.rule, Cron) else self._stepped_after(threshold)
         if found is None or (self.end is not None and found > self.end):
             return None
@@ -163,33 +169,40 @@ class Calendar:
 
     # -- the day-based rules: candidate n is a wall time computed directly, found by stepping ------
 
-    def _local_start(self) -> datetime:
-        return self.start.astimezone(self.tz).replace(tzinfo=None, fold=0)
+    def __post_init__(self) -> None:
+        # What every candidate needs from the start (its local wall time, time of day, first day, step)
+        # is computed once per calendar, not once per candidate.
+        local = self.start.astimezone(self.tz).replace(tzinfo=None, fold=0)
+        first = local.date()
+        if isinstance(self.rule, Weekly):
+            first += timedelta(days=(WEEKDAYS.index(self.rule.weekday) - local.weekday()) % 7)
+        for name, value in (
+            ("_before_start", self.start - timedelta(microseconds=1)),
+            ("_local", local),
+            ("_clock", local.time()),
+            ("_first_day", first),
+            ("_step_days", self.rule.interval if isinstance(self.rule, EveryDays) else 7),
+        ):
+            object.__setattr__(self, name, value)
 
     def _candidate(self, n: int) -> datetime:
-        local = self._local_start()
-        clock = local.time()
-        if isinstance(self.rule, EveryDays):
-            return datetime.combine(local.date() + timedelta(days=n * self.rule.interval), clock)
-        if isinstance(self.rule, Weekly):
-            offset = (WEEKDAYS.index(self.rule.weekday) - local.weekday()) % 7
-            return datetime.combine(local.date() + timedelta(days=offset + 7 * n), clock)
-        assert isinstance(self.rule, Monthly)
-        months = local.year * 12 + local.month - 1 + n
-        year, month = divmod(months, 12)
-        last = _calendar.monthrange(year, month + 1)[1]
-        return datetime.combine(date(year, month + 1, min(self.rule.day, last)), clock)
+        if isinstance(self.rule, Monthly):
+            local = self._local
+            months = local.year * 12 + local.month - 1 + n
+            year, month = divmod(months, 12)
+            last = _calendar.monthrange(year, month + 1)[1]
+            return datetime.combine(date(year, month + 1, min(self.rule.day, last)), self._clock)
+        return datetime.combine(self._first_day + timedelta(days=self._step_days * n), self._clock)
 
     def _estimate(self, threshold: datetime) -> int:
         """A candidate index at or before the answer (so stepping forward from it finds it)."""
-        local = self._local_start()
+        local = self._local
         target = threshold.astimezone(self.tz).replace(tzinfo=None)
         if isinstance(self.rule, Monthly):
             months = (target.year - local.year) * 12 + target.month - local.month
             return max(0, months - 1)
         days = (target.date() - local.date()).days
-        step = self.rule.interval if isinstance(self.rule, EveryDays) else 7
-        return max(0, days // step - 1)
+        return max(0, days // self._step_days - 1)
 
     def _stepped_after(self, threshold: datetime) -> datetime | None:
         n = self._estimate(threshold)

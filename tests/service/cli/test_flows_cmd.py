@@ -142,6 +142,13 @@ def test_flows_signal_refuses_what_the_flow_does_not_take(engine_side: Runtime) 
     assert "takes no signal 'notification'" in one_error_line(invoke("flows", "signal", three_steps, "notification"))
     assert "did you mean `3ds_result`" in one_error_line(invoke("flows", "signal", three_steps, "3ds_reslt"))
     assert "foo: unknown field" in one_error_line(invoke("flows", "signal", three_steps, "3ds_result", "--payload", '{"foo": 1}'))
+    as_json = invoke("flows", "signal", three_steps, "3ds_result", "--payload", '{"foo": 1}', "--json")
+    assert as_json.exit_code == 2
+    assert json.loads(as_json.stderr) == {
+        "error": "invalid_input",
+        "field": "foo",
+        "reason": json.loads(as_json.stderr)["reason"],
+    }
     assert all(entry["what"] != "signal notification" for entry in engine_side.engine.history(hpp)), "nothing was stored"
     assert all(entry["what"] != "signal 3ds_result" for entry in engine_side.engine.history(three_steps))
 
@@ -307,7 +314,9 @@ def test_every_command_takes_json() -> None:
     assert missing == []
 
 
-def test_shell_completion_is_installable() -> None:
+def test_shell_completion_is_installable(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Typer guesses the shell from the process tree, which a CI runner may not have: name it instead.
+    monkeypatch.setenv("_TYPER_COMPLETE_TEST_DISABLE_SHELL_DETECTION", "1")
     script = invoke("--show-completion", "bash")
     assert script.exit_code == 0, script.output
     assert "_DURAPAY_COMPLETE" in script.stdout and "complete" in script.stdout

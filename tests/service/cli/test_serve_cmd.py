@@ -119,8 +119,13 @@ def test_api_worker_and_scheduler_run_flows_together(
         history = httpx.get(f"{api}/flows/{flow['id']}/history", headers=key).json()["history"]
         assert any(entry["by"] == "notification" for entry in history), "resumed by the notification"
 
-        metrics = httpx.get(f"{api}/metrics", headers=key).text
-        assert 'durapay_step_duration_seconds_count{kind="moto",step="pay"} 1' in metrics, "timed in a prefork child"
+        timed = 'durapay_step_duration_seconds_count{kind="moto",step="pay"} 1'  # added once a second
+
+        def timed_metrics() -> str | None:
+            text = httpx.get(f"{api}/metrics", headers=key).text
+            return text if timed in text else None
+
+        metrics = wait_until(timed_metrics, 30, "the step timed in a prefork child")
         assert 'durapay_notifications_total{outcome="accepted"} 1' in metrics
 
         assert processes.stop("scheduler") == 0

@@ -168,3 +168,29 @@ def test_a_charge_on_an_unpaid_reservation_fails_with_the_gateway_s_reason(stack
     failed = finished(stack, flow.id)
     assert failed.state is FlowState.FAILED and failed.error["type"] == "NotPaid"
     assert stack.sim.admin.operations(order_id="res-unpaid") == []
+
+
+def test_an_adopted_link_is_read_back_soon_not_at_its_expiry(stack: Stack) -> None:
+    """Found by ``durapay chaos``: the link's answer was lost (the gateway made it, then answered 500), so
+    the flow adopted the link without its security token and cannot verify its notifications. The guest
+    pays; the flow must read the reservation within minutes, not wait for the link's expiry (days)."""
+    engine = stack.engine
+    with stack.gateway() as client:
+        client.call(Catalogue.create_structure, request={"structure": {"structureId": "hotel-lost", "structureName": "Lost"}})
+    stack.sim.admin.set_faults(mode="commit_then_fail", operation="create_reservation_paybylink", count=1)
+    try:
+        started = engine.start("reservation", reservation_input("res-adopted", "hotel-lost", [], "current"))
+
+        def link_shown() -> Any:
+            stack.clock.advance(1)  # the retry after the 500 is due on the test's clock
+            record = engine.get(started.id)
+            return record if record.state in {FlowState.WAITING, FlowState.FAILED, FlowState.NEEDS_ATTENTION} else None
+
+        waiting = stack.wait_until(link_shown, what="the link")
+    finally:
+        stack.sim.admin.clear_faults()
+    assert waiting.state is FlowState.WAITING and waiting.outputs["link"].get("adopted") is True, engine.history(started.id)
+    stack.sim.admin.complete_link(waiting.outputs["link"]["paymentLink"]["linkId"])
+    stack.clock.advance(301)
+    paid = finished(stack, started.id)
+    assert paid.state is FlowState.SUCCEEDED and paid.outputs["payment"]["readAtDeadline"] is True

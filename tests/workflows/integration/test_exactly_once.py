@@ -234,3 +234,31 @@ def test_a_flow_whose_writes_redis_lost_runs_again_without_charging_twice(
     assert again.state is FlowState.SUCCEEDED, (again.summary(), history)
     charged = payments(simulator, sorted(set(again.orders) | set(done.orders)))
     assert len(charged) == 1, (charged, history)
+
+
+@pytest.mark.integration
+def test_a_finalize_redis_forgot_is_read_back_when_the_gateway_refuses_it_again(
+    bare_engine: tuple[Engine, ManualClock], simulator: SimulatorServer
+) -> None:
+    """Found by ``durapay chaos --lose-last-writes``: the embedded form's finalize charged the card, then
+    Redis lost its claim and completion (a host crash inside ``everysec``'s second). The step runs again
+    with no mark that it may have been sent, and the gateway refuses a second finalize ("session is in
+    state PAYMENT_COMPLETE", not an "already" phrase). The refusal of a call that moves money is read
+    back before the flow may fail: the payment is adopted."""
+    engine, clock = bare_engine
+    body = {"merchantUrl": "https://shop.example", "order": order(), "paymentSession": session(), "formSeconds": 5}
+    flow = engine.start("build", body)
+    waiting = drive(engine, clock, flow.id, until=frozenset({FlowState.WAITING}))
+    simulator.admin.fill_build_form(waiting.outputs["create"]["sessionId"])
+    ready = drive(engine, clock, flow.id, until=frozenset({FlowState.READY}))
+    assert ready.step == "finalize", engine.history(flow.id)
+    snapshot = Snapshot(engine, flow.id)
+    first = drive(engine, clock, flow.id)
+    assert first.state is FlowState.SUCCEEDED, (first.summary(), engine.history(flow.id))
+    snapshot.restore()  # Redis lost the finalize's claim and completion: the step runs again unmarked
+    again = drive(engine, clock, flow.id)
+    history = engine.history(flow.id)
+    assert again.state is FlowState.SUCCEEDED, (again.summary(), history)
+    charged = payments(simulator, again.orders)
+    assert len(charged) == 1, (charged, history)
+    assert again.outcome is not None and again.outcome["operation"]["operationId"] == charged[0]["operationId"]

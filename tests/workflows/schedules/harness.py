@@ -56,7 +56,9 @@ class Receiver:
         self.accepted: list[dict[str, Any]] = []
         self.refused = 0
         app = Starlette(routes=[Route("/notifications", self._notify, methods=["POST"])])
-        config = uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="off", access_log=False)
+        config = uvicorn.Config(
+            app, host="127.0.0.1", port=0, log_level="warning", lifespan="off", access_log=False, timeout_graceful_shutdown=1
+        )
         self._server = uvicorn.Server(config)
         self._thread = threading.Thread(target=self._server.run, name="receiver", daemon=True)
 
@@ -104,6 +106,7 @@ class Stack:
         *,
         clock: ManualClock | None = None,
         data_dir: Path | None = None,
+        settings: dict[str, Any] | None = None,
     ) -> None:
         self.redis_url = redis_url
         self.sim = sim
@@ -118,6 +121,8 @@ class Stack:
         }
         if data_dir is not None:
             overrides["data_dir"] = str(data_dir)
+        for name, value in (settings or {}).items():  # more settings (a cluster's); groups are merged
+            overrides[name] = {**overrides.get(name, {}), **value} if isinstance(value, dict) else value
         self.settings = load_settings(overrides)
         self.runtime: Runtime = build_runtime(self.settings, redis_url=redis_url, clock=self.clock)
         self.engine = self.runtime.engine

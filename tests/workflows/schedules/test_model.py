@@ -12,7 +12,15 @@ import pytest
 from pydantic import ValidationError
 
 from workflows.schedules import policy
-from workflows.schedules.model import Attempt, ScheduleInput, ScheduleRecord, ScheduleState
+from workflows.schedules.model import (
+    RECORD_FIELDS,
+    Attempt,
+    ScheduleInput,
+    ScheduleRecord,
+    ScheduleState,
+    compact,
+    compact_sorted,
+)
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC).timestamp()
 SPEC = {
@@ -147,3 +155,38 @@ def test_a_stored_spec_is_not_checked_against_its_window_again() -> None:
     raw[b"spec"] = json.dumps({**SPEC, "timezone": "Mars/Olympus"}).encode()
     with pytest.raises(ValidationError, match="IANA"):
         ScheduleRecord.parse(raw)
+
+
+def test_a_record_is_read_from_the_fields_hmget_returns() -> None:
+    """``ScheduleStore`` reads ``HMGET <record> *RECORD_FIELDS`` (a list: cheaper than ``HGETALL``'s map);
+    a schedule that does not exist reads as None, a field never written as its default."""
+    original = record()
+    raw = stored(original)
+    assert ScheduleRecord.read([raw.get(name.encode()) for name in RECORD_FIELDS]) == original
+    assert ScheduleRecord.read([None] * len(RECORD_FIELDS)) is None
+    sparse = {name: value for name, value in raw.items() if name not in {b"updated", b"last", b"reason", b"start_key"}}
+    back = ScheduleRecord.read([sparse.get(name.encode()) for name in RECORD_FIELDS])
+    assert back is not None
+    assert (back.updated, back.last, back.reason, back.start_key) == (original.created, None, "", "")
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        {"b": 1, "a": [1.5, None, True, 'é\n"q"'], "c": {"z": 1e100, "y": -0.1}},
+        [],
+        {},
+        "text",
+        [{"t": 1893456000.0, "event": "fired", "amount": 1990}],
+    ],
+)
+def test_the_prebuilt_encoders_write_what_json_dumps_writes(value: Any) -> None:
+    assert compact(value) == json.dumps(value, separators=(",", ":"))
+    assert compact_sorted(value) == json.dumps(value, separators=(",", ":"), sort_keys=True, default=str)
+
+
+def test_the_encoders_refuse_or_stringify_what_json_cannot_write() -> None:
+    moment = datetime(2026, 1, 1, tzinfo=UTC)
+    assert compact_sorted({"at": moment}) == json.dumps({"at": moment}, separators=(",", ":"), default=str)
+    with pytest.raises(TypeError, match="not JSON serializable"):
+        compact({"at": moment})

@@ -1,6 +1,7 @@
 """Rule arithmetic, pure: month ends, leap years, DST in Europe/Rome and America/New_York, cron, counts, ends.
 
-freezegun freezes "now" only around these pure functions (it also stops Celery's and asyncio's timers).
+"Now" is passed in (``upcoming(..., now=...)``), never frozen: a frozen ``time.monotonic`` would also
+stop the timers of every event loop running in the process (the test servers' threads).
 """
 
 from __future__ import annotations
@@ -10,7 +11,6 @@ from datetime import UTC, date, datetime, timedelta
 from typing import Any
 
 import pytest
-from freezegun import freeze_time
 
 from workflows.engine import InputError
 from workflows.schedules import Calendar, ScheduleInput, occurrences, upcoming
@@ -150,27 +150,27 @@ def test_an_end_datetime_is_inclusive() -> None:
     assert stamps(found) == ["2026-01-02T00:00:00Z", "2026-01-09T00:00:00Z", "2026-01-16T00:00:00Z"]
 
 
-@freeze_time("2026-05-10 12:00:00")
 def test_upcoming_counts_from_now() -> None:
-    found = upcoming(calendar({"every": "month", "day": 31}, "2026-01-31T10:00:00"), 3)
+    now = datetime(2026, 5, 10, 12, tzinfo=UTC)
+    found = upcoming(calendar({"every": "month", "day": 31}, "2026-01-31T10:00:00"), 3, now=now)
     assert stamps(found) == ["2026-05-31T10:00:00Z", "2026-06-30T10:00:00Z", "2026-07-31T10:00:00Z"]
 
 
-@freeze_time("2026-05-10 12:00:00")
 def test_upcoming_within_a_count_that_ends_soon() -> None:
-    found = upcoming(calendar({"every": "month", "day": 1}, "2026-01-01"), 5, count=6)
+    now = datetime(2026, 5, 10, 12, tzinfo=UTC)
+    found = upcoming(calendar({"every": "month", "day": 1}, "2026-01-01"), 5, now=now, count=6)
     assert stamps(found) == ["2026-06-01T00:00:00Z"]
 
 
-@freeze_time("2026-03-29 00:30:00")  # 01:30 in Rome, half an hour before the clocks jump
 def test_upcoming_hourly_cron_in_rome_skips_the_missing_hour() -> None:
-    found = upcoming(calendar({"cron": "0 * * * *"}, "2026-03-01", ROME), 3)
+    now = datetime(2026, 3, 29, 0, 30, tzinfo=UTC)  # 01:30 in Rome, half an hour before the clocks jump
+    found = upcoming(calendar({"cron": "0 * * * *"}, "2026-03-01", ROME), 3, now=now)
     assert local(found, ROME) == ["2026-03-29 03:00 +0200", "2026-03-29 04:00 +0200", "2026-03-29 05:00 +0200"]
 
 
-@freeze_time("2026-11-01 05:10:00")  # 01:10 EDT in New York, the first of two 01:10s
 def test_upcoming_quarter_hours_in_new_york_during_the_repeated_hour() -> None:
-    found = upcoming(calendar({"cron": "*/15 * * * *"}, "2026-10-01", NEW_YORK), 4)
+    now = datetime(2026, 11, 1, 5, 10, tzinfo=UTC)  # 01:10 EDT in New York, the first of two 01:10s
+    found = upcoming(calendar({"cron": "*/15 * * * *"}, "2026-10-01", NEW_YORK), 4, now=now)
     assert local(found, NEW_YORK) == [
         "2026-11-01 01:15 -0400",
         "2026-11-01 01:30 -0400",
@@ -210,3 +210,61 @@ def test_bad_input_names_the_field_and_the_reason(change: dict[str, Any], field:
         Schedules.validate({**data, **change})
     assert raised.value.field == field
     assert reason in raised.value.reason
+
+
+# -- what a calendar computes once ---------------------------------------------------------------------
+
+
+def _brute_force(cal: Calendar, after: datetime) -> datetime:
+    """The first occurrence after ``after`` by walking every candidate from the start (no estimate, nothing
+    cached): the wall time of candidate n computed from the start each time, as the rules define it."""
+    import calendar as months
+    from datetime import time
+
+    from workflows.schedules.rules import WEEKDAYS, EveryDays, Monthly, Weekly, to_utc
+
+    local = cal.start.astimezone(cal.tz).replace(tzinfo=None, fold=0)
+    threshold = max(after, cal.start - timedelta(microseconds=1))
+    for n in itertools.count():
+        if isinstance(cal.rule, EveryDays):
+            day = local.date() + timedelta(days=n * cal.rule.interval)
+        elif isinstance(cal.rule, Weekly):
+            day = local.date() + timedelta(days=(WEEKDAYS.index(cal.rule.weekday) - local.weekday()) % 7 + 7 * n)
+        else:
+            assert isinstance(cal.rule, Monthly)
+            year, month = divmod(local.year * 12 + local.month - 1 + n, 12)
+            day = date(year, month + 1, min(cal.rule.day, months.monthrange(year, month + 1)[1]))
+        found = to_utc(datetime.combine(day, time(local.hour, local.minute, local.second, local.microsecond)), cal.tz)
+        if found > threshold:
+            return found
+    raise AssertionError("unreachable")
+
+
+@pytest.mark.parametrize("timezone", ["UTC", ROME, NEW_YORK, "Australia/Lord_Howe"])
+@pytest.mark.parametrize(
+    "rule",
+    [
+        {"every": "days", "interval": 1},
+        {"every": "days", "interval": 10},
+        {"every": "week", "weekday": "sunday"},
+        {"every": "month", "day": 31},
+        {"every": "month", "day": 15},
+    ],
+)
+def test_the_next_occurrence_is_the_first_candidate_past_the_threshold(rule: dict[str, Any], timezone: str) -> None:
+    """The start's local time, first day and step are computed once per calendar; every answer over three
+    years of thresholds (hourly steps around daylight-saving changes included) matches a walk from the start."""
+    cal = calendar(rule, "2026-01-31T02:30:00", timezone)
+    moment = datetime(2026, 1, 1, tzinfo=UTC)
+    while moment < datetime(2029, 1, 1, tzinfo=UTC):
+        assert cal.next_after(moment) == _brute_force(cal, moment), moment
+        moment += timedelta(hours=37, minutes=13)
+
+
+def test_a_calendar_changed_with_replace_computes_its_start_again() -> None:
+    import dataclasses
+
+    cal = calendar({"every": "days", "interval": 1}, "2026-03-01T09:00:00")
+    later = dataclasses.replace(cal, start=datetime(2026, 3, 1, 18, tzinfo=UTC))
+    assert later != cal and later.first() == datetime(2026, 3, 1, 18, tzinfo=UTC)
+    assert cal.first() == datetime(2026, 3, 1, 9, tzinfo=UTC)

@@ -144,6 +144,22 @@ def test_a_create_key_returns_the_same_schedule_and_refuses_another_input(world:
         world.schedules.create(monthly(amount=999), key="k")
 
 
+def test_create_many_writes_what_create_writes_and_refuses_per_item(world: World) -> None:
+    one = world.schedules.create(monthly(), key="one")
+    results = world.schedules.create_many(
+        [(monthly(), "one"), (monthly(contractId="c-2"), "two"), (monthly(currency="EURO"), "bad"), (monthly(amount=9), "one")]
+    )
+    assert results[0] == one.id and isinstance(results[1], str)
+    assert isinstance(results[2], InputError) and results[2].field == "currency"
+    assert isinstance(results[3], StartConflict)
+    two = world.schedules.get(results[1])
+    assert two.spec.contractId == "c-2" and two.next_at == one.next_at and two.start_key == "two"
+    assert [event["event"] for event in world.schedules.history(two.id)] == ["created"]
+    world.at(rome(1))
+    assert world.tick() == 2
+    assert sorted(flow.input["contractId"] for flow in world.flows()) == ["c-1", "c-2"]
+
+
 def test_errors_name_what_is_wrong(world: World) -> None:
     with pytest.raises(InputError) as raised:
         world.schedules.create(monthly(currency="EURO"))
@@ -172,6 +188,59 @@ def test_each_occurrence_starts_one_mit_keyed_by_schedule_and_occurrence(world: 
         "customerId": "cust-1",
     }
     assert flow.input["captureType"] == "EXPLICIT" and flow.state is FlowState.SUCCEEDED
+
+
+def test_occurrences_start_on_the_trusted_path_which_still_checks_what_the_occurrence_adds(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The scheduler starts its flows with ``start_many(trusted=True)``: the schedule's fields were read
+    strictly when it was created, so the merchant checks (unknown fields, "did you mean") are not made
+    again; the same typed input is built, and every field's own type and bounds are still checked, the
+    occurrence's ``orderId`` included."""
+    calls: list[dict[str, Any]] = []
+    real = world.engine.start_many
+
+    def recording(*args: Any, **kwargs: Any) -> Any:
+        calls.append(kwargs)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(world.engine, "start_many", recording)
+    record = world.schedules.create(monthly(31, customerId="cust-1", captureType="EXPLICIT"))
+    world.at(rome(1, 31))
+    assert world.tick() == 1 and calls == [{"owners": [record.id], "trusted": True}]
+    (fired,) = world.flows()
+    strict = world.engine.start_many([("mit", fired.input, "strict-read")])
+    assert world.engine.get(str(strict[0])).input == fired.input, "the same input as a strict read"
+
+    order = {"orderId": "x" * 28, "amount": "1500", "currency": "EUR", "description": "Gym"}
+    too_long, bad_character, bad_amount, no_contract = world.engine.start_many(
+        [
+            ("mit", {"order": order, "contractId": "c-1"}, "k1"),
+            ("mit", {"order": {**order, "orderId": "s1-0 r1"}, "contractId": "c-1"}, "k2"),
+            ("mit", {"order": {**order, "orderId": "s1-1", "amount": "-5"}, "contractId": "c-1"}, "k3"),
+            ("mit", {"order": {**order, "orderId": "s1-2"}}, "k4"),
+        ],
+        trusted=True,
+    )
+    assert isinstance(too_long, InputError) and too_long.field == "order.orderId" and "27" in too_long.reason
+    assert isinstance(bad_character, InputError) and bad_character.field == "order.orderId"
+    assert isinstance(bad_amount, InputError) and bad_amount.field == "order.amount"
+    assert isinstance(no_contract, InputError) and no_contract.field == "contractId"
+    assert [flow.start_key for flow in world.flows()] == [fired.start_key, "strict-read"], "nothing else started"
+
+
+def test_a_server_that_forgot_the_scripts_gets_them_again(world: World) -> None:
+    """The scheduler queues its scripts on the pipeline by their SHA: the pipeline still loads the ones
+    the server lacks (a restart without persistence, ``SCRIPT FLUSH``) before running them."""
+    first = world.schedules.create(monthly(31))
+    world.at(rome(1, 31))
+    world.engine.redis.script_flush()
+    assert world.tick() == 1
+    world.engine.redis.script_flush()
+    world.at(rome(2, 28))
+    assert world.tick() == 1
+    assert [flow.start_key for flow in world.flows()] == [f"{first.id}@2026-01-31T08:00:00Z", f"{first.id}@2026-02-28T08:00:00Z"]
+    assert world.schedules.get(first.id).counts["fired"] == 2
 
 
 def test_a_monthly_schedule_charges_once_a_month_for_24_months(world: World) -> None:
@@ -475,3 +544,6 @@ def test_a_schedules_charges_declines_dunning_and_end_are_told_in_events(world: 
         declined["schedule"] == record.id and declined["data"]["responseCode"] == "116" and declined["data"]["decline"] == "soft"
     )
     assert "dunning exhausted" in told[-1].body["data"]["reason"]
+    charged = told[0].wire()
+    assert charged["orderId"] == f"{record.id}-0" and charged["operationId"] and declined["orderId"] == f"{record.id}-1"
+    assert {"id", "type", "timestamp", "schedule", "orderId", "operationId", "data"} <= set(charged)

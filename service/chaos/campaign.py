@@ -1,0 +1,132 @@
+"""The chaos campaign: what breaks and when, drawn from the seed, and a thread that breaks it on time.
+
+Events over the run's window: SIGKILL a worker (a new one starts in its place), SIGKILL the scheduler
+(started again after a pause), restart Redis (SIGKILL and start from its AOF; with
+``--lose-last-writes`` the AOF's unsynced tail is cut first, :mod:`service.chaos.aof`), and turn on a
+gateway fault at the simulator: commit-then-fail (an error or a dropped connection after the gateway
+acted), a hang past the client's timeout (with or without acting), a 5xx, a 429 with ``Retry-After``,
+or a latency past the timeout. A fault rule applies to the next one to three matching requests.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from service.chaos.aof import Cut
+from service.chaos.stack import GATEWAY_TIMEOUT, ChaosStack
+from service.chaos.workload import OPERATIONS
+
+log = logging.getLogger("durapay.chaos")
+
+WORKER_KILL, SCHEDULER_KILL, REDIS_RESTART, FAULT = "kill_worker", "kill_scheduler", "restart_redis", "fault"
+
+
+@dataclass(frozen=True)
+class Event:
+    at: float
+    what: str
+    detail: dict[str, Any] = field(default_factory=dict)
+
+
+def fault_rule(rng: random.Random) -> dict[str, Any]:
+    """One gateway fault, aimed at one operation of the mix (or at any request)."""
+    operation = rng.choice([*OPERATIONS, None])
+    count = rng.randint(1, 3)
+    kind = rng.choice(["commit_then_fail", "commit_then_drop", "hang", "hang_commit", "5xx", "429", "latency"])
+    rule: dict[str, Any]
+    if kind == "commit_then_fail":
+        rule = {"mode": "commit_then_fail", "status": rng.choice([500, 502, 503])}
+    elif kind == "commit_then_drop":
+        rule = {"mode": "commit_then_fail", "drop": True}
+    elif kind in ("hang", "hang_commit"):
+        rule = {"mode": "hang", "seconds": GATEWAY_TIMEOUT + 1.5, "commit": kind == "hang_commit"}
+    elif kind == "5xx":
+        rule = {"mode": "error", "status": rng.choice([500, 502, 503])}
+    elif kind == "429":
+        rule = {"mode": "error", "status": 429, "retry_after": rng.randint(1, 3)}
+    else:
+        rule = {"mode": "latency", "latency_ms": int(GATEWAY_TIMEOUT * 1000) + 1000}
+    if operation is not None:
+        rule["operation"] = operation
+    return {**rule, "count": count}
+
+
+def plan(rng: random.Random, duration: float, *, redis_restarts: bool) -> list[Event]:
+    """The campaign over ``duration`` seconds: events between 10% and 85% of it, in time order."""
+    counts = {
+        WORKER_KILL: max(2, int(duration // 20)),
+        SCHEDULER_KILL: max(1, int(duration // 60)),
+        REDIS_RESTART: max(2, int(duration // 60)) if redis_restarts else 0,
+        FAULT: max(4, int(duration // 6)),
+    }
+    events = []
+    for what, count in counts.items():
+        for _ in range(count):
+            at = rng.uniform(0.1 * duration, 0.85 * duration)
+            detail: dict[str, Any] = {}
+            if what == WORKER_KILL:
+                detail = {"worker": rng.randrange(1000)}
+            elif what == SCHEDULER_KILL:
+                detail = {"pause": round(rng.uniform(0.2, 3.0), 2)}
+            elif what == REDIS_RESTART:
+                detail = {"cut_seed": rng.randrange(2**32)}
+            else:
+                detail = {"rule": fault_rule(rng)}
+            events.append(Event(at, what, detail))
+    return sorted(events, key=lambda event: event.at)
+
+
+def lowest_or_any(rng: random.Random, low: int, high: int) -> int:
+    """Where a crash cuts the AOF: half the time at the last fsync (losing all it may), else anywhere after."""
+    return low if rng.random() < 0.5 else rng.randint(low, high)
+
+
+class Campaign(threading.Thread):
+    """Runs the events on time against ``stack``; counts what it did; ``last_at`` is when the last ended."""
+
+    def __init__(self, stack: ChaosStack, events: list[Event], began: float, *, lose_last_writes: bool) -> None:
+        super().__init__(name="chaos-campaign", daemon=True)
+        self.stack = stack
+        self.events = events
+        self.began = began
+        self.lose_last_writes = lose_last_writes
+        self.done: dict[str, int] = {WORKER_KILL: 0, SCHEDULER_KILL: 0, REDIS_RESTART: 0, FAULT: 0}
+        self.cuts: list[Cut] = []
+        self.problems: list[str] = []
+        self.last_at = began
+        self._halt = threading.Event()
+
+    def stop(self) -> None:
+        self._halt.set()
+
+    def run(self) -> None:
+        for event in self.events:
+            wait = self.began + event.at - time.monotonic()
+            if wait > 0 and self._halt.wait(wait):
+                return
+            try:
+                self._apply(event)
+            except Exception as exc:  # noqa: BLE001 - a campaign step that fails is reported, the run goes on
+                self.problems.append(f"{event.what} at {event.at:.1f}s: {exc}")
+                log.warning("chaos event %s failed: %s", event.what, exc)
+            self.last_at = time.monotonic()
+
+    def _apply(self, event: Event) -> None:
+        if event.what == WORKER_KILL:
+            self.stack.kill_worker(event.detail["worker"])
+        elif event.what == SCHEDULER_KILL:
+            self.stack.kill_scheduler(event.detail["pause"])
+        elif event.what == REDIS_RESTART:
+            cut_rng = random.Random(event.detail["cut_seed"])
+            draw = (lambda low, high: lowest_or_any(cut_rng, low, high)) if self.lose_last_writes else None
+            cut = self.stack.restart_redis(draw)
+            if cut is not None:
+                self.cuts.append(cut)
+        else:
+            self.stack.admin().set_faults(**event.detail["rule"])
+        self.done[event.what] += 1

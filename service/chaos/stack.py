@@ -1,0 +1,240 @@
+"""What ``durapay chaos`` runs and breaks: Valkey, the simulator, the receiver, workers and a scheduler.
+
+Valkey (its own, AOF ``everysec``; or the configured Redis), the workers (``durapay worker``) and the
+scheduler (``durapay scheduler``) are separate processes so that they can be SIGKILLed like crashed
+machines; the simulator and the receiver (the API, to which the gateway's notifications come) run in
+this process and are never killed: they stand for the outside world.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import redis
+
+from config import SIMULATOR_API_KEY, Settings, load_settings
+from config.embedded import EmbeddedValkey, free_port
+from service.app import create_app
+from service.chaos.aof import (
+    Cut,
+    FsyncRecorder,
+    crash_model_valkey,
+    current_incr,
+    stop_and_cut,
+    waitaof_waits_for_fsync,
+)
+from service.demo.stack import settings_env
+from service.runtime import Runtime, build_runtime
+from service.server import ApiServer
+from simulator import SimulatorConfig, SimulatorServer
+
+#: The gateway client's timeout: a "hang" fault holds a request longer than this.
+GATEWAY_TIMEOUT = 2.0
+#: Short leases: a killed worker's step is taken over within seconds.
+LEASE_SECONDS = 5.0
+
+
+class Child:
+    """One ``durapay <role>`` process, logging to a file; SIGKILL it and start it again at will."""
+
+    def __init__(self, role: str, name: str, env: dict[str, str], log_dir: Path, extra: list[str]) -> None:
+        self.role, self.name, self.env, self.extra = role, name, env, extra
+        self.log_path = log_dir / f"{name}.log"
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> Child:
+        command = [sys.executable, "-c", "from service.cli import main; main()", self.role, *self.extra]
+        with self.log_path.open("ab") as log:
+            self.process = subprocess.Popen(command, env=self.env, stdout=log, stderr=subprocess.STDOUT)  # noqa: S603
+        return self
+
+    @property
+    def alive(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def kill(self) -> None:
+        """SIGKILL: no cleanup, no acknowledgement, as when a machine dies."""
+        if self.alive:
+            assert self.process is not None
+            self.process.send_signal(signal.SIGKILL)
+            self.process.wait(timeout=10)
+
+    def stop(self) -> None:
+        if self.alive:
+            assert self.process is not None
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+
+class ChaosStack:
+    """Start with :meth:`start`, stop with :meth:`stop` (it stops whatever was started)."""
+
+    def __init__(
+        self,
+        base: Settings,
+        folder: Path,
+        *,
+        seed: int,
+        redis_url: str | None,
+        lose_last_writes: bool,
+        appendfsync: str = "always",
+    ) -> None:
+        self.base = base
+        self.appendfsync = appendfsync
+        self.folder = folder
+        self.seed = seed
+        self.configured_url = redis_url
+        self.lose_last_writes = lose_last_writes
+        self.log_dir = folder / "logs"
+        self.valkey: EmbeddedValkey | None = None
+        self.recorder: FsyncRecorder | None = None
+        self.simulator: SimulatorServer | None = None
+        self.runtime: Runtime | None = None
+        self.api: ApiServer | None = None
+        self.workers: list[Child] = []
+        self.scheduler: Child | None = None
+        self.env: dict[str, str] = {}
+        #: With the crash model: whether the server's WAITAOF waits for the fsync (None: not checked).
+        self.waitaof_honest: bool | None = None
+        self._names = 0
+
+    @property
+    def owns_redis(self) -> bool:
+        return self.valkey is not None
+
+    def start(self, say: Callable[[str], None]) -> None:
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        if self.lose_last_writes:
+            self.recorder = FsyncRecorder(self.folder / "crash-model").build()
+        self.simulator = SimulatorServer(SimulatorConfig(port=free_port(), seed=self.seed, notify_max_attempts=20)).start()
+        say(f"simulator at {self.simulator.base_url} (its pages paid by the simulated customer)")
+        redis_url = self.configured_url or self._start_valkey()
+        say(f"Valkey at {redis_url}" + (f" (own, AOF {self.appendfsync})" if self.valkey else " (configured)"))
+        api_port = free_port()
+        settings = load_settings(
+            {
+                "redis_url": redis_url,
+                "broker_url": redis_url,
+                "data_dir": str(self.folder),
+                "gateway": {
+                    "base_url": self.simulator.base_url,
+                    "api_key": SIMULATOR_API_KEY,
+                    "timeout": GATEWAY_TIMEOUT,
+                    "connect_timeout": 1.0,
+                },
+                "receiver": {"public_url": f"http://127.0.0.1:{api_port}{self.base.receiver.path}"},
+                "api": {"host": "127.0.0.1", "port": api_port, "key": f"chaos-{self.seed}"},
+                "engine": {"lease_seconds": LEASE_SECONDS, "dispatch_interval": 0.1, "key_prefix": f"chaos{self.seed}"},
+                "retry": {"base_seconds": 0.2, "cap_seconds": 2.0},
+            }
+        )
+        self.runtime = build_runtime(settings, redis_url=redis_url)
+        self.env = settings_env(settings)
+        self.api = ApiServer(create_app(self.runtime), "127.0.0.1", api_port).start()
+        say(f"receiver at {self.api.url}")
+        self.scheduler = Child("scheduler", "scheduler", self.env, self.log_dir, []).start()
+        for _ in range(2):
+            self.add_worker()
+        say(f"scheduler and {len(self.workers)} workers running (logs in {self.log_dir})")
+
+    def _start_valkey(self) -> str:
+        self.valkey = crash_model_valkey(self.folder / "valkey", self.recorder, self.appendfsync)
+        self.valkey.start()
+        if self.recorder:
+            self.recorder.started(self.valkey.data_dir)
+        if self.recorder and self.appendfsync == "everysec":  # the engine waits with WAITAOF only then
+            probe = redis.Redis.from_url(self.valkey.url)
+            try:
+                self.waitaof_honest = waitaof_waits_for_fsync(probe, self.valkey.data_dir, self.recorder)
+            finally:
+                probe.close()
+        return self.valkey.url
+
+    def add_worker(self) -> Child:
+        self._names += 1
+        name = f"chaos-{self._names}"
+        extra = ["--pool", "threads", "--concurrency", "4", "--loglevel", "warning", "--hostname", f"{name}@%h"]
+        worker = Child("worker", name, self.env, self.log_dir, extra).start()
+        self.workers.append(worker)
+        return worker
+
+    def kill_worker(self, index: int) -> str:
+        """SIGKILL worker ``index`` (modulo the live ones) and start a new one in its place."""
+        live = [w for w in self.workers if w.alive] or self.workers
+        victim = live[index % len(live)]
+        victim.kill()
+        self.workers.remove(victim)
+        self.add_worker()
+        return victim.name
+
+    def kill_scheduler(self, pause: float) -> None:
+        assert self.scheduler is not None
+        self.scheduler.kill()
+        time.sleep(pause)
+        self.scheduler.start()
+
+    def restart_redis(self, draw: Callable[[int, int], int] | None) -> Cut | None:
+        """SIGKILL Valkey and start it again from its AOF; with ``draw`` (and the crash model), cut the
+        AOF's unsynced tail first (:mod:`service.chaos.aof`)."""
+        assert self.valkey is not None
+        cut = None
+        if draw is not None and self.recorder is not None:
+            # Under always, unsynced writes last the moment between a write and its fsync (none of them
+            # acknowledged yet): the crash cuts wherever it finds the file.
+            if self.appendfsync == "everysec":
+                self._until_unsynced()
+            cut = stop_and_cut(self.valkey, self.recorder, draw)
+        else:
+            self.valkey.kill()
+        self.valkey.start(timeout=60)
+        if self.recorder:
+            self.recorder.started(self.valkey.data_dir)
+        return cut
+
+    def _until_unsynced(self, patience: float = 10.0) -> None:
+        """Crash inside ``everysec``'s second: wait (briefly) for a moment when the AOF holds writes no
+        fsync has covered yet; a moment with none would lose nothing and test nothing."""
+        assert self.valkey is not None and self.recorder is not None
+        deadline = time.monotonic() + patience
+        while time.monotonic() < deadline:
+            current = current_incr(self.valkey.data_dir)
+            if current is not None and current.stat().st_size > (self.recorder.fsynced(current) or 0):
+                return
+            time.sleep(0.005)
+
+    def ensure_running(self) -> None:
+        """After the chaos: every process up again (a crashed one restarted)."""
+        if self.scheduler is not None and not self.scheduler.alive:
+            self.scheduler.start()
+        for worker in list(self.workers):
+            if not worker.alive:
+                self.workers.remove(worker)
+                self.add_worker()
+
+    def stop(self) -> None:
+        for child in [*self.workers, *([self.scheduler] if self.scheduler else [])]:
+            with contextlib.suppress(Exception):
+                child.stop()
+        self.workers, self.scheduler = [], None
+        for part in (self.api, self.simulator):
+            if part is not None:
+                with contextlib.suppress(Exception):
+                    part.stop()
+        if self.runtime is not None:
+            self.runtime.close()
+        if self.valkey is not None:
+            self.valkey.stop()
+
+    def admin(self) -> Any:
+        assert self.simulator is not None
+        return self.simulator.admin

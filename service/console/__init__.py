@@ -1,0 +1,102 @@
+"""The web console at ``/console``: server-rendered pages over the engine, in the API's own process.
+
+Why server-rendered: no build step, nothing to install in a browser, nothing fetched from another host
+(it must work offline and behind a firewall). One small script (``static/console.js``: live updates by
+polling a small JSON endpoint, and the timeline's hover text) and one stylesheet ship in the package.
+
+Pieces: ``session`` (sign-in cookie, CSRF), ``web`` (templates, security headers), ``flow_pages``
+(home, list, flow, actions), ``schedule_pages``, ``timeline`` (the SVG), ``overview`` (home figures),
+``flow_facts`` (outcome and actions in words). The console's paths are open in the API's key gate
+(``service.guard``): the console checks its own session instead, with the same keys and roles.
+"""
+
+from __future__ import annotations
+
+import secrets
+from importlib.resources import files
+from typing import Any
+from urllib.parse import parse_qs
+
+from fastapi import APIRouter, FastAPI, Request
+from fastapi.responses import Response
+from fastapi.staticfiles import StaticFiles
+
+from service.auth import Keyring
+from service.console.flow_pages import flow_router
+from service.console.session import COOKIE, LOGIN_COOKIE, PATH, Sessions
+from service.console.web import Console, redirect, safe_next, secured
+from workflows.engine import Engine
+from workflows.listing import FlowListing
+
+STATIC = f"{PATH}/static"
+
+
+def install_console(app: FastAPI, engine: Engine, keyring: Keyring, *, hours: float, schedules: Any = None) -> None:
+    """Add the console's routes and files to ``app``."""
+    console = Console(Sessions(keyring, hours))
+    listing = FlowListing(engine.store, engine.registry)
+    app.mount(STATIC, StaticFiles(directory=str(files("service.console") / "static")), name="console-static")
+    app.include_router(_sign_in_router(console))
+    app.include_router(flow_router(console, engine, listing))
+    if schedules is not None:
+        from service.console.schedule_pages import schedule_router
+
+        app.include_router(schedule_router(console, schedules))
+
+
+def _sign_in_router(console: Console) -> APIRouter:
+    router = APIRouter(prefix=PATH, include_in_schema=False)
+    sessions = console.sessions
+
+    def login_page(request: Request, status: int = 200, problem: str = "") -> Response:
+        nonce = secrets.token_hex(16)
+        response = console.page(
+            request,
+            "login.html",
+            None,
+            status=status,
+            title="Sign in",
+            login_csrf=sessions.csrf(nonce),
+            next=safe_next(request.query_params.get("next")),
+            problem=problem,
+        )
+        response.set_cookie(LOGIN_COOKIE, nonce, max_age=1800, httponly=True, samesite="strict", path=PATH)
+        return response
+
+    @router.get("/login")
+    def login(request: Request) -> Response:
+        return login_page(request)
+
+    @router.post("/login")
+    async def sign_in(request: Request) -> Response:
+        body = await request.body()
+        form = {name: values[0] for name, values in parse_qs(body.decode("utf-8", "replace")).items()} if len(body) < 8192 else {}
+        if not sessions.csrf_ok(request.cookies.get(LOGIN_COOKIE, ""), form.get("csrf", "")):
+            return login_page(request, 403, "The sign-in form expired; try again.")
+        made = sessions.sign_in(form.get("key", ""))
+        if made is None:
+            return login_page(request, 401, "That key is not valid here.")
+        _, cookie = made
+        response = redirect(safe_next(form.get("next")))
+        response.set_cookie(
+            COOKIE,
+            cookie,
+            max_age=int(sessions.seconds),
+            httponly=True,
+            samesite="strict",
+            path=PATH,
+            secure=request.url.scheme == "https",
+        )
+        response.delete_cookie(LOGIN_COOKIE, path=PATH)
+        return response
+
+    @router.post("/logout")
+    async def sign_out(request: Request) -> Response:
+        session = console.session(request)
+        if session is not None and await console.form(request, session) is None:
+            return console.refuse(request, session, 403, "Refused", "the form expired; reload and try again")
+        response = redirect(f"{PATH}/login")
+        response.delete_cookie(COOKIE, path=PATH)
+        return secured(response)
+
+    return router

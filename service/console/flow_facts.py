@@ -1,0 +1,114 @@
+"""What a flow page says in words: its outcome at the gateway, the actions its state allows, and what
+each action will do at the gateway (the confirmation page's text).
+
+One home for "which action when": the engine decides what is allowed (``Engine.retry`` /
+``cancel`` / ``refund_late_payment`` raise OperatorError otherwise); this module only offers the
+actions the engine would take, so that a person is never shown a button that can only fail.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from workflows.states import TERMINAL, FlowState
+from workflows.store import FlowRecord
+
+ACTIONS = {
+    "retry": "Retry",
+    "cancel": "Cancel",
+    "accept": "Accept the late payment",
+    "refund": "Refund the late payment and cancel",
+}
+
+
+def late_payment(record: FlowRecord) -> dict[str, Any] | None:
+    """The unaccounted payment of a ``LatePayment`` flow (operation id, result, amount), if it is one."""
+    error = record.error or {}
+    if record.state is FlowState.NEEDS_ATTENTION and error.get("type") == "LatePayment":
+        operation = error.get("operation")
+        return dict(operation) if isinstance(operation, dict) else {}
+    return None
+
+
+def actions_for(record: FlowRecord) -> list[str]:
+    """The actions a person may take on the flow now."""
+    late = late_payment(record)
+    if late is not None:
+        found = ["accept", "cancel"]
+        if (record.error or {}).get("endedAs") != FlowState.SUCCEEDED.value:
+            found = ["accept", "refund"]
+        return found
+    actions: list[str] = []
+    if record.state in {FlowState.NEEDS_ATTENTION, FlowState.FAILED} and not (
+        record.state is FlowState.FAILED and record.fields.get("owner")
+    ):
+        actions.append("retry")
+    if record.state not in TERMINAL and not record.cancel_requested:
+        actions.append("cancel")
+    return actions
+
+
+def facts(record: FlowRecord) -> dict[str, Any]:
+    """The outcome in a payment's terms: operation id, result, amount, ISO response code, soft/hard."""
+    outcome = record.outcome or {}
+    error = record.error or {}
+    operation = outcome.get("operation") if isinstance(outcome.get("operation"), dict) else {}
+    operation = operation or {}
+    amount = operation.get("operationAmount")
+    currency = operation.get("operationCurrency") or ""
+    return {
+        "result": outcome.get("result") or ("" if record.state not in TERMINAL else record.state.value),
+        "reason": outcome.get("reason") or "",
+        "operation_id": operation.get("operationId") or error.get("operationId") or "",
+        "operation_type": operation.get("operationType") or "",
+        "operation_result": operation.get("operationResult") or error.get("operationResult") or "",
+        "amount": f"{amount} {currency}".strip() if amount is not None else "",
+        "response_code": operation.get("responseCode") or error.get("responseCode") or "",
+        "decline": error.get("decline") or "",
+        "operation_ids": outcome.get("operationIds") or [],
+        "late": late_payment(record),
+    }
+
+
+def explain(record: FlowRecord, action: str) -> list[str]:
+    """What ``action`` will do, at the gateway first (the confirmation page's sentences)."""
+    late = late_payment(record) or {}
+    operation = late.get("operationId", "?")
+    if action == "accept":
+        return [
+            f"Nothing is sent to the gateway: the kept notification of operation {operation} "
+            f"({late.get('operationResult', '?')}) becomes the flow's outcome.",
+            f"The flow goes back to its step {record.step!r}, which takes the notification, and succeeds with that payment.",
+        ]
+    if action == "refund":
+        return [
+            f"A refund flow is started: the gateway is asked to refund operation {operation} in full "
+            "(or to void it, before capture). Asking twice refunds once.",
+            "This flow is then cancelled, with the refund flow named in its outcome. Follow the refund on its own page.",
+        ]
+    if action == "retry" and record.state is FlowState.FAILED:
+        seq = record.order_seq + 1
+        return [
+            "The flow starts again from its first step on a new gateway order "
+            f"(order id with suffix -{seq}) and fresh idempotency keys: this is a new payment attempt at the gateway.",
+            "Card data was erased when the flow ended: a card flow cannot be restarted (the engine refuses it).",
+        ]
+    if action == "retry":
+        return [
+            f"The flow goes back to step {record.step!r}. Its last call may have reached the gateway, so the step "
+            "first reads the order back and adopts what it finds; it calls the gateway again only if nothing was made.",
+            "No payment is made twice: the call keeps its idempotency key.",
+        ]
+    if record.state is FlowState.RUNNING or record.reconcile or record.uncertain:
+        return [
+            f"The step in flight ({record.step!r}) is not interrupted: its gateway call finishes and its effect is "
+            "kept and shown; then the flow stops, cancelled. Nothing new is sent to the gateway.",
+            "A payment that step makes is not refunded by the cancel: it shows in the flow (needs attention).",
+        ]
+    sentences = ["Nothing is sent to the gateway: the flow is cancelled now and no further step runs."]
+    if record.state is FlowState.WAITING:
+        sentences.append(
+            "The customer's page at the gateway stays open until it expires; a payment made there afterwards "
+            "shows in this flow as a late payment (needs attention), never lost."
+        )
+    return sentences

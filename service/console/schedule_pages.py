@@ -1,0 +1,141 @@
+"""The console's schedule pages: the list, one schedule with its occurrences, and its actions (pause,
+resume, cancel, change the amount), each confirmed and CSRF-protected like the flow actions; the
+schedule API (``workflows.schedules.Schedules``) decides what is allowed."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import Response
+
+from service.console.session import PATH
+from service.console.web import FORM_EXPIRED, READ_ONLY, Console, redirect, to_login
+from workflows.engine import InputError, NotFound, OperatorError
+from workflows.schedules import Schedules
+from workflows.schedules.model import ScheduleState
+
+ACTIONS = {"pause": "Pause", "resume": "Resume", "cancel": "Cancel", "amount": "Change the amount"}
+EXPLAIN = {
+    "pause": "No occurrence fires while paused: nothing is sent to the gateway until you resume.",
+    "resume": "The schedule goes on from now: occurrences that passed meanwhile are skipped (not charged late).",
+    "cancel": "No further charge is made. Charges already made are not refunded; the record and history are kept.",
+    "amount": "From the next occurrence on, each MIT charge at the gateway is for the new amount; earlier charges stay.",
+}
+#: Which actions each state allows (the policy refuses the others: never show a button that can only fail).
+ALLOWED = {
+    ScheduleState.ACTIVE.value: ["pause", "cancel", "amount"],
+    ScheduleState.DUNNING.value: ["pause", "cancel", "amount"],
+    ScheduleState.PAUSED.value: ["resume", "cancel", "amount"],
+    ScheduleState.NEEDS_ATTENTION.value: ["resume", "cancel"],
+}
+
+
+def allowed(state: str) -> list[str]:
+    return ALLOWED.get(state, [])
+
+
+def schedule_router(console: Console, schedules: Schedules) -> APIRouter:
+    router = APIRouter(prefix=f"{PATH}/schedules", include_in_schema=False)
+
+    @router.get("")
+    def listing(request: Request) -> Response:
+        session = console.session(request)
+        if session is None:
+            return to_login(request)
+        state = request.query_params.get("state", "")
+        try:
+            records = schedules.list(state=state or None, limit=200)
+        except InputError as exc:
+            return console.refuse(request, session, 422, "Schedules", f"{exc.field}: {exc.reason}")
+        return console.page(
+            request,
+            "schedules.html",
+            session,
+            title="Schedules",
+            rows=[record.summary() for record in records],
+            states=[s.value for s in ScheduleState],
+            state=state,
+        )
+
+    @router.get("/{schedule_id}")
+    def one(request: Request, schedule_id: str) -> Response:
+        session = console.session(request)
+        if session is None:
+            return to_login(request)
+        try:
+            record = schedules.get(schedule_id)
+            history = schedules.history(schedule_id)
+        except NotFound:
+            return console.refuse(request, session, 404, "No such schedule", f"no schedule {schedule_id!r}")
+        summary = record.summary()
+        return console.page(
+            request,
+            "schedule.html",
+            session,
+            title=f"Schedule {schedule_id}",
+            s=summary,
+            history=list(reversed(history))[:200],
+            actions=allowed(summary["state"]) if session.operator else [],
+            done=request.query_params.get("done", ""),
+        )
+
+    @router.get("/{schedule_id}/confirm/{action}")
+    def confirm(request: Request, schedule_id: str, action: str) -> Response:
+        session = console.session(request)
+        if session is None:
+            return to_login(request)
+        if not session.operator:
+            return console.refuse(request, session, 403, "Read-only", READ_ONLY)
+        try:
+            summary = schedules.get(schedule_id).summary()
+        except NotFound:
+            return console.refuse(request, session, 404, "No such schedule", f"no schedule {schedule_id!r}")
+        if action not in allowed(summary["state"]):
+            why = f"{action} is not possible for a {summary['state']} schedule"
+            return console.refuse(request, session, 409, "Not possible now", why)
+        return console.page(
+            request,
+            "schedule_confirm.html",
+            session,
+            title=f"Confirm: {ACTIONS[action]}",
+            s=summary,
+            action=action,
+            label=ACTIONS[action],
+            explanation=EXPLAIN[action],
+        )
+
+    @router.post("/{schedule_id}/{action}")
+    async def act(request: Request, schedule_id: str, action: str) -> Response:
+        session = console.session(request)
+        if session is None:
+            return to_login(request)
+        form = await console.form(request, session)
+        if form is None:
+            return console.refuse(request, session, 403, "Refused", FORM_EXPIRED)
+        if not session.operator:
+            return console.refuse(request, session, 403, "Read-only", READ_ONLY)
+        reason = (form.get("reason") or "").strip()[:500] or "cancelled from the console"
+        amount_text = (form.get("amount") or "").strip()
+        run: dict[str, Callable[[], Any]] = {
+            "pause": lambda: schedules.pause(schedule_id, by="console"),
+            "resume": lambda: schedules.resume(schedule_id, by="console"),
+            "cancel": lambda: schedules.cancel(schedule_id, reason, by="console"),
+            "amount": lambda: schedules.change_amount(schedule_id, int(amount_text), by="console"),
+        }
+        if action not in run:
+            return console.refuse(request, session, 404, "No such action", f"no action {action!r}")
+        if action == "amount" and not amount_text.isdigit():
+            return console.refuse(request, session, 422, "Amount", "amount: a whole number of minor units (1500 = 15.00)")
+        try:
+            run[action]()
+        except NotFound:
+            return console.refuse(request, session, 404, "No such schedule", f"no schedule {schedule_id!r}")
+        except InputError as exc:
+            return console.refuse(request, session, 422, "Not done", f"{exc.field}: {exc.reason}")
+        except OperatorError as exc:
+            return console.refuse(request, session, 409, "Not done", str(exc))
+        return redirect(f"{PATH}/schedules/{schedule_id}?done={action}")
+
+    return router

@@ -1,0 +1,128 @@
+"""What every console page shares: templates, the security headers, the session, forms and CSRF.
+
+Why these headers: the console shows payment data to people signed in with keys that can move money.
+``Content-Security-Policy`` allows scripts, styles, images and requests from this origin only (and no
+inline script), so a value shown on a page (an order description, a gateway message) can never run
+as code, and no page can load anything from another host (the console works offline and behind a
+firewall); ``frame-ancestors 'none'`` keeps it out of other sites' frames; no page is cached.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from importlib.resources import files
+from typing import Any
+from urllib.parse import parse_qs, quote
+
+from fastapi import Request
+from fastapi.responses import HTMLResponse, RedirectResponse, Response
+from jinja2 import Environment, FileSystemLoader, select_autoescape
+
+from service.console.session import COOKIE, PATH, Session, Sessions
+
+CSP = (
+    "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; connect-src 'self'; "
+    "form-action 'self'; frame-ancestors 'none'; base-uri 'none'"
+)
+HEADERS = {
+    "Content-Security-Policy": CSP,
+    "X-Content-Type-Options": "nosniff",
+    "X-Frame-Options": "DENY",
+    "Referrer-Policy": "no-referrer",
+    "Cache-Control": "no-store",
+}
+READ_ONLY = "this key may look, not act: sign in with an operator key"
+FORM_EXPIRED = "the form expired or did not come from this console; reload and try again"
+#: A console form is a few fields: anything larger is refused before it is parsed.
+MAX_FORM_BYTES = 16 * 1024
+
+
+def when(value: float | None) -> str:
+    """A POSIX time as UTC ISO text (seconds), or an em dash."""
+    if not value:
+        return "\u2014"
+    return datetime.fromtimestamp(float(value), UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def shown(value: Any) -> str:
+    """A value as a person reads it: JSON for objects and lists, the text itself otherwise."""
+    return json.dumps(value, sort_keys=True) if isinstance(value, dict | list) else str(value)
+
+
+def environment() -> Environment:
+    env = Environment(
+        loader=FileSystemLoader(str(files("service.console") / "templates")),
+        autoescape=select_autoescape(["html"]),
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
+    env.filters["when"] = when
+    env.filters["q"] = lambda value: quote(str(value), safe="")
+    env.filters["show"] = shown
+    return env
+
+
+class Console:
+    """The shared parts of the console's routes: sessions, templates, the engine's runtime."""
+
+    def __init__(self, sessions: Sessions) -> None:
+        self.sessions = sessions
+        self.templates = environment()
+
+    def session(self, request: Request) -> Session | None:
+        return self.sessions.read(request.cookies.get(COOKIE))
+
+    def page(self, request: Request, template: str, session: Session | None, status: int = 200, **context: Any) -> HTMLResponse:
+        html = self.templates.get_template(template).render(
+            session=session,
+            csrf=self.sessions.csrf(session.nonce) if session else "",
+            path=request.url.path,
+            now=time.time(),
+            **context,
+        )
+        response = HTMLResponse(html, status_code=status)
+        secured(response)
+        return response
+
+    def refuse(self, request: Request, session: Session | None, status: int, title: str, reason: str) -> HTMLResponse:
+        return self.page(request, "error.html", session, status=status, title=title, reason=reason)
+
+    async def form(self, request: Request, session: Session | None) -> dict[str, str] | None:
+        """The POSTed form (first value of each field) when its CSRF token matches the session's, else None."""
+        body = await request.body()
+        if len(body) > MAX_FORM_BYTES:
+            return None
+        parsed = {name: values[0] for name, values in parse_qs(body.decode("utf-8", "replace")).items()}
+        nonce = session.nonce if session else ""
+        return parsed if self.sessions.csrf_ok(nonce, parsed.get("csrf", "")) else None
+
+
+def secured(response: Response) -> Response:
+    for name, value in HEADERS.items():
+        response.headers[name] = value
+    return response
+
+
+def to_login(request: Request) -> Response:
+    target = request.url.path + (f"?{request.url.query}" if request.url.query else "")
+    return secured(RedirectResponse(f"{PATH}/login?next={quote(target, safe='')}", status_code=303))
+
+
+def redirect(url: str) -> Response:
+    return secured(RedirectResponse(url, status_code=303))
+
+
+def safe_next(value: str | None) -> str:
+    """Where to go after signing in: a console path only (never another site)."""
+    if value and value.startswith(PATH) and not value.startswith("//") and "\\" not in value:
+        return value
+    return PATH
+
+
+def query(params: Mapping[str, Any]) -> str:
+    """A query string of the non-empty ``params``."""
+    kept = [(name, str(value)) for name, value in params.items() if value not in (None, "")]
+    return "&".join(f"{quote(name)}={quote(value, safe='')}" for name, value in kept)

@@ -1,0 +1,14 @@
+"""For merchants' receivers: check that a webhook really comes from durapay, and is fresh.
+
+    from service.webhooks import verify, WebhookVerificationError
+
+    verify(request.headers, raw_body, "whsec_...")   # raises WebhookVerificationError when it fails
+
+The rules live in ``workflows.webhooks.signing`` (the same code signs what durapay sends); this module
+is the receiver's import, with no dependency on Redis or the rest of durapay's runtime. README
+(Webhooks) has complete FastAPI and Django receivers.
+"""
+
+from workflows.webhooks.signing import DEFAULT_TOLERANCE, WebhookVerificationError, sign, verify
+
+__all__ = ["DEFAULT_TOLERANCE", "WebhookVerificationError", "sign", "verify"]

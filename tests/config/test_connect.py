@@ -1,0 +1,80 @@
+"""Reaching the store and the broker: Sentinel URLs, the cluster switch, and what is refused."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import redis
+
+from config.celery import kombu_broker, make_celery
+from config.connect import ClusterClient, open_redis, parse_sentinel_url
+from config.settings import Settings, SettingsError, load_settings
+from tests.workflows.integration.topology import ValkeyCluster
+
+
+def test_a_sentinel_url_names_the_sentinels_the_master_the_db_and_the_password() -> None:
+    target = parse_sentinel_url("redis+sentinel://:s3cr%40t@10.0.0.1:26379,sentinel-b:26380/payments/2")
+    assert target.sentinels == (("10.0.0.1", 26379), ("sentinel-b", 26380))
+    assert (target.master, target.db, target.password) == ("payments", 2, "s3cr@t")
+    plain = parse_sentinel_url("redis+sentinel://127.0.0.1:26379/mymaster")
+    assert (plain.master, plain.db, plain.password) == ("mymaster", 0, None)
+
+
+@pytest.mark.parametrize(
+    ("url", "reason"),
+    [
+        ("redis+sentinel://127.0.0.1:26379", "name the master"),
+        ("redis+sentinel://127.0.0.1/mymaster", "must be host:port"),
+        ("redis+sentinel://127.0.0.1:26379/mymaster/x", "/<master>[/<db number>]"),
+    ],
+)
+def test_a_bad_sentinel_url_is_refused_naming_the_variable(url: str, reason: str) -> None:
+    with pytest.raises(SettingsError) as refused:
+        load_settings({"redis_url": url})
+    assert str(refused.value).startswith("DURAPAY_REDIS_URL: ") and reason in str(refused.value)
+
+
+def test_the_broker_through_sentinel_becomes_kombu_s_form_with_the_master_name() -> None:
+    url, options = kombu_broker("redis+sentinel://:pw@127.0.0.1:26379,127.0.0.1:26380/durapay/1")
+    assert url == "sentinel://:pw@127.0.0.1:26379/1;sentinel://:pw@127.0.0.1:26380/1"
+    assert options == {"master_name": "durapay"}
+    assert kombu_broker("amqp://guest:guest@127.0.0.1:5672//") == ("amqp://guest:guest@127.0.0.1:5672//", {})
+    app = make_celery(Settings(), "redis+sentinel://127.0.0.1:26379/durapay")
+    assert app.conf.broker_transport == "config.celery:SentinelTransport"
+    assert app.conf.broker_transport_options["master_name"] == "durapay"
+
+
+def test_a_cluster_needs_a_broker_of_its_own_and_is_not_reached_through_sentinel() -> None:
+    with pytest.raises(SettingsError, match=r"^DURAPAY_BROKER_URL: required with DURAPAY_REDIS_CLUSTER=true"):
+        load_settings({"redis_cluster": True, "redis_url": "redis://127.0.0.1:7000"})
+    with pytest.raises(SettingsError, match=r"^DURAPAY_REDIS_URL: a Redis Cluster is reached through one of its nodes"):
+        load_settings({"redis_cluster": True, "redis_url": "redis+sentinel://127.0.0.1:26379/m", "broker_url": "amqp://h//"})
+    settings = load_settings({"redis_cluster": True, "redis_url": "redis://127.0.0.1:7000", "broker_url": "amqp://h//"})
+    assert settings.redis_cluster
+
+
+def test_open_redis_picks_the_client_for_the_topology(redis_url: str) -> None:
+    plain = open_redis(redis_url)
+    assert plain.ping() and not isinstance(plain, ClusterClient)
+    plain.close()
+    with pytest.raises(ValueError, match="not reached through Sentinel"):
+        open_redis("redis+sentinel://127.0.0.1:26379/m", cluster=True)
+
+
+def test_a_cluster_that_cannot_be_reached_raises_a_redis_connection_error(tmp_path: Path) -> None:
+    """redis-py's cluster client says "cannot be connected" with its own RedisClusterException, which is
+    not a RedisError: the heartbeat's thread, the receiver and the API (which all ride out a Redis
+    outage by catching RedisError) took it for a defect. durapay's client raises a ConnectionError."""
+    with ValkeyCluster(tmp_path, 3) as cluster:
+        client = open_redis(cluster.url, cluster=True, socket_timeout=1, socket_connect_timeout=0.5)
+        client.set("{t}:k", "1")
+        for node in cluster.nodes:
+            node.kill()
+        with pytest.raises(redis.ConnectionError):
+            client.get("{t}:k")
+        with pytest.raises(redis.ConnectionError):
+            pipe = client.pipeline(transaction=False)
+            pipe.get("{t}:k")
+            pipe.execute()
+        client.close()

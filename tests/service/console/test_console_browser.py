@@ -1,0 +1,213 @@
+"""The console in a real browser (headless Chromium from the system's packages, driven by Selenium),
+against a whole stack: Valkey, a Celery worker, the dispatcher, the simulator over HTTP, the API.
+
+They sign in, find a flow by its gateway order id, read its timeline, retry a ``needs_attention`` flow
+by clicking and watch it succeed, check that a read-only key cannot cancel, check that no page loads
+anything from another origin, and that every page has a title, labelled controls and fits 1280 and
+390 pixel wide windows. Screenshots land in ``artifacts/console/``.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+from urllib.parse import urlsplit
+
+import pytest
+
+from tests.service.console.conftest import OPERATOR_KEY, READ_KEY, ConsoleStack, screenshot
+from tests.waiting import wait_until
+from tests.workflows.integration.test_flows import card, order
+from workflows.states import FlowState
+
+pytestmark = pytest.mark.integration
+
+
+def sign_in(driver: Any, stack: ConsoleStack, key: str) -> None:
+    from selenium.webdriver.common.by import By
+
+    driver.delete_all_cookies()
+    driver.get(f"{stack.url}/console/login")
+    field = driver.find_element(By.NAME, "key")
+    field.send_keys(key)
+    driver.find_element(By.ID, "sign-in").click()
+    wait_until(lambda: driver.find_elements(By.ID, "sign-out"), 15, "the signed-in page")
+
+
+def wait_text(driver: Any, element_id: str, text: str, timeout: float = 30.0) -> None:
+    """Wait until the element shows ``text`` (the page reloads itself when the flow moves)."""
+    from selenium.common.exceptions import StaleElementReferenceException
+    from selenium.webdriver.common.by import By
+
+    def shown() -> bool:
+        try:
+            return any(text in element.text for element in driver.find_elements(By.ID, element_id))
+        except StaleElementReferenceException:
+            return False
+
+    wait_until(shown, timeout, f"#{element_id} to show {text!r}")
+
+
+def moto(stack: ConsoleStack) -> Any:
+    data = {"order": order(), "card": card()}
+    record = stack.engine.start("moto", data)
+    return stack.engine.wait(record.id, 30)
+
+
+def needs_attention(stack: ConsoleStack) -> Any:
+    """A MOTO flow stopped for a person: the payment call failed ambiguously (500) every time."""
+    stack.simulator.admin.set_faults(mode="error", status=500, operation="create_moto_order", count=1000)
+    try:
+        record = stack.engine.start("moto", {"order": order(), "card": card()})
+        stopped = stack.engine.wait(record.id, 60)
+    finally:
+        stack.simulator.admin.clear_faults()
+    assert stopped.state is FlowState.NEEDS_ATTENTION, stopped.summary()
+    return stopped
+
+
+def test_sign_in_find_by_order_id_and_read_the_timeline(console_stack: ConsoleStack, browser: Any) -> None:
+    from selenium.webdriver.common.by import By
+
+    done = moto(console_stack)
+    assert done.state is FlowState.SUCCEEDED, done.summary()
+    sign_in(browser, console_stack, OPERATOR_KEY)
+    assert browser.title.endswith("durapay console")
+    browser.get(f"{console_stack.url}/console/flows")
+    search = browser.find_element(By.ID, "q")
+    search.send_keys(done.order_id)
+    browser.find_element(By.ID, "apply").click()
+    link = wait_until(lambda: browser.find_elements(By.LINK_TEXT, done.id), 15, "the flow in the search results")
+    screenshot(browser, "flows-search")
+    link[0].click()
+    wait_text(browser, "flow-id", done.id)
+    svg = browser.find_element(By.CSS_SELECTOR, "svg.timeline")
+    steps = [step for step in done.outputs]
+    lanes = [lane.get_attribute("data-step") for lane in svg.find_elements(By.CSS_SELECTOR, "g.tl-lane")]
+    for step in steps:
+        assert step in lanes, (step, lanes)
+    calls = svg.find_elements(By.CSS_SELECTOR, "rect[data-op]")
+    history = console_stack.engine.history(done.id)
+    made = [entry["call"] for entry in history if entry.get("call")]
+    assert made and len(calls) == len(made), (made, [c.get_attribute("data-op") for c in calls])
+    assert {c.get_attribute("data-op") for c in calls} == {call["op"] for call in made}
+    table = browser.find_element(By.ID, "calls").text
+    for call in made:
+        assert call["op"] in table and str(call["status"]) in table
+    outcome = browser.find_element(By.ID, "outcome").text
+    assert done.outcome is not None and done.outcome["operation"]["operationId"] in outcome
+    record = browser.find_element(By.ID, "record-json").get_attribute("textContent")
+    assert card()["pan"] not in record and card()["pan"][:6] in record, "the card number is masked"
+    screenshot(browser, "flow-timeline")
+
+
+def test_retry_a_needs_attention_flow_by_clicking(console_stack: ConsoleStack, browser: Any) -> None:
+    from selenium.webdriver.common.by import By
+
+    stopped = needs_attention(console_stack)
+    sign_in(browser, console_stack, OPERATOR_KEY)
+    browser.get(f"{console_stack.url}/console")
+    assert stopped.id in browser.find_element(By.ID, "h-attention").find_element(By.XPATH, "..").text
+    browser.get(f"{console_stack.url}/console/flows/{stopped.id}")
+    wait_text(browser, "flow-state", "needs_attention")
+    timeline = browser.find_element(By.CSS_SELECTOR, "svg.timeline")
+    assert timeline.find_elements(By.CSS_SELECTOR, 'rect[data-kind="backoff"]'), "the retries' backoffs are drawn"
+    assert timeline.find_elements(By.CSS_SELECTOR, 'rect[data-status="500"]'), "the failed calls show their status"
+    browser.find_element(By.ID, "action-retry").click()
+    assert "reads the order back" in browser.find_element(By.TAG_NAME, "main").text
+    screenshot(browser, "confirm-retry")
+    browser.find_element(By.ID, "confirm").click()
+    wait_text(browser, "flow-state", "succeeded", timeout=60)
+    done = console_stack.engine.get(stopped.id)
+    assert done.state is FlowState.SUCCEEDED, done.summary()
+    screenshot(browser, "flow-retried")
+
+
+def test_a_read_only_key_cannot_cancel(console_stack: ConsoleStack, browser: Any) -> None:
+    from selenium.webdriver.common.by import By
+
+    sleeping = console_stack.engine.start("moto", {"order": order(), "card": card()}, run_at=time.time() + 3600)
+    sign_in(browser, console_stack, READ_KEY)
+    browser.get(f"{console_stack.url}/console/flows/{sleeping.id}")
+    wait_text(browser, "flow-state", "sleeping")
+    assert not browser.find_elements(By.ID, "action-cancel"), "a read-only session is offered no action"
+    browser.get(f"{console_stack.url}/console/flows/{sleeping.id}/confirm/cancel")
+    assert "may look, not act" in browser.find_element(By.TAG_NAME, "main").text
+    screenshot(browser, "read-only-refused")
+    # Posting the form anyway (with the session's own CSRF token) is refused too, and so is the API.
+    token = browser.find_element(By.NAME, "csrf").get_attribute("value")
+    status = browser.execute_script(
+        "return fetch(arguments[0], {method: 'POST', headers: {'Content-Type': 'application/x-www-form-urlencoded'},"
+        " body: 'csrf=' + encodeURIComponent(arguments[1]) + '&reason=x'}).then(r => r.status);",
+        f"/console/flows/{sleeping.id}/cancel",
+        token,
+    )
+    assert status == 403
+    answer = console_stack.http.post(f"/flows/{sleeping.id}/cancel", headers={"X-Api-Key": READ_KEY})
+    assert answer.status_code == 403, answer.text
+    assert console_stack.engine.get(sleeping.id).state is FlowState.SLEEPING
+
+
+PAGES = (
+    "/console",
+    "/console/flows",
+    "/console/flows/{flow}",
+    "/console/flows/{flow}/confirm/cancel",
+    "/console/flows/no-such-flow",
+    "/console/schedules",
+    "/console/schedules/{schedule}",
+    "/console/schedules/{schedule}/confirm/amount",
+)
+SCHEDULE = {
+    "contractId": "contract-browser-1",
+    "amount": 990,
+    "currency": "EUR",
+    "description": "weekly coffee",
+    "rule": {"every": "week", "weekday": "monday"},
+    "timezone": "America/New_York",
+    "start": "2031-01-01",
+}
+
+
+def test_every_page_is_same_origin_titled_labelled_and_fits(console_stack: ConsoleStack, browser: Any) -> None:
+    """No page loads anything from another origin (the browser's own record of every resource), every
+    page has a title, every control a label, and nothing is wider than a 1280 or a 390 px window."""
+    sleeping = console_stack.engine.start("moto", {"order": order(), "card": card()}, run_at=time.time() + 3600)
+    created = console_stack.http.post("/schedules", json=SCHEDULE)
+    assert created.status_code == 201, created.text
+    origin = urlsplit(console_stack.url)
+    browser.delete_all_cookies()
+    try:
+        for width in (1280, 390):
+            browser.set_window_size(width, 900)
+            browser.get(f"{console_stack.url}/console/login")
+            check_page(browser, origin, "login", width)
+        sign_in(browser, console_stack, OPERATOR_KEY)
+        for width in (1280, 390):
+            browser.set_window_size(width, 900)
+            for page in PAGES:
+                browser.get(console_stack.url + page.format(flow=sleeping.id, schedule=created.json()["id"]))
+                check_page(browser, origin, page, width)
+    finally:
+        browser.set_window_size(1280, 900)
+
+
+def check_page(driver: Any, origin: Any, page: str, width: int) -> None:
+    from selenium.webdriver.common.by import By
+
+    assert driver.title.strip(), f"{page}: no title"
+    loaded = driver.execute_script("return [document.URL].concat(performance.getEntriesByType('resource').map(e => e.name));")
+    for url in loaded:
+        parts = urlsplit(url)
+        assert (parts.scheme, parts.netloc) == (origin.scheme, origin.netloc) or parts.scheme == "data", (page, url)
+    for control in driver.find_elements(By.CSS_SELECTOR, "input:not([type=hidden]), select, textarea"):
+        ident = control.get_attribute("id")
+        label = driver.find_elements(By.CSS_SELECTOR, f"label[for='{ident}']") if ident else []
+        labelled = control.get_attribute("aria-label") or label
+        assert labelled, f"{page}: control {control.get_attribute('name')!r} has no label"
+    for button in driver.find_elements(By.CSS_SELECTOR, "button, a.button"):
+        assert button.text.strip() or button.get_attribute("aria-label"), f"{page}: a button without a name"
+    overflow = driver.execute_script("return document.documentElement.scrollWidth - window.innerWidth;")
+    assert overflow <= 1, f"{page} is {overflow}px wider than a {width}px window"
+    name = page.strip("/").replace("/", "-").replace("{", "").replace("}", "")
+    screenshot(driver, f"{name}-{width}")

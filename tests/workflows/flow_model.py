@@ -1,0 +1,418 @@
+"""A model of whole flows: the real engine, the real simulator and a real Valkey, stepped by a test.
+
+``test_flow_model.py`` lets Hypothesis choose what happens next; this module is the world it acts on:
+
+* **Valkey** (``aof_tail.py``) runs with ``appendfsync always``; losing a tail of its writes (a host
+  crash inside ``everysec``'s second, a failover) is an AOF cut and a restart, never below a write the
+  engine waited on (``WAITAOF``).
+* **Celery** is :class:`Messages`: the chains the engine sends, delivered when the test says, once,
+  twice (a redelivery) or never (a lost message). Deliveries run the real worker path
+  (``Engine.run_step`` with the task's ``money`` flag); a *kill* claims and runs a step, calls the
+  gateway, and never completes (a worker SIGKILLed after the call).
+* **The gateway** is the simulator over HTTP, its faults set per request (commit then fail, 429,
+  5xx), its ledger the truth the invariants are checked against; its clock moves with the engine's.
+* **Notifications** are the simulator's own bodies, delivered through the real
+  ``NotificationReceiver`` (token check, deduplication), any number of times, in any order.
+
+The invariants (:meth:`FlowWorld.check_always`, :meth:`FlowWorld.check_settled`): money at the
+gateway shows in its flow (``succeeded`` naming it, or ``needs_attention`` naming it); at most one
+charge per flow and per schedule occurrence, ever; an unfinished flow always has a due entry; and
+:meth:`FlowWorld.settle` reaches quiescence within a bounded number of steps (every loop ends).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+import redis
+
+from config import load_settings
+from gateway import CATALOGUE, Catalogue
+from service.receiver import NotificationReceiver
+from simulator import SimulatorConfig, SimulatorServer
+from tasks.outcomes import Outcome
+from tasks.runner import LeaseLost, run_step, settle_before_cancel
+from tests.workflows.aof_tail import AofTail, FloorDurability
+from workflows.clock import ManualClock
+from workflows.engine import Claim, Engine
+from workflows.flows import REGISTRY
+from workflows.schedules import Schedules
+from workflows.states import STOPPED, FlowState
+from workflows.store import Change, FlowRecord
+
+#: Operations that take money (or verify a card): the flow's own payment when they have no parent.
+PAYMENT_TYPES = {"AUTHORIZATION", "CAPTURE", "CARD_VERIFICATION"}
+SUCCESS = {"AUTHORIZED", "EXECUTED"}
+#: Whether a step's task writes at the gateway (its claim is then made durable), as the Celery task says.
+MONEY = {op.task_name: op.method == "POST" for op in CATALOGUE}
+#: A schedule's charge: ``<schedule>-<occurrence>``, its dunning retries ``...-r<attempt>``.
+OCCURRENCE = re.compile(r"(s[0-9a-f]{12}-\d+)(-r\d+)?")
+LIVE = {FlowState.READY, FlowState.RETRYING, FlowState.WAITING, FlowState.SLEEPING, FlowState.RUNNING}
+
+APPROVE = "4349940199004549"  # approving VISA, frictionless
+CHALLENGE = "5186151650005008"  # approving MC, 3DS challenge
+DECLINE = "4349940199997007"  # declining VISA
+
+
+# -- Celery ----------------------------------------------------------------------------------
+
+
+class Messages:
+    """Stands in for Celery: the chains the engine sent, delivered when the test says."""
+
+    def __init__(self) -> None:
+        self.chains: list[tuple[str, list[tuple[str, str]]]] = []
+
+    def send(self, task_name: str, flow_id: str, step: str) -> None:
+        self.chains.append((flow_id, [(task_name, step)]))
+
+    def send_chain(self, flow_id: str, links: list[tuple[str, str]]) -> None:
+        if links:
+            self.chains.append((flow_id, list(links)))
+
+
+# -- the world -------------------------------------------------------------------------------
+
+
+@dataclass
+class ModelFlow:
+    """A flow the model started: what it is, and its base order id (its orders are ``base``, ``base-2``...)."""
+
+    flow_id: str
+    kind: str
+    base: str
+    expired: bool = False
+    charges_at_expiry: int = 0
+
+    def owns(self, order_id: str) -> bool:
+        return re.fullmatch(re.escape(self.base) + r"(-\d+)?", order_id) is not None
+
+
+@dataclass
+class FlowWorld:
+    """The engine, simulator, Valkey and messages of one example, and the invariants over them."""
+
+    sim: SimulatorServer
+    tail: AofTail
+    example: int
+    engine: Engine = field(init=False)
+    clock: ManualClock = field(init=False)
+    messages: Messages = field(init=False)
+    receiver: NotificationReceiver = field(init=False)
+    flows: list[ModelFlow] = field(default_factory=list)
+    schedules: Schedules = field(init=False)
+    schedule_ids: list[str] = field(default_factory=list)
+    contract: str = ""
+    shown: set[str] = field(default_factory=set)  # orders whose page URL the merchant was shown
+    held: list[tuple[Claim, Outcome | None]] = field(default_factory=list)
+    steps: int = 0
+    cuts: int = 0
+    retention_runs: int = 0
+    ids: Iterator[int] = field(default_factory=lambda: iter(range(10_000)))
+
+    def __post_init__(self) -> None:
+        self.sim.admin.reset()
+        self.sim.admin.clear_faults()
+        client = redis.Redis.from_url(self.tail.server.url)
+        client.flushall()
+        self.tail.mark_durable()
+        settings = load_settings(
+            {
+                "gateway": {"base_url": self.sim.base_url, "timeout": 2.0, "connect_timeout": 1.0},
+                "engine": {"key_prefix": "m", "lease_seconds": 30, "partitions": 2},
+                "retry": {"base_seconds": 1, "cap_seconds": 10, "max_attempts": 3, "reconcile_attempts": 3},
+                "receiver": {"public_url": "http://127.0.0.1:9/notifications"},
+            }
+        )
+        self.clock = ManualClock(self.sim.admin.now().timestamp())
+        self.messages = Messages()
+        rng = random.Random(0)  # retry jitter, the same in every replay
+        self.engine = Engine(settings, client, REGISTRY, sender=self.messages, clock=self.clock, rng=rng)
+        self.engine.store._durability = FloorDurability(aof=True, timeout_ms=2000, tail=self.tail)
+        self.receiver = NotificationReceiver(self.engine, settings.receiver)
+        self.schedules = Schedules(self.engine)
+        self.contract = self.make_contract()
+
+    def close(self) -> None:
+        self.engine.redis.close()
+        self.engine.gateway().close()
+
+    # -- acting ----------------------------------------------------------------------------------
+
+    def start(self, kind: str, variant: str) -> ModelFlow:
+        base = f"m{self.example}x{next(self.ids)}"
+        order = {"orderId": base, "amount": "1500", "currency": "EUR"}
+        data: dict[str, Any]
+        if kind == "moto":
+            data = {"order": order, "card": card(DECLINE if variant == "decline" else APPROVE)}
+        elif kind == "three_steps":
+            data = {"order": order, "card": card(CHALLENGE if variant == "challenge" else APPROVE)}
+            data["challengeTimeoutSeconds"] = 300
+        else:
+            session = {"actionType": "PAY", "amount": "1500", "language": "eng", "resultUrl": "https://shop.example/r"}
+            data = {"order": order, "paymentSession": session, "waitSeconds": 600}
+        record = self.engine.start(kind, data, key=base)  # keyed: the same id (and partition) in every replay
+        flow = ModelFlow(record.id, kind, base)
+        self.flows.append(flow)
+        return flow
+
+    def make_contract(self) -> str:
+        """A MIT_SCHEDULED contract, made by a first three-step payment outside any flow (before any fault)."""
+        contract = f"ctr{self.example}"
+        order = {"orderId": f"k{self.example}", "amount": "100", "currency": "EUR"}
+        recurrence = {"action": "CONTRACT_CREATION", "contractId": contract, "contractType": "MIT_SCHEDULED"}
+        client = self.engine.gateway()
+        init = client.call(Catalogue.three_steps_init, request={"order": order, "card": card(APPROVE), "recurrence": recurrence})
+        payment = {"operationId": init.operation.operationId, "order": order, "card": card(APPROVE), "recurrence": recurrence}
+        client.call(Catalogue.three_steps_payment, request=payment)
+        return contract
+
+    def create_schedule(self) -> str:
+        """A daily charge of the contract: four occurrences, every missed one fired, dunning after 1 and
+        2 days."""
+        start = datetime.fromtimestamp(self.clock.now() + 60, UTC).strftime("%Y-%m-%dT%H:%M:%S")
+        spec = {
+            "contractId": self.contract,
+            "amount": 1500,
+            "currency": "EUR",
+            "description": "model",
+            "rule": {"every": "days", "interval": 1},
+            "start": start,
+            "count": 4,
+            "missed": "each",
+            "dunning": [1, 2],
+        }
+        created = self.schedules.create(spec, key=f"{self.contract}-{len(self.schedule_ids)}")
+        self.schedule_ids.append(created.id)
+        return created.id
+
+    def deliver(self, index: int, *, again: bool = False) -> str:
+        """Celery runs the first link of a chain (``again``: the message stays, to be delivered again)."""
+        flow_id, links = self.messages.chains[index] if again else self.messages.chains.pop(index)
+        (task, step), rest = links[0], links[1:]
+        self.steps += 1
+        result = self.engine.run_step(
+            flow_id, step, worker="w1", chained_next=rest[0][1] if rest else None, money=MONEY.get(task, False)
+        )
+        if rest:
+            self.messages.chains.append((flow_id, rest))
+        return result
+
+    def begin_step(self, flow: ModelFlow, worker: str = "slow") -> str:
+        """A worker claims the flow's current step and runs it (the gateway acts), but does not complete
+        it yet: the completion is held for :meth:`finish_step` (a slow worker) or dropped (a killed one),
+        and anything may happen in between."""
+        record = self.engine.store.get(flow.flow_id)
+        if record is None or record.state not in LIVE:
+            return "nothing to run"
+        definition = self.engine.registry[record.kind]
+        money = MONEY.get(definition.step(record.step).task_name, False)
+        claim = self.engine.protocol.claim(flow.flow_id, record.step, worker=worker, money=money)
+        if not isinstance(claim, Claim):
+            return claim
+        self.steps += 1
+        try:
+            if claim.record.cancel_requested:
+                outcome = settle_before_cancel(claim.step, claim.ctx, resend=claim.resend)
+            else:
+                outcome = run_step(claim.step, claim.ctx, must_reconcile=claim.resend, resend=claim.resend)
+        except LeaseLost:
+            return "lease lost"
+        self.held.append((claim, outcome))
+        return "held"
+
+    def finish_step(self, index: int) -> str:
+        """The slow worker completes (as ``StepProtocol.run_step`` would; refused if it is stale by now)."""
+        claim, outcome = self.held.pop(index)
+        if outcome is None:  # asked to stop, and the gateway shows nothing done: cancelled
+            cancel = Change(FlowState.CANCELLED, "cancelled as requested", {"lease_until": None, "lease_owner": None})
+            return self.engine.protocol._stop(claim.record, cancel, self.clock.now(), claim.record.lease_owner)
+        return self.engine.complete(claim, outcome)
+
+    def kill_mid_step(self, flow: ModelFlow) -> str:
+        """A worker claims the flow's current step, runs it (the gateway acts), and dies before completing."""
+        began = self.begin_step(flow, worker="doomed")
+        if began == "held":
+            self.held.pop()
+            return "killed"
+        return began
+
+    def advance(self, seconds: float) -> None:
+        self.clock.advance(seconds)
+        self.sim.admin.advance_clock(seconds)
+
+    def lose_tail(self, commands: int) -> int:
+        lost = self.tail.cut(commands)
+        self.cuts += 1
+        self.engine.redis.connection_pool.disconnect()
+        return lost
+
+    def notifications(self, flow: ModelFlow) -> list[dict[str, Any]]:
+        return [n for n in self.sim.admin.notifications() if flow.owns(n["orderId"])]
+
+    def notify(self, body: dict[str, Any]) -> int:
+        return self.receiver.receive(json.dumps(body).encode()).status
+
+    def expire_retention(self) -> None:
+        """Jump past the retention time: everything Redis keeps with a TTL is gone (finished flows, their
+        logs and order lookups, the receiver's seen event ids)."""
+        client = self.engine.redis
+        self.retention_runs += 1
+        self.advance(self.engine.settings.engine.retention_days * 86400 + 60)
+        charges = self.charges_by_flow()
+        for key in client.scan_iter(count=1000):
+            if client.ttl(key) > 0:
+                client.delete(key)
+        for flow in self.flows:
+            if not flow.expired and client.exists(self.engine.keys.flow(flow.flow_id)) == 0:
+                flow.expired = True
+                flow.charges_at_expiry = len(charges.get(flow.flow_id, []))
+
+    # -- reading ---------------------------------------------------------------------------------
+
+    def record(self, flow: ModelFlow) -> FlowRecord | None:
+        return self.engine.store.get(flow.flow_id)
+
+    def payments(self) -> list[dict[str, Any]]:
+        """The successful payments at the gateway (not the first payments that made the contracts)."""
+        return [
+            op
+            for op in self.sim.admin.operations()
+            if op["operationType"] in PAYMENT_TYPES
+            and op["operationResult"] in SUCCESS
+            and not op.get("parentOperationId")
+            and not op["orderId"].startswith("k")
+        ]
+
+    def discover(self) -> None:
+        """Add the flows the schedules started (MIT charges) to the model's flows."""
+        known = {flow.flow_id for flow in self.flows}
+        for record in self.engine.list(kind="mit", limit=1000):
+            if record.id not in known:
+                self.flows.append(ModelFlow(record.id, "mit", record.order_id))
+
+    def charges_by_flow(self) -> dict[str, list[dict[str, Any]]]:
+        """The successful payments, by the flow whose orders they are on (each has one)."""
+        self.discover()
+        found: dict[str, list[dict[str, Any]]] = {}
+        for op in self.payments():
+            owners = [flow for flow in self.flows if flow.owns(op["orderId"])]
+            assert owners, f"a payment on an order no flow of the model made: {op}"
+            found.setdefault(owners[0].flow_id, []).append(op)
+        return found
+
+    def live(self) -> list[ModelFlow]:
+        self.discover()
+        return [flow for flow in self.flows if not flow.expired and (self.record(flow) or _gone()).state in LIVE]
+
+    def settle(self, limit: int = 400) -> int:
+        """Deliver, dispatch, tick the schedules and move time on until every flow is stopped and no
+        schedule has anything left to fire; the moves it took. Every notification the gateway made is
+        delivered again first (the gateway retries until answered)."""
+        for flow in self.flows:
+            for note in self.notifications(flow):
+                if not flow.expired:
+                    self.notify(note["body"])
+        while self.held:
+            self.finish_step(0)
+        for taken in range(limit):
+            if self.messages.chains:
+                self.deliver(0)
+                continue
+            if self.engine.dispatch_due() or self.schedules.tick():
+                continue
+            due = [at for at in (self.engine.store.next_due(), self.schedules.store.next_due()) if at is not None]
+            if not self.live() and not self.schedules.store.next_due():
+                return taken
+            assert due, f"live flows {[flow.flow_id for flow in self.live()]} and nothing due"
+            self.advance(max(min(due) - self.clock.now(), 0.0) + 0.001)
+        raise AssertionError(f"not settled after {limit} moves: {[self.describe(flow) for flow in self.flows]}")
+
+    def describe(self, flow: ModelFlow) -> dict[str, Any]:
+        record = self.record(flow)
+        if record is None:
+            return {"flow": flow.flow_id, "expired": flow.expired}
+        return {**record.summary(), "history": self.engine.store.history(flow.flow_id)}
+
+    # -- invariants ------------------------------------------------------------------------------
+
+    def check_always(self) -> None:
+        """What holds after every move: no flow, no schedule occurrence charged twice; every started
+        flow kept (until its retention); every unfinished flow on the due set."""
+        charges = self.charges_by_flow()
+        for flow in self.flows:
+            made = charges.get(flow.flow_id, [])
+            assert len(made) <= 1, f"flow {flow.flow_id} charged {len(made)} times: {made}; {self.describe(flow)}"
+            if flow.expired:
+                assert len(made) == flow.charges_at_expiry, f"an expired flow charged: {made}"
+                continue
+            record = self.record(flow)
+            assert record is not None, f"acknowledged flow {flow.flow_id} lost"
+            if record.customer_url:
+                self.shown.add(record.order_id)  # the merchant reads it and hands it to the customer
+            if record.state in LIVE:
+                score = self.engine.redis.zscore(self.engine.keys.due_of(flow.flow_id), flow.flow_id)
+                assert score is not None, f"unfinished flow without a due entry: {self.describe(flow)}"
+        occurrences: dict[str, list[str]] = {}
+        for op in self.payments():
+            found = OCCURRENCE.fullmatch(op["orderId"])
+            if found:
+                occurrences.setdefault(found.group(1), []).append(op["orderId"])
+        for occurrence, orders in occurrences.items():
+            assert len(orders) <= 1, f"schedule occurrence {occurrence} charged {len(orders)} times: {orders}"
+
+    def check_settled(self) -> list[ModelFlow]:
+        """What holds once settled: a success is real, and money at the gateway shows in its flow:
+        ``succeeded`` naming it, ``needs_attention`` naming it, or ``needs_attention`` for a step whose
+        call may have taken effect (say the gateway could not be read back in time; an operator's retry
+        reads it first). Returns the flows in that last case, for :meth:`check_retried`."""
+        self.check_always()
+        charges = self.charges_by_flow()
+        unnamed = []
+        for flow in self.flows:
+            if flow.expired:
+                continue
+            record = self.record(flow)
+            assert record is not None
+            assert record.state in STOPPED, self.describe(flow)
+            made = charges.get(flow.flow_id, [])
+            outcome_ids = set((record.outcome or {}).get("operationIds") or [])
+            if record.state is FlowState.SUCCEEDED:
+                assert made, f"succeeded without a payment at the gateway: {self.describe(flow)}"
+            for op in made:
+                if record.state is FlowState.SUCCEEDED:
+                    assert op["operationId"] in outcome_ids, f"payment {op} not the flow's: {self.describe(flow)}"
+                    continue
+                assert record.state is FlowState.NEEDS_ATTENTION, (
+                    f"payment {op['operationId']} taken while the flow says {record.state}: {self.describe(flow)}"
+                )
+                if op["operationId"] not in json.dumps(record.error or {}):
+                    unnamed.append(flow)  # a person looks; their retry reads the gateway first
+        return unnamed
+
+    def check_retried(self, unnamed: list[ModelFlow]) -> None:
+        """An operator retries the flows that could not tell whether their call took effect, with the
+        gateway answering again: each must now name its payment."""
+        self.sim.admin.clear_faults()
+        for flow in unnamed:
+            self.engine.retry(flow.flow_id)
+        self.settle()
+        assert not self.check_settled(), [self.describe(flow) for flow in unnamed]
+
+
+def card(pan: str) -> dict[str, str]:
+    return {"pan": pan, "expiryDate": "1230", "cvv": "123"}
+
+
+def _gone() -> Any:
+    raise AssertionError("a flow record vanished")
+
+
+def simulator_config() -> SimulatorConfig:
+    return SimulatorConfig(seed=7, notify_max_attempts=1)

@@ -1,0 +1,62 @@
+"""What the flow model test (``test_flow_model.py``) found, each replayed as a fixed sequence of moves.
+
+Same world as the model (the engine, the simulator over HTTP, a Valkey whose AOF tail can be cut), the
+same invariants checked at the end: money at the gateway shows in its flow, no flow charged twice.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+import pytest
+
+from simulator import SimulatorAdminError, SimulatorServer
+from tests.workflows.aof_tail import AofTail
+from tests.workflows.flow_model import FlowWorld
+from workflows.states import FlowState
+
+
+@pytest.fixture
+def world(model_parts: tuple[SimulatorServer, AofTail]) -> Iterator[FlowWorld]:
+    built = FlowWorld(*model_parts, example=900)
+    yield built
+    built.close()
+
+
+def test_a_cancel_waits_for_the_read_of_a_call_that_may_have_charged(world: FlowWorld) -> None:
+    """A worker dies after the MOTO payment committed; the next run's read back is answered 429 while
+    a cancel is pending. The retried read must still come: the completion into ``retrying`` (reconcile
+    first) was turned into ``cancelled``, with the card charged."""
+    flow = world.start("moto", "approve")
+    assert world.kill_mid_step(flow) == "killed"
+    world.sim.admin.set_faults(mode="error", operation="get_order", count=1, status=429, retry_after=2)
+    world.engine.cancel(flow.flow_id, "the merchant cancels")
+    world.advance(31)
+    world.settle()
+    world.check_settled()
+    record = world.record(flow)
+    assert record is not None and record.state in {FlowState.SUCCEEDED, FlowState.NEEDS_ATTENTION}
+
+
+def test_a_page_shown_to_the_merchant_is_never_forgotten_by_redis(world: FlowWorld) -> None:
+    """The hosted page is created and its URL shown (the flow waits for the customer); then Redis loses
+    its last writes, the completion among them (and the notification token). The create runs again,
+    finds the order unpaid and moves to ``<orderId>-2``; the merchant cancels; the customer pays the
+    page they were given. The payment must show in the flow: the completion that shows a customer URL
+    is durable before the step returns."""
+    flow = world.start("hpp", "approve")
+    while world.messages.chains:
+        world.deliver(0)
+    shown = world.record(flow)
+    assert shown is not None and shown.state is FlowState.WAITING and shown.customer_url
+    world.lose_tail(50)
+    world.advance(31)
+    world.engine.dispatch_due()
+    while world.messages.chains:
+        world.deliver(0)
+    world.engine.cancel(flow.flow_id, "the merchant cancels")
+    with contextlib.suppress(SimulatorAdminError):
+        world.sim.admin.complete_hpp(shown.order_id)
+    world.settle()
+    world.check_settled()

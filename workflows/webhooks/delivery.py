@@ -1,0 +1,383 @@
+"""Webhook delivery: from the event streams to each subscribed endpoint, durably, at least once.
+
+The path of an event, every step either atomic or repeated until it holds:
+
+1. **Fan-out** (the dispatcher's ticker, ``fanout.lua``): the stream's new entries become one delivery
+   per subscribed endpoint on the partition's delivery due set, and the stream's fan-out cursor moves
+   past them, in one script; an event is ahead of the cursor or has its deliveries, never neither.
+2. **Take** (same ticker, ``take_due.lua``): due deliveries are pushed back by a lease and sent to the
+   workers as ``durapay.webhooks.deliver`` tasks; a lost task, or a worker killed mid-attempt, leaves
+   the delivery on the due set, where it comes due again when the lease ends.
+3. **Attempt** (a worker, :meth:`Webhooks.deliver`): a signed POST (``signing``) with a timeout;
+   ``record.lua`` then logs the attempt and removes the delivery (2xx, or given up) or puts it back
+   due at its next retry, in one script.
+
+Retries: immediately, then 5 s, 5 min, 30 min, 2 h, 5 h, 10 h, 10 h... each with +-20% jitter, and
+never sooner than an answer's ``Retry-After``; a delivery still failing ``retry_days`` after its first
+attempt is given up (logged and kept in the attempts). ``410 Gone`` disables the endpoint at once; an
+endpoint without a success for ``disable_after_days`` is disabled too, and reported (error log, and
+its reason on ``GET /webhooks``). A receiver may see an event more than once (a worker killed after
+the POST, before its record): the ``webhook-id`` header, the event id, is the same on every attempt.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import logging
+import random
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from email.utils import parsedate_to_datetime
+from importlib import resources
+from typing import Any
+
+from config.settings import WebhooksSettings
+from workflows.events import Cursor, EventFeed, decode_entry, iso
+from workflows.keys import Keys
+from workflows.webhooks.endpoints import TEST_TYPE, Endpoint, EndpointStore, resolved_private
+from workflows.webhooks.signing import sign
+from workflows.webhooks.transport import Poster
+
+log = logging.getLogger("durapay.webhooks")
+
+#: The default delay before attempt n+1 (index n: attempts made so far; ``DURAPAY_WEBHOOKS__RETRY_DELAYS``).
+SCHEDULE = tuple(WebhooksSettings().retry_delays)
+JITTER = 0.2
+#: Deliveries of one endpoint sent in one task (fewer broker messages; a failure defers the rest).
+TASK_BATCH = 20
+#: The longest Retry-After honoured (a longer one is taken as this).
+RETRY_AFTER_CAP = 86400.0
+
+Send = Callable[[str, list[str]], None]
+
+
+def _lua(name: str) -> str:
+    return resources.files("workflows.webhooks").joinpath("lua", name).read_text()
+
+
+def next_delay(attempts: int, rng: random.Random, delays: Sequence[float] = SCHEDULE) -> float:
+    """Seconds before the next attempt after ``attempts`` attempts (jittered, never negative)."""
+    base = delays[min(attempts, len(delays) - 1)]
+    return max(0.0, base * (1 + rng.uniform(-JITTER, JITTER)))
+
+
+def retry_after(value: str | None, now: float) -> float | None:
+    """Seconds asked by a ``Retry-After`` header (seconds or an HTTP date), capped; None if absent or unreadable."""
+    if not value:
+        return None
+    try:
+        seconds = float(value)
+    except ValueError:
+        try:
+            seconds = parsedate_to_datetime(value).timestamp() - now
+        except (TypeError, ValueError):
+            return None
+    return min(max(seconds, 0.0), RETRY_AFTER_CAP)
+
+
+@dataclass(frozen=True)
+class Slot:
+    """The delivery keys of one event stream (``p3``, ``s0``), all in that stream's hash slot."""
+
+    tag: str
+    stream: str
+    base: str
+
+    @property
+    def cursor(self) -> str:
+        return f"{self.base}:whk:cursor"
+
+    @property
+    def due(self) -> str:
+        return f"{self.base}:whk:due"
+
+    @property
+    def state(self) -> str:
+        return f"{self.base}:whk:state"
+
+    def attempts(self, endpoint_id: str) -> str:
+        return f"{self.base}:whk:attempts:{endpoint_id}"
+
+
+class Webhooks:
+    """Fan-out, delivery and the read side (attempts, replay) of webhooks. One per process."""
+
+    def __init__(
+        self,
+        client: Any,
+        keys: Keys,
+        settings: WebhooksSettings,
+        *,
+        send: Send | None = None,
+        now: Callable[[], float] = time.time,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.redis = client
+        self.keys = keys
+        self.settings = settings
+        self.send = send
+        self.now = now
+        self.rng = rng or random.Random()
+        self.endpoints = EndpointStore(client, keys, settings)
+        self.feed = EventFeed(client, keys)
+        self.slots = {tag: Slot(tag, key, key.rsplit(":", 1)[0]) for tag, key in self.feed.streams().items()}
+        self._fanout = client.register_script(_lua("fanout.lua"))
+        self._record = client.register_script(_lua("record.lua"))
+        self._replay = client.register_script(_lua("replay.lua"))
+        self._take = client.register_script(resources.files("workflows").joinpath("lua", "take_due.lua").read_text())
+        self.poster = Poster(timeout=settings.timeout, connect_timeout=settings.connect_timeout)
+        self.failing_key = f"{keys.prefix}:webhooks:failing"
+
+    # -- the dispatcher's side ---------------------------------------------------------------------
+
+    def tick(self) -> int:
+        """One pass (a dispatcher ticker): fan new events out, then send what is due. Returns deliveries sent."""
+        self.fanout()
+        return self.send_due()
+
+    def fanout(self) -> int:
+        """Fan every stream's new events out to the enabled endpoints; returns deliveries added."""
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.time()
+        pipe.hvals(self.endpoints.key)
+        (seconds, micros), raw = pipe.execute()
+        read_at = int(seconds) * 1000 + int(micros) // 1000
+        wanted = [endpoint.fanout() for endpoint in self.endpoints.all() if endpoint.enabled] if raw else []
+        now = self.now()
+        pipe = self.redis.pipeline(transaction=False)
+        for slot in self.slots.values():
+            self._fanout(
+                keys=[slot.stream, slot.cursor, slot.due, slot.state],
+                args=[json.dumps(wanted), repr(now), self.settings.batch, read_at],
+                client=pipe,
+            )
+        return sum(int(added) for _, added in pipe.execute())
+
+    def send_due(self) -> int:
+        """Take the due deliveries of every stream (pushed back by a lease) and send them; returns how many."""
+        now = self.now()
+        pipe = self.redis.pipeline(transaction=False)
+        for slot in self.slots.values():
+            self._take(keys=[slot.due], args=[repr(now), self.settings.batch, self.settings.lease_seconds], client=pipe)
+        sent = 0
+        for slot, members in zip(self.slots.values(), pipe.execute(), strict=True):
+            by_endpoint: dict[str, list[str]] = {}
+            for raw in members:
+                member = raw.decode() if isinstance(raw, bytes) else str(raw)
+                by_endpoint.setdefault(member.partition("|")[2], []).append(member)
+            for batch in by_endpoint.values():
+                for start in range(0, len(batch), TASK_BATCH):
+                    chunk = batch[start : start + TASK_BATCH]
+                    if self.send is not None:
+                        self.send(slot.tag, chunk)
+                    else:
+                        self.deliver_many(slot.tag, chunk)
+                    sent += len(chunk)
+        return sent
+
+    # -- the worker's side -------------------------------------------------------------------------
+
+    def deliver_many(self, tag: str, members: list[str]) -> list[dict[str, Any]]:
+        """Attempt each delivery of ``members`` (one endpoint's, one stream's) in turn; the attempts made.
+
+        When an attempt fails, the endpoint is taken as failing: the deliveries not tried yet are put
+        back due at that attempt's next time (untried, their counts unchanged), not sent into the same
+        outage one by one. The batch also stops at half a lease, putting the rest back due now, so that
+        no delivery of it is taken again while this task still holds it."""
+        started = time.monotonic()
+        made: list[dict[str, Any]] = []
+        for index, member in enumerate(members):
+            if time.monotonic() - started > self.settings.lease_seconds / 2:
+                self._put_back(tag, members[index:], self.now())
+                break
+            attempt = self.deliver(tag, member)
+            if attempt is None:
+                continue
+            made.append(attempt)
+            if not attempt["ok"] and attempt.get("nextAt") is not None:
+                self._put_back(tag, members[index + 1 :], float(attempt["nextAt"]))
+                break
+        return made
+
+    def _put_back(self, tag: str, members: list[str], due: float) -> None:
+        if members:
+            self.redis.zadd(self.slots[tag].due, dict.fromkeys(members, due), xx=True)
+
+    def deliver(self, tag: str, member: str) -> dict[str, Any] | None:
+        """Make one attempt of the delivery ``member`` (``<entry id>|<endpoint id>``) of stream ``tag``
+        and record it. Returns the attempt, or None when there was nothing to do (already done)."""
+        slot = self.slots.get(tag)
+        if slot is None:
+            return None
+        entry, _, endpoint_id = member.partition("|")
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.hget(slot.state, member)
+        pipe.zscore(slot.due, member)
+        pipe.xrange(slot.stream, min=entry, max=entry)
+        pipe.hget(self.endpoints.key, endpoint_id)
+        raw_state, score, entries, raw_endpoint = pipe.execute()
+        if raw_state is None or score is None:
+            return None  # delivered (or dropped) by an earlier try of this task
+        if float(score) > self.now() + self.settings.lease_seconds + 1:
+            return None  # a stale copy of a task: its delivery was rescheduled later (a Retry-After...)
+        state = json.loads(raw_state)
+        made = int(state.get("n", 0))
+        endpoint = self.endpoints.decode(raw_endpoint) if raw_endpoint else None
+        if not entries:
+            return self._drop(slot, member, endpoint_id, made, "event expired (older than the retention)")
+        if endpoint is None:
+            return self._drop(slot, member, endpoint_id, made, "endpoint removed")
+        if not endpoint.enabled:
+            return self._drop(slot, member, endpoint_id, made, f"endpoint disabled: {endpoint.disabled_reason}")
+        event = decode_entry(tag, *entries[0])
+        attempt = self.attempt(endpoint, event.id, event.type, json.dumps(event.wire(), separators=(",", ":")).encode())
+        attempt["attempt"] = made + 1
+        now = self.now()
+        following = self._following(attempt, endpoint, made, float(state.get("f", now)), now)
+        pipe = self.redis.pipeline(transaction=False)
+        self._record(
+            keys=[slot.due, slot.state, slot.attempts(endpoint.id)],
+            args=[member, json.dumps(attempt), "" if following is None else repr(following), self.settings.attempts_kept, made],
+            client=pipe,
+        )
+        if attempt["ok"]:
+            pipe.hdel(self.failing_key, endpoint.id)  # a success ends the endpoint's failing spell
+        pipe.execute()
+        return attempt
+
+    def attempt(self, endpoint: Endpoint, msg_id: str, event_type: str, body: bytes) -> dict[str, Any]:
+        """POST ``body`` signed to ``endpoint`` once; the attempt as recorded (status, latency, excerpt...)."""
+        started = time.time()
+        record: dict[str, Any] = {"event": msg_id, "type": event_type, "endpoint": endpoint.id, "at": iso(started)}
+        try:
+            if not self.settings.allow_private:
+                private = resolved_private(endpoint.url)
+                if private is not None:
+                    raise PermissionError(f"{endpoint.url} resolves to a non-public address ({private}): refused")
+            headers = {"content-type": "application/json", "user-agent": "durapay-webhooks/1"}
+            headers |= sign(msg_id, body, endpoint.secrets(started), timestamp=int(started))
+            answer = self.poster.post(endpoint.url, body, headers, excerpt=self.settings.excerpt_bytes)
+            record["status"] = answer.status
+            record["ok"] = 200 <= answer.status < 300
+            record["response"] = answer.text
+            later = retry_after(answer.retry_after, time.time())
+            if later is not None:
+                record["retryAfter"] = later
+        except (OSError, http.client.HTTPException, ValueError) as exc:  # ValueError: a name the resolver refuses
+            record["status"] = None
+            record["ok"] = False
+            record["error"] = f"{type(exc).__name__}: {exc}"[:300]
+        record["latencyMs"] = round((time.time() - started) * 1000, 1)
+        return record
+
+    def _following(self, attempt: dict[str, Any], endpoint: Endpoint, made: int, first: float, now: float) -> float | None:
+        """When the next attempt is due (None: no more), after the endpoint's health is updated."""
+        if attempt["ok"]:
+            attempt["outcome"] = "delivered"
+            return None
+        if attempt.get("status") == 410:
+            self.endpoints.disable(endpoint.id, "410 Gone: the endpoint asked to receive no more")
+            log.error("webhook endpoint %s (%s) answered 410 Gone: disabled", endpoint.id, endpoint.url)
+            attempt["outcome"] = "endpoint disabled (410 Gone)"
+            return None
+        self.redis.hsetnx(self.failing_key, endpoint.id, repr(now))
+        since = float(self.redis.hget(self.failing_key, endpoint.id) or now)
+        if now - since >= self.settings.disable_after_days * 86400:
+            days = (now - since) / 86400
+            self.endpoints.disable(endpoint.id, f"failing for {days:.1f} days without a success")
+            log.error("webhook endpoint %s (%s) failing for %.1f days: disabled", endpoint.id, endpoint.url, days)
+            attempt["outcome"] = "endpoint disabled (failing)"
+            return None
+        if now - first >= self.settings.retry_days * 86400:
+            log.warning("webhook %s to %s given up after %d attempts", attempt["event"], endpoint.id, made + 1)
+            attempt["outcome"] = "given up"
+            return None
+        delay = next_delay(made + 1, self.rng, self.settings.retry_delays)
+        delay = max(delay, float(attempt.get("retryAfter") or 0.0))
+        attempt["outcome"] = "retry"
+        attempt["nextAttempt"] = iso(now + delay)
+        attempt["nextAt"] = now + delay
+        return now + delay
+
+    def _drop(self, slot: Slot, member: str, endpoint_id: str, made: int, why: str) -> dict[str, Any]:
+        attempt: dict[str, Any] = {
+            "event": "evt_" + slot.tag + "_" + member.partition("|")[0],
+            "endpoint": endpoint_id,
+            "at": iso(time.time()),
+        }
+        attempt |= {"status": None, "ok": False, "outcome": "dropped", "error": why, "attempt": made + 1}
+        kept = self.settings.attempts_kept
+        self._record(keys=[slot.due, slot.state, slot.attempts(endpoint_id)], args=[member, json.dumps(attempt), "", kept, made])
+        return attempt
+
+    # -- the merchant's side: test, attempts, replay -------------------------------------------------
+
+    def test(self, endpoint_id: str) -> dict[str, Any] | None:
+        """Send one ``webhook.test`` event to the endpoint now (not retried) and record the attempt."""
+        endpoint = self.endpoints.get(endpoint_id)
+        if endpoint is None:
+            return None
+        moment = time.time()
+        msg_id = f"evt_test_{int(moment * 1000)}-{self.rng.randrange(1 << 16)}"
+        body = {"id": msg_id, "type": TEST_TYPE, "timestamp": iso(moment), "data": {"endpoint": endpoint.id}}
+        attempt = self.attempt(endpoint, msg_id, TEST_TYPE, json.dumps(body, separators=(",", ":")).encode())
+        attempt["attempt"] = 1
+        attempt["outcome"] = "delivered" if attempt["ok"] else "test failed"
+        slot = next(iter(self.slots.values()))
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.lpush(slot.attempts(endpoint.id), json.dumps(attempt))
+        pipe.ltrim(slot.attempts(endpoint.id), 0, self.settings.attempts_kept - 1)
+        pipe.execute()
+        return attempt
+
+    def attempts(self, endpoint_id: str, *, limit: int = 50) -> list[dict[str, Any]]:
+        """The endpoint's latest attempts, newest first (at most ``attempts_kept`` per stream are kept)."""
+        pipe = self.redis.pipeline(transaction=False)
+        for slot in self.slots.values():
+            pipe.lrange(slot.attempts(endpoint_id), 0, limit - 1)
+        found = [json.loads(raw) for rows in pipe.execute() for raw in rows]
+        found.sort(key=lambda attempt: str(attempt.get("at")), reverse=True)
+        return found[:limit]
+
+    def pending(self) -> int:
+        """Deliveries not yet made (due now or later), over every stream."""
+        pipe = self.redis.pipeline(transaction=False)
+        for slot in self.slots.values():
+            pipe.zcard(slot.due)
+        return sum(int(count) for count in pipe.execute())
+
+    def replay(
+        self,
+        after: Cursor | None = None,
+        *,
+        until: float | None = None,
+        endpoint_id: str | None = None,
+        types: Iterable[str] | None = None,
+    ) -> int:
+        """Send again every event after ``after`` (up to time ``until``) to each enabled endpoint that
+        wants it (or only ``endpoint_id``); returns the deliveries scheduled. The ids are the events'
+        own, so an idempotent receiver applies nothing twice."""
+        endpoints = [endpoint for endpoint in self.endpoints.all() if endpoint.enabled]
+        if endpoint_id is not None:
+            endpoints = [endpoint for endpoint in endpoints if endpoint.id == endpoint_id]
+        by_slot: dict[str, list[str]] = {}
+        cursor = after or Cursor()
+        while endpoints:
+            page, following = self.feed.read(cursor, types=types, limit=500)
+            for event in page:
+                if until is not None and event.time > until:
+                    continue
+                for endpoint in endpoints:
+                    if endpoint.wants(event.type):
+                        by_slot.setdefault(event.stream, []).append(f"{event.entry}|{endpoint.id}")
+            if following == cursor:
+                break
+            cursor = following
+        now = self.now()
+        for tag, members in by_slot.items():
+            slot = self.slots[tag]
+            for start in range(0, len(members), 500):
+                self._replay(keys=[slot.due, slot.state], args=[repr(now), *members[start : start + 500]])
+        return sum(len(members) for members in by_slot.values())

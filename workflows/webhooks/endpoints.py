@@ -1,0 +1,303 @@
+"""Webhook endpoints: where events are sent, which types, with which secret; kept in Redis.
+
+One hash, ``<prefix>:webhooks:endpoints`` (endpoint id -> JSON), read whole at every fan-out: a
+merchant has a handful of endpoints, not thousands. Endpoints come from the API, the CLI (both through
+:class:`EndpointStore`) and the settings (``DURAPAY_WEBHOOKS__ENDPOINTS``, written here by
+:meth:`EndpointStore.sync_configured` with an id derived from the URL, so every process agrees).
+
+URLs are checked (:func:`check_url`): https only and no loopback, private, link-local or otherwise
+internal address, so that a webhook cannot be pointed at the internal network; the delivery checks the
+resolved address again before each attempt (a name may resolve elsewhere later).
+``DURAPAY_WEBHOOKS__ALLOW_PRIVATE=true`` lifts both rules, for development and tests.
+
+A rotation makes a new secret and keeps the previous one valid for ``rotation_hours``: meanwhile every
+attempt carries both signatures, and a receiver holding either accepts it.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import re
+import socket
+import uuid
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any
+from urllib.parse import urlsplit
+
+from config.settings import WebhooksSettings
+from workflows.events import EVENT_TYPES
+from workflows.keys import Keys, derived_id
+from workflows.webhooks.signing import new_secret, secret_key
+
+#: The synthetic type sent by ``durapay webhooks test`` (never written to the event streams).
+TEST_TYPE = "webhook.test"
+
+#: Writes a new endpoint stamped with the server's time (``after``: its ms, compared with stream entry
+#: ids by the fan-out; stamped in the same step as the write, see fanout.lua's read_at).
+_ADD = """
+local t = redis.call('TIME')
+local endpoint = cjson.decode(ARGV[2])
+endpoint['created'] = tonumber(t[1]) + tonumber(t[2]) / 1000000
+endpoint['after'] = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local encoded = cjson.encode(endpoint)
+redis.call('HSET', KEYS[1], ARGV[1], encoded)
+return encoded
+"""
+
+_PATCH = """
+local raw = redis.call('HGET', KEYS[1], ARGV[1])
+if not raw then return nil end
+local endpoint = cjson.decode(raw)
+for name, value in pairs(cjson.decode(ARGV[2])) do endpoint[name] = value end
+local encoded = cjson.encode(endpoint)
+redis.call('HSET', KEYS[1], ARGV[1], encoded)
+return encoded
+"""
+
+
+class EndpointError(ValueError):
+    """An endpoint input refused: ``field`` names it, ``reason`` says why (not worth retrying as is)."""
+
+    def __init__(self, field: str, reason: str) -> None:
+        super().__init__(f"{field}: {reason}")
+        self.field = field
+        self.reason = reason
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """One endpoint. ``events`` empty: every type. Times are POSIX seconds (the server's clock)."""
+
+    id: str
+    url: str
+    secret: str
+    events: list[str] = field(default_factory=list)
+    description: str = ""
+    created: float = 0.0
+    after: int = 0
+    enabled: bool = True
+    disabled_reason: str = ""
+    disabled_at: float | None = None
+    previous_secret: str = ""
+    previous_until: float = 0.0
+    source: str = "api"
+
+    def wants(self, event_type: str) -> bool:
+        return not self.events or event_type in self.events
+
+    def secrets(self, now: float) -> list[str]:
+        """The secrets an attempt at ``now`` is signed with: the current one, and the previous one while valid."""
+        return [self.secret, self.previous_secret] if self.previous_secret and now < self.previous_until else [self.secret]
+
+    def view(self, *, with_secret: bool = False) -> dict[str, Any]:
+        """The endpoint as the API and CLI show it (the secret only right after it was made)."""
+        shown: dict[str, Any] = {
+            "id": self.id,
+            "url": self.url,
+            "events": list(self.events),
+            "description": self.description,
+            "created": self.created,
+            "enabled": self.enabled,
+            "disabledReason": self.disabled_reason or None,
+            "disabledAt": self.disabled_at,
+            "rotating": bool(self.previous_secret),
+            "previousSecretUntil": self.previous_until or None,
+            "source": self.source,
+        }
+        if with_secret:
+            shown["secret"] = self.secret
+        return shown
+
+    def fanout(self) -> dict[str, Any]:
+        """What the fan-out script needs: id, types, created (ms, compared with stream entry ids)."""
+        return {"id": self.id, "types": list(self.events), "after": self.after}
+
+
+def check_types(types: list[str] | None) -> list[str]:
+    """The event types, each known; raises EndpointError naming the first unknown one (and a near one)."""
+    import difflib
+
+    found: list[str] = []
+    for name in types or []:
+        if name not in EVENT_TYPES:
+            near = difflib.get_close_matches(name, EVENT_TYPES, n=1)
+            hint = f"; did you mean {near[0]!r}?" if near else f"; known: {', '.join(EVENT_TYPES)}"
+            raise EndpointError("events", f"unknown event type {name!r}{hint}")
+        if name not in found:
+            found.append(name)
+    return found
+
+
+def check_url(url: str, *, allow_private: bool) -> str:
+    """``url`` if an endpoint may have it; raises EndpointError (field ``url``) saying why not."""
+    parts = urlsplit(url.strip())
+    if parts.scheme not in ("https", "http") or not parts.hostname:
+        raise EndpointError("url", "must be an absolute https:// URL")
+    if parts.username or parts.password:
+        raise EndpointError("url", "must not carry a user or password")
+    try:
+        parts.port  # noqa: B018 (raises on a port that is not a number in range)
+    except ValueError:
+        raise EndpointError("url", "has a port that is not a number from 0 to 65535") from None
+    if not _HOST.match(parts.hostname) and not _ip(parts.hostname):
+        raise EndpointError("url", f"{parts.hostname[:100]!r} is not a valid host name (DNS labels of letters, digits, '-')")
+    if allow_private:
+        return url.strip()
+    if parts.scheme != "https":
+        raise EndpointError("url", "must be https:// (http only with DURAPAY_WEBHOOKS__ALLOW_PRIVATE=true)")
+    host = parts.hostname.rstrip(".").lower()
+    if host == "localhost" or host.endswith((".localhost", ".local", ".internal")):
+        raise EndpointError("url", f"{host} is a local name (allowed only with DURAPAY_WEBHOOKS__ALLOW_PRIVATE=true)")
+    try:
+        address = ipaddress.ip_address(host.strip("[]"))
+    except ValueError:
+        return url.strip()  # a name: its addresses are checked at each delivery (see resolved_private)
+    if not address.is_global:
+        raise EndpointError("url", f"{address} is not a public address (allowed only with DURAPAY_WEBHOOKS__ALLOW_PRIVATE=true)")
+    return url.strip()
+
+
+_HOST = re.compile(r"^(?=.{1,253}$)[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?(\.[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?)*\.?$")
+
+
+def _ip(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host.strip("[]"))
+    except ValueError:
+        return False
+    return True
+
+
+def resolved_private(url: str) -> str | None:
+    """The first non-public address ``url``'s host resolves to (None when all are public).
+
+    Raises OSError when the name does not resolve (a failed attempt, retried later)."""
+    parts = urlsplit(url)
+    host = (parts.hostname or "").strip("[]")
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    for info in socket.getaddrinfo(host, port, proto=socket.IPPROTO_TCP):
+        address = ipaddress.ip_address(str(info[4][0]).split("%")[0])
+        if not address.is_global:
+            return str(address)
+    return None
+
+
+class EndpointStore:
+    """Add, list, remove, rotate, disable endpoints (the one writer of the endpoints hash)."""
+
+    def __init__(self, client: Any, keys: Keys, settings: WebhooksSettings) -> None:
+        self.redis = client
+        self.keys = keys
+        self.settings = settings
+        self.key = f"{keys.prefix}:webhooks:endpoints"
+        self._patch = client.register_script(_PATCH)
+        self._add = client.register_script(_ADD)
+
+    def now(self) -> float:
+        seconds, micros = self.redis.time()
+        return float(seconds) + float(micros) / 1e6
+
+    def add(self, url: str, events: list[str] | None = None, *, description: str = "", secret: str | None = None) -> Endpoint:
+        checked = check_url(url, allow_private=self.settings.allow_private)
+        types = check_types(events)
+        if len(description) > 500:
+            raise EndpointError("description", "at most 500 characters")
+        if secret is not None:
+            try:
+                secret_key(secret)
+            except ValueError as exc:
+                raise EndpointError("secret", str(exc)) from None
+        endpoint = Endpoint(
+            id="we_" + uuid.uuid4().hex[:16],
+            url=checked,
+            secret=secret or new_secret(),
+            events=types,
+            description=description,
+        )
+        return self._write(endpoint)
+
+    def _write(self, endpoint: Endpoint) -> Endpoint:
+        return _endpoint(self._add(keys=[self.key], args=[endpoint.id, json.dumps(asdict(endpoint))]))
+
+    def sync_configured(self) -> list[Endpoint]:
+        """Write the endpoints of the settings (same URL, same id); their secret and types follow the settings."""
+        written = []
+        for configured in self.settings.endpoints:
+            endpoint_id = derived_id("we_cfg_", configured.url)[:23]
+            held = self.get(endpoint_id)
+            endpoint = Endpoint(
+                id=endpoint_id,
+                url=check_url(configured.url, allow_private=self.settings.allow_private),
+                secret=configured.secret.get_secret_value(),
+                events=check_types(configured.events),
+                description=configured.description,
+                source="config",
+            )
+            try:
+                secret_key(endpoint.secret)
+            except ValueError as exc:
+                raise EndpointError("secret", str(exc)) from None
+            if held is None:
+                endpoint = self._write(endpoint)
+            elif (held.url, held.secret, held.events, held.description) != (
+                endpoint.url,
+                endpoint.secret,
+                endpoint.events,
+                endpoint.description,
+            ):
+                endpoint = (
+                    self._set(
+                        endpoint.id,
+                        url=endpoint.url,
+                        secret=endpoint.secret,
+                        events=endpoint.events,
+                        description=endpoint.description,
+                    )
+                    or endpoint
+                )
+            else:
+                endpoint = held
+            written.append(endpoint)
+        return written
+
+    @staticmethod
+    def decode(raw: Any) -> Endpoint:
+        return _endpoint(raw)
+
+    def get(self, endpoint_id: str) -> Endpoint | None:
+        raw = self.redis.hget(self.key, endpoint_id)
+        return _endpoint(raw) if raw else None
+
+    def all(self) -> list[Endpoint]:
+        found = [_endpoint(raw) for raw in self.redis.hvals(self.key)]
+        return sorted(found, key=lambda endpoint: (endpoint.created, endpoint.id))
+
+    def remove(self, endpoint_id: str) -> bool:
+        """Forget the endpoint; its pending deliveries are dropped when they come due."""
+        return bool(self.redis.hdel(self.key, endpoint_id))
+
+    def rotate(self, endpoint_id: str) -> Endpoint | None:
+        """A new secret; the current one stays valid for ``rotation_hours`` (both signatures sent)."""
+        held = self.get(endpoint_id)
+        if held is None:
+            return None
+        until = self.now() + self.settings.rotation_hours * 3600
+        return self._set(endpoint_id, secret=new_secret(), previous_secret=held.secret, previous_until=until)
+
+    def disable(self, endpoint_id: str, reason: str) -> Endpoint | None:
+        return self._set(endpoint_id, enabled=False, disabled_reason=reason, disabled_at=self.now())
+
+    def enable(self, endpoint_id: str) -> Endpoint | None:
+        return self._set(endpoint_id, enabled=True, disabled_reason="", disabled_at=None)
+
+    def _set(self, endpoint_id: str, **changes: Any) -> Endpoint | None:
+        raw = self._patch(keys=[self.key], args=[endpoint_id, json.dumps(changes)])
+        return _endpoint(raw) if raw else None
+
+
+def _endpoint(raw: Any) -> Endpoint:
+    data = json.loads(raw)
+    known = set(Endpoint.__dataclass_fields__)
+    endpoint = Endpoint(**{name: value for name, value in data.items() if name in known})
+    return replace(endpoint, events=list(endpoint.events or []))
