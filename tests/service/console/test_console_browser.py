@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import parse_qs, urlsplit
 
 import pytest
 
@@ -23,6 +23,30 @@ from workflows.states import FlowState
 pytestmark = pytest.mark.integration
 
 
+def navigate_by(driver: Any, element: Any) -> None:
+    """Click ``element`` and wait until the browser shows the next document, fully loaded.
+
+    Without the wait, a lookup right after the click can find an element of the page being left (the
+    flow list shows the flow before the search narrows it too), which is stale a moment later. The
+    page being left is marked by a property on its window; a new document does not have it. While the
+    browser is between documents, a script may fail: that is "not yet".
+    """
+    from selenium.common.exceptions import WebDriverException
+
+    driver.execute_script("window.__durapayLeaving = true;")
+    element.click()
+
+    def arrived() -> bool:
+        try:
+            return bool(
+                driver.execute_script("return window.__durapayLeaving === undefined && document.readyState === 'complete';")
+            )
+        except WebDriverException:
+            return False
+
+    wait_until(arrived, 15, "the next page")
+
+
 def sign_in(driver: Any, stack: ConsoleStack, key: str) -> None:
     from selenium.webdriver.common.by import By
 
@@ -30,7 +54,7 @@ def sign_in(driver: Any, stack: ConsoleStack, key: str) -> None:
     driver.get(f"{stack.url}/console/login")
     field = driver.find_element(By.NAME, "key")
     field.send_keys(key)
-    driver.find_element(By.ID, "sign-in").click()
+    navigate_by(driver, driver.find_element(By.ID, "sign-in"))
     wait_until(lambda: driver.find_elements(By.ID, "sign-out"), 15, "the signed-in page")
 
 
@@ -76,10 +100,11 @@ def test_sign_in_find_by_order_id_and_read_the_timeline(console_stack: ConsoleSt
     browser.get(f"{console_stack.url}/console/flows")
     search = browser.find_element(By.ID, "q")
     search.send_keys(done.order_id)
-    browser.find_element(By.ID, "apply").click()
+    navigate_by(browser, browser.find_element(By.ID, "apply"))
+    assert parse_qs(urlsplit(browser.current_url).query).get("q") == [done.order_id], browser.current_url
     link = wait_until(lambda: browser.find_elements(By.LINK_TEXT, done.id), 15, "the flow in the search results")
     screenshot(browser, "flows-search")
-    link[0].click()
+    navigate_by(browser, link[0])
     wait_text(browser, "flow-id", done.id)
     svg = browser.find_element(By.CSS_SELECTOR, "svg.timeline")
     steps = [step for step in done.outputs]
@@ -113,10 +138,10 @@ def test_retry_a_needs_attention_flow_by_clicking(console_stack: ConsoleStack, b
     timeline = browser.find_element(By.CSS_SELECTOR, "svg.timeline")
     assert timeline.find_elements(By.CSS_SELECTOR, 'rect[data-kind="backoff"]'), "the retries' backoffs are drawn"
     assert timeline.find_elements(By.CSS_SELECTOR, 'rect[data-status="500"]'), "the failed calls show their status"
-    browser.find_element(By.ID, "action-retry").click()
+    navigate_by(browser, browser.find_element(By.ID, "action-retry"))
     assert "reads the order back" in browser.find_element(By.TAG_NAME, "main").text
     screenshot(browser, "confirm-retry")
-    browser.find_element(By.ID, "confirm").click()
+    navigate_by(browser, browser.find_element(By.ID, "confirm"))
     wait_text(browser, "flow-state", "succeeded", timeout=60)
     done = console_stack.engine.get(stopped.id)
     assert done.state is FlowState.SUCCEEDED, done.summary()
