@@ -88,6 +88,11 @@ class SimulatorAdmin:
     def clear_faults(self) -> None:
         self._json("DELETE", "/_sim/faults")
 
+    def release_late(self) -> list[int]:
+        """Let the requests held by ``late`` rules act now; their statuses, oldest first."""
+        released: list[int] = self._json("POST", "/_sim/faults/release")["released"]
+        return released
+
     def now(self) -> datetime:
         return parse_iso(self._json("GET", "/_sim/clock")["now"])
 

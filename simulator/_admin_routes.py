@@ -5,6 +5,8 @@
 ``POST /_sim/reset``                          forget everything (records, keys, scripts, notifications,
                                               faults back to the start-up settings, clock offset 0)
 ``GET|POST|DELETE /_sim/faults``              read, add to (a rule, ``rules``, ``latency_ms``...), clear
+``POST /_sim/faults/release``                 the requests held by ``late`` rules act now, oldest first:
+                                              ``{"released": [status, ...]}``
 ``GET|POST /_sim/clock``                      ``{"now", "offsetSeconds"}``; move it with
                                               ``{"advance_seconds": N}`` or ``{"now": "<iso>"}``
 ``GET /_sim/operations``                      recorded operations with the key that created each;
@@ -87,6 +89,9 @@ def admin_routes(sim: Simulator) -> list[BaseRoute]:
             return sim.faults.update(await _json(request))
         return sim.faults.describe()
 
+    async def release(request: Request) -> dict[str, Any]:
+        return {"released": [await act() for act in sim.faults.take_late()]}
+
     def clock_answer() -> dict[str, Any]:
         return {"now": iso(sim.clock.now()), "offsetSeconds": sim.clock.offset_seconds}
 
@@ -157,6 +162,7 @@ def admin_routes(sim: Simulator) -> list[BaseRoute]:
         route("/_sim/health", health, "GET"),
         route("/_sim/reset", reset, "POST"),
         route("/_sim/faults", faults, "GET", "POST", "DELETE"),
+        route("/_sim/faults/release", release, "POST"),
         route("/_sim/clock", clock, "GET", "POST"),
         route("/_sim/operations", operations, "GET"),
         route("/_sim/notifications", notifications, "GET"),

@@ -13,6 +13,10 @@ Each gateway request goes through one pipeline, in this order:
 5. The handler runs synchronously under the state's lock; a keyed answer is stored in the same step.
 6. ``commit_then_fail`` (500 or a dropped connection) or a committing ``hang`` spoil the delivery.
 
+A ``late`` fault answers like ``error`` (or ``drop``) once the request is read and validated, and keeps
+it: steps 4 and 5 run when ``/_sim/faults/release`` says, as for a request that reached the gateway
+after its client had given up.
+
 Every answer carries ``cid``, a fresh UUID, as the real gateway does. Routes are registered with the
 literal paths first, so ``GET /orders/paybylink`` never reaches ``GET /orders/{orderId}``.
 """
@@ -128,6 +132,10 @@ class GatewayPipeline:
             return respond(_fault_reply(action.model_copy(update={"status": 503})))
         try:
             call = await self._call(op, request)
+            if action is not None and mode == "late":
+                self.sim.faults.hold_late(lambda: self._act_late(handler, call))
+                await asyncio.sleep(latency)
+                return await drop_connection(request) if action.drop else respond(_fault_reply(action))
             if call.idempotency_key is None:
                 await asyncio.sleep(latency)
                 reply = self._run(handler, call, None)
@@ -141,6 +149,12 @@ class GatewayPipeline:
         if action is not None and mode == "hang":
             await asyncio.sleep(action.seconds)
         return respond(reply)
+
+    async def _act_late(self, handler: Handler, call: Call) -> int:
+        """A held ``late`` request acts now (its key claimed now, so an earlier retry's answer is replayed)."""
+        if call.idempotency_key is None:
+            return self._run(handler, call, None).status
+        return (await self._run_keyed(handler, call, 0.0)).status
 
     async def _run_keyed(self, handler: Handler, call: Call, latency: float) -> Reply:
         """Claim the key, then act (the key is held through the latency, so a duplicate waits), or replay."""

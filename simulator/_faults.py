@@ -13,6 +13,10 @@ Rule modes (``{"mode": ..., "operation": ..., "count": ..., "rate": ...}``):
 ``hang``             sleep ``seconds`` (past the client's timeout); ``commit: true`` acts first
 ``commit_then_fail`` act and store the answer for idempotent replay, then answer ``status`` (500) or,
                      with ``drop: true``, close the connection without an answer
+``late``             answer ``status`` (500) or, with ``drop: true``, close the connection, without acting
+                     *yet*: the request is kept and acts when ``POST /_sim/faults/release`` says (a
+                     request that reached the gateway after its client gave up; a key it carries is
+                     claimed only then, so a retry that came first is not repeated by it)
 ``latency``          add ``latency_ms`` (+ random ``jitter_ms``) to matching requests
 ``notify_drop``      never deliver the notification
 ``notify_delay``     deliver it ``delay_ms`` late
@@ -25,6 +29,7 @@ from __future__ import annotations
 
 import random
 import threading
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -38,13 +43,14 @@ Mode = Literal[
     "drop",
     "hang",
     "commit_then_fail",
+    "late",
     "latency",
     "notify_drop",
     "notify_delay",
     "notify_duplicate",
     "notify_wrong_token",
 ]
-REQUEST_MODES = frozenset({"error", "drop", "hang", "commit_then_fail"})
+REQUEST_MODES = frozenset({"error", "drop", "hang", "commit_then_fail", "late"})
 NOTIFY_MODES = frozenset({"notify_drop", "notify_delay", "notify_duplicate", "notify_wrong_token"})
 
 
@@ -121,6 +127,8 @@ class Faults:
             self._latency_ms = self._config.latency_ms
             self._jitter_ms = self._config.latency_jitter_ms
             self._rules: list[_Active] = []
+            #: Requests answered as failed by a ``late`` rule, to act when released (oldest first).
+            self._late: list[Callable[[], Awaitable[int]]] = []
             self._seed = self._config.seed
             self._rng = random.Random(self._seed)
 
@@ -164,7 +172,19 @@ class Faults:
                 "latency_jitter_ms": self._jitter_ms,
                 "seed": self._seed,
                 "rules": [active.describe() for active in self._rules],
+                "late": len(self._late),
             }
+
+    def hold_late(self, act: Callable[[], Awaitable[int]]) -> None:
+        """Keep a request a ``late`` rule answered as failed; ``act`` runs it and gives its status."""
+        with self._lock:
+            self._late.append(act)
+
+    def take_late(self) -> list[Callable[[], Awaitable[int]]]:
+        """The held requests, oldest first, handed over once (``POST /_sim/faults/release`` runs them)."""
+        with self._lock:
+            late, self._late = self._late, []
+        return late
 
     def _fires(self, active: _Active, operation: str) -> bool:
         """Whether ``active`` applies to this request; consumes one of its ``count`` when it does."""

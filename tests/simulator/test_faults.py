@@ -132,6 +132,44 @@ def test_commit_then_fail_scoped_to_one_step_of_three_steps(client: GatewayClien
         client.call(Catalogue.three_steps_payment, request=payment)
 
 
+def test_late_answers_500_acts_only_when_released_and_a_later_duplicate_is_refused(
+    client: GatewayClient, sim: SimulatorServer
+) -> None:
+    sim.admin.set_faults(mode="late", operation="create_moto_order", count=1)
+    with pytest.raises(ServerError) as failed:
+        _moto(client, "o-late")
+    assert failed.value.ambiguous
+    with pytest.raises(NotFound):  # read back now: nothing yet
+        client.call(Catalogue.get_order, "o-late")
+    assert sim.admin.faults()["late"] == 1
+    assert sim.admin.release_late() == [200]
+    [charge] = sim.admin.operations(order_id="o-late")
+    assert charge["operationResult"] == "EXECUTED"
+    assert sim.admin.release_late() == [], "a held request acts once"
+
+
+def test_late_after_a_resend_is_refused_as_a_duplicate_order(client: GatewayClient, sim: SimulatorServer) -> None:
+    sim.admin.set_faults(mode="late", drop=True, operation="create_moto_order", count=1)
+    with pytest.raises(ConnectionDropped):
+        _moto(client, "o-late-2")
+    first = _moto(client, "o-late-2")  # the client read nothing back and sent again: this one acts
+    [status] = sim.admin.release_late()
+    assert status == 400, "the late copy of the same order is refused (orderId already used)"
+    assert [op["operationId"] for op in sim.admin.operations(order_id="o-late-2")] == [first]
+
+
+def test_a_late_keyed_request_replays_the_answer_of_a_retry_that_came_first(client: GatewayClient, sim: SimulatorServer) -> None:
+    contract_id = Scenario(client, sim).contract()
+    sim.admin.set_faults(mode="late", operation="create_mit_order", count=1)
+    request = {"order": order("mit-late"), "contractId": contract_id}
+    with pytest.raises(ServerError):
+        client.call(Catalogue.create_mit_order, request=request, idempotency_key="k-late")
+    retried = client.call(Catalogue.create_mit_order, request=request, idempotency_key="k-late")
+    assert sim.admin.release_late() == [200]
+    [charge] = sim.admin.operations(order_id="mit-late")
+    assert charge["operationId"] == retried.operation.operationId
+
+
 def test_hang_without_commit_times_the_client_out_and_records_nothing(impatient: GatewayClient, sim: SimulatorServer) -> None:
     sim.admin.set_faults(mode="hang", seconds=0.6, operation="create_moto_order", count=1)
     with pytest.raises(GatewayTimeout) as timed_out:
@@ -196,7 +234,7 @@ def test_random_latency_is_at_least_the_fixed_part(client: GatewayClient, sim: S
 def test_clearing_faults_restores_the_start_up_settings(client: GatewayClient, sim: SimulatorServer) -> None:
     sim.admin.set_faults(mode="error", status=500, latency_ms=80)
     sim.admin.clear_faults()
-    assert sim.admin.faults() == {"latency_ms": 0, "latency_jitter_ms": 0, "seed": 7, "rules": []}
+    assert sim.admin.faults() == {"latency_ms": 0, "latency_jitter_ms": 0, "seed": 7, "rules": [], "late": 0}
     client.call(Catalogue.list_payment_methods)
 
 
