@@ -109,6 +109,12 @@ class RetrySettings(_Group):
     cap_seconds: float = Field(default=300.0, gt=0)
     max_attempts: int = Field(default=8, ge=1)
     reconcile_attempts: int = Field(default=6, ge=1, description="Reads before an ambiguous step needs a person.")
+    late_seconds: float = Field(
+        default=120.0,
+        ge=0,
+        description="How long after a call whose answer was lost the gateway may still act on it: a cancel "
+        "whose read-back finds nothing before then reads again at its end.",
+    )
 
 
 class EngineSettings(_Group):

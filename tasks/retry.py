@@ -24,6 +24,9 @@ class RetryPolicy:
     cap_seconds: float = 300.0
     max_attempts: int = 8
     reconcile_attempts: int = 6
+    #: Seconds after a call whose answer was lost during which the gateway may still act on it (a
+    #: request still queued or in flight there when its client gave up).
+    late_seconds: float = 120.0
     rng: random.Random = field(default_factory=random.Random)
 
     @classmethod
@@ -33,6 +36,7 @@ class RetryPolicy:
             cap_seconds=settings.cap_seconds,
             max_attempts=settings.max_attempts,
             reconcile_attempts=settings.reconcile_attempts,
+            late_seconds=settings.late_seconds,
             rng=rng or random.Random(),
         )
 

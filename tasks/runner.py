@@ -77,6 +77,9 @@ class StepContext:
     signals: list[tuple[str, str, dict[str, Any]]] = field(default_factory=list)
     polls: int = 0
     notification_url: str = ""
+    #: The latest moment an earlier try of this step may have sent a call whose answer it never got
+    #: (the record's ``maybe_sent``; the flow's creation when the record does not say).
+    maybe_sent_at: float = 0.0
     calls: list[str] = field(default_factory=list)
     consumed: list[str] = field(default_factory=list)
     #: Called before every gateway call but the first: extends the claim's lease, or raises LeaseLost.
@@ -160,7 +163,12 @@ def run_step(step: Step, ctx: StepContext, *, must_reconcile: bool, resend: bool
 def settle_before_cancel(step: Step, ctx: StepContext, *, resend: bool) -> Outcome | None:
     """A step whose flow was asked to stop: never call again, but if an earlier try may have reached the
     gateway, read what it did (its money must show in the flow). None when there is nothing to read or
-    the gateway shows it never acted: the flow is then simply cancelled."""
+    the gateway shows it never acted: the flow is then simply cancelled.
+
+    "Never acted" is only believed once the call can no longer arrive: a request whose client gave up
+    may still be queued at the gateway and act later (``late_seconds`` after it was sent). Before then
+    the read is made again at that time. (When the step calls again instead, no wait is needed: the
+    gateway refuses the second of two requests for one order or operation, whichever comes first.)"""
     op = step.operation
     if not resend or op is None or op.method != "POST":
         return None
@@ -168,7 +176,13 @@ def settle_before_cancel(step: Step, ctx: StepContext, *, resend: bool) -> Outco
         found = _reconcile(step, ctx, op.name)
     except LeaseLost:
         raise
-    return None if isinstance(found, NotCommitted) else found
+    if not isinstance(found, NotCommitted):
+        return found
+    quiet = ctx.maybe_sent_at + ctx.retry.late_seconds
+    if ctx.now < quiet:
+        error = {"type": "MayArriveLate", "operation": op.name, "message": f"no trace yet; read again at {quiet:.0f}"}
+        return Retry(quiet - ctx.now, error, True)
+    return None
 
 
 def _reconcile(step: Step, ctx: StepContext, operation: str) -> Outcome | NotCommitted:

@@ -373,6 +373,8 @@ class Engine:
                 "polls": "0",
                 "runs": None,
                 "reconcile": "1",
+                # Any call of the last try was sent before the flow stopped.
+                "maybe_sent": repr(record.updated),
                 "cancel_requested": None,
             }
             change = Change(FlowState.READY, "retry requested (reconcile first)", fields, due=now + self.safety)

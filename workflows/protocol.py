@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
-from gateway import describe_validation_error, reported_payment
+from gateway import BY_NAME, describe_validation_error, reported_payment
 from tasks.outcomes import Advance, Finish, NewOrder, Outcome, Poll, Retry, Sleep, Wait
 from tasks.runner import LeaseLost, StepContext, run_step, settle_before_cancel
 from workflows.durability import NotDurable
@@ -220,6 +220,7 @@ class StepProtocol:
             wait_deadline=float(record.wait["deadline"]) if record and record.wait else None,
             notification_url=engine.settings.receiver.public_url,
             retry=engine.retry_policy,
+            maybe_sent_at=(record.maybe_sent or record.created) if record else now,
         )
 
     # -- run and complete -------------------------------------------------------------------------
@@ -334,6 +335,8 @@ class StepProtocol:
             # about the earlier request, which may still be on its way to commit.
             reconcile = outcome.reconcile or claimed.reconcile or claimed.uncertain
             done |= {"error": compact_json(outcome.error), "reconcile": "1" if reconcile else None}
+            if outcome.reconcile and _wrote(ctx):
+                done["maybe_sent"] = repr(now)  # this try's write got no answer: it may still arrive
             what = f"{step.name} will be retried in {outcome.after:.1f}s" + (" (reconcile first)" if reconcile else "")
             change = Change(FlowState.RETRYING, what, done, due=now + outcome.after)
         elif isinstance(outcome, Poll):
@@ -428,6 +431,11 @@ def writes(step: Step) -> bool:
     """The step writes at the gateway (a POST: money may move): its claim must be durable before it
     calls. (A step's Celery task passes the same as ``money``: its operation's method.)"""
     return step.operation is not None and step.operation.method == "POST"
+
+
+def _wrote(ctx: StepContext) -> bool:
+    """Whether this try sent a call that writes at the gateway (reads only, it changed nothing there)."""
+    return any(op.method == "POST" for name in ctx.calls if (op := BY_NAME.get(name)) is not None)
 
 
 def _payment_recorded(outcome: Outcome) -> dict[str, Any] | None:

@@ -6,8 +6,9 @@ transition guarded by the record's ``version``, signal delivery, and taking due 
 worker's write fails the version check and is dropped; nothing is half written.
 
 Hash fields: ``id kind state step version attempt created updated due lease_until lease_owner
-order_id order_seq start_key input_hash reconcile uncertain cancel_requested customer_url polls
-generation runs`` as strings (``runs``: claims of the current step, the backstop under every loop),
+order_id order_seq start_key input_hash reconcile uncertain maybe_sent cancel_requested customer_url
+polls generation runs`` as strings (``runs``: claims of the current step, the backstop under every loop;
+``maybe_sent``: the latest moment an earlier try of the step may have sent a call it got no answer to),
 ``input error wait outcome orders`` as JSON (``orders``: every gateway order
 id the flow made, oldest first; absent while it is only ``order_id``), ``out:<step>`` (JSON) per
 finished step and ``sig:<n>`` (JSON ``{name, payload, t}``) per received signal not yet consumed.
@@ -76,6 +77,7 @@ class FlowRecord:
     start_key: str = ""
     reconcile: bool = False
     uncertain: bool = False
+    maybe_sent: float | None = None
     cancel_requested: bool = False
     customer_url: str = ""
     polls: int = 0
@@ -143,6 +145,7 @@ class FlowRecord:
             start_key=data.get("start_key", ""),
             reconcile=data.get("reconcile") == "1",
             uncertain=data.get("uncertain") == "1",
+            maybe_sent=number("maybe_sent"),
             cancel_requested=data.get("cancel_requested") == "1",
             customer_url=data.get("customer_url", ""),
             polls=int(data.get("polls") or 0),

@@ -10,7 +10,8 @@
   (``Engine.run_step`` with the task's ``money`` flag); a *kill* claims and runs a step, calls the
   gateway, and never completes (a worker SIGKILLed after the call).
 * **The gateway** is the simulator over HTTP, its faults set per request (commit then fail, 429,
-  5xx), its ledger the truth the invariants are checked against; its clock moves with the engine's.
+  5xx, a request that acts late: at a later move, before time moves on), its ledger the truth the
+  invariants are checked against; its clock moves with the engine's.
 * **Notifications** are the simulator's own bodies, delivered through the real
   ``NotificationReceiver`` (token check, deduplication), any number of times, in any order.
 
@@ -244,6 +245,10 @@ class FlowWorld:
         return began
 
     def advance(self, seconds: float) -> None:
+        """Move time on. A request the gateway got late (a ``late`` fault) acts first: the gateway acts
+        on a request within ``late_seconds`` of it being sent, or never, and the model's moves of
+        time are as long as that, or longer."""
+        self.sim.admin.release_late()
         self.clock.advance(seconds)
         self.sim.admin.advance_clock(seconds)
 
@@ -314,7 +319,8 @@ class FlowWorld:
     def settle(self, limit: int = 400) -> int:
         """Deliver, dispatch, tick the schedules and move time on until every flow is stopped and no
         schedule has anything left to fire; the moves it took. Every notification the gateway made is
-        delivered again first (the gateway retries until answered)."""
+        delivered again first (the gateway retries until answered), after any request still held late."""
+        self.sim.admin.release_late()
         for flow in self.flows:
             for note in self.notifications(flow):
                 if not flow.expired:

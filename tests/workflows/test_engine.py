@@ -416,6 +416,12 @@ def test_a_cancel_requested_of_a_dead_workers_step_ends_the_flow_at_the_reclaim(
     assert isinstance(engine.claim(record.id, "pay", worker="doomed"), Claim)  # then the worker dies
     engine.cancel(record.id)  # running: asked to stop at the step boundary
     clock.advance(31)
+    # The dead worker may have sent its call up to the end of its lease, and the gateway may act on it
+    # up to late_seconds after that: the read finding nothing now is made again then, never a call.
+    assert engine.run_step(record.id, "pay", worker="next") == "retrying"
+    waiting = engine.get(record.id)
+    assert waiting.due == T0 + 30 + engine.retry_policy.late_seconds and waiting.cancel_requested
+    clock.advance(engine.retry_policy.late_seconds)
     assert engine.run_step(record.id, "pay", worker="next") == "cancelled"
     assert step.runs == [] and engine.get(record.id).state is FlowState.CANCELLED
 

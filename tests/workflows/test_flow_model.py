@@ -5,7 +5,8 @@ with notifications) run on the real engine against the simulator over HTTP and a
 (``flow_model.py``). Each move is one of: start a flow; deliver a step message (once, or again: a
 duplicate delivery), lose one; run the dispatcher; move time (past leases and deadlines); kill a worker
 mid-step after its gateway call; set a gateway fault for the next matching request (commit then fail,
-commit then drop the connection, 429, 503); lose the last N Redis writes (an AOF cut, never below what
+commit then drop the connection, 429, 503, or "late": answered 500 or dropped, the request acting at a
+later move, at the latest before time moves on); lose the last N Redis writes (an AOF cut, never below what
 the engine waited on); the customer pays or abandons a page, answers a 3DS challenge; notifications
 (paid, failed, for an earlier order, repeated); cancels, operator retries, the retention running out.
 
@@ -24,7 +25,7 @@ from typing import Any
 
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, invariant, rule, run_state_machine_as_test
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule, run_state_machine_as_test
 
 from simulator import SimulatorAdminError, SimulatorServer
 from tests.workflows.aof_tail import AofTail
@@ -64,6 +65,8 @@ FAULTS: dict[str, dict[str, Any]] = {
     "commit_then_drop": {"mode": "commit_then_fail", "drop": True},
     "429": {"mode": "error", "status": 429, "retry_after": 2},
     "503": {"mode": "error", "status": 503},
+    "late": {"mode": "late"},  # answered 500, acts at a later move (the request was still on its way)
+    "late_drop": {"mode": "late", "drop": True},
 }
 
 
@@ -92,6 +95,15 @@ class FlowModel(RuleBasedStateMachine):
         return flows[which % len(flows)] if flows else None
 
     # -- starts and Celery -------------------------------------------------------------------
+
+    @initialize(
+        kinds=st.lists(st.sampled_from(["moto", "three_steps", "hpp", "schedule"]), min_size=2, max_size=3),
+        variant=st.sampled_from(["approve", "approve", "decline", "challenge"]),
+    )
+    def first_flows(self, kinds: list[str], variant: str) -> None:
+        """Every example starts with flows to act on (a run of moves without any would test nothing)."""
+        for kind in kinds:
+            self.start(kind, variant)
 
     @rule(
         kind=st.sampled_from(["moto", "three_steps", "hpp", "schedule"]),
@@ -132,7 +144,7 @@ class FlowModel(RuleBasedStateMachine):
 
     @rule(
         which=WHICH,
-        fault=st.sampled_from(["gateway", "gateway", "kill", "kill", "redis tail", "lost message", "retention"]),
+        fault=st.sampled_from(["gateway", "gateway", "kill", "kill", "redis tail", "lost message", "retention", "late arrives"]),
         operation=st.sampled_from(FAULT_OPERATIONS),
         mode=st.sampled_from(sorted(FAULTS)),
     )
@@ -150,6 +162,8 @@ class FlowModel(RuleBasedStateMachine):
             world.messages.chains.pop(which % len(world.messages.chains))
         elif fault == "retention" and world.retention_runs < 1:
             world.expire_retention()
+        elif fault == "late arrives":
+            world.sim.admin.release_late()
 
     # -- customers and notifications ---------------------------------------------------------------
 

@@ -60,3 +60,24 @@ def test_a_page_shown_to_the_merchant_is_never_forgotten_by_redis(world: FlowWor
         world.sim.admin.complete_hpp(shown.order_id)
     world.settle()
     world.check_settled()
+
+
+def test_a_cancel_never_ends_a_flow_whose_payment_may_still_arrive_late(world: FlowWorld) -> None:
+    """The MOTO payment is answered 500 and reaches the gateway only later (the request was still in
+    flight when its client gave up). The merchant cancels; the step's read back finds no order yet.
+    Ending the flow ``cancelled`` on that read leaves the late charge unseen."""
+    flow = world.start("moto", "approve")
+    world.sim.admin.set_faults(mode="late", operation="create_moto_order", count=1)
+    while world.messages.chains:
+        world.deliver(0)
+    retrying = world.record(flow)
+    assert retrying is not None and retrying.state is FlowState.RETRYING and retrying.reconcile, world.describe(flow)
+    world.engine.cancel(flow.flow_id, "the merchant cancels")
+    world.clock.advance(5)  # not world.advance, which lets held requests act first
+    world.sim.admin.advance_clock(5)
+    world.engine.dispatch_due()
+    while world.messages.chains:
+        world.deliver(0)
+    assert world.sim.admin.release_late() == [200], "the late payment acts"
+    world.settle()
+    world.check_settled()

@@ -57,7 +57,8 @@ if verdict == 'ok' then
     'attempt', attempt + 1, 'lease_until', ARGV[4], 'lease_owner', ARGV[5], 'runs', runs + 1)
   local what = 'claimed ' .. ARGV[2]
   if reclaim then
-    redis.call('HSET', KEYS[1], 'uncertain', '1')
+    -- The lost worker may have sent a call up to the end of its lease (it renews before each call).
+    redis.call('HSET', KEYS[1], 'uncertain', '1', 'maybe_sent', lease_until or ARGV[3])
     what = what .. ' after the lease ran out'
   end
   redis.call('ZADD', KEYS[3], ARGV[4], ARGV[1])
