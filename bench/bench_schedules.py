@@ -58,6 +58,7 @@ import redis
 
 from config import load_settings
 from config.embedded import EmbeddedValkey
+from service.runtime import freeze_startup_heap
 from workflows.clock import ManualClock
 from workflows.engine import Engine
 from workflows.flows import REGISTRY
@@ -120,12 +121,14 @@ def create_all(engine: Engine, size: int) -> None:
             progress(f"created {first:,} schedules")
 
 
-def _scheduler(url: str, prefix: str, partitions: int, size: int, now: float) -> None:
+def _scheduler(url: str, prefix: str, partitions: int, size: int, now: float, freeze: bool) -> None:
     """One scheduler process: tick until ``size`` flows are started (every schedule's, or with ``--fire``
     the first ones: each tick then takes just enough rounds per partition, and stops)."""
     engine = _engine(url, prefix, partitions, now)
     schedules = Schedules(engine)
     schedules_api.MAX_ROUNDS = min(schedules_api.MAX_ROUNDS, math.ceil(size / partitions / schedules.batch))
+    if freeze:
+        freeze_startup_heap()  # as ``durapay scheduler`` does before its loop
     shown = 0
     while (done := started_flows(engine.redis, engine)) < size:
         if done >= shown + 100_000:
@@ -233,7 +236,7 @@ def one_round(url: str, size: int, args: argparse.Namespace, folder: Path) -> di
     progress(f"{size:,}: firing {wanted:,}")
     context = multiprocessing.get_context("fork")
     children = [
-        context.Process(target=_scheduler, args=(url, prefix, args.partitions, wanted, DUE.timestamp()))
+        context.Process(target=_scheduler, args=(url, prefix, args.partitions, wanted, DUE.timestamp(), not args.no_freeze))
         for _ in range(args.schedulers)
     ]
     began, client_cpu, server = time.perf_counter(), children_cpu(), server_cpu(client)
@@ -314,6 +317,9 @@ def main() -> None:
     parser.add_argument("--partitions", type=int, default=4)
     parser.add_argument("--fire", type=int, help="time only the first N occurrences of each size (all by default)")
     parser.add_argument("--no-baseline", action="store_true", help="skip starting the same flows directly")
+    parser.add_argument(
+        "--no-freeze", action="store_true", help="no gc.freeze in the scheduler processes (as before it was added)"
+    )
     parser.add_argument(
         "--strict-baseline", action="store_true", help="start the baseline's flows as a merchant's (read strictly)"
     )

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import gc
 import json
 import random
 from collections.abc import Iterator
@@ -62,6 +63,20 @@ class Runtime:
 
 
 SERVER_FILE = "server.json"
+
+
+def freeze_startup_heap() -> None:
+    """Take what start-up built out of the cyclic garbage collector's reach, once the process's parts
+    are built and before its loop begins.
+
+    A long-running loop (the scheduler ticking batches of 500 schedules) keeps enough objects alive per
+    batch to trigger full collections, and each walks every object of the process: about 80,000 made at
+    start-up (modules, pydantic schemas, the catalogue) that live as long as the process. Measured, that
+    was 20-25 us of the scheduler's CPU per occurrence fired. ``gc.freeze`` moves them to a permanent
+    generation that collections skip; objects made later are collected as before.
+    """
+    gc.collect()
+    gc.freeze()
 
 
 @contextlib.contextmanager

@@ -28,6 +28,7 @@ from celery.exceptions import CPendingDeprecationWarning
 
 from config.celery import QUEUE
 from service.cli._common import ExitCode, Output, runtime, safe_url
+from service.runtime import freeze_startup_heap
 
 #: The demo's shared clock (``service.demo.clock``): hidden, not for production use.
 ClockKey = Annotated[str | None, typer.Option("--clock-key", hidden=True)]
@@ -132,6 +133,7 @@ def scheduler(
 
         signal.signal(signal.SIGTERM, _stop)
         signal.signal(signal.SIGINT, _stop)
+        freeze_startup_heap()
         where = safe_url(rt.redis_url)
         _started(out, "scheduler", f"every {dispatcher.interval:g}s on {where}", interval=dispatcher.interval, redis=where)
         dispatcher.run()
