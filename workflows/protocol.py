@@ -11,6 +11,10 @@ Every step runs as:
 3. **complete** - one compare-and-set writes the step's outcome, the next state and the next due time;
    a stale worker's write is refused. Security tokens and order lookups are written *before* the
    complete, so a notification can always be checked once the flow says it waits for one.
+
+A worker that follows a flow's steps (``follow_steps``) sends the next step's claim in the same round
+trip as the completion (two scripts, one pipeline; each keeps its own checks), except on a cluster and
+for a claim that must wait for durability before its step calls.
 """
 
 from __future__ import annotations
@@ -35,7 +39,7 @@ from workflows.keys import step_idempotency_key
 from workflows.orders import gateway_order_id
 from workflows.states import STOPPED, FlowState
 from workflows.steps import FlowDefinition, Step, WaitStep
-from workflows.store import Change, FlowRecord, compact_json
+from workflows.store import Change, ClaimRequest, FlowRecord, compact_json
 
 if TYPE_CHECKING:
     from workflows.engine import Engine
@@ -77,25 +81,32 @@ class StepProtocol:
 
         ``money``: the caller knows the step moves money (its task is a call the gateway cannot
         deduplicate): the claim is made durable in the same exchange (see ``FlowStore.claim``)."""
-        engine = self.engine
-        now = engine.clock.now()
-        owner = worker or f"pid-{os.getpid()}"
+        request = self._request(flow_id, step_name, self.engine.clock.now(), worker, bool(money))
         try:
-            taken = engine.store.claim(
-                flow_id,
-                step_name,
-                now=now,
-                lease_until=now + engine.lease,
-                owner=owner,
-                max_attempts=engine.retry_policy.max_attempts,
-                max_runs=engine.settings.engine.max_step_runs,
-                durable=bool(money),
-            )
+            taken = self.engine.store.claim(**dataclasses.asdict(request))
         except NotDurable as exc:
             log.warning("%s; the step waits for its lease to run out, then reads the gateway first", exc)
             return "not-durable"
+        return self._judge(taken, request)
+
+    def _request(self, flow_id: str, step_name: str, now: float, worker: str, money: bool) -> ClaimRequest:
+        engine = self.engine
+        return ClaimRequest(
+            flow_id,
+            step_name,
+            now,
+            now + engine.lease,
+            worker or f"pid-{os.getpid()}",
+            engine.retry_policy.max_attempts,
+            engine.settings.engine.max_step_runs,
+            money,
+        )
+
+    def _judge(self, taken: tuple[str, FlowRecord] | str, request: ClaimRequest) -> Claim | str:
+        """Apply ``claim.lua``'s verdict: the claim handed to the step, or why there is none."""
         if isinstance(taken, str):
             return taken
+        step_name, now, owner = request.step, request.now, request.owner
         verdict, record = taken
         if verdict == "cancel":
             return self._stop(record, Change(FlowState.CANCELLED, "cancelled as requested"), now, owner)
@@ -116,7 +127,7 @@ class StepProtocol:
                 {"lease_until": None, "lease_owner": None, "reconcile": "1", "error": compact_json({"type": "TooManyRuns"})},
             )
             return self._stop(record, looping, now, owner)
-        return self._claimed(record, step_name, now, owner, durable=bool(money))
+        return self._claimed(record, step_name, now, owner, durable=request.durable)
 
     def _stop(self, record: FlowRecord, change: Change, now: float, owner: str) -> str:
         written = self.engine.store.transition(record, change, now=now, by=owner)
@@ -240,30 +251,33 @@ class StepProtocol:
         ``follow``: then go on with the flow's next step, up to ``follow`` more, for as long as each
         leaves the flow ``ready`` (its next step due now): each is claimed, run and completed exactly
         like a step sent as its own task, without the queue's round trip between them (a Celery task
-        costs a worker more CPU than everything durability adds to a step). A worker that dies
-        in between leaves the next step on the due set, where the dispatcher finds it."""
-        result, written = self._run_one(flow_id, step_name, worker, chained_next, money, inline=follow > 0)
-        while follow > 0 and written is not None and written.state is FlowState.READY:
-            follow -= 1
-            following = self.engine.registry[written.kind].step(written.step)
-            result, written = self._run_one(written.id, written.step, worker, None, writes(following), inline=follow > 0)
-        return result
-
-    def _run_one(
-        self, flow_id: str, step_name: str, worker: str, chained_next: str | None, money: bool | None, *, inline: bool
-    ) -> tuple[str, FlowRecord | None]:
-        """One step: (what happened, the record as its completion wrote it, if it did). ``inline``: the
-        caller runs the next step itself (nothing is sent for it)."""
+        costs a worker more CPU than everything durability adds to a step), and claimed in the same
+        round trip as the completion before it (``FlowStore.transition_then_claim``). A worker that
+        dies in between leaves the next step on the due set, where the dispatcher finds it."""
         began = time.perf_counter()
         claim = self.claim(flow_id, step_name, worker=worker, money=money)
-        if isinstance(claim, str):
-            return claim, None
-        result, written = self._run_claimed(claim, chained_next, inline=inline)
-        if self.observer is not None:
-            self.observer(claim.record.kind, step_name, time.perf_counter() - began, result)
-        return result, written
+        while not isinstance(claim, str):
+            result, written, following = self._run_claimed(claim, chained_next, inline=follow > 0)
+            if self.observer is not None:
+                self.observer(claim.record.kind, claim.step.name, time.perf_counter() - began, result)
+            if follow <= 0:
+                return result
+            began = time.perf_counter()
+            if following is None:
+                if written is None or written.state is not FlowState.READY:
+                    return result
+                step = self.engine.registry[written.kind].step(written.step)
+                following = self.claim(written.id, written.step, worker=worker, money=writes(step))
+            follow -= 1
+            chained_next = None
+            claim = following
+        return claim
 
-    def _run_claimed(self, claim: Claim, chained_next: str | None, *, inline: bool) -> tuple[str, FlowRecord | None]:
+    def _run_claimed(
+        self, claim: Claim, chained_next: str | None, *, inline: bool
+    ) -> tuple[str, FlowRecord | None, Claim | str | None]:
+        """Run a claimed step and complete it: (what happened, the record as its completion wrote it if
+        it did, and with ``inline`` the claim of the next step when it was made with the completion)."""
         try:
             if claim.record.cancel_requested:
                 # Asked to stop while an earlier try may have reached the gateway (a lost worker, an
@@ -271,13 +285,13 @@ class StepProtocol:
                 found = settle_before_cancel(claim.step, claim.ctx, resend=claim.resend)
                 if found is None:
                     cancel = Change(FlowState.CANCELLED, "cancelled as requested", {"lease_until": None, "lease_owner": None})
-                    return self._stop(claim.record, cancel, self.engine.clock.now(), claim.record.lease_owner), None
+                    return self._stop(claim.record, cancel, self.engine.clock.now(), claim.record.lease_owner), None, None
                 outcome = found
             else:
                 outcome = run_step(claim.step, claim.ctx, must_reconcile=claim.resend, resend=claim.resend)
         except LeaseLost as lost:
             log.warning("%s; its result is dropped", lost)
-            return "stale", None
+            return "stale", None, None
         return self._complete(claim, outcome, chained_next, inline=inline)
 
     def complete(self, claim: Claim, outcome: Outcome, *, chained_next: str | None = None) -> str:
@@ -286,7 +300,7 @@ class StepProtocol:
 
     def _complete(
         self, claim: Claim, outcome: Outcome, chained_next: str | None, *, inline: bool
-    ) -> tuple[str, FlowRecord | None]:
+    ) -> tuple[str, FlowRecord | None, Claim | str | None]:
         engine = self.engine
         claimed, definition, step, ctx = claim.record, claim.definition, claim.step, claim.ctx
         now = engine.clock.now()
@@ -382,15 +396,22 @@ class StepProtocol:
         call = _call_made(step, claimed, outcome, now, reconcile=claim.resend or claimed.reconcile)
         if call:
             change = dataclasses.replace(change, call=call)
-        written = engine.store.transition(claimed, change, now=now, by=claimed.lease_owner)
+        following_claim: Claim | str | None = None
+        next_step = definition.step(change.step or claimed.step) if change.state is FlowState.READY else None
+        request = self._request(claimed.id, next_step.name, now, claimed.lease_owner, writes(next_step)) if next_step else None
+        if inline and request is not None and engine.store.claims_with_transition(request):
+            written, taken = engine.store.transition_then_claim(claimed, change, request, now=now, by=claimed.lease_owner)
+            following_claim = self._judge(taken, request)
+        else:
+            written = engine.store.transition(claimed, change, now=now, by=claimed.lease_owner)
         if written is None:
             log.info("flow %s step %s: stale completion dropped", claimed.id, step.name)
-            return "stale", None
+            return "stale", None, following_claim
         if done.get("customer_url"):
             self._shown(claimed.id)
         if written.state is FlowState.READY and written.step != chained_next and not inline:
             self.send_from(written, written.step)
-        return str(written.state), written
+        return str(written.state), written, following_claim
 
     # -- sending -------------------------------------------------------------------------------
 

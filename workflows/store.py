@@ -222,6 +222,39 @@ class Change:
     call: Mapping[str, Any] | None = None
 
 
+@dataclass(frozen=True)
+class ClaimRequest:
+    """What :meth:`FlowStore.claim` is asked (also the claim half of :meth:`FlowStore.transition_then_claim`)."""
+
+    flow_id: str
+    step: str
+    now: float
+    lease_until: float
+    owner: str
+    max_attempts: int
+    max_runs: int
+    durable: bool = False
+
+
+@dataclass(frozen=True)
+class _TransitionCall:
+    """``transition.lua``'s keys and arguments for one change, and what the record is rebuilt from."""
+
+    keys: list[str]
+    args: list[str]
+    fields: dict[str, str | None]
+    scrubbed: str
+
+
+def _taken(answer: Any) -> tuple[str, FlowRecord] | str:
+    """``claim.lua``'s answer: why not, or the verdict and the record."""
+    verdict = str(answer[0].decode())
+    if len(answer) == 1:
+        return verdict
+    items = [item.decode() for item in answer[2:]]
+    return verdict, FlowRecord.from_fields(dict(zip(items[::2], items[1::2], strict=True)))
+
+
 class FlowStore:
     """Reads and atomically changes flow records. Give it a Redis client and the key layout."""
 
@@ -383,10 +416,40 @@ class FlowStore:
 
     def transition(self, record: FlowRecord, change: Change, *, now: float, by: str) -> FlowRecord | None:
         """Write ``change`` if ``record`` is still current; None when another writer got there first."""
-        if not can_move(record.state, change.state):
-            raise IllegalTransition(record.state, change.state, record.id)
         if record.packed and not self._unpack(record):
             return None
+        call = self._transition_call(record, change, now=now, by=by)
+        return self._written(record, change, call, self._transition(keys=call.keys, args=call.args), now=now)
+
+    def transition_then_claim(
+        self, record: FlowRecord, change: Change, claim: ClaimRequest, *, now: float, by: str
+    ) -> tuple[FlowRecord | None, tuple[str, FlowRecord] | str]:
+        """:meth:`transition`, then :meth:`claim` of the step it makes ready, in one round trip: a worker
+        that follows a flow's steps completes one and takes the next without waiting for a second
+        answer. Two scripts in one pipeline, each with its own rules and checks: when the completion
+        is refused (stale) or moves the flow elsewhere, the claim finds that and says why not; when it
+        claims anyway (another worker completed the step meanwhile), the claim is as valid as any.
+
+        Only where :meth:`claims_with_transition` says so."""
+        if record.packed or not self.claims_with_transition(claim):
+            raise ValueError(f"flow {record.id}: the claim of {claim.step} cannot share the completion's round trip")
+        call = self._transition_call(record, change, now=now, by=by)
+        keys, args = self._claim_call(claim)
+        pipe = self.redis.pipeline(transaction=False)
+        self._transition(keys=call.keys, args=call.args, client=pipe)
+        self._claim(keys=keys, args=args, client=pipe)
+        written, taken = pipe.execute()
+        return self._written(record, change, call, written, now=now), _taken(taken)
+
+    def claims_with_transition(self, claim: ClaimRequest) -> bool:
+        """Whether :meth:`transition_then_claim` may make ``claim``: on a single server (a cluster
+        pipeline may split a moving slot's two scripts), and for a claim that needs no durability wait
+        of its own (that wait must follow the claim's answer on a pinned connection)."""
+        return not self.pins.cluster and not (claim.durable and self.durability.active)
+
+    def _transition_call(self, record: FlowRecord, change: Change, *, now: float, by: str) -> _TransitionCall:
+        if not can_move(record.state, change.state):
+            raise IllegalTransition(record.state, change.state, record.id)
         partition = self.keys.partition(record.id)
         fields = dict(change.fields)
         ttl = ""
@@ -397,36 +460,41 @@ class FlowStore:
         scrubbed = compact_json(clean) if clean != record.input else ""
         entry = self._entry(now, record.state, change.state, step or "", by, change.what, change.call)
         operations = [self.keys.operation(partition, operation_id) for operation_id in operation_ids(fields)]
-        version, final_state = self._transition(
-            keys=[
-                self.keys.flow(record.id),
-                self.keys.log(record.id),
-                self.keys.due(partition),
-                self.keys.by_state(partition, record.state.value),
-                self.keys.by_state(partition, change.state.value),
-                self.keys.by_state(partition, FlowState.READY.value),
-                self.keys.by_state(partition, FlowState.CANCELLED.value),
-                self.keys.by_state(partition, FlowState.NEEDS_ATTENTION.value),
-                self.keys.events(partition),
-                self.keys.finished(partition),
-                *operations,
-            ],
-            args=[
-                record.id,
-                str(record.version),
-                change.state.value,
-                compact_json(fields),
-                "" if change.due is None else repr(change.due),
-                entry,
-                repr(now),
-                ttl,
-                compact_json(list(change.awaited)),
-                str(max(1, int(self.retention_seconds))),
-                scrubbed,
-                self.events,
-                compact_json(dict(change.paid)) if change.paid else "",
-            ],
-        )
+        keys = [
+            self.keys.flow(record.id),
+            self.keys.log(record.id),
+            self.keys.due(partition),
+            self.keys.by_state(partition, record.state.value),
+            self.keys.by_state(partition, change.state.value),
+            self.keys.by_state(partition, FlowState.READY.value),
+            self.keys.by_state(partition, FlowState.CANCELLED.value),
+            self.keys.by_state(partition, FlowState.NEEDS_ATTENTION.value),
+            self.keys.events(partition),
+            self.keys.finished(partition),
+            *operations,
+        ]
+        args = [
+            record.id,
+            str(record.version),
+            change.state.value,
+            compact_json(fields),
+            "" if change.due is None else repr(change.due),
+            entry,
+            repr(now),
+            ttl,
+            compact_json(list(change.awaited)),
+            str(max(1, int(self.retention_seconds))),
+            scrubbed,
+            self.events,
+            compact_json(dict(change.paid)) if change.paid else "",
+        ]
+        return _TransitionCall(keys, args, fields, scrubbed)
+
+    def _written(
+        self, record: FlowRecord, change: Change, call: _TransitionCall, answer: Any, *, now: float
+    ) -> FlowRecord | None:
+        """The record as ``transition.lua`` left it (None: refused as stale)."""
+        version, final_state = answer
         if not version:
             return None
         state = final_state.decode() if isinstance(final_state, bytes) else str(final_state)
@@ -436,13 +504,13 @@ class FlowStore:
             return self.get(record.id)
         # The script applied exactly these changes: rebuild the record here instead of reading it back.
         data = dict(record.fields)
-        for name, value in fields.items():
+        for name, value in call.fields.items():
             if value is None:
                 data.pop(name, None)
             else:
                 data[name] = value
-        if scrubbed and state in {s.value for s in TERMINAL}:
-            data["input"] = scrubbed
+        if call.scrubbed and state in {s.value for s in TERMINAL}:
+            data["input"] = call.scrubbed
         if state == FlowState.CANCELLED.value:
             data.pop("cancel_requested", None)
         data.update({"state": state, "version": str(version), "updated": repr(now)})
@@ -488,23 +556,31 @@ class FlowStore:
 
         ``durable``: the step moves money, so a claim must be durable before it runs: the claim and the
         durability wait share one connection (two round trips in all); NotDurable when it is not."""
-        partition = self.keys.partition(flow_id)
-        states = (FlowState.READY, FlowState.RETRYING, FlowState.WAITING, FlowState.SLEEPING, FlowState.RUNNING)
-        keys = [self.keys.flow(flow_id), self.keys.log(flow_id), self.keys.due(partition)]
-        keys += [self.keys.by_state(partition, state.value) for state in states]
-        args = [flow_id, step, repr(now), repr(lease_until), owner, str(max_attempts), str(max_runs)]
+        request = ClaimRequest(flow_id, step, now, lease_until, owner, max_attempts, max_runs, durable)
+        keys, args = self._claim_call(request)
         if durable and self.durability.active:
             answer, pinned = self.pins.script(self._claim, keys, args)
             if answer[0] == b"ok":
                 self.durability.wait(pinned, f"claim of {step} of flow {flow_id}")
         else:
             answer = self._claim(keys=keys, args=args)
-        verdict = str(answer[0].decode())
-        if len(answer) == 1:
-            return verdict
-        items = [item.decode() for item in answer[2:]]
-        record = FlowRecord.from_fields(dict(zip(items[::2], items[1::2], strict=True)))
-        return verdict, record
+        return _taken(answer)
+
+    def _claim_call(self, request: ClaimRequest) -> tuple[list[str], list[str]]:
+        partition = self.keys.partition(request.flow_id)
+        states = (FlowState.READY, FlowState.RETRYING, FlowState.WAITING, FlowState.SLEEPING, FlowState.RUNNING)
+        keys = [self.keys.flow(request.flow_id), self.keys.log(request.flow_id), self.keys.due(partition)]
+        keys += [self.keys.by_state(partition, state.value) for state in states]
+        args = [
+            request.flow_id,
+            request.step,
+            repr(request.now),
+            repr(request.lease_until),
+            request.owner,
+            str(request.max_attempts),
+            str(request.max_runs),
+        ]
+        return keys, args
 
     def renew(self, record: FlowRecord, *, lease_until: float) -> bool:
         """Extend the lease of ``record``'s claim (as claimed: its version and owner); False once the claim

@@ -193,13 +193,14 @@ class FlowWorld:
         self.schedule_ids.append(created.id)
         return created.id
 
-    def deliver(self, index: int, *, again: bool = False) -> str:
-        """Celery runs the first link of a chain (``again``: the message stays, to be delivered again)."""
+    def deliver(self, index: int, *, again: bool = False, follow: int = 0) -> str:
+        """Celery runs the first link of a chain (``again``: the message stays, to be delivered again;
+        ``follow``: the worker goes on with the flow's next steps due at once, as workers do by default)."""
         flow_id, links = self.messages.chains[index] if again else self.messages.chains.pop(index)
         (task, step), rest = links[0], links[1:]
         self.steps += 1
         result = self.engine.run_step(
-            flow_id, step, worker="w1", chained_next=rest[0][1] if rest else None, money=MONEY.get(task, False)
+            flow_id, step, worker="w1", chained_next=rest[0][1] if rest else None, money=MONEY.get(task, False), follow=follow
         )
         if rest:
             self.messages.chains.append((flow_id, rest))

@@ -17,6 +17,7 @@ from tasks.runner import NOT_COMMITTED, StepContext
 from tests.workflows.engine_support import T0, ScriptedStep, flow, summary, wait_step
 from workflows.clock import ManualClock
 from workflows.compact import Compactor
+from workflows.durability import Durability
 from workflows.engine import Claim, InputError, NotFound, OperatorError
 from workflows.states import FlowState
 from workflows.steps import FlowDefinition, SleepStep, WaitStep
@@ -519,6 +520,47 @@ def test_a_followed_step_held_by_another_worker_is_left_to_it(make_engine: Any, 
     sent.chains.clear()
     assert engine.run_step(record.id, "second", follow=8) == "leased"
     assert sent.chains == [] and engine.get(record.id).lease_owner == "other"
+
+
+def test_a_followed_step_is_claimed_in_the_round_trip_of_the_completion_before_it(make_engine: Any) -> None:
+    engine, _ = make_engine(flow(ScriptedStep("first"), ScriptedStep("second"), ScriptedStep("third")))
+    record = engine.start("demo", {"amount": 5})
+    separate: list[str] = []
+    claim = engine.store.claim
+    engine.store.claim = lambda flow_id, step, **kw: separate.append(step) or claim(flow_id, step, **kw)
+    assert engine.run_step(record.id, "first", follow=8) == "succeeded"
+    assert separate == ["first"], "the second and third claims went with the completions"
+    history = engine.history(record.id)
+    assert [entry["to"] for entry in history] == ["ready", "running", "ready", "running", "ready", "running", "succeeded"]
+
+
+def test_a_claim_that_waits_for_durability_is_not_made_with_the_completion(make_engine: Any) -> None:
+    """The fsync wait of a money step's claim must follow the claim's own answer on one connection."""
+    engine, _ = make_engine(flow(ScriptedStep("first"), ScriptedStep("second")))
+    engine.store._durability = Durability(aof=True, timeout_ms=2000)
+    record = engine.start("demo", {"amount": 5})
+    separate: list[str] = []
+    claim = engine.store.claim
+    engine.store.claim = lambda flow_id, step, **kw: separate.append(step) or claim(flow_id, step, **kw)
+    assert engine.run_step(record.id, "first", follow=8, money=True) == "succeeded"
+    assert separate == ["first", "second"]
+
+
+def test_a_stale_completion_does_not_lose_the_next_step_its_round_trip_claimed(make_engine: Any, clock: ManualClock) -> None:
+    """A slow worker's completion is refused (its lease ran out and another worker did the step), but
+    the claim sent with it finds the next step ready and takes it: that claim is valid and is run."""
+    first, second = ScriptedStep("first"), ScriptedStep("second")
+    engine, _ = make_engine(flow(first, second))
+    record = engine.start("demo", {"amount": 5})
+    slow = engine.claim(record.id, "first", worker="slow")
+    assert isinstance(slow, Claim)
+    clock.advance(31)
+    assert engine.run_step(record.id, "first", worker="other") == "ready"  # reclaimed, read back, called again
+    result, written, following = engine.protocol._complete(slow, Advance({"late": True}), None, inline=True)
+    assert (result, written) == ("stale", None)
+    assert isinstance(following, Claim) and following.step.name == "second" and following.record.lease_owner == "slow"
+    assert engine.protocol._run_claimed(following, None, inline=False)[0] == "succeeded"
+    assert "late" not in str(engine.get(record.id).outputs["first"]), "the refused completion wrote nothing"
 
 
 def test_a_start_to_run_at_a_time_already_passed_is_refused(make_engine: Any, clock: ManualClock) -> None:

@@ -117,10 +117,10 @@ class FlowModel(RuleBasedStateMachine):
         elif not self.world.schedule_ids:
             self.world.create_schedule()
 
-    @rule(which=WHICH, again=st.sampled_from([False, False, False, True]))
-    def deliver(self, which: int, again: bool) -> None:
+    @rule(which=WHICH, again=st.sampled_from([False, False, False, True]), follow=st.sampled_from([0, 0, 8]))
+    def deliver(self, which: int, again: bool, follow: int) -> None:
         if self.world.messages.chains:
-            self.world.deliver(which % len(self.world.messages.chains), again=again)
+            self.world.deliver(which % len(self.world.messages.chains), again=again, follow=follow)
 
     @rule(which=WHICH, finish=st.booleans())
     def slow_worker(self, which: int, finish: bool) -> None:
