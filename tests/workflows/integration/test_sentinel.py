@@ -99,12 +99,13 @@ def test_200_flows_survive_a_primary_killed_mid_batch(
         starter = threading.Thread(target=start_all)
         starter.start()
         wait_until(lambda: len(started) >= BATCH // 3, 60, "a third of the flows to start")
-        old_port = group.primary.port
         group.primary.kill()
         wait_until(lambda: group.master_port() == group.replica.port, 60, "the Sentinels to promote the replica")
         group.rejoin()  # back, as a replica of the new primary
         starter.join(120)
-        assert len(started) == BATCH and old_port != group.master_port()
+        # The failover happened (awaited above). On a loaded machine the Sentinels (down after 1 s) may
+        # fail over once more, back to the rejoined node: allowed, the invariants below hold through it.
+        assert len(started) == BATCH
 
         done, lost = [], []
         for flow_id in started:
