@@ -20,6 +20,7 @@ import ipaddress
 import json
 import re
 import socket
+import time
 import uuid
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
@@ -33,13 +34,16 @@ from workflows.webhooks.signing import new_secret, secret_key
 #: The synthetic type sent by ``durapay webhooks test`` (never written to the event streams).
 TEST_TYPE = "webhook.test"
 
-#: Writes a new endpoint stamped with the server's time (``after``: its ms, compared with stream entry
-#: ids by the fan-out; stamped in the same step as the write, see fanout.lua's read_at).
+#: Writes a new endpoint stamped with the server's time (``after``: the ms from which stream entries are
+#: its, compared with entry ids by the fan-out; stamped in the same step as the write, see fanout.lua's
+#: read_at). ``after`` is the millisecond *following* the creation's: an event written earlier in the
+#: creation's own millisecond is not the endpoint's (``EndpointStore._write`` then waits for the server's
+#: clock to reach ``after``, so an event written once the creation is answered always is).
 _ADD = """
 local t = redis.call('TIME')
 local endpoint = cjson.decode(ARGV[2])
 endpoint['created'] = tonumber(t[1]) + tonumber(t[2]) / 1000000
-endpoint['after'] = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+endpoint['after'] = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) + 1
 local encoded = cjson.encode(endpoint)
 redis.call('HSET', KEYS[1], ARGV[1], encoded)
 return encoded
@@ -218,7 +222,17 @@ class EndpointStore:
         return self._write(endpoint)
 
     def _write(self, endpoint: Endpoint) -> Endpoint:
-        return _endpoint(self._add(keys=[self.key], args=[endpoint.id, json.dumps(asdict(endpoint))]))
+        """Write ``endpoint``, answering only once the server's clock reached its ``after`` (at most a
+        millisecond; a server clock stepped back is waited for a second at most, then the events of that
+        ambiguous moment may miss the endpoint): whatever the caller writes next is in its range of events."""
+        written = _endpoint(self._add(keys=[self.key], args=[endpoint.id, json.dumps(asdict(endpoint))]))
+        deadline = time.monotonic() + 1.0
+        while time.monotonic() < deadline:
+            seconds, micros = self.redis.time()
+            if int(seconds) * 1000 + int(micros) // 1000 >= written.after:
+                break
+            time.sleep(0.0002)
+        return written
 
     def sync_configured(self) -> list[Endpoint]:
         """Write the endpoints of the settings (same URL, same id); their secret and types follow the settings."""

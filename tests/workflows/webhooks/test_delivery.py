@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import asdict
 from typing import Any
 
 import pytest
@@ -13,19 +14,22 @@ from tests.waiting import wait_until
 from workflows.clock import ManualClock
 from workflows.engine import Engine
 from workflows.webhooks import SCHEDULE, EndpointError, Webhooks, next_delay, retry_after
+from workflows.webhooks.endpoints import Endpoint
+from workflows.webhooks.signing import new_secret
 
 
 def tick(webhooks: Webhooks) -> int:
     """One pass, once the server's millisecond has moved on (a fan-out leaves the entries of the very
     millisecond it read the endpoints in for the next pass)."""
 
-    def now_ms() -> int:
-        seconds, micros = webhooks.redis.time()
-        return int(seconds) * 1000 + int(micros) // 1000
-
-    start = now_ms()
-    wait_until(lambda: now_ms() > start, 5, "the server's clock to move")
+    start = now_ms(webhooks)
+    wait_until(lambda: now_ms(webhooks) > start, 5, "the server's clock to move")
     return webhooks.tick()
+
+
+def now_ms(webhooks: Webhooks) -> int:
+    seconds, micros = webhooks.redis.time()
+    return int(seconds) * 1000 + int(micros) // 1000
 
 
 def finish(engine: Engine, count: int) -> list[str]:
@@ -66,6 +70,35 @@ def test_an_endpoint_gets_only_its_types_and_only_events_after_its_creation(hook
     finish(engine, 2)
     tick(webhooks)
     assert [r.type for r in receiver.received] == ["flow.succeeded"] * 2
+
+
+def test_the_creation_splits_events_written_before_it_from_those_written_after(hooks: Any, receiver: WebhookReceiver) -> None:
+    """Stream ids and the creation stamp count in milliseconds: an event written just before the creation,
+    in the same millisecond (here: the same pipeline), is still not the endpoint's; one written as soon
+    as ``add`` returned is."""
+    _, webhooks = hooks()
+    store = webhooks.endpoints
+    slot = next(iter(webhooks.slots.values()))
+    stream = slot.stream
+    before = json.dumps({"type": "flow.succeeded", "id": "evt_before"})
+    pipe = webhooks.redis.pipeline(transaction=False)
+    pipe.xadd(stream, {"e": before})
+    endpoint = Endpoint(id="we_samemillisecond", url=receiver.url, secret=new_secret(), events=["flow.succeeded"])
+    store._add(keys=[store.key], args=[endpoint.id, json.dumps(asdict(endpoint))], client=pipe)
+    written, _ = pipe.execute()
+    created = store.get(endpoint.id)
+    assert created is not None and int(written.decode().split("-")[0]) < created.after
+    wanted = set()
+    for _ in range(20):
+        added = store.add(receiver.url, ["flow.succeeded"])
+        after = webhooks.redis.xadd(stream, {"e": json.dumps({"type": "flow.succeeded"})})
+        assert int(after.decode().split("-")[0]) >= added.after
+        wanted.add(f"{after.decode()}|{added.id}")
+    last = int(after.decode().split("-")[0])
+    wait_until(lambda: now_ms(webhooks) > last, 5, "the server's clock to pass the last entry")
+    webhooks.fanout()
+    due = {member.decode() for member in webhooks.redis.zrange(slot.due, 0, -1)}
+    assert wanted <= due and f"{written.decode()}|{endpoint.id}" not in due
 
 
 def test_failures_are_retried_on_the_schedule_then_delivered(hooks: Any, receiver: WebhookReceiver, clock: ManualClock) -> None:
