@@ -25,8 +25,7 @@ from urllib.parse import unquote, urlsplit
 
 import redis
 from redis.cluster import ClusterPipeline, RedisCluster
-from redis.commands.core import Script
-from redis.exceptions import ClusterError, NoScriptError, RedisClusterException, TryAgainError
+from redis.exceptions import ClusterError, RedisClusterException, TryAgainError
 from redis.sentinel import Sentinel
 
 SENTINEL_SCHEME = "redis+sentinel"
@@ -77,58 +76,26 @@ def _unreachable(exc: RedisClusterException) -> Exception:
 
 
 class _ClusterPipeline(ClusterPipeline):
-    """A cluster pipeline that loads its client's scripts on a node that lost them and runs once more.
-
-    A plain pipeline loads the scripts it carries before it runs; redis-py's cluster pipeline does not,
-    so a node that restarted or was promoted (its script cache is empty) would refuse every pipelined
-    script. The commands here are safe to repeat (creates that keep an existing flow, compare-and-set
-    writes, reads)."""
-
-    def __init__(self, *args: Any, owner: ClusterClient, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self._owner = owner
-        self._queued: list[tuple[tuple[Any, ...], dict[str, Any]]] = []
+    """A cluster pipeline that takes scripts (routed by their first key) and says a lost cluster is a
+    ConnectionError. A node that lost its scripts (restarted, promoted) answers NOSCRIPT: the store's
+    pipelines load them and run those calls again (``workflows/scripts.py``)."""
 
     def evalsha(self, sha: str, numkeys: int, *keys_and_args: Any) -> Any:
         """Queue a script: redis-py refuses ``EVALSHA`` in a cluster pipeline because it cannot route a
         script whose keys span slots; every durapay script keeps its keys in one slot (``workflows.keys``),
         so it is routed by its first key like any other command (a script with keys in two slots is
         refused by the server with ``CROSSSLOT``)."""
-        return self.pipeline_execute_command("EVALSHA", sha, numkeys, *keys_and_args)
-
-    def pipeline_execute_command(self, *args: Any, **options: Any) -> Any:
-        self._queued.append((args, dict(options)))
-        return super().pipeline_execute_command(*args, **options)  # type: ignore[no-untyped-call]
+        return self.pipeline_execute_command("EVALSHA", sha, numkeys, *keys_and_args)  # type: ignore[no-untyped-call]
 
     def execute(self, raise_on_error: bool = True) -> list[Any]:
-        queued, self._queued = self._queued, []
         try:
             return list(super().execute(raise_on_error))
         except RedisClusterException as exc:
             raise _unreachable(exc) from exc
-        except NoScriptError:
-            self._owner.load_scripts()
-            for args, options in queued:
-                super().pipeline_execute_command(*args, **options)  # type: ignore[no-untyped-call]
-            return list(super().execute(raise_on_error))
 
 
 class ClusterClient(RedisCluster):
-    """redis-py's cluster client, waiting out slot migrations and reloading scripts a node lost."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self._scripts: list[Script] = []
-
-    def register_script(self, script: Any) -> Script:
-        registered = Script(self, script)
-        self._scripts.append(registered)
-        return registered
-
-    def load_scripts(self) -> None:
-        """Load every registered script on every primary (``SCRIPT LOAD`` goes to all of them)."""
-        for script in self._scripts:
-            self.script_load(script.script)
+    """redis-py's cluster client, waiting out slot migrations."""
 
     def execute_command(self, *args: Any, **kwargs: Any) -> Any:
         deadline = time.monotonic() + MIGRATION_WAIT
@@ -153,7 +120,7 @@ class ClusterClient(RedisCluster):
         return _ClusterPipeline(
             nodes_manager=self.nodes_manager,
             commands_parser=self.commands_parser,
-            startup_nodes=self.nodes_manager.startup_nodes,
+            startup_nodes=self.nodes_manager.startup_nodes,  # type: ignore[arg-type]  # as redis-py's own pipeline()
             result_callbacks=self.result_callbacks,
             cluster_response_callbacks=self.cluster_response_callbacks,
             read_from_replicas=self.read_from_replicas,
@@ -161,7 +128,6 @@ class ClusterClient(RedisCluster):
             reinitialize_steps=self.reinitialize_steps,
             retry=self.retry,
             lock=self._lock,
-            owner=self,
         )
 
 

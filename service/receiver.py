@@ -35,6 +35,7 @@ import redis
 from config.settings import ReceiverSettings
 from gateway import InvalidSecurityToken, NotificationError, parse_notification, verify_security_token
 from workflows.engine import Engine, NotDurable, NotFound
+from workflows.scripts import ScriptPipeline
 
 log = logging.getLogger("durapay.receiver")
 
@@ -186,9 +187,9 @@ class NotificationReceiver:
             self.count("failed")
             self._release(key, pending)
             raise
-        pipe = self.redis.pipeline(transaction=False)
-        self._swap(keys=[key], args=[pending, json.dumps({"state": "done", "flow": flow_id, "result": result})], client=pipe)
-        pipe.incr(counter_key(self.engine, "accepted"))
+        pipe = ScriptPipeline(self.redis)
+        pipe.call(self._swap, [key], [pending, json.dumps({"state": "done", "flow": flow_id, "result": result})])
+        pipe.command("INCRBY", counter_key(self.engine, "accepted"), 1)
         pipe.execute()
         log.info("notification %s for flow %s: %s", event_id, flow_id, result)
         return Receipt(200, OK)

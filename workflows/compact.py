@@ -32,6 +32,7 @@ from typing import Any
 
 from workflows.keys import Keys
 from workflows.orders import OrderIndex
+from workflows.scripts import ScriptPipeline
 
 logger = logging.getLogger("durapay.compact")
 
@@ -143,7 +144,7 @@ class Compactor:
             pipe.hgetall(self.keys.flow(flow_id))
             pipe.lrange(self.keys.log(flow_id), 0, -1)
         read = pipe.execute()
-        pipe = self.redis.pipeline(transaction=False)
+        pipe = ScriptPipeline(self.redis)
         packed = []
         order_ids: list[list[str]] = []  # per flow read: the orders it made (none when not packed)
         for index, (partition, flow_id) in enumerate(flows):
@@ -152,13 +153,13 @@ class Compactor:
             packed.append(bool(raw) and b"z" not in raw)
             order_ids.append([])
             if not packed[-1]:  # expired meanwhile, or already packed
-                pipe.zrem(keys[2], flow_id)
+                pipe.command("ZREM", keys[2], flow_id)
                 continue
             fields = {name.decode(): value.decode() for name, value in raw.items()}
             order_ids[-1] = json.loads(fields.get("orders") or "[]") or ([fields["order_id"]] if fields.get("order_id") else [])
             plain, blob = pack(fields, [entry.decode() for entry in log])
             args = [flow_id, fields.get("version", ""), json.dumps(plain), *chunks(blob).values()]
-            self._compact(keys=keys, args=args, client=pipe)
+            pipe.call(self._compact, keys, args)
         # One flow's refusal (TRYAGAIN while its slot moves) leaves it in the finished set for the next
         # pass; it does not stop the others.
         results = pipe.execute(raise_on_error=False)

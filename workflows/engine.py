@@ -165,11 +165,12 @@ class Engine:
         now = self.clock.now()
         new = self._new_flow(kind, data, key, run_at, now)
         record, created = self.store.create(new, now=now, by="start", safety=self.safety)
-        if new.order_id:  # a retried start too: its first try may have died between the two writes
+        if new.order_id and not created.order:
+            # A retried start too: on a cluster its first try may have died between the two writes.
             self.orders.claim(new.order_id, new.flow_id, holder_live=self._live)
         # Acknowledged means durable: a start lost by a crash after this answer would be a promise broken.
         self.store.sync(new.flow_id, f"start of flow {new.flow_id}", orders=[new.order_id] if new.order_id else [])
-        if created and record.state is FlowState.READY:
+        if created.flow and record.state is FlowState.READY:
             self.protocol.send_from(record, record.step)
         return record
 
@@ -204,15 +205,18 @@ class Engine:
                 results.append(refused)
         created = iter(zip(news, self.store.create_many(news, now=now, by="start", safety=self.safety), strict=True))
         made: builtins.list[NewFlow] = []
+        unpointed: builtins.list[tuple[str, str]] = []  # order lookups the create did not point (cluster, held)
         for index, result in enumerate(results):
             if isinstance(result, Exception):
                 continue
             new, outcome = next(created)
             if isinstance(outcome, StartConflict):
                 results[index] = outcome
-            elif outcome:
+            elif outcome.flow:
                 made.append(new)
-        self.orders.claim_many([(new.order_id, new.flow_id) for new in made if new.order_id], holder_live=self._live)
+                if new.order_id and not outcome.order:
+                    unpointed.append((new.order_id, new.flow_id))
+        self.orders.claim_many(unpointed, holder_live=self._live)
         if news:
             # On a cluster the flows (and their order lookups) sit on several nodes: one wait per node.
             orders = [new.order_id for new in made if new.order_id]

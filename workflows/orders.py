@@ -66,7 +66,8 @@ class OrderIndex:
         """Point ``order_id`` at ``flow_id`` unless a live flow holds it. A start that merely *names* an
         order id never takes it from another live flow (``holder_live(flow_id) -> bool``): the gateway
         will refuse the second order and that flow moves to ``<orderId>-2``; the first keeps its
-        notifications."""
+        notifications. On a single server ``create.lua`` makes the first move (the HSETNX) in the
+        start's own round trip; this runs only when it could not (a cluster, a lookup held)."""
         key = self.keys.order(order_id)
         if self.redis.hsetnx(key, "flow", flow_id):
             return

@@ -21,7 +21,7 @@ import json
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib import resources
-from typing import Any
+from typing import Any, NamedTuple
 
 import redis
 
@@ -29,6 +29,7 @@ from workflows.compact import is_chunk, joined, unpack
 from workflows.durability import Durability
 from workflows.keys import Keys
 from workflows.pins import Pins
+from workflows.scripts import ScriptPipeline
 from workflows.sensitive import scrub
 from workflows.states import TERMINAL, FlowState, IllegalTransition, can_move
 
@@ -204,6 +205,14 @@ class NewFlow:
     owner: str = ""
 
 
+class Created(NamedTuple):
+    """What a create wrote: the flow (False: it existed with the same input), and the flow's order
+    lookup (on a single server, when no flow held it; otherwise :meth:`OrderIndex.claim` decides)."""
+
+    flow: bool
+    order: bool
+
+
 @dataclass(frozen=True)
 class Change:
     """One transition to write: the new state, fields to set (``None`` deletes), the due time."""
@@ -341,41 +350,41 @@ class FlowStore:
 
     # -- writing -------------------------------------------------------------------------------
 
-    def create(self, new: NewFlow, *, now: float, by: str = "api", safety: float = 0.0) -> tuple[FlowRecord, bool]:
+    def create(self, new: NewFlow, *, now: float, by: str = "api", safety: float = 0.0) -> tuple[FlowRecord, Created]:
         """Create the flow ``ready`` and due now (or ``sleeping`` until ``run_at``); or return the
-        existing one (``created`` False). ``safety`` delays the due entry of a flow whose first step is
-        being sent right away, so the dispatcher only sends it if that message is lost.
+        existing one (``Created.flow`` False). ``safety`` delays the due entry of a flow whose first step
+        is being sent right away, so the dispatcher only sends it if that message is lost. On a single
+        server the same script points a free order lookup at the new flow (one round trip for both).
 
         Raises StartConflict when the flow exists with a different input (a start key reused).
         """
         keys, args, digest = self._create_call(new, now=now, by=by, safety=safety)
-        created, stored_hash = self._create(keys=keys, args=args)
-        if not created and stored_hash.decode() != digest:
-            raise StartConflict(f"key {new.start_key or new.flow_id!r} was used to start a different {new.kind} flow")
-        if created:  # the script wrote exactly these fields: no need to read them back
-            return FlowRecord.from_fields({**json.loads(args[2]), "input_hash": digest}), True
+        outcome = self._created(new, digest, self._create(keys=keys, args=args))
+        if isinstance(outcome, StartConflict):
+            raise outcome
+        if outcome.flow:  # the script wrote exactly these fields: no need to read them back
+            return FlowRecord.from_fields({**json.loads(args[2]), "input_hash": digest}), outcome
         record = self.get(new.flow_id)
         assert record is not None
-        return record, False
+        return record, outcome
 
-    def create_many(self, news: Sequence[NewFlow], *, now: float, by: str, safety: float = 0.0) -> list[bool | StartConflict]:
-        """:meth:`create` for many flows in one round trip (the scheduler's batches): per flow, whether
-        it was created (False: it existed with the same input), or the StartConflict it raised."""
-        pipe = self.redis.pipeline(transaction=False)
+    def create_many(self, news: Sequence[NewFlow], *, now: float, by: str, safety: float = 0.0) -> list[Created | StartConflict]:
+        """:meth:`create` for many flows in one round trip (the scheduler's batches): per flow, what it
+        wrote, or the StartConflict it raised."""
+        pipe = ScriptPipeline(self.redis)
         digests = []
         for new in news:
             keys, args, digest = self._create_call(new, now=now, by=by, safety=safety)
-            self._create(keys=keys, args=args, client=pipe)
+            pipe.call(self._create, keys, args)
             digests.append(digest)
-        results: list[bool | StartConflict] = []
-        for new, digest, (created, stored_hash) in zip(news, digests, pipe.execute(), strict=True):
-            if not created and stored_hash.decode() != digest:
-                results.append(
-                    StartConflict(f"key {new.start_key or new.flow_id!r} was used to start a different {new.kind} flow")
-                )
-            else:
-                results.append(bool(created))
-        return results
+        return [self._created(new, digest, reply) for new, digest, reply in zip(news, digests, pipe.execute(), strict=True)]
+
+    @staticmethod
+    def _created(new: NewFlow, digest: str, reply: Sequence[Any]) -> Created | StartConflict:
+        created, stored_hash, pointed = reply
+        if not created and stored_hash.decode() != digest:
+            return StartConflict(f"key {new.start_key or new.flow_id!r} was used to start a different {new.kind} flow")
+        return Created(bool(created), bool(pointed))
 
     def _create_call(self, new: NewFlow, *, now: float, by: str, safety: float) -> tuple[list[str], list[str], str]:
         run_at = new.run_at
@@ -411,6 +420,8 @@ class FlowStore:
             self.keys.by_kind(partition, new.kind),
             self.keys.events(partition),
         ]
+        if new.order_id and not self.pins.cluster:
+            keys.append(self.keys.order(new.order_id))
         args = [new.flow_id, repr(now), compact_json(fields), entry, digest, repr(due), self.events]
         return keys, args, digest
 
@@ -435,11 +446,16 @@ class FlowStore:
             raise ValueError(f"flow {record.id}: the claim of {claim.step} cannot share the completion's round trip")
         call = self._transition_call(record, change, now=now, by=by)
         keys, args = self._claim_call(claim)
-        pipe = self.redis.pipeline(transaction=False)
-        self._transition(keys=call.keys, args=call.args, client=pipe)
-        self._claim(keys=keys, args=args, client=pipe)
-        written, taken = pipe.execute()
-        return self._written(record, change, call, written, now=now), _taken(taken)
+        pipe = ScriptPipeline(self.redis)
+        pipe.call(self._transition, call.keys, call.args)
+        pipe.call(self._claim, keys, args)
+        written, answer = pipe.execute()
+        taken = _taken(answer)
+        if pipe.rerun[:1] == [0] and 1 not in pipe.rerun and isinstance(taken, str):
+            # The server had lost transition.lua (a restart): the claim ran first and found the step
+            # not yet ready. Now that the completion is written, the claim is made again.
+            taken = _taken(self._claim(keys=keys, args=args))
+        return self._written(record, change, call, written, now=now), taken
 
     def claims_with_transition(self, claim: ClaimRequest) -> bool:
         """Whether :meth:`transition_then_claim` may make ``claim``: on a single server (a cluster
@@ -668,9 +684,9 @@ class FlowStore:
     def take_due_all(self, *, now: float, batch: int, grace: float) -> list[str]:
         """:meth:`take_due` of every partition in one pipeline (on a cluster: one round trip per node),
         so that a dispatcher's tick costs about the same whatever the number of partitions."""
-        pipe = self.redis.pipeline(transaction=False)
+        pipe = ScriptPipeline(self.redis)
         for partition in range(self.keys.partitions):
-            self._take_due(keys=[self.keys.due(partition)], args=[repr(now), batch, repr(grace)], client=pipe)
+            pipe.call(self._take_due, [self.keys.due(partition)], [repr(now), batch, repr(grace)])
         return [flow_id.decode() for ids in pipe.execute() for flow_id in ids]
 
     def next_due(self) -> float | None:

@@ -7,6 +7,7 @@ cancel, operator retry, durable timers, start keys.
 
 from __future__ import annotations
 
+import uuid
 from typing import Any
 
 import pytest
@@ -532,6 +533,20 @@ def test_a_followed_step_is_claimed_in_the_round_trip_of_the_completion_before_i
     assert separate == ["first"], "the second and third claims went with the completions"
     history = engine.history(record.id)
     assert [entry["to"] for entry in history] == ["ready", "running", "ready", "running", "ready", "running", "succeeded"]
+
+
+def test_a_followed_step_is_claimed_even_when_the_server_had_lost_the_completion_script(make_engine: Any) -> None:
+    """After a restart or a failover the server holds no scripts: the pipelined completion is answered
+    NOSCRIPT and runs once more after the claim sent with it, which found the step not yet ready. The
+    claim is made again, so the worker follows the flow instead of leaving it to the dispatcher."""
+    engine, sent = make_engine(flow(ScriptedStep("first"), ScriptedStep("second")))
+    record = engine.start("demo", {"amount": 5})
+    known = engine.store._transition
+    engine.store._transition = engine.redis.register_script(f"-- {uuid.uuid4().hex}\n{known.script}")
+    sent.chains.clear()
+    assert engine.run_step(record.id, "first", follow=8) == "succeeded"
+    assert sent.chains == [], "the second step was followed, not sent"
+    assert [entry["to"] for entry in engine.history(record.id)][-2:] == ["running", "succeeded"]
 
 
 def test_a_claim_that_waits_for_durability_is_not_made_with_the_completion(make_engine: Any) -> None:

@@ -28,25 +28,15 @@ from importlib import resources
 from typing import Any
 
 import redis
-from redis.client import Pipeline
-from redis.commands.core import Script
 
 from workflows.events import schedule_events_key
 from workflows.keys import Keys
 from workflows.schedules.model import RECORD_FIELDS, ScheduleRecord, ScheduleState, compact_sorted, open_json
+from workflows.scripts import ScriptPipeline
 
 
 def _script(package: str, name: str) -> str:
     return resources.files(package).joinpath("lua", name).read_text()
-
-
-def _queue(pipe: Any, script: Script, *, keys: list[str], args: list[Any]) -> None:
-    """``script(keys=keys, args=args, client=pipe)`` for a pipeline, without what that call does per
-    call besides queueing the ``EVALSHA`` (an import, copies of the arguments; a third of its client
-    CPU): the pipeline still loads the script first if the server lacks it."""
-    if isinstance(pipe, Pipeline):
-        pipe.scripts.add(script)
-    pipe.evalsha(script.sha, len(keys), *keys, *args)
 
 
 #: JSON of hashes, history entries, merchant events and script arguments: compact, keys sorted.
@@ -169,9 +159,9 @@ class ScheduleStore:
     def create_many(self, items: Sequence[tuple[ScheduleRecord, dict[str, Any], str]]) -> list[bool | ValueError]:
         """:meth:`create` for many schedules in one round trip (bulk loads, the benchmark's million):
         per schedule, whether it was created, or the ValueError :meth:`create` would have raised."""
-        pipe = self.redis.pipeline(transaction=False)
+        pipe = ScriptPipeline(self.redis)
         for record, entry, digest in items:
-            self._create(**self._create_args(record, entry, digest), client=pipe)
+            pipe.call(self._create, **self._create_args(record, entry, digest))
         results: list[bool | ValueError] = []
         for (record, _, digest), (created, stored) in zip(items, pipe.execute(), strict=True):
             try:
@@ -210,18 +200,18 @@ class ScheduleStore:
         self, changes: Sequence[tuple[ScheduleRecord, ScheduleRecord, Sequence[dict[str, Any]]]], now: float
     ) -> list[bool]:
         """:meth:`update` for many schedules in one round trip (the scheduler's batches)."""
-        pipe = self.redis.pipeline(transaction=False)
+        pipe = ScriptPipeline(self.redis)
         for old, new, events in changes:
-            _queue(pipe, self._update, **self._update_args(old, new, events, now))
+            pipe.call(self._update, **self._update_args(old, new, events, now))
         return [bool(result) for result in pipe.execute()]
 
     def mark_many(self, marks: Sequence[tuple[ScheduleRecord, frozenset[str]]], now: float) -> list[bool]:
         """Mark the attempts ``keys`` of each (record as last written, keys) created, in one round trip:
         a compare-and-set of the ``open`` field alone against the version that write made."""
-        pipe = self.redis.pipeline(transaction=False)
+        pipe = ScriptPipeline(self.redis)
         for written, keys in marks:
             args = [str(written.version + 1), open_json(written.open, keys), repr(now)]
-            _queue(pipe, self._mark, keys=[self.keys.record(written.id)], args=args)
+            pipe.call(self._mark, keys=[self.keys.record(written.id)], args=args)
         return [bool(result) for result in pipe.execute()]
 
     def _update_args(

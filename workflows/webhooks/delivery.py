@@ -36,6 +36,7 @@ from typing import Any
 from config.settings import WebhooksSettings
 from workflows.events import Cursor, EventFeed, decode_entry, iso
 from workflows.keys import Keys
+from workflows.scripts import ScriptPipeline
 from workflows.webhooks.endpoints import TEST_TYPE, Endpoint, EndpointStore, resolved_private
 from workflows.webhooks.signing import sign
 from workflows.webhooks.transport import Poster
@@ -146,21 +147,21 @@ class Webhooks:
         read_at = int(seconds) * 1000 + int(micros) // 1000
         wanted = [endpoint.fanout() for endpoint in self.endpoints.all() if endpoint.enabled] if raw else []
         now = self.now()
-        pipe = self.redis.pipeline(transaction=False)
+        pipe = ScriptPipeline(self.redis)
         for slot in self.slots.values():
-            self._fanout(
-                keys=[slot.stream, slot.cursor, slot.due, slot.state],
-                args=[json.dumps(wanted), repr(now), self.settings.batch, read_at],
-                client=pipe,
+            pipe.call(
+                self._fanout,
+                [slot.stream, slot.cursor, slot.due, slot.state],
+                [json.dumps(wanted), repr(now), self.settings.batch, read_at],
             )
         return sum(int(added) for _, added in pipe.execute())
 
     def send_due(self) -> int:
         """Take the due deliveries of every stream (pushed back by a lease) and send them; returns how many."""
         now = self.now()
-        pipe = self.redis.pipeline(transaction=False)
+        pipe = ScriptPipeline(self.redis)
         for slot in self.slots.values():
-            self._take(keys=[slot.due], args=[repr(now), self.settings.batch, self.settings.lease_seconds], client=pipe)
+            pipe.call(self._take, [slot.due], [repr(now), self.settings.batch, self.settings.lease_seconds])
         sent = 0
         for slot, members in zip(self.slots.values(), pipe.execute(), strict=True):
             by_endpoint: dict[str, list[str]] = {}
@@ -236,14 +237,14 @@ class Webhooks:
         attempt["attempt"] = made + 1
         now = self.now()
         following = self._following(attempt, endpoint, made, float(state.get("f", now)), now)
-        pipe = self.redis.pipeline(transaction=False)
-        self._record(
-            keys=[slot.due, slot.state, slot.attempts(endpoint.id)],
-            args=[member, json.dumps(attempt), "" if following is None else repr(following), self.settings.attempts_kept, made],
-            client=pipe,
+        pipe = ScriptPipeline(self.redis)
+        pipe.call(
+            self._record,
+            [slot.due, slot.state, slot.attempts(endpoint.id)],
+            [member, json.dumps(attempt), "" if following is None else repr(following), self.settings.attempts_kept, made],
         )
         if attempt["ok"]:
-            pipe.hdel(self.failing_key, endpoint.id)  # a success ends the endpoint's failing spell
+            pipe.command("HDEL", self.failing_key, endpoint.id)  # a success ends the endpoint's failing spell
         pipe.execute()
         return attempt
 
