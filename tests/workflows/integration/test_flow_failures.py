@@ -400,8 +400,11 @@ def test_build_3ds_failed_in_the_form(stack: Stack) -> None:
     assert operation["operationId"] == failed.error["operationId"]
 
 
-def test_build_form_not_completed_by_the_deadline(stack: Stack) -> None:
-    waiting, session_id = _start_build(stack, formSeconds=0.5)
+def test_build_form_not_completed_by_the_deadline(clocked_stack: Stack) -> None:
+    """The deadline passed by moving the engine's clock: the waiting flow is seen however slow the machine."""
+    stack = clocked_stack
+    waiting, session_id = _start_build(stack, formSeconds=60)
+    stack.pass_deadline(waiting.id)
     failed = stack.engine.wait(waiting.id, 30)
     assert failed.state is FlowState.FAILED, failed.summary()
     assert failed.error == {"type": "Expired"}

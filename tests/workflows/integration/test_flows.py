@@ -132,11 +132,15 @@ def test_gateway_400_ends_the_flow_with_the_gateway_error(stack: Stack) -> None:
 
 
 @pytest.mark.integration
-def test_hosted_page_paid_then_read_at_the_deadline(stack: Stack) -> None:
-    started = stack.engine.start("hpp", {"order": order(), "paymentSession": session(), "waitSeconds": 2})
+def test_hosted_page_paid_then_read_at_the_deadline(clocked_stack: Stack) -> None:
+    """Paid, the notification lost: the read at the deadline (passed by moving the engine's clock, so the
+    payment is in before it however slow the machine) finds the payment."""
+    stack = clocked_stack
+    started = stack.engine.start("hpp", {"order": order(), "paymentSession": session(), "waitSeconds": 60})
     waiting = wait_for_state(stack, started.id, FlowState.WAITING)
     assert waiting.customer_url and "/_sim/hpp/" in waiting.customer_url
     stack.simulator.admin.complete_hpp(waiting.order_id)
+    stack.pass_deadline(started.id)
     done = stack.engine.wait(started.id, 20)
     assert done.state is FlowState.SUCCEEDED, done.summary()
     assert done.outputs["payment"]["readAtDeadline"] is True
