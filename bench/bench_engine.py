@@ -11,7 +11,9 @@ same worker settings, and printed as ratios; never a timed assertion (machines a
   durable alternate (A B, then B A, ...), so drift in the machine's
   load falls on both; the median ratio and its spread are printed, and how many rounds it would take
   for the spread to be smaller than the gap to the target;
-* **latency**: one flow at a time, bare and durable alternating, median of ``--latency-flows``;
+* **latency**: one flow at a time, bare and durable alternating, median of ``--latency-flows``, at
+  each ``--latency-gateway-ms`` (0: the gateway answers at once, so durability's own round trips show
+  whole; 20: a gateway as slow as in the throughput rounds, what a merchant's flow sees);
 * **worker CPU** per flow, durable and bare, from the worker processes' own CPU time (``/proc``), and
   what durability costs per step beyond the bare task;
 * **Redis memory per finished flow**, everything it keeps (record, log, indexes, order lookups, its
@@ -400,6 +402,13 @@ def main() -> None:
     parser.add_argument("--flows", type=int, default=1000, help="flows per throughput round")
     parser.add_argument("--rounds", type=int, default=6, help="throughput rounds (bare and durable alternate)")
     parser.add_argument("--event-rounds", type=int, default=2, help="rounds of events on against off (0: skip)")
+    parser.add_argument(
+        "--latency-gateway-ms",
+        type=int,
+        nargs="+",
+        default=[0, 20],
+        help="gateway latencies to measure the latency at (0: durability's own time shows whole; 20: as the throughput rounds)",
+    )
     parser.add_argument("--latency-pool", default="prefork")
     parser.add_argument("--latency-concurrency", type=int, default=2)
     parser.add_argument("--throughput-pool", default="threads")
@@ -410,13 +419,19 @@ def main() -> None:
     bench = Bench(args.latency_pool, args.latency_concurrency, args.appendfsync)
     print(f"Valkey appendfsync {args.appendfsync}")
     try:
-        print(f"latency, {args.latency_flows} flows each, {args.latency_pool} -c {args.latency_concurrency}, alternating:")
-        durable, bare = bench.latency(args.latency_flows)
-        d, b = median(durable), median(bare)
-        print(f"  durable median {d * 1000:.1f} ms (p90 {percentile(durable, 0.9) * 1000:.1f} ms)")
-        print(f"  bare    median {b * 1000:.1f} ms (p90 {percentile(bare, 0.9) * 1000:.1f} ms)")
-        halves = [median(durable[i::4]) / median(bare[i::4]) for i in range(4)]
-        summary("latency durable / bare (four interleaved quarters)", halves, LATENCY_TARGET, above=False)
+        for gateway_ms in args.latency_gateway_ms:
+            set_latency(bench.sim, gateway_ms)
+            print(
+                f"latency, {args.latency_flows} flows each, {gateway_ms} ms gateway latency, "
+                f"{args.latency_pool} -c {args.latency_concurrency}, alternating:"
+            )
+            durable, bare = bench.latency(args.latency_flows)
+            d, b = median(durable), median(bare)
+            print(f"  durable median {d * 1000:.1f} ms (p90 {percentile(durable, 0.9) * 1000:.1f} ms)")
+            print(f"  bare    median {b * 1000:.1f} ms (p90 {percentile(bare, 0.9) * 1000:.1f} ms)")
+            halves = [median(durable[i::4]) / median(bare[i::4]) for i in range(4)]
+            name = f"latency durable / bare, {gateway_ms} ms gateway (four interleaved quarters)"
+            summary(name, halves, LATENCY_TARGET, above=False)
 
         bench.start_workers(args.throughput_pool, args.throughput_concurrency)
         set_latency(bench.sim, 20)
