@@ -117,10 +117,12 @@ def test_an_order_id_already_used_by_another_payment_is_never_adopted(stack: Sta
 
 
 @pytest.mark.integration
-def test_a_payment_on_the_first_page_after_a_restart_on_a_new_order_needs_a_person(stack: Stack) -> None:
+def test_a_payment_on_the_first_page_after_a_restart_on_a_new_order_needs_a_person(clocked_stack: Stack) -> None:
     """A hosted-page flow failed (no payment by its deadline); the operator restarted it on ``<orderId>-2``;
     the customer, who still had the first page, pays there. That money is the flow's to account for."""
-    started = stack.engine.start("hpp", {"order": order(), "paymentSession": session(), "waitSeconds": 0.5})
+    stack = clocked_stack
+    started = stack.engine.start("hpp", {"order": order(), "paymentSession": session(), "waitSeconds": 60})
+    stack.pass_deadline(wait_for_state(stack, started.id, FlowState.WAITING).id)
     failed = stack.engine.wait(started.id, 30)
     assert failed.state is FlowState.FAILED, failed.summary()
     first_order = failed.order_id
