@@ -3,7 +3,8 @@
 -- delivery on the due set for each subscribed endpoint, never neither (so never lost, whatever dies).
 -- KEYS: 1 the event stream, 2 its fan-out cursor (the last entry id fanned out), 3 the deliveries'
 --       due set, 4 the deliveries' state hash (member -> JSON {f: first due, n: attempts made}).
--- ARGV: 1 endpoints (JSON list of {id, types, after}: after = ms of the endpoint's creation),
+-- ARGV: 1 endpoints (JSON list of {id, types, after}: after = the first ms whose entries are the endpoint's,
+--       the one following its creation's: see endpoints.py),
 --       2 now (the due score of new deliveries), 3 max entries, 4 read_at: ms at which the endpoints
 --       were read (entries from then on wait for the next pass: an endpoint made meanwhile may want them).
 -- Returns {entries passed, deliveries added}.
