@@ -113,8 +113,8 @@ class Endpoint:
             shown["secret"] = self.secret
         return shown
 
+    def fanout(self) -> dict[str, Any]:
         """What the fan-out script needs: id, types, after (the first ms of stream entry ids that are its)."""
-        """What the fan-out script needs: id, types, created (ms, compared with stream entry ids)."""
         return {"id": self.id, "types": list(self.events), "after": self.after}
 
 
