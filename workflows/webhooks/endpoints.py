@@ -228,8 +228,7 @@ class EndpointStore:
         written = _endpoint(self._add(keys=[self.key], args=[endpoint.id, json.dumps(asdict(endpoint))]))
         deadline = time.monotonic() + 1.0
         while time.monotonic() < deadline:
-            seconds, micros = self.redis.time()
-            if int(seconds) * 1000 + int(micros) // 1000 >= written.after:
+            if int(self.now() * 1000) >= written.after:
                 break
             time.sleep(0.0002)
         return written

@@ -108,18 +108,11 @@ def gateway_operation(sim: SimulatorServer, operation_id: str) -> dict[str, Any]
 
 @dataclass
 class Live:
-    stack: Stack
-    clock: OffsetClock
+    stack: Stack  # on a clock the test moves (Stack.pass_deadline)
 
     @property
     def sim(self) -> SimulatorServer:
         return self.stack.simulator
-
-    def pass_engine_deadline(self, flow_id: str) -> None:
-        """Move the engine's clock past the flow's wait deadline (the dispatcher then runs the step)."""
-        record = self.stack.engine.get(flow_id)
-        assert record.state is FlowState.WAITING and record.wait is not None, record.summary()
-        self.clock.offset += float(record.wait["deadline"]) - self.clock.now() + 5.0
 
 
 def _free_port() -> int:
@@ -147,7 +140,7 @@ def live(redis_url: str, key_prefix: str) -> Iterator[Live]:
         stack.enter_context(start_worker(runtime.celery, pool="threads", concurrency=4, perform_ping_check=False))
         dispatcher.start()
         stack.callback(dispatcher.stop)
-        yield Live(Stack(runtime, sim, dispatcher), clock)
+        yield Live(Stack(runtime, sim, dispatcher, clock))
 
 
 def delivered(sim: SimulatorServer, order_id: str, result: str) -> list[dict[str, Any]]:
@@ -211,7 +204,7 @@ def test_hpp_declined_or_cancelled_read_at_the_deadline_when_the_notification_is
     started = engine.start("hpp", {"order": order(), "paymentSession": session(), "waitSeconds": 900})
     waiting = wait_for_state(live.stack, started.id, FlowState.WAITING)
     attempt = live.sim.admin.complete_hpp(waiting.order_id, pan=SOFT_116, cancel=cancel)
-    live.pass_engine_deadline(started.id)
+    live.stack.pass_deadline(started.id)
     failed = engine.wait(started.id, 30)
     if cancel:
         assert failed.state is FlowState.FAILED, failed.summary()
@@ -309,7 +302,7 @@ def test_paybylink_expiry_read_at_the_deadline_when_the_notification_is_lost(liv
     (expired_op,) = live.sim.admin.operations(order_id=waiting.order_id, operation_result="EXPIRED")
     assert live.stack.engine.get(waiting.id).state is FlowState.WAITING, "nothing told the flow yet"
 
-    live.pass_engine_deadline(waiting.id)
+    live.stack.pass_deadline(waiting.id)
     failed = live.stack.engine.wait(waiting.id, 30)
     assert failed.state is FlowState.FAILED, failed.summary()
     assert failed.error is not None and failed.error["type"] == "Expired", failed.error
