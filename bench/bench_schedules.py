@@ -193,15 +193,22 @@ def server_cpu(client: redis.Redis) -> float:
     return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
 
 
+def aof_rewrites(client: redis.Redis) -> tuple[int, bool]:
+    """(AOF rewrites the server has started, whether one runs now): a rewrite forks the server and writes
+    the whole dataset, which takes the machine's cores from whatever is being timed."""
+    info: Any = client.info("persistence")
+    return int(info.get("aof_rewrites", 0)), bool(int(info.get("aof_rewrite_in_progress", 0)))
+
+
 def children_cpu() -> float:
     """CPU seconds of this process's ended (joined) children."""
     usage = resource.getrusage(resource.RUSAGE_CHILDREN)
     return usage.ru_utime + usage.ru_stime
 
 
-def baseline(url: str, todo: Path, size: int, partitions: int, batch: int, trusted: bool = True) -> tuple[float, float]:
+def baseline(url: str, todo: Path, size: int, partitions: int, batch: int, trusted: bool = True) -> tuple[float, float, float]:
     """Seconds of ``start_many`` calls for one process to start the round's MIT flows directly, and the
-    CPU seconds they took (the process's, in those calls, and the server's over the whole baseline)."""
+    CPU seconds they took: the process's, in those calls, and the server's over the whole baseline."""
     prefix = "b" + uuid.uuid4().hex[:8]
     context = multiprocessing.get_context("fork")
     receiving, sending = context.Pipe(duplex=False)
@@ -211,13 +218,13 @@ def baseline(url: str, todo: Path, size: int, partitions: int, batch: int, trust
     child.start()
     seconds, cpu = receiving.recv()
     child.join()
-    cpu += server_cpu(client) - server
+    server = server_cpu(client) - server
     flows = started_flows(client, _engine(url, prefix, partitions, DUE.timestamp()))
     if child.exitcode or flows != size:
         raise SystemExit(f"baseline: expected {size} flows, found {flows} (exit code {child.exitcode})")
     flush(client)
     client.close()
-    return seconds, cpu
+    return seconds, cpu, server
 
 
 def one_round(url: str, size: int, args: argparse.Namespace, folder: Path) -> dict[str, float]:
@@ -239,13 +246,16 @@ def one_round(url: str, size: int, args: argparse.Namespace, folder: Path) -> di
         context.Process(target=_scheduler, args=(url, prefix, args.partitions, wanted, DUE.timestamp(), not args.no_freeze))
         for _ in range(args.schedulers)
     ]
+    rewrites, _ = aof_rewrites(client)
     began, client_cpu, server = time.perf_counter(), children_cpu(), server_cpu(client)
     for child in children:
         child.start()
     for child in children:
         child.join()
     fire_seconds = time.perf_counter() - began
-    fire_cpu = children_cpu() - client_cpu + server_cpu(client) - server
+    scheduler_cpu, server_cpu_used = children_cpu() - client_cpu, server_cpu(client) - server
+    fire_cpu = scheduler_cpu + server_cpu_used
+    rewrites = aof_rewrites(client)[0] - rewrites
     flows = started_flows(client, engine)
     todo = folder / "todo.jsonl"
     fired, most = read_back(client, engine, todo)
@@ -258,17 +268,24 @@ def one_round(url: str, size: int, args: argparse.Namespace, folder: Path) -> di
     row = {"size": size, "fired": flows, "create": create_seconds, "memory": per_schedule, "fire": fire_seconds}
     row["per_item_us"] = fire_seconds / flows * 1e6
     row["cpu_us"] = fire_cpu / flows * 1e6
+    row["scheduler_cpu_us"], row["server_cpu_us"] = scheduler_cpu / flows * 1e6, server_cpu_used / flows * 1e6
+    row["rewrites"] = rewrites
     if not args.no_baseline:
         progress(f"{size:,}: baseline")
-        row["bare"], bare_cpu = baseline(url, todo, flows, args.partitions, Schedules(engine).batch, not args.strict_baseline)
+        row["bare"], bare_client, bare_server = baseline(
+            url, todo, flows, args.partitions, Schedules(engine).batch, not args.strict_baseline
+        )
         row["bare_us"] = row["bare"] / flows * 1e6
-        row["bare_cpu_us"] = bare_cpu / flows * 1e6
+        row["bare_cpu_us"] = (bare_client + bare_server) / flows * 1e6
+        row["bare_server_cpu_us"] = bare_server / flows * 1e6
     todo.unlink()
     done = f"{size:,}: created in {create_seconds:.1f} s, {per_schedule:,.0f} B per schedule"
     done += f", fired {flows:,} in {fire_seconds:.1f} s"
-    done += f" ({row['per_item_us']:.0f} us, {row['cpu_us']:.0f} us CPU per item)"
+    done += f" ({row['per_item_us']:.0f} us, {row['cpu_us']:.0f} us CPU per item: scheduler {row['scheduler_cpu_us']:.0f}, "
+    done += f"Valkey {row['server_cpu_us']:.0f}; {rewrites} AOF rewrite(s) started meanwhile)"
     if "bare" in row:
-        done += f", baseline {row['bare']:.1f} s ({row['bare_us']:.0f} us, {row['bare_cpu_us']:.0f} us CPU per item)"
+        done += f", baseline {row['bare']:.1f} s ({row['bare_us']:.0f} us, {row['bare_cpu_us']:.0f} us CPU per item, "
+        done += f"Valkey {row['bare_server_cpu_us']:.0f})"
     progress(done)
     return row
 
