@@ -13,7 +13,12 @@ same worker settings, and printed as ratios; never a timed assertion (machines a
   for the spread to be smaller than the gap to the target;
 * **latency**: one flow at a time, bare and durable alternating, median of ``--latency-flows``, at
   each ``--latency-gateway-ms`` (0: the gateway answers at once, so durability's own round trips show
-  whole; 20: a gateway as slow as in the throughput rounds, what a merchant's flow sees);
+  whole; 20: a gateway as slow as in the throughput rounds, what a merchant's flow sees). Each is
+  timed from this process's clock before the start to the end's stamp by the worker: a bare chain's
+  ``time.time()`` before its last write, a durable flow's completion time (``updated``, the worker's
+  ``ServerClock``). On one host the two clocks agree to a few microseconds; until d58ceaa a fresh
+  worker's ``ServerClock`` ran ahead by up to a millisecond or more (its first ``TIME`` also opened
+  the connection), which the durable side's figures before it carried;
 * **worker CPU** per flow, durable and bare, from the worker processes' own CPU time (``/proc``), and
   what durability costs per step beyond the bare task;
 * **Redis memory per finished flow**, everything it keeps (record, log, indexes, order lookups, its
