@@ -31,6 +31,11 @@ wall time), the baseline's and the ratios; then the per-item cost at every large
 smallest (the issue's metric: target <= 1.1, no cost growth with the backlog) and the per-item cost
 against the 300 us target. Not a test: machines are noisy.
 
+The fire and the baseline each start from a freshly rewritten AOF, with Valkey's automatic rewrites
+held off while they run, and print the AOF bytes they appended per item (:class:`AofWindow`): a
+rewrite of a 1.5 GB dataset falling inside one size's fire and not another's moved the growth ratio
+more than anything the scheduler does. ``--aof-rewrites`` leaves them on.
+
     .venv/bin/python -m bench.bench_schedules                                  # 10,000 and 100,000
     .venv/bin/python -m bench.bench_schedules --sizes 10000 100000 1000000      # about 30 minutes, quiet machine
     .venv/bin/python -m bench.bench_schedules --sizes 10000 100000 1000000 --fire 100000
@@ -193,11 +198,52 @@ def server_cpu(client: redis.Redis) -> float:
     return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
 
 
-def aof_rewrites(client: redis.Redis) -> tuple[int, bool]:
-    """(AOF rewrites the server has started, whether one runs now): a rewrite forks the server and writes
-    the whole dataset, which takes the machine's cores from whatever is being timed."""
-    info: Any = client.info("persistence")
-    return int(info.get("aof_rewrites", 0)), bool(int(info.get("aof_rewrite_in_progress", 0)))
+class AofWindow:
+    """A timed section's AOF: what it wrote, and how many rewrites it saw.
+
+    Valkey rewrites its AOF each time the file has doubled since the last rewrite: it forks, and the
+    child writes the whole dataset while every page the server writes meanwhile is copied. When that
+    happens depends on the file's history (here: how the schedules were bulk-loaded just before), not
+    on the section, and it moved the per-item cost at 1,000,000 schedules from 1.07 to 1.25 times
+    10,000's between two runs of the same code. So by default each section starts from a freshly
+    rewritten file with automatic rewrites held off, and the bytes it appended are printed (a rewrite
+    comes every time they reach the file's size); ``--aof-rewrites`` leaves them on."""
+
+    def __init__(self, client: redis.Redis, hold: bool) -> None:
+        self.client, self.hold = client, hold
+        self.appended = self.rewrites = 0
+        self._percentage = ""
+
+    def _info(self) -> dict[str, Any]:
+        info: Any = self.client.info("persistence")
+        return dict(info)
+
+    def __enter__(self) -> AofWindow:
+        if self.hold:
+            self._percentage = str(self.client.config_get("auto-aof-rewrite-percentage")["auto-aof-rewrite-percentage"])
+            self.client.config_set("auto-aof-rewrite-percentage", 0)
+            self._settle()
+            self.client.bgrewriteaof()
+            self._settle()
+        info = self._info()
+        self._size, self._rewrites = int(info["aof_current_size"]), int(info["aof_rewrites"])
+        return self
+
+    def _settle(self) -> None:
+        deadline = time.monotonic() + 600
+        while time.monotonic() < deadline:
+            info = self._info()
+            if not int(info["aof_rewrite_in_progress"]) and not int(info["aof_rewrite_scheduled"]):
+                return
+            time.sleep(0.2)
+        raise SystemExit("the AOF rewrite did not finish in 600 s")
+
+    def __exit__(self, *exc: object) -> None:
+        info = self._info()
+        self.appended = int(info["aof_current_size"]) - self._size
+        self.rewrites = int(info["aof_rewrites"]) - self._rewrites
+        if self.hold:
+            self.client.config_set("auto-aof-rewrite-percentage", self._percentage)
 
 
 def children_cpu() -> float:
@@ -206,19 +252,23 @@ def children_cpu() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def baseline(url: str, todo: Path, size: int, partitions: int, batch: int, trusted: bool = True) -> tuple[float, float, float]:
+def baseline(
+    url: str, todo: Path, size: int, partitions: int, batch: int, trusted: bool = True, hold: bool = True
+) -> tuple[float, float, float]:
     """Seconds of ``start_many`` calls for one process to start the round's MIT flows directly, and the
-    CPU seconds they took: the process's, in those calls, and the server's over the whole baseline."""
+    CPU seconds they took: the process's, in those calls, and the server's over the whole baseline
+    (in an :class:`AofWindow`, as the fire)."""
     prefix = "b" + uuid.uuid4().hex[:8]
     context = multiprocessing.get_context("fork")
     receiving, sending = context.Pipe(duplex=False)
     child = context.Process(target=_direct, args=(url, prefix, partitions, todo, batch, trusted, sending))
     client = redis.Redis.from_url(url)
-    server = server_cpu(client)
-    child.start()
-    seconds, cpu = receiving.recv()
-    child.join()
-    server = server_cpu(client) - server
+    with AofWindow(client, hold):
+        server = server_cpu(client)
+        child.start()
+        seconds, cpu = receiving.recv()
+        child.join()
+        server = server_cpu(client) - server
     flows = started_flows(client, _engine(url, prefix, partitions, DUE.timestamp()))
     if child.exitcode or flows != size:
         raise SystemExit(f"baseline: expected {size} flows, found {flows} (exit code {child.exitcode})")
@@ -246,16 +296,15 @@ def one_round(url: str, size: int, args: argparse.Namespace, folder: Path) -> di
         context.Process(target=_scheduler, args=(url, prefix, args.partitions, wanted, DUE.timestamp(), not args.no_freeze))
         for _ in range(args.schedulers)
     ]
-    rewrites, _ = aof_rewrites(client)
-    began, client_cpu, server = time.perf_counter(), children_cpu(), server_cpu(client)
-    for child in children:
-        child.start()
-    for child in children:
-        child.join()
-    fire_seconds = time.perf_counter() - began
-    scheduler_cpu, server_cpu_used = children_cpu() - client_cpu, server_cpu(client) - server
+    with AofWindow(client, hold=not args.aof_rewrites) as aof:
+        began, client_cpu, server = time.perf_counter(), children_cpu(), server_cpu(client)
+        for child in children:
+            child.start()
+        for child in children:
+            child.join()
+        fire_seconds = time.perf_counter() - began
+        scheduler_cpu, server_cpu_used = children_cpu() - client_cpu, server_cpu(client) - server
     fire_cpu = scheduler_cpu + server_cpu_used
-    rewrites = aof_rewrites(client)[0] - rewrites
     flows = started_flows(client, engine)
     todo = folder / "todo.jsonl"
     fired, most = read_back(client, engine, todo)
@@ -269,11 +318,11 @@ def one_round(url: str, size: int, args: argparse.Namespace, folder: Path) -> di
     row["per_item_us"] = fire_seconds / flows * 1e6
     row["cpu_us"] = fire_cpu / flows * 1e6
     row["scheduler_cpu_us"], row["server_cpu_us"] = scheduler_cpu / flows * 1e6, server_cpu_used / flows * 1e6
-    row["rewrites"] = rewrites
+    row["rewrites"], row["aof_per_item"] = aof.rewrites, aof.appended / flows
     if not args.no_baseline:
         progress(f"{size:,}: baseline")
         row["bare"], bare_client, bare_server = baseline(
-            url, todo, flows, args.partitions, Schedules(engine).batch, not args.strict_baseline
+            url, todo, flows, args.partitions, Schedules(engine).batch, not args.strict_baseline, not args.aof_rewrites
         )
         row["bare_us"] = row["bare"] / flows * 1e6
         row["bare_cpu_us"] = (bare_client + bare_server) / flows * 1e6
@@ -282,7 +331,7 @@ def one_round(url: str, size: int, args: argparse.Namespace, folder: Path) -> di
     done = f"{size:,}: created in {create_seconds:.1f} s, {per_schedule:,.0f} B per schedule"
     done += f", fired {flows:,} in {fire_seconds:.1f} s"
     done += f" ({row['per_item_us']:.0f} us, {row['cpu_us']:.0f} us CPU per item: scheduler {row['scheduler_cpu_us']:.0f}, "
-    done += f"Valkey {row['server_cpu_us']:.0f}; {rewrites} AOF rewrite(s) started meanwhile)"
+    done += f"Valkey {row['server_cpu_us']:.0f}; AOF {row['aof_per_item']:,.0f} B per item, {aof.rewrites} rewrite(s) meanwhile)"
     if "bare" in row:
         done += f", baseline {row['bare']:.1f} s ({row['bare_us']:.0f} us, {row['bare_cpu_us']:.0f} us CPU per item, "
         done += f"Valkey {row['bare_server_cpu_us']:.0f})"
@@ -336,6 +385,9 @@ def main() -> None:
     parser.add_argument("--no-baseline", action="store_true", help="skip starting the same flows directly")
     parser.add_argument(
         "--no-freeze", action="store_true", help="no gc.freeze in the scheduler processes (as before it was added)"
+    )
+    parser.add_argument(
+        "--aof-rewrites", action="store_true", help="leave Valkey's automatic AOF rewrites on while timing (see AofWindow)"
     )
     parser.add_argument(
         "--strict-baseline", action="store_true", help="start the baseline's flows as a merchant's (read strictly)"
