@@ -141,8 +141,7 @@ def build_runtime(
     app = make_celery(settings, settings.broker_url or redis_url)
     registry = dict(REGISTRY)
     registry.update(flows or {})
-    broker_is_store = not settings.redis_cluster and settings.broker_url in ("", redis_url)
-    sender = CelerySender(app, ordered_with_store=broker_is_store)
+    sender = CelerySender(app)
     engine = Engine(settings, client, registry, sender=sender, clock=clock or ServerClock(client), rng=rng)
     engine.protocol.observer = StepMetrics(engine).record
     register_tasks(app, engine.run_step, lambda: GatewayClient(settings.gateway), follow=settings.engine.follow_steps)

@@ -91,15 +91,10 @@ def register_webhook_task(app: Celery, deliver: Callable[[str, list[str]], Any])
 
 
 class CelerySender:
-    """Sends step tasks by name (the sending process need not have the tasks registered).
+    """Sends step tasks by name (the sending process need not have the tasks registered)."""
 
-    ``ordered_with_store``: the broker is the flow store's own single server (durapay's default: no
-    separate broker, no cluster), so a message sent after a write to the store is delivered after that
-    write was applied; the engine then sends a start's message while the create is on its way."""
-
-    def __init__(self, app: Celery, *, ordered_with_store: bool = False) -> None:
+    def __init__(self, app: Celery) -> None:
         self.app = app
-        self.ordered_with_store = ordered_with_store
 
     def send(self, task_name: str, flow_id: str, step: str) -> None:
         self.app.send_task(task_name, args=[flow_id, step], queue=QUEUE)

@@ -58,10 +58,6 @@ __all__ = [
 
 
 class Sender(Protocol):
-    #: Its messages travel through the store's own single server: a message sent after a write to the
-    #: store is taken only after that write (a start's message may then go out with its create).
-    ordered_with_store: bool
-
     def send(self, task_name: str, flow_id: str, step: str) -> None: ...
 
     def send_chain(self, flow_id: str, links: builtins.list[tuple[str, str]]) -> None: ...
@@ -168,24 +164,13 @@ class Engine:
         """
         now = self.clock.now()
         new = self._new_flow(kind, data, key, run_at, now)
-        send = None
-        if run_at is None and self.sender is not None and self.sender.ordered_with_store:
-            # The first step's message goes out while the create reaches the disk, ordered after it (one
-            # round trip less before a worker has the flow). If the create finds the flow already there
-            # (a start retried with its key), the message is one more delivery of a step, which a claim
-            # takes only if the step is there to take.
-            def send() -> None:
-                self.protocol.send_chain(new.flow_id, new.kind, new.first_step)
-
-        record, created = self.store.create(new, now=now, by="start", safety=self.safety, meanwhile=send)
+        record, created = self.store.create(new, now=now, by="start", safety=self.safety)
         if new.order_id and not created.order:
             # A retried start too: on a cluster its first try may have died between the two writes.
             self.orders.claim(new.order_id, new.flow_id, holder_live=self._live)
         # Acknowledged means durable: a start lost by a crash after this answer would be a promise broken.
-        # (A message already sent is safe before that: a claim that moves money waits for its own durability,
-        # which covers the create written before it.)
         self.store.sync(new.flow_id, f"start of flow {new.flow_id}", orders=[new.order_id] if new.order_id else [])
-        if created.flow and record.state is FlowState.READY and not created.meanwhile:
+        if created.flow and record.state is FlowState.READY:
             self.protocol.send_from(record, record.step)
         return record
 

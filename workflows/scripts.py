@@ -1,5 +1,4 @@
-"""Script calls without round trips to spare: pipelines that do not ask whether the server has the
-scripts, and a call whose reply is awaited only after the caller's next write was sent.
+"""Pipelines of Lua script calls without a round trip spent asking whether the server has the scripts.
 
 redis-py's pipeline, given a ``Script``, sends ``SCRIPT EXISTS`` for its scripts before every execute:
 one more round trip each time, on the worker's path between a step's completion and the next claim,
@@ -15,13 +14,11 @@ its completion was run late: the first claim found the step not yet ready).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from redis.commands.core import Script
-from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError
-from redis.exceptions import TimeoutError as RedisTimeoutError
 
 
 class ScriptPipeline:
@@ -71,44 +68,3 @@ class ScriptPipeline:
                 if isinstance(reply, Exception):
                     raise reply
         return replies
-
-
-def call_meanwhile(client: Any, script: Script, keys: Sequence[Any], args: Sequence[Any], meanwhile: Callable[[], None]) -> Any:
-    """``script``'s reply, with ``meanwhile()`` run once the call is on its way and before its reply is read.
-
-    For a single server, not a cluster. The call is in the server's socket before ``meanwhile`` sends
-    anything, and the server reads its clients in turn, so what ``meanwhile`` writes to the same server,
-    on any connection, is applied after the call: a start's Celery message (the broker being the store's
-    server) goes out while the create is being written to disk instead of after, and the worker that
-    takes it finds the flow there.
-
-    ``meanwhile`` runs exactly once; an exception it raises comes out after the reply was read. Where
-    the call could not be sent, it is made through the client (with its retries) and ``meanwhile`` runs
-    after it. Where its reply was lost, it is made again the same way (the caller's script must be
-    idempotent: a create answers that the flow exists). A ``NOSCRIPT`` answer (the server restarted or
-    was flushed: the call did not run) loads the script and calls again; only then may ``meanwhile``'s
-    writes come first (a start's message then finds no flow, and the dispatcher sends the step after
-    its safety delay)."""
-    pool = client.connection_pool
-    connection = pool.get_connection()
-    try:
-        try:
-            connection.send_command("EVALSHA", script.sha, len(keys), *keys, *args)
-        except (RedisConnectionError, RedisTimeoutError):
-            connection.disconnect()
-            reply = script(keys=keys, args=args)
-            meanwhile()
-            return reply
-        try:
-            meanwhile()
-        finally:
-            try:
-                reply = connection.read_response()
-            except NoScriptError:
-                reply = script(keys=keys, args=args)
-            except (RedisConnectionError, RedisTimeoutError):
-                connection.disconnect()
-                reply = script(keys=keys, args=args)
-        return reply
-    finally:
-        pool.release(connection)

@@ -29,7 +29,7 @@ from workflows.compact import is_chunk, joined, unpack
 from workflows.durability import Durability
 from workflows.keys import Keys
 from workflows.pins import Pins
-from workflows.scripts import ScriptPipeline, call_meanwhile
+from workflows.scripts import ScriptPipeline
 from workflows.sensitive import scrub
 from workflows.states import TERMINAL, FlowState, IllegalTransition, can_move
 
@@ -207,12 +207,10 @@ class NewFlow:
 
 class Created(NamedTuple):
     """What a create wrote: the flow (False: it existed with the same input), and the flow's order
-    lookup (on a single server, when no flow held it; otherwise :meth:`OrderIndex.claim` decides);
-    and whether the create's ``meanwhile`` ran (:meth:`FlowStore.create`)."""
+    lookup (on a single server, when no flow held it; otherwise :meth:`OrderIndex.claim` decides)."""
 
     flow: bool
     order: bool
-    meanwhile: bool = False
 
 
 @dataclass(frozen=True)
@@ -352,29 +350,18 @@ class FlowStore:
 
     # -- writing -------------------------------------------------------------------------------
 
-    def create(
-        self, new: NewFlow, *, now: float, by: str = "api", safety: float = 0.0, meanwhile: Callable[[], None] | None = None
-    ) -> tuple[FlowRecord, Created]:
+    def create(self, new: NewFlow, *, now: float, by: str = "api", safety: float = 0.0) -> tuple[FlowRecord, Created]:
         """Create the flow ``ready`` and due now (or ``sleeping`` until ``run_at``); or return the
         existing one (``Created.flow`` False). ``safety`` delays the due entry of a flow whose first step
         is being sent right away, so the dispatcher only sends it if that message is lost. On a single
-        server the same script points a free order lookup at the new flow (one round trip for both), and
-        runs ``meanwhile`` (the start's message) while the create is on its way, ordered after it
-        (:func:`workflows.scripts.call_meanwhile`; ``Created.meanwhile`` says it ran; on a cluster it
-        does not, the caller sends after).
+        server the same script points a free order lookup at the new flow (one round trip for both).
 
         Raises StartConflict when the flow exists with a different input (a start key reused).
         """
         keys, args, digest = self._create_call(new, now=now, by=by, safety=safety)
-        overlap = meanwhile is not None and not self.pins.cluster
-        if meanwhile is not None and overlap:
-            reply = call_meanwhile(self.redis, self._create, keys, args, meanwhile)
-        else:
-            reply = self._create(keys=keys, args=args)
-        outcome = self._created(new, digest, reply)
+        outcome = self._created(new, digest, self._create(keys=keys, args=args))
         if isinstance(outcome, StartConflict):
             raise outcome
-        outcome = outcome._replace(meanwhile=overlap)
         if outcome.flow:  # the script wrote exactly these fields: no need to read them back
             return FlowRecord.from_fields({**json.loads(args[2]), "input_hash": digest}), outcome
         record = self.get(new.flow_id)

@@ -63,9 +63,6 @@ def summary(data: Any, outputs: Any) -> dict[str, Any]:
 
 
 class Sent:
-    #: Delivered only when the test says, so always after the write before them.
-    ordered_with_store = True
-
     def __init__(self) -> None:
         self.chains: list[tuple[str, list[tuple[str, str]]]] = []
 

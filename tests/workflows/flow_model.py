@@ -67,9 +67,6 @@ DECLINE = "4349940199997007"  # declining VISA
 class Messages:
     """Stands in for Celery: the chains the engine sent, delivered when the test says."""
 
-    #: Delivered only when the test says, so always after the write before them.
-    ordered_with_store = True
-
     def __init__(self) -> None:
         self.chains: list[tuple[str, list[tuple[str, str]]]] = []
 

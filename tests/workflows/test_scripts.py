@@ -1,6 +1,5 @@
 """ScriptPipeline on the real server: no SCRIPT EXISTS per execute, and a script the server lacks runs
-exactly once all the same; call_meanwhile: what is sent meanwhile lands after the call, whatever
-happens to the call."""
+exactly once all the same."""
 
 from __future__ import annotations
 
@@ -10,7 +9,7 @@ from typing import Any
 import pytest
 import redis
 
-from workflows.scripts import ScriptPipeline, call_meanwhile
+from workflows.scripts import ScriptPipeline
 
 COUNT = "return redis.call('INCR', KEYS[1])"
 
@@ -83,70 +82,3 @@ def test_a_batch_refused_after_a_restart_loads_each_script_once_and_runs_again_i
     assert pipe.execute() == [1] * 50 and pipe.rerun == list(range(50))
     assert calls(redis_client, "script|load") - loads == 1
     assert calls(redis_client, "evalsha") - evals == 100
-
-
-SET_ONCE = "return redis.call('SET', KEYS[1], ARGV[1], 'NX') and 1 or 0"
-#: What a write sent meanwhile (another client, as Celery's is) finds: whether the call's key exists.
-SEEN = "return redis.call('RPUSH', KEYS[2], redis.call('EXISTS', KEYS[1]))"
-
-
-def test_what_is_sent_meanwhile_on_another_connection_lands_after_the_call(
-    redis_url: str, redis_client: redis.Redis, key_prefix: str
-) -> None:
-    """The start's message and its create: a worker taking the message never finds the flow missing."""
-    other = redis.Redis.from_url(redis_url)
-    script, seen = fresh(redis_client, SET_ONCE), f"{key_prefix}:seen"
-    script(keys=[f"{key_prefix}:warm"], args=["x"])
-    try:
-        for index in range(200):
-            key = f"{key_prefix}:k{index}"
-
-            def send(key: str = key) -> None:
-                other.eval(SEEN, 2, key, seen)
-
-            assert call_meanwhile(redis_client, script, [key], ["v"], send) == 1
-        assert redis_client.lrange(seen, 0, -1) == [b"1"] * 200
-    finally:
-        other.close()
-
-
-def test_a_call_refused_noscript_runs_once_and_meanwhile_once(redis_client: redis.Redis, key_prefix: str) -> None:
-    unknown, key, ran = fresh(redis_client, COUNT), f"{key_prefix}:counter", []
-    assert call_meanwhile(redis_client, unknown, [key], [], lambda: ran.append(1)) == 1
-    assert ran == [1] and int(redis_client.get(key) or 0) == 1
-
-
-def test_a_lost_reply_is_asked_again_and_meanwhile_runs_once(
-    redis_client: redis.Redis, key_prefix: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The connection dies after the call was applied, before its reply is read (no real server can be
-    made to do that on cue: the reply read is made to fail once). The call is made again: the caller's
-    script is idempotent, as a create is, and learns it already ran."""
-    script, key, ran = fresh(redis_client, SET_ONCE), f"{key_prefix}:once", []
-    script(keys=[f"{key_prefix}:warm"], args=["x"])
-    real = redis.connection.AbstractConnection.read_response
-    failed: list[bool] = []
-
-    def lose_once(self: Any, *args: Any, **kwargs: Any) -> Any:
-        if not failed:
-            failed.append(True)
-            real(self, *args, **kwargs)  # the reply arrives, and is lost with the connection
-            raise redis.ConnectionError("connection lost")
-        return real(self, *args, **kwargs)
-
-    monkeypatch.setattr(redis.connection.AbstractConnection, "read_response", lose_once)
-    assert call_meanwhile(redis_client, script, [key], ["v"], lambda: ran.append(1)) == 0, "asked again: it had run"
-    assert ran == [1] and failed and redis_client.get(key) == b"v"
-
-
-def test_meanwhile_failing_still_reads_the_reply(redis_client: redis.Redis, key_prefix: str) -> None:
-    """The connection goes back to the pool with nothing unread: its next user gets its own reply."""
-    script, key = fresh(redis_client, COUNT), f"{key_prefix}:counter"
-
-    def fail() -> None:
-        raise RuntimeError("the broker is down")
-
-    with pytest.raises(RuntimeError):
-        call_meanwhile(redis_client, script, [key], [], fail)
-    assert redis_client.get(key) == b"1"
-    assert redis_client.ping() is True and redis_client.incr(key) == 2

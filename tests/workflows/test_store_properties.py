@@ -86,9 +86,6 @@ def outcome_of(choice: str) -> Outcome:
 class Messages:
     """Stands in for Celery: the chains the engine sends, delivered (or not) when the test says."""
 
-    #: Delivered only when the test says, so always after the write before them.
-    ordered_with_store = True
-
     def __init__(self) -> None:
         self.in_flight: list[tuple[str, str]] = []
 
