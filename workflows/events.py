@@ -118,6 +118,16 @@ class Cursor:
         return Cursor({**self.positions, event.stream: event.entry})
 
 
+#: Fetches of ``limit`` entries per stream one :meth:`EventFeed.read` looks through to fill a page of
+#: the types asked for (the cursor keeps the place beyond).
+READ_ROUNDS = 8
+
+
+def _order(event: Event) -> tuple[float, str]:
+    """An event's place in the merged feed: its time, then its id (stream and entry)."""
+    return (event.time, event.id)
+
+
 class EventFeed:
     """Reads the event streams of flows (``p<n>``) and schedules (``s<n>``), oldest first per stream."""
 
@@ -136,27 +146,37 @@ class EventFeed:
     ) -> tuple[list[Event], Cursor]:
         """Up to ``limit`` events after ``after``, in time order across streams (in entry order within
         one), and the cursor after the last one returned. Events of other types are stepped over: the
-        cursor moves past them too."""
+        cursor moves past them too, and a page with types may be short (at most ``READ_ROUNDS`` fetches
+        of ``limit`` entries per stream are looked through) while more events follow: a reader goes on
+        for as long as the cursor moves."""
         cursor = after or Cursor()
         wanted = set(types) if types else None
         streams = self.streams()
-        pipe = self.redis.pipeline(transaction=False)
-        for tag, key in streams.items():
-            pipe.xrange(key, min=_exclusive(cursor.positions.get(tag)), count=limit)
-        per_stream = [
-            [decode_entry(tag, entry_id, values) for entry_id, values in entries]
-            for tag, entries in zip(streams, pipe.execute(), strict=True)
-        ]
-        # Interleaved by time across streams, but always in entry order within one: a stream's events
-        # never overtake each other (their times come from the writers' clocks, the ids from the
-        # server's), so no cursor can pass an event it did not return.
         page: list[Event] = []
-        for event in heapq.merge(*per_stream, key=lambda event: (event.time, event.id)):
-            if len(page) >= limit:
+        for _ in range(READ_ROUNDS):
+            pipe = self.redis.pipeline(transaction=False)
+            for tag, key in streams.items():
+                pipe.xrange(key, min=_exclusive(cursor.positions.get(tag)), count=limit)
+            per_stream = [
+                [decode_entry(tag, entry_id, values) for entry_id, values in entries]
+                for tag, entries in zip(streams, pipe.execute(), strict=True)
+            ]
+            # Interleaved by time across streams, but always in entry order within one: a stream's
+            # events never overtake each other (their times come from the writers' clocks, the ids from
+            # the server's), so no cursor can pass an event it did not return. A stream that filled its
+            # fetch may hold more: the merge stops once the last event it fetched is taken, or a later
+            # event of another stream would come before its next one; the next round fetches again.
+            lasts = {id(events[-1]) for events in per_stream if len(events) == limit}
+            for event in heapq.merge(*per_stream, key=_order):
+                if len(page) >= limit:
+                    break
+                cursor = cursor.after(event)
+                if wanted is None or event.type in wanted:
+                    page.append(event)
+                if id(event) in lasts:
+                    break
+            if len(page) >= limit or not lasts:
                 break
-            cursor = cursor.after(event)
-            if wanted is None or event.type in wanted:
-                page.append(event)
         return page, cursor
 
     def follow(
