@@ -37,6 +37,7 @@ from __future__ import annotations
 import heapq
 import json
 import time
+from collections import deque
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -152,30 +153,37 @@ class EventFeed:
         cursor = after or Cursor()
         wanted = set(types) if types else None
         streams = self.streams()
+        fetched: dict[str, deque[Event]] = {tag: deque() for tag in streams}
+        more = set(streams)  # streams that may hold entries beyond what was fetched
         page: list[Event] = []
         for _ in range(READ_ROUNDS):
+            # Only the streams whose fetch ran out are read again, from the cursor (its last entry).
+            refill = [tag for tag in streams if tag in more and not fetched[tag]]
             pipe = self.redis.pipeline(transaction=False)
-            for tag, key in streams.items():
-                pipe.xrange(key, min=_exclusive(cursor.positions.get(tag)), count=limit)
-            per_stream = [
-                [decode_entry(tag, entry_id, values) for entry_id, values in entries]
-                for tag, entries in zip(streams, pipe.execute(), strict=True)
-            ]
+            for tag in refill:
+                pipe.xrange(streams[tag], min=_exclusive(cursor.positions.get(tag)), count=limit)
+            for tag, entries in zip(refill, pipe.execute(), strict=True):
+                fetched[tag].extend(decode_entry(tag, entry_id, values) for entry_id, values in entries)
+                if len(entries) < limit:
+                    more.discard(tag)
             # Interleaved by time across streams, but always in entry order within one: a stream's
             # events never overtake each other (their times come from the writers' clocks, the ids from
-            # the server's), so no cursor can pass an event it did not return. A stream that filled its
-            # fetch may hold more: the merge stops once the last event it fetched is taken, or a later
-            # event of another stream would come before its next one; the next round fetches again.
-            lasts = {id(events[-1]) for events in per_stream if len(events) == limit}
-            for event in heapq.merge(*per_stream, key=_order):
-                if len(page) >= limit:
-                    break
+            # the server's), so no cursor can pass an event it did not return. The merge stops when a
+            # stream that may hold more runs out of what was fetched: its next event could come before
+            # any other stream's next one.
+            heads = [(_order(events[0]), tag) for tag, events in fetched.items() if events]
+            heapq.heapify(heads)
+            while heads and len(page) < limit:
+                tag = heapq.heappop(heads)[1]
+                event = fetched[tag].popleft()
                 cursor = cursor.after(event)
                 if wanted is None or event.type in wanted:
                     page.append(event)
-                if id(event) in lasts:
+                if fetched[tag]:
+                    heapq.heappush(heads, (_order(fetched[tag][0]), tag))
+                elif tag in more:
                     break
-            if len(page) >= limit or not lasts:
+            if len(page) >= limit or not more:
                 break
         return page, cursor
 
