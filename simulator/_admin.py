@@ -119,6 +119,25 @@ class SimulatorAdmin:
         result: dict[str, Any] = self._json("POST", "/_sim/scripts", json=body)
         return result
 
+    def pend(self, operation: str, count: int = 1, final: str = "000", settle_after: float | None = None) -> dict[str, Any]:
+        """The next ``count`` requests to ``operation`` (a money operation) answer PENDING; each settles with
+        the outcome token ``final`` at :meth:`settle_pending`, or by itself ``settle_after`` seconds of the
+        simulator's clock after it was made. Returns the rules and the operations held."""
+        body = {"operation": operation, "count": count, "final": final, "settle_after": settle_after}
+        result: dict[str, Any] = self._json("POST", "/_sim/pending", json=body)
+        return result
+
+    def pending(self) -> dict[str, Any]:
+        """``{"rules": [...], "operations": [...]}``: the ``pend`` rules and the operations still PENDING."""
+        result: dict[str, Any] = self._json("GET", "/_sim/pending")
+        return result
+
+    def settle_pending(self, operation_id: str | None = None) -> list[str]:
+        """Settle one PENDING operation (or every one) now with its ``final`` outcome; the ids settled."""
+        body = {} if operation_id is None else {"operationId": operation_id}
+        settled: list[str] = self._json("POST", "/_sim/pending/settle", json=body)["settled"]
+        return settled
+
     def clear_scripts(self) -> None:
         self._json("DELETE", "/_sim/scripts")
 

@@ -14,6 +14,11 @@
                                               operationResult operationId``
 ``GET /_sim/notifications``                   the delivery log; filters ``orderId``, ``state``
 ``GET|POST|DELETE /_sim/scripts``             queued outcomes: ``{"contractId"|"pan", "outcomes": [...]}``
+``GET|POST /_sim/pending``                    read, or add a rule ``{"operation", "count", "final",
+                                              "settle_after"}``: the next requests to that money
+                                              operation answer PENDING (``_pending``)
+``POST /_sim/pending/settle``                 settle ``{"operationId"}`` or every held operation now:
+                                              ``{"settled": [id, ...]}``
 ``GET|POST /_sim/settings``                   ``{"auto_complete_ms": N|null}``
 ``GET /_sim/state``                           the whole state snapshot (as ``--state-file`` writes it)
 ============================================  ==========================================================
@@ -142,6 +147,23 @@ def admin_routes(sim: Simulator) -> list[BaseRoute]:
                     raise AdminError(str(exc)) from None
             return {"scripts": sim.state.scripts.snapshot()}
 
+    async def pending(request: Request) -> dict[str, Any]:
+        if request.method == "POST":
+            try:
+                return sim.pending.arm(await _json(request))
+            except ValueError as exc:
+                raise AdminError(str(exc)) from None
+        return sim.pending.describe()
+
+    async def settle(request: Request) -> dict[str, Any]:
+        operation_id = (await _json(request)).get("operationId")
+        if operation_id is not None and not isinstance(operation_id, str):
+            raise AdminError("operationId: must be a string")
+        try:
+            return {"settled": sim.pending.settle(operation_id)}
+        except KeyError:
+            raise AdminError(f"operation {operation_id} is not PENDING by a pend rule") from None
+
     async def settings(request: Request) -> dict[str, Any]:
         if request.method == "POST":
             body = await _json(request)
@@ -167,6 +189,8 @@ def admin_routes(sim: Simulator) -> list[BaseRoute]:
         route("/_sim/operations", operations, "GET"),
         route("/_sim/notifications", notifications, "GET"),
         route("/_sim/scripts", scripts, "GET", "POST", "DELETE"),
+        route("/_sim/pending", pending, "GET", "POST"),
+        route("/_sim/pending/settle", settle, "POST"),
         route("/_sim/settings", settings, "GET", "POST"),
         route("/_sim/state", state, "GET"),
     ]

@@ -1,6 +1,7 @@
 """Back-office handlers: order and operation look-ups and lists, post-operations, contracts, methods, rates.
 
 The post-operation rules live in ``_ledger``; this module maps them onto the catalogue's operations.
+Reads settle first the PENDING operations that are due (``_pending``), as they expire links first.
 List filters are the published ones (docs/gateway.md). Exchange rates are a fixed table against EUR
 (deterministic, so tests can assert them); payment methods a fixed list of the terminal's defaults.
 """
@@ -63,6 +64,7 @@ def _order(sim: Simulator, order_id: str) -> OrderRecord:
     order = sim.state.orders.get(order_id)
     if order is None:
         raise SimError.not_found()
+    sim.pending.settle_due()
     for link_id in order.link_ids:
         refresh_link(sim, sim.state.links[link_id])
     return order
@@ -93,6 +95,7 @@ def list_orders(sim: Simulator, call: Call) -> Reply:
     query = call.body(OrderListQuery)
     window = Window.of(query.fromTime, query.toTime)
     amount_type, low, high = _amount_filter(query)
+    sim.pending.settle_due()
     found = []
     for order in sim.state.orders.values():
         details = _ledger.order_details(sim.state, order)
@@ -122,6 +125,7 @@ def list_operations(sim: Simulator, call: Call) -> Reply:
     query = call.body(OperationListQuery)
     window = Window.of(query.fromTime, query.toTime)
     channel = query.channel or (query.model_extra or {}).get("channelType")
+    sim.pending.settle_due()
     found = [
         op
         for op in sim.state.operations.values()
@@ -137,6 +141,7 @@ def get_operation(sim: Simulator, call: Call) -> Reply:
     op = sim.state.operations.get(call.params["operationId"])
     if op is None:
         raise SimError.not_found()
+    sim.pending.settle_due()
     return ok(op.wire())
 
 
@@ -144,6 +149,7 @@ def get_operation_actions(sim: Simulator, call: Call) -> Reply:
     op = sim.state.operations.get(call.params["operationId"])
     if op is None:
         raise SimError.not_found()
+    sim.pending.settle_due()
     return ok({"actions": _ledger.allowed_actions(sim, op)})
 
 

@@ -127,6 +127,7 @@ def find_session(sim: Simulator, session_id: str) -> BuildSessionRecord:
     if session is None:
         raise SimError.not_found()
     refresh(sim, session)
+    sim.pending.settle_due()
     return session
 
 

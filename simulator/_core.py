@@ -15,6 +15,7 @@ from simulator._clock import Clock
 from simulator._config import SimulatorConfig
 from simulator._faults import Faults
 from simulator._notifier import Notifier
+from simulator._pending import Pending
 from simulator._records import OperationRecord, OrderRecord
 from simulator._scheduler import Scheduler
 from simulator._state import SimulatorState
@@ -33,6 +34,8 @@ class Simulator:
         self.faults = Faults(config)
         self.scheduler = Scheduler()
         self.notifier = Notifier(config, self.clock, self.faults, self.scheduler)
+        #: ``pend`` rules, and the settling of the operations they answered PENDING.
+        self.pending = Pending(self)
         self.auto_complete_ms = config.auto_complete_ms
         #: Gateway requests being served now (changed only on the event loop; ``/_sim/health`` shows it).
         self.in_flight = 0
@@ -60,11 +63,12 @@ class Simulator:
         self._running = False
 
     def reset(self) -> None:
-        """Forget everything: records, keys, scripts, notifications, faults, clock offset."""
+        """Forget everything: records, keys, scripts, notifications, faults, pend rules, clock offset."""
         with self.state.lock:
             self.state.reset()
             self.clock.reset()
             self.faults.clear()
+            self.pending.clear()
             self.notifier.reset()
             self.auto_complete_ms = self.config.auto_complete_ms
 
@@ -80,10 +84,12 @@ class Simulator:
         self.scheduler.call_later(self.auto_complete_ms / 1000.0, job)
 
     def sweep(self) -> None:
-        """Expire what the clock says is over: links past their date, build sessions past 5 minutes."""
+        """Expire what the clock says is over: links past their date, build sessions past 5 minutes; settle
+        the PENDING operations whose ``settle_after`` has passed."""
         with self.state.lock:
             _links.expire_due(self)
             _build.expire_due(self)
+            self.pending.settle_due()
 
     def _save_if_dirty(self) -> None:
         if self.config.state_file is not None and self.state.dirty:

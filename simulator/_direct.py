@@ -42,6 +42,7 @@ from simulator._payments import (
     new_operation,
     pay_on_page,
     settle,
+    verify,
 )
 from simulator._protocol import Call, Handler, Origin, Reply, SimError, ok
 from simulator._records import OperationRecord
@@ -124,7 +125,7 @@ def create_moto_order(sim: Simulator, call: Call) -> Reply:
         expiry=body.card.expiryDate,
         capture_explicit=order.capture_explicit,
     )
-    settle(sim, op, order, decide(sim, body.card.pan, contract_id=None, with_3ds=False), call.origin)
+    settle(sim, op, order, decide(sim, body.card.pan, contract_id=None, with_3ds=False, origin=call.origin), call.origin)
     return ok({"operation": op.wire()})
 
 
@@ -151,7 +152,8 @@ def create_mit_order(sim: Simulator, call: Call) -> Reply:
         capture_explicit=order.capture_explicit,
         recurrence=recurrence,
     )
-    settle(sim, op, order, decide(sim, contract.pan, contract_id=contract.contract_id, with_3ds=False), call.origin)
+    outcome = decide(sim, contract.pan, contract_id=contract.contract_id, with_3ds=False, origin=call.origin)
+    settle(sim, op, order, outcome, call.origin)
     return ok({"operation": op.wire()})
 
 
@@ -159,18 +161,8 @@ def card_verification(sim: Simulator, call: Call) -> Reply:
     body = call.body(CardVerificationRequest)
     ensure_new_order(sim, body.order)
     order = claim_order(sim, call, body.order, "card_verification")
-    outcome = decide(sim, body.card.pan, contract_id=None, with_3ds=False)
-    op = new_operation(
-        sim,
-        order,
-        call.origin,
-        operation_type=OperationType.CARD_VERIFICATION.value,
-        result=(outcome.failure or OperationResult.EXECUTED).value,
-        amount=0,
-        pan=body.card.pan,
-        expiry=body.card.expiryDate,
-        response_code=outcome.response_code,
-    )
+    outcome = decide(sim, body.card.pan, contract_id=None, with_3ds=False, origin=call.origin)
+    op = verify(sim, order, call.origin, outcome, pan=body.card.pan, expiry=body.card.expiryDate)
     return ok({"operation": op.wire()})
 
 
@@ -207,7 +199,7 @@ def wallet_pay(sim: Simulator, call: Call) -> Reply:
     )
     op.payment_method, op.circuit = "APM", str(data.get("wallet") or "GOOGLE_PAY")
     if outcome is None:
-        outcome = decide(sim, pan, contract_id=None, with_3ds=False) if pan else OUTCOME_APPROVED
+        outcome = decide(sim, pan, contract_id=None, with_3ds=False, origin=call.origin) if pan else OUTCOME_APPROVED
     settle(sim, op, order, outcome, call.origin)
     return ok({"operation": op.wire()})
 

@@ -11,6 +11,10 @@ The rules (docs/gateway.md, Post-operations, with the gateway's error codes):
   simulator's clock), not after a refund (PS0027). The capture becomes ``CANCELED``; an explicit
   authorization can then be captured again, an implicit payment is rolled back entirely.
 
+A post-operation that a ``pend`` rule holds is recorded ``PENDING`` and moves no money until it settles
+(``_pending``); the checks above ran against the pool as it was, so settling checks again (:func:`fits`)
+and a post-operation that no longer fits (a second capture, a refund beyond what is left) ends ``FAILED``.
+
 Order amounts are net: ``authorizedAmount`` leaves out voided and cancelled payments,
 ``capturedAmount`` is captured minus refunded.
 """
@@ -76,13 +80,16 @@ def _check_currency(request: PostOperationRequest, pool: OperationRecord) -> Non
 def _post_operation(
     sim: Simulator, pool: OperationRecord, origin: Origin, kind: str, result: str, amount: int, **fields: Any
 ) -> OperationRecord:
+    """Record a post-operation on ``pool`` and move its money, or leave it ``PENDING`` when a ``pend`` rule
+    holds the request (:func:`move` then runs when it settles, if :func:`fits` still holds)."""
     order = sim.state.orders[pool.order_id]
-    return new_operation(
+    rule = sim.pending.take(origin.name)
+    op = new_operation(
         sim,
         order,
         origin,
         operation_type=kind,
-        result=result,
+        result=OperationResult.PENDING.value if rule else result,
         amount=amount,
         channel=Channel.BACKOFFICE.value,
         parent_id=pool.operation_id,
@@ -90,6 +97,48 @@ def _post_operation(
         expiry=pool.expiry,
         **fields,
     )
+    if rule is None:
+        move(sim, op, origin)
+    else:
+        sim.pending.hold(op, rule, origin, success_result=result)
+    return op
+
+
+def move(sim: Simulator, op: OperationRecord, origin: Origin) -> None:
+    """The money a capture, void, refund or cancel ``op`` moves on its payment's pool."""
+    state = sim.state
+    pool = state.operations[op.parent_id or ""]
+    if op.operation_type == CAPTURE:
+        pool.captured = op.amount
+    elif op.operation_type == VOID:
+        pool.voided = True
+        pool.result = OperationResult.VOIDED.value
+        pool.steps.append(origin.step(pool.result))
+    elif op.operation_type == REFUND:
+        pool.refunded += op.amount
+    elif op.operation_type == CANCEL:
+        cancelled = state.operations[op.cancelled_operation_id or ""]
+        cancelled.result = OperationResult.CANCELED.value
+        cancelled.steps.append(origin.step(cancelled.result))
+        pool.captured = 0
+        if cancelled is pool:
+            pool.authorized = 0
+
+
+def fits(sim: Simulator, op: OperationRecord) -> bool:
+    """Whether :func:`move` still may run for a post-operation that was PENDING (the pool may have changed since)."""
+    operations = sim.state.operations
+    pool = operations.get(op.parent_id or "")
+    if pool is None or pool.voided:
+        return False
+    if op.operation_type == CAPTURE:
+        return pool.result == AUTHORIZED and not pool.captured and not pool.refunded and op.amount <= pool.authorized
+    if op.operation_type == VOID:
+        return pool.result == AUTHORIZED and not pool.captured
+    if op.operation_type == REFUND:
+        return 0 < op.amount <= pool.captured - pool.refunded
+    cancelled = operations.get(op.cancelled_operation_id or "")
+    return op.operation_type == CANCEL and cancelled is not None and cancelled.result == EXECUTED and not pool.refunded
 
 
 def capture(sim: Simulator, origin: Origin, operation_id: str, request: PostOperationRequest) -> OperationRecord:
@@ -108,9 +157,7 @@ def capture(sim: Simulator, origin: Origin, operation_id: str, request: PostOper
     amount = op.authorized if request.amount is None else request.amount
     if not 0 < amount <= op.authorized:
         raise SimError.invalid("amount", f"must be between 1 and the authorized amount {op.authorized}")
-    capture_op = _post_operation(sim, op, origin, CAPTURE, EXECUTED, amount)
-    op.captured = amount
-    return capture_op
+    return _post_operation(sim, op, origin, CAPTURE, EXECUTED, amount)
 
 
 def refund(sim: Simulator, origin: Origin, operation_id: str, request: PostOperationRequest) -> OperationRecord:
@@ -127,11 +174,7 @@ def refund(sim: Simulator, origin: Origin, operation_id: str, request: PostOpera
         # A refund of an authorization that is not captured is a void of the whole authorization.
         if request.amount is not None and request.amount > pool.authorized:
             raise SimError.rejected("PS0029", f"{request.amount} > authorized {pool.authorized}")
-        void_op = _post_operation(sim, pool, origin, VOID, OperationResult.VOIDED.value, pool.authorized)
-        pool.voided = True
-        pool.result = OperationResult.VOIDED.value
-        pool.steps.append(origin.step(pool.result))
-        return void_op
+        return _post_operation(sim, pool, origin, VOID, OperationResult.VOIDED.value, pool.authorized)
     remaining = pool.captured - pool.refunded
     if remaining <= 0:
         raise SimError.rejected("PS0027")
@@ -140,9 +183,7 @@ def refund(sim: Simulator, origin: Origin, operation_id: str, request: PostOpera
         raise SimError.invalid("amount", "must be at least 1")
     if amount > remaining:
         raise SimError.rejected("PS0029", f"{amount} > refundable {remaining}")
-    refund_op = _post_operation(sim, pool, origin, REFUND, OperationResult.REFUNDED.value, amount)
-    pool.refunded += amount
-    return refund_op
+    return _post_operation(sim, pool, origin, REFUND, OperationResult.REFUNDED.value, amount)
 
 
 def cancel(sim: Simulator, origin: Origin, operation_id: str) -> OperationRecord:
@@ -156,13 +197,7 @@ def cancel(sim: Simulator, origin: Origin, operation_id: str) -> OperationRecord
         raise SimError.invalid("operationId", "capture without a payment")
     if pool.refunded:
         raise SimError.rejected("PS0027", "refund the capture instead")
-    cancel_op = _post_operation(sim, pool, origin, CANCEL, EXECUTED, op.amount, cancelled_operation_id=op.operation_id)
-    op.result = OperationResult.CANCELED.value
-    op.steps.append(origin.step(op.result))
-    pool.captured = 0
-    if op is pool:
-        pool.authorized = 0
-    return cancel_op
+    return _post_operation(sim, pool, origin, CANCEL, EXECUTED, op.amount, cancelled_operation_id=op.operation_id)
 
 
 def _same_day(sim: Simulator, op: OperationRecord) -> bool:

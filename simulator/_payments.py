@@ -124,8 +124,15 @@ def new_operation(
     return record
 
 
-def decide(sim: Simulator, pan: str | None, *, contract_id: str | None, with_3ds: bool) -> Outcome:
-    """A scripted outcome (contract first, then card) if one is queued, else the card rule."""
+def decide(sim: Simulator, pan: str | None, *, contract_id: str | None, with_3ds: bool, origin: Origin | None = None) -> Outcome:
+    """A scripted outcome (contract first, then card) if one is queued, else the card rule.
+
+    A request that a ``pend`` rule will hold (``origin``) takes the rule's final outcome instead and
+    leaves the scripts alone.
+    """
+    held = sim.pending.peek(origin.name) if origin is not None else None
+    if held is not None:
+        return held
     scripted = sim.state.scripts.take(contract_id=contract_id, pan=pan)
     if scripted is not None:
         return scripted
@@ -133,24 +140,64 @@ def decide(sim: Simulator, pan: str | None, *, contract_id: str | None, with_3ds
 
 
 def settle(sim: Simulator, op: OperationRecord, order: OrderRecord, outcome: Outcome, origin: Origin) -> None:
-    """Give a payment operation its final result and money pool; create the contract it asks for."""
-    op.pool = True
-    op.response_code = outcome.response_code
-    if outcome.failure is not None:
-        op.operation_type = OperationType.AUTHORIZATION.value
-        op.result = outcome.failure.value
-    elif op.capture_explicit:
-        op.operation_type = OperationType.AUTHORIZATION.value
-        op.result = OperationResult.AUTHORIZED.value
-        op.authorized = op.amount
+    """Give a payment operation its final result and money pool; create the contract it asks for.
+
+    A request that a ``pend`` rule holds leaves the operation ``PENDING`` instead: :func:`complete` runs
+    when it settles (``_pending``), and no money moves before.
+    """
+    rule = sim.pending.take(origin.name)
+    if rule is None:
+        complete(sim, op, order, outcome, origin)
     else:
-        op.operation_type = OperationType.CAPTURE.value
-        op.result = OperationResult.EXECUTED.value
-        op.authorized = op.captured = op.amount
+        sim.pending.hold(op, rule, origin)
+
+
+def complete(sim: Simulator, op: OperationRecord, order: OrderRecord, outcome: Outcome, origin: Origin) -> None:
+    """The final result of a payment (with its money pool) or of a card verification (no money)."""
+    op.response_code = outcome.response_code
+    if op.operation_type == OperationType.CARD_VERIFICATION.value:
+        op.result = (outcome.failure or OperationResult.EXECUTED).value
+    else:
+        op.pool = True
+        if outcome.failure is not None:
+            op.operation_type = OperationType.AUTHORIZATION.value
+            op.result = outcome.failure.value
+        elif op.capture_explicit:
+            op.operation_type = OperationType.AUTHORIZATION.value
+            op.result = OperationResult.AUTHORIZED.value
+            op.authorized = op.amount
+        else:
+            op.operation_type = OperationType.CAPTURE.value
+            op.result = OperationResult.EXECUTED.value
+            op.authorized = op.captured = op.amount
     op.time = sim.state.now_gateway()
     op.steps.append(origin.step(op.result))
     if outcome.approved:
         create_contract(sim, op, order)
+
+
+def verify(
+    sim: Simulator, order: OrderRecord, origin: Origin, outcome: Outcome, *, pan: str, expiry: str, **fields: Any
+) -> OperationRecord:
+    """A card verification (amount 0, no money): final at once, or ``PENDING`` when a ``pend`` rule holds it."""
+    rule = sim.pending.take(origin.name)
+    op = new_operation(
+        sim,
+        order,
+        origin,
+        operation_type=OperationType.CARD_VERIFICATION.value,
+        result=OperationResult.PENDING.value if rule else (outcome.failure or OperationResult.EXECUTED).value,
+        amount=0,
+        pan=pan,
+        expiry=expiry,
+        response_code=None if rule else outcome.response_code,
+        **fields,
+    )
+    if rule is not None:
+        sim.pending.hold(op, rule, origin)
+    elif outcome.approved:
+        create_contract(sim, op, order)
+    return op
 
 
 def create_contract(sim: Simulator, op: OperationRecord, order: OrderRecord, *, internal_id: str | None = None) -> None:
@@ -183,7 +230,8 @@ def pay_on_page(
     link: LinkRecord | None = None,
     forced: Outcome | None = None,
 ) -> OperationRecord:
-    """The customer paid on a simulator page (hosted page, link, build form): one attempt, final.
+    """The customer paid on a simulator page (hosted page, link, build form): one attempt, final (unless a
+    ``pend`` rule holds the merchant's request that ran it: build's finalize or confirm).
 
     ``forced`` replaces the card's outcome (a customer failing the 3DS challenge of a build form).
     """
@@ -191,23 +239,18 @@ def pay_on_page(
     contract_id = recurrence.get("contractId")
     service = (order.session or {}).get("paymentService")
     apm = service not in (None, "CARDS")
-    outcome = forced or decide(sim, pan, contract_id=contract_id, with_3ds=True)
+    outcome = forced or decide(sim, pan, contract_id=contract_id, with_3ds=True, origin=origin)
     if order.action_type == ActionType.VERIFY.value:
-        op = new_operation(
+        op = verify(
             sim,
             order,
             origin,
-            operation_type=OperationType.CARD_VERIFICATION.value,
-            result=(outcome.failure or OperationResult.EXECUTED).value,
-            amount=0,
+            outcome,
             pan=pan,
             expiry=expiry,
             recurrence=order.recurrence,
-            response_code=outcome.response_code,
             payment_link_id=link.link_id if link else None,
         )
-        if outcome.approved:
-            create_contract(sim, op, order)
     else:
         op = new_operation(
             sim,

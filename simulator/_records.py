@@ -209,3 +209,27 @@ class BuildSessionRecord:
     gdi_approved: bool = True
     operation_id: str | None = None
     finished: bool = False
+
+
+@dataclass
+class PendingRecord:
+    """An operation a ``pend`` rule answered ``PENDING``, and how and when it settles."""
+
+    operation_id: str
+    operation: str
+    final: str
+    created_at: str
+    settle_after: float | None = None
+    #: A post-operation's result when it settles to success (``REFUNDED``, ``VOIDED``, ``EXECUTED``).
+    success_result: str | None = None
+    #: The type a reservation charge keeps through settling (``NOSHOW``, ``INCREMENTAL``, ``DELAY_CHARGE``).
+    kept_type: str | None = None
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "operationId": self.operation_id,
+            "operation": self.operation,
+            "final": self.final,
+            "createdAt": self.created_at,
+            "settleAfter": self.settle_after,
+        }

@@ -106,6 +106,7 @@ def get_reservation(sim: Simulator, call: Call) -> Reply:
     if order is not None:
         for link_id in order.link_ids:
             refresh(sim, sim.state.links[link_id])
+        sim.pending.settle_due()
         details = _ledger.order_details(sim.state, order)
         status.update({key: value for key, value in details.items() if key != "order"})
         operations = [sim.state.operations[i].wire() for i in order.operation_ids]
@@ -214,8 +215,8 @@ def _charge(sim: Simulator, call: Call, kind: OperationType) -> Reply:
         expiry=original.expiry,
         capture_explicit=kind == OperationType.INCREMENTAL and original.result == OperationResult.AUTHORIZED.value,
     )
-    settle(sim, op, order, decide(sim, original.pan, contract_id=contract_id, with_3ds=False), call.origin)
-    op.operation_type = kind.value
+    settle(sim, op, order, decide(sim, original.pan, contract_id=contract_id, with_3ds=False, origin=call.origin), call.origin)
+    op.operation_type = kind.value  # settle names the result's type; a charge keeps its own (so does _pending)
     return ok({"operation": op.wire()})
 
 

@@ -30,6 +30,7 @@ from simulator._records import (
     LinkRecord,
     OperationRecord,
     OrderRecord,
+    PendingRecord,
 )
 
 SNAPSHOT_VERSION = 1
@@ -78,6 +79,8 @@ class SimulatorState:
             self.agency_custom_fields: dict[str, dict[str, Any]] = {}
             self.services: dict[str, dict[str, Any]] = {}
             self.idempotency: dict[str, dict[str, Any]] = {}
+            #: Operations answered PENDING by a ``pend`` rule, until they settle (``_pending``).
+            self.pending: dict[str, PendingRecord] = {}
             self.scripts = OutcomeScripts()
             self.dirty = True
 
@@ -177,6 +180,7 @@ class SimulatorState:
                 "agencyCustomFields": self.agency_custom_fields,
                 "services": self.services,
                 "idempotency": self.idempotency,
+                "pending": {key: asdict(value) for key, value in self.pending.items()},
                 "scripts": self.scripts.snapshot(),
                 "rngState": _rng_state(self.rng),
             }
@@ -204,6 +208,7 @@ class SimulatorState:
             self.agency_custom_fields = dict(data.get("agencyCustomFields", {}))
             self.services = dict(data.get("services", {}))
             self.idempotency = dict(data.get("idempotency", {}))
+            self.pending = {k: _load(PendingRecord, v) for k, v in data.get("pending", {}).items()}
             self.scripts.restore(data.get("scripts", {}))
             if "rngState" in data:
                 # Continue the sequence: a restarted simulator must not hand out the same ids again.

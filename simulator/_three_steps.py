@@ -91,9 +91,16 @@ def _three_steps_operation(sim: Simulator, operation_id: str) -> OperationRecord
     return op
 
 
+def _not_paid(sim: Simulator, op: OperationRecord) -> None:
+    """Refuse a step on an operation whose payment ran and was answered PENDING (a ``pend`` rule)."""
+    if op.operation_id in sim.state.pending:
+        raise SimError.invalid("operationId", "operation already paid: its result is PENDING")
+
+
 def three_steps_validation(sim: Simulator, call: Call) -> Reply:
     body = call.body(ThreeStepsValidationRequest)
     op = _three_steps_operation(sim, body.operationId)
+    _not_paid(sim, op)
     if op.result != PENDING:
         raise SimError.invalid("operationId", f"operation is {op.result}, not PENDING")
     authenticated = op.pares.get(body.threeDSAuthResponse, False) if op.challenge else True
@@ -123,6 +130,7 @@ def three_steps_payment(sim: Simulator, call: Call) -> Reply:
     if op.result == THREEDS_FAILED:
         op.steps.append(call.origin.step(op.result))
         return ok({"operation": op.wire()})
+    _not_paid(sim, op)
     if op.result not in (PENDING, VALIDATED):
         raise SimError.invalid("operationId", f"operation already completed ({op.result})")
     if op.result == PENDING and op.challenge:
@@ -132,7 +140,7 @@ def three_steps_payment(sim: Simulator, call: Call) -> Reply:
     op.capture_explicit = is_explicit(body.captureType)
     order = sim.state.orders[op.order_id]
     contract_id = (op.recurrence or {}).get("contractId")
-    settle(sim, op, order, decide(sim, op.pan, contract_id=contract_id, with_3ds=False), call.origin)
+    settle(sim, op, order, decide(sim, op.pan, contract_id=contract_id, with_3ds=False, origin=call.origin), call.origin)
     return ok({"operation": op.wire()})
 
 
@@ -165,12 +173,14 @@ def svs_pay_operation(sim: Simulator, call: Call) -> Reply:
         raise SimError.not_found()
     if op.flow != "svs":
         raise SimError.invalid("operationId", "not an operation of /v2/svs/order/init")
+    _not_paid(sim, op)
     if op.result != PENDING:
         raise SimError.invalid("operationId", f"operation already completed ({op.result})")
     if body.captureType is not None:
         op.capture_explicit = is_explicit(body.captureType)
     contract_id = (op.recurrence or {}).get("contractId")
-    settle(sim, op, sim.state.orders[op.order_id], decide(sim, op.pan, contract_id=contract_id, with_3ds=False), call.origin)
+    outcome = decide(sim, op.pan, contract_id=contract_id, with_3ds=False, origin=call.origin)
+    settle(sim, op, sim.state.orders[op.order_id], outcome, call.origin)
     return ok({"operation": op.wire()})
 
 
