@@ -7,7 +7,8 @@ key derived from (schedule, occurrence), so it is charged once however many sche
 are retried on the schedule's dunning policy; a hard decline stops it in ``needs_attention``.
 
 Modules: ``rules`` (pure calendar arithmetic), ``model`` (input, states, record), ``policy`` (pure
-decisions: firing, missed occurrences, dunning, operator actions), ``store`` (Redis layout and Lua),
+decisions: firing, missed occurrences, dunning, operator actions, among them ``resolve``: what the
+gateway shows for an occurrence whose flow is gone), ``store`` (Redis layout and Lua),
 ``api`` (:class:`Schedules`: the Python API and the scheduler's ``tick``)::
 
     from workflows.schedules import Schedules
@@ -17,7 +18,15 @@ decisions: firing, missed occurrences, dunning, operator actions), ``store`` (Re
 """
 
 from workflows.schedules.api import MIT_KIND, Schedules
-from workflows.schedules.model import COUNTERS, DEFAULT_DUNNING, Attempt, ScheduleInput, ScheduleRecord, ScheduleState
+from workflows.schedules.model import (
+    COUNTERS,
+    DEFAULT_DUNNING,
+    Attempt,
+    Resolution,
+    ScheduleInput,
+    ScheduleRecord,
+    ScheduleState,
+)
 from workflows.schedules.policy import CHECK_FIRST, MISSED_GRACE, occurrence_key, order_id
 from workflows.schedules.rules import Calendar, Cron, EveryDays, Monthly, Rule, Weekly, occurrences, upcoming
 
@@ -32,6 +41,7 @@ __all__ = [
     "Cron",
     "EveryDays",
     "Monthly",
+    "Resolution",
     "Rule",
     "ScheduleInput",
     "ScheduleRecord",

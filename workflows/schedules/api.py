@@ -30,10 +30,10 @@ from pydantic import ValidationError
 from gateway import check_amount, describe_validation_error
 from workflows.engine import Engine, InputError, NotFound, OperatorError
 from workflows.schedules import policy
-from workflows.schedules.model import FINAL, Attempt, ScheduleInput, ScheduleRecord, ScheduleState
+from workflows.schedules.model import FINAL, Attempt, Resolution, ScheduleInput, ScheduleRecord, ScheduleState
 from workflows.schedules.rules import iso
 from workflows.schedules.store import ScheduleStore, input_hash
-from workflows.store import StartConflict
+from workflows.store import FlowRecord, StartConflict
 
 log = logging.getLogger("durapay.schedules")
 
@@ -162,7 +162,36 @@ class Schedules:
         return self._operate(schedule_id, lambda record, now: policy.pause(record, now, by))
 
     def resume(self, schedule_id: str, *, by: str = "api") -> ScheduleRecord:
-        return self._operate(schedule_id, lambda record, now: policy.resume(record, now, by))
+        """Go on from now. Refused (OperatorError naming it) for a needs_attention schedule with an
+        occurrence whose flow is gone: :meth:`resolve` it first."""
+        return self._operate(schedule_id, lambda record, now: policy.resume(record, now, by, self._flows(record)))
+
+    def resolve(
+        self, schedule_id: str, occurrence: str, outcome: str, *, operation_id: str | None = None, by: str = "api"
+    ) -> ScheduleRecord:
+        """Say what the gateway shows for ``occurrence`` of a needs_attention schedule whose flow is gone
+        before its outcome was read: ``charged`` (counted as a charge; ``operation_id``: the gateway
+        operation, if found) or ``not_charged`` (closed without a charge). The attempt is closed and the
+        occurrence is never fired again; the schedule then resumes with :meth:`resume`.
+
+        InputError names a bad field (an outcome misspelt, an occurrence that is not an ISO datetime);
+        OperatorError refuses a schedule not in needs_attention, an occurrence with no open attempt, and
+        an attempt whose flow still exists (its own outcome decides).
+        """
+        data = {"occurrence": occurrence, "outcome": outcome}
+        if operation_id is not None:
+            data["operationId"] = operation_id
+        try:
+            resolution = Resolution.model_validate(data)
+        except ValidationError as exc:
+            raise _input_error(exc) from None
+        return self._operate(schedule_id, lambda record, now: policy.resolve(record, now, resolution, by, self._flows(record)))
+
+    def gone(self, schedule_id: str) -> builtins.list[Attempt]:
+        """The open attempts of a schedule whose flows are gone before their outcome was read (what
+        :meth:`resolve` takes, and what keeps a needs_attention schedule from resuming)."""
+        record = self.get(schedule_id)
+        return policy.gone_attempts(record, self._flows(record), self.engine.clock.now())
 
     def cancel(self, schedule_id: str, reason: str = "cancelled", *, by: str = "api") -> ScheduleRecord:
         return self._operate(schedule_id, lambda record, now: policy.cancel(record, now, by, reason))
@@ -176,6 +205,11 @@ class Schedules:
         except ValueError as exc:
             raise InputError("schedule", "amount", str(exc)) from None
         return self._operate(schedule_id, lambda record, now: policy.change_amount(record, now, amount, by))
+
+    def _flows(self, record: ScheduleRecord) -> dict[str, FlowRecord]:
+        """The flows of the record's started attempts that exist, by id (one round trip)."""
+        watched = [attempt.flow_id for attempt in record.open if attempt.started]
+        return {flow.id: flow for flow in self.engine.store.many(watched)} if watched else {}
 
     def _operate(self, schedule_id: str, change: Callable[[ScheduleRecord, float], policy.Plan]) -> ScheduleRecord:
         for _ in range(20):

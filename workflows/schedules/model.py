@@ -18,9 +18,10 @@ from enum import StrEnum
 from json.encoder import c_make_encoder, encode_basestring_ascii  # type: ignore[attr-defined]
 from typing import Annotated, Any, Literal, TypeVar
 
-from pydantic import BeforeValidator, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+from pydantic import AfterValidator, BeforeValidator, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from gateway import Amount, CaptureType, Currency, StrictModel, check_amount
+from gateway._strict import unknown_value
 from workflows.schedules.rules import ZONES, Calendar, Rule, instant, iso, zone
 
 DEFAULT_DUNNING = (1, 3, 7)
@@ -65,8 +66,8 @@ When = Annotated[datetime | date, BeforeValidator(_when)]
 class ScheduleState(StrEnum):
     """``active`` fires by its rule; ``dunning`` holds the rule while a declined charge is retried;
     ``paused`` fires nothing; ``needs_attention`` stopped after a hard decline, exhausted dunning or a
-    failure only a person can judge (``resume`` or ``cancel`` moves it on); ``completed`` and
-    ``cancelled`` are final."""
+    failure only a person can judge (``resume`` or ``cancel`` moves it on; an occurrence whose flow is
+    gone is resolved first: ``resolve``); ``completed`` and ``cancelled`` are final."""
 
     ACTIVE = "active"
     DUNNING = "dunning"
@@ -139,6 +140,58 @@ class ScheduleInput(StrictModel):
 
     def dumped(self) -> dict[str, Any]:
         return self.model_dump(mode="json", exclude_none=True)
+
+
+#: What an operator may say the gateway shows for an occurrence whose flow is gone (``Resolution``).
+OUTCOMES = ("charged", "not_charged")
+
+
+def _occurrence(value: str) -> str:
+    """An occurrence as the schedule lists it (``2026-01-31T08:00:00Z``); any ISO datetime with an offset
+    is read as the same instant (``2026-01-31T09:00:00+01:00``)."""
+    example = "as the schedule lists it, e.g. 2026-01-31T08:00:00Z"
+    try:
+        moment = datetime.fromisoformat(value.strip())
+    except ValueError:
+        raise ValueError(f"{value!r} is not an ISO datetime; give the occurrence {example}") from None
+    if moment.tzinfo is None:
+        raise ValueError(f"{value!r} has no UTC offset; give the occurrence {example}")
+    return iso(moment)
+
+
+class Resolution(StrictModel):
+    """What the gateway shows for an occurrence whose charge flow is gone before its outcome was read
+    (operator input: unknown fields and values refused, naming the closest known one)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    occurrence: Annotated[str, Field(min_length=1, max_length=40), AfterValidator(_occurrence)] = Field(
+        description="the occurrence as the schedule lists it (open attempts, history), e.g. 2026-01-31T08:00:00Z"
+    )
+    outcome: Literal["charged", "not_charged"] = Field(
+        description="charged: the gateway took the money (counted as a charge); not_charged: it did not (the "
+        "occurrence is closed without a charge and never fired again)"
+    )
+    operationId: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=100,
+        pattern=r"^\S+$",
+        description="with charged: the gateway operation that charged it, if found",
+    )
+
+    @field_validator("outcome", mode="before")
+    @classmethod
+    def _known_outcome(cls, value: Any) -> Any:
+        if isinstance(value, str) and value not in OUTCOMES:
+            raise unknown_value(value, OUTCOMES)
+        return value
+
+    @model_validator(mode="after")
+    def _operation_only_when_charged(self) -> Resolution:
+        if self.operationId is not None and self.outcome != "charged":
+            raise ValueError("operationId: only with outcome charged (the gateway operation that charged the occurrence)")
+        return self
 
 
 @dataclass
@@ -353,5 +406,6 @@ _RECORD_KEYS = tuple(name.encode() for name in RECORD_FIELDS)
 
 #: What ``summary()["counts"]`` reports: occurrences fired, charges that succeeded, declines, dunning
 #: retries started, occurrences skipped (missed with "skip", passed while paused or dunning) and
-#: occurrences folded into one charge by the "once" policy.
-COUNTERS = ("fired", "charged", "declined", "retried", "skipped", "coalesced")
+#: occurrences folded into one charge by the "once" policy, and occurrences whose flow was gone that an
+#: operator closed as not charged at the gateway (``Schedules.resolve``: never fired again).
+COUNTERS = ("fired", "charged", "declined", "retried", "skipped", "coalesced", "not_charged")

@@ -16,7 +16,9 @@ schedule was created never fire; those passing while it is paused, stopped or du
 **Started once, ever.** An attempt's flow, once seen to exist (``Attempt.created``, marked right after
 its start and at every look), is never started again: a flow found missing then has expired (its
 schedule was paused, or waited for a person, longer than the flows' retention), and its occurrence
-stops the schedule for a person instead of charging again.
+stops the schedule for a person instead of charging again. The person checks the order at the gateway
+and says what it shows (:func:`resolve`: ``charged`` or ``not_charged``), which closes the attempt;
+until then :func:`resume` refuses, since its next look would only stop the schedule again.
 
 **Dunning.** The scheduler looks at a started flow shortly after it starts, then on a backoff. A soft
 decline (by ISO response code, ``gateway.decline_kind``) opens the next attempt at the first decline plus
@@ -33,12 +35,13 @@ import copy
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from types import MappingProxyType
 from typing import Any
 
 from gateway import RESPONSE_CODES
 from workflows.engine import OperatorError
 from workflows.keys import derived_id
-from workflows.schedules.model import FINAL, Attempt, ScheduleRecord, ScheduleState
+from workflows.schedules.model import FINAL, Attempt, Resolution, ScheduleRecord, ScheduleState
 from workflows.schedules.rules import iso
 from workflows.states import STOPPED, FlowState
 from workflows.store import FlowRecord
@@ -57,6 +60,8 @@ MAX_FIRE = 100
 LISTED = 50
 
 S = ScheduleState
+#: No flow found (the default of an operator action that looks at flows: every started flow is missing).
+NO_FLOWS: Mapping[str, FlowRecord] = MappingProxyType({})
 
 
 @dataclass
@@ -155,6 +160,30 @@ def _outcome(attempt: Attempt, flow: FlowRecord, result: str, now: float) -> dic
     }
 
 
+def gone(attempt: Attempt, flow: FlowRecord | None, now: float) -> bool:
+    """Whether ``attempt``'s flow existed and its record expired (kept longer than the flows' retention,
+    paused or waiting for a person) before its outcome was read here: ``flow`` (as read) is missing and
+    the flow was seen to exist, or was started longer than :data:`LOST_START` ago. Such a flow is never
+    started again; only a person who checked the gateway can say what happened (:func:`resolve`)."""
+    return attempt.started and flow is None and (attempt.created or now - (attempt.started_at or now) > LOST_START)
+
+
+def gone_attempts(record: ScheduleRecord, flows: Mapping[str, FlowRecord], now: float) -> list[Attempt]:
+    """The open attempts of ``record`` whose flows are gone (``flows``: the flows read, by id)."""
+    return [attempt for attempt in record.open if gone(attempt, flows.get(attempt.flow_id), now)]
+
+
+def _order(attempt: Attempt) -> str:
+    return str(attempt.data["order"]["orderId"])
+
+
+def _gone_reason(attempt: Attempt) -> str:
+    return (
+        f"the flow {attempt.flow_id} of {attempt.occurrence} is gone before its outcome was read; check order "
+        f"{_order(attempt)} at the gateway, then resolve {attempt.occurrence} as charged or not_charged"
+    )
+
+
 def _look(plan: Plan, attempt: Attempt, flow: FlowRecord | None, now: float, flow_kind: str) -> tuple[list[Attempt], str]:
     """Judge one open attempt: (attempts still open, what happened: ``open``, ``charged``, ``stop:<reason>``)."""
     record = plan.record
@@ -162,12 +191,11 @@ def _look(plan: Plan, attempt: Attempt, flow: FlowRecord | None, now: float, flo
         if attempt.due <= now:
             _start(plan, attempt, now)
         return [attempt], "open"
-    if flow is None and (attempt.created or now - (attempt.started_at or now) > LOST_START):
-        # The flow existed and its record expired (kept longer than the flows' retention, paused or
-        # waiting for a person): its outcome was never read here. Never start it again.
+    if gone(attempt, flow, now):
+        # Its outcome was never read here. Never start it again: it stays open, stopping the schedule,
+        # until a person says what the gateway shows (``resolve``).
         plan.event(now, "outcome unknown", occurrence=attempt.occurrence, attempt=attempt.attempt, flow=attempt.flow_id)
-        gone = f"the flow {attempt.flow_id} of {attempt.occurrence} is gone before its outcome was read"
-        return [attempt], f"stop:{gone}; check order {attempt.data['order']['orderId']} at the gateway"
+        return [attempt], f"stop:{_gone_reason(attempt)}"
     if flow is None or flow.state not in STOPPED:
         attempt.created |= flow is not None
         if attempt.due <= now:
@@ -327,12 +355,27 @@ def pause(record: ScheduleRecord, now: float, by: str) -> Plan:
     return plan
 
 
-def resume(record: ScheduleRecord, now: float, by: str) -> Plan:
-    """Go on from now: occurrences passed meanwhile are skipped; open attempts are looked at at once."""
+def resume(record: ScheduleRecord, now: float, by: str, flows: Mapping[str, FlowRecord] = NO_FLOWS) -> Plan:
+    """Go on from now: occurrences passed meanwhile are skipped; open attempts are looked at at once.
+
+    ``flows``: the flows of the open attempts as read now (missing: not found). A ``needs_attention``
+    schedule with an attempt whose flow is gone is refused, naming the occurrence: the next look would
+    only stop it again (no occurrence fired, however often it is resumed), and only a person who checked
+    the gateway can close that attempt (:func:`resolve`). A *paused* schedule resumes: its first look
+    finds the gone flow and stops it, once, saying so.
+    """
     plan = Plan(record.copy())
     current = plan.record
     if record.state not in (S.PAUSED, S.NEEDS_ATTENTION):
         raise OperatorError(f"schedule {record.id} is {record.state}; only a paused or needs_attention schedule resumes")
+    stuck = gone_attempts(record, flows, now) if record.state is S.NEEDS_ATTENTION else []
+    if stuck:
+        named = "; ".join(f"{a.occurrence} (flow {a.flow_id}, order {_order(a)})" for a in stuck)
+        raise OperatorError(
+            f"schedule {record.id} cannot resume: the flow of {named} is gone before its outcome was read, so the "
+            f"next look would stop it again. Check the order at the gateway and resolve the occurrence first, "
+            f"as charged or not_charged (durapay schedules resolve {record.id} {stuck[0].occurrence} charged|not_charged)"
+        )
     plan.event(now, "resumed", by=by, was=record.state.value)
     current.reason = ""
     for attempt in current.open:
@@ -343,6 +386,69 @@ def resume(record: ScheduleRecord, now: float, by: str) -> Plan:
     if current.next_at is None and not current.open:
         current.state = S.COMPLETED
         plan.event(now, "completed", occurrences=current.seq)
+    return plan
+
+
+def resolve(
+    record: ScheduleRecord, now: float, resolution: Resolution, by: str, flows: Mapping[str, FlowRecord] = NO_FLOWS
+) -> Plan:
+    """An operator says what the gateway shows for an occurrence whose flow is gone (see :func:`gone`).
+
+    ``charged``: counted as a charge (``last`` names it, with the operation id if given; a ``charged``
+    history event, told to the merchant as ``schedule.charged``). ``not_charged``: closed without a
+    charge (counted ``not_charged``). Either way the attempt is closed and its occurrence is never fired
+    again: an occurrence is never charged twice, and a charge still owed is the merchant's to make (a
+    new payment), not the schedule's. The schedule stays ``needs_attention`` until resumed.
+
+    Refused for a schedule not in ``needs_attention``, an occurrence with no open attempt, and an attempt
+    whose flow still exists (its own outcome decides, read at the next look) or was never seen to exist
+    (the next look starts it, under the same key).
+    """
+    if record.state is not S.NEEDS_ATTENTION:
+        raise OperatorError(
+            f"schedule {record.id} is {record.state}; only an occurrence of a needs_attention schedule whose flow "
+            "is gone can be resolved"
+        )
+    occurrence = resolution.occurrence
+    resolvable = gone_attempts(record, flows, now)
+    listed = ", ".join(a.occurrence for a in resolvable) or "none"
+    found = [attempt for attempt in record.open if attempt.occurrence == occurrence]
+    if not found:
+        raise OperatorError(f"schedule {record.id} has no open occurrence {occurrence}; occurrences whose flow is gone: {listed}")
+    attempt = found[0]
+    flow = flows.get(attempt.flow_id)
+    if flow is not None:
+        then = " (retry or cancel that flow first)" if flow.state is FlowState.NEEDS_ATTENTION else ""
+        raise OperatorError(
+            f"the flow {flow.id} of {occurrence} still exists ({flow.state}): its own outcome decides, read by "
+            f"the schedule's next look once resumed{then}"
+        )
+    if not gone(attempt, flow, now):
+        what = "was not started yet" if not attempt.started else "was never seen to start (the next look starts it)"
+        raise OperatorError(f"the flow {attempt.flow_id} of {occurrence} {what}: nothing to resolve")
+    plan = Plan(record.copy())
+    current = plan.record
+    current.open = [kept for kept in current.open if kept.key != attempt.key]
+    about = {"occurrence": occurrence, "attempt": attempt.attempt, "flow": attempt.flow_id}
+    if resolution.outcome == "charged":
+        plan.bump("charged")
+        current.last = {
+            "result": "charged",
+            **about,
+            "operationId": resolution.operationId,
+            "responseCode": None,
+            "decline": None,
+            "at": now,
+            "by": by,
+        }
+        plan.event(now, "charged", **about, orderId=_order(attempt), operationId=resolution.operationId, by=by, source="operator")
+    else:
+        plan.bump("not_charged")
+        plan.event(now, "not charged", **about, orderId=_order(attempt), by=by, note="closed without a charge; never fired again")
+    if attempt.flow_id in record.reason:  # the stop was about this attempt: say what is left
+        left = [a for a in resolvable if a.key != attempt.key]
+        outcome = resolution.outcome
+        current.reason = _gone_reason(left[0]) if left else f"{occurrence} resolved as {outcome} by {by}; resume to go on"
     return plan
 
 

@@ -11,10 +11,12 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
+from workflows.engine import OperatorError
 from workflows.schedules import policy
 from workflows.schedules.model import (
     RECORD_FIELDS,
     Attempt,
+    Resolution,
     ScheduleInput,
     ScheduleRecord,
     ScheduleState,
@@ -120,6 +122,32 @@ def test_the_policy_leaves_the_record_it_was_given_unchanged() -> None:
     policy.resume(record(state=ScheduleState.PAUSED), T0 + 10**6, "test")
     policy.advance(dunning, T0 + 10**6, {}, "mit")  # the open attempt's flow is missing: looked at, restarted
     assert dunning.fields() == before
+
+
+def test_resolve_and_resume_decide_from_the_flows_they_are_given() -> None:
+    """Pure: with no flow found for an attempt seen to exist, ``resume`` of a needs_attention schedule is
+    refused (its next look would stop it again) and ``resolve`` closes the attempt, after which it
+    resumes; an attempt never seen to exist is gone only a week (``LOST_START``) after its start. The
+    record given is left unchanged."""
+    stopped = record(state=ScheduleState.NEEDS_ATTENTION, reason="the flow f-1 of 2026-01-31T08:00:00Z is gone")
+    stopped.open[0].started_at = T0
+    occurrence = Resolution(occurrence="2026-01-31T08:00:00Z", outcome="not_charged")
+    with pytest.raises(OperatorError, match="never seen to start"):
+        policy.resolve(stopped, T0 + 60, occurrence, "test")
+    assert policy.resume(stopped, T0 + 60, "test").record.state is ScheduleState.DUNNING, "a lost start: started again"
+    later = T0 + policy.LOST_START + 1
+    with pytest.raises(OperatorError, match=r"2026-01-31T08:00:00Z .*resolve"):
+        policy.resume(stopped, later, "test")
+    stopped.open[0].created = True
+    before = stopped.fields() | {"state": stopped.state.value}
+    with pytest.raises(OperatorError, match=r"2026-01-31T08:00:00Z .*resolve"):
+        policy.resume(stopped, T0 + 60, "test")
+    plan = policy.resolve(stopped, T0 + 60, occurrence, "test")
+    assert plan.record.open == [] and plan.record.counts["not_charged"] == 1 and plan.record.last == stopped.last
+    assert plan.record.reason == "2026-01-31T08:00:00Z resolved as not_charged by test; resume to go on"
+    assert [event["event"] for event in plan.events] == ["not charged"]
+    assert policy.resume(plan.record, T0 + 60, "test").record.state is ScheduleState.ACTIVE
+    assert stopped.fields() | {"state": stopped.state.value} == before
 
 
 def test_fields_round_trip_through_parse() -> None:

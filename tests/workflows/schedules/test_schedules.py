@@ -1,8 +1,9 @@
 """Schedules on a real Valkey with a manual clock and a scripted ``mit`` flow (no Celery, no HTTP here).
 
 The scripted MIT step answers per contract from a queue of ISO response codes ("000" approves, "116" is
-a soft decline, "208" a hard one), so every path of firing, missed occurrences, dunning and operator
-actions is exercised exactly; ``test_integration`` runs the same against the simulator with a worker.
+a soft decline, "208" a hard one; "FAIL" fails, "ATTN" stops the flow for a person), so every path of
+firing, missed occurrences, dunning and operator actions is exercised exactly; ``test_integration``
+runs the same against the simulator with a worker.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import redis
 
 from config import load_settings
 from gateway import Catalogue, MitRequest, decline_kind
-from tasks.outcomes import Advance, Finish, Outcome
+from tasks.outcomes import Advance, Attention, Finish, Outcome
 from tasks.runner import NOT_COMMITTED, ReconcileResult, StepContext
 from workflows.clock import ManualClock
 from workflows.engine import Engine, InputError, NotFound, OperatorError
@@ -62,6 +63,8 @@ class ScriptedMit:
         }
         if code == "000":
             return Advance({"operation": {**operation, "operationResult": "EXECUTED"}})
+        if code == "ATTN":
+            return Attention("the gateway answered what no one expected", {"type": "UnknownResult"})
         if code == "FAIL":
             return Finish(
                 False, "the gateway refused create_mit_order", error={"type": "BadRequest", "message": "PS0017 no contract"}
@@ -547,3 +550,131 @@ def test_a_schedules_charges_declines_dunning_and_end_are_told_in_events(world: 
     charged = told[0].wire()
     assert charged["orderId"] == f"{record.id}-0" and charged["operationId"] and declined["orderId"] == f"{record.id}-1"
     assert {"id", "type", "timestamp", "schedule", "orderId", "operationId", "data"} <= set(charged)
+
+
+# -- an occurrence whose flow is gone ----------------------------------------------------------------------
+
+
+def stopped_on_a_gone_flow(world: World, **spec: Any) -> tuple[str, str]:
+    """A monthly schedule whose 1 January charge succeeded while it was paused past the flows' retention:
+    the flow's record expired before the schedule read its outcome, so the look after ``resume`` stops
+    it in ``needs_attention``. Returns (schedule id, the gone flow's id)."""
+    record = world.schedules.create(monthly(**spec))
+    world.at(rome(1, 1))
+    world.tick()
+    world.schedules.pause(record.id)
+    (flow,) = [flow for flow in world.flows() if flow.start_key.startswith(f"{record.id}@")]
+    world.engine.redis.delete(world.engine.keys.flow(flow.id), world.engine.keys.log(flow.id))  # what the TTL does
+    world.at(rome(2, 15))
+    world.schedules.resume(record.id)
+    world.tick()
+    stopped = world.schedules.get(record.id)
+    assert stopped.state is ScheduleState.NEEDS_ATTENTION and flow.id in stopped.reason
+    return record.id, flow.id
+
+
+JANUARY = "2026-01-01T08:00:00Z"
+
+
+def test_resuming_a_schedule_stopped_by_a_gone_flow_is_refused_month_after_month(world: World) -> None:
+    """The finding: resumed three months in a row, the schedule made the gone attempt due, the next look
+    stopped it again, and no further occurrence ever fired. Resume now refuses, naming the occurrence
+    and the action that moves it on, and the schedule never loops."""
+    schedule_id, _ = stopped_on_a_gone_flow(world)
+    for month in (3, 4, 5):
+        world.at(rome(month, 2))
+        with pytest.raises(OperatorError, match=rf"{JANUARY}.*resolve"):
+            world.schedules.resume(schedule_id)
+        world.tick()
+        assert world.schedules.get(schedule_id).state is ScheduleState.NEEDS_ATTENTION
+    assert len(world.mit.calls) == 1
+    assert len(world.events(schedule_id, "needs attention")) == 1, "stopped once, not once per resume"
+
+
+def test_an_occurrence_the_gateway_shows_charged_counts_as_a_charge_and_the_schedule_goes_on(world: World) -> None:
+    schedule_id, flow_id = stopped_on_a_gone_flow(world)
+    world.at(rome(3, 2))
+    resolved = world.schedules.resolve(schedule_id, JANUARY, "charged", operation_id="op-1", by="ops")
+    assert resolved.state is ScheduleState.NEEDS_ATTENTION and resolved.open == [], "closed; resuming is the operator's call"
+    assert resolved.counts["charged"] == 1 and resolved.summary()["counts"]["not_charged"] == 0
+    assert resolved.last == {
+        "result": "charged",
+        "occurrence": JANUARY,
+        "attempt": 0,
+        "flow": flow_id,
+        "operationId": "op-1",
+        "responseCode": None,
+        "decline": None,
+        "at": rome(3, 2).timestamp(),
+        "by": "ops",
+    }
+    assert "resolved as charged by ops" in resolved.reason
+    (charged,) = world.events(schedule_id, "charged")
+    assert charged["orderId"] == f"{schedule_id}-0" and charged["operationId"] == "op-1" and charged["source"] == "operator"
+    told = [e for e, _ in world.engine.events(types=["schedule.charged"]) if e.body.get("schedule") == schedule_id]
+    assert [event.wire()["operationId"] for event in told] == ["op-1"], "the merchant hears of the charge"
+
+    assert world.schedules.resume(schedule_id).state is ScheduleState.ACTIVE
+    world.tick()
+    world.at(rome(4, 1))
+    world.tick()
+    world.clock.advance(60)
+    world.tick()
+    after = world.schedules.get(schedule_id)
+    assert after.state is ScheduleState.ACTIVE and after.counts["charged"] == 2
+    assert [flow.start_key.split("@")[1] for flow in world.flows()] == ["2026-04-01T07:00:00Z"], "January never again"
+    assert len(world.mit.calls) == 2
+
+
+def test_an_occurrence_the_gateway_shows_not_charged_is_closed_and_never_fired_again(world: World) -> None:
+    schedule_id, _ = stopped_on_a_gone_flow(world)
+    before = world.schedules.get(schedule_id)
+    resolved = world.schedules.resolve(schedule_id, "2026-01-01T09:00:00+01:00", "not_charged", by="ops")  # any offset
+    assert resolved.open == [] and resolved.counts.get("charged", 0) == 0 and resolved.counts["not_charged"] == 1
+    assert resolved.last == before.last, "no charge to report"
+    (closed,) = world.events(schedule_id, "not charged")
+    assert closed["occurrence"] == JANUARY and "never fired again" in closed["note"] and closed["by"] == "ops"
+    world.at(rome(3, 2))
+    world.schedules.resume(schedule_id)
+    for moment in (rome(3, 2).timestamp() + 60, rome(4, 1).timestamp(), rome(4, 1).timestamp() + 60):
+        world.at(moment)
+        world.tick()
+    keys = [flow.start_key.split("@")[1] for flow in world.flows()]
+    assert keys == ["2026-04-01T07:00:00Z"], "the next occurrence only: January is not charged again"
+    assert world.schedules.get(schedule_id).counts["charged"] == 1
+
+
+def test_resolve_is_refused_unless_the_flow_of_that_occurrence_is_gone(world: World) -> None:
+    active = world.schedules.create(monthly(contractId="c-2"))
+    with pytest.raises(OperatorError, match="is active; only an occurrence of a needs_attention schedule"):
+        world.schedules.resolve(active.id, JANUARY, "charged")
+
+    schedule_id, _ = stopped_on_a_gone_flow(world)
+    with pytest.raises(OperatorError, match=rf"no open occurrence 2026-02-01T08:00:00Z; .*gone: {JANUARY}"):
+        world.schedules.resolve(schedule_id, "2026-02-01T08:00:00Z", "charged")
+    with pytest.raises(NotFound):
+        world.schedules.resolve("s000000000000", JANUARY, "charged")
+    for occurrence, outcome, operation, named, reason in [
+        (JANUARY, "charge", None, "outcome", "did you mean `charged`?"),
+        (JANUARY, "paid", None, "outcome", "known values: charged, not_charged"),
+        ("1 January", "charged", None, "occurrence", "not an ISO datetime"),
+        ("2026-01-01T08:00:00", "charged", None, "occurrence", "no UTC offset"),
+        (JANUARY, "not_charged", "op-1", "operationId", "only with outcome charged"),
+        (JANUARY, "charged", "op 1", "operationId", "pattern"),
+    ]:
+        with pytest.raises(InputError) as refused:
+            world.schedules.resolve(schedule_id, occurrence, outcome, operation_id=operation)
+        assert (refused.value.field, reason in refused.value.reason) == (named, True), refused.value
+    assert world.schedules.get(schedule_id).open, "nothing was closed"
+
+    world.mit.script["c-3"] = ["ATTN"]
+    waiting = world.schedules.create(monthly(contractId="c-3"))
+    world.at(rome(3, 1))
+    world.tick()
+    world.clock.advance(60)
+    world.tick()
+    stopped = world.schedules.get(waiting.id)
+    assert stopped.state is ScheduleState.NEEDS_ATTENTION and "needs attention" in stopped.reason
+    with pytest.raises(OperatorError, match=r"still exists \(needs_attention\): its own outcome decides.*retry or cancel"):
+        world.schedules.resolve(waiting.id, "2026-03-01T08:00:00Z", "not_charged")
+    assert world.schedules.gone(waiting.id) == [] and [a.occurrence for a in world.schedules.gone(schedule_id)] == [JANUARY]
