@@ -6,8 +6,8 @@ sending, the entry comes due again). What it sends is a chain of the flow's rema
 duplicate delivery is harmless because every step claims before it acts.
 
 Besides the due set, each tick runs the registered *tickers* (the schedules fire their occurrences
-this way), writes a heartbeat for ``/readyz``, packs finished flows (``workflows.compact``) and trims the indexes
-of expired flows (``workflows.trim``).
+this way), writes a heartbeat for ``/readyz``, packs finished flows (``workflows.compact``), trims the indexes
+of expired flows and the merchant events older than their retention (``workflows.trim``).
 While Redis cannot be reached the loop keeps trying every interval and says so once (``RedisWatch``).
 """
 
@@ -21,13 +21,14 @@ from collections.abc import Callable
 from workflows.compact import Compactor
 from workflows.engine import Engine
 from workflows.redis_watch import RedisWatch, is_redis_down
-from workflows.trim import IndexTrimmer
+from workflows.trim import EventTrimmer, IndexTrimmer
 
 log = logging.getLogger("durapay.dispatcher")
 
 Ticker = Callable[[], int]
 
-#: Seconds between passes of the index trimmer, unless the last pass found a backlog (then: every tick).
+#: Seconds between passes of each trimmer (indexes, events), unless its last pass found a backlog (then:
+#: every tick).
 TRIM_INTERVAL = 10.0
 
 
@@ -48,7 +49,9 @@ class Dispatcher:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._last_trim = float("-inf")
+        self._last_event_trim = float("-inf")
         self.trimmer = IndexTrimmer(engine.redis, engine.keys, engine.store.retention_seconds)
+        self.event_trimmer = EventTrimmer(engine.redis, engine.keys, engine.settings.events.retention_days * 86400)
         self.compactor = Compactor(engine.redis, engine.keys, engine.orders)
 
     def tick(self) -> int:
@@ -69,6 +72,9 @@ class Dispatcher:
         if self.trimmer.backlog or time.monotonic() - self._last_trim > TRIM_INTERVAL:
             self._last_trim = time.monotonic()
             self.trimmer.run(now=now, kinds=self.engine.registry)
+        if self.event_trimmer.backlog or time.monotonic() - self._last_event_trim > TRIM_INTERVAL:
+            self._last_event_trim = time.monotonic()
+            self.event_trimmer.run()
         return sent
 
     def run(self) -> None:

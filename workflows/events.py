@@ -8,7 +8,9 @@ id is its stream's tag and entry id (``evt_p3_1795398043974-0``), unique and ord
 partition.
 
 This module reads them: :class:`EventFeed` pages through every stream after a :class:`Cursor` (the
-pull feed, ``GET /events``, ``Engine.events``), and webhooks fan out from the same streams.
+pull feed, ``GET /events``, ``Engine.events``), and webhooks fan out from the same streams. The
+dispatcher trims the streams to ``DURAPAY_EVENTS__RETENTION_DAYS`` (:meth:`EventFeed.trim`, run by
+``workflows.trim.EventTrimmer``).
 
 Types and their ``data`` (JSON; card data never appears):
 
@@ -119,6 +121,10 @@ class Cursor:
         return Cursor({**self.positions, event.stream: event.entry})
 
 
+#: Entries one trim pass drops at most per stream (``EventFeed.trim``): a stream that grew for months
+#: is cut down over several passes, none holding the server long.
+TRIM_LIMIT = 10_000
+
 #: Fetches of ``limit`` entries per stream one :meth:`EventFeed.read` looks through to fill a page of
 #: the types asked for (the cursor keeps the place beyond).
 READ_ROUNDS = 8
@@ -207,14 +213,30 @@ class EventFeed:
             if not page:
                 time.sleep(poll)
 
-    def trim(self, *, older_than_seconds: float) -> int:
-        """Drop events older than the retention (by the server's clock, which stamps the entry ids)."""
+    def trim(self, *, older_than_seconds: float, limit: int = TRIM_LIMIT) -> tuple[int, bool]:
+        """Drop the events older than ``older_than_seconds`` by the server's clock (it stamps the entry
+        ids; no process's clock has a say), about ``limit`` at most per stream. Returns how many were
+        dropped, and whether some stream may hold more (the caller passes again soon).
+
+        Two steps per stream: an approximate ``XTRIM MINID ~ ... LIMIT`` frees whole stream nodes, at most
+        ``limit`` entries; where it stopped well short of that, only the node holding the horizon is left,
+        and an exact ``XTRIM MINID`` drops its old entries (one node's at most). A stream whose first step
+        came near the limit is left for the next pass."""
         seconds, micros = self.redis.time()
-        horizon = int((seconds + micros / 1e6 - older_than_seconds) * 1000)
+        horizon = f"{int(seconds) * 1000 + int(micros) // 1000 - int(older_than_seconds * 1000)}-0"
+        streams = list(self.streams().values())
         pipe = self.redis.pipeline(transaction=False)
-        for key in self.streams().values():
-            pipe.xtrim(key, minid=f"{horizon}-0", approximate=True)
-        return sum(int(dropped) for dropped in pipe.execute())
+        for key in streams:
+            pipe.xtrim(key, minid=horizon, approximate=True, limit=limit)
+        rough = [int(dropped) for dropped in pipe.execute()]
+        # Whole nodes are removed only while they fit under the limit: well short of it, the step stopped
+        # at the node holding the horizon.
+        exact = [key for key, dropped in zip(streams, rough, strict=True) if dropped <= limit // 2]
+        pipe = self.redis.pipeline(transaction=False)
+        for key in exact:
+            pipe.xtrim(key, minid=horizon, approximate=False)
+        finer = [int(dropped) for dropped in pipe.execute()] if exact else []
+        return sum(rough) + sum(finer), len(exact) < len(streams)
 
 
 def schedule_events_key(keys: Keys, partition: int) -> str:

@@ -1,4 +1,4 @@
-"""Trimming the listing indexes: drop the entries of flows whose records have expired.
+"""Trimming what does not expire by itself: the listing indexes of expired flows, and old merchant events.
 
 A finished flow's record and log expire on their own (``retention_days``); its entries in the state and
 kind indexes (sorted sets, see ``keys``) do not, so the dispatcher trims them. Two rules:
@@ -12,6 +12,17 @@ kind indexes (sorted sets, see ``keys``) do not, so the dispatcher trims them. T
   it reaches the end. A pass reads every index in one round trip, checks the candidates in a second
   and removes the gone in a third; the dispatcher runs a pass every few seconds, and at once again
   while a pass still finds a full batch (a backlog), so trimming keeps pace with the finishing rate.
+
+The merchant events' streams (one per partition, flows' and schedules') are trimmed to
+``DURAPAY_EVENTS__RETENTION_DAYS`` by :class:`EventTrimmer`, on the same rhythm:
+
+* **By the server's clock**, which stamps the entry ids (``XTRIM MINID``): a process's clock, or the
+  demo's fast-forward, has no say.
+* **Bounded**: a pass drops at most about ``limit`` entries per stream (a stream that grew for months
+  goes over several passes, at every tick while some is left), and is a few commands per stream.
+* **No delivery cut short**: a webhook delivery's retries end within the retention (the settings
+  refuse a retry window that reaches it), so its event is still there for its last attempt. An event
+  older than the retention is gone whatever else happened (docs/events.md, Retention).
 """
 
 from __future__ import annotations
@@ -19,6 +30,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
+from workflows.events import TRIM_LIMIT, EventFeed
 from workflows.keys import Keys
 from workflows.states import TERMINAL
 
@@ -73,4 +85,20 @@ class IndexTrimmer:
                 dropped += len(gone)
         if dropped:
             pipe.execute()
+        return dropped
+
+
+class EventTrimmer:
+    """One per dispatcher: drops the events older than ``retention_seconds`` from every stream."""
+
+    def __init__(self, client: Any, keys: Keys, retention_seconds: float, *, limit: int = TRIM_LIMIT) -> None:
+        self.feed = EventFeed(client, keys)
+        self.retention_seconds = retention_seconds
+        self.limit = limit
+        self.backlog = False
+
+    def run(self) -> int:
+        """One pass over every stream; returns how many events were dropped. Sets ``backlog`` when some
+        stream may hold more old events than the pass dropped (run again soon)."""
+        dropped, self.backlog = self.feed.trim(older_than_seconds=self.retention_seconds, limit=self.limit)
         return dropped

@@ -3,14 +3,17 @@
 ``durapay scheduler`` with Redis unreachable printed a warning per tick and a traceback per ticker per
 tick (1,290 lines with 46 tracebacks in 12 s). Here a dispatcher with the schedules' ticker runs on its
 own Valkey, which is killed for forty ticks and started again: the log holds one line for the loss and
-one for the return, no traceback, and dispatching goes on.
+one for the return, no traceback, and dispatching goes on. And its pass trims the event streams to their
+retention.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import random
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -18,7 +21,9 @@ from config import load_settings
 from config.embedded import EmbeddedValkey
 from service.runtime import build_runtime
 from tests.waiting import wait_until
+from tests.workflows.engine_support import ScriptedStep, flow
 from workflows.dispatcher import Dispatcher
+from workflows.events import EventFeed
 from workflows.schedules import Schedules
 
 
@@ -62,3 +67,30 @@ def test_a_redis_outage_is_two_lines_without_tracebacks(
     ]
     assert "retrying every 0.02s" in said[0].getMessage()
     assert all(r.exc_info is None for r in caplog.records), "no tracebacks"
+
+
+def test_a_dispatcher_pass_drops_the_events_older_than_the_retention(make_engine: Any) -> None:
+    """``DURAPAY_EVENTS__RETENTION_DAYS`` was read by nothing and the streams grew without bound. Stream
+    ids are stamped by the server, so the retention is judged by its clock: the engine's own (here a
+    manual clock years away) has no say. Old entries are written with explicit ids, in every stream,
+    flows' and schedules'; the events the engine writes now stay."""
+    engine, _ = make_engine(flow(ScriptedStep("pay")))
+    retention_ms = int(engine.settings.events.retention_days * 86_400_000)
+    seconds, micros = engine.redis.time()
+    now = int(seconds) * 1000 + int(micros) // 1000
+    old = [now - retention_ms - 3_600_000 + n for n in range(300)]  # an hour past it: several stream nodes
+    young = now - retention_ms + 3_600_000  # an hour inside it
+    streams = EventFeed(engine.redis, engine.keys).streams()
+    pipe = engine.redis.pipeline(transaction=False)
+    for key in streams.values():
+        for moment in [*old, young]:
+            pipe.xadd(key, {"e": json.dumps({"type": "flow.created", "time": moment / 1000})}, id=f"{moment}-0")
+    pipe.execute()
+    fresh = engine.start("demo", {"amount": 5})
+
+    Dispatcher(engine).tick()
+
+    left = {tag: [entry.decode() for entry, _ in engine.redis.xrange(key)] for tag, key in streams.items()}
+    assert all(int(entry.split("-")[0]) >= now - retention_ms for entries in left.values() for entry in entries), left
+    assert all(f"{young}-0" in entries for entries in left.values())
+    assert [event.body["flow"] for event, _ in engine.events() if event.time > now / 1000 - 60] == [fresh.id]

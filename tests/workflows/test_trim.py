@@ -1,7 +1,9 @@
-"""Trimming the listing indexes: only the entries of expired records, never stalled, as fast as flows finish."""
+"""Trimming the listing indexes: only the entries of expired records, never stalled, as fast as flows finish.
+Trimming the event streams: to their retention by the server's clock, a bounded amount per pass."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from tests.workflows.engine_support import ScriptedStep, flow
@@ -68,3 +70,47 @@ def test_a_backlog_is_trimmed_at_every_tick_until_it_is_gone(make_engine: Any, c
         ticks += 1
         assert ticks <= 4
     assert ticks == 3 and not dispatcher.trimmer.backlog
+
+
+DAY_MS = 86_400_000
+
+
+def server_ms(client: Any) -> int:
+    seconds, micros = client.time()
+    return int(seconds) * 1000 + int(micros) // 1000
+
+
+def write_at(client: Any, key: str, moments: list[int]) -> None:
+    """Stream entries with explicit ids (``<ms>-0``): events written at those moments of the server's clock."""
+    pipe = client.pipeline(transaction=False)
+    for moment in moments:
+        pipe.xadd(key, {"e": json.dumps({"type": "flow.created", "time": moment / 1000})}, id=f"{moment}-0")
+    pipe.execute()
+
+
+def stamps(client: Any, key: str) -> list[int]:
+    return [int(entry_id.decode().split("-")[0]) for entry_id, _ in client.xrange(key)]
+
+
+def test_events_are_trimmed_to_their_retention_a_bounded_amount_per_pass(make_engine: Any) -> None:
+    """A backlog of old events (streams never trimmed before) goes in passes of at most ``limit`` entries
+    per stream, at every tick while some is left (not every ten seconds); what is younger stays."""
+    engine, _ = make_engine(flow(ScriptedStep("pay")))
+    retention_ms = int(engine.settings.events.retention_days * DAY_MS)
+    now = server_ms(engine.redis)
+    key = engine.keys.events(0)
+    old = [now - retention_ms - DAY_MS + n for n in range(2500)]
+    young = [now - retention_ms + 3_600_000, now - 1000]
+    write_at(engine.redis, key, old + young)
+    dispatcher = Dispatcher(engine, interval=0.01)
+    dispatcher.event_trimmer.limit = 1000
+    ticks, left = 0, [len(old) + len(young)]
+    while engine.redis.xlen(key) > len(young):
+        dispatcher.tick()
+        ticks += 1
+        left.append(engine.redis.xlen(key))
+        assert left[-2] - left[-1] <= 1000, left
+        assert ticks <= 5, left
+    assert ticks >= 3 and stamps(engine.redis, key) == young
+    dispatcher.tick()
+    assert not dispatcher.event_trimmer.backlog and stamps(engine.redis, key) == young
