@@ -30,6 +30,11 @@ ENV_NESTED_DELIMITER = "__"
 SIMULATOR_API_KEY = "durapay-simulator-key"
 #: The real gateway's published path prefix; the simulator serves the same prefix.
 GATEWAY_PATH_PREFIX = "/api/phoenix-0.0/psp/api/v1"
+#: Webhook retries (``workflows.webhooks.delivery``): each delay is jittered by +-this share, and an
+#: endpoint's ``Retry-After`` is honoured up to this many seconds. Here because the settings check that a
+#: delivery's retries end before its event is trimmed (:func:`load_settings`).
+WEBHOOK_JITTER = 0.2
+WEBHOOK_RETRY_AFTER_CAP_SECONDS = 86400.0
 
 
 class SettingsError(Exception):
@@ -156,7 +161,13 @@ class EventsSettings(_Group):
     """Merchant events (``workflows/events.py``): written with each transition, read by the feed and webhooks."""
 
     enabled: bool = Field(default=True, description="Write merchant events with each transition.")
-    retention_days: float = Field(default=7.0, gt=0, le=90, description="How long events stay readable and deliverable.")
+    retention_days: float = Field(
+        default=7.0,
+        gt=0,
+        le=90,
+        description="How long events stay readable and deliverable: the scheduler trims older ones (it must outlast "
+        "the webhooks' retries).",
+    )
 
 
 class ConfiguredEndpoint(_Group):
@@ -280,4 +291,21 @@ def load_settings(overrides: Mapping[str, Any] | None = None) -> Settings:
             f"{_variable(('engine', 'lease_seconds'))}: must exceed one gateway call "
             f"(DURAPAY_GATEWAY__TIMEOUT + DURAPAY_GATEWAY__CONNECT_TIMEOUT = {call:g}s)"
         )
+    _check_webhook_retries(settings)
     return settings
+
+
+def _check_webhook_retries(settings: Settings) -> None:
+    """A delivery's retries must end before its event is trimmed (a delivery whose event is gone is
+    dropped): the last attempt may come up to the longest Retry-After honoured, or the longest delay with
+    its jitter, after ``retry_days``."""
+    hooks, day = settings.webhooks, 86400.0
+    last = max(WEBHOOK_RETRY_AFTER_CAP_SECONDS, max(hooks.retry_delays) * (1 + WEBHOOK_JITTER)) / day
+    retention = settings.events.retention_days
+    if hooks.retry_days + last > retention:
+        raise SettingsError(
+            f"{_variable(('webhooks', 'retry_days'))}: a delivery is retried up to {hooks.retry_days + last:g} days after "
+            f"its first attempt ({hooks.retry_days:g}, its last attempt up to {last:.3g} later), longer than "
+            f"{_variable(('events', 'retention_days'))} ({retention:g}) keeps its event: lower it (or "
+            f"{_variable(('webhooks', 'retry_delays'))}), or keep events longer"
+        )

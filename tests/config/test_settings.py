@@ -96,3 +96,18 @@ def test_a_lease_shorter_than_one_gateway_call_is_refused() -> None:
     assert message.startswith("DURAPAY_ENGINE__LEASE_SECONDS: must exceed one gateway call") and "13s" in message
     assert "\n" not in message
     assert load_settings({"engine": {"lease_seconds": 14}}).engine.lease_seconds == 14
+
+
+def test_a_webhook_retry_window_that_reaches_the_events_retention_is_refused() -> None:
+    """The scheduler trims events older than their retention: a delivery still being retried then would
+    find its event gone and be dropped. Its last attempt may come up to a day (the longest Retry-After
+    taken), or the longest delay with its jitter, after the retry days."""
+    with pytest.raises(SettingsError) as refused:
+        load_settings({"events": {"retention_days": 4}, "webhooks": {"retry_days": 3.5}})
+    message = str(refused.value)
+    assert message.startswith("DURAPAY_WEBHOOKS__RETRY_DAYS: ") and "DURAPAY_EVENTS__RETENTION_DAYS (4)" in message
+    assert "\n" not in message
+    with pytest.raises(SettingsError, match="RETRY_DAYS"):
+        load_settings({"events": {"retention_days": 5}, "webhooks": {"retry_delays": [0, 300000]}})  # 3.5 days, 4.2 with jitter
+    assert load_settings({"events": {"retention_days": 4}, "webhooks": {"retry_days": 3}}).events.retention_days == 4
+    assert load_settings().webhooks.retry_days == 3 and load_settings().events.retention_days == 7

@@ -33,7 +33,7 @@ from email.utils import parsedate_to_datetime
 from importlib import resources
 from typing import Any
 
-from config.settings import WebhooksSettings
+from config.settings import WEBHOOK_JITTER, WEBHOOK_RETRY_AFTER_CAP_SECONDS, WebhooksSettings
 from workflows.events import Cursor, EventFeed, decode_entry, iso
 from workflows.keys import Keys
 from workflows.scripts import ScriptPipeline
@@ -45,11 +45,11 @@ log = logging.getLogger("durapay.webhooks")
 
 #: The default delay before attempt n+1 (index n: attempts made so far; ``DURAPAY_WEBHOOKS__RETRY_DELAYS``).
 SCHEDULE = tuple(WebhooksSettings().retry_delays)
-JITTER = 0.2
+JITTER = WEBHOOK_JITTER
 #: Deliveries of one endpoint sent in one task (fewer broker messages; a failure defers the rest).
 TASK_BATCH = 20
 #: The longest Retry-After honoured (a longer one is taken as this).
-RETRY_AFTER_CAP = 86400.0
+RETRY_AFTER_CAP = WEBHOOK_RETRY_AFTER_CAP_SECONDS
 
 Send = Callable[[str, list[str]], None]
 

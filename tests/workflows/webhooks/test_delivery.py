@@ -13,6 +13,7 @@ from bench._webhook_receiver import WebhookReceiver
 from tests.waiting import wait_until
 from workflows.clock import ManualClock
 from workflows.engine import Engine
+from workflows.trim import EventTrimmer
 from workflows.webhooks import SCHEDULE, EndpointError, Webhooks, next_delay, retry_after
 from workflows.webhooks.endpoints import Endpoint
 from workflows.webhooks.signing import new_secret
@@ -181,6 +182,29 @@ def test_a_delivery_is_given_up_after_the_retry_window_and_an_endpoint_failing_f
         clock.advance(3600)
     held = webhooks.endpoints.get(endpoint.id)
     assert held is not None and not held.enabled and "failing for" in held.disabled_reason
+
+
+def test_a_delivery_whose_event_was_trimmed_is_dropped_and_recorded(
+    hooks: Any, receiver: WebhookReceiver, clock: ManualClock
+) -> None:
+    """What docs/events.md says of an event gone before its delivery succeeded (a replay of an event near
+    the end of its retention; the settings keep a fresh event's retries within it): the delivery is
+    dropped, recorded as such, and nothing is sent."""
+    engine, webhooks = hooks()
+    endpoint = webhooks.endpoints.add(receiver.url, ["flow.created"])
+    receiver.secrets = [endpoint.secret]
+    receiver.answer = lambda body: (500, {})
+    finish(engine, 1)
+    tick(webhooks)
+    assert [r.status for r in receiver.received] == [500] and webhooks.pending() == 1
+    start = now_ms(webhooks)
+    wait_until(lambda: now_ms(webhooks) > start, 5, "the server's clock to move")
+    EventTrimmer(engine.redis, engine.keys, retention_seconds=0.0).run()  # as if the retention had passed
+    clock.advance(SCHEDULE[1] * 1.25)
+    tick(webhooks)
+    assert len(receiver.received) == 1 and webhooks.pending() == 0
+    last = webhooks.attempts(endpoint.id)[0]
+    assert last["outcome"] == "dropped" and last["error"] == "event expired (older than the retention)"
 
 
 def test_a_rotation_signs_with_both_secrets_for_a_while(hooks: Any, receiver: WebhookReceiver) -> None:
