@@ -1,5 +1,6 @@
 """``/schedules``: recurring MIT charges. Create, read, list, history, pause, resume, change the amount,
-cancel (``DELETE`` is a cancel: a schedule's history is kept, never erased).
+cancel (``DELETE`` is a cancel: a schedule's history is kept, never erased), and resolve an occurrence
+whose flow is gone (what the gateway shows: ``charged`` or ``not_charged``).
 
 The body of ``POST /schedules`` is ``workflows.schedules.ScheduleInput``; ``Idempotency-Key`` makes a
 create idempotent exactly as for flows.
@@ -17,7 +18,7 @@ from gateway import StrictInput, StrictModel
 from service.errors import ERRORS, conflict, invalid, not_found
 from service.schemas import History, ScheduleList, ScheduleView
 from workflows.engine import InputError, NotFound, OperatorError
-from workflows.schedules import ScheduleInput, ScheduleRecord, Schedules, ScheduleState
+from workflows.schedules import Resolution, ScheduleInput, ScheduleRecord, Schedules, ScheduleState
 from workflows.store import StartConflict
 
 ScheduleId = Annotated[str, Path(min_length=1, max_length=100, pattern=r"^[A-Za-z0-9._:-]+$")]
@@ -91,9 +92,30 @@ def schedules_router(schedules: Schedules) -> APIRouter:
     def pause(schedule_id: ScheduleId) -> dict[str, Any]:
         return _act(lambda: schedules.pause(schedule_id, by="api"), schedule_id)
 
-    @router.post("/{schedule_id}/resume", response_model=ScheduleView, summary="Resume a paused or needs_attention schedule")
+    @router.post(
+        "/{schedule_id}/resume",
+        response_model=ScheduleView,
+        summary="Resume a paused or needs_attention schedule",
+        description="409 for a needs_attention schedule with an occurrence whose flow is gone: resolve it first.",
+    )
     def resume(schedule_id: ScheduleId) -> dict[str, Any]:
         return _act(lambda: schedules.resume(schedule_id, by="api"), schedule_id)
+
+    @router.post(
+        "/{schedule_id}/resolve",
+        response_model=ScheduleView,
+        summary="Say what the gateway shows for an occurrence whose flow is gone (charged or not_charged)",
+        description="For a `needs_attention` schedule whose occurrence's flow expired before its outcome was read: "
+        "`charged` counts it as a charge (`last` names it, with `operationId` if given); `not_charged` closes it "
+        "without a charge. Either way the occurrence is never fired again (never charged twice); then resume. "
+        "409 for a schedule not in `needs_attention`, an occurrence with no open attempt, or a flow that still "
+        "exists (its own outcome decides).",
+    )
+    def resolve(schedule_id: ScheduleId, body: Annotated[Resolution, StrictInput(), Body()]) -> dict[str, Any]:
+        return _act(
+            lambda: schedules.resolve(schedule_id, body.occurrence, body.outcome, operation_id=body.operationId, by="api"),
+            schedule_id,
+        )
 
     @router.post("/{schedule_id}/cancel", response_model=ScheduleView, summary="Cancel: no further charges")
     def cancel(schedule_id: ScheduleId, request: Annotated[CancelRequest | None, Body()] = None) -> dict[str, Any]:

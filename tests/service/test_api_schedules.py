@@ -1,4 +1,5 @@
-"""``/schedules`` over real HTTP: create (idempotent), read, list, change, pause, resume, cancel."""
+"""``/schedules`` over real HTTP: create (idempotent), read, list, change, pause, resume, cancel, and
+resolve an occurrence whose flow is gone."""
 
 from __future__ import annotations
 
@@ -7,6 +8,8 @@ from typing import Any
 import pytest
 
 from tests.service.conftest import API_KEY, Served
+from tests.workflows.schedules.harness import stop_on_a_gone_flow
+from workflows.schedules import Schedules
 
 KEY = {"X-Api-Key": API_KEY}
 
@@ -94,3 +97,77 @@ def test_unknown_schedule_and_bad_changes(served: Served) -> None:
     schedule_id = served.http.post("/schedules", json=schedule(), headers=KEY).json()["id"]
     assert served.http.patch(f"/schedules/{schedule_id}", json={"amount": -5}, headers=KEY).status_code == 422
     assert served.http.get("/schedules?state=sleepy", headers=KEY).status_code == 422
+
+
+def gone(served: Served) -> tuple[str, str]:
+    """A schedule stopped because its first occurrence's flow is gone: (schedule id, occurrence)."""
+    schedule_id = served.http.post("/schedules", json=schedule(), headers=KEY).json()["id"]
+    return schedule_id, stop_on_a_gone_flow(Schedules(served.engine), schedule_id).occurrence
+
+
+def test_resolve_an_occurrence_whose_flow_is_gone_then_resume(served: Served) -> None:
+    schedule_id, occurrence = gone(served)
+    refused = served.http.post(f"/schedules/{schedule_id}/resume", headers=KEY)
+    assert refused.status_code == 409, refused.text
+    assert occurrence in refused.json()["reason"] and "resolve" in refused.json()["reason"]
+
+    body = {"occurrence": occurrence, "outcome": "charged", "operationId": "op-9"}
+    resolved = served.http.post(f"/schedules/{schedule_id}/resolve", json=body, headers=KEY)
+    assert resolved.status_code == 200, resolved.text
+    view = resolved.json()
+    assert view["state"] == "needs_attention" and view["open"] == [] and view["counts"]["charged"] == 1
+    assert view["last"]["operationId"] == "op-9" and view["last"]["by"] == "api"
+    again = served.http.post(f"/schedules/{schedule_id}/resolve", json=body, headers=KEY)
+    assert again.status_code == 409 and f"no open occurrence '{occurrence}'" in again.json()["reason"]
+    assert served.http.post(f"/schedules/{schedule_id}/resume", headers=KEY).json()["state"] == "active"
+    history = served.http.get(f"/schedules/{schedule_id}/history", headers=KEY).json()["history"]
+    assert [event["event"] for event in history][-4:] == ["outcome unknown", "needs attention", "charged", "resumed"]
+    after = served.http.post(f"/schedules/{schedule_id}/resolve", json=body, headers=KEY)
+    assert after.status_code == 409 and "is active" in after.json()["reason"]
+
+
+def test_resolve_as_not_charged_closes_the_occurrence(served: Served) -> None:
+    schedule_id, occurrence = gone(served)
+    answer = served.http.post(
+        f"/schedules/{schedule_id}/resolve", json={"occurrence": occurrence, "outcome": "not_charged"}, headers=KEY
+    )
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["counts"]["not_charged"] == 1 and answer.json()["counts"]["charged"] == 0
+    assert answer.json()["open"] == [] and answer.json()["last"] is None
+
+
+@pytest.mark.parametrize(
+    ("body", "field", "reason"),
+    [
+        ({"occurrence": "{occurrence}", "outcom": "charged"}, "outcom", "did you mean `outcome`?"),
+        ({"occurrence": "{occurrence}", "outcome": "charge"}, "outcome", "did you mean `charged`?"),
+        ({"occurrence": "{occurrence}", "outcome": "refunded"}, "outcome", "known values: charged, not_charged"),
+        ({"occurrence": "{occurrence}", "outcome": "charged", "operationID": "op-1"}, "operationID", "`operationId`?"),
+        ({"occurrence": "{occurrence}", "outcome": "charged", "operationId": "op 1"}, "operationId", "pattern"),
+        ({"outcome": "charged"}, "occurrence", "Field required"),
+    ],
+)
+def test_a_bad_resolution_is_422_naming_the_field_and_what_was_meant(
+    served: Served, body: dict[str, str], field: str, reason: str
+) -> None:
+    schedule_id, occurrence = gone(served)
+    sent = {name: value.format(occurrence=occurrence) for name, value in body.items()}
+    answer = served.http.post(f"/schedules/{schedule_id}/resolve", json=sent, headers=KEY)
+    assert answer.status_code == 422, answer.text
+    assert (answer.json()["error"], answer.json()["field"]) == ("invalid_input", field)
+    assert reason in answer.json()["reason"], answer.json()
+    assert served.http.get(f"/schedules/{schedule_id}", headers=KEY).json()["open"], "nothing was closed"
+
+
+def test_resolve_refuses_what_it_cannot_close(served: Served) -> None:
+    body = {"occurrence": "2031-01-30T23:00:00Z", "outcome": "charged"}
+    assert served.http.post("/schedules/snothere/resolve", json=body, headers=KEY).status_code == 404
+    active = served.http.post("/schedules", json=schedule(contractId="ct-active"), headers=KEY).json()["id"]
+    refused = served.http.post(f"/schedules/{active}/resolve", json=body, headers=KEY)
+    assert refused.status_code == 409 and "is active" in refused.json()["reason"]
+    schedule_id, occurrence = gone(served)
+    february = {**body, "occurrence": "2031-02-28T23:00:00Z"}
+    unknown = served.http.post(f"/schedules/{schedule_id}/resolve", json=february, headers=KEY)
+    assert unknown.status_code == 409 and occurrence in unknown.json()["reason"], "names the occurrence that can be resolved"
+    garbled = served.http.post(f"/schedules/{schedule_id}/resolve", json={**body, "occurrence": "last month"}, headers=KEY)
+    assert garbled.status_code == 409 and "no open occurrence 'last month'" in garbled.json()["reason"]

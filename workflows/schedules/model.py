@@ -147,16 +147,16 @@ OUTCOMES = ("charged", "not_charged")
 
 
 def _occurrence(value: str) -> str:
-    """An occurrence as the schedule lists it (``2026-01-31T08:00:00Z``); any ISO datetime with an offset
-    is read as the same instant (``2026-01-31T09:00:00+01:00``)."""
-    example = "as the schedule lists it, e.g. 2026-01-31T08:00:00Z"
+    """An occurrence as the schedule lists it (``2026-01-31T08:00:00Z``): any ISO datetime with a UTC offset
+    is read as that instant (``2026-01-31T09:00:00+01:00`` is the same occurrence). Anything else is kept
+    as given: it names no open occurrence, and the refusal says which ones there are (no JSON schema can
+    say what parses as a datetime, so the document's string stays the rule here)."""
+    text = value.strip()
     try:
-        moment = datetime.fromisoformat(value.strip())
+        moment = datetime.fromisoformat(text)
     except ValueError:
-        raise ValueError(f"{value!r} is not an ISO datetime; give the occurrence {example}") from None
-    if moment.tzinfo is None:
-        raise ValueError(f"{value!r} has no UTC offset; give the occurrence {example}")
-    return iso(moment)
+        return text
+    return iso(moment) if moment.tzinfo is not None else text
 
 
 class Resolution(StrictModel):
@@ -166,7 +166,8 @@ class Resolution(StrictModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     occurrence: Annotated[str, Field(min_length=1, max_length=40), AfterValidator(_occurrence)] = Field(
-        description="the occurrence as the schedule lists it (open attempts, history), e.g. 2026-01-31T08:00:00Z"
+        description="the occurrence as the schedule lists it (open attempts, history), e.g. 2026-01-31T08:00:00Z "
+        "(another UTC offset names the same instant)"
     )
     outcome: Literal["charged", "not_charged"] = Field(
         description="charged: the gateway took the money (counted as a charge); not_charged: it did not (the "
@@ -177,7 +178,8 @@ class Resolution(StrictModel):
         min_length=1,
         max_length=100,
         pattern=r"^\S+$",
-        description="with charged: the gateway operation that charged it, if found",
+        description="the gateway operation found for the occurrence, if any: with charged, the one that charged "
+        "it; with not_charged, e.g. a declined one (kept in the history)",
     )
 
     @field_validator("outcome", mode="before")
@@ -186,12 +188,6 @@ class Resolution(StrictModel):
         if isinstance(value, str) and value not in OUTCOMES:
             raise unknown_value(value, OUTCOMES)
         return value
-
-    @model_validator(mode="after")
-    def _operation_only_when_charged(self) -> Resolution:
-        if self.operationId is not None and self.outcome != "charged":
-            raise ValueError("operationId: only with outcome charged (the gateway operation that charged the occurrence)")
-        return self
 
 
 @dataclass

@@ -39,6 +39,7 @@ from types import MappingProxyType
 from typing import Any
 
 from gateway import RESPONSE_CODES
+from gateway._strict import did_you_mean
 from workflows.engine import OperatorError
 from workflows.keys import derived_id
 from workflows.schedules.model import FINAL, Attempt, Resolution, ScheduleRecord, ScheduleState
@@ -396,9 +397,10 @@ def resolve(
 
     ``charged``: counted as a charge (``last`` names it, with the operation id if given; a ``charged``
     history event, told to the merchant as ``schedule.charged``). ``not_charged``: closed without a
-    charge (counted ``not_charged``). Either way the attempt is closed and its occurrence is never fired
-    again: an occurrence is never charged twice, and a charge still owed is the merchant's to make (a
-    new payment), not the schedule's. The schedule stays ``needs_attention`` until resumed.
+    charge (counted ``not_charged``; a ``not charged`` history event, with the operation found, if
+    any). Either way the attempt is closed and its occurrence is never fired again: an occurrence is
+    never charged twice, and a charge still owed is the merchant's to make (a new payment), not the
+    schedule's. The schedule stays ``needs_attention`` until resumed.
 
     Refused for a schedule not in ``needs_attention``, an occurrence with no open attempt, and an attempt
     whose flow still exists (its own outcome decides, read at the next look) or was never seen to exist
@@ -414,7 +416,10 @@ def resolve(
     listed = ", ".join(a.occurrence for a in resolvable) or "none"
     found = [attempt for attempt in record.open if attempt.occurrence == occurrence]
     if not found:
-        raise OperatorError(f"schedule {record.id} has no open occurrence {occurrence}; occurrences whose flow is gone: {listed}")
+        meant = did_you_mean(occurrence, [attempt.occurrence for attempt in record.open])
+        raise OperatorError(
+            f"schedule {record.id} has no open occurrence {occurrence!r}{meant}; occurrences whose flow is gone: {listed}"
+        )
     attempt = found[0]
     flow = flows.get(attempt.flow_id)
     if flow is not None:
@@ -444,7 +449,15 @@ def resolve(
         plan.event(now, "charged", **about, orderId=_order(attempt), operationId=resolution.operationId, by=by, source="operator")
     else:
         plan.bump("not_charged")
-        plan.event(now, "not charged", **about, orderId=_order(attempt), by=by, note="closed without a charge; never fired again")
+        plan.event(
+            now,
+            "not charged",
+            **about,
+            orderId=_order(attempt),
+            operationId=resolution.operationId,
+            by=by,
+            note="closed without a charge; never fired again",
+        )
     if attempt.flow_id in record.reason:  # the stop was about this attempt: say what is left
         left = [a for a in resolvable if a.key != attempt.key]
         outcome = resolution.outcome

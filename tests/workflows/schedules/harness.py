@@ -42,7 +42,7 @@ from tests.waiting import wait_until
 from workflows.clock import ManualClock
 from workflows.dispatcher import Dispatcher
 from workflows.engine import Engine
-from workflows.schedules import Schedules
+from workflows.schedules import Attempt, Schedules, ScheduleState, policy
 
 T = TypeVar("T")
 APPROVE_PAN = "4349940199004549"
@@ -206,6 +206,23 @@ class Stack:
         """MIT payments the simulator recorded (oldest first), optionally for order ids starting with ``prefix``."""
         found = self.sim.admin.operations(operation="create_mit_order")
         return [op for op in found if str(op.get("orderId", "")).startswith(prefix)]
+
+
+def stop_on_a_gone_flow(schedules: Schedules, schedule_id: str) -> Attempt:
+    """Leave a schedule where an expired flow leaves it, through the policy and the store (no clock to
+    move, no flow started): its first occurrence fired, its flow seen to exist and then expired before
+    the schedule read its outcome, so the look that found it gone stopped the schedule in
+    ``needs_attention``. Returns that occurrence's open attempt."""
+    record = schedules.get(schedule_id)
+    assert record.next_at is not None
+    fired = policy.advance(record, record.next_at, {}, schedules.flow_kind)
+    for attempt in fired.record.open:
+        attempt.created = True
+    looked = policy.advance(fired.record, record.next_at + policy.CHECK_FIRST, {}, schedules.flow_kind)
+    assert looked.record.state is ScheduleState.NEEDS_ATTENTION, looked.record.reason
+    assert schedules.store.update(record, looked.record, [*fired.events, *looked.events], schedules.engine.clock.now())
+    (attempt,) = looked.record.open
+    return attempt
 
 
 @contextlib.contextmanager

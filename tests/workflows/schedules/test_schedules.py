@@ -629,11 +629,14 @@ def test_an_occurrence_the_gateway_shows_charged_counts_as_a_charge_and_the_sche
 def test_an_occurrence_the_gateway_shows_not_charged_is_closed_and_never_fired_again(world: World) -> None:
     schedule_id, _ = stopped_on_a_gone_flow(world)
     before = world.schedules.get(schedule_id)
-    resolved = world.schedules.resolve(schedule_id, "2026-01-01T09:00:00+01:00", "not_charged", by="ops")  # any offset
+    resolved = world.schedules.resolve(  # any UTC offset names the same instant
+        schedule_id, "2026-01-01T09:00:00+01:00", "not_charged", operation_id="op-declined", by="ops"
+    )
     assert resolved.open == [] and resolved.counts.get("charged", 0) == 0 and resolved.counts["not_charged"] == 1
     assert resolved.last == before.last, "no charge to report"
     (closed,) = world.events(schedule_id, "not charged")
     assert closed["occurrence"] == JANUARY and "never fired again" in closed["note"] and closed["by"] == "ops"
+    assert closed["operationId"] == "op-declined", "the operation found at the gateway is kept"
     world.at(rome(3, 2))
     world.schedules.resume(schedule_id)
     for moment in (rome(3, 2).timestamp() + 60, rome(4, 1).timestamp(), rome(4, 1).timestamp() + 60):
@@ -650,16 +653,18 @@ def test_resolve_is_refused_unless_the_flow_of_that_occurrence_is_gone(world: Wo
         world.schedules.resolve(active.id, JANUARY, "charged")
 
     schedule_id, _ = stopped_on_a_gone_flow(world)
-    with pytest.raises(OperatorError, match=rf"no open occurrence 2026-02-01T08:00:00Z; .*gone: {JANUARY}"):
+    with pytest.raises(OperatorError, match=rf"no open occurrence '2026-02-01T08:00:00Z'; .*gone: {JANUARY}"):
         world.schedules.resolve(schedule_id, "2026-02-01T08:00:00Z", "charged")
+    with pytest.raises(OperatorError, match=rf"no open occurrence '2026-01-01T08:00:00'; did you mean `{JANUARY}`\?"):
+        world.schedules.resolve(schedule_id, "2026-01-01T08:00:00", "charged")  # no offset: which instant?
+    with pytest.raises(OperatorError, match="no open occurrence '1 January'"):
+        world.schedules.resolve(schedule_id, "1 January", "charged")
     with pytest.raises(NotFound):
         world.schedules.resolve("s000000000000", JANUARY, "charged")
     for occurrence, outcome, operation, named, reason in [
         (JANUARY, "charge", None, "outcome", "did you mean `charged`?"),
         (JANUARY, "paid", None, "outcome", "known values: charged, not_charged"),
-        ("1 January", "charged", None, "occurrence", "not an ISO datetime"),
-        ("2026-01-01T08:00:00", "charged", None, "occurrence", "no UTC offset"),
-        (JANUARY, "not_charged", "op-1", "operationId", "only with outcome charged"),
+        ("", "charged", None, "occurrence", "at least 1 character"),
         (JANUARY, "charged", "op 1", "operationId", "pattern"),
     ]:
         with pytest.raises(InputError) as refused:
