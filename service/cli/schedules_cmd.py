@@ -1,4 +1,5 @@
-"""``durapay schedules add|ls|show|pause|resume|cancel|amount``: recurring MIT charges from the terminal.
+"""``durapay schedules add|ls|show|pause|resume|cancel|amount|resolve``: recurring MIT charges from the
+terminal (``resolve``: what the gateway shows for an occurrence whose flow is gone).
 
 The commands talk to Redis through ``workflows.schedules.Schedules`` (the same calls as the Python API);
 the ``durapay scheduler`` processes fire what they create. Read commands print a table on a terminal
@@ -24,7 +25,8 @@ JsonFlag = Annotated[bool, typer.Option("--json", help="Print JSON (errors too, 
 Id = Annotated[str, typer.Argument(help="Schedule id (s + 12 hex digits).")]
 
 schedules_app = typer.Typer(
-    help="Recurring merchant-initiated charges: add, list, show, pause, resume, cancel.", no_args_is_help=True
+    help="Recurring merchant-initiated charges: add, list, show, pause, resume, cancel, change the amount, resolve.",
+    no_args_is_help=True,
 )
 
 
@@ -211,8 +213,38 @@ def pause(schedule_id: Id, as_json: JsonFlag = False) -> None:
 
 @schedules_app.command("resume")
 def resume(schedule_id: Id, as_json: JsonFlag = False) -> None:
-    """Go on from now (a paused or needs_attention schedule); occurrences passed meanwhile are skipped."""
+    """Go on from now (a paused or needs_attention schedule); occurrences passed meanwhile are skipped.
+    Refused while an occurrence's flow is gone: resolve it first."""
     _act("resume", schedule_id, as_json)
+
+
+@schedules_app.command("resolve")
+def resolve(
+    schedule_id: Id,
+    occurrence: Annotated[str, typer.Argument(help="The occurrence, as listed (open, history): 2026-01-31T08:00:00Z.")],
+    outcome: Annotated[str, typer.Argument(help="What the gateway shows for it: charged | not_charged.")],
+    operation_id: Annotated[
+        str | None, typer.Option("--operation-id", help="The gateway operation found (with charged: the one that charged).")
+    ] = None,
+    as_json: JsonFlag = False,
+) -> None:
+    """Say what the gateway shows for an occurrence whose flow is gone (needs_attention): charged counts
+    it as a charge; not_charged closes it without one. Either way it is never fired again; then resume."""
+    with _schedules(Output(as_json)) as schedules:
+        record = schedules.resolve(schedule_id, occurrence, outcome, operation_id=operation_id, by="cli")
+        left = [attempt.occurrence for attempt in schedules.gone(record.id)]
+    if as_json:
+        echo_json(record.summary())
+        return
+    closed = "counted as a charge" if outcome == "charged" else "closed without a charge"
+    typer.echo(
+        f"schedule {record.id}: {record.state.value}; occurrence {occurrence} {closed}, never fired again "
+        "(an occurrence is never charged twice)"
+    )
+    if left:
+        typer.echo(f"still to resolve before it can resume: {', '.join(left)}")
+    else:
+        typer.echo(f"resume it to go on: durapay schedules resume {record.id}")
 
 
 @schedules_app.command("cancel")

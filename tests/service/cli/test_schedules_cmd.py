@@ -1,4 +1,5 @@
-"""``durapay schedules ls`` piped and on a terminal: schedule ids whole, one line per schedule."""
+"""``durapay schedules ls`` piped and on a terminal: schedule ids whole, one line per schedule; ``resolve``
+an occurrence whose flow is gone, and ``resume`` refused until then."""
 
 from __future__ import annotations
 
@@ -7,6 +8,8 @@ import json
 from service.runtime import Runtime
 from tests.service.cli.conftest import invoke
 from tests.service.cli.test_flows_cmd import TERMINAL
+from tests.workflows.schedules.harness import stop_on_a_gone_flow
+from workflows.schedules import Schedules
 
 ADD = ("schedules", "add", "--contract", "contract-with-a-long-name-01", "--amount", "1990", "--description", "Gym")
 
@@ -26,3 +29,52 @@ def test_schedule_ids_are_never_wrapped(engine_side: Runtime) -> None:
         for schedule_id in created:
             [line] = [line for line in table.stdout.splitlines() if schedule_id in line]
             assert "contract-with-a-long-name-01" in line
+
+
+def gone(engine_side: Runtime) -> tuple[str, str]:
+    """A schedule stopped because its first occurrence's flow is gone: (schedule id, occurrence)."""
+    schedule_id = json.loads(invoke(*ADD, "--every", "month", "--day", "1", "--json").stdout)["id"]
+    return schedule_id, stop_on_a_gone_flow(Schedules(engine_side.engine), schedule_id).occurrence
+
+
+def test_resolve_as_not_charged_then_resume(engine_side: Runtime) -> None:
+    schedule_id, occurrence = gone(engine_side)
+    refused = invoke("schedules", "resume", schedule_id)
+    assert refused.exit_code == 2 and refused.stderr.count("\n") == 1, refused.output
+    assert occurrence in refused.stderr and f"durapay schedules resolve {schedule_id} {occurrence}" in refused.stderr
+    done = invoke("schedules", "resolve", schedule_id, occurrence, "not_charged")
+    assert done.exit_code == 0, done.output
+    assert done.stdout.splitlines() == [
+        f"schedule {schedule_id}: needs_attention; occurrence {occurrence} closed without a charge, never fired again "
+        "(an occurrence is never charged twice)",
+        f"resume it to go on: durapay schedules resume {schedule_id}",
+    ]
+    shown = json.loads(invoke("schedules", "show", schedule_id, "--json").stdout)
+    assert shown["counts"]["not_charged"] == 1 and shown["open"] == []
+    again = invoke("schedules", "resolve", schedule_id, occurrence, "not_charged")
+    assert again.exit_code == 2 and f"no open occurrence '{occurrence}'" in again.stderr
+    assert invoke("schedules", "resume", schedule_id).stdout == f"schedule {schedule_id}: active\n"
+
+
+def test_resolve_as_charged_with_the_operation_found(engine_side: Runtime) -> None:
+    schedule_id, occurrence = gone(engine_side)
+    done = invoke("schedules", "resolve", schedule_id, occurrence, "charged", "--operation-id", "op-42", "--json")
+    assert done.exit_code == 0, done.output
+    view = json.loads(done.stdout)
+    assert view["counts"]["charged"] == 1 and view["last"]["operationId"] == "op-42" and view["last"]["by"] == "cli"
+
+
+def test_a_misspelt_outcome_or_an_unknown_schedule_is_one_error_line(engine_side: Runtime) -> None:
+    schedule_id, occurrence = gone(engine_side)
+    misspelt = invoke("schedules", "resolve", schedule_id, occurrence, "charge")
+    assert misspelt.exit_code == 2
+    assert misspelt.stderr == (
+        "durapay: schedule: outcome: unknown value 'charge'; did you mean `charged`? (known values: charged, not_charged)\n"
+    )
+    as_json = json.loads(invoke("schedules", "resolve", schedule_id, occurrence, "paid", "--json").stderr)
+    assert (as_json["error"], as_json["field"]) == ("invalid_input", "outcome")
+    missing = invoke("schedules", "resolve", "s000000000000", occurrence, "charged")
+    assert missing.exit_code == 2 and missing.stderr == "durapay: no schedule 's000000000000'\n"
+    active = json.loads(invoke(*ADD, "--every", "month", "--day", "2", "--json").stdout)["id"]
+    refused = invoke("schedules", "resolve", active, occurrence, "charged")
+    assert refused.exit_code == 2 and "is active" in refused.stderr
