@@ -1,6 +1,7 @@
 """The console's schedule pages: the list, one schedule with its occurrences, and its actions (pause,
-resume, cancel, change the amount), each confirmed and CSRF-protected like the flow actions; the
-schedule API (``workflows.schedules.Schedules``) decides what is allowed."""
+resume, cancel, change the amount, resolve an occurrence whose flow is gone), each confirmed and
+CSRF-protected like the flow actions; the schedule API (``workflows.schedules.Schedules``) decides what
+is allowed."""
 
 from __future__ import annotations
 
@@ -13,15 +14,25 @@ from fastapi.responses import Response
 from service.console.session import PATH
 from service.console.web import FORM_EXPIRED, READ_ONLY, Console, redirect, to_login
 from workflows.engine import InputError, NotFound, OperatorError
-from workflows.schedules import Schedules
+from workflows.schedules import Attempt, Schedules
 from workflows.schedules.model import ScheduleState
 
-ACTIONS = {"pause": "Pause", "resume": "Resume", "cancel": "Cancel", "amount": "Change the amount"}
+ACTIONS = {
+    "pause": "Pause",
+    "resume": "Resume",
+    "cancel": "Cancel",
+    "amount": "Change the amount",
+    "resolve": "Resolve the occurrence",
+}
 EXPLAIN = {
     "pause": "No occurrence fires while paused: nothing is sent to the gateway until you resume.",
     "resume": "The schedule goes on from now: occurrences that passed meanwhile are skipped (not charged late).",
     "cancel": "No further charge is made. Charges already made are not refunded; the record and history are kept.",
     "amount": "From the next occurrence on, each MIT charge at the gateway is for the new amount; earlier charges stay.",
+    "resolve": "The flow of this occurrence expired before the schedule read its outcome: look its order up at the "
+    "gateway and say what it shows. Nothing is sent to the gateway. Charged: counted as a charge. Not charged: "
+    "closed without a charge. Either way this schedule never charges the occurrence again (never twice); money "
+    "still owed needs a new payment. Then resume the schedule.",
 }
 #: Which actions each state allows (the policy refuses the others: never show a button that can only fail).
 ALLOWED = {
@@ -32,8 +43,21 @@ ALLOWED = {
 }
 
 
-def allowed(state: str) -> list[str]:
-    return ALLOWED.get(state, [])
+def allowed(state: str, gone: bool = False) -> list[str]:
+    """The actions of a schedule in ``state``; ``gone``: an occurrence's flow is gone, so a needs_attention
+    schedule offers resolve instead of resume (which is refused until every such occurrence is resolved)."""
+    actions = ALLOWED.get(state, [])
+    if gone and state == ScheduleState.NEEDS_ATTENTION.value:
+        return ["resolve" if action == "resume" else action for action in actions]
+    return actions
+
+
+def gone_rows(attempts: list[Attempt]) -> list[dict[str, Any]]:
+    """The occurrences whose flow is gone, as the pages show them (occurrence, attempt, order, flow)."""
+    return [
+        {"occurrence": a.occurrence, "attempt": a.attempt, "orderId": a.data["order"]["orderId"], "flow": a.flow_id}
+        for a in attempts
+    ]
 
 
 def schedule_router(console: Console, schedules: Schedules) -> APIRouter:
@@ -70,14 +94,16 @@ def schedule_router(console: Console, schedules: Schedules) -> APIRouter:
         except NotFound:
             return console.refuse(request, session, 404, "No such schedule", f"no schedule {schedule_id!r}")
         summary = record.summary()
+        gone = gone_rows(schedules.gone(schedule_id)) if record.state is ScheduleState.NEEDS_ATTENTION else []
         return console.page(
             request,
             "schedule.html",
             session,
             title=f"Schedule {schedule_id}",
             s=summary,
+            gone=gone,
             history=list(reversed(history))[:200],
-            actions=allowed(summary["state"]) if session.operator else [],
+            actions=allowed(summary["state"], bool(gone)) if session.operator else [],
             done=request.query_params.get("done", ""),
         )
 
@@ -89,11 +115,15 @@ def schedule_router(console: Console, schedules: Schedules) -> APIRouter:
         if not session.operator:
             return console.refuse(request, session, 403, "Read-only", READ_ONLY)
         try:
-            summary = schedules.get(schedule_id).summary()
+            record = schedules.get(schedule_id)
+            gone = gone_rows(schedules.gone(schedule_id)) if record.state is ScheduleState.NEEDS_ATTENTION else []
         except NotFound:
             return console.refuse(request, session, 404, "No such schedule", f"no schedule {schedule_id!r}")
-        if action not in allowed(summary["state"]):
+        summary = record.summary()
+        if action not in allowed(summary["state"], bool(gone)):
             why = f"{action} is not possible for a {summary['state']} schedule"
+            if action == "resume" and gone:
+                why += ": the flow of " + ", ".join(row["occurrence"] for row in gone) + " is gone; resolve it first"
             return console.refuse(request, session, 409, "Not possible now", why)
         return console.page(
             request,
@@ -101,6 +131,7 @@ def schedule_router(console: Console, schedules: Schedules) -> APIRouter:
             session,
             title=f"Confirm: {ACTIONS[action]}",
             s=summary,
+            gone=gone,
             action=action,
             label=ACTIONS[action],
             explanation=EXPLAIN[action],
@@ -118,11 +149,15 @@ def schedule_router(console: Console, schedules: Schedules) -> APIRouter:
             return console.refuse(request, session, 403, "Read-only", READ_ONLY)
         reason = (form.get("reason") or "").strip()[:500] or "cancelled from the console"
         amount_text = (form.get("amount") or "").strip()
+        occurrence = (form.get("occurrence") or "").strip()
+        outcome = (form.get("outcome") or "").strip()
+        operation_id = (form.get("operationId") or "").strip() or None
         run: dict[str, Callable[[], Any]] = {
             "pause": lambda: schedules.pause(schedule_id, by="console"),
             "resume": lambda: schedules.resume(schedule_id, by="console"),
             "cancel": lambda: schedules.cancel(schedule_id, reason, by="console"),
             "amount": lambda: schedules.change_amount(schedule_id, int(amount_text), by="console"),
+            "resolve": lambda: schedules.resolve(schedule_id, occurrence, outcome, operation_id=operation_id, by="console"),
         }
         if action not in run:
             return console.refuse(request, session, 404, "No such action", f"no action {action!r}")

@@ -18,6 +18,8 @@ import pytest
 from tests.service.console.conftest import OPERATOR_KEY, READ_KEY, ConsoleStack, screenshot
 from tests.waiting import wait_until
 from tests.workflows.integration.test_flows import card, order
+from tests.workflows.schedules.harness import stop_on_a_gone_flow
+from workflows.schedules import Schedules
 from workflows.states import FlowState
 
 pytestmark = pytest.mark.integration
@@ -182,6 +184,8 @@ PAGES = (
     "/console/schedules",
     "/console/schedules/{schedule}",
     "/console/schedules/{schedule}/confirm/amount",
+    "/console/schedules/{gone}",
+    "/console/schedules/{gone}/confirm/resolve",
 )
 SCHEDULE = {
     "contractId": "contract-browser-1",
@@ -200,6 +204,8 @@ def test_every_page_is_same_origin_titled_labelled_and_fits(console_stack: Conso
     sleeping = console_stack.engine.start("moto", {"order": order(), "card": card()}, run_at=time.time() + 3600)
     created = console_stack.http.post("/schedules", json=SCHEDULE)
     assert created.status_code == 201, created.text
+    gone = console_stack.http.post("/schedules", json={**SCHEDULE, "contractId": "contract-browser-2"}).json()["id"]
+    stop_on_a_gone_flow(Schedules(console_stack.engine), gone)  # offers "resolve": its form has radios
     origin = urlsplit(console_stack.url)
     browser.delete_all_cookies()
     try:
@@ -211,7 +217,7 @@ def test_every_page_is_same_origin_titled_labelled_and_fits(console_stack: Conso
         for width in (1280, 390):
             browser.set_window_size(width, 900)
             for page in PAGES:
-                browser.get(console_stack.url + page.format(flow=sleeping.id, schedule=created.json()["id"]))
+                browser.get(console_stack.url + page.format(flow=sleeping.id, schedule=created.json()["id"], gone=gone))
                 check_page(browser, origin, page, width)
     finally:
         browser.set_window_size(1280, 900)

@@ -1,5 +1,6 @@
 """The console over HTTP (no browser) against a whole stack: sign-in and CSRF, roles in the console and
-the API, search, the late-payment actions end to end at the simulator, and the schedule pages."""
+the API, search, the late-payment actions end to end at the simulator, and the schedule pages (among
+their actions, resolving an occurrence whose flow is gone)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,8 @@ import pytest
 from tests.service.console.conftest import OPERATOR_KEY, READ_KEY, ConsoleStack
 from tests.waiting import wait_until
 from tests.workflows.integration.test_flows import card, order, session
+from tests.workflows.schedules.harness import stop_on_a_gone_flow
+from workflows.schedules import Schedules
 from workflows.states import FlowState
 
 pytestmark = pytest.mark.integration
@@ -169,6 +172,46 @@ def test_schedule_pages_and_actions(console_stack: ConsoleStack, operator: httpx
         assert 'id="action-resume"' not in reader.get(f"/console/schedules/{schedule_id}").text
         assert reader.get(f"/console/schedules/{schedule_id}/confirm/resume").status_code == 403
     wait_until(lambda: operator.get("/console/live/home").json()["states"], 5, "the live counters")
+
+
+def test_resolve_an_occurrence_whose_flow_is_gone_then_resume(console_stack: ConsoleStack, operator: httpx.Client) -> None:
+    body = {
+        "contractId": "contract-console-2",
+        "amount": 1500,
+        "currency": "EUR",
+        "description": "monthly box",
+        "rule": {"every": "month", "day": 1},
+        "timezone": "Europe/Rome",
+        "start": "2030-01-01",
+    }
+    schedule_id = console_stack.http.post("/schedules", json=body).json()["id"]
+    attempt = stop_on_a_gone_flow(Schedules(console_stack.engine), schedule_id)
+    order_id = attempt.data["order"]["orderId"]
+    page = operator.get(f"/console/schedules/{schedule_id}")
+    assert 'id="action-resolve"' in page.text and 'id="action-resume"' not in page.text, "resume would be refused"
+    assert 'id="gone"' in page.text and order_id in page.text and attempt.occurrence in page.text
+    refused = operator.get(f"/console/schedules/{schedule_id}/confirm/resume")
+    assert refused.status_code == 409 and "resolve it first" in refused.text
+
+    confirm = operator.get(f"/console/schedules/{schedule_id}/confirm/resolve")
+    assert confirm.status_code == 200 and f'value="{attempt.occurrence}"' in confirm.text and "never charges" in confirm.text
+    form = {"occurrence": attempt.occurrence, "outcome": "charge"}
+    misspelt = operator.post(f"/console/schedules/{schedule_id}/resolve", data={"csrf": csrf_of(confirm), **form})
+    assert misspelt.status_code == 422 and "did you mean `charged`?" in misspelt.text
+    form = {"occurrence": attempt.occurrence, "outcome": "charged", "operationId": "<b>op-7</b>"}
+    done = operator.post(f"/console/schedules/{schedule_id}/resolve", data={"csrf": csrf_of(confirm), **form})
+    assert done.status_code == 303, done.text
+    shown = console_stack.http.get(f"/schedules/{schedule_id}").json()
+    assert shown["counts"]["charged"] == 1 and shown["open"] == [] and shown["last"]["by"] == "console"
+    page = operator.get(f"/console/schedules/{schedule_id}?done=resolve")
+    assert "&lt;b&gt;op-7&lt;/b&gt;" in page.text and "<b>op-7" not in page.text, "what an operator typed is escaped"
+    assert 'id="action-resume"' in page.text and 'id="action-resolve"' not in page.text and 'id="gone"' not in page.text
+    again = operator.get(f"/console/schedules/{schedule_id}/confirm/resolve")
+    assert again.status_code == 409
+    assert act(operator, f"/console/schedules/{schedule_id}/resume").status_code == 303
+    assert console_stack.http.get(f"/schedules/{schedule_id}").json()["state"] == "active"
+    with signed_in(console_stack, READ_KEY) as reader:
+        assert reader.get(f"/console/schedules/{schedule_id}/confirm/resolve").status_code == 403
 
 
 def test_a_waiting_flow_shows_the_customer_url_and_its_wait(console_stack: ConsoleStack, operator: httpx.Client) -> None:
