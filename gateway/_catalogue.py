@@ -12,6 +12,10 @@ models) and what a failure of it means:
   switches). When it is False, an ambiguous failure (timeout after sending, connection drop, 5xx) is
   resolved by reading the gateway first, as ``reconcile`` says, never by resending blindly.
 * ``notifies``: the request carries a ``notificationUrl`` and the gateway notifies the outcome.
+* ``moves_money``: a successful request makes an operation that moves money (a payment, a card
+  verification, a refund, a capture or its cancel, a reservation charge). From the moment a flow may
+  send it until a read of the gateway says what it did, the flow's money is *in flight*: no end but
+  one the gateway confirms (docs/durability.md, "Money in flight").
 """
 
 from __future__ import annotations
@@ -77,6 +81,7 @@ class GatewayOperation(Generic[Resp]):
     retry_safe: bool | None = None
     reconcile: Reconcile | None = None
     notifies: bool = False
+    moves_money: bool = False
     name: str = field(default="", init=False)
 
     def __post_init__(self) -> None:
@@ -119,6 +124,7 @@ class GatewayOperation(Generic[Resp]):
             "retry_safe": self.retry_safe,
             "reconcile": self.reconcile.value if self.reconcile else None,
             "notifies": self.notifies,
+            "moves_money": self.moves_money,
             "task": self.task_name,
         }
 
@@ -162,21 +168,21 @@ class Catalogue:
     export_paybylinks_v3 = _op("GET", "/v3/paybylink/exports/{format}", pay.PayByLinkExportQuery, BinaryResponse, "export pay-by-links; {format} is csv or json", P, version=V3)
     paybylink_qrcode_v3 = _op("POST", "/v3/paybylink/qrcode/{id}", pay.QrCodeRequest, BinaryResponse, "produce a QR code (PNG) for a pay-by-link", P, version=V3, retry_safe=True)
     svs_init_order = _op("POST", "/v2/svs/order/init", pay.SvsInitRequest, OperationResponse, "initiate an order (server-to-server flow)", P, version=V2, reconcile=ORDER)
-    svs_pay_operation = _op("POST", "/v2/svs/operation/{operationId}/pay", pay.SvsPayRequest, OperationResponse, "pay an operation (server-to-server flow)", P, version=V2, reconcile=OPER)
+    svs_pay_operation = _op("POST", "/v2/svs/operation/{operationId}/pay", pay.SvsPayRequest, OperationResponse, "pay an operation (server-to-server flow)", P, version=V2, reconcile=OPER, moves_money=True)
     three_steps_init = _op("POST", "/orders/3steps/init", pay.ThreeStepsInitRequest, pay.ThreeStepsInitResponse, "three-step payment, initiation", P, reconcile=ORDER)
     three_steps_validation = _op("POST", "/orders/3steps/validation", pay.ThreeStepsValidationRequest, pay.ThreeStepsValidationResponse, "three-step payment, validation", P, reconcile=OPER)
-    three_steps_payment = _op("POST", "/orders/3steps/payment", pay.ThreeStepsPaymentRequest, OperationResponse, "three-step payment, payment", P, reconcile=OPER)
-    create_mit_order = _op("POST", "/orders/mit", pay.MitRequest, OperationResponse, "merchant-initiated (recurring) payment", P, idempotency_key=True)
-    card_verification = _op("POST", "/orders/card_verification", pay.CardVerificationRequest, OperationResponse, "card verification", P, reconcile=ORDER)
-    create_moto_order = _op("POST", "/orders/moto", pay.MotoRequest, OperationResponse, "mail-order/telephone-order payment", P, reconcile=ORDER)
-    wallet_pay = _op("POST", "/orders/walletpay", pay.WalletPayRequest, OperationResponse, "wallet payment", P, reconcile=ORDER)
+    three_steps_payment = _op("POST", "/orders/3steps/payment", pay.ThreeStepsPaymentRequest, OperationResponse, "three-step payment, payment", P, reconcile=OPER, moves_money=True)
+    create_mit_order = _op("POST", "/orders/mit", pay.MitRequest, OperationResponse, "merchant-initiated (recurring) payment", P, idempotency_key=True, moves_money=True)
+    card_verification = _op("POST", "/orders/card_verification", pay.CardVerificationRequest, OperationResponse, "card verification", P, reconcile=ORDER, moves_money=True)
+    create_moto_order = _op("POST", "/orders/moto", pay.MotoRequest, OperationResponse, "mail-order/telephone-order payment", P, reconcile=ORDER, moves_money=True)
+    wallet_pay = _op("POST", "/orders/walletpay", pay.WalletPayRequest, OperationResponse, "wallet payment", P, reconcile=ORDER, moves_money=True)
     create_build_order = _op("POST", "/orders/build", pay.BuildOrderRequest, pay.BuildOrderResponse, "create an order for the embedded payment form", P, reconcile=ORDER, notifies=True)
-    build_finalize_payment = _op("POST", "/build/finalize_payment", pay.BuildSessionRequest, pay.BuildStateResponse, "finalize a build payment", P, reconcile=BUILD)
+    build_finalize_payment = _op("POST", "/build/finalize_payment", pay.BuildSessionRequest, pay.BuildStateResponse, "finalize a build payment", P, reconcile=BUILD, moves_money=True)
     build_cancel = _op("POST", "/build/cancel", pay.BuildSessionRequest, pay.BuildStateResponse, "cancel a build payment", P, reconcile=BUILD)
     build_state = _op("GET", "/build/state", pay.BuildSessionQuery, pay.BuildStateResponse, "read state of a build payment", P)
     build_card_data = _op("GET", "/build/cardData", pay.BuildSessionQuery, pay.BuildCardDataResponse, "read card data of a build payment", P)
     build_integrity = _op("GET", "/build/integrity", pay.BuildSessionQuery, pay.BuildIntegrityResponse, "integrity check of a build payment", P)
-    build_confirm_payment = _op("POST", "/build/confirm_payment", pay.BuildConfirmRequest, pay.BuildStateResponse, "confirm a build payment", P, reconcile=BUILD)
+    build_confirm_payment = _op("POST", "/build/confirm_payment", pay.BuildConfirmRequest, pay.BuildStateResponse, "confirm a build payment", P, reconcile=BUILD, moves_money=True)
 
     # -- back office ------------------------------------------------------------------------------
     list_orders = _op("GET", "/orders", bo.OrderListQuery, bo.OrderListResponse, "list orders", B)
@@ -184,9 +190,9 @@ class Catalogue:
     list_operations = _op("GET", "/operations", bo.OperationListQuery, bo.OperationListResponse, "list operations", B)
     get_operation = _op("GET", "/operations/{operationId}", None, Operation, "look up an operation", B)
     get_operation_actions = _op("GET", "/operations/{operationId}/actions", None, bo.OperationActionsResponse, "list actions of an operation", B)
-    refund_operation = _op("POST", "/operations/{operationId}/refunds", bo.PostOperationRequest, PostOp, "refund an operation", B, idempotency_key=True)
-    capture_operation = _op("POST", "/operations/{operationId}/captures", bo.PostOperationRequest, PostOp, "capture an operation", B, idempotency_key=True)
-    cancel_operation = _op("POST", "/operations/{operationId}/cancels", bo.CancelOperationRequest, PostOp, "cancel a capture", B, reconcile=ORDER)
+    refund_operation = _op("POST", "/operations/{operationId}/refunds", bo.PostOperationRequest, PostOp, "refund an operation", B, idempotency_key=True, moves_money=True)
+    capture_operation = _op("POST", "/operations/{operationId}/captures", bo.PostOperationRequest, PostOp, "capture an operation", B, idempotency_key=True, moves_money=True)
+    cancel_operation = _op("POST", "/operations/{operationId}/cancels", bo.CancelOperationRequest, PostOp, "cancel a capture", B, reconcile=ORDER, moves_money=True)
     get_customer_contracts = _op("GET", "/contracts/customers/{customerId}", None, bo.CustomerContractsResponse, "look up contracts of a customer", B)
     deactivate_contract = _op("POST", "/contracts/{contractId}/deactivation", None, EmptyResponse, "deactivate a contract", B, retry_safe=True)
     list_payment_methods = _op("GET", "/payment_methods", None, bo.PaymentMethodsResponse, "list payment methods", B)
@@ -200,9 +206,9 @@ class Catalogue:
     list_reservations = _op("GET", "/reservations", rg.ReservationListQuery, rg.ReservationListResponse, "list reservations", R)
     get_reservation = _op("GET", "/reservations/{reservationId}", None, rg.ReservationLookupResponse, "look up a reservation", R)
     create_reservation_paybylink = _op("POST", "/reservations/{reservationId}/paybylink", rg.ReservationPayByLinkRequest, pay.PayByLinkResponse, "pay-by-link for a reservation", R, reconcile=RES, notifies=True)
-    create_no_show = _op("POST", "/no_shows", rg.ChangeAmountRequest, OperationResponse, "no-show charge", R, idempotency_key=True)
-    create_incremental = _op("POST", "/incrementals", rg.ChangeAmountRequest, OperationResponse, "incremental charge", R, idempotency_key=True)
-    create_delay_charge = _op("POST", "/delay_charges", rg.ChangeAmountRequest, OperationResponse, "delayed charge", R, idempotency_key=True)
+    create_no_show = _op("POST", "/no_shows", rg.ChangeAmountRequest, OperationResponse, "no-show charge", R, idempotency_key=True, moves_money=True)
+    create_incremental = _op("POST", "/incrementals", rg.ChangeAmountRequest, OperationResponse, "incremental charge", R, idempotency_key=True, moves_money=True)
+    create_delay_charge = _op("POST", "/delay_charges", rg.ChangeAmountRequest, OperationResponse, "delayed charge", R, idempotency_key=True, moves_money=True)
     create_terms_and_conditions = _op("POST", "/terms_and_conditions", rg.TermsAndConditionsRequest, rg.TermsAndConditionsIdResponse, "create terms and conditions", R)
     list_terms_and_conditions = _op("GET", "/terms_and_conditions", None, rg.TermsAndConditionsListResponse, "list terms and conditions", R)
     get_terms_and_conditions = _op("GET", "/terms_and_conditions/{termsAndConditionsId}", None, rg.TermsAndConditions, "look up terms and conditions", R)
@@ -235,7 +241,7 @@ class Catalogue:
     validate_incremental_earlier = _op("POST", "/incremental_validation", rg.ReservationValidationRequest, EmptyResponse, "validate an incremental charge (earlier form)", E, version=EARLIER, retry_safe=True)
     create_custom_field_earlier = _op("POST", "/custom_fields", rg.CustomFieldRequest, rg.CustomFieldIdResponse, "create a custom field (earlier form)", E, version=EARLIER)
     get_custom_field_earlier = _op("GET", "/custom_fields/{customFieldId}", None, rg.CustomField, "look up a custom field (earlier form)", E, version=EARLIER)
-    create_reservation_mit_earlier = _op("POST", "/reservation/{reservationId}/mit", rg.ReservationMitRequest, EmptyResponse, "merchant-initiated charge on a reservation (earlier form)", E, version=EARLIER, idempotency_key=True)
+    create_reservation_mit_earlier = _op("POST", "/reservation/{reservationId}/mit", rg.ReservationMitRequest, EmptyResponse, "merchant-initiated charge on a reservation (earlier form)", E, version=EARLIER, idempotency_key=True, moves_money=True)
     # fmt: on
 
 

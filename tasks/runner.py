@@ -84,6 +84,9 @@ class StepContext:
     consumed: list[str] = field(default_factory=list)
     #: Called before every gateway call but the first: extends the claim's lease, or raises LeaseLost.
     renew_lease: Callable[[], None] | None = None
+    #: The flow that holds a gateway order id in the order index (None: none), read only when a step must
+    #: prove that what an order holds is its own (``workflows.flows._adopt``).
+    order_holder: Callable[[str], str | None] | None = None
     retry: RetryPolicy = field(default_factory=RetryPolicy)
 
     def call(
@@ -160,29 +163,52 @@ def run_step(step: Step, ctx: StepContext, *, must_reconcile: bool, resend: bool
         return Attention(f"{ctx.step}: unexpected {type(error).__name__}: {error}", _describe(error, ctx))
 
 
-def settle_before_cancel(step: Step, ctx: StepContext, *, resend: bool) -> Outcome | None:
-    """A step whose flow was asked to stop: never call again, but if an earlier try may have reached the
-    gateway, read what it did (its money must show in the flow). None when there is nothing to read or
-    the gateway shows it never acted: the flow is then simply cancelled.
+class NothingMoved:
+    """:func:`settle` found that the money call never acted, and it can no longer arrive: the flow may
+    take the end it owes (cancelled, or the failure it was heading for)."""
 
-    "Never acted" is only believed once the call can no longer arrive: a request whose client gave up
-    may still be queued at the gateway and act later (``late_seconds`` after it was sent). Before then
-    the read is made again at that time. (When the step calls again instead, no wait is needed: the
-    gateway refuses the second of two requests for one order or operation, whichever comes first.)"""
+
+NOTHING_MOVED = NothingMoved()
+
+
+def settle(step: Step, ctx: StepContext, *, unsettled: Mapping[str, Any] | None) -> Outcome | NothingMoved:
+    """A flow that is to end (a cancel requested, or a failure owed) while money may be in flight at the
+    gateway (``unsettled``, see ``workflows.inflight``): never a new money call, only the read that tells
+    what the earlier one did. Returns what the read found (money moved, a decline, still PENDING, not
+    yet clear), or NOTHING_MOVED.
+
+    * A read step (the one that reads a PENDING payment, or a refund's or capture's result) simply runs:
+      it only reads.
+    * The money step itself reads the gateway back (its ``adopt``: the order, the operation, the form's
+      state); a call keyed by an ``Idempotency-Key`` is asked again with that key, which the gateway
+      answers with what it did (and, had the first never arrived, does now: a cancel cannot stop a call
+      already sent).
+    * "Never acted" is believed only once the call can no longer arrive: a request whose client gave up
+      may still be queued at the gateway and act later (``late_seconds`` after it was sent). Before then
+      the read is made again at that time."""
+    if not unsettled:
+        return NOTHING_MOVED
     op = step.operation
-    if not resend or op is None or op.method != "POST":
-        return None
-    try:
-        found = _reconcile(step, ctx, op.name)
-    except LeaseLost:
-        raise
+    if op is None:
+        return Attention(
+            f"{ctx.step}: money may be in flight ({unsettled.get('op')}) and this step cannot read it",
+            {"type": "MoneyInFlight", "unsettled": dict(unsettled)},
+        )
+    if not op.moves_money:
+        return run_step(step, ctx, must_reconcile=False, resend=False)
+    found = _reconcile(step, ctx, op.name)
     if not isinstance(found, NotCommitted):
         return found
     quiet = ctx.maybe_sent_at + ctx.retry.late_seconds
     if ctx.now < quiet:
-        error = {"type": "MayArriveLate", "operation": op.name, "message": f"no trace yet; read again at {quiet:.0f}"}
+        error = {
+            "type": "MayArriveLate",
+            "operation": op.name,
+            "ambiguous": True,
+            "message": f"no trace yet; read again at {quiet:.0f}",
+        }
         return Retry(quiet - ctx.now, error, True)
-    return None
+    return NOTHING_MOVED
 
 
 def _reconcile(step: Step, ctx: StepContext, operation: str) -> Outcome | NotCommitted:

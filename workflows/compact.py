@@ -4,14 +4,17 @@ A flow in flight is a Redis hash of small and large fields (its input, every ste
 and a list (its log). Redis keeps a hash with any value longer than 64 bytes in its general encoding, at
 some 50 bytes of bookkeeping per field, and a finished flow is kept for weeks
 (``DURAPAY_ENGINE__RETENTION_DAYS``) but read rarely. So once it has finished, the dispatcher packs it:
-the cold fields and the log become one zlib-compressed JSON value ``z``, and only what the Lua scripts
-read of a finished flow stays a plain field (``PLAIN``: its state and version, kind, the input hash of
-a flow started with a key, and ``ops``, the operation ids its outcome names, for the money rule).
+the cold fields and the log become one zlib-compressed JSON value ``z``, and only what a script reads of
+a finished flow *without changing it* stays a plain field (``PLAIN``: its state and version, its kind,
+and the input hash of a flow started with a key, which ``create.lua`` compares).
 
 Reading is unchanged for everyone: ``FlowRecord.parse`` unpacks ``z``, ``FlowStore.history`` reads the
-packed log. A packed flow that changes again (a late payment moves it to ``needs_attention`` in
-``signal.lua``, which only adds fields; an operator's retry) is unpacked first by ``FlowStore`` before
-any compare-and-set that could delete a field.
+packed log. A script that would *change* a packed record never works on its plain part: ``signal.lua``
+answers ``packed`` and ``FlowStore.signal`` expands the record (``expand.lua``) and asks again;
+``FlowStore.transition`` expands before its compare-and-set. So a late payment on a packed flow is
+judged, numbered and announced from the record as written (its signals, its order id, its step), and
+the plain fields need not follow what the scripts read (``tests/workflows/test_compact.py`` runs every
+script on a packed record).
 
 Transitions that finish a flow list it in the partition's ``finished`` set (``transition.lua``); a
 pass takes those finished at least ``delay`` seconds ago, in batches, one round trip per step of the
@@ -33,12 +36,16 @@ from typing import Any
 from workflows.keys import Keys
 from workflows.orders import OrderIndex
 from workflows.scripts import ScriptPipeline
+from workflows.states import TERMINAL, lua_prelude
 
 logger = logging.getLogger("durapay.compact")
 
-#: Fields a packed record keeps plain: what the scripts read of a finished flow (``input_hash`` only when
-#: a start key can name the flow again: ``create.lua`` compares it).
-PLAIN = ("state", "version", "kind", "ops")
+FINISHED = frozenset(state.value for state in TERMINAL)
+
+#: Fields a packed record keeps plain: what the scripts read of a finished flow without changing it
+#: (``claim.lua``, ``renew.lua``, ``compact.lua``, ``expand.lua``: its state and version; ``create.lua``:
+#: ``input_hash``, only when a start key can name the flow again), and its kind for the indexes.
+PLAIN = ("state", "version", "kind")
 
 
 def _script(name: str) -> str:
@@ -75,8 +82,6 @@ def plain_fields(fields: Mapping[str, str]) -> dict[str, str]:
     plain = {name: fields[name] for name in PLAIN if name in fields}
     if fields.get("start_key") and "input_hash" in fields:
         plain["input_hash"] = fields["input_hash"]
-    outcome = json.loads(fields.get("outcome") or "{}")
-    plain["ops"] = json.dumps(outcome.get("operationIds") or [], separators=(",", ":"))
     return plain
 
 
@@ -126,7 +131,7 @@ class Compactor:
         self.batch = batch
         self.delay = delay
         self.backlog = False
-        self._compact = client.register_script(_script("compact.lua"))
+        self._compact = client.register_script(lua_prelude() + _script("compact.lua"))
 
     def run(self, *, now: float) -> int:
         """One pass over every partition; returns how many flows were packed. Sets ``backlog`` when a
@@ -168,5 +173,21 @@ class Compactor:
             logger.info("compaction: %d flows not packed this pass (%s)", len(refused), refused[0])
         # Only the flows packed now (still finished at the version read): one that came back meanwhile
         # (a late payment) keeps its lookups until it finishes again.
-        self.orders.expire(order_id for ids, ok in zip(order_ids, done, strict=True) if ok for order_id in ids)
+        expired = [(flow_id, ids) for (_, flow_id), ids, ok in zip(flows, order_ids, done, strict=True) if ok and ids]
+        self.orders.expire(order_id for _, ids in expired for order_id in ids)
+        self._keep_returned(expired)
         return sum(done)
+
+    def _keep_returned(self, expired: list[tuple[str, list[str]]]) -> None:
+        """A flow a late payment brought back between its packing and the expiry of its lookups keeps
+        them: read after the expiry, any flow no longer finished has its lookups made persistent again.
+        (A signal written after this read persists them itself, after the expiry: ``Engine.signal``.)"""
+        if not expired:
+            return
+        pipe = self.redis.pipeline(transaction=False)
+        for flow_id, _ in expired:
+            pipe.hget(self.keys.flow(flow_id), "state")
+        states = pipe.execute()
+        back = [ids for (_, ids), state in zip(expired, states, strict=True) if state and state.decode() not in FINISHED]
+        if back:
+            self.orders.keep(order_id for ids in back for order_id in ids)

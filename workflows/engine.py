@@ -35,12 +35,12 @@ from workflows.clock import Clock, SystemClock
 from workflows.durability import Durability, NotDurable
 from workflows.events import Cursor, Event, EventFeed
 from workflows.keys import Keys, derived_id
-from workflows.orders import OrderIndex, gateway_order_id
+from workflows.orders import OrderIdsTaken, OrderIndex, gateway_order_id
 from workflows.protocol import Claim, StepProtocol
 from workflows.signals import admit
 from workflows.states import STOPPED, TERMINAL, FlowState
 from workflows.steps import FlowDefinition
-from workflows.store import Change, FlowRecord, FlowStore, NewFlow, StartConflict, compact_json
+from workflows.store import Change, FlowRecord, FlowStore, NewFlow, OrderHeld, StartConflict, compact_json
 
 log = logging.getLogger("durapay.engine")
 
@@ -164,10 +164,14 @@ class Engine:
         """
         now = self.clock.now()
         new = self._new_flow(kind, data, key, run_at, now)
-        record, created = self.store.create(new, now=now, by="start", safety=self.safety)
+        self._order_free(new)
+        try:
+            record, created = self.store.create(new, now=now, by="start", safety=self.safety)
+        except OrderHeld as held:
+            raise self._order_refusal(new, held) from None
         if new.order_id and not created.order:
             # A retried start too: on a cluster its first try may have died between the two writes.
-            self.orders.claim(new.order_id, new.flow_id, holder_live=self._live)
+            self.orders.claim(new.order_id, new.flow_id)
         # Acknowledged means durable: a start lost by a crash after this answer would be a promise broken.
         self.store.sync(new.flow_id, f"start of flow {new.flow_id}", orders=[new.order_id] if new.order_id else [])
         if created.flow and record.state is FlowState.READY:
@@ -199,6 +203,7 @@ class Engine:
         for index, (kind, data, key) in enumerate(starts):
             try:
                 new = self._new_flow(kind, data, key, None, now, trusted=trusted)
+                self._order_free(new)
                 news.append(dataclasses.replace(new, owner=owners[index]) if owners else new)
                 results.append(news[-1].flow_id)
             except InputError as refused:
@@ -212,11 +217,13 @@ class Engine:
             new, outcome = next(created)
             if isinstance(outcome, StartConflict):
                 results[index] = outcome
+            elif isinstance(outcome, OrderHeld):
+                results[index] = self._order_refusal(new, outcome)
             elif outcome.flow:
                 made.append(new)
                 if new.order_id and not outcome.order:
                     unpointed.append((new.order_id, new.flow_id))
-        self.orders.claim_many(unpointed, holder_live=self._live)
+        self.orders.claim_many(unpointed)
         if news:
             # On a cluster the flows (and their order lookups) sit on several nodes: one wait per node.
             orders = [new.order_id for new in made if new.order_id]
@@ -224,6 +231,24 @@ class Engine:
         for new in made:
             self.protocol.send_chain(new.flow_id, new.kind, new.first_step)
         return results
+
+    def _order_free(self, new: NewFlow) -> None:
+        """On a cluster, where ``create.lua`` cannot see the order lookup (another slot): refuse a start
+        whose gateway order id another flow holds, before anything is written."""
+        if new.order_id and self.store.pins.cluster:
+            holder = self.orders.flow_for(new.order_id)
+            if holder is not None and holder != new.flow_id:
+                raise self._order_refusal(new, OrderHeld(new.order_id, holder))
+
+    def _order_refusal(self, new: NewFlow, held: OrderHeld) -> InputError:
+        holder = self.store.get(held.holder)
+        state = f" (it is {holder.state})" if holder is not None else ""
+        return InputError(
+            new.kind,
+            self.registry[new.kind].order_field,
+            f"order id {held.order_id} is flow {held.holder}'s{state}: a payment on it is that flow's, and the gateway "
+            "refuses an order id twice; start with a new order id",
+        )
 
     def _new_flow(
         self,
@@ -343,22 +368,29 @@ class Engine:
         return result
 
     def cancel(self, flow_id: str, reason: str = "cancelled", *, by: str = "api") -> FlowRecord:
-        """Cancel now, or at the end of the step in flight (whose effect is kept and reported)."""
+        """Cancel now, at the end of the step in flight, or, while money may be in flight at the gateway,
+        once a read of the gateway shows none moved (docs/durability.md, "Money in flight").
+
+        The record returned says which: ``cancelled``; or ``cancel_requested`` with the flow still going
+        (a step in flight, or money in flight: its step reads the gateway now and the flow then ends
+        ``cancelled`` if no money moved, ``succeeded`` if it did, or ``needs_attention`` naming it)."""
         for _ in range(20):
             record = self.get(flow_id)
-            if record.state in {FlowState.SUCCEEDED, FlowState.FAILED, FlowState.CANCELLED}:
+            if record.state in TERMINAL:
                 raise OperatorError(f"flow {flow_id} already ended ({record.state}); nothing to cancel")
-            maybe_sent = record.state is not FlowState.NEEDS_ATTENTION and (record.reconcile or record.uncertain)
-            if record.state is FlowState.RUNNING or maybe_sent:
-                # A step in flight, or one whose last try may have reached the gateway: it stops at its
-                # end, after reading what that try did (its money must show), never by a new call.
-                self.store.request_cancel(flow_id)
-                self.store.sync(flow_id, f"cancel request of flow {flow_id}")
-                return self.get(flow_id)
+            if record.state is FlowState.RUNNING:
+                # A step in flight: it stops at its end (its effect kept and reported), never mid-call.
+                if self.store.request_cancel(flow_id, record.version):
+                    self.store.sync(flow_id, f"cancel request of flow {flow_id}")
+                    return self.get(flow_id)
+                continue  # it completed meanwhile: cancel what it left
             change = Change(FlowState.CANCELLED, f"cancelled: {reason}", {"outcome": compact_json({"reason": reason})})
+            # transition.lua decides: cancelled, or (money in flight) a request whose step runs now to read.
             written = self.store.transition(record, change, now=self.clock.now(), by=by)
             if written is not None:
                 self.store.sync(flow_id, f"cancel of flow {flow_id}")
+                if written.state is FlowState.READY:
+                    self.protocol.send_from(written, written.step)
                 return written
         raise OperatorError(f"flow {flow_id} kept changing; try again")
 
@@ -370,6 +402,14 @@ class Engine:
         now = self.clock.now()
         definition = self.registry[record.kind]
         if record.state is FlowState.NEEDS_ATTENTION:
+            error = record.error or {}
+            if error.get("type") == "LatePayment" and error.get("endedAs") == FlowState.SUCCEEDED.value:
+                operation_id = (error.get("operation") or {}).get("operationId")
+                raise OperatorError(
+                    f"flow {flow_id} succeeded with one payment and the gateway reports a second, {operation_id}: a retry "
+                    "would make the second its outcome. Refund it (refund-late-payment) or keep it (keep-late-payment); "
+                    "either way the first payment stays the flow's outcome"
+                )
             # Whatever stopped the flow (an ambiguous error, a crash, a lost worker), the step's call
             # may have reached the gateway: read it back before calling again (a no-op for reads).
             fields: dict[str, str | None] = {
@@ -399,7 +439,12 @@ class Engine:
             assert first is not None
             seq = record.order_seq + 1
             base = definition.order_id(model) if definition.order_id else ""
-            new_order = gateway_order_id(base, seq) if base else ""
+            new_order = ""
+            if base:
+                try:
+                    seq, new_order = self.orders.take(base, seq, flow_id)  # a derived order id is one flow's only
+                except OrderIdsTaken as exc:
+                    raise OperatorError(f"flow {flow_id}: no fresh gateway order id: {exc}") from None
             fields = {f"out:{name}": None for name in record.outputs}
             fields |= {signal.field: None for signal in record.signals}
             fields |= {
@@ -417,10 +462,12 @@ class Engine:
                 "customer_url": None,
                 "cancel_requested": None,
                 "runs": None,
+                "unsettled": None,
+                "ending": None,
+                "maybe_sent": None,
             }
             self.orders.keep(record.orders)  # live again: its earlier orders still route to it
             if new_order:
-                self.orders.point(new_order, flow_id)
                 fields["orders"] = compact_json([*record.orders, new_order])
             change = Change(FlowState.READY, "restarted after failure", fields, due=now + self.safety)
         else:
@@ -433,34 +480,72 @@ class Engine:
         return written
 
     def refund_late_payment(self, flow_id: str, reason: str = "late payment refunded", *, by: str = "api") -> FlowRecord:
-        """The other answer to a ``LatePayment`` (``retry`` accepts it): start a ``refund`` flow of the
-        reported operation (full amount, a start key per flow and operation, so asking twice refunds
-        once), then cancel the flow with the kept notification dropped, the refund named in its outcome.
-        Only for a flow that ended failed or cancelled: a second payment beside a succeeded one is
-        refunded with a ``refund`` flow, and the flow stays the first payment's."""
-        record = self.get(flow_id)
-        error = record.error or {}
-        operation = error.get("operation") if isinstance(error.get("operation"), dict) else {}
-        operation_id = str((operation or {}).get("operationId") or "")
-        if record.state is not FlowState.NEEDS_ATTENTION or error.get("type") != "LatePayment" or not operation_id:
-            raise OperatorError(f"flow {flow_id} has no late payment to refund (it is {record.state})")
-        if error.get("endedAs") == FlowState.SUCCEEDED.value:
-            raise OperatorError(
-                f"flow {flow_id} succeeded with another payment: refund operation {operation_id} with a refund flow, "
-                "then retry this flow to close it"
-            )
+        """Close a ``LatePayment`` by refunding the reported operation: a ``refund`` flow of it (full
+        amount, a start key per flow and operation, so asking twice refunds once).
+
+        A flow that had ended failed or cancelled is then cancelled, the refund named in its outcome
+        (``retry`` is the other answer: the flow takes the payment). A flow that had *succeeded* with
+        another payment goes back to ``succeeded`` with that first payment still its outcome, the
+        second listed in ``operationIds`` and ``latePayments`` with its refund."""
+        record, operation_id, ended_as = self._late_payment(flow_id)
         if "refund" not in self.registry:
             raise OperatorError("this build has no refund flow kind")
         refund = self.start("refund", {"operationId": operation_id}, f"late-payment-refund:{flow_id}:{operation_id}")
-        kept = [s.field for s in record.signals if str((s.payload.get("operation") or {}).get("operationId")) == operation_id]
-        fields: dict[str, str | None] = dict.fromkeys(kept)
-        fields["error"] = None
+        if ended_as == FlowState.SUCCEEDED.value:
+            return self._close_second_payment(record, operation_id, {"refund": {"flow": refund.id}}, by=by)
+        fields = self._without_signals_of(record, operation_id)
         fields["outcome"] = compact_json({"reason": reason, "refund": {"flow": refund.id, "operationId": operation_id}})
         what = f"late payment {operation_id} refunded by flow {refund.id}; cancelled: {reason}"
         written = self.store.transition(record, Change(FlowState.CANCELLED, what, fields), now=self.clock.now(), by=by)
         if written is None:
             raise OperatorError(f"flow {flow_id} changed meanwhile; look again (the refund flow {refund.id} stands)")
         self.store.sync(flow_id, f"late payment refund of flow {flow_id}")
+        return written
+
+    def keep_late_payment(self, flow_id: str, *, by: str = "api") -> FlowRecord:
+        """Close a ``LatePayment`` beside a succeeded flow's payment by keeping it (the merchant keeps both:
+        say, the customer bought twice): the flow goes back to ``succeeded`` with its first payment still
+        its outcome, the second listed in ``operationIds`` and ``latePayments``. For a flow that had ended
+        failed or cancelled, ``retry`` keeps the payment (the flow takes it as its outcome)."""
+        record, operation_id, ended_as = self._late_payment(flow_id)
+        if ended_as != FlowState.SUCCEEDED.value:
+            raise OperatorError(f"flow {flow_id} had ended {ended_as}: retry it to take payment {operation_id} as its outcome")
+        return self._close_second_payment(record, operation_id, {"kept": True}, by=by)
+
+    def _late_payment(self, flow_id: str) -> tuple[FlowRecord, str, str]:
+        """(the record, the reported operation, how the flow had ended) of a flow stopped for a late
+        payment, or OperatorError."""
+        record = self.get(flow_id)
+        error = record.error or {}
+        operation = error.get("operation") if isinstance(error.get("operation"), dict) else {}
+        operation_id = str((operation or {}).get("operationId") or "")
+        if record.state is not FlowState.NEEDS_ATTENTION or error.get("type") != "LatePayment" or not operation_id:
+            raise OperatorError(f"flow {flow_id} has no late payment to close (it is {record.state})")
+        return record, operation_id, str(error.get("endedAs") or "")
+
+    @staticmethod
+    def _without_signals_of(record: FlowRecord, operation_id: str) -> dict[str, str | None]:
+        """Fields that drop the kept notifications of ``operation_id`` and the LatePayment error."""
+        kept = [s.field for s in record.signals if str((s.payload.get("operation") or {}).get("operationId")) == operation_id]
+        fields: dict[str, str | None] = dict.fromkeys(kept)
+        fields["error"] = None
+        return fields
+
+    def _close_second_payment(self, record: FlowRecord, operation_id: str, how: dict[str, Any], *, by: str) -> FlowRecord:
+        """A succeeded flow's second payment, closed by a person: back to ``succeeded``, the outcome still
+        the first payment's, the second shown beside it (so the money rule counts it as accounted)."""
+        outcome = dict(record.outcome or {})
+        ids = [str(item) for item in outcome.get("operationIds") or []]
+        outcome["operationIds"] = [*ids, operation_id] if operation_id not in ids else ids
+        outcome["latePayments"] = [*(outcome.get("latePayments") or []), {"operationId": operation_id, **how}]
+        fields = self._without_signals_of(record, operation_id)
+        fields["outcome"] = compact_json(outcome)
+        what = f"second payment {operation_id} " + ("refunded by flow " + how["refund"]["flow"] if "refund" in how else "kept")
+        what += "; the flow stays its first payment's"
+        written = self.store.transition(record, Change(FlowState.SUCCEEDED, what, fields), now=self.clock.now(), by=by)
+        if written is None:
+            raise OperatorError(f"flow {record.id} changed meanwhile; look again")
+        self.store.sync(record.id, f"second payment of flow {record.id} closed")
         return written
 
     def wait(self, flow_id: str, timeout: float = 30.0, *, states: frozenset[FlowState] = STOPPED) -> FlowRecord:
@@ -518,10 +603,6 @@ class Engine:
                 self._client = self._client_factory()
                 self._client_pid = os.getpid()
             return self._client
-
-    def _live(self, flow_id: str) -> bool:
-        held = self.store.get(flow_id)
-        return held is not None and held.state not in TERMINAL
 
     def flow_for_order(self, order_id: str) -> str | None:
         return self.orders.flow_for(order_id)

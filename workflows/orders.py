@@ -24,10 +24,18 @@ from workflows.keys import Keys
 
 #: The gateway's longest order id.
 MAX_ORDER_ID = 27
+#: How many derived order ids a flow tries, each held by another flow, before it stops for a person.
+MAX_DERIVED = 20
+
+
+class OrderIdsTaken(Exception):
+    """Every derived order id a flow tried is another flow's (``OrderIndex.take``)."""
 
 
 def gateway_order_id(base: str, seq: int) -> str:
-    """The gateway order id of attempt ``seq``: ``base`` first, then ``base-2``, ``base-3`` (27 characters max)."""
+    """The gateway order id of attempt ``seq``: ``base`` first, then ``base-2``, ``base-3`` (27 characters
+    max, so a long ``base`` is cut: two bases may then give the same id, which ``OrderIndex.take`` never
+    lets two flows hold)."""
     if seq <= 0:
         return base
     suffix = f"-{seq + 1}"
@@ -62,30 +70,37 @@ class OrderIndex:
         """Route notifications of ``order_id`` to ``flow_id`` (an order this flow makes)."""
         self.redis.hset(self.keys.order(order_id), "flow", flow_id)
 
-    def claim(self, order_id: str, flow_id: str, *, holder_live: Any) -> None:
-        """Point ``order_id`` at ``flow_id`` unless a live flow holds it. A start that merely *names* an
-        order id never takes it from another live flow (``holder_live(flow_id) -> bool``): the gateway
-        will refuse the second order and that flow moves to ``<orderId>-2``; the first keeps its
-        notifications. On a single server ``create.lua`` makes the first move (the HSETNX) in the
-        start's own round trip; this runs only when it could not (a cluster, a lookup held)."""
-        key = self.keys.order(order_id)
-        if self.redis.hsetnx(key, "flow", flow_id):
-            return
-        holder = self.flow_for(order_id)
-        if holder is None or (holder != flow_id and not holder_live(holder)):
-            self.redis.hset(key, "flow", flow_id)
+    def take(self, base: str, seq: int, flow_id: str) -> tuple[int, str]:
+        """(seq, order id) of the first derived order id from attempt ``seq`` on that no other flow holds,
+        now held by ``flow_id``: a derived order id is one flow's only, whatever its merchant order id
+        (two ids that differ only past the 25th character share ``-2``; a merchant's own id may look like
+        another's derived one). One the flow holds already is its own (a completion Redis lost, run again).
+        Raises OrderIdsTaken after :data:`MAX_DERIVED` ids held by others."""
+        for candidate in range(seq, seq + MAX_DERIVED):
+            order_id = gateway_order_id(base, candidate)
+            if self.redis.hsetnx(self.keys.order(order_id), "flow", flow_id) or self.flow_for(order_id) == flow_id:
+                return candidate, order_id
+        raise OrderIdsTaken(
+            f"order ids {gateway_order_id(base, seq)} to {gateway_order_id(base, seq + MAX_DERIVED - 1)} are other flows'"
+        )
 
-    def claim_many(self, pairs: list[tuple[str, str]], *, holder_live: Any) -> None:
-        """:meth:`claim` for many (order id, flow id) pairs: one round trip, plus one per order id that a
-        flow already held (rare: a merchant naming an order id twice)."""
+    def claim(self, order_id: str, flow_id: str) -> bool:
+        """Point ``order_id`` at ``flow_id`` unless another flow holds it; whether ``flow_id`` holds it now.
+        A gateway order id is one flow's for as long as its lookup lives (until the retention after that
+        flow ended): a start naming a held one is refused (``create.lua`` on a single server, which makes
+        this move in the start's own round trip; ``Engine.start`` first asks on a cluster, where this runs
+        after the create and a start racing another for the same id may lose: it then holds no lookup,
+        and proves nothing on that order its own: ``workflows.flows._adopt``)."""
+        return bool(self.redis.hsetnx(self.keys.order(order_id), "flow", flow_id)) or self.flow_for(order_id) == flow_id
+
+    def claim_many(self, pairs: list[tuple[str, str]]) -> None:
+        """:meth:`claim` for many (order id, flow id) pairs, in one round trip."""
         if not pairs:
             return
         pipe = self.redis.pipeline(transaction=False)
         for order_id, flow_id in pairs:
             pipe.hsetnx(self.keys.order(order_id), "flow", flow_id)
-        for (order_id, flow_id), taken in zip(pairs, pipe.execute(), strict=True):
-            if not taken:
-                self.claim(order_id, flow_id, holder_live=holder_live)
+        pipe.execute()
 
     def keep_token(self, order_id: str, flow_id: str, output: Mapping[str, Any]) -> None:
         """Keep the security token of a step's answer, so the receiver can verify the order's notifications."""
@@ -93,7 +108,7 @@ class OrderIndex:
         if order_id and isinstance(token, str) and token:
             pipe = self.redis.pipeline(transaction=False)
             pipe.sadd(self.keys.tokens(order_id), token)
-            pipe.hset(self.keys.order(order_id), "flow", flow_id)
+            pipe.hsetnx(self.keys.order(order_id), "flow", flow_id)  # never another flow's: it holds its own
             pipe.execute()
 
     def keep(self, order_ids: Iterable[str]) -> None:

@@ -31,12 +31,13 @@ from typing import TYPE_CHECKING, Any
 from pydantic import ValidationError
 
 from gateway import BY_NAME, describe_validation_error, reported_payment
-from tasks.outcomes import Advance, Finish, NewOrder, Outcome, Poll, Retry, Sleep, Wait
-from tasks.runner import LeaseLost, StepContext, run_step, settle_before_cancel
+from tasks.outcomes import Advance, Attention, Finish, NewOrder, Outcome, Poll, Retry, Sleep, Wait
+from tasks.runner import LeaseLost, NothingMoved, StepContext, run_step, settle
+from workflows import inflight
 from workflows.durability import NotDurable
 from workflows.flows._common import operation_of
 from workflows.keys import step_idempotency_key
-from workflows.orders import gateway_order_id
+from workflows.orders import OrderIdsTaken
 from workflows.states import STOPPED, FlowState
 from workflows.steps import FlowDefinition, Step, WaitStep
 from workflows.store import Change, ClaimRequest, FlowRecord, compact_json
@@ -61,6 +62,15 @@ class Claim:
     resend: bool
 
 
+@dataclass(frozen=True)
+class Ran:
+    """What running a claimed step gave: its outcome (None: cancel the flow now, nothing in flight), and
+    the fields of money in flight the completion must write besides (a read that found nothing moved)."""
+
+    outcome: Outcome | None
+    settled: dict[str, str | None] = dataclasses.field(default_factory=dict)
+
+
 class StepProtocol:
     """Claim, complete, dispatch. One per engine; it reads the engine's store, registry and settings."""
 
@@ -71,6 +81,7 @@ class StepProtocol:
         self.observer: Callable[[str, str, float, str], None] | None = None
         self._inputs: dict[tuple[str, str], Any] = {}
         self._inputs_lock = threading.Lock()
+        self._money_ops: dict[str, str] = {}
 
     # -- claim ---------------------------------------------------------------------------------
 
@@ -100,7 +111,20 @@ class StepProtocol:
             engine.retry_policy.max_attempts,
             engine.settings.engine.max_step_runs,
             money,
+            self.money_ops(step_name),
         )
+
+    def money_ops(self, step_name: str) -> str:
+        """``claim.lua``'s ARGV of money in flight: per flow kind whose step ``step_name`` moves money, the
+        operation it calls (JSON), or "" (the script learns the kind from the record it claims)."""
+        found = self._money_ops.get(step_name)
+        if found is None:
+            ops = {}
+            for kind, definition in self.engine.registry.items():
+                if step_name in definition.step_index and (op := inflight.money_operation(definition.step(step_name))):
+                    ops[kind] = op
+            found = self._money_ops[step_name] = compact_json(ops) if ops else ""
+        return found
 
     def _judge(self, taken: tuple[str, FlowRecord] | str, request: ClaimRequest) -> Claim | str:
         """Apply ``claim.lua``'s verdict: the claim handed to the step, or why there is none."""
@@ -108,8 +132,6 @@ class StepProtocol:
             return taken
         step_name, now, owner = request.step, request.now, request.owner
         verdict, record = taken
-        if verdict == "cancel":
-            return self._stop(record, Change(FlowState.CANCELLED, "cancelled as requested"), now, owner)
         if verdict == "lost":
             # The step's worker died holding it again and again (a crash, the OOM killer): stop for a
             # person instead of killing workers forever. ``retry`` reconciles first.
@@ -231,7 +253,8 @@ class StepProtocol:
             wait_deadline=float(record.wait["deadline"]) if record and record.wait else None,
             notification_url=engine.settings.receiver.public_url,
             retry=engine.retry_policy,
-            maybe_sent_at=(record.maybe_sent or record.created) if record else now,
+            maybe_sent_at=_maybe_sent_at(record) if record else now,
+            order_holder=engine.orders.flow_for,
         )
 
     # -- run and complete -------------------------------------------------------------------------
@@ -279,27 +302,50 @@ class StepProtocol:
         """Run a claimed step and complete it: (what happened, the record as its completion wrote it if
         it did, and with ``inline`` the claim of the next step when it was made with the completion)."""
         try:
-            if claim.record.cancel_requested:
-                # Asked to stop while an earlier try may have reached the gateway (a lost worker, an
-                # ambiguous answer): no new call, only a read of what that try did.
-                found = settle_before_cancel(claim.step, claim.ctx, resend=claim.resend)
-                if found is None:
-                    cancel = Change(FlowState.CANCELLED, "cancelled as requested", {"lease_until": None, "lease_owner": None})
-                    return self._stop(claim.record, cancel, self.engine.clock.now(), claim.record.lease_owner), None, None
-                outcome = found
-            else:
-                outcome = run_step(claim.step, claim.ctx, must_reconcile=claim.resend, resend=claim.resend)
+            ran = self.run(claim)
         except LeaseLost as lost:
             log.warning("%s; its result is dropped", lost)
             return "stale", None, None
-        return self._complete(claim, outcome, chained_next, inline=inline)
+        return self.finish(claim, ran, chained_next, inline=inline)
+
+    def run(self, claim: Claim) -> Ran:
+        """Run a claimed step: its outcome, or (``outcome`` None) that the flow is to be cancelled now.
+        Raises LeaseLost when the claim was taken over before a call."""
+        record = claim.record
+        if not (record.cancel_requested or record.ending):
+            return Ran(run_step(claim.step, claim.ctx, must_reconcile=claim.resend, resend=claim.resend))
+        # To end (a cancel asked, or a failure owed) while money may be in flight: no new money call,
+        # only the read that tells what the earlier one did (tasks.runner.settle).
+        found = settle(claim.step, claim.ctx, unsettled=record.unsettled)
+        if not isinstance(found, NothingMoved):
+            return Ran(found)
+        if record.cancel_requested or not record.ending:
+            return Ran(None, inflight.nothing_moved())
+        return Ran(_owed_failure(record.ending), inflight.nothing_moved())
+
+    def finish(
+        self, claim: Claim, ran: Ran, chained_next: str | None = None, *, inline: bool = False
+    ) -> tuple[str, FlowRecord | None, Claim | str | None]:
+        """Complete a step :meth:`run` ran (see :meth:`_run_claimed`)."""
+        if ran.outcome is None:
+            record = claim.record
+            what = "cancelled as requested" + (": the gateway shows no money moved" if record.unsettled else "")
+            cancel = Change(FlowState.CANCELLED, what, {"lease_until": None, "lease_owner": None, **ran.settled})
+            return self._stop(record, cancel, self.engine.clock.now(), record.lease_owner), None, None
+        return self._complete(claim, ran.outcome, chained_next, inline=inline, settled=ran.settled)
 
     def complete(self, claim: Claim, outcome: Outcome, *, chained_next: str | None = None) -> str:
         """Write the step's outcome in one compare-and-set; ``stale`` if the claim was taken over."""
         return self._complete(claim, outcome, chained_next, inline=False)[0]
 
     def _complete(
-        self, claim: Claim, outcome: Outcome, chained_next: str | None, *, inline: bool
+        self,
+        claim: Claim,
+        outcome: Outcome,
+        chained_next: str | None,
+        *,
+        inline: bool,
+        settled: dict[str, str | None] | None = None,
     ) -> tuple[str, FlowRecord | None, Claim | str | None]:
         engine = self.engine
         claimed, definition, step, ctx = claim.record, claim.definition, claim.step, claim.ctx
@@ -349,7 +395,7 @@ class StepProtocol:
             # about the earlier request, which may still be on its way to commit.
             reconcile = outcome.reconcile or claimed.reconcile or claimed.uncertain
             done |= {"error": compact_json(outcome.error), "reconcile": "1" if reconcile else None}
-            if outcome.reconcile and _wrote(ctx):
+            if (outcome.reconcile or outcome.error.get("ambiguous")) and _wrote(ctx):
                 done["maybe_sent"] = repr(now)  # this try's write got no answer: it may still arrive
             what = f"{step.name} will be retried in {outcome.after:.1f}s" + (" (reconcile first)" if reconcile else "")
             change = Change(FlowState.RETRYING, what, done, due=now + outcome.after)
@@ -369,11 +415,8 @@ class StepProtocol:
         elif isinstance(outcome, Sleep):
             done |= {"attempt": "0"}
             change = Change(FlowState.SLEEPING, f"{step.name}: sleeps until {outcome.until:.0f}", done, due=outcome.until)
-        elif isinstance(outcome, NewOrder):
-            seq = claimed.order_seq + 1
-            base = definition.order_id(ctx.input) if definition.order_id else claimed.order_id
-            new_order = gateway_order_id(base, seq)
-            engine.orders.point(new_order, claimed.id)
+        elif isinstance(outcome, NewOrder) and (fresh := self._new_order(definition, claimed, ctx)) is not None:
+            seq, new_order = fresh
             done |= {
                 "order_seq": str(seq),
                 "order_id": new_order,
@@ -388,8 +431,14 @@ class StepProtocol:
                 due=now + engine.safety,
             )
         else:
+            if isinstance(outcome, NewOrder):  # no derived order id left that is not another flow's
+                outcome = Attention(f"{outcome.reason}; no fresh order id: every one tried is another flow's")
             done |= {"error": compact_json(outcome.error) if outcome.error else compact_json({"message": outcome.reason})}
             change = Change(FlowState.NEEDS_ATTENTION, f"{step.name}: {outcome.reason}", done)
+        # Money in flight: settled, told its operation, or kept, from what the gateway answered; written
+        # in this same compare-and-set, which will not let the flow end while it is kept (transition.lua).
+        money = {**inflight.after(step, claimed, outcome), **(settled or {})}
+        change = dataclasses.replace(change, fields={**change.fields, **money})
         paid = _payment_recorded(outcome)
         if paid:
             change = dataclasses.replace(change, paid=paid)
@@ -412,6 +461,14 @@ class StepProtocol:
         if written.state is FlowState.READY and written.step != chained_next and not inline:
             self.send_from(written, written.step)
         return str(written.state), written, following_claim
+
+    def _new_order(self, definition: FlowDefinition, claimed: FlowRecord, ctx: StepContext) -> tuple[int, str] | None:
+        """The flow's next gateway order id, held by it in the order index (None: none is free)."""
+        base = definition.order_id(ctx.input) if definition.order_id else claimed.order_id
+        try:
+            return self.engine.orders.take(base, claimed.order_seq + 1, claimed.id)
+        except OrderIdsTaken:
+            return None
 
     # -- sending -------------------------------------------------------------------------------
 
@@ -490,6 +547,28 @@ def _call_made(step: Step, claimed: FlowRecord, outcome: Outcome, now: float, *,
     if reconcile:
         call["reconcile"] = True
     return call
+
+
+def _maybe_sent_at(record: FlowRecord) -> float:
+    """The latest moment a try of the step may have sent a money call whose answer never came: an
+    unanswered try's time, else the claim that marked the money in flight, else the flow's start."""
+    marked = (record.unsettled or {}).get("t")
+    times = [t for t in (record.maybe_sent, float(marked) if isinstance(marked, int | float) else None) if t is not None]
+    return max(times) if times else record.created
+
+
+def _owed_failure(ending: Mapping[str, Any] | None) -> Finish:
+    """The failure a flow was heading for when money was found in flight, now that a read of the gateway
+    showed none moved (``ending``, kept by transition.lua)."""
+    ending = ending or {}
+    error = ending.get("error")
+    outcome = ending.get("outcome")
+    reason = (outcome or {}).get("reason") if isinstance(outcome, dict) else None
+    return Finish(
+        False,
+        f"{reason or ending.get('reason') or 'failed'} (the gateway shows no money moved)",
+        error=error if isinstance(error, dict) else None,
+    )
 
 
 def _customer_url(step: Step, output: Mapping[str, Any]) -> dict[str, str | None]:

@@ -40,10 +40,12 @@ TRANSITIONS: dict[FlowState, frozenset[FlowState]] = {
     S.RUNNING: frozenset(
         {S.RUNNING, S.READY, S.RETRYING, S.WAITING, S.SLEEPING, S.SUCCEEDED, S.FAILED, S.CANCELLED, S.NEEDS_ATTENTION}
     ),
-    S.RETRYING: frozenset({S.RUNNING, S.CANCELLED, S.NEEDS_ATTENTION}),
+    # ``-> ready``: a cancel while money is in flight becomes a read of the gateway, due now (transition.lua).
+    S.RETRYING: frozenset({S.RUNNING, S.READY, S.CANCELLED, S.NEEDS_ATTENTION}),
     S.WAITING: frozenset({S.READY, S.RUNNING, S.CANCELLED, S.NEEDS_ATTENTION}),
-    S.SLEEPING: frozenset({S.RUNNING, S.CANCELLED, S.NEEDS_ATTENTION}),
-    S.NEEDS_ATTENTION: frozenset({S.READY, S.CANCELLED}),
+    S.SLEEPING: frozenset({S.RUNNING, S.READY, S.CANCELLED, S.NEEDS_ATTENTION}),
+    # ``-> succeeded``: a second payment beside the one the outcome names was refunded or kept by a person.
+    S.NEEDS_ATTENTION: frozenset({S.READY, S.SUCCEEDED, S.CANCELLED}),
     # A payment reported after the flow ended without it (signal.lua, see money.lua) needs a person.
     S.FAILED: frozenset({S.READY, S.NEEDS_ATTENTION}),
     S.SUCCEEDED: frozenset({S.NEEDS_ATTENTION}),
@@ -62,3 +64,25 @@ class IllegalTransition(Exception):
         super().__init__(f"flow {flow_id or '?'}: cannot go from {source} to {target}")
         self.source = source
         self.target = target
+
+
+def lua_prelude() -> str:
+    """This table as Lua, prepended to every script that moves a flow (``FlowStore``): the scripts check
+    each move against it and name the states from it, so the states and their rules have one home.
+
+    ``MOVES[from][to]``, and the sets ``TERMINAL``, ``STOPPED`` and ``CLAIMABLE`` (``set[name] == true``)."""
+
+    def table(states: frozenset[FlowState]) -> str:
+        return "{" + ", ".join(f"{state.value} = true" for state in sorted(states)) + "}"
+
+    moves = ", ".join(f"{source.value} = {table(targets)}" for source, targets in sorted(TRANSITIONS.items()))
+    return (
+        "-- Generated from workflows/states.py (lua_prelude): the flow states and their moves.\n"
+        f"local TERMINAL = {table(TERMINAL)}\n"
+        f"local STOPPED = {table(STOPPED)}\n"
+        f"local CLAIMABLE = {table(CLAIMABLE)}\n"
+        f"local MOVES = {{{moves}}}\n"
+        "local function may_move(from, to)\n"
+        "  return MOVES[from] ~= nil and MOVES[from][to] == true\n"
+        "end\n"
+    )

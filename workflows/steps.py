@@ -41,7 +41,8 @@ def advance_with_answer(ctx: StepContext, answer: GatewayModel) -> Outcome:
 
 
 def never_committed(ctx: StepContext) -> ReconcileResult:
-    """For calls that cannot have an effect worth adopting: call again."""
+    """For calls that cannot have an effect worth adopting: call again. (A keyed call with this default
+    is read back by asking again with its key: ``CallStep.reconcile``.)"""
     return NOT_COMMITTED
 
 
@@ -69,6 +70,10 @@ class CallStep:
         return self.result(ctx, answer)
 
     def reconcile(self, ctx: StepContext) -> ReconcileResult:
+        """Read back what an earlier try did. A call keyed by an ``Idempotency-Key`` with no read of its
+        own is read by asking again with the same key: the gateway answers what it did (docs/gateway.md)."""
+        if self.adopt is never_committed and self.op.idempotency_key:
+            return self.execute(ctx)
         return self.adopt(ctx)
 
 
@@ -145,6 +150,8 @@ class FlowDefinition:
     summary: Callable[[Any, Mapping[str, dict[str, Any]]], dict[str, Any]]
     order_id: Callable[[Any], str] | None = None
     description: str = ""
+    #: Where ``order_id`` reads the gateway order id in the input (named when a start is refused for it).
+    order_field: str = "order.orderId"
     step_index: dict[str, int] = field(default_factory=dict, init=False, compare=False)
 
     def __post_init__(self) -> None:

@@ -9,8 +9,11 @@ Hash fields: ``id kind state step version attempt created updated due lease_unti
 order_id order_seq start_key input_hash reconcile uncertain maybe_sent cancel_requested customer_url
 polls generation runs`` as strings (``runs``: claims of the current step, the backstop under every loop;
 ``maybe_sent``: the latest moment an earlier try of the step may have sent a call it got no answer to),
-``input error wait outcome orders`` as JSON (``orders``: every gateway order
-id the flow made, oldest first; absent while it is only ``order_id``), ``out:<step>`` (JSON) per
+``input error wait outcome orders unsettled ending`` as JSON (``orders``: every gateway order
+id the flow made, oldest first; absent while it is only ``order_id``; ``unsettled``: money in flight, the
+money call a step may have sent, ``{step, op, t, operationId?}``, from its claim until a read of the
+gateway settles it; ``ending``: the failure a flow owes once that read finds no money moved, see
+``workflows.inflight``), ``out:<step>`` (JSON) per
 finished step and ``sig:<n>`` (JSON ``{name, payload, t}``) per received signal not yet consumed.
 """
 
@@ -31,7 +34,7 @@ from workflows.keys import Keys
 from workflows.pins import Pins
 from workflows.scripts import ScriptPipeline
 from workflows.sensitive import scrub
-from workflows.states import TERMINAL, FlowState, IllegalTransition, can_move
+from workflows.states import TERMINAL, FlowState, IllegalTransition, can_move, lua_prelude
 
 
 def _script(name: str) -> str:
@@ -80,6 +83,8 @@ class FlowRecord:
     uncertain: bool = False
     maybe_sent: float | None = None
     cancel_requested: bool = False
+    unsettled: dict[str, Any] | None = None
+    ending: dict[str, Any] | None = None
     customer_url: str = ""
     polls: int = 0
     generation: int = 0
@@ -148,6 +153,8 @@ class FlowRecord:
             uncertain=data.get("uncertain") == "1",
             maybe_sent=number("maybe_sent"),
             cancel_requested=data.get("cancel_requested") == "1",
+            unsettled=loads("unsettled"),
+            ending=loads("ending"),
             customer_url=data.get("customer_url", ""),
             polls=int(data.get("polls") or 0),
             generation=int(data.get("generation") or 0),
@@ -182,12 +189,22 @@ class FlowRecord:
             "wait": self.wait,
             "outcome": self.outcome,
             "cancel_requested": self.cancel_requested,
+            "unsettled": self.unsettled,
             "start_key": self.start_key or None,
         }
 
 
 class StartConflict(Exception):
     """The start key was used before for another input: a second start must repeat the first exactly."""
+
+
+class OrderHeld(Exception):
+    """The gateway order id a start names is another flow's (its order lookup names that flow)."""
+
+    def __init__(self, order_id: str, holder: str) -> None:
+        super().__init__(f"order id {order_id} is flow {holder}'s")
+        self.order_id = order_id
+        self.holder = holder
 
 
 @dataclass(frozen=True)
@@ -243,6 +260,9 @@ class ClaimRequest:
     max_attempts: int
     max_runs: int
     durable: bool = False
+    #: JSON {kind: operation} of the flow kinds whose step of this name moves money (claim.lua marks it
+    #: unsettled), or "".
+    money_ops: str = ""
 
 
 @dataclass(frozen=True)
@@ -282,13 +302,15 @@ class FlowStore:
         self.keys = keys
         self.retention_seconds = retention_seconds
         self._durability: Durability | Callable[[], Durability] = durability or Durability()
-        # Shared code is prepended: money.lua (one rule for payments reported), events.lua (the outbox).
-        money, outbox = _script("money.lua"), _script("events.lua")
+        # Shared code is prepended: the states and their moves (generated from workflows/states.py),
+        # money.lua (one rule for payments reported), events.lua (the outbox).
+        states, money, outbox = lua_prelude(), _script("money.lua"), _script("events.lua")
         self._create = client.register_script(outbox + _script("create.lua"))
-        self._transition = client.register_script(money + outbox + _script("transition.lua"))
-        self._signal = client.register_script(money + outbox + _script("signal.lua"))
+        self._transition = client.register_script(states + money + outbox + _script("transition.lua"))
+        self._signal = client.register_script(states + money + outbox + _script("signal.lua"))
         self._take_due = client.register_script(_script("take_due.lua"))
-        self._claim = client.register_script(_script("claim.lua"))
+        self._claim = client.register_script(states + _script("claim.lua"))
+        self._request_cancel = client.register_script(_script("request_cancel.lua"))
         self._renew = client.register_script(_script("renew.lua"))
         self._expand = client.register_script(_script("expand.lua"))
         self._marker = client.register_script("redis.call('SET', KEYS[1], '1') return 1")
@@ -356,11 +378,12 @@ class FlowStore:
         is being sent right away, so the dispatcher only sends it if that message is lost. On a single
         server the same script points a free order lookup at the new flow (one round trip for both).
 
-        Raises StartConflict when the flow exists with a different input (a start key reused).
+        Raises StartConflict when the flow exists with a different input (a start key reused), and
+        OrderHeld (nothing written) when its order lookup names another flow.
         """
         keys, args, digest = self._create_call(new, now=now, by=by, safety=safety)
         outcome = self._created(new, digest, self._create(keys=keys, args=args))
-        if isinstance(outcome, StartConflict):
+        if isinstance(outcome, StartConflict | OrderHeld):
             raise outcome
         if outcome.flow:  # the script wrote exactly these fields: no need to read them back
             return FlowRecord.from_fields({**json.loads(args[2]), "input_hash": digest}), outcome
@@ -368,9 +391,11 @@ class FlowStore:
         assert record is not None
         return record, outcome
 
-    def create_many(self, news: Sequence[NewFlow], *, now: float, by: str, safety: float = 0.0) -> list[Created | StartConflict]:
+    def create_many(
+        self, news: Sequence[NewFlow], *, now: float, by: str, safety: float = 0.0
+    ) -> list[Created | StartConflict | OrderHeld]:
         """:meth:`create` for many flows in one round trip (the scheduler's batches): per flow, what it
-        wrote, or the StartConflict it raised."""
+        wrote, or the StartConflict or OrderHeld it raised."""
         pipe = ScriptPipeline(self.redis)
         digests = []
         for new in news:
@@ -380,8 +405,10 @@ class FlowStore:
         return [self._created(new, digest, reply) for new, digest, reply in zip(news, digests, pipe.execute(), strict=True)]
 
     @staticmethod
-    def _created(new: NewFlow, digest: str, reply: Sequence[Any]) -> Created | StartConflict:
+    def _created(new: NewFlow, digest: str, reply: Sequence[Any]) -> Created | StartConflict | OrderHeld:
         created, stored_hash, pointed = reply
+        if created == 2:
+            return OrderHeld(new.order_id, stored_hash.decode())
         if not created and stored_hash.decode() != digest:
             return StartConflict(f"key {new.start_key or new.flow_id!r} was used to start a different {new.kind} flow")
         return Created(bool(created), bool(pointed))
@@ -487,6 +514,7 @@ class FlowStore:
             self.keys.by_state(partition, FlowState.NEEDS_ATTENTION.value),
             self.keys.events(partition),
             self.keys.finished(partition),
+            self.keys.by_state(partition, FlowState.RETRYING.value),
             *operations,
         ]
         args = [
@@ -510,13 +538,13 @@ class FlowStore:
         self, record: FlowRecord, change: Change, call: _TransitionCall, answer: Any, *, now: float
     ) -> FlowRecord | None:
         """The record as ``transition.lua`` left it (None: refused as stale)."""
-        version, final_state = answer
+        version, final_state, rewritten = answer
         if not version:
             return None
         state = final_state.decode() if isinstance(final_state, bytes) else str(final_state)
-        if state != change.state.value:
-            # The script moved it elsewhere (a signal already there, a cancel request, a reported
-            # payment) and wrote fields of its own: read the record back (rare).
+        if state != change.state.value or rewritten:
+            # The script moved it elsewhere (a signal already there, a cancel request, money in flight, a
+            # reported payment) or wrote fields of its own: read the record back (rare).
             return self.get(record.id)
         # The script applied exactly these changes: rebuild the record here instead of reading it back.
         data = dict(record.fields)
@@ -527,7 +555,7 @@ class FlowStore:
                 data[name] = value
         if call.scrubbed and state in {s.value for s in TERMINAL}:
             data["input"] = call.scrubbed
-        if state == FlowState.CANCELLED.value:
+        if state in {s.value for s in TERMINAL}:
             data.pop("cancel_requested", None)
         data.update({"state": state, "version": str(version), "updated": repr(now)})
         if change.due is None:
@@ -561,6 +589,7 @@ class FlowStore:
         max_attempts: int,
         max_runs: int,
         durable: bool = False,
+        money_ops: str = "",
     ) -> tuple[str, FlowRecord] | str:
         """Claim ``step`` in one round trip (``claim.lua``, the one home of the claim rules).
 
@@ -572,7 +601,7 @@ class FlowStore:
 
         ``durable``: the step moves money, so a claim must be durable before it runs: the claim and the
         durability wait share one connection (two round trips in all); NotDurable when it is not."""
-        request = ClaimRequest(flow_id, step, now, lease_until, owner, max_attempts, max_runs, durable)
+        request = ClaimRequest(flow_id, step, now, lease_until, owner, max_attempts, max_runs, durable, money_ops)
         keys, args = self._claim_call(request)
         if durable and self.durability.active:
             answer, pinned = self.pins.script(self._claim, keys, args)
@@ -595,6 +624,7 @@ class FlowStore:
             request.owner,
             str(request.max_attempts),
             str(request.max_runs),
+            request.money_ops,
         ]
         return keys, args
 
@@ -645,9 +675,11 @@ class FlowStore:
             self._durability = self._durability()
         return self._durability
 
-    def request_cancel(self, flow_id: str) -> None:
-        """Ask a running step's flow to stop at the step boundary (no version change: the step completes)."""
-        self.redis.hset(self.keys.flow(flow_id), "cancel_requested", "1")
+    def request_cancel(self, flow_id: str, version: int) -> bool:
+        """Ask a running step's flow to stop at the step boundary (no version change: the step completes).
+        False when the flow is not running at ``version`` any more (the step completed meanwhile, or the
+        record expired): the caller reads it again and cancels what it finds."""
+        return bool(self._request_cancel(keys=[self.keys.flow(flow_id)], args=[str(version)]))
 
     def signal(
         self,
@@ -669,13 +701,21 @@ class FlowStore:
         if paid:
             signal["paid"] = dict(paid)
         states = (FlowState.WAITING, FlowState.READY, FlowState.SUCCEEDED, FlowState.FAILED, FlowState.CANCELLED)
-        result = self._signal(
-            keys=[self.keys.flow(flow_id), self.keys.log(flow_id), self.keys.due(partition)]
-            + [self.keys.by_state(partition, state.value) for state in (*states, FlowState.NEEDS_ATTENTION)]
-            + [self.keys.events(partition)],
-            args=[flow_id, name, compact_json(signal), repr(now), entry, repr(now + safety), by, self.events],
-        )
-        return result.decode() if isinstance(result, bytes) else str(result)
+        keys = [self.keys.flow(flow_id), self.keys.log(flow_id), self.keys.due(partition)]
+        keys += [self.keys.by_state(partition, state.value) for state in (*states, FlowState.NEEDS_ATTENTION)]
+        keys += [self.keys.events(partition)]
+        args = [flow_id, name, compact_json(signal), repr(now), entry, repr(now + safety), by, self.events]
+        for _ in range(3):
+            answer = self._signal(keys=keys, args=args)
+            result = answer.decode() if isinstance(answer, bytes) else str(answer)
+            if result != "packed":
+                return result
+            # A finished flow, compacted: made plain again first, so the script reads every field (its
+            # signals and their numbering, its order id and step for the events) as written.
+            record = self.get(flow_id)
+            if record is not None and record.packed:
+                self._unpack(record)
+        raise RuntimeError(f"flow {flow_id}: the signal found the record packed again and again")
 
     def take_due(self, partition: int, *, now: float, batch: int, grace: float) -> list[str]:
         ids = self._take_due(keys=[self.keys.due(partition)], args=[repr(now), batch, repr(grace)])

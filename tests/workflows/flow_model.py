@@ -37,15 +37,16 @@ from config import load_settings
 from gateway import CATALOGUE, Catalogue
 from service.receiver import NotificationReceiver
 from simulator import SimulatorConfig, SimulatorServer
-from tasks.outcomes import Outcome
-from tasks.runner import LeaseLost, run_step, settle_before_cancel
+from tasks.runner import LeaseLost
 from tests.workflows.aof_tail import AofTail, FloorDurability
 from workflows.clock import ManualClock
+from workflows.compact import Compactor
 from workflows.engine import Claim, Engine
 from workflows.flows import REGISTRY
+from workflows.protocol import Ran
 from workflows.schedules import Schedules
 from workflows.states import STOPPED, FlowState
-from workflows.store import Change, FlowRecord
+from workflows.store import FlowRecord
 
 #: Operations that take money (or verify a card): the flow's own payment when they have no parent.
 PAYMENT_TYPES = {"AUTHORIZATION", "CAPTURE", "CARD_VERIFICATION"}
@@ -111,7 +112,7 @@ class FlowWorld:
     schedule_ids: list[str] = field(default_factory=list)
     contract: str = ""
     shown: set[str] = field(default_factory=set)  # orders whose page URL the merchant was shown
-    held: list[tuple[Claim, Outcome | None]] = field(default_factory=list)
+    held: list[tuple[Claim, Ran]] = field(default_factory=list)
     steps: int = 0
     cuts: int = 0
     retention_runs: int = 0
@@ -156,12 +157,28 @@ class FlowWorld:
             data = {"order": order, "card": card(CHALLENGE if variant == "challenge" else APPROVE)}
             data["challengeTimeoutSeconds"] = 300
         else:
-            session = {"actionType": "PAY", "amount": "1500", "language": "eng", "resultUrl": "https://shop.example/r"}
-            data = {"order": order, "paymentSession": session, "waitSeconds": 600}
-        record = self.engine.start(kind, data, key=base)  # keyed: the same id (and partition) in every replay
-        flow = ModelFlow(record.id, kind, base)
+            data = self.hpp_input(base)
+        return self.start_flow(kind, data, key=base)  # keyed: the same id (and partition) in every replay
+
+    def start_flow(self, kind: str, data: dict[str, Any], *, key: str) -> ModelFlow:
+        """Start a flow of any kind with ``data``; its base order id is its input's (the key otherwise)."""
+        record = self.engine.start(kind, data, key=key)
+        flow = ModelFlow(record.id, kind, record.order_id or key)
         self.flows.append(flow)
         return flow
+
+    @staticmethod
+    def hpp_input(order_id: str) -> dict[str, Any]:
+        session = {"actionType": "PAY", "amount": "1500", "language": "eng", "resultUrl": "https://shop.example/r"}
+        order = {"orderId": order_id, "amount": "1500", "currency": "EUR"}
+        return {"order": order, "paymentSession": session, "waitSeconds": 600}
+
+    def compactor(self) -> Compactor:
+        return Compactor(self.engine.redis, self.engine.keys, self.engine.orders, delay=0.0)
+
+    def compact(self) -> int:
+        """Pack every finished flow now (the dispatcher does it a second after a flow ends)."""
+        return self.compactor().run(now=self.clock.now() + 1)
 
     def make_contract(self) -> str:
         """A MIT_SCHEDULED contract, made by a first three-step payment outside any flow (before any fault)."""
@@ -220,22 +237,16 @@ class FlowWorld:
             return claim
         self.steps += 1
         try:
-            if claim.record.cancel_requested:
-                outcome = settle_before_cancel(claim.step, claim.ctx, resend=claim.resend)
-            else:
-                outcome = run_step(claim.step, claim.ctx, must_reconcile=claim.resend, resend=claim.resend)
+            ran = self.engine.protocol.run(claim)
         except LeaseLost:
             return "lease lost"
-        self.held.append((claim, outcome))
+        self.held.append((claim, ran))
         return "held"
 
     def finish_step(self, index: int) -> str:
         """The slow worker completes (as ``StepProtocol.run_step`` would; refused if it is stale by now)."""
-        claim, outcome = self.held.pop(index)
-        if outcome is None:  # asked to stop, and the gateway shows nothing done: cancelled
-            cancel = Change(FlowState.CANCELLED, "cancelled as requested", {"lease_until": None, "lease_owner": None})
-            return self.engine.protocol._stop(claim.record, cancel, self.clock.now(), claim.record.lease_owner)
-        return self.engine.complete(claim, outcome)
+        claim, ran = self.held.pop(index)
+        return self.engine.protocol.finish(claim, ran)[0]
 
     def kill_mid_step(self, flow: ModelFlow) -> str:
         """A worker claims the flow's current step, runs it (the gateway acts), and dies before completing."""
@@ -245,11 +256,12 @@ class FlowWorld:
             return "killed"
         return began
 
-    def advance(self, seconds: float) -> None:
+    def advance(self, seconds: float, *, release: bool = True) -> None:
         """Move time on. A request the gateway got late (a ``late`` fault) acts first: the gateway acts
         on a request within ``late_seconds`` of it being sent, or never, and the model's moves of
-        time are as long as that, or longer."""
-        self.sim.admin.release_late()
+        time are as long as that, or longer (``release`` False: never)."""
+        if release:
+            self.sim.admin.release_late()
         self.clock.advance(seconds)
         self.sim.admin.advance_clock(seconds)
 
@@ -317,11 +329,13 @@ class FlowWorld:
         self.discover()
         return [flow for flow in self.flows if not flow.expired and (self.record(flow) or _gone()).state in LIVE]
 
-    def settle(self, limit: int = 400) -> int:
+    def settle(self, limit: int = 400, *, release: bool = True) -> int:
         """Deliver, dispatch, tick the schedules and move time on until every flow is stopped and no
         schedule has anything left to fire; the moves it took. Every notification the gateway made is
-        delivered again first (the gateway retries until answered), after any request still held late."""
-        self.sim.admin.release_late()
+        delivered again first (the gateway retries until answered), after any request still held late
+        (``release`` False: those never act, as a request the gateway dropped)."""
+        if release:
+            self.sim.admin.release_late()
         for flow in self.flows:
             for note in self.notifications(flow):
                 if not flow.expired:
@@ -338,7 +352,7 @@ class FlowWorld:
             if not self.live() and not self.schedules.store.next_due():
                 return taken
             assert due, f"live flows {[flow.flow_id for flow in self.live()]} and nothing due"
-            self.advance(max(min(due) - self.clock.now(), 0.0) + 0.001)
+            self.advance(max(min(due) - self.clock.now(), 0.0) + 0.001, release=release)
         raise AssertionError(f"not settled after {limit} moves: {[self.describe(flow) for flow in self.flows]}")
 
     def describe(self, flow: ModelFlow) -> dict[str, Any]:

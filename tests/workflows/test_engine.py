@@ -377,19 +377,22 @@ class OrderInput(GatewayModel):
     orderId: str
 
 
-def test_a_second_flow_naming_the_same_order_does_not_take_its_notifications(make_engine: Any, clock: ManualClock) -> None:
+def test_a_second_flow_naming_a_held_order_is_refused_until_the_lookup_is_gone(make_engine: Any, clock: ManualClock) -> None:
     definition = FlowDefinition("demo", OrderInput, (wait_step(),), summary, order_id=lambda data: data.orderId)
     engine, _ = make_engine(definition)
     first = engine.start("demo", {"orderId": "ord-7"}, key="a")
-    second = engine.start("demo", {"orderId": "ord-7"}, key="b")
-    assert second.id != first.id
+    with pytest.raises(InputError, match="ord-7 is flow"):
+        engine.start("demo", {"orderId": "ord-7"}, key="b")
     assert engine.flow_for_order("ord-7") == first.id, "the live flow keeps its order's notifications"
     engine.cancel(first.id)
     assert engine.redis.ttl(engine.keys.order("ord-7")) == -1, "lookups of a flow not yet packed stay"
     Compactor(engine.redis, engine.keys, engine.orders).run(now=clock.now() + 5)  # the dispatcher's pass
     assert engine.redis.ttl(engine.keys.order("ord-7")) > 0, "a finished flow's order lookup expires with it"
+    with pytest.raises(InputError, match="cancelled"):
+        engine.start("demo", {"orderId": "ord-7"}, key="c")  # a payment on it would still be the first's
+    engine.redis.delete(engine.keys.order("ord-7"))  # its retention ran out
     third = engine.start("demo", {"orderId": "ord-7"}, key="c")
-    assert engine.flow_for_order("ord-7") == third.id, "an order of a finished flow may be named again"
+    assert engine.flow_for_order("ord-7") == third.id, "an order id may be named again once its lookup is gone"
 
 
 def test_a_signal_the_wait_step_consumed_does_not_wake_it_again(make_engine: Any) -> None:

@@ -3,10 +3,13 @@
 A call whose answer was lost (a timeout, a 5xx, a worker killed, a write Redis lost) may have taken
 effect. Before calling again, the step reads the gateway and decides here:
 
-* **Adopt** what the gateway holds, if it is *this flow's*: the operation this step made, never
-  simply the order's latest (a later refund or capture on the same order is not the payment), and
-  only if it matches the flow (amount, currency, card). An operation that does not match is someone
-  else's (a merchant reusing an order id): a person looks, nothing is adopted.
+* **Adopt** what the gateway holds, only when it is provably *this flow's*: the operation this step
+  made, never simply the order's latest (a later refund or capture on the same order is not the
+  payment); on an order this flow holds in the order index (``order:<orderId>`` names it: a live flow's
+  order ids, derived ones included, are never another flow's); made after this flow started (an order id
+  of a flow that ended long ago may be named again, and the gateway still holds that earlier payment);
+  and matching the flow (amount, currency, card). Anything else is someone else's: a person looks,
+  nothing is adopted.
 * **Call again** only when the gateway shows the call never acted (no order, or the operation still
   where the earlier step left it).
 * **A fresh order id** (``<orderId>-2``) for a customer session only when the read proves that the
@@ -74,6 +77,24 @@ def foreign(ctx: StepContext, operation: Operation) -> str | None:
     return None
 
 
+#: How far the gateway's clock may be ahead of the engine's when judging that a payment was made after
+#: the flow started (the gateway writes its time to the millisecond; the two are NTP-synchronised).
+CLOCK_SKEW_SECONDS = 60.0
+
+
+def not_provably_ours(ctx: StepContext, operation: Operation) -> str | None:
+    """Why ``operation`` on the flow's current order cannot be proved this flow's, or None when it is."""
+    holder = ctx.order_holder(ctx.order_id) if ctx.order_holder is not None else ctx.flow_id
+    if holder != ctx.flow_id:
+        return f"order {ctx.order_id} is {'flow ' + holder if holder else 'no flow'}'s in the order index"
+    made = operation.operationTime.moment if operation.operationTime is not None else None
+    if made is None:
+        return "the gateway gives no time for it, so it may predate this flow"
+    if made.timestamp() < ctx.created - CLOCK_SKEW_SECONDS:
+        return f"it was made at {operation.operationTime}, before this flow started"
+    return foreign(ctx, operation)
+
+
 def own_payment(operations: Sequence[Operation]) -> Operation | None:
     """The payment the flow's step made on its own order: the order's first payment operation (the
     flow created the order, so whatever came later, a capture or a refund, came after it)."""
@@ -118,7 +139,7 @@ def adopt_order_payment(ctx: StepContext) -> ReconcileResult:
     operation = own_payment(found.operations)
     if operation is None:
         return UNCLEAR
-    why = foreign(ctx, operation)
+    why = not_provably_ours(ctx, operation)
     if why:
         return _not_ours(ctx, operation, why)
     return _adopted(ctx, operation, "adopted")
@@ -162,7 +183,7 @@ def new_order_if_never_charged(reason: str, *, initiated: bool = False) -> Calla
         payments = [op for op in found.operations if op.operationType in PAYMENT_TYPES]
         outcome = page_payment(payments)
         if outcome is not None and outcome.operationResult in SUCCESS_RESULTS:
-            why = foreign(ctx, outcome)
+            why = not_provably_ours(ctx, outcome)
             if why:
                 return _not_ours(ctx, outcome, why)
             return Finish(True, "the gateway already holds this flow's payment", {"operation": outcome.wire()})
@@ -177,4 +198,12 @@ def new_order_if_never_charged(reason: str, *, initiated: bool = False) -> Calla
     return adopt
 
 
-__all__ = ["adopt_operation_of", "adopt_order_payment", "foreign", "new_order_if_never_charged", "own_payment", "page_payment"]
+__all__ = [
+    "adopt_operation_of",
+    "adopt_order_payment",
+    "foreign",
+    "new_order_if_never_charged",
+    "not_provably_ours",
+    "own_payment",
+    "page_payment",
+]

@@ -169,6 +169,7 @@ RESERVATION = FlowDefinition(
     _reservation_summary,
     lambda data: str(data.reservation.reservationId),
     "reservation with its pay-by-link: create, link, wait for the guest's payment",
+    order_field="reservation.reservationId",
 )
 
 

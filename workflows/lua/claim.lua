@@ -1,20 +1,27 @@
--- Claim a flow's step under a lease in one round trip: every claim rule lives here.
+-- Claim a flow's step under a lease in one round trip: every claim rule lives here (states.lua is
+-- prepended: the states and their moves).
 -- KEYS: flow, log, due, then the state indexes ready, retrying, waiting, sleeping, running.
--- ARGV: 1 flow id, 2 step, 3 now, 4 lease until, 5 owner, 6 max attempts, 7 max runs of one step.
+-- ARGV: 1 flow id, 2 step, 3 now, 4 lease until, 5 owner, 6 max attempts, 7 max runs of one step,
+--       8 the gateway operations that a step of this name calls when it moves money, by flow kind
+--       (JSON object kind -> operation; "" when no kind has such a step of this name).
 -- Returns {reason} when the step is not claimed: missing, not-current, leased, stopped, early;
 -- {'ok', previous state, field, value, ...} with the record as written by the claim; or, without
--- writing anything, {'cancel', state, field, value, ...} for a flow whose cancel was requested and
--- {'lost', state, field, value, ...} for a step whose worker was lost max-attempts times, and
--- {'looping', ...} for a step claimed max-runs times without moving on (the backstop under every
--- loop: polls, waits woken again and again, retries that reset): the caller ends the flow with a
+-- writing anything, {'lost', state, field, value, ...} for a step whose worker was lost max-attempts
+-- times, and {'looping', ...} for a step claimed max-runs times without moving on (the backstop under
+-- every loop: polls, waits woken again and again, retries that reset): the caller ends the flow with a
 -- compare-and-set (transition.lua), which also scrubs the card data.
+-- Money in flight: the claim of a step that moves money records it as ``unsettled`` (JSON {step, op, t})
+-- before any call can be made, unless the flow is only to read what an earlier try did (a cancel
+-- requested, or an end owed once the gateway is read: ``ending``); only a gateway read, written by the
+-- step's completion, settles it, and transition.lua lets no flow end cancelled or failed before.
+-- A cancel requested is no longer decided here: the step is claimed and only reads (protocol.py).
 -- A step found 'early' or 'leased' has its due entry re-armed at the record's own time: a dispatcher
 -- that took it pushed it back by a lease, which a worker whose clock is behind must not leave there.
 if redis.call('EXISTS', KEYS[1]) == 0 then
   return {'missing'}
 end
 local data = redis.call('HMGET', KEYS[1], 'state', 'step', 'lease_until', 'due', 'attempt', 'cancel_requested', 'version', 'runs',
-  'reconcile', 'uncertain')
+  'ending', 'unsettled', 'kind')
 local state, step, lease_until, due = data[1], data[2] or '', data[3], data[4]
 local attempt = tonumber(data[5] or '0') or 0
 local now = tonumber(ARGV[3])
@@ -23,7 +30,7 @@ if step ~= ARGV[2] then
 end
 local indexes = {ready = KEYS[4], retrying = KEYS[5], waiting = KEYS[6], sleeping = KEYS[7], running = KEYS[8]}
 local old_index = indexes[state]
-if not old_index then
+if not CLAIMABLE[state] or not old_index then
   return {'stopped'}
 end
 local reclaim = false
@@ -41,12 +48,7 @@ elseif state ~= 'ready' and (not due or tonumber(due) > now) then
 end
 local runs = tonumber(data[8] or '0') or 0
 local verdict = 'ok'
--- A cancel ends the flow at once only at a step boundary: a step taken over from a lost worker, or
--- marked as possibly sent, is claimed (the worker then only reads what the earlier try did).
-local maybe_sent = reclaim or data[9] == '1' or data[10] == '1'
-if data[6] == '1' and not maybe_sent then
-  verdict = 'cancel'
-elseif reclaim and attempt >= tonumber(ARGV[6]) then
+if reclaim and attempt >= tonumber(ARGV[6]) then
   verdict = 'lost'
 elseif runs >= tonumber(ARGV[7]) then
   verdict = 'looping'
@@ -56,6 +58,10 @@ if verdict == 'ok' then
   redis.call('HSET', KEYS[1], 'state', 'running', 'version', version, 'updated', ARGV[3], 'due', ARGV[4],
     'attempt', attempt + 1, 'lease_until', ARGV[4], 'lease_owner', ARGV[5], 'runs', runs + 1)
   local what = 'claimed ' .. ARGV[2]
+  local money = ARGV[8] ~= '' and cjson.decode(ARGV[8])[data[11]]
+  if money and not data[10] and data[6] ~= '1' and not data[9] then
+    redis.call('HSET', KEYS[1], 'unsettled', cjson.encode({step = ARGV[2], op = money, t = tonumber(ARGV[3])}))
+  end
   if reclaim then
     -- The lost worker may have sent a call up to the end of its lease (it renews before each call).
     redis.call('HSET', KEYS[1], 'uncertain', '1', 'maybe_sent', lease_until or ARGV[3])

@@ -1,4 +1,5 @@
--- Compact a finished flow's record: its cold fields and its log become one compressed value.
+-- Compact a finished flow's record: its cold fields and its log become one compressed value (states.lua
+-- is prepended).
 -- KEYS: flow, log, the partition's finished set, a scratch key in the flow's slot (Keys.packing).
 -- ARGV: 1 flow id, 2 the version it was read at, 3 the fields to keep plain (JSON object of strings),
 -- 4.. the packed value in chunks (bytes), stored as fields z, z1, z2... (each short enough for Redis to
@@ -12,7 +13,7 @@
 -- node refuses a script that would create a key it does not hold (TRYAGAIN before it runs, as the
 -- scratch key is declared), while a refusal half-way through a script keeps what it wrote before.
 local data = redis.call('HMGET', KEYS[1], 'version', 'state')
-if data[1] ~= ARGV[2] or (data[2] ~= 'succeeded' and data[2] ~= 'failed' and data[2] ~= 'cancelled') then
+if data[1] ~= ARGV[2] or not TERMINAL[data[2]] then
   redis.call('ZREM', KEYS[3], ARGV[1])
   return 0
 end

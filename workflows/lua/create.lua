@@ -3,11 +3,20 @@
 -- sits in the order id's slot).
 -- ARGV: flow id, now, fields (JSON object of strings), log entry (JSON), input hash, due time,
 -- "1" to emit flow.created.
--- Returns {1, "", pointed} when created, {0, <stored input hash>, 0} when the flow already existed.
--- pointed is 1 when the order lookup was free and now names the new flow (OrderIndex.claim's first
--- move, made here to save the start a round trip); 0 leaves the claim to OrderIndex.claim.
+-- Returns {1, "", pointed} when created, {0, <stored input hash>, 0} when the flow already existed,
+-- {2, <holder>, 0} when the order lookup names another flow: nothing is written (a gateway order id is
+-- one flow's as long as its lookup lives, that is until the retention after that flow ended: a payment
+-- on it is that flow's, and a second flow naming it could only be refused by the gateway, or take that
+-- flow's money for its own). pointed is 1 when the order lookup was free and now names the new flow
+-- (OrderIndex.claim's move, made here to save the start a round trip); 0 leaves it to OrderIndex.claim.
 if redis.call('EXISTS', KEYS[1]) == 1 then
   return {0, redis.call('HGET', KEYS[1], 'input_hash') or '', 0}
+end
+if KEYS[7] then
+  local holder = redis.call('HGET', KEYS[7], 'flow')
+  if holder and holder ~= ARGV[1] then
+    return {2, holder, 0}
+  end
 end
 local fields = cjson.decode(ARGV[3])
 for name, value in pairs(fields) do

@@ -1,28 +1,29 @@
--- Deliver a signal to a flow (money.lua and events.lua are prepended). KEYS: flow, log, due, then the
+-- Deliver a signal to a flow (states.lua, money.lua and events.lua are prepended). KEYS: flow, log, due, then the
 -- state indexes waiting, ready, succeeded, failed, cancelled, needs_attention; the event stream.
 -- ARGV: 1 flow id, 2 signal name, 3 signal (JSON object with name, payload, t and, when it reports a
 --       payment taken, paid), 4 now, 5 log entry of a resume (JSON), 6 due time of the resumed flow
 --       (now, or later when the caller sends the step itself), 7 who delivers it, 8 "1" to emit the
 --       merchant events of a late payment (payment.late, flow.needs_attention).
--- Returns "missing"; "finished" (ended, nothing to do); "late_payment" (ended without this payment:
+-- Returns "missing"; "packed" (a finished flow compacted by workflows/compact.py: the caller expands it
+-- and asks again, so that this script reads every field as written); "finished" (ended, nothing to do);
+-- "late_payment" (ended without this payment:
 -- kept, and the flow moved to needs_attention, see money.lua); "resumed" (it was waiting for it); or
 -- "stored" (kept until the flow waits for it). Storing does not change the version: a step in flight
 -- completes normally and its completion then finds the signal (see transition.lua).
 if redis.call('EXISTS', KEYS[1]) == 0 then
   return 'missing'
 end
+if redis.call('HEXISTS', KEYS[1], 'z') == 1 then
+  return 'packed'
+end
 local state = redis.call('HGET', KEYS[1], 'state')
 local signal = cjson.decode(ARGV[3])
-if state == 'succeeded' or state == 'failed' or state == 'cancelled' then
-  -- A packed record (workflows/compact.py) keeps the outcome's operation ids plain, as "ops".
+if TERMINAL[state] then
   local outcome = redis.call('HGET', KEYS[1], 'outcome')
-  local ops = redis.call('HGET', KEYS[1], 'ops')
-  if not outcome and ops then
-    outcome = '{"operationIds":' .. ops .. '}'
-  end
   if not unaccounted(signal['paid'], state, outcome) then
     return 'finished'
   end
+  assert(may_move(state, 'needs_attention'), 'a finished flow must be able to show a late payment')
   local indexes = {succeeded = KEYS[6], failed = KEYS[7], cancelled = KEYS[8]}
   local seq = redis.call('HINCRBY', KEYS[1], 'sigseq', 1)
   local version = tonumber(redis.call('HGET', KEYS[1], 'version')) + 1

@@ -1,8 +1,9 @@
--- Compare-and-set one transition of a flow (money.lua and events.lua are prepended).
+-- Compare-and-set one transition of a flow (states.lua, money.lua and events.lua are prepended).
 -- KEYS: flow, log, due, old-state index, new-state index, ready index, cancelled index,
 --       needs_attention index, event stream, the finished set (flows to pack: workflows/compact.py),
---       then one lookup key per gateway operation id this change records (Keys.operation: set to the
---       flow id, kept for the retention time; the console's search by operation id).
+--       the retrying index, then one lookup key per gateway operation id this change records
+--       (Keys.operation: set to the flow id, kept for the retention time; the console's search by
+--       operation id).
 -- ARGV: 1 flow id, 2 expected version, 3 new state, 4 fields (JSON object; JSON null deletes),
 --       5 due score ("" removes the flow from the due set), 6 log entry (JSON), 7 now,
 --       8 ttl seconds ("" keeps the record forever), 9 signal names the completing step awaits (JSON
@@ -10,16 +11,26 @@
 --       a cancel request turns this move into a cancel), 11 the input without card secrets ("" when
 --       there are none), written when the flow ends, 12 "1" to emit the merchant events of the move
 --       (flow.waiting when it starts to wait, flow.succeeded/failed/cancelled/needs_attention,
---       payment.late), 13 the payment this very completion recorded (JSON, or ""): ending cancelled
---       (a cancel request) or failed with it is money unaccounted too.
+--       payment.late), 13 the payment this very completion recorded (JSON, or ""): money the gateway
+--       took, which no cancel undoes and no failure may hide.
 -- Returns {new version, final state}, or {0, current state} when the version did not match. The final
--- state differs from the one asked for when: a signal the step awaits is already there (ready: run
--- the step again to read it); a cancel was requested (cancelled, the request used up); or the flow
--- would end with a reported payment unaccounted (needs_attention, see money.lua).
+-- state differs from the one asked for when:
+-- * a signal the step awaits is already there (ready: run the step again to read it);
+-- * money is in flight (``unsettled``, written by claim.lua, kept until a completion reports the
+--   gateway's answer): a cancel or a failure waits for a read of the gateway. A cancel becomes a request
+--   (``cancel_requested``; asked directly, the flow is made ready now so that its step reads); a
+--   failure becomes ``retrying`` now with the end it owes kept as ``ending``. This is the one home of
+--   the rule "no flow ends cancelled or failed while its money may be at the gateway";
+-- * a cancel was requested and nothing is in flight: cancelled (the request used up; a failure, say the
+--   decline the read found, is cancelled too: the operator's stop wins over dunning), unless this very
+--   completion recorded a payment taken: then the cancel is refused (the money moved) and the flow
+--   goes on as its step said;
+-- * the flow would end with a reported payment unaccounted (needs_attention, see money.lua).
 local current = redis.call('HGET', KEYS[1], 'version')
 if current ~= ARGV[2] then
-  return {0, redis.call('HGET', KEYS[1], 'state') or ''}
+  return {0, redis.call('HGET', KEYS[1], 'state') or '', 0}
 end
+local old_state = redis.call('HGET', KEYS[1], 'state')
 local state = ARGV[3]
 local due = ARGV[5]
 local idx = KEYS[5]
@@ -28,6 +39,31 @@ local fields = cjson.decode(ARGV[4])
 local log = cjson.decode(ARGV[6])
 local was_waiting = redis.call('HEXISTS', KEYS[1], 'wait') == 1
 local rewritten = false  -- the log entry is re-encoded only when this script changed it
+local paid = nil
+if ARGV[13] ~= '' then
+  paid = cjson.decode(ARGV[13])
+end
+
+-- The value a field has once this change is written (false: absent).
+local function after(name)
+  local value = fields[name]
+  if value == cjson.null then
+    return false
+  end
+  if value ~= nil then
+    return value
+  end
+  return redis.call('HGET', KEYS[1], name)
+end
+
+local function move(to, to_index, note)
+  state = to
+  idx = to_index
+  log['to'] = to
+  rewritten = true
+  log['what'] = (log['what'] or '') .. note
+end
+
 if state == 'waiting' or state == 'failed' then
   -- A signal that arrived while the step ran must not be slept through, nor failed past: run again.
   local awaited = {}
@@ -40,55 +76,76 @@ if state == 'waiting' or state == 'failed' then
         if state == 'failed' then
           fields['outcome'] = nil  -- not failed after all, perhaps: the run that reads the signal decides
           fields['error'] = nil
+        elseif not was_waiting then
+          fields['wait'] = nil  -- it never waited: its real wait, once it reads the signal, is announced
         end
-        state = 'ready'
         due = ARGV[7]
-        idx = KEYS[6]
         ttl = ''
-        log['to'] = 'ready'
-        rewritten = true
-        log['what'] = (log['what'] or '') .. ' (a signal was already there: read it first)'
+        move('ready', KEYS[6], ' (a signal was already there: read it first)')
         break
       end
     end
   end
 end
-local cancel_requested = redis.call('HGET', KEYS[1], 'cancel_requested') == '1'
-if fields['cancel_requested'] ~= nil then
-  cancel_requested = fields['cancel_requested'] == '1'  -- withdrawn (an operator's retry) or made here
+
+local unsettled = after('unsettled')
+local cancel_requested = after('cancel_requested') == '1'
+if unsettled then
+  local what = 'money may be in flight'
+  local ok, inflight = pcall(cjson.decode, unsettled)
+  if ok and type(inflight) == 'table' then
+    what = what .. ' (' .. tostring(inflight['op']) .. (inflight['operationId'] and (' ' .. tostring(inflight['operationId'])) or '') .. ')'
+  end
+  if state == 'cancelled' then
+    -- Asked to cancel now: a request instead, and the step is due now to read what the gateway did.
+    fields['outcome'] = nil
+    fields['cancel_requested'] = '1'
+    due = ARGV[7]
+    ttl = ''
+    move('ready', KEYS[6], '; but ' .. what .. ': cancel requested, the gateway is read first')
+    if old_state == 'ready' then
+      idx = KEYS[4]
+    end
+  elseif state == 'failed' then
+    -- The end is owed, not taken: read the gateway first (the step's next run only reads).
+    fields['ending'] = cjson.encode({state = 'failed', outcome = event_json(after('outcome')) or cjson.null,
+      error = event_json(after('error')) or cjson.null, reason = log['what']})
+    fields['outcome'] = cjson.null
+    due = ARGV[7]
+    ttl = ''
+    move('retrying', KEYS[11], '; but ' .. what .. ': the gateway is read before the flow fails')
+  end
+elseif cancel_requested and (CLAIMABLE[state] or state == 'failed') then
+  if paid and state ~= 'cancelled' then
+    -- Asked to stop, but this step's answer is money taken: nothing undoes it, the flow goes on to say so.
+    fields['cancel_requested'] = cjson.null
+    rewritten = true
+    log['what'] = (log['what'] or '') .. ' (cancel refused: the gateway took payment ' .. tostring(paid['operationId']) .. ')'
+  else
+    -- Cancelled while a step ran: keep what the step did, then stop at this step boundary.
+    due = ''
+    ttl = ARGV[10]
+    move('cancelled', KEYS[7], ' (then cancelled as requested)')
+  end
 end
--- A retry whose call may have reached the gateway (reconcile first) is no step boundary: its read is
--- still owed (claim.lua claims it, and the run only reads), or money taken would end cancelled.
-local read_owed = state == 'retrying' and fields['reconcile'] == '1'
-if cancel_requested and not read_owed and
-   (state == 'ready' or state == 'running' or state == 'retrying' or state == 'waiting' or state == 'sleeping') then
-  -- Cancelled while a step ran: keep what the step did, then stop at this step boundary.
-  state = 'cancelled'
-  due = ''
-  idx = KEYS[7]
-  ttl = ARGV[10]
-  log['to'] = 'cancelled'
-  rewritten = true
-  log['what'] = (log['what'] or '') .. ' (then cancelled as requested)'
-end
+
 local outcome = fields['outcome']
 if outcome == cjson.null or outcome == nil then
   outcome = redis.call('HGET', KEYS[1], 'outcome')
 end
-local paid = unaccounted_signal(KEYS[1], fields, state, outcome)
-if not paid and ARGV[13] ~= '' and (state == 'cancelled' or state == 'failed') then
-  paid = cjson.decode(ARGV[13])
+local late = unaccounted_signal(KEYS[1], fields, state, outcome)
+if not late and paid and (state == 'cancelled' or state == 'failed') then
+  late = paid
 end
 local ended = state
-if paid then
-  fields['error'] = late_payment_error(paid, state)
-  log['what'] = (log['what'] or '') .. '; but ' .. late_payment_what(paid, 'would end ' .. state)
-  state = 'needs_attention'
+if late then
+  fields['error'] = late_payment_error(late, state)
   due = ''
-  idx = KEYS[8]
   ttl = ''
-  log['to'] = 'needs_attention'
-  rewritten = true
+  move('needs_attention', KEYS[8], '; but ' .. late_payment_what(late, 'would end ' .. state))
+end
+if state ~= old_state and not may_move(old_state, state) then
+  return redis.error_reply('flow ' .. ARGV[1] .. ': cannot go from ' .. tostring(old_state) .. ' to ' .. state)
 end
 for name, value in pairs(fields) do
   if value == cjson.null then
@@ -97,7 +154,7 @@ for name, value in pairs(fields) do
     redis.call('HSET', KEYS[1], name, value)
   end
 end
-if state == 'cancelled' then
+if TERMINAL[state] then
   redis.call('HDEL', KEYS[1], 'cancel_requested')  -- used up: a later retry does not cancel again
 end
 local version = tonumber(current) + 1
@@ -114,13 +171,13 @@ if KEYS[4] ~= idx then
 end
 redis.call('ZADD', idx, ARGV[7], ARGV[1])
 redis.call('RPUSH', KEYS[2], rewritten and cjson.encode(log) or ARGV[6])
-if state == 'succeeded' or state == 'failed' or state == 'cancelled' then
+if TERMINAL[state] then
   if ARGV[11] ~= '' then
     redis.call('HSET', KEYS[1], 'input', ARGV[11])
   end
   redis.call('ZADD', KEYS[10], ARGV[7], ARGV[1])
 end
-for i = 11, #KEYS do
+for i = 12, #KEYS do
   redis.call('SET', KEYS[i], ARGV[1], 'EX', ARGV[10])
 end
 if ttl == '' then
@@ -131,8 +188,8 @@ else
   redis.call('EXPIRE', KEYS[2], ttl)
 end
 if ARGV[12] == '1' then
-  if paid then
-    emit(KEYS[9], KEYS[1], ARGV[1], 'payment.late', ARGV[7], {operation = paid, endedAs = ended})
+  if late then
+    emit(KEYS[9], KEYS[1], ARGV[1], 'payment.late', ARGV[7], {operation = late, endedAs = ended})
   end
   local kind, data = state_event(KEYS[1], state, log['what'])
   if kind then
@@ -143,4 +200,4 @@ if ARGV[12] == '1' then
       deadline = wait['deadline'] or cjson.null, signals = wait['signals'] or cjson.null, step = wait['step'] or cjson.null})
   end
 end
-return {version, state}
+return {version, state, rewritten and 1 or 0}

@@ -21,7 +21,7 @@ from tests.waiting import wait_until
 from tests.workflows.integration.conftest import Stack, stack_settings
 from tests.workflows.integration.test_flows import APPROVE, card, order, session, wait_for_state
 from workflows.clock import ManualClock
-from workflows.engine import Claim, Engine
+from workflows.engine import Claim, Engine, InputError
 from workflows.flows import REGISTRY
 from workflows.states import STOPPED, FlowState
 from workflows.store import FlowRecord
@@ -106,13 +106,15 @@ def test_reconcile_adopts_the_steps_own_payment_not_a_later_post_operation(stack
 
 @pytest.mark.integration
 def test_an_order_id_already_used_by_another_payment_is_never_adopted(stack: Stack) -> None:
-    """A merchant starts a second MOTO flow naming an order id the gateway already holds for another
-    amount: the duplicate answer must not be taken for this flow's payment."""
+    """A merchant starts a second MOTO flow naming an order id another flow paid: refused before anything
+    is written or sent (the payment on it is the first flow's), whatever the amount."""
     first = stack.run("moto", inputs("moto"))
     assert first.state is FlowState.SUCCEEDED
-    other = {"order": {**first.input["order"], "amount": "999"}, "card": card(APPROVE)}
-    second = stack.run("moto", other)
-    assert second.state is FlowState.NEEDS_ATTENTION, second.summary()
+    for amount in ("999", first.input["order"]["amount"]):
+        other = {"order": {**first.input["order"], "amount": amount}, "card": card(APPROVE)}
+        with pytest.raises(InputError) as refused:
+            stack.engine.start("moto", other)
+        assert refused.value.field == "order.orderId" and first.id in refused.value.reason
     assert len(payments(stack.simulator, [first.order_id])) == 1
 
 

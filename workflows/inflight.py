@@ -1,0 +1,97 @@
+"""Money in flight: what a step's completion says about money the flow may have at the gateway.
+
+One record field, ``unsettled`` (JSON ``{step, op, t, operationId?}``), is the one home of "may money be
+moving at the gateway for this flow" (docs/durability.md, "Money in flight"):
+
+* **set** by ``claim.lua`` when a step whose operation moves money (the catalogue's ``moves_money``) is
+  claimed to call: from that moment the call may reach the gateway;
+* **kept, and told the operation**, by a completion whose answer names an operation that is not final
+  yet (a payment answered ``PENDING``; a refund, capture or cancel, answered only with its id): the
+  flow's read step reads that operation;
+* **kept** through anything that is not the gateway's word on it: a lost answer, a lost worker, a 429
+  after an earlier try whose answer was lost, a person's stop;
+* **settled** (deleted) only by a completion that reports the gateway's answer: a final result of the
+  operation (success, decline, failure, refund...), a refusal of the call itself when no earlier try is
+  unanswered, or a read that found nothing after the call could no longer arrive
+  (``tasks.runner.settle``).
+
+``transition.lua`` reads it and nothing else to decide whether a flow may end ``cancelled`` or
+``failed``: while it is set, a cancel becomes a read of the gateway and a failure is owed (``ending``)
+until that read. The flags ``reconcile``, ``uncertain`` and ``maybe_sent`` only say *when* to read.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gateway import OperationResult
+from tasks.outcomes import Advance, Finish, Outcome, Retry
+from workflows.flows._common import operation_of
+from workflows.steps import Step
+from workflows.store import FlowRecord, compact_json
+
+#: The fields a completion writes once the gateway has said what became of the money.
+SETTLED: dict[str, str | None] = {"unsettled": None, "maybe_sent": None, "ending": None}
+
+
+def money_operation(step: Step) -> str:
+    """The gateway operation ``step`` calls when it moves money ("" for any other step): what its claim
+    marks as unsettled."""
+    op = step.operation
+    return op.name if op is not None and op.moves_money else ""
+
+
+def after(step: Step, record: FlowRecord, outcome: Outcome) -> dict[str, str | None]:
+    """The fields that ``outcome`` of ``step``, claimed as ``record``, writes about money in flight:
+    settled, told its operation, or nothing (it stays as it was)."""
+    unsettled = record.unsettled
+    if unsettled is None:
+        return {}
+    if isinstance(outcome, Advance | Finish):
+        operation = operation_of(outcome.output) if outcome.output else None
+        if operation is not None:
+            result = operation.get("operationResult")
+            if result and result != OperationResult.PENDING.value:
+                return dict(SETTLED)  # the gateway's final word on the operation
+            if operation.get("operationId"):
+                return _told(unsettled, operation["operationId"])
+        elif outcome.output and isinstance(outcome.output.get("operationId"), str):
+            return _told(unsettled, outcome.output["operationId"])  # a post-operation's answer: its id only
+        if _own_call(step, unsettled):
+            if isinstance(outcome, Advance) or outcome.error is None:
+                return dict(SETTLED)  # the gateway answered the money call, with no operation to read
+            if not _earlier_unanswered(record) and not _may_have_acted(outcome.error) and not outcome.error.get("retryable"):
+                return dict(SETTLED)  # the gateway refused the call, and no earlier try is unanswered
+        return {}
+    refused = isinstance(outcome, Retry) and not outcome.reconcile and not _may_have_acted(outcome.error)
+    if refused and _own_call(step, unsettled) and not _earlier_unanswered(record):
+        return dict(SETTLED)  # refused before acting (a 429, a 503): the next claim marks it again
+    return {}
+
+
+def nothing_moved() -> dict[str, str | None]:
+    """The fields of an end taken after a read found the money never moved (``tasks.runner.settle``)."""
+    return dict(SETTLED)
+
+
+def _told(unsettled: dict[str, Any], operation_id: Any) -> dict[str, str | None]:
+    if unsettled.get("operationId") == str(operation_id):
+        return {}
+    return {"unsettled": compact_json({**unsettled, "operationId": str(operation_id)})}
+
+
+def _own_call(step: Step, unsettled: dict[str, Any]) -> bool:
+    """The outcome is of the money call itself (not of a read of it)."""
+    return unsettled.get("step") == step.name and money_operation(step) != ""
+
+
+def _earlier_unanswered(record: FlowRecord) -> bool:
+    """An earlier try of the step may have reached the gateway and got no answer (or its worker died)."""
+    return record.reconcile or record.uncertain or record.maybe_sent is not None
+
+
+def _may_have_acted(error: Any) -> bool:
+    """Whether an error, as recorded, leaves open that the gateway acted on the call: a gateway error's
+    own ``ambiguous`` (a timeout after sending, a dropped connection, a 5xx). An error without it is a
+    step's reading of an answer (a decline, an expiry), which the gateway gave."""
+    return isinstance(error, dict) and bool(error.get("ambiguous", False))
