@@ -308,7 +308,8 @@ def test_a_cancel_racing_a_completion_into_waiting_takes_effect_at_once(
     world: FlowWorld, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     flow = world.start("hpp", "approve")
-    assert world.begin_step(flow) == "held"
+    world.deliver(0)  # create: the page is shown, the payment step is next
+    assert world.begin_step(flow) == "held"  # the payment step is about to wait for the customer
     real = world.engine.store.request_cancel
 
     def completion_first(*args: Any, **kwargs: Any) -> Any:
