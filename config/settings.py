@@ -143,6 +143,12 @@ class EngineSettings(_Group):
     )
     sync_replicas: int = Field(default=0, ge=0, le=16, description="Replicas that must receive those writes (WAIT).")
     sync_timeout: float = Field(default=2.0, gt=0, le=60, description="Seconds to wait for them before refusing.")
+    accept_early_waitaof: bool = Field(
+        default=False,
+        description="Run on a server that confirms WAITAOF before its fsync under appendfsync everysec (Redis "
+        "7.4.0-7.4.2, Valkey from 8.0), accepting that a host crash can lose acknowledged starts, claims and "
+        "signals; false: the processes and the commands that write flows refuse to start there.",
+    )
     follow_steps: int = Field(
         default=8,
         ge=0,

@@ -10,6 +10,11 @@ One data folder, one server: the process that starts the embedded Valkey writes 
 a second server on the same AOF files. A file lock makes two processes starting at once agree.
 
 Workers built here time every step for ``/metrics`` and keep a heartbeat for ``/readyz``.
+
+A process that writes flows (worker, scheduler, API, the CLI's flow commands) calls
+:func:`admit_durability` at start, before it writes anything: it refuses a server whose ``WAITAOF``
+answers before its fsync unless the settings accept that, and resolves the engine's durability then
+rather than at the first payment.
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ from service.heartbeat import install_worker_heartbeat
 from service.metrics import StepMetrics
 from tasks.celery_tasks import CelerySender, register_tasks, register_webhook_task
 from workflows.clock import Clock, ServerClock
+from workflows.durability import Durability, EarlyWaitaof, early_waitaof_risk
 from workflows.engine import Engine
 from workflows.flows import REGISTRY
 from workflows.steps import FlowDefinition
@@ -149,3 +155,18 @@ def build_runtime(
     register_webhook_task(app, webhooks.deliver_many)
     install_worker_heartbeat(app, redis_url, engine.keys, cluster=settings.redis_cluster)
     return Runtime(settings, redis_url, client, app, engine, webhooks, embedded)
+
+
+def admit_durability(runtime: Runtime, *, where: str | None = None) -> Durability:
+    """Check the server's persistence before the process writes anything, and resolve the engine's
+    durability now (``FlowStore.durability``, otherwise decided at the first write that needs it).
+
+    Raises :class:`EarlyWaitaof` (naming the server, and ``where``: the URL to print) when the server
+    confirms ``WAITAOF`` before the fsync the engine would wait for, unless
+    ``DURAPAY_ENGINE__ACCEPT_EARLY_WAITAOF`` is true: then the engine's warning says what may be lost.
+    A connection error propagates (the caller waits Redis out, or fails)."""
+    engine = runtime.settings.engine
+    server = early_waitaof_risk(runtime.redis, engine.sync_aof)
+    if server is not None and not engine.accept_early_waitaof:
+        raise EarlyWaitaof(server, where=where)
+    return runtime.engine.store.durability

@@ -20,6 +20,11 @@ are each one ordered log, so the engine makes a small write of its own and waits
 (``FlowStore.sync``; on a Redis Cluster, on the node that holds the flow: ``workflows.pins``).
 A wait that times out raises :class:`NotDurable`: nothing is called, and the caller retries later.
 What each setting guarantees is in docs/durability.md.
+
+Some servers confirm ``WAITAOF`` before the fsync under ``everysec`` (Redis 7.4.0-7.4.2, the bundled
+Valkey): there the waits above do not hold. The processes check it at start, before they write
+anything (:func:`early_waitaof_risk`, from ``service.runtime.admit_durability``), and refuse to run
+(:class:`EarlyWaitaof`) unless ``DURAPAY_ENGINE__ACCEPT_EARLY_WAITAOF`` accepts the loss.
 """
 
 from __future__ import annotations
@@ -59,19 +64,21 @@ class Durability:
         ``sync_aof``: ``yes``, ``no``, or ``auto``: wait for the fsync where a write is acknowledged before
         it and an fsync comes within a second (``appendfsync everysec``); not under ``always`` (already
         on disk when acknowledged), nor under ``no`` (the server never fsyncs on its own: nothing to
-        wait for, and the loss of acknowledged writes on a host crash was chosen)."""
+        wait for, and the loss of acknowledged writes on a host crash was chosen).
+
+        A server known to confirm ``WAITAOF`` before that fsync is named in a warning (under ``auto``); the
+        processes refuse to start on one unless told to accept it (:func:`early_waitaof_risk`, checked at
+        start by ``service.runtime.admit_durability``, under ``yes`` too)."""
         timeout_ms = max(1, int(timeout * 1000))
         if sync_aof == "yes":
             return cls(True, replicas, timeout_ms)
         if sync_aof == "no":
             return cls(False, replicas, timeout_ms)
         try:
-            config = client.config_get("append*")
+            appendonly, fsync = _persistence(client)
         except redis.ResponseError as exc:  # CONFIG may be disabled (managed Redis): wait, to be safe
             log.info("cannot read the AOF settings (%s); waiting for the fsync of claims and starts", exc)
             return cls(True, replicas, timeout_ms)
-        appendonly = _text(config.get("appendonly", config.get(b"appendonly", "no")))
-        fsync = _text(config.get("appendfsync", config.get(b"appendfsync", "")))
         if appendonly != "yes":
             log.warning("Redis keeps no AOF: a restart loses flows (see docs/durability.md)")
             return cls(False, replicas, timeout_ms)
@@ -105,6 +112,50 @@ class Durability:
         local = pinned.execute_command("WAITAOF", 1, 0, self.timeout_ms) if self.aof else None
         acked = pinned.execute_command("WAIT", self.replicas, self.timeout_ms) if self.replicas else None
         self.check(local, acked, what)
+
+
+class EarlyWaitaof(Exception):
+    """The server confirms ``WAITAOF`` before its fsync, so the fsync waits the engine makes do not hold:
+    a process refuses to start on it unless ``DURAPAY_ENGINE__ACCEPT_EARLY_WAITAOF`` is true."""
+
+    setting = "DURAPAY_ENGINE__ACCEPT_EARLY_WAITAOF"
+
+    def __init__(self, server: str, *, where: str | None = None) -> None:
+        self.server = server
+        self.where = where
+        super().__init__(
+            f"{server}{f' at {where}' if where else ''} confirms WAITAOF before its fsync under appendfsync "
+            "everysec (redis/redis#13793): a host crash can lose starts, claims and signals it acknowledged as on "
+            "disk. Refusing to start: set `appendfsync always` on that server (CONFIG SET appendfsync always, and "
+            f"in its configuration file), or {self.setting}=true to run anyway, accepting that loss "
+            "(docs/durability.md)"
+        )
+
+
+def early_waitaof_risk(client: Any, sync_aof: str) -> str | None:
+    """The server's name and version when the fsync waits of ``sync_aof`` would be confirmed before the
+    fsync: the engine waits for it (``auto`` or ``yes``), the server fsyncs every second (AOF on,
+    ``appendfsync everysec``) and is known to confirm ``WAITAOF`` early (:func:`early_waitaof`). None
+    otherwise: ``sync_aof=no`` chose to lose acknowledged writes, ``always`` has each on disk when
+    acknowledged, and a server that does not let its settings be read (``CONFIG`` disabled) cannot be
+    told apart. A connection error propagates."""
+    if sync_aof == "no":
+        return None
+    try:
+        appendonly, fsync = _persistence(client)
+    except redis.ResponseError:
+        return None
+    if appendonly != "yes" or fsync != "everysec":
+        return None
+    return early_waitaof(client)
+
+
+def _persistence(client: Any) -> tuple[str, str]:
+    """The server's ``appendonly`` and ``appendfsync`` (ResponseError when ``CONFIG`` is refused)."""
+    config = client.config_get("append*")
+    appendonly = _text(config.get("appendonly", config.get(b"appendonly", "no")))
+    fsync = _text(config.get("appendfsync", config.get(b"appendfsync", "")))
+    return appendonly, fsync
 
 
 def early_waitaof(client: Any) -> str | None:

@@ -21,7 +21,7 @@ from config.embedded import EmbeddedValkey
 from gateway import Catalogue
 from tests.workflows.engine_support import ScriptedStep, flow, wait_step
 from workflows.clock import ManualClock
-from workflows.durability import Durability, NotDurable, early_waitaof
+from workflows.durability import Durability, EarlyWaitaof, NotDurable, early_waitaof, early_waitaof_risk
 from workflows.engine import Claim, Engine
 
 
@@ -132,3 +132,32 @@ def test_a_claim_known_to_move_money_is_made_durable_in_the_same_exchange(persis
     stats = persistence.info("commandstats")
     assert waitaofs(persistence) == before + 1
     assert int(stats.get("cmdstat_set", {}).get("calls", 0)) == sets, "no marker write"
+
+
+@pytest.mark.parametrize(
+    ("appendfsync", "sync_aof", "refused"),
+    [
+        ("everysec", "auto", True),
+        ("everysec", "yes", True),
+        ("everysec", "no", False),  # losing acknowledged writes was chosen
+        ("always", "auto", False),  # on disk when acknowledged: WAITAOF is not even asked
+        ("always", "yes", False),
+    ],
+)
+def test_a_server_confirming_waitaof_before_its_fsync_is_named_for_the_start_check(
+    persistence: redis.Redis, appendfsync: str, sync_aof: str, refused: bool
+) -> None:
+    """Under ``everysec`` the bundled Valkey confirms ``WAITAOF`` before the fsync the engine waits for:
+    the processes refuse to start there (``service.runtime.admit_durability``) unless the operator
+    accepts the loss, and this is what they ask."""
+    persistence.config_set("appendfsync", appendfsync)
+    server = early_waitaof_risk(persistence, sync_aof)
+    assert server == (f"Valkey {persistence.info('server')['valkey_version']}" if refused else None)
+
+
+def test_the_refusal_says_which_server_why_and_the_two_ways_out() -> None:
+    message = str(EarlyWaitaof("Valkey 9.1.2", where="redis://127.0.0.1:6390/0"))
+    assert message.startswith("Valkey 9.1.2 at redis://127.0.0.1:6390/0 confirms WAITAOF before its fsync")
+    assert "appendfsync everysec" in message and "host crash" in message and "redis/redis#13793" in message
+    assert "appendfsync always" in message and "DURAPAY_ENGINE__ACCEPT_EARLY_WAITAOF=true" in message
+    assert "\n" not in message
