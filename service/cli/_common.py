@@ -33,7 +33,8 @@ import redis
 import typer
 
 from config.settings import Settings, SettingsError, load_settings
-from service.runtime import Runtime, build_runtime, running_embedded
+from service.runtime import Runtime, admit_durability, build_runtime, running_embedded
+from workflows.durability import EarlyWaitaof
 from workflows.engine import InputError, NotFound, OperatorError
 from workflows.signals import SignalRefused
 from workflows.states import FlowState
@@ -102,6 +103,8 @@ class Output:
             self.fail("not_found", str(exc))
         except (OperatorError, StartConflict) as exc:
             self.fail("conflict", str(exc))
+        except EarlyWaitaof as exc:
+            self.fail("configuration", str(exc), field=exc.setting, human=str(exc))
         except redis.RedisError as exc:
             self.fail("unavailable", f"Redis unavailable ({exc}); check DURAPAY_REDIS_URL")
         except BadOption as exc:
@@ -136,7 +139,9 @@ def interrupt_on_sigterm() -> None:
 
 
 @contextlib.contextmanager
-def runtime(out: Output, clock_key: str | None = None, *, may_start_store: bool = False) -> Iterator[Runtime]:
+def runtime(
+    out: Output, clock_key: str | None = None, *, may_start_store: bool = False, writes: bool = False
+) -> Iterator[Runtime]:
     """The runtime built from the ``DURAPAY_*`` settings, closed afterwards.
 
     With no ``DURAPAY_REDIS_URL`` the embedded Valkey already serving ``DURAPAY_DATA_DIR`` is used, or
@@ -144,6 +149,8 @@ def runtime(out: Output, clock_key: str | None = None, *, may_start_store: bool 
     run a store of their own (``may_start_store``: worker, scheduler, api) create a new, empty one;
     the others refuse (exit 2) rather than create a store nothing serves and list nothing from it.
     ``clock_key`` (the demo's hidden ``--clock-key``) makes the engine read the demo's shared clock.
+    ``writes``: the command writes flows; it refuses (exit 2) a server whose ``WAITAOF`` answers before
+    its fsync unless the settings accept it (``service.runtime.admit_durability``), before writing.
     """
     with out.errors():
         settings = out.settings()
@@ -169,6 +176,8 @@ def runtime(out: Output, clock_key: str | None = None, *, may_start_store: bool 
             clock = SharedClock(settings.redis_url, clock_key)
         built = build_runtime(settings, redis_url=redis_url, clock=clock)
         try:
+            if writes:
+                admit_durability(built, where=safe_url(built.redis_url))
             yield built
         finally:
             built.close()

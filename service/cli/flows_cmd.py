@@ -110,7 +110,7 @@ def start(
         data = read_json_input(json_input, option="--json-input", expected=f"the {kind} flow's input as a JSON object")
     if not isinstance(data, dict):
         out.fail("invalid_input", "the input must be a JSON object", field="--json-input")
-    with runtime(out) as rt, out.errors():
+    with runtime(out, writes=True) as rt, out.errors():
         try:
             when_at = parse_run_at(run_at, now=rt.engine.clock.now()) if run_at else None
         except ValueError as exc:
@@ -207,7 +207,7 @@ def signal(
             data = _json_or_file(payload)
     if not isinstance(data, dict):
         out.fail("invalid_input", "the payload must be a JSON object", field="--payload")
-    with runtime(out) as rt, out.errors():
+    with runtime(out, writes=True) as rt, out.errors():
         result = rt.engine.signal(flow_id, name, data, by="cli")
         view = flow_view(rt.engine.get(flow_id), rt.engine.registry)
     if result == "finished":
@@ -226,7 +226,7 @@ def cancel(
 ) -> None:
     """Cancel a flow now, or at the end of the step in flight."""
     out = Output(as_json)
-    with runtime(out) as rt, out.errors():
+    with runtime(out, writes=True) as rt, out.errors():
         view = flow_view(rt.engine.cancel(flow_id, reason, by="cli"), rt.engine.registry)
     if as_json:
         echo_json(view)
@@ -239,7 +239,7 @@ def cancel(
 def retry(flow_id: str, as_json: JsonFlag = False) -> None:
     """Move a failed or needs_attention flow on."""
     out = Output(as_json)
-    with runtime(out) as rt, out.errors():
+    with runtime(out, writes=True) as rt, out.errors():
         view = flow_view(rt.engine.retry(flow_id, by="cli"), rt.engine.registry)
     if as_json:
         echo_json(view)

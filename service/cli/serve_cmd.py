@@ -9,6 +9,11 @@ Run any number of each, on any machines, against the same Redis (README: scaling
 
 Each stops cleanly on SIGTERM or Ctrl-C. ``durapay alive worker|scheduler`` is their health check
 (exit 0 while the heartbeat is present), for containers.
+
+Before it writes anything each checks the server's persistence (``service.runtime.admit_durability``):
+on a server whose ``WAITAOF`` answers before its fsync it refuses to start (exit 2, one line naming the
+server and the ways out) unless ``DURAPAY_ENGINE__ACCEPT_EARLY_WAITAOF`` is true. While Redis cannot be
+reached it waits for it, saying so in one line, and one more when it is back.
 """
 
 from __future__ import annotations
@@ -17,10 +22,11 @@ import json
 import logging
 import signal
 import sys
+import threading
 import warnings
 from enum import StrEnum
 from types import FrameType
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from celery import Celery, signals
@@ -28,7 +34,8 @@ from celery.exceptions import CPendingDeprecationWarning
 
 from config.celery import QUEUE
 from service.cli._common import ExitCode, Output, runtime, safe_url
-from service.runtime import freeze_startup_heap
+from service.runtime import Runtime, admit_durability, freeze_startup_heap
+from workflows.redis_watch import RedisWatch
 
 #: The demo's shared clock (``service.demo.clock``): hidden, not for production use.
 ClockKey = Annotated[str | None, typer.Option("--clock-key", hidden=True)]
@@ -39,6 +46,40 @@ def _started(out: Output, role: str, text: str, **fields: object) -> None:
     """The one line a process prints when it starts: plain, or a JSON object with ``--json``."""
     line = json.dumps({"process": role, "event": "started", **fields}) if out.json else f"durapay {role}: {text}"
     print(line, file=sys.stderr, flush=True)
+
+
+def _admitted(out: Output, rt: Runtime, role: str, *, every: float = 1.0, stop: threading.Event | None = None) -> bool:
+    """Check the server's persistence before the process writes anything (``admit_durability``): exit 2
+    with one line on a server whose ``WAITAOF`` answers before its fsync, unless accepted. While Redis
+    cannot be reached, try every ``every`` seconds (one line when lost, one when back, as the loops say
+    it). False when stopped meanwhile: ``stop`` set, or without one, SIGTERM or Ctrl-C."""
+    own = stop is None
+    stopping = threading.Event() if stop is None else stop
+    previous: dict[signal.Signals, Any] = {}
+    if own:
+
+        def _stop(signum: int, frame: FrameType | None) -> None:
+            stopping.set()
+
+        for number in (signal.SIGTERM, signal.SIGINT):
+            previous[number] = signal.signal(number, _stop)
+    watch = RedisWatch(role, logging.getLogger("durapay.start"), every)
+    try:
+        with out.errors():
+            while not stopping.is_set():
+                try:
+                    admit_durability(rt, where=safe_url(rt.redis_url))
+                except Exception as exc:
+                    if not watch.failed(exc):
+                        raise
+                    stopping.wait(every)
+                    continue
+                watch.ok()
+                return True
+        return False
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
 
 
 class Role(StrEnum):
@@ -63,6 +104,8 @@ def worker(
     """Run a Celery worker for the flows' step tasks (exits non-zero if it stops on a fatal error)."""
     out = Output(as_json)
     with runtime(out, clock_key, may_start_store=True) as rt:
+        if not _admitted(out, rt, "worker"):
+            return
         argv = [
             "worker",
             f"--pool={pool.value}",
@@ -124,15 +167,20 @@ def scheduler(
     out = Output(as_json)
     with runtime(out, clock_key, may_start_store=True) as rt:
         schedules = Schedules(rt.engine)
-        rt.webhooks.endpoints.sync_configured()  # DURAPAY_WEBHOOKS__ENDPOINTS
         tickers = [schedules.tick, rt.webhooks.tick]
         dispatcher = Dispatcher(rt.engine, interval=interval, tickers=tickers, name="scheduler")
+        stopping = threading.Event()
 
         def _stop(signum: int, frame: FrameType | None) -> None:
+            stopping.set()
             dispatcher.stop()
 
         signal.signal(signal.SIGTERM, _stop)
         signal.signal(signal.SIGINT, _stop)
+        if not _admitted(out, rt, "scheduler", every=dispatcher.interval, stop=stopping):
+            print("durapay scheduler: stopped", file=sys.stderr, flush=True)
+            return
+        rt.webhooks.endpoints.sync_configured()  # DURAPAY_WEBHOOKS__ENDPOINTS
         freeze_startup_heap()
         where = safe_url(rt.redis_url)
         _started(out, "scheduler", f"every {dispatcher.interval:g}s on {where}", interval=dispatcher.interval, redis=where)
@@ -159,6 +207,8 @@ def api(
             app = create_app(rt, insecure=insecure)
         except MissingApiKey as exc:
             out.fail("configuration", str(exc), field="DURAPAY_API__KEY", human=str(exc))
+        if not _admitted(out, rt, "api"):
+            return
         bind_host = host or rt.settings.api.host
         bind_port = rt.settings.api.port if port is None else port
         if insecure and not rt.settings.api.key.get_secret_value():
