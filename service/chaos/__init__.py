@@ -1,6 +1,6 @@
 """``durapay chaos``: prove the guarantees on this machine by breaking everything while flows run.
 
-* :mod:`service.chaos.stack` - its own Valkey (AOF ``everysec``), simulator, receiver, workers, scheduler;
+* :mod:`service.chaos.stack` - its own Valkey (AOF ``always``, or ``everysec``), simulator, receiver, workers, scheduler;
 * :mod:`service.chaos.workload` - the flows (every kind the simulator completes by itself, follow-ups);
 * :mod:`service.chaos.campaign` - worker and scheduler SIGKILLs, Redis restarts, gateway faults;
 * :mod:`service.chaos.aof` - the crash model of ``--lose-last-writes`` (cut the AOF's unsynced tail);

@@ -1,9 +1,11 @@
 """What ``durapay chaos`` runs and breaks: Valkey, the simulator, the receiver, workers and a scheduler.
 
-Valkey (its own, AOF ``everysec``; or the configured Redis), the workers (``durapay worker``) and the
-scheduler (``durapay scheduler``) are separate processes so that they can be SIGKILLed like crashed
-machines; the simulator and the receiver (the API, to which the gateway's notifications come) run in
-this process and are never killed: they stand for the outside world.
+Valkey (its own, AOF ``always`` or ``everysec``; or the configured Redis), the workers (``durapay
+worker``) and the scheduler (``durapay scheduler``) are separate processes so that they can be
+SIGKILLed like crashed machines; the simulator and the receiver (the API, to which the gateway's
+notifications come) run in this process and are never killed: they stand for the outside world. On its
+own ``everysec`` Valkey the processes are given ``DURAPAY_ENGINE__ACCEPT_EARLY_WAITAOF``: that Valkey
+confirms ``WAITAOF`` before its fsync, and the run is there to show what such a server loses.
 """
 
 from __future__ import annotations
@@ -121,6 +123,11 @@ class ChaosStack:
         redis_url = self.configured_url or self._start_valkey()
         say(f"Valkey at {redis_url}" + (f" (own, AOF {self.appendfsync})" if self.valkey else " (configured)"))
         api_port = free_port()
+        engine: dict[str, object] = {"lease_seconds": LEASE_SECONDS, "dispatch_interval": 0.1, "key_prefix": f"chaos{self.seed}"}
+        if self.valkey is not None and self.appendfsync == "everysec":
+            # The run shows what such a server loses (the bundled Valkey confirms WAITAOF before its fsync):
+            # the processes it starts must run on it, so they are told to accept it.
+            engine["accept_early_waitaof"] = True
         settings = load_settings(
             {
                 "redis_url": redis_url,
@@ -134,7 +141,7 @@ class ChaosStack:
                 },
                 "receiver": {"public_url": f"http://127.0.0.1:{api_port}{self.base.receiver.path}"},
                 "api": {"host": "127.0.0.1", "port": api_port, "key": f"chaos-{self.seed}"},
-                "engine": {"lease_seconds": LEASE_SECONDS, "dispatch_interval": 0.1, "key_prefix": f"chaos{self.seed}"},
+                "engine": engine,
                 "retry": {"base_seconds": 0.2, "cap_seconds": 2.0},
             }
         )
