@@ -1,4 +1,5 @@
-"""README stays true: the endpoint table is the catalogue's, and CI runs the README's test command."""
+"""README stays true: the endpoint table is the catalogue's, CI runs the README's test command, and every
+setting is in its settings table."""
 
 from __future__ import annotations
 
@@ -22,3 +23,35 @@ def test_ci_runs_the_readme_test_command() -> None:
     test_command = commands[1].strip()
     assert "pytest" in test_command
     assert test_command in (ROOT / ".ci" / "run").read_text()
+
+
+def documented_settings(readme: str) -> set[str]:
+    """The variables the README's settings table names: a row's first cell, where ``__NAME`` after a full
+    name is that name's group (``DURAPAY_RETRY__BASE_SECONDS``, ``__CAP_SECONDS``)."""
+    found = set()
+    for line in readme.split("## Configuration", 1)[1].splitlines():
+        if not line.startswith("| `DURAPAY_"):
+            continue
+        group = ""
+        for name in re.findall(r"`((?:DURAPAY_)?\w+)`", line.split(" | ", 1)[0]):
+            if name.startswith("DURAPAY_"):
+                group = name.rsplit("__", 1)[0] if "__" in name else ""
+                found.add(name)
+            elif name.startswith("__") and group:
+                found.add(group + name)
+    return found
+
+
+def test_every_setting_is_in_the_readme() -> None:
+    from pydantic import BaseModel
+
+    from config.settings import ENV_NESTED_DELIMITER, ENV_PREFIX, Settings
+
+    expected = set()
+    for name, field in Settings.model_fields.items():
+        group = field.annotation
+        if isinstance(group, type) and issubclass(group, BaseModel):
+            expected |= {f"{ENV_PREFIX}{name.upper()}{ENV_NESTED_DELIMITER}{sub.upper()}" for sub in group.model_fields}
+        else:
+            expected.add(f"{ENV_PREFIX}{name.upper()}")
+    assert expected - documented_settings((ROOT / "README.md").read_text()) == set()
