@@ -12,7 +12,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 
-from service.receiver import NotificationReceiver
+from service.receiver import AN_OPERATION_ID, NotificationReceiver
 
 #: For OpenAPI only: the gateway's notification body (docs/gateway.md); every field is optional.
 NOTIFICATION_SCHEMA: dict[str, Any] = {
@@ -29,7 +29,10 @@ NOTIFICATION_SCHEMA: dict[str, Any] = {
                     "operation": {
                         "type": "object",
                         "required": ["orderId", "operationId"],
-                        "properties": {"orderId": {"type": "string", "minLength": 1}, "operationId": {"type": "string"}},
+                        "properties": {
+                            "orderId": {"type": "string", "minLength": 1},
+                            "operationId": {"type": "string", "minLength": 1, "pattern": AN_OPERATION_ID.pattern},
+                        },
                         "description": "the gateway's Operation; orderId and operationId are required",
                     },
                 },
@@ -41,9 +44,15 @@ NOTIFICATION_SCHEMA: dict[str, Any] = {
 RESPONSES: dict[int | str, dict[str, Any]] = {
     200: {"description": 'recorded (or a repeat of a recorded event): `{"outcome": "OK"}`'},
     400: {"description": 'malformed body: `{"outcome": "KO", "error": "<the problem>"}`'},
-    401: {"description": "refused: wrong, missing or foreign security token, or unknown order (not said which)"},
+    401: {
+        "description": "refused: wrong, missing or foreign security token, unknown order, or an operation the "
+        "gateway shows on another order (not said which)"
+    },
     413: {"description": "body above DURAPAY_RECEIVER__MAX_BODY_BYTES"},
-    503: {"description": "not recorded (Redis unavailable, or the same event still being recorded): retry"},
+    503: {
+        "description": "not recorded, retry: the gateway has no such operation (yet), the operation could not be "
+        "read back from the gateway, Redis is unavailable, or the same event is still being recorded"
+    },
 }
 
 

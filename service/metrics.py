@@ -14,7 +14,8 @@ Series:
 * ``durapay_flows{kind,state}`` - flows by kind and state (finished flows count until retention ends)
 * ``durapay_step_duration_seconds{kind,step}`` - histogram of a step's claim-run-complete time
 * ``durapay_step_retries_total{kind,step}`` - steps that ended in a technical retry
-* ``durapay_notifications_total{outcome}`` and ``durapay_notifications_rejected_total``
+* ``durapay_notifications_total{outcome}`` (``service.receiver.COUNTERS``: accepted, duplicate, rejected,
+  malformed, oversized, unrouted, unverified, failed, late_payment) and ``durapay_notifications_rejected_total``
 * ``durapay_worker_up``, ``durapay_scheduler_up`` - a heartbeat is present
 """
 
@@ -198,7 +199,8 @@ def _notification_series(engine: Engine) -> list[str]:
     ]
     lines += [f"durapay_notifications_total{_labels(outcome=name)} {count}" for name, count in counts.items()]
     lines += [
-        "# HELP durapay_notifications_rejected_total Notifications refused: wrong, missing or foreign token, unknown order.",
+        "# HELP durapay_notifications_rejected_total Notifications refused: wrong, missing or foreign token, unknown order, "
+        "another order's operation.",
         "# TYPE durapay_notifications_rejected_total counter",
         f"durapay_notifications_rejected_total {counts['rejected']}",
     ]

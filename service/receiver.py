@@ -13,11 +13,22 @@ everything it reads is treated as hostile until the token matches:
    ``{"outcome": "KO", "error": "notification refused"}`` (an unknown order is compared against a
    random token, so timing does not tell either), and ``notifications_rejected`` is counted.
 4. **Once**: the event id (``eventId``, or a digest of the body when the gateway sent none) is
-   claimed with ``SET NX`` and a TTL (``DURAPAY_RECEIVER__EVENT_TTL_SECONDS``); then the flow gets a
-   ``notification`` signal (stored in its record: resumed now if it waits, kept otherwise); then the
-   claim is marked done and only then does the gateway get 200 ``{"outcome": "OK"}``. A repeated event
-   is acknowledged with 200 and no second signal. A claim left ``pending`` by a receiver that died
-   between the two writes is taken over after ``stale_seconds``, so the gateway's retry still lands.
+   claimed with ``SET NX`` and a TTL (``DURAPAY_RECEIVER__EVENT_TTL_SECONDS``). A repeated event is
+   acknowledged with 200 and nothing else. A claim left ``pending`` by a receiver that died before
+   finishing is taken over after ``stale_seconds``, so the gateway's retry still lands.
+5. **The gateway's word**: the token proves only who the notification is for (it travels in every
+   notification of the order), not what it says. Before the flow is signalled, the notified operation is
+   read back, ``GET /operations/{operationId}`` (:meth:`NotificationReceiver.read_back`), and the
+   signal carries the operation *as the gateway answered it*: a made-up result or amount never reaches
+   a flow, and a payment is reported (taken, or ``late_payment``) only when the gateway has it.
+   The gateway has no such operation (404): 503 ``operation not found at the gateway; try again``,
+   counted ``unverified`` (the gateway retries an event it was not answered 200, and the operation may
+   not be readable yet). The read fails (timeout, connection, 5xx...): 503, counted ``failed``. The
+   operation read is another order's (or another operation): refused like a bad token (401, counted
+   ``rejected``). In each of these the claim is released, so that a retry is processed.
+6. **Durable before 200**: the flow gets a ``notification`` signal (stored in its record: resumed now
+   if it waits, kept otherwise), the claim is marked done, and only then does the gateway get 200
+   ``{"outcome": "OK"}``.
 """
 
 from __future__ import annotations
@@ -25,6 +36,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import re
 import secrets
 import time
 from dataclasses import dataclass
@@ -33,7 +45,17 @@ from typing import Any
 import redis
 
 from config.settings import ReceiverSettings
-from gateway import InvalidSecurityToken, NotificationError, parse_notification, verify_security_token
+from gateway import (
+    Catalogue,
+    GatewayError,
+    InvalidSecurityToken,
+    Notification,
+    NotificationError,
+    Operation,
+    parse_notification,
+    verify_security_token,
+)
+from gateway import NotFound as OperationNotFound
 from workflows.engine import Engine, NotDurable, NotFound
 from workflows.scripts import ScriptPipeline
 
@@ -42,9 +64,27 @@ log = logging.getLogger("durapay.receiver")
 OK: dict[str, Any] = {"outcome": "OK"}
 REFUSED: dict[str, Any] = {"outcome": "KO", "error": "notification refused"}
 REFUSED_STATUS = 401
+#: The gateway has no such operation (404): not signalled, the gateway is asked to send it again.
+UNVERIFIED: dict[str, Any] = {"outcome": "KO", "error": "operation not found at the gateway; try again"}
+#: The operation could not be read (timeout, connection, 5xx...): the gateway is asked to send it again.
+UNREAD: dict[str, Any] = {"outcome": "KO", "error": "could not read the operation at the gateway; try again"}
+
+#: An operation id read back at the gateway has a character other than dots and spaces (also in the
+#: OpenAPI document of the route, ``service.api_receiver``).
+AN_OPERATION_ID = re.compile(r"[^.\s]")
 
 #: Counter names (``engine.keys.counter(name)``) the receiver increments; ``/metrics`` reports them.
-COUNTERS = ("accepted", "duplicate", "rejected", "malformed", "oversized", "unrouted", "failed", "late_payment")
+COUNTERS = (
+    "accepted",
+    "duplicate",
+    "rejected",
+    "malformed",
+    "oversized",
+    "unrouted",
+    "unverified",
+    "failed",
+    "late_payment",
+)
 
 # Compare-and-set of an event claim: take over a stale ``pending`` claim, or mark it ``done``.
 _SWAP = """
@@ -137,6 +177,13 @@ class NotificationReceiver:
         if not order_id:
             self.count("malformed")
             return bad_request("operation.orderId: missing")
+        operation_id = notification.operation.operationId if notification.operation else ""
+        if not operation_id.strip():
+            self.count("malformed")  # nothing to read back at the gateway
+            return bad_request("operation.operationId: missing")
+        if not AN_OPERATION_ID.search(operation_id):
+            self.count("malformed")  # dots: a path segment, not an id (the read would ask another URL)
+            return bad_request("operation.operationId: not an operation id")
         try:
             return self._deliver(notification, data, order_id, body)
         except (redis.RedisError, NotDurable) as exc:
@@ -144,7 +191,7 @@ class NotificationReceiver:
             log.warning("notification for order %s not recorded: %s", order_id, exc)
             return Receipt(503, {"outcome": "KO", "error": "not recorded; try again"})
 
-    def _deliver(self, notification: Any, data: dict[str, Any], order_id: str, body: bytes) -> Receipt:
+    def _deliver(self, notification: Notification, data: dict[str, Any], order_id: str, body: bytes) -> Receipt:
         flow_id, kept = self.engine.orders.lookup(order_id)
         try:
             # An unknown order is compared against a random token: same work, same answer.
@@ -161,7 +208,7 @@ class NotificationReceiver:
             self.count("unrouted")
             log.warning("authentic notification %s for order %s has no flow; acknowledged", event_id, order_id)
             return Receipt(200, OK)
-        return self._once(event_id, flow_id, data)
+        return self._once(event_id, flow_id, notification, data)
 
     @staticmethod
     def event_id(given: str | None, body: bytes) -> str:
@@ -169,7 +216,7 @@ class NotificationReceiver:
             return given
         return "sha256:" + hashlib.sha256(given.encode() if given else body).hexdigest()
 
-    def _once(self, event_id: str, flow_id: str, data: dict[str, Any]) -> Receipt:
+    def _once(self, event_id: str, flow_id: str, notification: Notification, data: dict[str, Any]) -> Receipt:
         key = self.engine.keys.event(event_id)
         pending = json.dumps({"state": "pending", "flow": flow_id, "t": self.engine.clock.now()})
         if not self.redis.set(key, pending, nx=True, ex=self.settings.event_ttl_seconds):
@@ -180,7 +227,17 @@ class NotificationReceiver:
             if taken == "":
                 return Receipt(503, {"outcome": "KO", "error": "this event is being recorded; try again"})
             pending = taken
-        payload = {"eventId": event_id, "eventTime": data.get("eventTime"), "operation": data.get("operation") or {}}
+        try:
+            verified = self._verify(notification, event_id)
+        except Exception:
+            self.count("failed")
+            self._release(key, pending)
+            raise
+        if isinstance(verified, Receipt):
+            self._release(key, pending)
+            return verified
+        # The gateway's operation, never the body's: only what the gateway has moves money state.
+        payload = {"eventId": event_id, "eventTime": data.get("eventTime"), "operation": verified.wire()}
         try:
             result = self._hand_over(flow_id, payload)
         except Exception:
@@ -193,6 +250,41 @@ class NotificationReceiver:
         pipe.execute()
         log.info("notification %s for flow %s: %s", event_id, flow_id, result)
         return Receipt(200, OK)
+
+    def read_back(self, notified: Operation) -> Operation:
+        """The notified operation as the gateway has it: ``GET /operations/{operationId}``."""
+        return self.engine.gateway().call(Catalogue.get_operation, notified.operationId)
+
+    def _verify(self, notification: Notification, event_id: str) -> Operation | Receipt:
+        """The operation to signal (the gateway's), or what to answer instead."""
+        notified = notification.operation
+        assert notified is not None  # receive() refused a notification without one
+        try:
+            found = self.read_back(notified)
+        except OperationNotFound:
+            self.count("unverified")
+            log.warning(
+                "notification %s: the gateway has no operation %s (order %s); not signalled, retry asked",
+                event_id,
+                notified.operationId,
+                notified.orderId,
+            )
+            return Receipt(503, UNVERIFIED)
+        except GatewayError as exc:
+            self.count("failed")
+            log.warning("notification %s: operation %s not read at the gateway: %s", event_id, notified.operationId, exc)
+            return Receipt(503, UNREAD)
+        if found.operationId != notified.operationId or found.orderId != notified.orderId:
+            self.count("rejected")
+            log.warning(
+                "notification %s refused: operation %s is of order %s at the gateway, not of the notified %s",
+                event_id,
+                notified.operationId,
+                found.orderId,
+                notified.orderId,
+            )
+            return Receipt(REFUSED_STATUS, REFUSED)
+        return found
 
     def _hand_over(self, flow_id: str, payload: dict[str, Any]) -> str:
         """Signal the flow. A payment reported for a flow that already ended without one is never

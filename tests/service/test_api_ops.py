@@ -5,11 +5,19 @@ from __future__ import annotations
 import re
 import threading
 import time
+from collections.abc import Iterator
 from typing import Any
 
+import httpx
+import pytest
+
+from service.app import create_app
 from service.heartbeat import Heartbeat
-from service.runtime import Runtime
-from tests.service.conftest import API_KEY, Served, notification
+from service.runtime import Runtime, build_runtime
+from service.server import ApiServer
+from simulator import SimulatorConfig, SimulatorServer
+from tests.service.conftest import API_KEY, NOTIFIED, Served, notification, service_settings
+from tests.service.test_receiver import NOWHERE, hosted_page, pay
 from tests.waiting import wait_until
 from workflows.dispatcher import Dispatcher
 from workflows.states import FlowState
@@ -23,6 +31,31 @@ def _with(answer: Any, line: str) -> Any:
 
 
 SAMPLE = re.compile(r'^[a-z_]+(\{([a-z_]+="[^"]*",?)+\})? -?[0-9.e+]+$')
+
+
+@pytest.fixture(scope="module")
+def simulator() -> Iterator[SimulatorServer]:
+    """The gateway of this module's ``live``: the receiver reads a notified operation back from it."""
+    with SimulatorServer(SimulatorConfig(seed=43)) as server:
+        server.admin.set_faults(mode="notify_drop")  # its notifications are posted by the test
+        yield server
+
+
+@pytest.fixture
+def live(redis_url: str, key_prefix: str, simulator: SimulatorServer) -> Iterator[Served]:
+    """conftest's ``live`` (the app over HTTP, a real Celery worker), its gateway the simulator."""
+    from celery.contrib.testing.worker import start_worker
+
+    settings = service_settings(key_prefix, gateway={"base_url": simulator.base_url}, receiver={"public_url": NOWHERE})
+    built = build_runtime(settings, redis_url=redis_url, flows={"notified": NOTIFIED})
+    with (
+        start_worker(built.celery, pool="threads", concurrency=2, perform_ping_check=False, shutdown_timeout=10),
+        ApiServer(create_app(built)) as server,
+        httpx.Client(base_url=server.url, timeout=10.0, headers={"X-Api-Key": API_KEY}) as http,
+    ):
+        yield Served(built, server, http)
+    built.engine.gateway().close()
+    built.close()
 
 
 def test_readyz_needs_a_worker_and_a_scheduler_heartbeat(served: Served) -> None:
@@ -52,8 +85,9 @@ def test_a_running_celery_worker_keeps_its_heartbeat(live: Served) -> None:
         time.sleep(0.05)
 
 
-def test_metrics_report_flows_steps_and_refused_notifications(live: Served) -> None:
-    started = live.http.post("/flows/notified", json={"orderId": "ord-metrics", "token": "a" * 32}).json()
+def test_metrics_report_flows_steps_and_refused_notifications(live: Served, simulator: SimulatorServer) -> None:
+    token = hosted_page(live.engine, "ord-metrics")  # a real page at the gateway, its token kept by the flow
+    started = live.http.post("/flows/notified", json={"orderId": "ord-metrics", "token": token}).json()
     live.engine.wait(started["id"], 10, states=frozenset({FlowState.WAITING}))
     refused = live.http.post("/notifications", json=notification("ord-metrics", "b" * 32))
     assert refused.status_code == 401
@@ -73,9 +107,10 @@ def test_metrics_report_flows_steps_and_refused_notifications(live: Served) -> N
     assert 'durapay_step_retries_total{kind="notified",step="payment"} 0' in samples
     assert "durapay_notifications_rejected_total 1" in samples
     assert 'durapay_notifications_total{outcome="rejected"} 1' in samples
+    assert 'durapay_notifications_total{outcome="unverified"} 0' in samples
     assert "# TYPE durapay_step_duration_seconds histogram" in text
 
-    live.http.post("/notifications", json=notification("ord-metrics", "a" * 32, "ev-metrics"))
+    assert live.http.post("/notifications", json=pay(simulator, "ord-metrics")).status_code == 200
     live.engine.wait(started["id"], 10)
     after = live.http.get("/metrics").text
     assert 'durapay_notifications_total{outcome="accepted"} 1' in after
