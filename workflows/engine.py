@@ -51,6 +51,7 @@ __all__ = [
     "NotDurable",
     "NotFound",
     "OperatorError",
+    "OrderIdTaken",
     "Sender",
     "StartConflict",
     "gateway_order_id",
@@ -65,6 +66,18 @@ class Sender(Protocol):
 
 class InputError(Exception):
     """A flow input refused at ``start``: ``field`` says which, ``reason`` says why."""
+
+    def __init__(self, kind: str, field: str, reason: str) -> None:
+        super().__init__(f"{kind}: {field}: {reason}")
+        self.kind = kind
+        self.field = field
+        self.reason = reason
+
+
+class OrderIdTaken(StartConflict):
+    """A start naming a gateway order id that another flow holds (its lookup names that flow, until the
+    retention after that flow ended): refused before anything is written. ``field`` names where the input
+    gives the order id, ``reason`` which flow holds it. A conflict with what exists, not a bad input."""
 
     def __init__(self, kind: str, field: str, reason: str) -> None:
         super().__init__(f"{kind}: {field}: {reason}")
@@ -160,7 +173,8 @@ class Engine:
         timer, never a Celery ETA.
 
         Raises InputError (field, reason) before anything is written when the input is bad, and
-        StartConflict when ``key`` was used for a different input.
+        StartConflict when ``key`` was used for a different input, or OrderIdTaken (field, reason) when its
+        gateway order id is another flow's.
         """
         now = self.clock.now()
         new = self._new_flow(kind, data, key, run_at, now)
@@ -206,7 +220,7 @@ class Engine:
                 self._order_free(new)
                 news.append(dataclasses.replace(new, owner=owners[index]) if owners else new)
                 results.append(news[-1].flow_id)
-            except InputError as refused:
+            except (InputError, OrderIdTaken) as refused:
                 results.append(refused)
         created = iter(zip(news, self.store.create_many(news, now=now, by="start", safety=self.safety), strict=True))
         made: builtins.list[NewFlow] = []
@@ -240,10 +254,10 @@ class Engine:
             if holder is not None and holder != new.flow_id:
                 raise self._order_refusal(new, OrderHeld(new.order_id, holder))
 
-    def _order_refusal(self, new: NewFlow, held: OrderHeld) -> InputError:
+    def _order_refusal(self, new: NewFlow, held: OrderHeld) -> OrderIdTaken:
         holder = self.store.get(held.holder)
         state = f" (it is {holder.state})" if holder is not None else ""
-        return InputError(
+        return OrderIdTaken(
             new.kind,
             self.registry[new.kind].order_field,
             f"order id {held.order_id} is flow {held.holder}'s{state}: a payment on it is that flow's, and the gateway "

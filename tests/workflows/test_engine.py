@@ -19,7 +19,7 @@ from tests.workflows.engine_support import T0, ScriptedStep, flow, summary, wait
 from workflows.clock import ManualClock
 from workflows.compact import Compactor
 from workflows.durability import Durability
-from workflows.engine import Claim, InputError, NotFound, OperatorError
+from workflows.engine import Claim, InputError, NotFound, OperatorError, OrderIdTaken
 from workflows.states import FlowState
 from workflows.steps import FlowDefinition, SleepStep, WaitStep
 from workflows.store import Change, StartConflict
@@ -381,14 +381,14 @@ def test_a_second_flow_naming_a_held_order_is_refused_until_the_lookup_is_gone(m
     definition = FlowDefinition("demo", OrderInput, (wait_step(),), summary, order_id=lambda data: data.orderId)
     engine, _ = make_engine(definition)
     first = engine.start("demo", {"orderId": "ord-7"}, key="a")
-    with pytest.raises(InputError, match="ord-7 is flow"):
+    with pytest.raises(OrderIdTaken, match="ord-7 is flow"):
         engine.start("demo", {"orderId": "ord-7"}, key="b")
     assert engine.flow_for_order("ord-7") == first.id, "the live flow keeps its order's notifications"
     engine.cancel(first.id)
     assert engine.redis.ttl(engine.keys.order("ord-7")) == -1, "lookups of a flow not yet packed stay"
     Compactor(engine.redis, engine.keys, engine.orders).run(now=clock.now() + 5)  # the dispatcher's pass
     assert engine.redis.ttl(engine.keys.order("ord-7")) > 0, "a finished flow's order lookup expires with it"
-    with pytest.raises(InputError, match="cancelled"):
+    with pytest.raises(OrderIdTaken, match="cancelled"):
         engine.start("demo", {"orderId": "ord-7"}, key="c")  # a payment on it would still be the first's
     engine.redis.delete(engine.keys.order("ord-7"))  # its retention ran out
     third = engine.start("demo", {"orderId": "ord-7"}, key="c")

@@ -18,7 +18,7 @@ from gateway import Catalogue
 from simulator import SimulatorServer
 from tests.workflows.aof_tail import AofTail
 from tests.workflows.flow_model import APPROVE, FlowWorld, card
-from workflows.engine import InputError, NotFound, OperatorError
+from workflows.engine import NotFound, OperatorError, OrderIdTaken
 from workflows.signals import RECEIVER
 from workflows.states import FlowState
 
@@ -203,7 +203,7 @@ def test_a_start_naming_an_order_another_flow_paid_is_refused(world: FlowWorld) 
     record = world.record(flow)
     assert record is not None and record.state is FlowState.SUCCEEDED
     data = {"order": {"orderId": flow.base, "amount": "1500", "currency": "EUR"}, "card": card(APPROVE)}
-    with pytest.raises(InputError) as refused:
+    with pytest.raises(OrderIdTaken) as refused:
         world.engine.start("moto", data, key="another")
     assert refused.value.field == "order.orderId" and record.id in refused.value.reason
 

@@ -21,7 +21,7 @@ from tests.waiting import wait_until
 from tests.workflows.integration.conftest import Stack, stack_settings
 from tests.workflows.integration.test_flows import APPROVE, card, order, session, wait_for_state
 from workflows.clock import ManualClock
-from workflows.engine import Claim, Engine, InputError
+from workflows.engine import Claim, Engine, OrderIdTaken
 from workflows.flows import REGISTRY
 from workflows.states import STOPPED, FlowState
 from workflows.store import FlowRecord
@@ -112,7 +112,7 @@ def test_an_order_id_already_used_by_another_payment_is_never_adopted(stack: Sta
     assert first.state is FlowState.SUCCEEDED
     for amount in ("999", first.input["order"]["amount"]):
         other = {"order": {**first.input["order"], "amount": amount}, "card": card(APPROVE)}
-        with pytest.raises(InputError) as refused:
+        with pytest.raises(OrderIdTaken) as refused:
             stack.engine.start("moto", other)
         assert refused.value.field == "order.orderId" and first.id in refused.value.reason
     assert len(payments(stack.simulator, [first.order_id])) == 1
