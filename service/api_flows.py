@@ -17,7 +17,7 @@ import time
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Body, Header, Path, Query
+from fastapi import APIRouter, Body, Header, Path, Query, Response
 from pydantic import BaseModel, Field
 from starlette.concurrency import run_in_threadpool
 
@@ -27,7 +27,7 @@ from service.errors import ERRORS, ApiError, conflict, invalid, not_found
 from service.schemas import FlowList, FlowView, History, SignalAnswer
 from service.timeparse import RUN_AT_FORMS, RUN_AT_PATTERN, SINCE_FORMS, SINCE_PATTERN, parse_run_at, parse_since
 from service.views import flow_brief, flow_view
-from workflows.engine import Engine, InputError, NotFound, OperatorError, StartConflict
+from workflows.engine import Engine, InputError, NotFound, OperatorError, OrderIdTaken, StartConflict
 from workflows.signals import RULES, SignalRefused, accepted, may_send
 from workflows.states import FlowState
 from workflows.steps import FlowDefinition
@@ -121,6 +121,8 @@ def _start_route(
             record = await run_in_threadpool(engine.start, kind, body, idempotency_key, run_at=when)
         except InputError as exc:
             raise invalid(exc.field, exc.reason) from None
+        except OrderIdTaken as exc:  # another flow's order id: a conflict with what exists, naming the field
+            raise ApiError(409, "conflict", exc.reason, field=exc.field) from None
         except StartConflict as exc:
             raise conflict(str(exc)) from None
         record = await await_customer_url(engine, record, settings.start_wait_seconds if wait is None else wait)
@@ -235,11 +237,26 @@ def flows_router(engine: Engine, settings: ApiSettings) -> APIRouter:
                 description=RULES[name].description if name in RULES else f"the {name} signal",
             )
 
-    @router.post("/{flow_id}/cancel", response_model=FlowView, summary="Cancel now, or at the end of the step in flight")
-    def cancel_flow(flow_id: FlowId, request: Annotated[CancelRequest | None, Body()] = None) -> dict[str, Any]:
+    @router.post(
+        "/{flow_id}/cancel",
+        response_model=FlowView,
+        summary="Cancel now, at the end of the step in flight, or once the gateway shows no money moved",
+        description="200 with the flow `cancelled`; or 202 with `cancel_requested` and the flow still going: a step "
+        "is in flight, or money may be in flight at the gateway (`unsettled`: a payment answered PENDING, a refund "
+        "whose result is not read yet, a call whose answer was lost). The step then reads the gateway, and the flow "
+        "ends `cancelled` if no money moved, `succeeded` if it did (a cancel cannot undo money taken), or "
+        "`needs_attention` naming the operation if the gateway cannot tell.",
+        responses={202: {"model": FlowView, "description": "cancel requested: the flow reads the gateway first"}},
+    )
+    def cancel_flow(
+        flow_id: FlowId, response: Response, request: Annotated[CancelRequest | None, Body()] = None
+    ) -> dict[str, Any]:
         reason = request.reason if request else CancelRequest().reason
         try:
-            return flow_view(engine.cancel(flow_id, reason, by="api"), engine.registry)
+            record = engine.cancel(flow_id, reason, by="api")
+            if record.state is not FlowState.CANCELLED:
+                response.status_code = 202
+            return flow_view(record, engine.registry)
         except NotFound:
             raise not_found(f"no flow {flow_id!r}") from None
         except OperatorError as exc:
@@ -257,15 +274,33 @@ def flows_router(engine: Engine, settings: ApiSettings) -> APIRouter:
     @router.post(
         "/{flow_id}/refund-late-payment",
         response_model=FlowView,
-        summary="Refund a LatePayment's operation (a refund flow), then cancel the flow",
-        description="For a `needs_attention` flow with error `LatePayment` that had ended failed or cancelled: starts a "
-        "`refund` flow of the reported operation (full amount; asked twice, it refunds once) and cancels the flow, "
-        "its outcome naming the refund flow. `POST /flows/{id}/retry` accepts the payment instead.",
+        summary="Refund a LatePayment's operation (a refund flow) and close the flow",
+        description="For a `needs_attention` flow with error `LatePayment`: starts a `refund` flow of the reported "
+        "operation (full amount; asked twice, it refunds once). A flow that had ended failed or cancelled is then "
+        "cancelled, its outcome naming the refund flow (`POST /flows/{id}/retry` accepts the payment instead). A flow "
+        "that had succeeded with another payment goes back to `succeeded`, that first payment still its outcome, the "
+        "second listed in `operationIds` and `latePayments` with its refund.",
     )
     def refund_late_payment(flow_id: FlowId, request: Annotated[CancelRequest | None, Body()] = None) -> dict[str, Any]:
         reason = request.reason if request else "late payment refunded"
         try:
             return flow_view(engine.refund_late_payment(flow_id, reason, by="api"), engine.registry)
+        except NotFound:
+            raise not_found(f"no flow {flow_id!r}") from None
+        except OperatorError as exc:
+            raise conflict(str(exc)) from None
+
+    @router.post(
+        "/{flow_id}/keep-late-payment",
+        response_model=FlowView,
+        summary="Keep a second payment beside a succeeded flow's payment",
+        description="For a `needs_attention` flow with error `LatePayment` that had succeeded with another payment (the "
+        "merchant keeps both): back to `succeeded`, the first payment still its outcome, the second listed in "
+        "`operationIds` and `latePayments`. (`retry` would make the second the outcome, and is refused there.)",
+    )
+    def keep_late_payment(flow_id: FlowId) -> dict[str, Any]:
+        try:
+            return flow_view(engine.keep_late_payment(flow_id, by="api"), engine.registry)
         except NotFound:
             raise not_found(f"no flow {flow_id!r}") from None
         except OperatorError as exc:

@@ -53,6 +53,11 @@ class FlowView(_Answer):
     wait: dict[str, Any] | None = None
     outcome: dict[str, Any] | None = None
     cancel_requested: bool = False
+    unsettled: dict[str, Any] | None = Field(
+        default=None,
+        description="money in flight: the money call a step may have sent ({step, op, t, operationId}), until a read "
+        "of the gateway settles it; no cancel or failure ends the flow before",
+    )
     start_key: str | None = None
     steps_done: list[str] = []
 

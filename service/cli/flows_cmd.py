@@ -224,14 +224,23 @@ def cancel(
     reason: Annotated[str, typer.Option(help="Why; kept in the flow's outcome.")] = "cancelled by operator",
     as_json: JsonFlag = False,
 ) -> None:
-    """Cancel a flow now, or at the end of the step in flight."""
+    """Cancel a flow now, at the end of the step in flight, or, while money may be in flight at the
+    gateway, once a read of the gateway shows none moved (the flow then ends cancelled; succeeded if
+    the money moved; needs_attention if the gateway cannot tell)."""
     out = Output(as_json)
     with runtime(out, writes=True) as rt, out.errors():
         view = flow_view(rt.engine.cancel(flow_id, reason, by="cli"), rt.engine.registry)
     if as_json:
         echo_json(view)
         return
-    extra = " (at the end of the step in flight)" if view.get("cancel_requested") and view["state"] != "cancelled" else ""
+    extra = ""
+    if view.get("cancel_requested") and view["state"] != "cancelled":
+        inflight = view.get("unsettled") or {}
+        extra = (
+            f" (cancel requested: money may be in flight ({inflight.get('op')}); the gateway is read first)"
+            if inflight
+            else " (cancel requested: at the end of the step in flight)"
+        )
     typer.echo(f"{flow_id}: {view['state']}{extra}")
 
 

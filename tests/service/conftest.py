@@ -59,6 +59,7 @@ NOTIFIED = FlowDefinition(
     lambda data, outputs: {"orderId": data.orderId},
     lambda data: str(data.orderId),
     "test flow: keeps a token, waits for a notification",
+    order_field="orderId",
 )
 
 

@@ -6,6 +6,8 @@ Celery worker, for the answers that depend on a step having run (the customer UR
 
 from __future__ import annotations
 
+import json
+
 import time
 from typing import Any
 
@@ -204,6 +206,28 @@ def test_cancel_then_cancel_again_conflicts(served: Served) -> None:
     assert again.status_code == 409
     assert "already ended" in again.json()["reason"]
     assert served.http.post(f"/flows/{flow_id}/cancel", json={"reason": ""}, headers=KEY).status_code == 422
+
+
+def test_a_start_naming_another_flows_order_id_is_a_conflict_naming_the_field(served: Served) -> None:
+    first = served.http.post("/flows/notified", json={"orderId": "ord-taken", "token": TOKEN}, headers=KEY)
+    assert first.status_code == 201
+    second = served.http.post("/flows/notified", json={"orderId": "ord-taken", "token": "other"}, headers=KEY)
+    assert second.status_code == 409, second.text
+    assert second.json()["field"] == "orderId" and first.json()["id"] in second.json()["reason"]
+
+
+def test_a_cancel_while_money_may_be_in_flight_is_accepted_as_a_request(served: Served) -> None:
+    """202: the flow reads the gateway before it may end (the engine's rule: docs/durability.md). The money in
+    flight is written as a money step's claim writes it (this app's test kind has no money step)."""
+    flow_id = waiting_flow(served.engine, "ord-inflight", TOKEN)
+    unsettled = {"step": "payment", "op": "create_moto_order", "t": served.engine.clock.now()}
+    served.engine.redis.hset(served.engine.keys.flow(flow_id), "unsettled", json.dumps(unsettled))
+    answer = served.http.post(f"/flows/{flow_id}/cancel", json={"reason": "customer left"}, headers=KEY)
+    assert answer.status_code == 202, answer.text
+    body = answer.json()
+    assert body["state"] == "ready" and body["cancel_requested"] and body["unsettled"]["op"] == "create_moto_order"
+    history = served.http.get(f"/flows/{flow_id}/history", headers=KEY).json()
+    assert "cancel requested, the gateway is read first" in json.dumps(history)
 
 
 def test_retry_a_failed_flow_and_refuse_a_cancelled_one(served: Served) -> None:
