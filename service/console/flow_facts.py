@@ -17,7 +17,8 @@ ACTIONS = {
     "retry": "Retry",
     "cancel": "Cancel",
     "accept": "Accept the late payment",
-    "refund": "Refund the late payment and cancel",
+    "refund": "Refund the late payment",
+    "keep": "Keep the second payment",
 }
 
 
@@ -34,10 +35,9 @@ def actions_for(record: FlowRecord) -> list[str]:
     """The actions a person may take on the flow now."""
     late = late_payment(record)
     if late is not None:
-        found = ["accept", "cancel"]
-        if (record.error or {}).get("endedAs") != FlowState.SUCCEEDED.value:
-            found = ["accept", "refund"]
-        return found
+        # Beside a succeeded flow's payment, the first stays the outcome whatever is done with the second
+        # (Engine.retry refuses there, and a flow whose payment succeeded is never cancelled).
+        return ["keep", "refund"] if _second(record) else ["accept", "refund"]
     actions: list[str] = []
     if record.state in {FlowState.NEEDS_ATTENTION, FlowState.FAILED} and not (
         record.state is FlowState.FAILED and record.fields.get("owner")
@@ -81,10 +81,20 @@ def explain(record: FlowRecord, action: str) -> list[str]:
             f"The flow goes back to its step {record.step!r}, which takes the notification, and succeeds with that payment.",
         ]
     if action == "refund":
+        then = (
+            "This flow goes back to succeeded: its first payment stays its outcome, the refunded one is listed beside it."
+            if _second(record)
+            else "This flow is then cancelled, with the refund flow named in its outcome."
+        )
         return [
             f"A refund flow is started: the gateway is asked to refund operation {operation} in full "
             "(or to void it, before capture). Asking twice refunds once.",
-            "This flow is then cancelled, with the refund flow named in its outcome. Follow the refund on its own page.",
+            f"{then} Follow the refund on its own page.",
+        ]
+    if action == "keep":
+        return [
+            f"Nothing is sent to the gateway: operation {operation} ({late.get('operationResult', '?')}) is kept.",
+            "This flow goes back to succeeded: its first payment stays its outcome, the second is listed beside it.",
         ]
     if action == "retry" and record.state is FlowState.FAILED:
         seq = record.order_seq + 1
@@ -99,11 +109,20 @@ def explain(record: FlowRecord, action: str) -> list[str]:
             "first reads the order back and adopts what it finds; it calls the gateway again only if nothing was made.",
             "No payment is made twice: the call keeps its idempotency key.",
         ]
-    if record.state is FlowState.RUNNING or record.reconcile or record.uncertain:
+    if record.unsettled:
+        # The engine's own rule (transition.lua): with money in flight a cancel is a read first.
+        return [
+            f"Money may be in flight at the gateway ({record.unsettled.get('op')}"
+            + (f", operation {record.unsettled['operationId']}" if record.unsettled.get("operationId") else "")
+            + "): nothing new is sent, the flow reads the gateway first.",
+            "If no money moved, the flow ends cancelled; if it did, it ends succeeded with that payment (a cancel "
+            "cannot undo it: refund it then); if the gateway cannot tell, it needs attention.",
+        ]
+    if record.state is FlowState.RUNNING:
         return [
             f"The step in flight ({record.step!r}) is not interrupted: its gateway call finishes and its effect is "
             "kept and shown; then the flow stops, cancelled. Nothing new is sent to the gateway.",
-            "A payment that step makes is not refunded by the cancel: it shows in the flow (needs attention).",
+            "A payment that step makes is not undone by the cancel: the flow then ends succeeded with it.",
         ]
     sentences = ["Nothing is sent to the gateway: the flow is cancelled now and no further step runs."]
     if record.state is FlowState.WAITING:
@@ -112,3 +131,8 @@ def explain(record: FlowRecord, action: str) -> list[str]:
             "shows in this flow as a late payment (needs attention), never lost."
         )
     return sentences
+
+
+def _second(record: FlowRecord) -> bool:
+    """The late payment is a second one beside the payment of a flow that had succeeded."""
+    return (record.error or {}).get("endedAs") == FlowState.SUCCEEDED.value

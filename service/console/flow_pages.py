@@ -1,9 +1,9 @@
 """The console's flow pages: home, the list (filters, search, cursor pages), one flow, its actions.
 
-Actions (retry, cancel with a reason, accept or refund a late payment) go through a confirmation page
+Actions (retry, cancel with a reason, accept, refund or keep a late payment) go through a confirmation page
 that says what will happen at the gateway, then a POST carrying the session's CSRF token; a read-only
 session sees no action and is refused (403) if it posts one anyway. Every action is the engine's own
-(``Engine.retry``, ``cancel``, ``refund_late_payment``): the console adds no rule of its own.
+(``Engine.retry``, ``cancel``, ``refund_late_payment``, ``keep_late_payment``): the console adds no rule of its own.
 """
 
 from __future__ import annotations
@@ -203,6 +203,7 @@ def flow_router(console: Console, engine: Engine, listing: FlowListing) -> APIRo
             "accept": lambda: engine.retry(flow_id, by="console"),
             "cancel": lambda: engine.cancel(flow_id, reason, by="console"),
             "refund": lambda: engine.refund_late_payment(flow_id, reason, by="console"),
+            "keep": lambda: engine.keep_late_payment(flow_id, by="console"),
         }
         try:
             run[action]()

@@ -12,6 +12,7 @@ from contextlib import contextmanager
 import httpx
 import pytest
 
+from gateway import Catalogue
 from tests.service.console.conftest import OPERATOR_KEY, READ_KEY, ConsoleStack
 from tests.waiting import wait_until
 from tests.workflows.integration.test_flows import card, order, session
@@ -140,6 +141,28 @@ def test_accept_a_late_payment(console_stack: ConsoleStack, operator: httpx.Clie
     done = console_stack.engine.wait(flow_id, 30)
     assert done.state is FlowState.SUCCEEDED, (done.summary(), console_stack.engine.history(flow_id))
     assert done.outcome is not None and operation_id in done.outcome["operationIds"]
+
+
+def test_a_second_payment_beside_a_succeeded_one_is_kept_or_refunded_never_cancelled(
+    console_stack: ConsoleStack, operator: httpx.Client
+) -> None:
+    """The flow's first payment stays its outcome: the console offers keep and refund, not cancel or accept."""
+    done = console_stack.engine.wait(console_stack.engine.start("moto", {"order": order(), "card": card()}).id, 30)
+    assert done.state is FlowState.SUCCEEDED and done.outcome is not None
+    first = done.outcome["operation"]["operationId"]
+    second_order = {**order(), "orderId": f"{done.order_id}-2"}
+    second = console_stack.engine.gateway().call(Catalogue.create_moto_order, request={"order": second_order, "card": card()})
+    operation = second.operation.wire()
+    assert console_stack.engine.signal(done.id, "notification", {"operation": operation}, by="notification") == "late_payment"
+    page = operator.get(f"/console/flows/{done.id}")
+    assert 'id="action-keep"' in page.text and 'id="action-refund"' in page.text
+    assert 'id="action-cancel"' not in page.text and 'id="action-accept"' not in page.text
+    confirm = operator.get(f"/console/flows/{done.id}/confirm/keep")
+    assert "first payment stays its outcome" in confirm.text
+    assert operator.post(f"/console/flows/{done.id}/keep", data={"csrf": csrf_of(confirm)}).status_code == 303
+    kept = console_stack.engine.get(done.id)
+    assert kept.state is FlowState.SUCCEEDED and kept.outcome is not None
+    assert kept.outcome["operation"]["operationId"] == first and operation["operationId"] in kept.outcome["operationIds"]
 
 
 def test_schedule_pages_and_actions(console_stack: ConsoleStack, operator: httpx.Client) -> None:
