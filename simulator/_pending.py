@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from gateway import OperationResult, describe_validation_error
+from gateway import CATALOGUE, OperationResult, describe_validation_error
 from simulator import _ledger, _payments
 from simulator._cards import Outcome, outcome_from_token
 from simulator._clock import iso, parse_iso
@@ -40,24 +40,10 @@ from simulator._records import OperationRecord, PendingRecord
 if TYPE_CHECKING:
     from simulator._core import Simulator
 
-#: The catalogue operations whose requests a rule can answer PENDING: every call that makes a payment,
-#: a card verification, a reservation charge or a post-operation.
-PENDABLE = (
-    "create_moto_order",
-    "create_mit_order",
-    "wallet_pay",
-    "card_verification",
-    "three_steps_payment",
-    "svs_pay_operation",
-    "build_finalize_payment",
-    "build_confirm_payment",
-    "refund_operation",
-    "capture_operation",
-    "cancel_operation",
-    "create_no_show",
-    "create_incremental",
-    "create_delay_charge",
-)
+#: The catalogue operations whose requests a rule can answer PENDING: every call that moves money (the
+#: catalogue's ``moves_money``: a payment, a card verification, a reservation charge, a post-operation),
+#: but the earlier reservation MIT, which answers no operation to read.
+PENDABLE = tuple(op.name for op in CATALOGUE if op.moves_money and op.name != "create_reservation_mit_earlier")
 #: Reservation charges keep their own operation type (``NOSHOW``...) through settling, as ``_reservations`` does.
 _CHARGES = frozenset({"create_no_show", "create_incremental", "create_delay_charge"})
 SETTLE_ORIGIN = Origin("pending_settle", "/_sim/pending/settle")
