@@ -209,7 +209,13 @@ from gateway._money import (
     to_major,
     to_minor,
 )
-from gateway._notification import Notification, parse_notification, reported_payment, verify_security_token
+from gateway._notification import (
+    Notification,
+    customer_payment,
+    parse_notification,
+    reported_payment,
+    verify_security_token,
+)
 from gateway._strict import (
     STRICT,
     StrictInput,
@@ -407,6 +413,7 @@ __all__ = [
     "check_amount",
     "check_idempotency_key",
     "closest",
+    "customer_payment",
     "decline_kind",
     "describe_validation_error",
     "did_you_mean",

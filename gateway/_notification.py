@@ -75,8 +75,14 @@ def verify_security_token(notification: Notification, kept_tokens: Iterable[str]
 REPORTED_FIELDS = ("operationId", "orderId", "operationType", "operationResult", "operationAmount", "operationCurrency")
 
 
+#: Operation types of a customer's payment (a sale is a CAPTURE; a card verification takes no money but
+#: is the flow's outcome); a refund, void, cancel or reservation charge is the merchant's, never one.
+PAYMENT_TYPES = frozenset({"AUTHORIZATION", "CAPTURE", "CARD_VERIFICATION"})
+
+
 def reported_payment(body: Mapping[str, Any]) -> dict[str, Any] | None:
-    """The payment a notification body reports as taken (AUTHORIZED or EXECUTED), or None.
+    """The payment a body (``{operation}``: a step's answer, a notification) reports as taken
+    (AUTHORIZED or EXECUTED), or None.
 
     The engine marks such a signal when it stores it, so that whatever the flow's state then (waiting,
     in a step, ended), the money is accounted for: taken as the outcome, or shown to a person.
@@ -85,3 +91,26 @@ def reported_payment(body: Mapping[str, Any]) -> dict[str, Any] | None:
     if not isinstance(operation, Mapping) or operation.get("operationResult") not in {r.value for r in SUCCESS_RESULTS}:
         return None
     return {key: operation.get(key) for key in REPORTED_FIELDS if operation.get(key) is not None}
+
+
+def customer_payment(body: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The payment a *notification* reports a customer made (``reported_payment``), or None for an
+    operation the merchant made on the order: a post-operation on its payment (a capture, a refund, a
+    void, a cancel) or a reservation charge (NOSHOW, INCREMENTAL, DELAY_CHARGE). Those are the merchant's
+    own flows' money, never a second payment of the flow the order is notified to.
+
+    The gateway gives merchant-initiated operations channel ``BACKOFFICE`` (post-operations and MIT), and a
+    notification comes only for an order made with a ``notificationUrl``: a page the customer pays
+    (``ECOMMERCE``). So on such an order a ``BACKOFFICE`` operation is the merchant's, not the customer's
+    (a capture of the customer's authorization is type CAPTURE, as a sale is: its channel tells them
+    apart; docs/gateway.md)."""
+    paid = reported_payment(body)
+    operation = body.get("operation")
+    if paid is None or not isinstance(operation, Mapping):
+        return None
+    kind = str(operation.get("operationType") or "")
+    if kind and kind not in PAYMENT_TYPES:
+        return None
+    if operation.get("channel") == "BACKOFFICE" or operation.get("parentOperationId"):
+        return None
+    return paid

@@ -276,15 +276,23 @@ def flows_router(engine: Engine, settings: ApiSettings) -> APIRouter:
         response_model=FlowView,
         summary="Refund a LatePayment's operation (a refund flow) and close the flow",
         description="For a `needs_attention` flow with error `LatePayment`: starts a `refund` flow of the reported "
-        "operation (full amount; asked twice, it refunds once). A flow that had ended failed or cancelled is then "
-        "cancelled, its outcome naming the refund flow (`POST /flows/{id}/retry` accepts the payment instead). A flow "
-        "that had succeeded with another payment goes back to `succeeded`, that first payment still its outcome, the "
-        "second listed in `operationIds` and `latePayments` with its refund.",
+        "operation (full amount; asked twice, it refunds once) and answers 202 while it runs. Once the refund "
+        "succeeded the flow is closed (asked again, 200 with it closed): a flow that had ended failed or cancelled "
+        "is cancelled, its outcome naming the refund flow (`POST /flows/{id}/retry` or `keep-late-payment` accepts "
+        "the payment instead); a flow that had succeeded with another payment goes back to `succeeded`, that first "
+        "payment still its outcome, the second listed in `operationIds` and `latePayments` with its refund. A refund "
+        "that failed is a 409 naming its flow.",
+        responses={202: {"model": FlowView, "description": "the refund is under way; its success closes the flow"}},
     )
-    def refund_late_payment(flow_id: FlowId, request: Annotated[CancelRequest | None, Body()] = None) -> dict[str, Any]:
+    def refund_late_payment(
+        flow_id: FlowId, response: Response, request: Annotated[CancelRequest | None, Body()] = None
+    ) -> dict[str, Any]:
         reason = request.reason if request else "late payment refunded"
         try:
-            return flow_view(engine.refund_late_payment(flow_id, reason, by="api"), engine.registry)
+            record = engine.refund_late_payment(flow_id, reason, by="api")
+            if record.state is FlowState.NEEDS_ATTENTION:
+                response.status_code = 202  # the refund is under way: its success closes the flow
+            return flow_view(record, engine.registry)
         except NotFound:
             raise not_found(f"no flow {flow_id!r}") from None
         except OperatorError as exc:
@@ -293,10 +301,11 @@ def flows_router(engine: Engine, settings: ApiSettings) -> APIRouter:
     @router.post(
         "/{flow_id}/keep-late-payment",
         response_model=FlowView,
-        summary="Keep a second payment beside a succeeded flow's payment",
-        description="For a `needs_attention` flow with error `LatePayment` that had succeeded with another payment (the "
-        "merchant keeps both): back to `succeeded`, the first payment still its outcome, the second listed in "
-        "`operationIds` and `latePayments`. (`retry` would make the second the outcome, and is refused there.)",
+        summary="Keep a LatePayment: the flow's outcome, or a second payment listed beside its first",
+        description="For a `needs_attention` flow with error `LatePayment`: the merchant keeps the payment. A flow that "
+        "had succeeded with another payment goes back to `succeeded`, the first payment still its outcome, the second "
+        "listed in `operationIds` and `latePayments`; any other (ended failed or cancelled, or moved to a new order) "
+        "succeeds with it as its outcome. Refused while a refund of it is under way.",
     )
     def keep_late_payment(flow_id: FlowId) -> dict[str, Any]:
         try:

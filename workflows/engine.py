@@ -28,13 +28,15 @@ import redis
 from pydantic import BaseModel, ValidationError
 
 from config.settings import Settings
-from gateway import GatewayClient, describe_validation_error, reported_payment, validate_strict
+from gateway import GatewayClient, customer_payment, describe_validation_error, validate_strict
 from tasks.outcomes import Outcome
 from tasks.retry import RetryPolicy
 from workflows.clock import Clock, SystemClock
 from workflows.durability import Durability, NotDurable
+from workflows.errors import OperatorError
 from workflows.events import Cursor, Event, EventFeed
 from workflows.keys import Keys, derived_id
+from workflows.late_payments import LatePayments
 from workflows.orders import OrderIdsTaken, OrderIndex, gateway_order_id
 from workflows.protocol import Claim, StepProtocol
 from workflows.signals import admit
@@ -90,10 +92,6 @@ class NotFound(Exception):
     """No flow with that id (or it expired after its retention time)."""
 
 
-class OperatorError(Exception):
-    """An operator asked for something the flow's state does not allow (say which and why)."""
-
-
 class Engine:
     """One per process. Give it the settings, a Redis client, the flow registry and a sender."""
 
@@ -132,6 +130,7 @@ class Engine:
         self._client_lock = threading.Lock()
         self.orders = OrderIndex(client, self.keys, settings.engine.retention_days * 86400)
         self.protocol = StepProtocol(self)
+        self.late = LatePayments(self)
 
     # -- the Python API ----------------------------------------------------------------------
 
@@ -366,7 +365,7 @@ class Engine:
         succeeded with another operation, moves to ``needs_attention`` (``late_payment``) with the
         signal kept; ``retry`` then lets the waiting step take it, or a person refunds it."""
         body = admit(self.registry.get(self.get(flow_id).kind), name, payload, by=by)  # SignalRefused: workflows.signals
-        paid = reported_payment(body)
+        paid = customer_payment(body)
         result = self.store.signal(flow_id, name, body, now=self.clock.now(), by=by, safety=self.safety, paid=paid)
         if result == "missing":
             raise NotFound(f"no flow {flow_id!r}")
@@ -417,13 +416,8 @@ class Engine:
         definition = self.registry[record.kind]
         if record.state is FlowState.NEEDS_ATTENTION:
             error = record.error or {}
-            if error.get("type") == "LatePayment" and error.get("endedAs") == FlowState.SUCCEEDED.value:
-                operation_id = (error.get("operation") or {}).get("operationId")
-                raise OperatorError(
-                    f"flow {flow_id} succeeded with one payment and the gateway reports a second, {operation_id}: a retry "
-                    "would make the second its outcome. Refund it (refund-late-payment) or keep it (keep-late-payment); "
-                    "either way the first payment stays the flow's outcome"
-                )
+            if error.get("type") == "LatePayment":
+                self._retry_takes_late_payment(record, error)
             # Whatever stopped the flow (an ambiguous error, a crash, a lost worker), the step's call
             # may have reached the gateway: read it back before calling again (a no-op for reads).
             fields: dict[str, str | None] = {
@@ -494,73 +488,30 @@ class Engine:
         return written
 
     def refund_late_payment(self, flow_id: str, reason: str = "late payment refunded", *, by: str = "api") -> FlowRecord:
-        """Close a ``LatePayment`` by refunding the reported operation: a ``refund`` flow of it (full
-        amount, a start key per flow and operation, so asking twice refunds once).
-
-        A flow that had ended failed or cancelled is then cancelled, the refund named in its outcome
-        (``retry`` is the other answer: the flow takes the payment). A flow that had *succeeded* with
-        another payment goes back to ``succeeded`` with that first payment still its outcome, the
-        second listed in ``operationIds`` and ``latePayments`` with its refund."""
-        record, operation_id, ended_as = self._late_payment(flow_id)
-        if "refund" not in self.registry:
-            raise OperatorError("this build has no refund flow kind")
-        refund = self.start("refund", {"operationId": operation_id}, f"late-payment-refund:{flow_id}:{operation_id}")
-        if ended_as == FlowState.SUCCEEDED.value:
-            return self._close_second_payment(record, operation_id, {"refund": {"flow": refund.id}}, by=by)
-        fields = self._without_signals_of(record, operation_id)
-        fields["outcome"] = compact_json({"reason": reason, "refund": {"flow": refund.id, "operationId": operation_id}})
-        what = f"late payment {operation_id} refunded by flow {refund.id}; cancelled: {reason}"
-        written = self.store.transition(record, Change(FlowState.CANCELLED, what, fields), now=self.clock.now(), by=by)
-        if written is None:
-            raise OperatorError(f"flow {flow_id} changed meanwhile; look again (the refund flow {refund.id} stands)")
-        self.store.sync(flow_id, f"late payment refund of flow {flow_id}")
-        return written
+        """Refund a ``LatePayment`` (a ``refund`` flow of it); the flow is closed once that refund succeeded
+        (``workflows.late_payments``)."""
+        return self.late.refund(flow_id, reason, by=by)
 
     def keep_late_payment(self, flow_id: str, *, by: str = "api") -> FlowRecord:
-        """Close a ``LatePayment`` beside a succeeded flow's payment by keeping it (the merchant keeps both:
-        say, the customer bought twice): the flow goes back to ``succeeded`` with its first payment still
-        its outcome, the second listed in ``operationIds`` and ``latePayments``. For a flow that had ended
-        failed or cancelled, ``retry`` keeps the payment (the flow takes it as its outcome)."""
-        record, operation_id, ended_as = self._late_payment(flow_id)
-        if ended_as != FlowState.SUCCEEDED.value:
-            raise OperatorError(f"flow {flow_id} had ended {ended_as}: retry it to take payment {operation_id} as its outcome")
-        return self._close_second_payment(record, operation_id, {"kept": True}, by=by)
+        """Keep a ``LatePayment``: beside a succeeded flow's payment, listed; otherwise the flow's outcome
+        (``workflows.late_payments``)."""
+        return self.late.keep(flow_id, by=by)
 
-    def _late_payment(self, flow_id: str) -> tuple[FlowRecord, str, str]:
-        """(the record, the reported operation, how the flow had ended) of a flow stopped for a late
-        payment, or OperatorError."""
-        record = self.get(flow_id)
-        error = record.error or {}
-        operation = error.get("operation") if isinstance(error.get("operation"), dict) else {}
-        operation_id = str((operation or {}).get("operationId") or "")
-        if record.state is not FlowState.NEEDS_ATTENTION or error.get("type") != "LatePayment" or not operation_id:
-            raise OperatorError(f"flow {flow_id} has no late payment to close (it is {record.state})")
-        return record, operation_id, str(error.get("endedAs") or "")
-
-    @staticmethod
-    def _without_signals_of(record: FlowRecord, operation_id: str) -> dict[str, str | None]:
-        """Fields that drop the kept notifications of ``operation_id`` and the LatePayment error."""
-        kept = [s.field for s in record.signals if str((s.payload.get("operation") or {}).get("operationId")) == operation_id]
-        fields: dict[str, str | None] = dict.fromkeys(kept)
-        fields["error"] = None
-        return fields
-
-    def _close_second_payment(self, record: FlowRecord, operation_id: str, how: dict[str, Any], *, by: str) -> FlowRecord:
-        """A succeeded flow's second payment, closed by a person: back to ``succeeded``, the outcome still
-        the first payment's, the second shown beside it (so the money rule counts it as accounted)."""
-        outcome = dict(record.outcome or {})
-        ids = [str(item) for item in outcome.get("operationIds") or []]
-        outcome["operationIds"] = [*ids, operation_id] if operation_id not in ids else ids
-        outcome["latePayments"] = [*(outcome.get("latePayments") or []), {"operationId": operation_id, **how}]
-        fields = self._without_signals_of(record, operation_id)
-        fields["outcome"] = compact_json(outcome)
-        what = f"second payment {operation_id} " + ("refunded by flow " + how["refund"]["flow"] if "refund" in how else "kept")
-        what += "; the flow stays its first payment's"
-        written = self.store.transition(record, Change(FlowState.SUCCEEDED, what, fields), now=self.clock.now(), by=by)
-        if written is None:
-            raise OperatorError(f"flow {record.id} changed meanwhile; look again")
-        self.store.sync(record.id, f"second payment of flow {record.id} closed")
-        return written
+    def _retry_takes_late_payment(self, record: FlowRecord, error: Mapping[str, Any]) -> None:
+        """A retry of a ``LatePayment`` flow lets its waiting step take the payment as its outcome: only for a
+        flow that had failed or been cancelled, and with no refund of that payment under way."""
+        operation_id = str((error.get("operation") or {}).get("operationId") or "")
+        refund = self.late.refunding(record.id, operation_id)
+        if refund is not None:
+            raise OperatorError(
+                f"flow {record.id}: payment {operation_id} is being refunded by flow {refund.id} ({refund.state})"
+            )
+        if error.get("endedAs") not in {FlowState.FAILED.value, FlowState.CANCELLED.value}:
+            raise OperatorError(
+                f"flow {record.id} {'succeeded with one payment' if error.get('endedAs') == 'succeeded' else 'had moved on'}"
+                f" and the gateway reports {operation_id}: a retry would not account for it. Refund it (refund-late-payment)"
+                " or keep it (keep-late-payment)"
+            )
 
     def wait(self, flow_id: str, timeout: float = 30.0, *, states: frozenset[FlowState] = STOPPED) -> FlowRecord:
         """Block until the flow is in one of ``states`` (finished or needing a person), or TimeoutError."""

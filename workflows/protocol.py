@@ -37,6 +37,7 @@ from workflows import inflight
 from workflows.durability import NotDurable
 from workflows.flows._common import operation_of
 from workflows.keys import step_idempotency_key
+from workflows.late_payments import REFUND_KEY
 from workflows.orders import OrderIdsTaken
 from workflows.states import STOPPED, FlowState
 from workflows.steps import FlowDefinition, Step, WaitStep
@@ -156,6 +157,14 @@ class StepProtocol:
         if written is None:
             return "lost-race"
         return str(written.state)
+
+    def _refund_ended(self, refund: FlowRecord) -> None:
+        """A late payment's refund flow ended: close the flow it refunded for (``workflows.late_payments``).
+        Never fails the step: asking to refund again closes it too."""
+        try:
+            self.engine.late.refund_ended(refund)
+        except Exception:
+            log.exception("flow %s: closing the late payment it refunded failed; refund-late-payment closes it", refund.id)
 
     def _shown(self, flow_id: str) -> None:
         """A completion that gives the flow a customer URL (a page, a 3DS challenge) is made durable at
@@ -458,6 +467,8 @@ class StepProtocol:
             return "stale", None, following_claim
         if done.get("customer_url"):
             self._shown(claimed.id)
+        if written.finished and written.start_key.startswith(REFUND_KEY):
+            self._refund_ended(written)
         if written.state is FlowState.READY and written.step != chained_next and not inline:
             self.send_from(written, written.step)
         return str(written.state), written, following_claim
@@ -517,7 +528,11 @@ def _wrote(ctx: StepContext) -> bool:
 
 
 def _payment_recorded(outcome: Outcome) -> dict[str, Any] | None:
-    """The payment taken that a step's outcome records (answered or adopted), if any."""
+    """The payment taken that a step's outcome records (answered or adopted), or that it stops for a
+    person over (a LatePayment it found: transition.lua keeps it on the flow), if any."""
+    if isinstance(outcome, Attention) and isinstance(outcome.error, dict) and outcome.error.get("type") == "LatePayment":
+        reported = outcome.error.get("operation")
+        return dict(reported) if isinstance(reported, dict) and reported.get("operationId") else None
     if not isinstance(outcome, Advance | Finish):
         return None
     operation = operation_of(outcome.output) if outcome.output else None

@@ -38,28 +38,24 @@ from gateway import CATALOGUE, Catalogue
 from service.receiver import NotificationReceiver
 from simulator import SimulatorConfig, SimulatorServer
 from tasks.runner import LeaseLost
+from tests.workflows import model_checks
 from tests.workflows.aof_tail import AofTail, FloorDurability
+from tests.workflows.model_kinds import APPROVE, MOVED, POST_TYPES, Inputs, ModelFlow, card, now_of, owner_of, session
 from workflows.clock import ManualClock
 from workflows.compact import Compactor
 from workflows.engine import Claim, Engine
 from workflows.flows import REGISTRY
+from workflows.late_payments import REFUND_KEY
 from workflows.protocol import Ran
 from workflows.schedules import Schedules
-from workflows.states import STOPPED, FlowState
+from workflows.states import FlowState
 from workflows.store import FlowRecord
 
-#: Operations that take money (or verify a card): the flow's own payment when they have no parent.
-PAYMENT_TYPES = {"AUTHORIZATION", "CAPTURE", "CARD_VERIFICATION"}
-SUCCESS = {"AUTHORIZED", "EXECUTED"}
 #: Whether a step's task writes at the gateway (its claim is then made durable), as the Celery task says.
 MONEY = {op.task_name: op.method == "POST" for op in CATALOGUE}
 #: A schedule's charge: ``<schedule>-<occurrence>``, its dunning retries ``...-r<attempt>``.
 OCCURRENCE = re.compile(r"(s[0-9a-f]{12}-\d+)(-r\d+)?")
 LIVE = {FlowState.READY, FlowState.RETRYING, FlowState.WAITING, FlowState.SLEEPING, FlowState.RUNNING}
-
-APPROVE = "4349940199004549"  # approving VISA, frictionless
-CHALLENGE = "5186151650005008"  # approving MC, 3DS challenge
-DECLINE = "4349940199997007"  # declining VISA
 
 
 # -- Celery ----------------------------------------------------------------------------------
@@ -83,20 +79,6 @@ class Messages:
 
 
 @dataclass
-class ModelFlow:
-    """A flow the model started: what it is, and its base order id (its orders are ``base``, ``base-2``...)."""
-
-    flow_id: str
-    kind: str
-    base: str
-    expired: bool = False
-    charges_at_expiry: int = 0
-
-    def owns(self, order_id: str) -> bool:
-        return re.fullmatch(re.escape(self.base) + r"(-\d+)?", order_id) is not None
-
-
-@dataclass
 class FlowWorld:
     """The engine, simulator, Valkey and messages of one example, and the invariants over them."""
 
@@ -111,6 +93,7 @@ class FlowWorld:
     schedules: Schedules = field(init=False)
     schedule_ids: list[str] = field(default_factory=list)
     contract: str = ""
+    inputs: Inputs = field(init=False)
     shown: set[str] = field(default_factory=set)  # orders whose page URL the merchant was shown
     held: list[tuple[Claim, Ran]] = field(default_factory=list)
     steps: int = 0
@@ -140,6 +123,7 @@ class FlowWorld:
         self.receiver = NotificationReceiver(self.engine, settings.receiver)
         self.schedules = Schedules(self.engine)
         self.contract = self.make_contract()
+        self.inputs = Inputs(self.engine.gateway(), self.sim.admin, self.example, now_of(self.clock.now()), self.contract)
 
     def close(self) -> None:
         self.engine.redis.close()
@@ -148,30 +132,30 @@ class FlowWorld:
     # -- acting ----------------------------------------------------------------------------------
 
     def start(self, kind: str, variant: str) -> ModelFlow:
-        base = f"m{self.example}x{next(self.ids)}"
-        order = {"orderId": base, "amount": "1500", "currency": "EUR"}
-        data: dict[str, Any]
-        if kind == "moto":
-            data = {"order": order, "card": card(DECLINE if variant == "decline" else APPROVE)}
-        elif kind == "three_steps":
-            data = {"order": order, "card": card(CHALLENGE if variant == "challenge" else APPROVE)}
-            data["challengeTimeoutSeconds"] = 300
-        else:
-            data = self.hpp_input(base)
-        return self.start_flow(kind, data, key=base)  # keyed: the same id (and partition) in every replay
+        """Start a flow of a model kind (``model_kinds.KINDS``); what it acts on is made first, outside it."""
+        base = f"m{self.example}x{next(self.ids):02d}"
+        engine_kind, data, flow = self.inputs.start(kind, variant, base)
+        record = self.engine.start(engine_kind, data, key=flow.base)  # keyed: the same id (and partition) in every replay
+        flow.flow_id = record.id
+        self.flows.append(flow)
+        return flow
 
     def start_flow(self, kind: str, data: dict[str, Any], *, key: str) -> ModelFlow:
         """Start a flow of any kind with ``data``; its base order id is its input's (the key otherwise)."""
         record = self.engine.start(kind, data, key=key)
         flow = ModelFlow(record.id, kind, record.order_id or key)
+        if kind in POST_TYPES and "operationId" in data:
+            flow.pool = str(data["operationId"])
         self.flows.append(flow)
         return flow
 
     @staticmethod
     def hpp_input(order_id: str) -> dict[str, Any]:
-        session = {"actionType": "PAY", "amount": "1500", "language": "eng", "resultUrl": "https://shop.example/r"}
-        order = {"orderId": order_id, "amount": "1500", "currency": "EUR"}
-        return {"order": order, "paymentSession": session, "waitSeconds": 600}
+        return {
+            "order": {"orderId": order_id, "amount": "1500", "currency": "EUR"},
+            "paymentSession": session(),
+            "waitSeconds": 600,
+        }
 
     def compactor(self) -> Compactor:
         return Compactor(self.engine.redis, self.engine.keys, self.engine.orders, delay=0.0)
@@ -248,6 +232,22 @@ class FlowWorld:
         claim, ran = self.held.pop(index)
         return self.engine.protocol.finish(claim, ran)[0]
 
+    def pay_page(self, flow: ModelFlow, record: FlowRecord, order_id: str, *, abandon: bool) -> None:
+        """The customer pays (or abandons) the page of ``order_id`` they were given: a hosted page, a link,
+        or an embedded form (whose page then tells the merchant, who signals ``form_completed``)."""
+        admin = self.sim.admin
+        if record.kind == "hpp":
+            admin.complete_hpp(order_id, cancel=abandon)
+        elif record.kind == "paybylink":
+            link = (record.outputs.get("create") or {}).get("paymentLink") or {}
+            if link.get("linkId"):
+                admin.complete_link(str(link["linkId"]), cancel=abandon)
+        elif record.kind == "build" and not abandon:
+            session_id = (record.outputs.get("create") or {}).get("sessionId")
+            if session_id:
+                admin.fill_build_form(str(session_id))
+                self.engine.signal(flow.flow_id, "form_completed", {})
+
     def kill_mid_step(self, flow: ModelFlow) -> str:
         """A worker claims the flow's current step, runs it (the gateway acts), and dies before completing."""
         began = self.begin_step(flow, worker="doomed")
@@ -272,7 +272,7 @@ class FlowWorld:
         return lost
 
     def notifications(self, flow: ModelFlow) -> list[dict[str, Any]]:
-        return [n for n in self.sim.admin.notifications() if flow.owns(n["orderId"])]
+        return [n for n in self.sim.admin.notifications() if n["orderId"] == flow.base or n["orderId"] in flow.orders]
 
     def notify(self, body: dict[str, Any]) -> int:
         return self.receiver.receive(json.dumps(body).encode()).status
@@ -297,45 +297,52 @@ class FlowWorld:
     def record(self, flow: ModelFlow) -> FlowRecord | None:
         return self.engine.store.get(flow.flow_id)
 
-    def payments(self) -> list[dict[str, Any]]:
-        """The successful payments at the gateway (not the first payments that made the contracts)."""
-        return [
-            op
-            for op in self.sim.admin.operations()
-            if op["operationType"] in PAYMENT_TYPES
-            and op["operationResult"] in SUCCESS
-            and not op.get("parentOperationId")
-            and not op["orderId"].startswith("k")
-        ]
+    def money(self) -> list[dict[str, Any]]:
+        """Every operation at the gateway that moved money."""
+        return [op for op in self.sim.admin.operations() if op["operationResult"] in MOVED]
 
     def discover(self) -> None:
-        """Add the flows the schedules started (MIT charges) to the model's flows."""
+        """Add the flows the schedules started (MIT charges) to the model's flows, and learn every order id
+        each flow made (a derived one is the flow's from the moment its record names it)."""
         known = {flow.flow_id for flow in self.flows}
         for record in self.engine.list(kind="mit", limit=1000):
             if record.id not in known:
-                self.flows.append(ModelFlow(record.id, "mit", record.order_id))
+                self.flows.append(ModelFlow(record.id, "mit", record.order_id, scheduled=True))
+        for record in self.engine.list(kind="refund", limit=1000):  # an operator's refund of a late payment
+            if record.id not in known and record.start_key.startswith(REFUND_KEY):
+                self.flows.append(
+                    ModelFlow(record.id, "refund", record.start_key, pool=str(record.input["operationId"]), scheduled=True)
+                )
+        for flow in self.flows:
+            seen = None if flow.expired else self.record(flow)
+            if seen is not None:
+                flow.orders.update(seen.orders)
 
     def charges_by_flow(self) -> dict[str, list[dict[str, Any]]]:
-        """The successful payments, by the flow whose orders they are on (each has one)."""
+        """The money moved at the gateway, by the flow it belongs to (each has one: ``model_kinds``)."""
         self.discover()
         found: dict[str, list[dict[str, Any]]] = {}
-        for op in self.payments():
-            owners = [flow for flow in self.flows if flow.owns(op["orderId"])]
-            assert owners, f"a payment on an order no flow of the model made: {op}"
-            found.setdefault(owners[0].flow_id, []).append(op)
+        for op in self.money():
+            owner = owner_of(self.flows, op)
+            if owner is None:
+                # Made outside any flow (orders k...: what refund, capture and charge flows act on).
+                assert op["orderId"].startswith("k"), f"money on an order no flow of the model made: {op}"
+                continue
+            found.setdefault(owner.flow_id, []).append(op)
         return found
 
     def live(self) -> list[ModelFlow]:
         self.discover()
         return [flow for flow in self.flows if not flow.expired and (self.record(flow) or _gone()).state in LIVE]
 
-    def settle(self, limit: int = 400, *, release: bool = True) -> int:
+    def settle(self, limit: int = 800, *, release: bool = True) -> int:
         """Deliver, dispatch, tick the schedules and move time on until every flow is stopped and no
         schedule has anything left to fire; the moves it took. Every notification the gateway made is
         delivered again first (the gateway retries until answered), after any request still held late
         (``release`` False: those never act, as a request the gateway dropped)."""
         if release:
             self.sim.admin.release_late()
+        self.sim.admin.settle_pending()  # the gateway settles what it answered PENDING, in time
         for flow in self.flows:
             for note in self.notifications(flow):
                 if not flow.expired:
@@ -352,6 +359,7 @@ class FlowWorld:
             if not self.live() and not self.schedules.store.next_due():
                 return taken
             assert due, f"live flows {[flow.flow_id for flow in self.live()]} and nothing due"
+            self.sim.admin.settle_pending()  # answered PENDING during the settling: final by the next read
             self.advance(max(min(due) - self.clock.now(), 0.0) + 0.001, release=release)
         raise AssertionError(f"not settled after {limit} moves: {[self.describe(flow) for flow in self.flows]}")
 
@@ -361,74 +369,25 @@ class FlowWorld:
             return {"flow": flow.flow_id, "expired": flow.expired}
         return {**record.summary(), "history": self.engine.store.history(flow.flow_id)}
 
-    # -- invariants ------------------------------------------------------------------------------
+    # -- invariants (tests/workflows/model_checks.py) ---------------------------------------------
 
     def check_always(self) -> None:
-        """What holds after every move: no flow, no schedule occurrence charged twice; every started
-        flow kept (until its retention); every unfinished flow on the due set."""
-        charges = self.charges_by_flow()
-        for flow in self.flows:
-            made = charges.get(flow.flow_id, [])
-            assert len(made) <= 1, f"flow {flow.flow_id} charged {len(made)} times: {made}; {self.describe(flow)}"
-            if flow.expired:
-                assert len(made) == flow.charges_at_expiry, f"an expired flow charged: {made}"
-                continue
-            record = self.record(flow)
-            assert record is not None, f"acknowledged flow {flow.flow_id} lost"
-            if record.customer_url:
-                self.shown.add(record.order_id)  # the merchant reads it and hands it to the customer
-            if record.state in LIVE:
-                score = self.engine.redis.zscore(self.engine.keys.due_of(flow.flow_id), flow.flow_id)
-                assert score is not None, f"unfinished flow without a due entry: {self.describe(flow)}"
-        occurrences: dict[str, list[str]] = {}
-        for op in self.payments():
-            found = OCCURRENCE.fullmatch(op["orderId"])
-            if found:
-                occurrences.setdefault(found.group(1), []).append(op["orderId"])
-        for occurrence, orders in occurrences.items():
-            assert len(orders) <= 1, f"schedule occurrence {occurrence} charged {len(orders)} times: {orders}"
+        """What holds after every move (``model_checks.check_always``)."""
+        model_checks.check_always(self)
 
     def check_settled(self) -> list[ModelFlow]:
-        """What holds once settled: a success is real, and money at the gateway shows in its flow:
-        ``succeeded`` naming it, ``needs_attention`` naming it, or ``needs_attention`` for a step whose
-        call may have taken effect (say the gateway could not be read back in time; an operator's retry
-        reads it first). Returns the flows in that last case, for :meth:`check_retried`."""
-        self.check_always()
-        charges = self.charges_by_flow()
-        unnamed = []
-        for flow in self.flows:
-            if flow.expired:
-                continue
-            record = self.record(flow)
-            assert record is not None
-            assert record.state in STOPPED, self.describe(flow)
-            made = charges.get(flow.flow_id, [])
-            outcome_ids = set((record.outcome or {}).get("operationIds") or [])
-            if record.state is FlowState.SUCCEEDED:
-                assert made, f"succeeded without a payment at the gateway: {self.describe(flow)}"
-            for op in made:
-                if record.state is FlowState.SUCCEEDED:
-                    assert op["operationId"] in outcome_ids, f"payment {op} not the flow's: {self.describe(flow)}"
-                    continue
-                assert record.state is FlowState.NEEDS_ATTENTION, (
-                    f"payment {op['operationId']} taken while the flow says {record.state}: {self.describe(flow)}"
-                )
-                if op["operationId"] not in json.dumps(record.error or {}):
-                    unnamed.append(flow)  # a person looks; their retry reads the gateway first
-        return unnamed
+        """What holds once settled; the flows a person must retry (``model_checks.check_settled``)."""
+        return model_checks.check_settled(self)
 
     def check_retried(self, unnamed: list[ModelFlow]) -> None:
         """An operator retries the flows that could not tell whether their call took effect, with the
-        gateway answering again: each must now name its payment."""
+        gateway answering again: each must now name its money."""
         self.sim.admin.clear_faults()
+        self.sim.admin.settle_pending()
         for flow in unnamed:
             self.engine.retry(flow.flow_id)
         self.settle()
         assert not self.check_settled(), [self.describe(flow) for flow in unnamed]
-
-
-def card(pan: str) -> dict[str, str]:
-    return {"pan": pan, "expiryDate": "1230", "cvv": "123"}
 
 
 def _gone() -> Any:

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from tasks.outcomes import Advance, Attention, Finish, Outcome
 from tasks.runner import StepContext
 from tests.workflows.engine_support import DemoInput, ScriptedStep, flow, wait_step
@@ -139,9 +141,12 @@ def test_a_cancel_requested_during_a_step_that_stops_for_a_person_is_not_applied
 def test_a_late_payment_is_closed_by_a_refund_flow_not_by_a_plain_cancel(make_engine: Any) -> None:
     """A plain cancel cannot close a LatePayment (the kept notification would be money unaccounted: the
     flow comes back to a person); ``refund_late_payment`` starts a refund of the reported operation and
-    cancels the flow without the notification, naming the refund. Asking twice refunds once."""
+    leaves the flow to a person until that refund succeeded (``test_late_payments`` follows it to the
+    gateway and back). Asking twice refunds once; no accept meanwhile."""
     from workflows.engine import OperatorError
     from workflows.flows.backoffice import REFUND
+    from workflows.keys import derived_id
+    from workflows.late_payments import refund_key
 
     engine, _ = make_engine(flow(wait_step()))
     engine.registry["refund"] = REFUND
@@ -149,13 +154,11 @@ def test_a_late_payment_is_closed_by_a_refund_flow_not_by_a_plain_cancel(make_en
     engine.cancel(record.id, "changed my mind")
     assert engine.signal(record.id, "paid", PAID) == "late_payment"
     assert engine.cancel(record.id, "just close it").state is FlowState.NEEDS_ATTENTION
-    closed = engine.refund_late_payment(record.id, "customer asked")
-    assert closed.state is FlowState.CANCELLED and closed.outcome is not None
-    refund = engine.get(closed.outcome["refund"]["flow"])
+    under_way = engine.refund_late_payment(record.id, "customer asked")
+    assert under_way.state is FlowState.NEEDS_ATTENTION, "closed only once the refund succeeded"
+    refund = engine.get(derived_id("f", "refund", refund_key(record.id, "op-9")))
     assert refund.kind == "refund" and refund.input["operationId"] == "op-9"
-    try:
-        engine.refund_late_payment(record.id)
-    except OperatorError:
-        pass
-    else:
-        raise AssertionError("a second refund was started")
+    assert engine.refund_late_payment(record.id).state is FlowState.NEEDS_ATTENTION
+    assert len(engine.list(kind="refund")) == 1, "asked twice, one refund"
+    with pytest.raises(OperatorError, match="being refunded"):
+        engine.retry(record.id)

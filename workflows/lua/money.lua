@@ -12,15 +12,19 @@ local function unaccounted(paid, state, outcome_json)
   if type(paid) ~= 'table' then
     return false
   end
+  if state ~= 'succeeded' and state ~= 'failed' and state ~= 'cancelled' then
+    return false
+  end
+  local ok, outcome = pcall(cjson.decode, outcome_json or '')
+  if ok and type(outcome) == 'table' and type(outcome['refund']) == 'table' and
+     tostring(outcome['refund']['operationId']) == tostring(paid['operationId']) then
+    return false  -- a person had it refunded (Engine.refund_late_payment): its notification again is no news
+  end
   if state == 'failed' or state == 'cancelled' then
     return true
   end
-  if state ~= 'succeeded' then
-    return false
-  end
   -- Succeeded: accounted when its outcome names the operation (an outcome that lists no operation ids
   -- at all belongs to a flow kind that takes no payment of its own, and is not judged).
-  local ok, outcome = pcall(cjson.decode, outcome_json or '')
   if not ok or type(outcome) ~= 'table' or type(outcome['operationIds']) ~= 'table' then
     return false
   end
@@ -46,6 +50,25 @@ local function unaccounted_signal(flow_key, fields, state, outcome_json)
     end
   end
   return nil
+end
+
+-- Keep ``signal`` (JSON text of {name, payload, t, paid?}) on the flow as its next signal (sig:<n>): the
+-- one way a reported payment is kept until a person or the flow's outcome accounts for it. With
+-- ``unless_kept``, nothing is written when a kept signal already reports the same operation.
+local function keep_signal(flow_key, signal, unless_kept)
+  if unless_kept then
+    local id = tostring((cjson.decode(signal)['paid'] or {})['operationId'])
+    for _, key in ipairs(redis.call('HKEYS', flow_key)) do
+      if string.sub(key, 1, 4) == 'sig:' then
+        local kept = cjson.decode(redis.call('HGET', flow_key, key))
+        if type(kept['paid']) == 'table' and tostring(kept['paid']['operationId']) == id then
+          return
+        end
+      end
+    end
+  end
+  local seq = redis.call('HINCRBY', flow_key, 'sigseq', 1)
+  redis.call('HSET', flow_key, 'sig:' .. seq, signal)
 end
 
 local function late_payment_error(paid, ended)

@@ -25,9 +25,9 @@ if TERMINAL[state] then
   end
   assert(may_move(state, 'needs_attention'), 'a finished flow must be able to show a late payment')
   local indexes = {succeeded = KEYS[6], failed = KEYS[7], cancelled = KEYS[8]}
-  local seq = redis.call('HINCRBY', KEYS[1], 'sigseq', 1)
+  keep_signal(KEYS[1], ARGV[3], false)
   local version = tonumber(redis.call('HGET', KEYS[1], 'version')) + 1
-  redis.call('HSET', KEYS[1], 'sig:' .. seq, ARGV[3], 'state', 'needs_attention', 'version', version, 'updated', ARGV[4],
+  redis.call('HSET', KEYS[1], 'state', 'needs_attention', 'version', version, 'updated', ARGV[4],
     'error', late_payment_error(signal['paid'], state))
   redis.call('HDEL', KEYS[1], 'due')
   redis.call('ZREM', indexes[state], ARGV[1])
@@ -44,8 +44,7 @@ if TERMINAL[state] then
   end
   return 'late_payment'
 end
-local seq = redis.call('HINCRBY', KEYS[1], 'sigseq', 1)
-redis.call('HSET', KEYS[1], 'sig:' .. seq, ARGV[3])
+keep_signal(KEYS[1], ARGV[3], false)
 if state ~= 'waiting' then
   return 'stored'
 end

@@ -12,7 +12,8 @@
 --       there are none), written when the flow ends, 12 "1" to emit the merchant events of the move
 --       (flow.waiting when it starts to wait, flow.succeeded/failed/cancelled/needs_attention,
 --       payment.late), 13 the payment this very completion recorded (JSON, or ""): money the gateway
---       took, which no cancel undoes and no failure may hide.
+--       took, which no cancel undoes and no failure may hide (kept as a signal when the step stops for
+--       a person over it: a LatePayment it found).
 -- Returns {new version, final state}, or {0, current state} when the version did not match. The final
 -- state differs from the one asked for when:
 -- * a signal the step awaits is already there (ready: run the step again to read it);
@@ -153,6 +154,12 @@ for name, value in pairs(fields) do
   else
     redis.call('HSET', KEYS[1], name, value)
   end
+end
+if paid and state == 'needs_attention' then
+  -- A payment this step found but could not take (on an order the flow left: LatePayment) is kept like a
+  -- notification of it, so that no later move (a cancel, a retry that ends otherwise) can hide it.
+  keep_signal(KEYS[1], cjson.encode({name = 'notification', payload = {operation = paid}, paid = paid,
+    t = tonumber(ARGV[7])}), true)
 end
 if TERMINAL[state] then
   redis.call('HDEL', KEYS[1], 'cancel_requested')  -- used up: a later retry does not cancel again

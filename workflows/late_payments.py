@@ -1,0 +1,152 @@
+"""A person closes a late payment: money the gateway reports for a flow that does not account for it.
+
+A ``LatePayment`` (``workflows/lua/money.lua``) stops a flow in ``needs_attention`` with the payment kept
+on its record, whatever it had been: failed or cancelled (the customer paid after all), succeeded with
+another payment (a second one), or moved to a new order (the customer paid the page of an order the flow
+left). The money stays shown until one of these closes it:
+
+* **keep** (:meth:`LatePayments.keep`): the merchant keeps it. A flow that had succeeded stays its first
+  payment's, the second listed beside it (``operationIds``, ``latePayments``); any other takes it as its
+  outcome and succeeds. (``Engine.retry`` of a flow that had failed or been cancelled does the same
+  through its waiting step.)
+* **refund** (:meth:`LatePayments.refund`): a ``refund`` flow of it, started under a key per flow and
+  operation (asking twice refunds once). The flow is closed only once that refund *succeeded*: cancelled
+  naming it, or, beside a succeeded payment, back to ``succeeded`` listing it. Until then the flow stays
+  in ``needs_attention``, and no keep or retry may take the payment being refunded; the refund flow's
+  end closes it (:meth:`LatePayments.refund_ended`, called by the worker that ends it), and asking again
+  closes it too (a worker lost in between).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+from workflows.errors import OperatorError
+from workflows.keys import derived_id
+from workflows.states import FlowState
+from workflows.store import Change, FlowRecord, compact_json
+
+if TYPE_CHECKING:
+    from workflows.engine import Engine
+
+log = logging.getLogger("durapay.engine")
+
+#: The start key of a late payment's refund flow: ``late-payment-refund:<flow id>:<operation id>``.
+REFUND_KEY = "late-payment-refund:"
+#: States in which a refund flow will not refund any more.
+GAVE_UP = frozenset({FlowState.FAILED, FlowState.CANCELLED})
+
+
+class LatePayments:
+    """The operator actions on a ``LatePayment``. One per engine (``Engine.late``)."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+
+    def refund(self, flow_id: str, reason: str = "late payment refunded", *, by: str = "api") -> FlowRecord:
+        """Refund the reported operation; the flow as it is once the refund flow is started (closed if it
+        already succeeded, else still ``needs_attention`` until it does)."""
+        record, operation_id, _ = self.reported(flow_id)
+        if "refund" not in self.engine.registry:
+            raise OperatorError("this build has no refund flow kind")
+        refund = self.engine.start("refund", {"operationId": operation_id}, refund_key(flow_id, operation_id))
+        if refund.state is FlowState.SUCCEEDED:
+            return self._close_refunded(record, operation_id, refund, reason, by=by)
+        if refund.state in GAVE_UP:
+            raise OperatorError(
+                f"the refund of {operation_id} (flow {refund.id}) ended {refund.state}: retry that flow, or keep the payment"
+            )
+        return record
+
+    def refund_ended(self, refund: FlowRecord) -> None:
+        """A late payment's refund flow ended (the worker that ended it calls this): close the flow it was
+        for, if it succeeded and that flow still shows the payment. Best effort: asking to refund again
+        does the same."""
+        flow_id, _, operation_id = refund.start_key.removeprefix(REFUND_KEY).rpartition(":")
+        if refund.state is not FlowState.SUCCEEDED or not flow_id:
+            return
+        record = self.engine.store.get(flow_id)
+        late = (record.error or {}) if record is not None else {}
+        if record is None or record.state is not FlowState.NEEDS_ATTENTION or late.get("type") != "LatePayment":
+            return
+        if str((late.get("operation") or {}).get("operationId")) == operation_id:
+            self._close_refunded(record, operation_id, refund, "late payment refunded", by="refund")
+
+    def keep(self, flow_id: str, *, by: str = "api") -> FlowRecord:
+        """The merchant keeps the reported payment (see the module docstring)."""
+        record, operation_id, ended_as = self.reported(flow_id)
+        if (refund := self.refunding(flow_id, operation_id)) is not None:
+            raise OperatorError(f"flow {flow_id}: payment {operation_id} is being refunded by flow {refund.id} ({refund.state})")
+        if ended_as == FlowState.SUCCEEDED.value:
+            return self._close(record, operation_id, {"kept": True}, by=by)
+        paid = dict((record.error or {}).get("operation") or {})
+        outcome = {key: value for key, value in (record.outcome or {}).items() if key not in {"reason", "result", "refund"}}
+        ids = [str(item) for item in outcome.get("operationIds") or []]
+        outcome |= {
+            "operation": paid,
+            "result": "succeeded",
+            "operationIds": [*ids, operation_id] if operation_id not in ids else ids,
+        }
+        outcome["latePayments"] = [*(outcome.get("latePayments") or []), {"operationId": operation_id, "kept": True}]
+        fields = without_signals_of(record, operation_id)
+        fields["outcome"] = compact_json(outcome)
+        what = f"late payment {operation_id} kept: the flow takes it as its outcome (it had {ended_as})"
+        return self._write(record, Change(FlowState.SUCCEEDED, what, fields), by=by)
+
+    def reported(self, flow_id: str) -> tuple[FlowRecord, str, str]:
+        """(the record, the reported operation, how the flow had ended) of a flow stopped for a late payment
+        that no refund is under way for, or OperatorError."""
+        record = self.engine.get(flow_id)
+        error = record.error or {}
+        operation = error.get("operation") if isinstance(error.get("operation"), dict) else {}
+        operation_id = str((operation or {}).get("operationId") or "")
+        if record.state is not FlowState.NEEDS_ATTENTION or error.get("type") != "LatePayment" or not operation_id:
+            raise OperatorError(f"flow {flow_id} has no late payment to close (it is {record.state})")
+        return record, operation_id, str(error.get("endedAs") or "")
+
+    def refunding(self, flow_id: str, operation_id: str) -> FlowRecord | None:
+        """The refund flow of the flow's late payment, unless there is none or it gave up."""
+        refund = self.engine.store.get(derived_id("f", "refund", refund_key(flow_id, operation_id)))
+        return refund if refund is not None and refund.state not in GAVE_UP else None
+
+    def _close_refunded(self, record: FlowRecord, operation_id: str, refund: FlowRecord, reason: str, *, by: str) -> FlowRecord:
+        ended_as = str((record.error or {}).get("endedAs") or "")
+        if ended_as == FlowState.SUCCEEDED.value:
+            return self._close(record, operation_id, {"refund": {"flow": refund.id}}, by=by)
+        fields = without_signals_of(record, operation_id)
+        fields["outcome"] = compact_json({"reason": reason, "refund": {"flow": refund.id, "operationId": operation_id}})
+        what = f"late payment {operation_id} refunded by flow {refund.id}; cancelled: {reason}"
+        return self._write(record, Change(FlowState.CANCELLED, what, fields), by=by)
+
+    def _close(self, record: FlowRecord, operation_id: str, how: dict[str, Any], *, by: str) -> FlowRecord:
+        """A succeeded flow's second payment, closed: back to ``succeeded``, the outcome still the first
+        payment's, the second shown beside it (so the money rule counts it as accounted)."""
+        outcome = dict(record.outcome or {})
+        ids = [str(item) for item in outcome.get("operationIds") or []]
+        outcome["operationIds"] = [*ids, operation_id] if operation_id not in ids else ids
+        outcome["latePayments"] = [*(outcome.get("latePayments") or []), {"operationId": operation_id, **how}]
+        fields = without_signals_of(record, operation_id)
+        fields["outcome"] = compact_json(outcome)
+        what = f"second payment {operation_id} " + ("refunded by flow " + how["refund"]["flow"] if "refund" in how else "kept")
+        return self._write(record, Change(FlowState.SUCCEEDED, what + "; the flow stays its first payment's", fields), by=by)
+
+    def _write(self, record: FlowRecord, change: Change, *, by: str) -> FlowRecord:
+        engine = self.engine
+        written = engine.store.transition(record, change, now=engine.clock.now(), by=by)
+        if written is None:
+            raise OperatorError(f"flow {record.id} changed meanwhile; look again")
+        engine.store.sync(record.id, f"late payment of flow {record.id} closed")
+        return written
+
+
+def refund_key(flow_id: str, operation_id: str) -> str:
+    return f"{REFUND_KEY}{flow_id}:{operation_id}"
+
+
+def without_signals_of(record: FlowRecord, operation_id: str) -> dict[str, str | None]:
+    """Fields that drop the kept notifications of ``operation_id`` and the LatePayment error."""
+    kept = [s.field for s in record.signals if str((s.payload.get("operation") or {}).get("operationId")) == operation_id]
+    fields: dict[str, str | None] = dict.fromkeys(kept)
+    fields["error"] = None
+    return fields
