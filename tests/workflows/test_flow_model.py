@@ -1,18 +1,25 @@
 """Model test of whole flows: Hypothesis chooses the interleaving, the invariants must hold.
 
-Real flows (MOTO sale or decline, three steps frictionless or with a 3DS challenge, hosted payment page
-with notifications) run on the real engine against the simulator over HTTP and a real Valkey
-(``flow_model.py``). Each move is one of: start a flow; deliver a step message (once, or again: a
-duplicate delivery), lose one; run the dispatcher; move time (past leases and deadlines); kill a worker
-mid-step after its gateway call; set a gateway fault for the next matching request (commit then fail,
-commit then drop the connection, 429, 503, or "late": answered 500 or dropped, the request acting at a
-later move, at the latest before time moves on); lose the last N Redis writes (an AOF cut, never below what
-the engine waited on); the customer pays or abandons a page, answers a 3DS challenge; notifications
-(paid, failed, for an earlier order, repeated); cancels, operator retries, the retention running out.
+Real flows of every money kind (MOTO, MIT, three steps frictionless or with a 3DS challenge, hosted page,
+pay-by-link, embedded form, refund, capture, cancel of a capture, no-show and delayed reservation charges;
+order ids at the gateway's 27-character limit that share 25 characters) run on the real engine against
+the simulator over HTTP and a real Valkey (``flow_model.py``, ``model_kinds.py``). Each move is one of:
+start a flow; deliver a step message (once, or again: a duplicate delivery), lose one; run the
+dispatcher; move time (past leases, deadlines, the late window); kill a worker mid-step after its gateway
+call; set a gateway fault for the next matching request (commit then fail, commit then drop the
+connection, 429, 503, or "late": answered 500 or dropped, the request acting at a later move, at the
+latest before time moves on), keyed money calls included; make the next money call of a kind answer
+PENDING and settle it later (approved or declined); lose the last N Redis writes (an AOF cut, never below
+what the engine waited on); pack finished flows; the customer pays or abandons a page, a link or a form,
+answers a 3DS challenge; notifications (paid, failed, for an earlier order, repeated) and forged ones (a
+real token, an invented operation); operators cancel, retry, refund or keep a late payment, resume a
+schedule, at any moment; the retention running out.
 
-After every move: no flow charged twice, no acknowledged flow lost, every unfinished flow on the due
-set. At the end, the world is settled (bounded steps: every loop ends) and the money at the gateway
-shows in its flow. Deterministic (derandomized, no example database); ``DURAPAY_MODEL_EXAMPLES`` runs
+After every move (``model_checks``): no flow moves money twice, no flow whose money only its own calls
+make is failed or cancelled with that money at the gateway, no acknowledged flow lost, every unfinished
+flow on the due set. At the end, the world is settled (bounded steps: every loop ends), the money at the
+gateway shows in its flow, every outcome names an operation the gateway holds, and every merchant event
+matches a transition. Deterministic (derandomized, no example database); ``DURAPAY_MODEL_EXAMPLES`` runs
 more examples (a longer hunt).
 """
 
@@ -29,7 +36,8 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, ru
 
 from simulator import SimulatorAdminError, SimulatorServer
 from tests.workflows.aof_tail import AofTail
-from tests.workflows.flow_model import FlowWorld, ModelFlow
+from tests.workflows.flow_model import FlowWorld
+from tests.workflows.model_kinds import KINDS, ModelFlow
 from workflows.engine import NotFound, OperatorError
 from workflows.signals import SignalRefused
 from workflows.states import FlowState
@@ -38,12 +46,32 @@ EXAMPLES = int(os.environ.get("DURAPAY_MODEL_EXAMPLES", "40"))
 STEPS = int(os.environ.get("DURAPAY_MODEL_STEPS", "30"))
 FAULT_OPERATIONS = [
     "create_moto_order",
+    "create_mit_order",
     "three_steps_init",
     "three_steps_validation",
     "three_steps_payment",
     "create_hpp_order",
+    "create_paybylink_v3",
+    "create_build_order",
+    "build_finalize_payment",
+    "refund_operation",
+    "capture_operation",
+    "cancel_operation",
+    "create_no_show",
+    "create_delay_charge",
     "get_order",
     "get_operation",
+]
+#: Money calls the gateway may answer PENDING (settled at a later move, approved or declined).
+PENDING_OPERATIONS = [
+    "create_moto_order",
+    "create_mit_order",
+    "three_steps_payment",
+    "build_finalize_payment",
+    "refund_operation",
+    "capture_operation",
+    "create_no_show",
+    "create_delay_charge",
 ]
 WHICH = st.integers(0, 63)
 #: What happens to a schedule (made by ``start``): ticked, paused, resumed, cancelled, its next charge declined
@@ -59,7 +87,9 @@ CUSTOMER_ACTS = [
     "notification",
     "notification",
     "notification",
+    "forged notification",
 ]
+STARTS = [*KINDS, "schedule"]
 FAULTS: dict[str, dict[str, Any]] = {
     "commit_then_fail": {"mode": "commit_then_fail"},
     "commit_then_drop": {"mode": "commit_then_fail", "drop": True},
@@ -97,7 +127,7 @@ class FlowModel(RuleBasedStateMachine):
     # -- starts and Celery -------------------------------------------------------------------
 
     @initialize(
-        kinds=st.lists(st.sampled_from(["moto", "three_steps", "hpp", "schedule"]), min_size=2, max_size=3),
+        kinds=st.lists(st.sampled_from(STARTS), min_size=2, max_size=3),
         variant=st.sampled_from(["approve", "approve", "decline", "challenge"]),
     )
     def first_flows(self, kinds: list[str], variant: str) -> None:
@@ -106,11 +136,11 @@ class FlowModel(RuleBasedStateMachine):
             self.start(kind, variant)
 
     @rule(
-        kind=st.sampled_from(["moto", "three_steps", "hpp", "schedule"]),
+        kind=st.sampled_from(STARTS),
         variant=st.sampled_from(["approve", "approve", "decline", "challenge"]),
     )
     def start(self, kind: str, variant: str) -> None:
-        if len([flow for flow in self.world.flows if flow.kind != "mit"]) >= 4:
+        if len([flow for flow in self.world.flows if not flow.scheduled]) >= 4:
             return
         if kind != "schedule":
             self.world.start(kind, variant)
@@ -144,13 +174,17 @@ class FlowModel(RuleBasedStateMachine):
 
     @rule(
         which=WHICH,
-        fault=st.sampled_from(["gateway", "gateway", "kill", "kill", "redis tail", "lost message", "retention", "late arrives"]),
+        fault=st.sampled_from(
+            ["gateway", "gateway", "kill", "kill", "redis tail", "lost message", "retention", "late arrives", "pack"]
+        ),
         operation=st.sampled_from(FAULT_OPERATIONS),
         mode=st.sampled_from(sorted(FAULTS)),
     )
     def fault(self, which: int, fault: str, operation: str, mode: str) -> None:
         world = self.world
-        if fault == "gateway":
+        if fault == "pack":
+            world.compact()
+        elif fault == "gateway":
             world.sim.admin.set_faults(operation=operation, count=1, **FAULTS[mode])
         elif fault == "kill":
             flow = self.pick(which)
@@ -165,6 +199,14 @@ class FlowModel(RuleBasedStateMachine):
         elif fault == "late arrives":
             world.sim.admin.release_late()
 
+    @rule(operation=st.sampled_from(PENDING_OPERATIONS), final=st.sampled_from(["000", "000", "116"]), now=st.booleans())
+    def pending(self, operation: str, final: str, now: bool) -> None:
+        """The gateway answers the next such call PENDING (settled at a later move), or settles those now."""
+        if now:
+            self.world.sim.admin.settle_pending()
+        else:
+            self.world.sim.admin.pend(operation, final=final)
+
     # -- customers and notifications ---------------------------------------------------------------
 
     @rule(which=WHICH, other=WHICH, act=st.sampled_from(CUSTOMER_ACTS), times=st.integers(1, 2))
@@ -174,16 +216,18 @@ class FlowModel(RuleBasedStateMachine):
         if flow is None or record is None:
             return
         pages = [order_id for order_id in record.orders if order_id in self.world.shown]
-        if act in {"pay", "abandon"} and flow.kind == "hpp" and pages:
-            order_id = pages[other % len(pages)]  # a page the customer was given
-            with contextlib.suppress(SimulatorAdminError):
-                self.world.sim.admin.complete_hpp(order_id, cancel=act == "abandon")
+        if act in {"pay", "abandon"} and record.kind in {"hpp", "paybylink", "build"} and pages:
+            with contextlib.suppress(SimulatorAdminError, NotFound, SignalRefused):
+                self.world.pay_page(flow, record, pages[other % len(pages)], abandon=act == "abandon")
         elif act.endswith("3ds") and flow.kind == "three_steps":
             self.challenge(flow, record.outputs.get("init") or {}, approve=act == "approve 3ds")
-        elif act == "notification":
+        elif act.endswith("notification"):
             sent = self.world.notifications(flow)
             if sent:
                 body = sent[other % len(sent)]["body"]
+                if act == "forged notification":  # the order's real token, an operation the gateway does not have
+                    invented = {"operationId": f"55500000000000{other:04d}", "operationResult": "EXECUTED"}
+                    body = {**body, "eventId": f"forged-{other}", "operation": {**body["operation"], **invented}}
                 for _ in range(times):
                     self.world.notify(body)
 
@@ -221,18 +265,24 @@ class FlowModel(RuleBasedStateMachine):
 
     # -- the merchant and operators ---------------------------------------------------------------
 
-    @rule(which=WHICH, act=st.sampled_from(["cancel", "retry", "retry"]))
+    @rule(which=WHICH, act=st.sampled_from(["cancel", "cancel", "retry", "retry", "refund late", "keep late"]))
     def operator(self, which: int, act: str) -> None:
         flow = self.pick(which)
         if flow is None:
             return
+        engine = self.world.engine
         with contextlib.suppress(OperatorError, NotFound):
             if act == "cancel":
-                self.world.engine.cancel(flow.flow_id, "the merchant cancels")
-                return
-            record = self.world.record(flow)
-            if record is not None and record.state in {FlowState.FAILED, FlowState.NEEDS_ATTENTION}:
-                self.world.engine.retry(flow.flow_id)
+                engine.cancel(flow.flow_id, "the merchant cancels")
+            elif act == "refund late":
+                engine.refund_late_payment(flow.flow_id)
+            elif act == "keep late":
+                engine.keep_late_payment(flow.flow_id)
+            elif (record := self.world.record(flow)) is not None and record.state in {
+                FlowState.FAILED,
+                FlowState.NEEDS_ATTENTION,
+            }:
+                engine.retry(flow.flow_id)
 
     # -- invariants ------------------------------------------------------------------------------
 
