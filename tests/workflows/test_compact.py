@@ -4,13 +4,17 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
+from gateway import GatewayModel
 from tasks.outcomes import Advance
 from tests.workflows.engine_support import DemoInput, ScriptedStep, flow, wait_step
 from workflows.clock import ManualClock
 from workflows.compact import DICTIONARY_VERSION, Compactor, pack, unpack
 from workflows.flows._common import summarize
 from workflows.states import FlowState
-from workflows.steps import FlowDefinition
+from workflows.steps import FlowDefinition, WaitStep
+from workflows.store import StartConflict
 
 PAID = {"operation": {"operationId": "op-9", "orderId": "ord-1", "operationResult": "AUTHORIZED", "operationAmount": "500"}}
 
@@ -95,3 +99,66 @@ def test_a_packed_value_names_its_dictionary_and_older_ones_still_read() -> None
         assert blob[0] == version
         cold, entries = unpack(blob)
         assert cold["input"] == fields["input"] and entries == log and plain["state"] == "succeeded"
+
+
+class _Ordered(GatewayModel):
+    orderId: str
+    amount: int
+
+
+def test_every_script_answers_a_packed_record_as_it_answers_the_record_unpacked(make_engine: Any, clock: ManualClock) -> None:
+    """A packed record keeps only ``PLAIN`` fields plain: every script either reads no more than those of a
+    finished flow, or (writing) makes it plain first. Two flows with the same history, one packed: each
+    script answers both alike, and what it writes (a late payment's signal, its events' order id and step)
+    is the same."""
+    later = WaitStep(
+        "after", ("later",), lambda ctx, name, payload: Advance({}), lambda ctx: Advance({}), timeout=lambda ctx: 1.0
+    )
+    steps = (wait_step(), later)  # a signal for the step after the wait is kept: the flow fails before it
+    definition = FlowDefinition("demo", _Ordered, steps, summarize, order_id=lambda data: data.orderId)
+    engine, _ = make_engine(definition)
+    flows = []
+    for name in ("packed", "plain"):
+        record = engine.start("demo", {"orderId": f"ord-{name}", "amount": 5}, key=name)
+        engine.run_step(record.id, "customer")
+        engine.signal(record.id, "later", {})  # kept, never consumed: the record ends with a signal
+        flows.append(record.id)
+    clock.advance(101)
+    for flow_id in flows:
+        assert engine.run_step(flow_id, "customer") == "failed"
+    packed, plain = flows
+    engine.redis.zrem(engine.keys.finished(engine.keys.partition(plain)), plain)  # only the first is packed
+    assert compactor(engine).run(now=clock.now()) == 1
+    assert engine.get(packed).packed and not engine.get(plain).packed
+
+    def both(act: Any) -> tuple[Any, Any]:
+        return act(packed, "packed"), act(plain, "plain")
+
+    # claim.lua, renew.lua, request_cancel.lua: a finished flow is not claimed, renewed or asked to stop.
+    answers = both(lambda flow_id, _: engine.protocol.claim(flow_id, "customer"))
+    assert answers == ("stopped", "stopped")
+    answers = both(lambda flow_id, _: engine.store.renew(engine.get(flow_id), lease_until=clock.now() + 30))
+    assert answers == (False, False)
+    answers = both(lambda flow_id, _: engine.store.request_cancel(flow_id, engine.get(flow_id).version))
+    assert answers == (False, False)
+    # create.lua: the same start key finds the flow (its input hash compared), another input is refused.
+    answers = both(lambda flow_id, name: engine.start("demo", {"orderId": f"ord-{name}", "amount": 5}, key=name).id)
+    assert answers == (packed, plain)
+    with pytest.raises(StartConflict):
+        engine.start("demo", {"orderId": "ord-packed", "amount": 6}, key="packed")
+    # compact.lua: packed once.
+    assert compactor(engine).run(now=clock.now()) == 0
+    # signal.lua: a payment after the end is a late payment, written to the record as written.
+    answers = both(lambda flow_id, _: engine.signal(flow_id, "paid", PAID))
+    assert answers == ("late_payment", "late_payment")
+    for flow_id in flows:
+        record = engine.get(flow_id)
+        assert [(s.field, s.name) for s in record.signals] == [("sig:1", "later"), ("sig:2", "paid")], record.signals
+    events = {flow_id: [e.body for e, _ in engine.events() if e.body["flow"] == flow_id][-2:] for flow_id in flows}
+    for flow_id, name in zip(flows, ("packed", "plain"), strict=True):
+        assert [e["type"] for e in events[flow_id]] == ["payment.late", "flow.needs_attention"]
+        assert all(e["orderId"] == f"ord-{name}" for e in events[flow_id]), events[flow_id]
+        assert events[flow_id][1]["data"]["step"] == "customer"
+    # transition.lua (through the store, which makes a packed record plain first): a person keeps it.
+    answers = both(lambda flow_id, _: engine.keep_late_payment(flow_id).state)
+    assert answers == (FlowState.SUCCEEDED, FlowState.SUCCEEDED)

@@ -25,13 +25,13 @@ local data = redis.call('HMGET', KEYS[1], 'state', 'step', 'lease_until', 'due',
 local state, step, lease_until, due = data[1], data[2] or '', data[3], data[4]
 local attempt = tonumber(data[5] or '0') or 0
 local now = tonumber(ARGV[3])
-if step ~= ARGV[2] then
-  return {'not-current'}
-end
 local indexes = {ready = KEYS[4], retrying = KEYS[5], waiting = KEYS[6], sleeping = KEYS[7], running = KEYS[8]}
 local old_index = indexes[state]
 if not CLAIMABLE[state] or not old_index then
-  return {'stopped'}
+  return {'stopped'}  -- (judged first: a packed finished flow keeps its state plain, not its step)
+end
+if step ~= ARGV[2] then
+  return {'not-current'}
 end
 local reclaim = false
 if state == 'running' then
