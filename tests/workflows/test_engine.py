@@ -48,7 +48,7 @@ def test_a_duplicate_or_late_delivery_does_nothing(make_engine: Any) -> None:
     record = engine.start("demo", {"amount": 5})
     assert engine.run_step(record.id, "only") == "succeeded"
     assert engine.run_step(record.id, "only") == "stopped"
-    assert engine.run_step(record.id, "other") == "not-current"
+    assert engine.run_step(record.id, "other") == "stopped", "a finished flow is stopped, whichever step is asked"
     assert engine.run_step("f-missing", "only") == "missing"
     assert len(only.runs) == 1
 
@@ -492,7 +492,7 @@ def test_a_worker_follows_the_steps_due_at_once_and_sends_nothing_for_them(make_
     assert len(sent.chains) == 1, "nothing was sent for the steps it followed"
     states = [entry["to"] for entry in engine.history(record.id)]
     assert states == ["ready", "running", "ready", "running", "ready", "running", "succeeded"], "each step claimed and completed"
-    assert engine.run_step(record.id, "second") == "not-current", "a late delivery of a followed step does nothing"
+    assert engine.run_step(record.id, "second") == "stopped", "a late delivery of a followed step does nothing"
 
 
 def test_following_stops_at_a_wait_a_retry_or_its_budget_and_the_rest_is_sent(make_engine: Any) -> None:
