@@ -6,7 +6,11 @@ The ledger is the simulator's record of every operation. For each acknowledged s
 * **charged twice**: more than one successful payment on the flow's orders (for a refund or a capture:
   more than one on the payment it names; for a schedule: more than one per occurrence);
 * **charged but not succeeded**: money at the gateway that the flow does not show: not ``succeeded``
-  with that operation as its outcome, and not ``needs_attention`` naming it;
+  with that operation as its outcome, and not ``needs_attention`` naming it. A flow ``cancelled`` or
+  ``failed`` with money of its own at the gateway (on any of its orders: a flow retried after a failure
+  pays on ``<orderId>-2``...) is one, whoever cancelled it; unless the operator closed it with
+  ``refund_late_payment`` and the gateway shows that payment refunded. A cancel that ended
+  ``succeeded`` because the money had moved is no finding: a cancel cannot undo money taken;
 * **succeeded unpaid**: ``succeeded`` with no money at the gateway behind it;
 * **stuck**: unfinished at the end (or, for an unfinished flow, without a due entry);
 * **events lost / made up**: an event exists if and only if its transition happened (merchant events,
@@ -18,6 +22,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter, defaultdict
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -87,6 +92,10 @@ class Ledger:
             if op.get("operationType") == wanted and op.get("operationResult") in SUCCESS
         ]
 
+    def refunded(self, charges: list[dict[str, Any]]) -> set[str]:
+        """The payments among ``charges`` the gateway shows refunded or voided."""
+        return {str(op["operationId"]) for op in charges if self.post_operations(str(op["operationId"]), "refund")}
+
     def post_operations(self, parent: str, kind: str) -> list[dict[str, Any]]:
         types, results = POST_TYPES[kind]
         return [
@@ -107,8 +116,27 @@ def _outcome_operation(record: FlowRecord) -> str:
     return str((outcome.get("operation") or {}).get("operationId") or "")
 
 
-def check_money(record: FlowRecord, charges: list[dict[str, Any]], label: str, findings: Findings) -> None:
-    """The money rule for one flow: at most one charge, and a charge shows in the flow."""
+def operator_refund(record: FlowRecord, operation_id: str) -> str | None:
+    """The refund flow by which an operator closed the late payment ``operation_id`` of this flow
+    (``refund_late_payment``: the flow cancelled, its outcome naming the refund), or None."""
+    if record.state is FlowState.NEEDS_ATTENTION:
+        return None
+    refund = (record.outcome or {}).get("refund")
+    if isinstance(refund, dict) and str(refund.get("operationId") or "") == operation_id:
+        return str(refund.get("flow") or "")
+    return None
+
+
+def check_money(
+    record: FlowRecord,
+    charges: list[dict[str, Any]],
+    label: str,
+    findings: Findings,
+    *,
+    refunded: Collection[str] = (),
+) -> None:
+    """The money rule for one flow: at most one charge, and a charge shows in the flow. ``refunded``: the
+    payments among ``charges`` that the gateway shows refunded (or voided)."""
     if len(charges) > 1:
         findings.charged_twice.append(f"{label}: {len(charges)} charges {[op['operationId'] for op in charges]}")
     for op in charges:
@@ -119,7 +147,13 @@ def check_money(record: FlowRecord, charges: list[dict[str, Any]], label: str, f
             continue
         if record.state is FlowState.SUCCEEDED and len(charges) > 1:
             continue  # the twice-charged line already says it
-        findings.not_reflected.append(f"{label}: {operation_id} at the gateway, flow {record.state.value} {record.summary()}")
+        refund = operator_refund(record, operation_id)
+        if refund is not None and operation_id in refunded:
+            continue  # a late payment the operator refunded: accounted
+        shown = f"flow {record.state.value} {record.summary()}"
+        if refund is not None:
+            shown += f"; the operator's refund (flow {refund}) is not at the gateway"
+        findings.not_reflected.append(f"{label}: {operation_id} at the gateway, {shown}")
     if not charges and record.state is FlowState.SUCCEEDED and record.kind not in ("card_verification", "reservation_setup"):
         findings.unpaid.append(f"{label}: succeeded, nothing at the gateway")
 
@@ -142,7 +176,8 @@ def reconcile(engine: Engine, ledger: Ledger, started: list[Planned], findings: 
         elif planned.kind in RESERVATION_TYPES:
             check_money(record, ledger.reservation_charges(planned.order_id, planned.kind), label, findings)
         elif planned.order_id:
-            check_money(record, ledger.charges(record.orders or [planned.order_id]), label, findings)
+            charges = ledger.charges(record.orders or [planned.order_id])
+            check_money(record, charges, label, findings, refunded=ledger.refunded(charges))
 
 
 def reconcile_schedule(engine: Engine, ledger: Ledger, schedule_id: str, findings: Findings) -> dict[str, Any]:
