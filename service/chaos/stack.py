@@ -245,3 +245,14 @@ class ChaosStack:
     def admin(self) -> Any:
         assert self.simulator is not None
         return self.simulator.admin
+
+    def end_pending(self) -> tuple[list[dict[str, Any]], list[str]]:
+        """The end of the campaign for PENDING outcomes: forget the ``pend`` rules (the admin API can only
+        add them; the simulator runs in this process), then settle every operation still held. Returns the
+        rules as they were (with how often each fired) and the ids settled."""
+        assert self.simulator is not None
+        sim = self.simulator.simulator
+        with sim.state.lock:  # no request takes a rule between the count and the clearing
+            rules: list[dict[str, Any]] = sim.pending.describe()["rules"]
+            sim.pending.clear()
+        return rules, self.simulator.admin.settle_pending()
