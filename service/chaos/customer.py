@@ -11,6 +11,7 @@ from typing import Any
 
 from workflows.engine import Engine
 from workflows.states import STOPPED, FlowState
+from workflows.store import FlowRecord
 
 CUSTOMER_KINDS = frozenset({"hpp", "paybylink", "build", "reservation", "challenge"})
 
@@ -22,10 +23,35 @@ class Customer:
         self.pending: dict[str, str] = {}  # flow id -> kind
         self.paid = 0
         self.failures: list[str] = []
+        #: The flows whose customer has paid (or tried to): a customer pays once per page.
+        self.done: set[str] = set()
 
     def expect(self, flow_id: str, kind: str) -> None:
         if kind in CUSTOMER_KINDS:
             self.pending[flow_id] = kind
+
+    def expect_again(self, flow_id: str, kind: str, *, new_order: bool) -> None:
+        """After an operator's retry: a failed flow starts over on a new order (``new_order``), whose new page
+        its customer pays; a flow that stopped for a person before its customer paid waits for them again."""
+        if new_order:
+            self.done.discard(flow_id)
+        if kind in CUSTOMER_KINDS and flow_id not in self.done:
+            self.pending[flow_id] = kind
+
+    def pay_now(self, flow_id: str, kind: str, record: FlowRecord) -> bool:
+        """The customer, whose page was still open, pays it now whatever the flow's state (``record`` is the
+        flow as it showed the page). False if they had paid already or the page refused."""
+        if flow_id in self.done:
+            return False
+        self.pending.pop(flow_id, None)
+        self.done.add(flow_id)
+        try:
+            self._pay(kind, flow_id, record.order_id, record.outputs)
+        except Exception as exc:  # noqa: BLE001 - the page refused (expired, already paid): noted
+            self.failures.append(f"{kind} {flow_id} (after its cancel): {exc}")
+            return False
+        self.paid += 1
+        return True
 
     def act(self) -> None:
         """Pay every flow now waiting for its customer (a failed try is tried again at the next call)."""
@@ -44,6 +70,7 @@ class Customer:
             except Exception as exc:  # noqa: BLE001 - the page refused (expired, already paid): noted, not retried
                 self.failures.append(f"{kind} {flow_id}: {exc}")
             del self.pending[flow_id]
+            self.done.add(flow_id)
             self.paid += 1
 
     def _pay(self, kind: str, flow_id: str, order_id: str, outputs: dict[str, Any]) -> None:

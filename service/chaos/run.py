@@ -1,8 +1,8 @@
 """One chaos run: start the stack, run the flows while the campaign breaks things, wait, reconcile.
 
-Every random choice derives from the seed (the flow mix and its timing, the campaign's events, where
-an AOF is cut, the simulator's fault draws), each from its own generator, so that a change in one does
-not shift the others.
+Every random choice derives from the seed (the flow mix and its timing, the campaign's events, the
+PENDING outcomes, the operator's actions, where an AOF is cut, the simulator's fault draws), each from
+its own generator, so that a change in one does not shift the others.
 """
 
 from __future__ import annotations
@@ -12,17 +12,28 @@ import os
 import random
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import redis
 
 from config import Settings
-from service.chaos.campaign import FAULT, REDIS_RESTART, SCHEDULER_KILL, WORKER_KILL, Campaign, plan
+from service.chaos.campaign import (
+    FAULT,
+    PEND,
+    REDIS_RESTART,
+    SCHEDULER_KILL,
+    WORKER_KILL,
+    Campaign,
+    plan,
+    plan_pending,
+)
 from service.chaos.customer import Customer
+from service.chaos.operator import Operator, plan_operator
 from service.chaos.reconcile import Findings, Ledger, check_events, reconcile, reconcile_schedule
-from service.chaos.report import ChaosReport
+from service.chaos.report import ChaosReport, recovery
 from service.chaos.stack import ChaosStack
 from service.chaos.workload import Planned, Workload
 from workflows.durability import NotDurable
@@ -80,7 +91,16 @@ class Run:
         seed = options.seed
         tag = f"c{seed % 100000}"
         self.workload = Workload(self.engine, random.Random(f"{seed}:workload"), tag, options.flows, 0.8 * options.duration)
-        self.events = plan(random.Random(f"{seed}:campaign"), options.duration, redis_restarts=stack.owns_redis)
+        self.events = sorted(
+            plan(random.Random(f"{seed}:campaign"), options.duration, redis_restarts=stack.owns_redis)
+            + plan_pending(random.Random(f"{seed}:pending"), options.duration),
+            key=lambda event: event.at,
+        )
+        actions = plan_operator(random.Random(f"{seed}:operator"), options.duration)
+        self.operator = Operator(self.engine, self.workload, self.customer, actions)
+        #: Wall-clock time of the last chaos event (the flows' histories are in wall-clock time).
+        self._since = 0.0
+        self._settled_late = 0
         self.schedule_id = ""
         self._expected = 0
         self.schedule_count = max(1, min(3, int(options.duration // 80)))
@@ -88,7 +108,10 @@ class Run:
     def go(self) -> None:
         began = time.monotonic()
         campaign = Campaign(self.stack, self.events, began, lose_last_writes=self.options.lose_last_writes)
-        self.say(f"running {self.options.flows} flows for {self.options.duration:g}s under {len(self.events)} chaos events")
+        self.say(
+            f"running {self.options.flows} flows for {self.options.duration:g}s under {len(self.events)} chaos events"
+            f" and {self.operator.pending} operator actions"
+        )
         campaign.start()
         while True:
             elapsed = time.monotonic() - began
@@ -101,18 +124,26 @@ class Run:
                     self.report.not_acknowledged += 1
             self._follow_ups()
             self._customers()
-            if elapsed >= self.options.duration and not self.workload.planned:
+            self.operator.act(elapsed, transient=TRANSIENT)
+            if elapsed >= self.options.duration and not self.workload.planned and not self.operator.pending:
                 break
             if elapsed >= self.options.duration + 60:  # set-up never finished: its reservations are dropped
                 self.workload.planned = []
+                self.operator.drop()  # Redis away for a minute: reported as a campaign step that did not run
             time.sleep(0.05)
         campaign.stop()
         campaign.join(timeout=120)
         self._close_campaign(campaign)
         self.say("chaos over: waiting for every flow to finish")
         self.report.finished = self._drain(time.monotonic() + self.options.drain)
+        self.operator.close()
+        self.report.operator = asdict(self.operator.counts)
+        self.report.operator_log = [asdict(taken) for taken in self.operator.taken]
+        self.report.problems.extend(self.operator.problems)
+        self.report.pending["settled_by_run"] = self.report.pending.get("settled_by_run", 0) + self._settled_late
         if self.report.finished:
-            self.report.recover_seconds = max(0.0, self._finished_at - campaign.last_at)
+            self.report.finished_seconds = max(0.0, self._finished_at - campaign.last_at)
+            self._times()
         self.say("reconciling every flow against the gateway's ledger")
         self._reconcile()
 
@@ -127,9 +158,23 @@ class Run:
         self.report.redis_restarts = done[REDIS_RESTART]
         self.report.fault_rules = done[FAULT]
         self.report.faults_fired = sum(int(rule.get("fired", 0)) for rule in rules)
+        # PENDING: no rule outlives the campaign, and nothing stays held (as the faults are cleared).
+        pend_rules, settled = self.stack.end_pending()
+        fired = {final: 0 for final in ("approved", "declined")}
+        for rule in pend_rules:
+            fired["approved" if rule["final"] == "000" else "declined"] += int(rule.get("fired", 0))
+        self.report.pending = {
+            "rules": done[PEND],
+            "answered": sum(fired.values()),
+            **fired,
+            "settled_by_run": len(campaign.settled) + len(settled),
+        }
+        if done[PEND] != len(pend_rules):
+            self.report.problems.append(f"{done[PEND]} pend rules armed, the simulator holds {len(pend_rules)}")
         self.report.cuts = [{**vars(cut), "lost_bytes": cut.lost_bytes} for cut in campaign.cuts]
         self.report.problems.extend(campaign.problems)
         campaign.last_at = max(campaign.last_at, time.monotonic())  # the faults were turned off just now
+        self._since = time.time()
 
     def _customers(self) -> None:
         for planned in self.workload.started[self._expected :]:
@@ -196,6 +241,9 @@ class Run:
         while True:
             self._follow_ups()
             self._customers()
+            if self.report.pending.get("rules"):  # a request that took a rule as the rules were cleared
+                with contextlib.suppress(Exception):
+                    self._settled_late += len(self.stack.admin().settle_pending())
             if not self.workload.waiting_parents and self._all_finished():
                 self._finished_at = time.monotonic()
                 return True
@@ -203,15 +251,36 @@ class Run:
                 return False
             time.sleep(0.5)
 
+    def _times(self) -> None:
+        """The engine's own recovery and the time spent waiting on customers, from the flows' histories."""
+        histories: dict[str, list[dict[str, Any]]] = {}
+        parents: dict[str, str] = {}
+        for planned in self.workload.started:
+            with contextlib.suppress(Exception):  # a lost flow: the reconcile reports it
+                histories[planned.flow_id] = self.engine.history(planned.flow_id)
+            if planned.parent is not None:
+                parents[planned.flow_id] = planned.parent.flow_id
+        found = recovery(histories, parents, self._since)
+        self.report.recover_seconds = round(found.engine, 2)
+        self.report.waiting_seconds = round(found.waiting, 2)
+        self.report.slowest |= {"recover": found.engine_flow, "waiting": found.waiting_flow}
+
     def _all_finished(self) -> bool:
+        """Whether every flow and the schedule have finished; what the run still waits for is noted in
+        ``slowest["finished"]`` (once they all have: the last to finish, if the run waited for any)."""
         try:
             for planned in self.workload.started:
                 record = self.engine.store.get(planned.flow_id)
                 if record is not None and record.state not in STOPPED:
+                    self.report.slowest["finished"] = f"{planned.kind} {planned.flow_id} ({record.state.value})"
                     return False
             if self.schedule_id:
-                return self.schedules.get(self.schedule_id).state in FINAL_SCHEDULE
-        except TRANSIENT:
+                state = self.schedules.get(self.schedule_id).state
+                if state not in FINAL_SCHEDULE:
+                    self.report.slowest["finished"] = f"schedule {self.schedule_id} ({state.value})"
+                    return False
+        except TRANSIENT as exc:
+            self.report.slowest["finished"] = f"Redis ({type(exc).__name__})"
             return False
         return True
 
