@@ -16,7 +16,10 @@ import pytest
 
 from gateway import Catalogue
 from simulator import SimulatorServer
+from tasks.outcomes import Poll
 from tests.workflows.aof_tail import AofTail
+from tests.workflows.engine_support import ScriptedStep
+from tests.workflows.engine_support import flow as scripted_flow
 from tests.workflows.flow_model import APPROVE, FlowWorld, card
 from workflows.engine import NotFound, OperatorError, OrderIdTaken
 from workflows.signals import RECEIVER
@@ -356,3 +359,23 @@ def test_a_wait_woken_before_it_began_still_announces_the_real_wait(world: FlowW
     assert record is not None and record.state is FlowState.WAITING, world.describe(flow)
     waits = [event for event, _ in world.engine.events(types=["flow.waiting"]) if event.body["flow"] == flow.flow_id]
     assert len(waits) == 1, waits
+
+
+def test_a_cancel_of_a_flow_stopped_with_its_claims_used_up_still_reads_the_gateway(make_engine: Any) -> None:
+    """A money step claimed until its claims ran out (``TooManyRuns``) stops for a person with its money in
+    flight; the merchant cancels: the cancel's read must still be claimed (its claims counted afresh), or
+    the flow would stop again without ever reading, and the cancel could never end it."""
+    step = ScriptedStep("pay", outcomes=[Poll(1.0)] * 20)
+    engine, _ = make_engine(scripted_flow(step), engine={"max_step_runs": 10})
+    clock = engine.clock
+    record = engine.start("demo", {"amount": 5})
+    for _ in range(12):
+        engine.run_step(record.id, "pay")
+        clock.advance(2)
+    stopped = engine.get(record.id)
+    assert stopped.state is FlowState.NEEDS_ATTENTION and stopped.unsettled, stopped.summary()
+    assert engine.cancel(record.id, "the merchant cancels").state is FlowState.READY
+    clock.advance(121)  # past the late window: a read finding nothing is believed
+    engine.run_step(record.id, "pay")
+    done = engine.get(record.id)
+    assert done.state is FlowState.CANCELLED and step.reconciled, (done.summary(), engine.history(record.id))

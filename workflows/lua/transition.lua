@@ -98,9 +98,12 @@ if unsettled then
     what = what .. ' (' .. tostring(inflight['op']) .. (inflight['operationId'] and (' ' .. tostring(inflight['operationId'])) or '') .. ')'
   end
   if state == 'cancelled' then
-    -- Asked to cancel now: a request instead, and the step is due now to read what the gateway did.
+    -- Asked to cancel now: a request instead, and the step is due now to read what the gateway did (its
+    -- claim counts afresh: a flow stopped for claims used up must still be able to read).
     fields['outcome'] = nil
     fields['cancel_requested'] = '1'
+    fields['runs'] = cjson.null
+    fields['attempt'] = '0'
     due = ARGV[7]
     ttl = ''
     move('ready', KEYS[6], '; but ' .. what .. ': cancel requested, the gateway is read first')
