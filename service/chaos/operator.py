@@ -141,23 +141,26 @@ class Operator:
         return len(self.actions)
 
     def act(self, elapsed: float, *, transient: tuple[type[BaseException], ...]) -> None:
-        """Take every action whose time has come; one that meets Redis away, or finds nothing to act on
-        yet, is taken again later."""
-        if time.monotonic() < self._next_look:
-            return
-        while self.actions and self.actions[0].at <= elapsed:
-            action = self.actions[0]
+        """Take every action whose time has come, each on its own: one that finds nothing to act on yet
+        looks again at the next turns (a resolve every LOOK_EVERY s), one that meets Redis away is made
+        again later (and the others wait with it: Redis is away for them too)."""
+        for action in [action for action in self.actions if action.at <= elapsed]:
+            if action.what == RESOLVE and time.monotonic() < self._next_look:
+                continue
             try:
-                self.taken.append(self._take(action, elapsed))
+                taken = self._take(action, elapsed)
             except _NothingYet:
-                self._next_look = time.monotonic() + (LOOK_EVERY if action.what == RESOLVE else 0.0)
-                return
+                if action.what == RESOLVE:
+                    self._next_look = time.monotonic() + LOOK_EVERY
+                continue
             except transient as exc:
                 first = self._transient_since.setdefault(id(action), time.monotonic())
                 if time.monotonic() - first < PATIENCE:
                     return  # Redis away: the same action, on the same flow, at the next turn
                 self.problems.append(f"operator {action.what} at {action.at:.1f}s: not made ({type(exc).__name__}: {exc})")
-            self.actions.pop(0)
+            else:
+                self.taken.append(taken)
+            self.actions.remove(action)
 
     def drop(self) -> None:
         """The run is over: an action never taken is a campaign step that did not run."""
