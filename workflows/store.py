@@ -531,6 +531,7 @@ class FlowStore:
             scrubbed,
             self.events,
             compact_json(dict(change.paid)) if change.paid else "",
+            record.state.value,
         ]
         return _TransitionCall(keys, args, fields, scrubbed)
 

@@ -81,3 +81,19 @@ def test_a_cancel_never_ends_a_flow_whose_payment_may_still_arrive_late(world: F
     assert world.sim.admin.release_late() == [200], "the late payment acts"
     world.settle()
     world.check_settled()
+
+
+def test_a_completion_whose_claim_redis_lost_never_overwrites_a_later_move(world: FlowWorld) -> None:
+    """Found by the extended model: a slow worker claims a step (version v+1) and runs it; Redis loses that
+    claim (the record is back at v); the merchant cancels (v -> v+1 again, ``cancelled``); the slow worker
+    completes against v+1. The version alone matched: the completion tried to move a cancelled flow on.
+    The compare-and-set is on the version and the state the claim left."""
+    flow = world.start("delay_charge", "approve")  # its first step is a durable timer: a claim not waited on
+    assert world.begin_step(flow) == "held"  # the timer step will sleep until the charge's time
+    assert world.lose_tail(1) == 1  # the claim
+    record = world.record(flow)
+    assert record is not None and record.state is FlowState.READY, world.describe(flow)
+    world.engine.cancel(flow.flow_id, "the merchant cancels")
+    assert world.finish_step(0) == "stale"
+    world.settle()
+    world.check_settled()

@@ -13,8 +13,9 @@
 --       (flow.waiting when it starts to wait, flow.succeeded/failed/cancelled/needs_attention,
 --       payment.late), 13 the payment this very completion recorded (JSON, or ""): money the gateway
 --       took, which no cancel undoes and no failure may hide (kept as a signal when the step stops for
---       a person over it: a LatePayment it found).
--- Returns {new version, final state}, or {0, current state} when the version did not match. The final
+--       a person over it: a LatePayment it found), 14 the state the caller read the flow in.
+-- Returns {new version, final state, rewritten}, or {0, current state, 0} when the version or the state did
+-- not match (stale: another writer got there first). The final
 -- state differs from the one asked for when:
 -- * a signal the step awaits is already there (ready: run the step again to read it);
 -- * money is in flight (``unsettled``, written by claim.lua, kept until a completion reports the
@@ -28,10 +29,13 @@
 --   goes on as its step said;
 -- * the flow would end with a reported payment unaccounted (needs_attention, see money.lua).
 local current = redis.call('HGET', KEYS[1], 'version')
-if current ~= ARGV[2] then
-  return {0, redis.call('HGET', KEYS[1], 'state') or '', 0}
-end
 local old_state = redis.call('HGET', KEYS[1], 'state')
+-- The version and the state together: after Redis lost its last writes a version can come round again
+-- (a claim lost, then a cancel of the flow as it was), and a completion of that lost claim must not
+-- move the flow the cancel ended.
+if current ~= ARGV[2] or old_state ~= ARGV[14] then
+  return {0, old_state or '', 0}
+end
 local state = ARGV[3]
 local due = ARGV[5]
 local idx = KEYS[5]
