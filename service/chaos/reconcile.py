@@ -6,7 +6,8 @@ The ledger is the simulator's record of every operation. For each acknowledged s
 * **charged twice**: more than one successful payment on the flow's orders (for a refund or a capture:
   more than one on the payment it names; for a schedule: more than one per occurrence);
 * **charged but not succeeded**: money at the gateway that the flow does not show: not ``succeeded``
-  with that operation as its outcome, and not ``needs_attention`` naming it. A flow ``cancelled`` or
+  with that operation as its outcome, and not ``needs_attention`` naming it (or, when its reads could not
+  tell, saying that its call of that operation may have taken effect: money in flight, ``unsettled``). A flow ``cancelled`` or
   ``failed`` with money of its own at the gateway (on any of its orders: a flow retried after a failure
   pays on ``<orderId>-2``...) is one, whoever cancelled it; unless the operator closed it with
   ``refund_late_payment`` and the gateway shows that payment refunded. A cancel that ended
@@ -111,6 +112,14 @@ def _names(record: FlowRecord, operation_id: str) -> bool:
     return operation_id in text
 
 
+def _says_in_flight(record: FlowRecord, op: dict[str, Any]) -> bool:
+    """Whether a ``needs_attention`` flow says that its call of ``op``'s operation may have taken effect:
+    money in flight (``unsettled``) for that operation, which the gateway could not confirm nor deny
+    (its reads failed). It cannot name an operation id it never read; a person's retry reads it."""
+    unsettled = record.unsettled or {}
+    return bool(unsettled) and unsettled.get("op") in (None, op.get("operation"))
+
+
 def _outcome_operation(record: FlowRecord) -> str:
     outcome = record.outcome or {}
     return str((outcome.get("operation") or {}).get("operationId") or "")
@@ -143,7 +152,7 @@ def check_money(
         operation_id = str(op["operationId"])
         if record.state is FlowState.SUCCEEDED and _outcome_operation(record) in ("", operation_id):
             continue
-        if record.state is FlowState.NEEDS_ATTENTION and _names(record, operation_id):
+        if record.state is FlowState.NEEDS_ATTENTION and (_names(record, operation_id) or _says_in_flight(record, op)):
             continue
         if record.state is FlowState.SUCCEEDED and len(charges) > 1:
             continue  # the twice-charged line already says it

@@ -100,6 +100,22 @@ def test_a_late_payment_waiting_for_a_person_is_accounted_when_named() -> None:
     assert judge(flow(FlowState.NEEDS_ATTENTION, error=error), [payment("p1")]).clean
 
 
+def test_a_flow_stopped_because_the_gateway_could_not_tell_accounts_for_its_call() -> None:
+    """Its reads failed: it cannot name an operation id it never read, and says its call may have
+    taken effect (money in flight for that operation); a person's retry reads it back."""
+    error = {"type": "RateLimited", "operation": "get_order", "during": "reconcile"}
+    record = flow(FlowState.NEEDS_ATTENTION, error=error)
+    verification = {**payment("p1"), "operationType": "CARD_VERIFICATION", "operation": "card_verification"}
+    assert len(judge(record, [verification]).not_reflected) == 1, "nothing says money may be there"
+    record.unsettled = {"op": "card_verification", "step": "pay", "t": 1.0}
+    assert judge(record, [verification]).clean
+    record.unsettled = {"op": "create_moto_order", "step": "pay", "t": 1.0}
+    assert len(judge(record, [verification]).not_reflected) == 1, "in flight is another call"
+    record.state = FlowState.CANCELLED
+    record.unsettled = None
+    assert len(judge(record, [verification]).not_reflected) == 1
+
+
 def test_a_flow_retried_after_failing_owns_the_money_on_each_of_its_orders() -> None:
     record = flow(FlowState.SUCCEEDED, outcome={"operation": {"operationId": "p2"}, "operationIds": ["p2"]})
     record.orders = ["o-1", "o-1-2"]
