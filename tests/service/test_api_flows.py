@@ -7,7 +7,6 @@ Celery worker, for the answers that depend on a step having run (the customer UR
 from __future__ import annotations
 
 import json
-
 import time
 from typing import Any
 
