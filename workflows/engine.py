@@ -42,7 +42,7 @@ from workflows.protocol import Claim, StepProtocol
 from workflows.signals import admit
 from workflows.states import STOPPED, TERMINAL, FlowState
 from workflows.steps import FlowDefinition
-from workflows.store import Change, FlowRecord, FlowStore, NewFlow, OrderHeld, StartConflict, compact_json
+from workflows.store import Change, FlowRecord, FlowStore, MoneyTaken, NewFlow, OrderHeld, StartConflict, compact_json
 
 log = logging.getLogger("durapay.engine")
 
@@ -398,8 +398,14 @@ class Engine:
                     return self.get(flow_id)
                 continue  # it completed meanwhile: cancel what it left
             change = Change(FlowState.CANCELLED, f"cancelled: {reason}", {"outcome": compact_json({"reason": reason})})
-            # transition.lua decides: cancelled, or (money in flight) a request whose step runs now to read.
-            written = self.store.transition(record, change, now=self.clock.now(), by=by)
+            # transition.lua decides: cancelled, or (money in flight) a request whose step runs now to read,
+            # or refused (its payment succeeded).
+            try:
+                written = self.store.transition(record, change, now=self.clock.now(), by=by)
+            except MoneyTaken as taken:
+                raise OperatorError(
+                    f"{taken}; close the second payment it waits on with refund-late-payment or keep-late-payment"
+                ) from None
             if written is not None:
                 self.store.sync(flow_id, f"cancel of flow {flow_id}")
                 if written.state is FlowState.READY:

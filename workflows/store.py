@@ -198,6 +198,15 @@ class StartConflict(Exception):
     """The start key was used before for another input: a second start must repeat the first exactly."""
 
 
+class MoneyTaken(Exception):
+    """A cancel of a flow whose payment succeeded, refused by ``transition.lua``: its money moved."""
+
+    def __init__(self, flow_id: str, operation_id: str) -> None:
+        super().__init__(f"flow {flow_id} succeeded with payment {operation_id}: a cancel cannot undo money taken")
+        self.flow_id = flow_id
+        self.operation_id = operation_id
+
+
 class OrderHeld(Exception):
     """The gateway order id a start names is another flow's (its order lookup names that flow)."""
 
@@ -453,7 +462,8 @@ class FlowStore:
         return keys, args, digest
 
     def transition(self, record: FlowRecord, change: Change, *, now: float, by: str) -> FlowRecord | None:
-        """Write ``change`` if ``record`` is still current; None when another writer got there first."""
+        """Write ``change`` if ``record`` is still current; None when another writer got there first.
+        Raises MoneyTaken for a cancel of a flow whose payment succeeded."""
         if record.packed and not self._unpack(record):
             return None
         call = self._transition_call(record, change, now=now, by=by)
@@ -540,6 +550,9 @@ class FlowStore:
     ) -> FlowRecord | None:
         """The record as ``transition.lua`` left it (None: refused as stale)."""
         version, final_state, rewritten = answer
+        if version == -1:
+            operation = rewritten.decode() if isinstance(rewritten, bytes) else str(rewritten)
+            raise MoneyTaken(record.id, operation)
         if not version:
             return None
         state = final_state.decode() if isinstance(final_state, bytes) else str(final_state)

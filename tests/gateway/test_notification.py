@@ -10,6 +10,7 @@ from gateway import (
     InvalidSecurityToken,
     NotificationError,
     OperationResult,
+    customer_payment,
     parse_notification,
     verify_security_token,
 )
@@ -78,3 +79,25 @@ def test_a_token_of_another_order_is_rejected() -> None:
     note = parse_notification(BODY)
     with pytest.raises(InvalidSecurityToken):
         verify_security_token(note, kept[note.order_id or ""])
+
+
+@pytest.mark.parametrize(
+    ("operation", "customers"),
+    [
+        ({"operationType": "CAPTURE", "channel": "ECOMMERCE", "operationResult": "EXECUTED"}, True),  # a page's sale
+        ({"operationType": "AUTHORIZATION", "channel": "ECOMMERCE", "operationResult": "AUTHORIZED"}, True),
+        ({"operationType": "CAPTURE", "channel": "BACKOFFICE", "operationResult": "EXECUTED"}, False),  # the merchant's
+        ({"operationType": "DELAY_CHARGE", "channel": "BACKOFFICE", "operationResult": "EXECUTED"}, False),
+        ({"operationType": "NOSHOW", "operationResult": "EXECUTED"}, False),
+        ({"operationType": "REFUND", "channel": "BACKOFFICE", "operationResult": "REFUNDED"}, False),
+        ({"operationType": "CAPTURE", "operationResult": "EXECUTED", "parentOperationId": "1"}, False),
+        ({"operationType": "CAPTURE", "channel": "ECOMMERCE", "operationResult": "DECLINED"}, False),
+    ],
+)
+def test_a_notified_operation_is_a_customers_payment_only_if_the_merchant_did_not_make_it(
+    operation: dict[str, str], customers: bool
+) -> None:
+    """A capture or refund of the customer's payment, or a reservation charge, notified to the page's order,
+    is the merchant's own flow's money, never a second payment of the page's flow."""
+    body = {"operation": {"operationId": "9", "orderId": "o-1", **operation}}
+    assert (customer_payment(body) is not None) is customers

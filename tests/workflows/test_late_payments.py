@@ -22,12 +22,14 @@ from typing import Any
 
 import pytest
 
+from gateway import Catalogue
 from simulator import SimulatorServer
 from tests.workflows.aof_tail import AofTail
 from tests.workflows.flow_model import FlowWorld
 from workflows.engine import OperatorError
 from workflows.keys import derived_id
 from workflows.late_payments import refund_key
+from workflows.signals import RECEIVER
 from workflows.states import FlowState
 
 
@@ -297,3 +299,39 @@ def test_a_late_payment_is_closed_only_once_its_refund_is_done(world: FlowWorld)
     assert done.state is FlowState.NEEDS_ATTENTION and (done.error or {}).get("type") == "LatePayment", world.describe(flow)
     with pytest.raises(OperatorError, match="ended failed"):
         world.engine.refund_late_payment(flow.flow_id)  # asking again says what became of the refund
+
+
+# -- 5. a flow whose payment succeeded is never cancelled -------------------------------------------------------
+
+
+def test_a_cancel_of_a_second_payment_never_cancels_the_paid_flow(world: FlowWorld) -> None:
+    """Found by ``durapay chaos`` with operator actions: a hosted page flow succeeded with payment P; a second
+    payment Q is reported (LatePayment beside a success); the operator cancels. The cancel rewrote the flow
+    as ended cancelled (its outcome naming P replaced by a reason), and the refund then closed it cancelled
+    with P still at the gateway. A flow whose payment succeeded can never end cancelled: the cancel is
+    refused, naming the payment, and the flow stays P's."""
+    flow = world.start("hpp", "approve")
+    run_all(world)
+    world.sim.admin.complete_hpp(flow.base)
+    for note in world.notifications(flow):
+        world.notify(note["body"])
+    run_all(world)
+    paid = world.record(flow)
+    assert paid is not None and paid.state is FlowState.SUCCEEDED and paid.outcome is not None
+    first = paid.outcome["operation"]["operationId"]
+    second = f"{flow.base}-2"
+    body = {key: value for key, value in world.hpp_input(second).items() if key != "waitSeconds"}
+    world.engine.gateway().call(Catalogue.create_hpp_order, request=body)
+    late = world.sim.admin.complete_hpp(second)
+    operation = world.engine.gateway().call(Catalogue.get_operation, late["operationId"]).wire()
+    assert world.engine.signal(flow.flow_id, "notification", {"operation": operation}, by=RECEIVER) == "late_payment"
+    with pytest.raises(OperatorError, match=first):
+        world.engine.cancel(flow.flow_id, "the operator cancels")
+    still = world.record(flow)
+    assert still is not None and still.outcome is not None and still.outcome["operation"]["operationId"] == first
+    assert (still.error or {}).get("endedAs") == "succeeded", still.error
+    world.engine.refund_late_payment(flow.flow_id)
+    world.settle()
+    done = world.record(flow)
+    assert done is not None and done.state is FlowState.SUCCEEDED and done.outcome is not None, world.describe(flow)
+    assert done.outcome["operation"]["operationId"] == first

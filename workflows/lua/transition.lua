@@ -14,8 +14,9 @@
 --       payment.late), 13 the payment this very completion recorded (JSON, or ""): money the gateway
 --       took, which no cancel undoes and no failure may hide (kept as a signal when the step stops for
 --       a person over it: a LatePayment it found), 14 the state the caller read the flow in.
--- Returns {new version, final state, rewritten}, or {0, current state, 0} when the version or the state did
--- not match (stale: another writer got there first). The final
+-- Returns {new version, final state, rewritten}, {0, current state, 0} when the version or the state did
+-- not match (stale: another writer got there first), or {-1, state, operation id} for a cancel of a flow
+-- whose payment succeeded (refused: money moved, nothing undoes it). The final
 -- state differs from the one asked for when:
 -- * a signal the step awaits is already there (ready: run the step again to read it);
 -- * money is in flight (``unsettled``, written by claim.lua, kept until a completion reports the
@@ -35,6 +36,14 @@ local old_state = redis.call('HGET', KEYS[1], 'state')
 -- move the flow the cancel ended.
 if current ~= ARGV[2] or old_state ~= ARGV[14] then
   return {0, old_state or '', 0}
+end
+if ARGV[3] == 'cancelled' then
+  -- A flow whose payment succeeded (a second payment beside it made it a person's again) is never
+  -- cancelled: its money moved. Refused: {-1, state, operation id}.
+  local before = event_json(redis.call('HGET', KEYS[1], 'outcome')) or {}
+  if before['result'] == 'succeeded' then
+    return {-1, old_state, tostring((before['operation'] or {})['operationId'])}
+  end
 end
 local state = ARGV[3]
 local due = ARGV[5]
