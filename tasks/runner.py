@@ -22,7 +22,7 @@ from typing import Any, Protocol, TypeVar
 from pydantic import BaseModel
 
 from gateway import BY_NAME, Area, BadRequest, GatewayClient, GatewayError, GatewayModel, GatewayOperation
-from tasks.outcomes import Attention, Outcome, Retry
+from tasks.outcomes import Attention, Finish, Outcome, Retry
 from tasks.retry import RetryPolicy
 
 log = logging.getLogger("durapay.runner")
@@ -195,7 +195,12 @@ def settle(step: Step, ctx: StepContext, *, unsettled: Mapping[str, Any] | None)
             {"type": "MoneyInFlight", "unsettled": dict(unsettled)},
         )
     if not op.moves_money:
-        return run_step(step, ctx, must_reconcile=False, resend=False)
+        read = run_step(step, ctx, must_reconcile=False, resend=False)
+        if isinstance(read, Finish) and not read.succeeded and not read.output:
+            # The read itself failed (refused, or its attempts used up): not the gateway's word on the
+            # money. Read again later, bounded, then a person: never a hot loop of owed failures.
+            return _unclear(ctx, op.name, {**(read.error or {}), "during": "settle", "message": read.reason})
+        return read
     found = _reconcile(step, ctx, op.name)
     if not isinstance(found, NotCommitted):
         return found

@@ -379,3 +379,18 @@ def test_a_cancel_of_a_flow_stopped_with_its_claims_used_up_still_reads_the_gate
     engine.run_step(record.id, "pay")
     done = engine.get(record.id)
     assert done.state is FlowState.CANCELLED and step.reconciled, (done.summary(), engine.history(record.id))
+
+
+def test_a_read_that_keeps_failing_while_money_is_in_flight_backs_off_and_stops_for_a_person(world: FlowWorld) -> None:
+    """A refund accepted (its id answered) whose result the gateway will not show (404 on every read):
+    each failed read was an owed failure made due at once again, a hot loop up to the claims' bound. The
+    reads back off, bounded, and the flow stops for a person naming the refund."""
+    paid = moto_payment(world, "k910t")
+    flow = world.start_flow("refund", {"operationId": paid["operationId"]}, key="refund-3")
+    world.deliver(0)
+    world.sim.admin.set_faults(mode="error", operation="get_operation", status=404, count=1000)
+    world.settle(limit=200)
+    done = world.record(flow)
+    assert done is not None and done.state is FlowState.NEEDS_ATTENTION and done.unsettled, world.describe(flow)
+    claims = [entry for entry in world.engine.history(flow.flow_id) if entry["to"] == "running"]
+    assert len(claims) <= 8, f"{len(claims)} claims: {world.engine.history(flow.flow_id)}"
