@@ -88,7 +88,7 @@ class LatePayments:
             "result": "succeeded",
             "operationIds": [*ids, operation_id] if operation_id not in ids else ids,
         }
-        outcome["latePayments"] = [*(outcome.get("latePayments") or []), {"operationId": operation_id, "kept": True}]
+        outcome["latePayments"] = closed(record, operation_id, {"kept": True})
         fields = without_signals_of(record, operation_id)
         fields["outcome"] = compact_json(outcome)
         what = f"late payment {operation_id} kept: the flow takes it as its outcome (it had {ended_as})"
@@ -115,7 +115,9 @@ class LatePayments:
         if ended_as == FlowState.SUCCEEDED.value:
             return self._close(record, operation_id, {"refund": {"flow": refund.id}}, by=by)
         fields = without_signals_of(record, operation_id)
-        fields["outcome"] = compact_json({"reason": reason, "refund": {"flow": refund.id, "operationId": operation_id}})
+        late = closed(record, operation_id, {"refund": {"flow": refund.id}})
+        refunded = {"flow": refund.id, "operationId": operation_id}
+        fields["outcome"] = compact_json({"reason": reason, "refund": refunded, "latePayments": late})
         what = f"late payment {operation_id} refunded by flow {refund.id}; cancelled: {reason}"
         return self._write(record, Change(FlowState.CANCELLED, what, fields), by=by)
 
@@ -125,7 +127,7 @@ class LatePayments:
         outcome = dict(record.outcome or {})
         ids = [str(item) for item in outcome.get("operationIds") or []]
         outcome["operationIds"] = [*ids, operation_id] if operation_id not in ids else ids
-        outcome["latePayments"] = [*(outcome.get("latePayments") or []), {"operationId": operation_id, **how}]
+        outcome["latePayments"] = closed(record, operation_id, how)
         fields = without_signals_of(record, operation_id)
         fields["outcome"] = compact_json(outcome)
         what = f"second payment {operation_id} " + ("refunded by flow " + how["refund"]["flow"] if "refund" in how else "kept")
@@ -138,6 +140,13 @@ class LatePayments:
             raise OperatorError(f"flow {record.id} changed meanwhile; look again")
         engine.store.sync(record.id, f"late payment of flow {record.id} closed")
         return written
+
+
+def closed(record: FlowRecord, operation_id: str, how: dict[str, Any]) -> list[dict[str, Any]]:
+    """The outcome's ``latePayments`` once ``operation_id`` is closed ``how``: every late payment a person
+    ever closed on this flow, so that none is news again (``money.lua`` reads them)."""
+    earlier = [dict(item) for item in (record.outcome or {}).get("latePayments") or [] if isinstance(item, dict)]
+    return [*(item for item in earlier if str(item.get("operationId")) != operation_id), {"operationId": operation_id, **how}]
 
 
 def refund_key(flow_id: str, operation_id: str) -> str:

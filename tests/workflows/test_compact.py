@@ -162,3 +162,30 @@ def test_every_script_answers_a_packed_record_as_it_answers_the_record_unpacked(
     # transition.lua (through the store, which makes a packed record plain first): a person keeps it.
     answers = both(lambda flow_id, _: engine.keep_late_payment(flow_id).state)
     assert answers == (FlowState.SUCCEEDED, FlowState.SUCCEEDED)
+
+
+def test_a_flow_that_finished_again_while_a_pass_read_it_is_packed_by_the_next(
+    make_engine: Any, clock: ManualClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A pass reads a finished flow; a late payment brings it back and a person closes it (finished again)
+    before the pass's script runs: the script finds another version and must leave the flow in the finished
+    set, or it is never packed and its order lookups never expire."""
+    import workflows.compact as compact_module
+
+    engine, _ = make_engine(FlowDefinition("demo", DemoInput, (wait_step(),), summarize))
+    record = engine.start("demo", {"amount": 5})
+    engine.run_step(record.id, "customer")
+    clock.advance(101)
+    assert engine.run_step(record.id, "customer") == "failed"
+    real = compact_module.pack
+
+    def meanwhile(*args: Any, **kwargs: Any) -> Any:
+        assert engine.signal(record.id, "paid", PAID) == "late_payment"
+        assert engine.keep_late_payment(record.id).state is FlowState.SUCCEEDED
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(compact_module, "pack", meanwhile)
+    assert compactor(engine).run(now=clock.now() + 1) == 0
+    monkeypatch.undo()
+    assert not engine.get(record.id).packed
+    assert compactor(engine).run(now=clock.now() + 2) == 1, "still listed as finished: the next pass packs it"

@@ -12,6 +12,10 @@ before the fix:
    unrefunded with the flow cancelled, and an accept between the refund's start and the close took a
    payment being refunded.
 4. A refunded late payment, notified again, was reported late again.
+5. (``durapay chaos``) A cancel of a flow stopped for a second payment beside its success rewrote it as
+   cancelled, and closing the late payment then left it cancelled with its first payment taken.
+6. (a second review) A flow with two late payments, each closed by a person, remembered only the last
+   close: the first one's notification, delivered again, was news again.
 """
 
 from __future__ import annotations
@@ -335,3 +339,109 @@ def test_a_cancel_of_a_second_payment_never_cancels_the_paid_flow(world: FlowWor
     done = world.record(flow)
     assert done is not None and done.state is FlowState.SUCCEEDED and done.outcome is not None, world.describe(flow)
     assert done.outcome["operation"]["operationId"] == first
+
+
+# -- 6. a second review: two late payments on one flow, each closed by a person --------------------------------
+
+
+def gateway_operation(world: FlowWorld, operation_id: str) -> dict[str, Any]:
+    return world.engine.gateway().call(Catalogue.get_operation, operation_id).wire()
+
+
+def late_events(world: FlowWorld, flow_id: str) -> list[dict[str, Any]]:
+    return [event.body for event, _ in world.engine.events(types=["payment.late"]) if event.body["flow"] == flow_id]
+
+
+def refunds_of(world: FlowWorld, operation_id: str) -> list[dict[str, Any]]:
+    return [op for op in world.sim.admin.operations() if op.get("parentOperationId") == operation_id]
+
+
+def _two_late_payments(world: FlowWorld) -> tuple[Any, dict[str, Any], dict[str, Any]]:
+    """A hosted page flow expires unpaid (its page stays open); the operator restarts it (order ``-2``, a new
+    page). The customer pays both pages: the first page's payment A stops the flow in ``needs_attention``
+    (``LatePayment``, "moved to a new order"); the second page's payment B is kept on the record."""
+    flow = world.start("hpp", "approve")
+    run_all(world)
+    world.advance(601)
+    world.engine.dispatch_due()
+    run_all(world)
+    failed = world.record(flow)
+    assert failed is not None and failed.state is FlowState.FAILED, world.describe(flow)
+    world.engine.retry(flow.flow_id)
+    run_all(world)
+    restarted = world.record(flow)
+    assert restarted is not None and restarted.state is FlowState.WAITING and restarted.order_id != flow.base
+    first = world.sim.admin.complete_hpp(flow.base)
+    second = world.sim.admin.complete_hpp(restarted.order_id)
+    world.discover()  # the model learns the order -2 (its notifications are the flow's)
+    for note in world.notifications(flow):
+        assert world.notify(note["body"]) == 200
+    run_all(world)
+    late = world.record(flow)
+    assert late is not None and late.state is FlowState.NEEDS_ATTENTION, world.describe(flow)
+    assert (late.error or {}).get("operation", {}).get("operationId") == first["operationId"], late.error
+    return flow, gateway_operation(world, first["operationId"]), gateway_operation(world, second["operationId"])
+
+
+def test_a_late_payment_refunded_first_is_not_reported_again_once_a_second_one_is_refunded(world: FlowWorld) -> None:
+    """Moves: as in ``_two_late_payments``; the operator refunds A (``refund-late-payment``): its refund flow
+    succeeds and closes the flow ``cancelled`` naming that refund, which at once brings it back to
+    ``needs_attention`` for B (endedAs cancelled); the operator refunds B the same way: ``cancelled``. Both
+    payments are refunded at the gateway. Then A's notification is delivered again (the gateway sends an event
+    again; the receiver forgets event ids after 7 days).
+
+    What goes wrong: ``LatePayments._close_refunded`` writes the outcome afresh,
+    ``{reason, refund: {flow, operationId}}``, naming only the refund it closes: closing B erased A's refund.
+    ``money.lua`` then holds A unaccounted in a cancelled flow (its outcome names another refund): the flow is
+    back in ``needs_attention`` with ``LatePayment`` A and the merchant gets ``payment.late`` for money returned
+    days ago. The record no longer shows A or its refund anywhere (the outcome names B's only), and every
+    close of one payment re-opens the other (asking to refund A closes it by rewriting the outcome to A's
+    refund, which forgets B's). Invariants 1 and 5 (and 3: the outcome of a flow with two refunded payments
+    names one)."""
+    flow, a, b = _two_late_payments(world)
+    world.engine.refund_late_payment(flow.flow_id)  # A
+    world.settle()
+    after_a = world.record(flow)
+    assert after_a is not None and after_a.state is FlowState.NEEDS_ATTENTION, world.describe(flow)
+    assert (after_a.error or {}).get("operation", {}).get("operationId") == b["operationId"], after_a.error
+    world.engine.refund_late_payment(flow.flow_id)  # B
+    world.settle()
+    closed = world.record(flow)
+    assert closed is not None and closed.state is FlowState.CANCELLED, world.describe(flow)
+    for paid in (a, b):
+        refunds = refunds_of(world, paid["operationId"])
+        assert len(refunds) == 1 and refunds[0]["operationResult"] in {"REFUNDED", "VOIDED"}, refunds
+    told = len(late_events(world, flow.flow_id))
+    result = world.engine.signal(flow.flow_id, "notification", {"operation": a}, by=RECEIVER)
+    done = world.record(flow)
+    assert done is not None
+    assert result == "finished" and done.state is FlowState.CANCELLED, (
+        f"payment {a['operationId']}, refunded by {refunds_of(world, a['operationId'])[0]['operationId']}, is reported "
+        f"late again ({result}): {done.state}, error {done.error}, outcome {done.outcome}"
+    )
+    assert len(late_events(world, flow.flow_id)) == told
+
+
+def test_a_late_payment_refunded_first_is_not_reported_again_once_a_second_one_is_kept(world: FlowWorld) -> None:
+    """Moves: as above, but the merchant keeps B (``keep-late-payment``) instead of refunding it: the flow takes
+    B as its outcome and succeeds. Then A's notification is delivered again.
+
+    What goes wrong: ``LatePayments.keep`` builds the outcome from the old one without its ``refund`` (A's) and
+    lists only B in ``operationIds``: A's refund is forgotten, and ``money.lua`` holds A, refunded, as a second
+    payment of the succeeded flow: ``needs_attention`` (``LatePayment``, endedAs succeeded) and ``payment.late``
+    for money returned. Invariants 1, 4 and 5."""
+    flow, a, _ = _two_late_payments(world)
+    world.engine.refund_late_payment(flow.flow_id)  # A
+    world.settle()
+    kept = world.engine.keep_late_payment(flow.flow_id)  # B
+    assert kept.state is FlowState.SUCCEEDED, world.describe(flow)
+    assert refunds_of(world, a["operationId"]), "A was refunded at the gateway"
+    told = len(late_events(world, flow.flow_id))
+    result = world.engine.signal(flow.flow_id, "notification", {"operation": a}, by=RECEIVER)
+    done = world.record(flow)
+    assert done is not None
+    assert result == "finished" and done.state is FlowState.SUCCEEDED, (
+        f"payment {a['operationId']}, refunded, is reported as a second payment ({result}): {done.state}, "
+        f"error {done.error}, outcome {done.outcome}"
+    )
+    assert len(late_events(world, flow.flow_id)) == told

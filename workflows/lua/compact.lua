@@ -5,7 +5,8 @@
 -- 4.. the packed value in chunks (bytes), stored as fields z, z1, z2... (each short enough for Redis to
 -- keep the hash as a compact listpack).
 -- Returns 1 when compacted, 0 when the flow changed since it was read (a late payment moved it): it is
--- left as it is, and out of the finished set (it will be put back when it finishes again).
+-- left as it is, and out of the finished set unless it has finished again meanwhile (then the next pass
+-- packs it).
 --
 -- The packed record is written anew, under the scratch key, then renamed over the record: a hash that
 -- once held a long field stays a hashtable however many fields are removed, and only a new one is a
@@ -14,7 +15,11 @@
 -- scratch key is declared), while a refusal half-way through a script keeps what it wrote before.
 local data = redis.call('HMGET', KEYS[1], 'version', 'state')
 if data[1] ~= ARGV[2] or not TERMINAL[data[2]] then
-  redis.call('ZREM', KEYS[3], ARGV[1])
+  if not TERMINAL[data[2]] then
+    -- Back in flight (a late payment): out of the set; it is put back when it finishes again. One that
+    -- has finished again since it was read stays in it, for the next pass to read anew.
+    redis.call('ZREM', KEYS[3], ARGV[1])
+  end
   return 0
 end
 redis.call('DEL', KEYS[4])

@@ -16,9 +16,12 @@ local function unaccounted(paid, state, outcome_json)
     return false
   end
   local ok, outcome = pcall(cjson.decode, outcome_json or '')
-  if ok and type(outcome) == 'table' and type(outcome['refund']) == 'table' and
-     tostring(outcome['refund']['operationId']) == tostring(paid['operationId']) then
-    return false  -- a person had it refunded (Engine.refund_late_payment): its notification again is no news
+  if ok and type(outcome) == 'table' and type(outcome['latePayments']) == 'table' then
+    for _, closed in ipairs(outcome['latePayments']) do
+      if type(closed) == 'table' and tostring(closed['operationId']) == tostring(paid['operationId']) then
+        return false  -- a person closed it (refunded or kept: workflows/late_payments.py): no news again
+      end
+    end
   end
   if state == 'failed' or state == 'cancelled' then
     return true
