@@ -24,6 +24,7 @@ from gateway import (
     MitRequest,
     MotoRequest,
     NotFound,
+    Operation,
     OperationResult,
     Order,
     PassThrough,
@@ -33,7 +34,7 @@ from gateway import (
     Unknown,
     WalletPayRequest,
 )
-from tasks.outcomes import Advance, Finish, Outcome
+from tasks.outcomes import Advance, Attention, Finish, Outcome
 from tasks.runner import NOT_COMMITTED, UNCLEAR, ReconcileResult, StepContext
 from workflows.flows._adopt import adopt_operation_of, adopt_order_payment, new_order_if_never_charged
 from workflows.flows._common import (
@@ -121,17 +122,38 @@ def _challenge_signal(ctx: StepContext, name: str, payload: dict[str, Any]) -> O
 
 
 def _challenge_deadline(ctx: StepContext) -> Outcome:
-    """At the deadline, read the operation: a failed challenge is reported; no answer means expired."""
+    """At the deadline, read the operation: a failed challenge is reported; no answer means expired.
+
+    An operation validated without durapay's validation (no ``3ds_result`` came) is not paid: a read
+    carries none of the 3DS data the payment sends (:func:`_without_auth_data`)."""
     operation = ctx.call(Catalogue.get_operation, _operation_id(ctx))
     if operation.operationResult is OperationResult.THREEDS_VALIDATED:
-        return Advance({"threeDSAuthResponse": "", "operation": operation.wire()})
+        return _without_auth_data(operation, "the gateway shows the challenge validated at the deadline, without a 3ds_result")
     if operation.operationResult in {OperationResult.THREEDS_FAILED, OperationResult.THREEDS_FAILED_ALT}:
         return Finish(False, "3DS authentication failed", {"operation": operation.wire()}, {"type": "ThreeDSFailed"})
     return Finish(False, "the customer did not complete the 3DS challenge in time", error={"type": "ChallengeExpired"})
 
 
+def _without_auth_data(operation: Operation, why: str) -> Attention:
+    """A validated operation whose 3DS data durapay does not hold: stop for a person rather than pay.
+
+    The payment of a challenged operation sends the validation's ``threeDSAuthResult``
+    (``authenticationValue``, ``eci``, ``xid``) as ``threeDSAuthData``; only the validation's own answer
+    carries it: ``GET /operations/{id}`` does not, and no public material says the gateway answers a
+    second validation of a validated operation (the simulator refuses it). A payment without it may not
+    be the authenticated payment the customer approved, so none is sent: no money moved, and the
+    customer authenticates again in a new flow."""
+    return Attention(
+        f"{why}; operation {operation.operationId} is THREEDS_VALIDATED but durapay has no threeDSAuthResult to "
+        "send with its payment, so it was not paid: cancel this flow (no money moved) and start a new one",
+        {"type": "ThreeDSDataLost", "operationId": operation.operationId, "operationResult": str(operation.operationResult)},
+    )
+
+
 def _validation_result(ctx: StepContext, answer: ThreeStepsValidationResponse) -> Outcome:
     if answer.operation.operationResult is OperationResult.THREEDS_VALIDATED:
+        if answer.threeDSAuthResult is None:
+            return _without_auth_data(answer.operation, "the validation answered without threeDSAuthResult")
         return Advance(answer.wire())
     return Finish(
         False,
@@ -142,12 +164,16 @@ def _validation_result(ctx: StepContext, answer: ThreeStepsValidationResponse) -
 
 
 def _adopt_validation(ctx: StepContext) -> ReconcileResult:
+    """A validation whose answer was lost: still PENDING means it never acted (validate again); a failed
+    one ends the flow; a validated one cannot be paid, as its answer held the 3DS data (issue 22)."""
     try:
         operation = ctx.call(Catalogue.get_operation, _operation_id(ctx))
     except NotFound:
         return UNCLEAR
     if operation.operationResult is OperationResult.PENDING:
         return NOT_COMMITTED
+    if operation.operationResult is OperationResult.THREEDS_VALIDATED:
+        return _without_auth_data(operation, "the validation's answer was lost and a read of the gateway replaced it")
     return _validation_result(ctx, ThreeStepsValidationResponse(operation=operation))
 
 
