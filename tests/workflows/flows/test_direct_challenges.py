@@ -1,5 +1,5 @@
-"""Three-step flows with a 3DS challenge (issue 22, item 5): what the payment sends after a validation
-whose answer was lost.
+"""Three-step flows with a 3DS challenge (issue 22, item 5): whose challenge a ``3ds_result`` is, and what
+the payment sends after a validation whose answer was lost.
 
 The engine runs the real ``three_steps`` flow step by step on a manual clock against the simulator over
 HTTP (its ACS page gives the PaRes), with a gateway client that records what each call sent.
@@ -19,6 +19,7 @@ from gateway import Catalogue, GatewayClient, GatewayOperation
 from simulator import SimulatorConfig, SimulatorServer
 from workflows.clock import ManualClock
 from workflows.engine import Engine
+from workflows.errors import OperatorError
 from workflows.flows import REGISTRY
 from workflows.states import FlowState
 from workflows.store import FlowRecord
@@ -186,3 +187,71 @@ def test_an_operation_found_validated_at_the_challenge_deadline_is_not_paid_with
     assert (stopped.error or {}).get("type") == "ThreeDSDataLost" and stopped.error["operationId"] == operation_id
     (operation,) = operations_of(rig, waiting.order_id)
     assert operation["operationResult"] == "THREEDS_VALIDATED"
+
+
+# -- (a) a stale 3ds_result and an operator's retry -------------------------------------------------
+#
+# Refuted: an operator's retry never gives a three-step flow a second challenge. A failed flow's card
+# was erased when it ended, so ``retry`` refuses it (a new challenge needs a new flow, which has its own
+# flow id and takes no signal of this one); a ``needs_attention`` flow resumes its own step on the same
+# operation, so a result it kept is its own challenge's.
+
+
+@pytest.mark.parametrize("ending", ["expired", "3ds_failed"])
+def test_a_failed_challenge_flow_is_never_restarted_so_no_second_challenge_takes_its_result(rig: Rig, ending: str) -> None:
+    """The first challenge ends the flow ``failed``: its deadline passed before the result came, or the
+    result came and the issuer refused the customer. The customer's result arriving after that (late, or
+    posted again) is not kept, and the operator's retry is refused (card erased): no new order, no new
+    challenge, nothing that could take the stale result."""
+    started = rig.start(f"ch-stale-{ending}")
+    waiting = rig.step_until(started.id, {FlowState.WAITING})
+    init = waiting.outputs["init"]
+    if ending == "expired":
+        pares = rig.pares(waiting)  # the customer passed the ACS; the merchant's signal comes too late
+        assert waiting.wait is not None
+        rig.clock.advance(float(waiting.wait["deadline"]) - rig.clock.now() + 1)
+    else:
+        pares = rig.sim.admin.acs_challenge(init["operation"]["operationId"], init["threeDSAuthRequest"], approve=False)
+        assert rig.engine.signal(started.id, "3ds_result", {"threeDSAuthResponse": pares}) == "resumed"
+    failed = rig.step_until(started.id, {FlowState.SUCCEEDED, FlowState.FAILED, FlowState.NEEDS_ATTENTION})
+    assert failed.state is FlowState.FAILED, failed.summary()
+    assert (failed.error or {}).get("type") == ("ChallengeExpired" if ending == "expired" else "ThreeDSFailed")
+
+    assert rig.engine.signal(started.id, "3ds_result", {"threeDSAuthResponse": pares}) == "finished"
+    assert rig.engine.get(started.id).signals == [], "a result for a finished flow is not kept"
+    with pytest.raises(OperatorError, match="card data was erased"):
+        rig.engine.retry(started.id)
+
+    after = rig.engine.get(started.id)
+    assert (after.state, after.generation, after.orders) == (FlowState.FAILED, 0, [waiting.order_id])
+    assert [op["operationId"] for op in operations_of(rig, f"{waiting.order_id}-2")] == [], "no second order"
+    assert len(rig.bodies("three_steps_init")) == 1, "one init, one challenge"
+    assert rig.bodies("three_steps_payment") == []
+
+
+def test_a_retry_after_a_stop_during_the_challenge_resumes_that_challenge_with_its_own_result(rig: Rig) -> None:
+    """The challenge's deadline read is refused (401: the flow stops for a person) and the customer's
+    result arrives meanwhile (kept). The operator's retry resumes the same step on the same operation,
+    same generation and order: the kept result is that challenge's, and it is validated and paid there."""
+    started = rig.start("ch-resume")
+    waiting = rig.step_until(started.id, {FlowState.WAITING})
+    operation_id = waiting.outputs["init"]["operation"]["operationId"]
+    assert waiting.wait is not None
+    rig.sim.admin.set_faults(mode="error", operation="get_operation", status=401, count=1)
+    rig.clock.advance(float(waiting.wait["deadline"]) - rig.clock.now() + 1)
+    stopped = rig.step_until(started.id, {FlowState.NEEDS_ATTENTION, FlowState.FAILED, FlowState.SUCCEEDED})
+    assert stopped.state is FlowState.NEEDS_ATTENTION and stopped.step == "challenge", stopped.summary()
+    assert rig.engine.signal(started.id, "3ds_result", {"threeDSAuthResponse": rig.pares(waiting)}) == "stored"
+
+    rig.engine.retry(started.id)
+    done = rig.step_until(started.id, {FlowState.SUCCEEDED, FlowState.FAILED, FlowState.NEEDS_ATTENTION})
+
+    assert done.state is FlowState.SUCCEEDED, done.summary()
+    assert (done.generation, done.orders) == (0, [waiting.order_id]), "no new generation, no new order"
+    (validation,) = rig.bodies("three_steps_validation")
+    (payment,) = rig.bodies("three_steps_payment")
+    assert validation["operationId"] == payment["operationId"] == operation_id
+    assert payment["threeDSAuthData"]["authenticationValue"]
+    (operation,) = operations_of(rig, waiting.order_id)
+    assert operation["operationId"] == operation_id and operation["operationResult"] in {"EXECUTED", "AUTHORIZED"}
+    assert done.signals == [], "the result was consumed by its challenge"
