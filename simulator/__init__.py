@@ -28,12 +28,14 @@ from simulator._clock import Clock
 from simulator._config import AUTO_COMPLETE_PAN, SimulatorConfig
 from simulator._core import Simulator
 from simulator._faults import FaultRule
+from simulator._payments import PAGE_PAYMENT
 from simulator._server import SimulatorServer, serve_forever
 from simulator._state import SimulatorState
 
 __all__ = [
     "AUTO_COMPLETE_PAN",
     "LAST_DIGIT_RULE",
+    "PAGE_PAYMENT",
     "PUBLISHED_CARDS",
     "CardProfile",
     "Clock",

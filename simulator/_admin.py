@@ -122,7 +122,11 @@ class SimulatorAdmin:
     def pend(self, operation: str, count: int = 1, final: str = "000", settle_after: float | None = None) -> dict[str, Any]:
         """The next ``count`` requests to ``operation`` (a money operation) answer PENDING; each settles with
         the outcome token ``final`` at :meth:`settle_pending`, or by itself ``settle_after`` seconds of the
-        simulator's clock after it was made. Returns the rules and the operations held."""
+        simulator's clock after it was made. Returns the rules and the operations held.
+
+        ``operation="page_payment"`` holds the next payments customers make on a page instead (hosted page,
+        link, a build's APM page or version 2 3DS step, also when auto-completed): ``complete_hpp`` and
+        ``complete_link`` then answer ``operationResult: PENDING``, ``fill_build_form`` ``PAYMENT_COMPLETE``."""
         body = {"operation": operation, "count": count, "final": final, "settle_after": settle_after}
         result: dict[str, Any] = self._json("POST", "/_sim/pending", json=body)
         return result

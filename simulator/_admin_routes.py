@@ -16,7 +16,8 @@
 ``GET|POST|DELETE /_sim/scripts``             queued outcomes: ``{"contractId"|"pan", "outcomes": [...]}``
 ``GET|POST /_sim/pending``                    read, or add a rule ``{"operation", "count", "final",
                                               "settle_after"}``: the next requests to that money
-                                              operation answer PENDING (``_pending``)
+                                              operation (or, for ``page_payment``, the next payments on
+                                              a customer's page) answer PENDING (``_pending``)
 ``POST /_sim/pending/settle``                 settle ``{"operationId"}`` or every held operation now:
                                               ``{"settled": [id, ...]}``
 ``GET|POST /_sim/settings``                   ``{"auto_complete_ms": N|null}``

@@ -37,6 +37,7 @@ from simulator._cards import THREEDS_FAILURE, card_profile, circuit
 from simulator._clock import iso, parse_iso
 from simulator._config import AUTO_COMPLETE_PAN
 from simulator._payments import (
+    PAGE_PAYMENT,
     abandon_on_page,
     check_recurrence,
     check_session,
@@ -165,10 +166,14 @@ def state_answer(sim: Simulator, session: BuildSessionRecord) -> dict[str, Any]:
     return answer
 
 
-def _execute(sim: Simulator, session: BuildSessionRecord, origin: Origin) -> None:
+def _execute(sim: Simulator, session: BuildSessionRecord, origin: Origin, pend_as: str = PAGE_PAYMENT) -> None:
+    """Run the session's payment: the merchant's step (``pend_as`` its catalogue name) or the customer's
+    (an APM page, a version 2 GDI step: a :data:`PAGE_PAYMENT`). ``PAYMENT_COMPLETE`` with the operation,
+    also while a ``pend`` rule holds it ``PENDING``."""
     order = sim.state.orders[session.order_id]
     forced = None if session.gdi_approved else THREEDS_FAILURE
-    op = pay_on_page(sim, order, origin, pan=session.pan or AUTO_COMPLETE_PAN, expiry=session.expiry or "1230", forced=forced)
+    pan, expiry = session.pan or AUTO_COMPLETE_PAN, session.expiry or "1230"
+    op = pay_on_page(sim, order, origin, pan=pan, expiry=expiry, forced=forced, pend_as=pend_as)
     _complete(session, op.operation_id)
 
 
@@ -187,7 +192,7 @@ def build_finalize_payment(sim: Simulator, call: Call) -> Reply:
         raise SimError.invalid("sessionId", "a version 2 session is paid with confirm_payment")
     if session.state != S.READY_FOR_PAYMENT.value:
         raise SimError.invalid("sessionId", f"session is in state {session.state}, not READY_FOR_PAYMENT")
-    _execute(sim, session, call.origin)
+    _execute(sim, session, call.origin, call.origin.name)
     return ok(state_answer(sim, session))
 
 
@@ -206,7 +211,7 @@ def build_confirm_payment(sim: Simulator, call: Call) -> Reply:
     if session.challenge and not session.gdi_done:
         session.state = S.GDI_VERIFICATION.value
     else:
-        _execute(sim, session, call.origin)
+        _execute(sim, session, call.origin, call.origin.name)
     return ok(state_answer(sim, session))
 
 

@@ -2,7 +2,8 @@
 
 Hosted page: ``POST /orders/hpp`` answers ``hostedPage = {root}/_sim/hpp/{orderId}``, a simulator page
 on which the customer pays once or cancels (``admin.complete_hpp`` does it over HTTP); the outcome is
-recorded on the order and notified.
+recorded on the order and notified. A ``page_payment`` rule (``_pending``) makes the payment ``PENDING``:
+the page is used until it settles (a second payment is refused, 409), and both results are notified.
 
 MIT charges the card of an active contract (PS0017 for an unknown or deactivated one). Card
 verification answers ``CARD_VERIFICATION`` / ``EXECUTED`` for amount 0. None of these flows runs 3DS, so
@@ -40,6 +41,7 @@ from simulator._payments import (
     ensure_new_order,
     is_explicit,
     new_operation,
+    page_payment_in_progress,
     pay_on_page,
     settle,
     verify,
@@ -87,6 +89,9 @@ def pay_hpp(sim: Simulator, order_id: str, origin: Origin, *, pan: str, expiry: 
     order = sim.state.orders.get(order_id)
     if order is None or order.kind != "hpp":
         raise SimError(404, None, f"no hosted page for order {order_id}")
+    held = page_payment_in_progress(sim, order)
+    if held is not None:
+        raise SimError(409, None, f"the hosted page of order {order_id} is in use: payment {held.operation_id} is PENDING")
     if not order.page_open:
         raise SimError(409, None, f"the hosted page of order {order_id} is already completed")
     if cancel:
@@ -162,7 +167,8 @@ def card_verification(sim: Simulator, call: Call) -> Reply:
     ensure_new_order(sim, body.order)
     order = claim_order(sim, call, body.order, "card_verification")
     outcome = decide(sim, body.card.pan, contract_id=None, with_3ds=False, origin=call.origin)
-    op = verify(sim, order, call.origin, outcome, pan=body.card.pan, expiry=body.card.expiryDate)
+    rule = sim.pending.take(call.origin.name)
+    op = verify(sim, order, call.origin, outcome, rule=rule, pan=body.card.pan, expiry=body.card.expiryDate)
     return ok({"operation": op.wire()})
 
 

@@ -6,6 +6,11 @@ by the merchant (``CANCELLED``) or past the end of its ``expirationDate`` by the
 (``EXPIRED``). Expiry, a customer's abandon and a merchant's cancel each record an operation
 (``EXPIRED`` / ``CANCELED``) on the link's order and notify, so a waiting flow always learns the end.
 A renewal gives a failed, expired or unused link a new expiration date and opens it again.
+
+A payment on the link answered ``PENDING`` (a ``page_payment`` rule, ``_pending``) leaves the link
+``ACTIVE`` without ``paidByOperationId`` but in use until it settles: its page refuses a second payment or
+an abandon (409), ``cancel`` and ``modify`` answer ``PS0045``, and the link does not expire, even past
+its date. Settled approved, it is ``PAID``; declined, ``FAILED`` as after an immediate decline.
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ from simulator._payments import (
     claim_order,
     ensure_new_order,
     is_explicit,
+    page_payment_in_progress,
     pay_on_page,
 )
 from simulator._protocol import Call, Handler, Origin, Reply, SimError, ok
@@ -119,16 +125,23 @@ def create_paybylink(sim: Simulator, call: Call) -> Reply:
 
 
 def find_link(sim: Simulator, link_id: str) -> LinkRecord:
+    """The link, its PENDING payment settled and its expiry applied if the clock says so (404 if unknown)."""
     link = sim.state.links.get(link_id)
     if link is None:
         raise SimError.not_found()
+    sim.pending.settle_due()
     refresh(sim, link)
     return link
 
 
+def in_progress(sim: Simulator, link: LinkRecord) -> OperationRecord | None:
+    """The payment on ``link`` still ``PENDING`` (the link is in use), if any."""
+    return page_payment_in_progress(sim, sim.state.orders[link.order_id], link)
+
+
 def refresh(sim: Simulator, link: LinkRecord) -> None:
-    """Expire ``link`` if the clock is past the end of its expiration date."""
-    if link.status == "ACTIVE" and _today(sim) > date.fromisoformat(link.expiration_date):
+    """Expire ``link`` if the clock is past the end of its expiration date and no payment on it is PENDING."""
+    if link.status == "ACTIVE" and _today(sim) > date.fromisoformat(link.expiration_date) and in_progress(sim, link) is None:
         abandon_on_page(sim, sim.state.orders[link.order_id], EXPIRY_ORIGIN, result=OperationResult.EXPIRED.value, link=link)
         sim.state.dirty = True
 
@@ -138,11 +151,21 @@ def expire_due(sim: Simulator) -> None:
         refresh(sim, link)
 
 
+def _refuse_in_use(sim: Simulator, link: LinkRecord) -> None:
+    """The merchant's cancel or modify of a link whose payment is PENDING: PS0045 (the link is used)."""
+    held = in_progress(sim, link)
+    if held is not None:
+        raise SimError.rejected("PS0045", f"payment {held.operation_id} on link {link.link_id} is PENDING")
+
+
 def pay_link(sim: Simulator, link_id: str, origin: Origin, *, pan: str, expiry: str, cancel: bool) -> OperationRecord:
     """The customer's action on the link page (also the auto-completion)."""
     link = find_link(sim, link_id)
     if link.status != "ACTIVE":
         raise SimError(409, None, f"link {link_id} is {link.status}")
+    held = in_progress(sim, link)
+    if held is not None:
+        raise SimError(409, None, f"link {link_id} is in use: payment {held.operation_id} is PENDING")
     order = sim.state.orders[link.order_id]
     if cancel:
         return abandon_on_page(sim, order, origin, result=OperationResult.CANCELED.value, link=link)
@@ -152,7 +175,7 @@ def pay_link(sim: Simulator, link_id: str, origin: Origin, *, pan: str, expiry: 
 def auto_complete_link(sim: Simulator, link_id: str) -> None:
     with sim.state.lock:
         link = sim.state.links.get(link_id)
-        if link is not None and link.status == "ACTIVE":
+        if link is not None and link.status == "ACTIVE" and in_progress(sim, link) is None:
             pay_link(
                 sim, link_id, Origin("auto_complete", f"/_sim/link/{link_id}"), pan=AUTO_COMPLETE_PAN, expiry="1230", cancel=False
             )
@@ -165,6 +188,7 @@ def cancel_paybylink(sim: Simulator, call: Call) -> Reply:
         raise SimError.rejected("PS0045")
     if link.status != "ACTIVE":
         raise SimError.rejected("PS0044", f"link is {link.status}")
+    _refuse_in_use(sim, link)
     link.status = "CANCELLED"
     abandon_on_page(sim, sim.state.orders[link.order_id], call.origin, result=OperationResult.CANCELED.value, link=link)
     return ok(True)
@@ -189,6 +213,7 @@ def _matching(
     sim: Simulator, from_time: str | None, to_time: str | None, status: str | None, order_id: str | None
 ) -> list[LinkRecord]:
     window = Window.of(from_time, to_time)
+    sim.pending.settle_due()
     expire_due(sim)
     return [
         link
@@ -227,6 +252,7 @@ def modify_paybylink(sim: Simulator, call: Call) -> Reply:
         raise SimError.rejected("PS0045")
     if link.status != "ACTIVE":
         raise SimError.rejected("PS0042", f"a {link.status} link cannot be modified")
+    _refuse_in_use(sim, link)
     request = call.body(PayByLinkModifyRequest)
     order = sim.state.orders[link.order_id]
     if request.expirationDate is not None:

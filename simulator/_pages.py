@@ -15,6 +15,10 @@ PaRes, build state) so that programs need not parse HTML.
 ``GET|POST /_sim/build/{sessionId}``        the embedded form: enter the card (or pay the APM)
 ``GET|POST /_sim/build/{sessionId}/gdi``    the 3DS step of a build session (``decision=approve|fail``)
 =========================================  ============================================================
+
+A ``page_payment`` rule (``_pending``) makes the payment these pages run ``PENDING``: the answer carries
+``X-Sim-Operation-Result: PENDING`` (a build page: ``X-Sim-Build-State: PAYMENT_COMPLETE``), the page shows
+it, and a second payment on a hosted page or link is refused (409) until it settles.
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, RedirectResponse, Response
 from starlette.routing import BaseRoute, Route
 
-from simulator import _build, _direct, _links, _three_steps
+from simulator import _build, _direct, _links, _payments, _three_steps
 from simulator._config import AUTO_COMPLETE_PAN
 from simulator._protocol import Origin, SimError
 from simulator._records import OperationRecord
@@ -85,6 +89,11 @@ def outcome_answer(op: OperationRecord, redirect: str | None) -> Response:
     return page("Payment outcome", body, headers=headers)
 
 
+def in_progress(op: OperationRecord) -> str:
+    """What a page shows while the customer's payment on it is PENDING."""
+    return f"<p>Payment {op.operation_id} is <b>PENDING</b>: the result follows.</p>"
+
+
 PageAction = Callable[[Origin, str, str, bool], OperationRecord]
 
 
@@ -106,14 +115,17 @@ def page_routes(sim: Simulator) -> list[BaseRoute]:
     async def hpp_page(request: Request) -> Response:
         order_id = request.path_params["orderId"]
         with lock:
+            sim.pending.settle_due()
             order = sim.state.orders.get(order_id)
             redirects = (order.result_url, order.cancel_url) if order else (None, None)
             is_open = bool(order and order.kind == "hpp" and order.page_open)
+            held = _payments.page_payment_in_progress(sim, order) if order else None
         if request.method == "GET":
             if order is None or order.kind != "hpp":
                 return problem(SimError(404, None, f"no hosted page for order {order_id}"))
             amount = f"{order.session_amount or order.amount} {order.currency} (minor units)"
             body = CARD_FORM.format(pan=AUTO_COMPLETE_PAN, cancel=CANCEL_BUTTON) if is_open else "<p>Completed.</p>"
+            body = in_progress(held) if held else body
             return page(f"Pay order {order_id}", f"<p>{html.escape(amount)}</p>{body}")
 
         def action(origin: Origin, pan: str, expiry: str, cancel: bool) -> OperationRecord:
@@ -126,14 +138,17 @@ def page_routes(sim: Simulator) -> list[BaseRoute]:
         with lock:
             link = sim.state.links.get(link_id)
             if link is not None:
+                sim.pending.settle_due()
                 _links.refresh(sim, link)
             order = sim.state.orders.get(link.order_id) if link else None
             redirects = (order.result_url, order.cancel_url) if order else (None, None)
             status = link.status if link else None
+            held = _links.in_progress(sim, link) if link else None
         if request.method == "GET":
             if link is None:
                 return problem(SimError(404, None, f"no link {link_id}"))
             body = CARD_FORM.format(pan=AUTO_COMPLETE_PAN, cancel=CANCEL_BUTTON) if status == "ACTIVE" else ""
+            body = in_progress(held) if held else body
             return page(f"Pay-by-link {link_id}", f"<p>Status: {status}; amount {link.amount}.</p>{body}")
 
         def action(origin: Origin, pan: str, expiry: str, cancel: bool) -> OperationRecord:

@@ -7,6 +7,10 @@ charges) ends in :func:`settle`: approved with implicit capture (the default) is
 code goes in ``additionalData.responseCode``. An approved payment whose recurrence says
 ``CONTRACT_CREATION`` stores the contract that later MIT payments charge.
 
+A payment the customer makes on a page (hosted page, link, the build's APM page or its version 2 3DS
+step, and their auto-completion) is what a ``pend`` rule named :data:`PAGE_PAYMENT` holds ``PENDING``
+(``_pending``); the merchant's own build steps keep their catalogue names.
+
 All functions here run under the state's lock (the HTTP pipeline and the page handlers hold it).
 """
 
@@ -26,15 +30,19 @@ from gateway import (
     Recurrence,
     RecurrenceAction,
 )
-from simulator._cards import Outcome, card_outcome, circuit
+from simulator._cards import Outcome, card_outcome, circuit, outcome_from_token
 from simulator._protocol import Call, Origin, SimError
 from simulator._records import ContractRecord, LinkRecord, OperationRecord, OrderRecord
 
 if TYPE_CHECKING:
     from simulator._core import Simulator
+    from simulator._pending import PendRule
 
 #: Results of an operation that moved (or holds) money.
 SUCCESS = frozenset({OperationResult.AUTHORIZED.value, OperationResult.EXECUTED.value})
+PENDING = OperationResult.PENDING.value
+#: The ``pend`` rule name of the payments a customer makes on a page (not a catalogue operation).
+PAGE_PAYMENT = "page_payment"
 
 
 def ensure_new_order(sim: Simulator, order: Order) -> None:
@@ -177,10 +185,18 @@ def complete(sim: Simulator, op: OperationRecord, order: OrderRecord, outcome: O
 
 
 def verify(
-    sim: Simulator, order: OrderRecord, origin: Origin, outcome: Outcome, *, pan: str, expiry: str, **fields: Any
+    sim: Simulator,
+    order: OrderRecord,
+    origin: Origin,
+    outcome: Outcome,
+    *,
+    rule: PendRule | None,
+    pan: str,
+    expiry: str,
+    **fields: Any,
 ) -> OperationRecord:
-    """A card verification (amount 0, no money): final at once, or ``PENDING`` when a ``pend`` rule holds it."""
-    rule = sim.pending.take(origin.name)
+    """A card verification (amount 0, no money): final at once, or ``PENDING`` when ``rule`` (a ``pend``
+    rule taken for its request) holds it."""
     op = new_operation(
         sim,
         order,
@@ -229,23 +245,33 @@ def pay_on_page(
     expiry: str,
     link: LinkRecord | None = None,
     forced: Outcome | None = None,
+    pend_as: str = PAGE_PAYMENT,
 ) -> OperationRecord:
-    """The customer paid on a simulator page (hosted page, link, build form): one attempt, final (unless a
-    ``pend`` rule holds the merchant's request that ran it: build's finalize or confirm).
+    """The customer paid on a simulator page (hosted page, link, build form): one attempt, final unless a
+    ``pend`` rule named ``pend_as`` holds it: :data:`PAGE_PAYMENT` for a customer's action, the catalogue
+    name for the merchant's build steps (finalize, confirm).
 
-    ``forced`` replaces the card's outcome (a customer failing the 3DS challenge of a build form).
+    ``forced`` replaces the card's outcome (a customer failing the 3DS challenge of a build form); such a
+    payment is final at once, whatever the rules.
     """
     recurrence = order.recurrence or {}
     contract_id = recurrence.get("contractId")
     service = (order.session or {}).get("paymentService")
     apm = service not in (None, "CARDS")
-    outcome = forced or decide(sim, pan, contract_id=contract_id, with_3ds=True, origin=origin)
+    rule = sim.pending.take(pend_as) if forced is None else None
+    if forced is not None:
+        outcome = forced
+    elif rule is not None:
+        outcome = outcome_from_token(rule.request.final)  # the scripts and the card rule stay for the next
+    else:
+        outcome = decide(sim, pan, contract_id=contract_id, with_3ds=True)
     if order.action_type == ActionType.VERIFY.value:
         op = verify(
             sim,
             order,
             origin,
             outcome,
+            rule=rule,
             pan=pan,
             expiry=expiry,
             recurrence=order.recurrence,
@@ -257,7 +283,7 @@ def pay_on_page(
             order,
             origin,
             operation_type=OperationType.AUTHORIZATION.value,
-            result=OperationResult.PENDING.value,
+            result=PENDING,
             amount=order.session_amount or order.amount,
             pan=pan,
             expiry=expiry,
@@ -267,12 +293,23 @@ def pay_on_page(
         )
         if apm:
             op.payment_method, op.circuit = "APM", str(service)
-        settle(sim, op, order, outcome, origin)
-    if order.reservation_id and op.result in SUCCESS:
-        # The reservation's first payment keeps the card for later charges (not exposed as a contract).
-        create_contract(sim, op, order, internal_id=reservation_contract_id(order.reservation_id))
+        if rule is None:
+            complete(sim, op, order, outcome, origin)
+        else:
+            sim.pending.hold(op, rule, origin)
     finish_page(sim, order, op, link)
     return op
+
+
+def page_payment_in_progress(sim: Simulator, order: OrderRecord, link: LinkRecord | None = None) -> OperationRecord | None:
+    """The customer's page payment on ``order`` (on ``link``, if given) still ``PENDING``, if any."""
+    for operation_id in order.operation_ids:
+        held = sim.state.pending.get(operation_id)
+        if held is not None and held.operation == PAGE_PAYMENT:
+            op = sim.state.operations[operation_id]
+            if link is None or op.payment_link_id == link.link_id:
+                return op
+    return None
 
 
 def reservation_contract_id(reservation_id: str) -> str:
@@ -297,7 +334,17 @@ def abandon_on_page(
 
 
 def finish_page(sim: Simulator, order: OrderRecord, op: OperationRecord, link: LinkRecord | None) -> None:
+    """What ``op``'s result does to the page that made it, and its notification: at once, and again when a
+    ``PENDING`` page payment settles (``_pending``).
+
+    The page is used (a hosted page closes; a build session is complete with the operation). A link is
+    ``PAID`` by a success, ``EXPIRED`` or ``FAILED`` by any other end, and stays ``ACTIVE`` while the
+    payment is ``PENDING`` (in use: not payable, cancellable nor expiring until it settles).
+    """
     order.page_open = False
+    if order.reservation_id and op.result in SUCCESS:
+        # The reservation's first payment keeps the card for later charges (not exposed as a contract).
+        create_contract(sim, op, order, internal_id=reservation_contract_id(order.reservation_id))
     token = order.security_tokens[-1] if order.security_tokens else ""
     if link is not None:
         token = link.security_token
@@ -305,6 +352,6 @@ def finish_page(sim: Simulator, order: OrderRecord, op: OperationRecord, link: L
             link.status, link.paid_by_operation_id = "PAID", op.operation_id
         elif op.result == OperationResult.EXPIRED.value:
             link.status = "EXPIRED"
-        elif link.status == "ACTIVE":
+        elif op.result != PENDING and link.status == "ACTIVE":
             link.status = "FAILED"
     sim.notify(order, op, token)

@@ -18,6 +18,19 @@ money pool (and the contract it creates); a refund, capture or cancel with ``000
 else it ends ``FAILED`` like any other ``final``. The settled operation is notified to the order's
 ``notificationUrl`` when it has one.
 
+Page payments: a rule for :data:`PAGE_PAYMENT` (``page_payment``, not a catalogue name) holds the next
+``count`` payments a customer makes on a page: the hosted page, a pay-by-link page, a build session's APM
+page (``REDIRECTED_TO_EXTERNAL_DOMAIN``) or the version 2 3DS step that runs the payment, by hand or by
+auto-completion (an APM answered "payment ongoing", as the gateway does). The page answers the
+``PENDING`` operation and it is notified at once (``operationResult: PENDING``). While it is held the
+order read shows it ``PENDING`` with no money; the hosted page is used (409 to a second payment); the
+build session reads ``PAYMENT_COMPLETE`` with the ``PENDING`` operation; the link stays ``ACTIVE`` (no
+``paidByOperationId``) but is in use: a second payment or an abandon on its page is refused (409), the
+merchant's cancel and modify with ``PS0045``, and it does not expire. Settling finishes the page as an
+immediate result would have: approved, the link ``PAID`` by the operation; declined, the link ``FAILED``
+(renewable), the hosted page closed; then the final notification. A customer's failed 3DS (``forced``) is
+never held.
+
 Rules live with the simulator, like faults (``reset`` forgets them; ``--state-file`` does not keep them);
 the held operations live in the state (``SimulatorState.pending``), so a restart still settles them.
 """
@@ -34,6 +47,7 @@ from gateway import CATALOGUE, OperationResult, describe_validation_error
 from simulator import _ledger, _payments
 from simulator._cards import Outcome, outcome_from_token
 from simulator._clock import iso, parse_iso
+from simulator._payments import PAGE_PAYMENT
 from simulator._protocol import Origin
 from simulator._records import OperationRecord, PendingRecord
 
@@ -64,8 +78,9 @@ class PendRequest(BaseModel):
     @field_validator("operation")
     @classmethod
     def _pendable(cls, value: str) -> str:
-        if value not in PENDABLE:
-            raise ValueError(f"{value!r} cannot answer PENDING; give one of: {', '.join(PENDABLE)}")
+        if value not in PENDABLE and value != PAGE_PAYMENT:
+            names = ", ".join(PENDABLE)
+            raise ValueError(f"{value!r} cannot answer PENDING; give one of: {names}, or {PAGE_PAYMENT} (a page's payment)")
         return value
 
     @field_validator("final")
@@ -200,7 +215,10 @@ class Pending:
             if record.kept_type is not None:
                 op.operation_type = record.kept_type
         state.dirty = True
-        sim.notify(order, op, _token(sim, op))
+        if record.operation == PAGE_PAYMENT:  # the page learns the result (link PAID or FAILED), and notifies
+            _payments.finish_page(sim, order, op, state.links.get(op.payment_link_id or ""))
+        else:
+            sim.notify(order, op, _token(sim, op))
 
 
 def _token(sim: Simulator, op: OperationRecord) -> str:
