@@ -82,6 +82,13 @@ class ReceiverSettings(_Group):
     event_ttl_seconds: int = Field(
         default=7 * 86400, ge=60, description="How long a received eventId is remembered to ignore repeats."
     )
+    unknown_order_events_per_minute: int = Field(
+        default=60,
+        ge=1,
+        le=10_000,
+        description="Most notification.unknown_order merchant events written per minute, all orders together (one per "
+        "order id per hour at most); those above are counted, not written.",
+    )
 
     _url = field_validator("public_url")(_check_url)
 

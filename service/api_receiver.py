@@ -2,6 +2,9 @@
 
 The body is read here, chunk by chunk, so that an oversized request is refused without ever holding
 more than the limit in memory; the checks, the durable record and the signal are in ``receiver``.
+Work the receiver leaves for after the answer (:attr:`Receipt.after`: an unknown order's count and
+merchant event) runs as the response's background task, once the answer is sent: its time never shows
+in the answer's.
 """
 
 from __future__ import annotations
@@ -10,6 +13,7 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
+from starlette.background import BackgroundTask
 from starlette.concurrency import run_in_threadpool
 
 from service.receiver import AN_OPERATION_ID, NotificationReceiver
@@ -46,7 +50,8 @@ RESPONSES: dict[int | str, dict[str, Any]] = {
     400: {"description": 'malformed body: `{"outcome": "KO", "error": "<the problem>"}`'},
     401: {
         "description": "refused: wrong, missing or foreign security token, unknown order, or an operation the "
-        "gateway shows on another order (not said which)"
+        "gateway shows on another order (not said which; an unknown order is counted and told to the merchant "
+        "as notification.unknown_order after the answer)"
     },
     413: {"description": "body above DURAPAY_RECEIVER__MAX_BODY_BYTES"},
     503: {
@@ -91,7 +96,8 @@ def receiver_router(receiver: NotificationReceiver) -> APIRouter:
         except _TooLarge:
             refused = receiver.oversized()
             return JSONResponse(refused.body, status_code=refused.status, headers={"Connection": "close"})
-        receipt = await run_in_threadpool(receiver.receive, body)
-        return JSONResponse(receipt.body, status_code=receipt.status)
+        receipt = await run_in_threadpool(receiver.receive, body, defer=True)
+        later = BackgroundTask(receipt.after) if receipt.after is not None else None
+        return JSONResponse(receipt.body, status_code=receipt.status, background=later)
 
     return router

@@ -15,7 +15,9 @@ Series:
 * ``durapay_step_duration_seconds{kind,step}`` - histogram of a step's claim-run-complete time
 * ``durapay_step_retries_total{kind,step}`` - steps that ended in a technical retry
 * ``durapay_notifications_total{outcome}`` (``service.receiver.COUNTERS``: accepted, duplicate, rejected,
-  malformed, oversized, unrouted, unverified, failed, late_payment) and ``durapay_notifications_rejected_total``
+  malformed, oversized, unrouted, unverified, failed, late_payment; and unknown_order, the rejected ones
+  whose order no flow holds, with unknown_order_capped, those of them whose merchant event the minute's
+  cap left unwritten) and ``durapay_notifications_rejected_total``
 * ``durapay_worker_up``, ``durapay_scheduler_up`` - a heartbeat is present
 """
 

@@ -12,6 +12,13 @@ everything it reads is treated as hostile until the token matches:
    token of another order, no token and an unknown order all get the *same* answer, 401
    ``{"outcome": "KO", "error": "notification refused"}`` (an unknown order is compared against a
    random token, so timing does not tell either), and ``notifications_rejected`` is counted.
+   An unknown order (no flow holds it: its record and lookups expired, or it was never durapay's) is
+   also counted ``unknown_order`` and logged at WARNING with what it claims, and the merchant gets one
+   ``notification.unknown_order`` event (``workflows.unknown_orders``: once per order id per hour, at
+   most ``DURAPAY_RECEIVER__UNKNOWN_ORDER_EVENTS_PER_MINUTE``, the rest counted
+   ``unknown_order_capped``), so that a payment on an order durapay forgot is found. That work is done
+   after the answer is sent (:attr:`Receipt.after`, run by the HTTP route once the 401 is out), so the
+   answer and its timing stay those of a bad token.
 4. **Once**: the event id (``eventId``, or a digest of the body when the gateway sent none) is
    claimed with ``SET NX`` and a TTL (``DURAPAY_RECEIVER__EVENT_TTL_SECONDS``). A repeated event is
    acknowledged with 200 and nothing else. A claim left ``pending`` by a receiver that died before
@@ -39,7 +46,8 @@ import logging
 import re
 import secrets
 import time
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 import redis
@@ -58,6 +66,7 @@ from gateway import (
 from gateway import NotFound as OperationNotFound
 from workflows.engine import Engine, NotDurable, NotFound
 from workflows.scripts import ScriptPipeline
+from workflows.unknown_orders import UnknownOrders, bounded, claims
 
 log = logging.getLogger("durapay.receiver")
 
@@ -84,6 +93,8 @@ COUNTERS = (
     "unverified",
     "failed",
     "late_payment",
+    "unknown_order",
+    "unknown_order_capped",
 )
 
 # Compare-and-set of an event claim: take over a stale ``pending`` claim, or mark it ``done``.
@@ -105,10 +116,12 @@ return 0
 
 @dataclass(frozen=True)
 class Receipt:
-    """What to answer the gateway."""
+    """What to answer the gateway, and what to do once it is answered (``after``: work whose time must
+    not show in the answer's, run by the caller after sending it; see :meth:`NotificationReceiver.receive`)."""
 
     status: int
     body: dict[str, Any]
+    after: Callable[[], None] | None = field(default=None, compare=False, repr=False)
 
 
 def counter_key(engine: Engine, name: str) -> str:
@@ -138,6 +151,9 @@ class NotificationReceiver:
         self._decoy = secrets.token_hex(16)
         self._swap = engine.redis.register_script(_SWAP)
         self._drop = engine.redis.register_script(_DROP)
+        self.unknown_orders = UnknownOrders(
+            engine.redis, engine.keys, engine.clock.now, per_minute=settings.unknown_order_events_per_minute
+        )
 
     def count(self, name: str) -> None:
         try:
@@ -149,8 +165,11 @@ class NotificationReceiver:
         self.count("oversized")
         return Receipt(413, {"outcome": "KO", "error": f"body larger than {self.settings.max_body_bytes} bytes"})
 
-    def receive(self, body: bytes) -> Receipt:
-        """Handle one notification body (already bounded in size); never raises on bad input."""
+    def receive(self, body: bytes, *, defer: bool = False) -> Receipt:
+        """Handle one notification body (already bounded in size); never raises on bad input.
+
+        With ``defer`` the answer may carry work to do once it is sent (:attr:`Receipt.after`: the
+        bookkeeping of an unknown order); without, that work is done before returning."""
         if not body.strip():
             self.count("malformed")
             return bad_request("body is empty")
@@ -185,10 +204,14 @@ class NotificationReceiver:
             self.count("malformed")  # dots: a path segment, not an id (the read would ask another URL)
             return bad_request("operation.operationId: not an operation id")
         try:
-            return self._deliver(notification, data, order_id, body)
+            receipt = self._deliver(notification, data, order_id, body)
+            if receipt.after is not None and not defer:
+                receipt.after()
+                return Receipt(receipt.status, receipt.body)
+            return receipt
         except (redis.RedisError, NotDurable) as exc:
             # Not recorded (Redis down), or recorded but not yet durable: the gateway must send it again.
-            log.warning("notification for order %s not recorded: %s", order_id, exc)
+            log.warning("notification for order %r not recorded: %s", bounded(order_id), exc)
             return Receipt(503, {"outcome": "KO", "error": "not recorded; try again"})
 
     def _deliver(self, notification: Notification, data: dict[str, Any], order_id: str, body: bytes) -> Receipt:
@@ -201,7 +224,9 @@ class NotificationReceiver:
             authentic = False
         if not authentic:
             self.count("rejected")
-            log.warning("notification refused for order %s (%s)", order_id, "known order" if kept else "unknown order")
+            if flow_id is None and not kept:
+                return self._unknown(notification, order_id)
+            log.warning("notification refused for order %r (known order)", bounded(order_id))
             return Receipt(REFUSED_STATUS, REFUSED)
         event_id = self.event_id(notification.eventId, body)
         if flow_id is None:
@@ -209,6 +234,35 @@ class NotificationReceiver:
             log.warning("authentic notification %s for order %s has no flow; acknowledged", event_id, order_id)
             return Receipt(200, OK)
         return self._once(event_id, flow_id, notification, data)
+
+    def _unknown(self, notification: Notification, order_id: str) -> Receipt:
+        """An order no flow holds: refused like a bad token (its token cannot be checked), logged with
+        what the body claims, then (after the answer) counted and told to the merchant."""
+        claimed = claims(notification.operation)
+        log.warning(
+            "notification refused for order %r: no flow holds it (expired, or never durapay's), its token cannot be "
+            "checked; it claims operation %r %s of %s %s; look the order up at the gateway",
+            bounded(order_id),
+            claimed["operationId"],
+            claimed["operationResult"],
+            claimed["amount"],
+            claimed["currency"],
+        )
+        return Receipt(REFUSED_STATUS, REFUSED, after=lambda: self.unknown_order(order_id, claimed))
+
+    def unknown_order(self, order_id: str, claimed: dict[str, str | None]) -> None:
+        """Tell the merchant of a notification for ``order_id`` that no flow holds (``notification.unknown_order``,
+        bounded: see ``workflows.unknown_orders``) and count it. Never raises: it runs after the answer."""
+        announced = None
+        if self.engine.settings.events.enabled:
+            try:
+                announced = self.unknown_orders.announce(order_id, claimed)
+            except Exception as exc:  # noqa: BLE001 - a cluster client raises its own; the count still runs
+                log.warning("notification.unknown_order for order %r not written: %s", bounded(order_id), exc)
+        self.count("unknown_order")
+        if announced == "capped":
+            self.count("unknown_order_capped")
+            log.info("notification.unknown_order for order %r not written: the minute's cap is reached", bounded(order_id))
 
     @staticmethod
     def event_id(given: str | None, body: bytes) -> str:

@@ -3,9 +3,10 @@
 Every event is written by the same Lua script as the change that causes it (``workflows/lua/events.lua``
 for flows, ``workflows/schedules/lua/update.lua`` for schedules): an outbox in the record's own hash
 slot, never a second write a crash could skip, so an event exists if and only if its transition
-happened. Each partition has one Redis stream (``Keys.events``, ``ScheduleKeys.events``); an event's
-id is its stream's tag and entry id (``evt_p3_1795398043974-0``), unique and ordered within the
-partition.
+happened. One type has no flow or schedule: ``notification.unknown_order``, written by the receiver
+(``workflows.unknown_orders``) with its own once-per-order mark. Each partition has one Redis stream
+(``Keys.events``, ``ScheduleKeys.events``); an event's id is its stream's tag and entry id
+(``evt_p3_1795398043974-0``), unique and ordered within the partition.
 
 This module reads them: :class:`EventFeed` pages through every stream after a :class:`Cursor` (the
 pull feed, ``GET /events``, ``Engine.events``), and webhooks fan out from the same streams. The
@@ -28,10 +29,15 @@ Types and their ``data`` (JSON; card data never appears):
 ``schedule.dunning``        ``occurrence``, ``attempt`` (the retry), ``at`` (when it runs)
 ``schedule.needs_attention`` ``reason``
 ``schedule.completed``      ``occurrences``
+``notification.unknown_order`` ``verified`` (false), ``claimed`` (operationId, operationResult, amount,
+                            currency: what a notification of an order no flow holds said, its token
+                            unchecked)
 ==========================  =========================================================================
 
 Every event also carries ``flow`` and ``kind`` (or ``schedule``), ``orderId`` and ``operationId``
-where known, and ``time`` (POSIX seconds; ``timestamp`` in ISO 8601 on the wire).
+where known, and ``time`` (POSIX seconds; ``timestamp`` in ISO 8601 on the wire);
+``notification.unknown_order`` has no flow, and its ``operationId`` is null (the claimed one is in
+``data``).
 """
 
 from __future__ import annotations
@@ -63,7 +69,9 @@ SCHEDULE_TYPES = (
     "schedule.needs_attention",
     "schedule.completed",
 )
-EVENT_TYPES = FLOW_TYPES + SCHEDULE_TYPES
+#: Events without a flow or schedule: the receiver's (``workflows.unknown_orders``).
+NOTIFICATION_TYPES = ("notification.unknown_order",)
+EVENT_TYPES = FLOW_TYPES + SCHEDULE_TYPES + NOTIFICATION_TYPES
 
 
 @dataclass(frozen=True)
