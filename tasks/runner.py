@@ -171,7 +171,9 @@ class NothingMoved:
 NOTHING_MOVED = NothingMoved()
 
 
-def settle(step: Step, ctx: StepContext, *, unsettled: Mapping[str, Any] | None) -> Outcome | NothingMoved:
+def settle(
+    step: Step, ctx: StepContext, *, unsettled: Mapping[str, Any] | None, cancelling: bool = False
+) -> Outcome | NothingMoved:
     """A flow that is to end (a cancel requested, or a failure owed) while money may be in flight at the
     gateway (``unsettled``, see ``workflows.inflight``): never a new money call, only the read that tells
     what the earlier one did. Returns what the read found (money moved, a decline, still PENDING, not
@@ -179,6 +181,8 @@ def settle(step: Step, ctx: StepContext, *, unsettled: Mapping[str, Any] | None)
 
     * A read step (the one that reads a PENDING payment, or a refund's or capture's result) simply runs:
       it only reads.
+    * A wait for a customer (``settle_wait``): on a cancel it first closes what the customer could pay
+      on (a link, a form), then reads what they did (``workflows.flows.waits``).
     * The money step itself reads the gateway back (its ``adopt``: the order, the operation, the form's
       state); a call keyed by an ``Idempotency-Key`` is asked again with that key, which the gateway
       answers with what it did (and, had the first never arrived, does now: a cancel cannot stop a call
@@ -189,6 +193,16 @@ def settle(step: Step, ctx: StepContext, *, unsettled: Mapping[str, Any] | None)
     if not unsettled:
         return NOTHING_MOVED
     op = step.operation
+    settle_wait = getattr(step, "settle_wait", None)
+    if op is None and settle_wait is not None:
+        # A wait for a customer: on a cancel, close what the customer could pay on; then read what they did.
+        try:
+            waited = settle_wait(ctx, cancelling=cancelling)
+        except LeaseLost:
+            raise
+        except GatewayError as failed:
+            return _unclear(ctx, "the read of the customer's payment", {**failed.to_dict(), "during": "settle"})
+        return NOTHING_MOVED if waited is None else waited
     if op is None:
         return Attention(
             f"{ctx.step}: money may be in flight ({unsettled.get('op')}) and this step cannot read it",

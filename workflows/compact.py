@@ -152,6 +152,7 @@ class Compactor:
         pipe = ScriptPipeline(self.redis)
         packed = []
         order_ids: list[list[str]] = []  # per flow read: the orders it made (none when not packed)
+        keeps: dict[str, float] = {}  # per flow: kept until (its customer could still pay)
         for index, (partition, flow_id) in enumerate(flows):
             raw, log = read[2 * index], read[2 * index + 1]
             keys = [self.keys.flow(flow_id), self.keys.log(flow_id), self.keys.finished(partition), self.keys.packing(flow_id)]
@@ -162,6 +163,7 @@ class Compactor:
                 continue
             fields = {name.decode(): value.decode() for name, value in raw.items()}
             order_ids[-1] = json.loads(fields.get("orders") or "[]") or ([fields["order_id"]] if fields.get("order_id") else [])
+            keeps[flow_id] = float(fields.get("keep_until") or 0.0)
             plain, blob = pack(fields, [entry.decode() for entry in log])
             args = [flow_id, fields.get("version", ""), json.dumps(plain), *chunks(blob).values()]
             pipe.call(self._compact, keys, args)
@@ -174,7 +176,8 @@ class Compactor:
         # Only the flows packed now (still finished at the version read): one that came back meanwhile
         # (a late payment) keeps its lookups until it finishes again.
         expired = [(flow_id, ids) for (_, flow_id), ids, ok in zip(flows, order_ids, done, strict=True) if ok and ids]
-        self.orders.expire(order_id for _, ids in expired for order_id in ids)
+        for flow_id, ids in expired:
+            self.orders.expire(ids, keep_until=keeps.get(flow_id, 0.0), now=now)
         self._keep_returned(expired)
         return sum(done)
 

@@ -35,6 +35,7 @@ from workflows.clock import Clock, SystemClock
 from workflows.durability import Durability, NotDurable
 from workflows.errors import OperatorError
 from workflows.events import Cursor, Event, EventFeed
+from workflows.flows.waits import keep_until
 from workflows.keys import Keys, derived_id
 from workflows.late_payments import LatePayments
 from workflows.orders import OrderIdsTaken, OrderIndex, gateway_order_id
@@ -379,6 +380,29 @@ class Engine:
             self.orders.keep(record.orders)
             log.error("flow %s: %s", flow_id, (record.error or {}).get("type"), extra={"payment": paid})
         return result
+
+    def tell_holder(self, name: str, output: Mapping[str, Any]) -> None:
+        """Tell the flow that holds the gateway order ``output`` names (``orderId``) that another flow
+        changed it there (``FlowDefinition.tells_holder``: a renewed or modified link). A flow still
+        going gets signal ``name`` and reads the gateway; a finished one is kept, with its order lookups
+        and notification tokens, while the change lets its customer pay (``workflows.flows.waits``), so
+        that a payment then is verified and shows in it as a late payment."""
+        order_id = output.get("orderId")
+        holder = self.orders.flow_for(str(order_id)) if order_id else None
+        if holder is None:
+            return
+        try:
+            record = self.get(holder)
+        except NotFound:
+            return
+        if not record.finished:
+            self.signal(holder, name, {}, by="engine")
+            return
+        until = keep_until(dict(output))
+        if until is not None:
+            now = self.clock.now()
+            self.store.keep_longer(holder, until - now)
+            self.orders.expire(record.orders, keep_until=until, now=now)
 
     def cancel(self, flow_id: str, reason: str = "cancelled", *, by: str = "api") -> FlowRecord:
         """Cancel now, at the end of the step in flight, or, while money may be in flight at the gateway,

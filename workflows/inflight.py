@@ -4,7 +4,9 @@ One record field, ``unsettled`` (JSON ``{step, op, t, operationId?}``), is the o
 moving at the gateway for this flow" (docs/durability.md, "Money in flight"):
 
 * **set** by ``claim.lua`` when a step whose operation moves money (the catalogue's ``moves_money``) is
-  claimed to call: from that moment the call may reach the gateway;
+  claimed to call: from that moment the call may reach the gateway; and by the completion of a step
+  whose answer opens something the customer pays on (a hosted page, a link, a form: ``notifies``,
+  marked ``open``): from then on the customer may pay (``workflows.flows.waits``);
 * **kept, and told the operation**, by a completion whose answer names an operation that is not final
   yet (a payment answered ``PENDING``; a refund, capture or cancel, answered only with its id): the
   flow's read step reads that operation;
@@ -12,8 +14,8 @@ moving at the gateway for this flow" (docs/durability.md, "Money in flight"):
   after an earlier try whose answer was lost, a person's stop;
 * **settled** (deleted) only by a completion that reports the gateway's answer: a final result of the
   operation (success, decline, failure, refund...), a refusal of the call itself when no earlier try is
-  unanswered, or a read that found nothing after the call could no longer arrive
-  (``tasks.runner.settle``).
+  unanswered, a wait's end where the gateway says the customer can no longer pay (``CLOSED``), or a
+  read that found nothing after the call could no longer arrive (``tasks.runner.settle``).
 
 ``transition.lua`` reads it and nothing else to decide whether a flow may end ``cancelled`` or
 ``failed``: while it is set, a cancel becomes a read of the gateway and a failure is owed (``ending``)
@@ -25,8 +27,9 @@ from __future__ import annotations
 from typing import Any
 
 from gateway import OperationResult
-from tasks.outcomes import Advance, Finish, Outcome, Retry
+from tasks.outcomes import Advance, Finish, Outcome, Retry, Wait
 from workflows.flows._common import operation_of
+from workflows.flows.waits import CLOSED, KEEP_MARGIN_SECONDS, keep_until
 from workflows.steps import Step
 from workflows.store import FlowRecord, compact_json
 
@@ -41,12 +44,48 @@ def money_operation(step: Step) -> str:
     return op.name if op is not None and op.moves_money else ""
 
 
+def opens(step: Step) -> bool:
+    """Whether ``step``'s answer opens something a customer pays on (a hosted page, a link, a form: the
+    catalogue's ``notifies``): from its answer until the gateway says the customer can no longer pay,
+    money may move (``workflows.flows.waits``)."""
+    op = step.operation
+    return op is not None and op.notifies
+
+
 def after(step: Step, record: FlowRecord, outcome: Outcome) -> dict[str, str | None]:
     """The fields that ``outcome`` of ``step``, claimed as ``record``, writes about money in flight:
-    settled, told its operation, or nothing (it stays as it was)."""
+    settled, told its operation, opened (a customer may now pay), or nothing (it stays as it was); and
+    how long a finished flow must be kept for the customer's instrument (``keep_until``)."""
+    return {**_money(step, record, outcome), **_keep(record, outcome)}
+
+
+def _keep(record: FlowRecord, outcome: Outcome) -> dict[str, str | None]:
+    """A link's expiry (as answered, renewed or read), or the deadline of a wait, keeps the flow's record
+    and lookups until its customer can no longer pay, plus a margin; never shortened."""
+    if isinstance(outcome, Wait):
+        until: float | None = outcome.deadline + KEEP_MARGIN_SECONDS
+    elif isinstance(outcome, Advance | Finish) and outcome.output:
+        until = keep_until(outcome.output)
+    else:
+        return {}
+    if until is None or until <= record.keep_until:
+        return {}
+    return {"keep_until": repr(until)}
+
+
+def _money(step: Step, record: FlowRecord, outcome: Outcome) -> dict[str, str | None]:
     unsettled = record.unsettled
     if unsettled is None:
+        if isinstance(outcome, Advance) and opens(step):
+            # The customer may pay from now on: the wait ends only on the gateway's word (CLOSED, or a
+            # final payment), and a cancel closes it first.
+            op = step.operation
+            return {
+                "unsettled": compact_json({"step": step.name, "op": op.name if op else "", "t": record.updated, "open": True})
+            }
         return {}
+    if isinstance(outcome, Finish) and outcome.output and outcome.output.get(CLOSED):
+        return dict(SETTLED)  # the gateway says the customer can no longer pay (link expired, form over)
     if isinstance(outcome, Advance | Finish):
         operation = operation_of(outcome.output) if outcome.output else None
         if operation is not None:

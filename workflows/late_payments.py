@@ -22,6 +22,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any
 
+from workflows import inflight
 from workflows.errors import OperatorError
 from workflows.keys import derived_id
 from workflows.states import FlowState
@@ -118,6 +119,9 @@ class LatePayments:
         late = closed(record, operation_id, {"refund": {"flow": refund.id}})
         refunded = {"flow": refund.id, "operationId": operation_id}
         fields["outcome"] = compact_json({"reason": reason, "refund": refunded, "latePayments": late})
+        # A person ends the flow here: a page or link it still holds stays watched (its record is kept while
+        # it can be paid, and a payment on it shows as another late payment), not waited on.
+        fields |= inflight.nothing_moved() if (record.unsettled or {}).get("open") else {}
         what = f"late payment {operation_id} refunded by flow {refund.id}; cancelled: {reason}"
         return self._write(record, Change(FlowState.CANCELLED, what, fields), by=by)
 

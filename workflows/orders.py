@@ -119,9 +119,10 @@ class OrderIndex:
             pipe.persist(self.keys.tokens(order_id))
         pipe.execute()
 
-    def expire(self, order_ids: Iterable[str]) -> None:
-        """A finished flow's order lookups (flow, tokens) live as long as its record."""
-        ttl = max(1, int(self.retention_seconds))
+    def expire(self, order_ids: Iterable[str], *, keep_until: float = 0.0, now: float = 0.0) -> None:
+        """A finished flow's order lookups (flow, tokens) live as long as its record: the retention, or
+        until ``keep_until`` while its customer could still pay (``workflows.flows.waits``)."""
+        ttl = max(1, int(self.retention_seconds), int(keep_until - now) + 1)
         pipe = self.redis.pipeline(transaction=False)
         for order_id in order_ids:
             pipe.expire(self.keys.order(order_id), ttl)

@@ -166,6 +166,14 @@ class StepProtocol:
         except Exception:
             log.exception("flow %s: closing the late payment it refunded failed; refund-late-payment closes it", refund.id)
 
+    def _tell_holder(self, name: str, output: Mapping[str, Any]) -> None:
+        """A flow changed something at the gateway that another flow holds (a renewed link): tell that
+        flow. Best effort: the holder sees the change at its own deadline read all the same."""
+        try:
+            self.engine.tell_holder(name, output)
+        except Exception:
+            log.exception("telling the flow that holds order %s of %s failed", output.get("orderId"), name)
+
     def _shown(self, flow_id: str) -> None:
         """A completion that gives the flow a customer URL (a page, a 3DS challenge) is made durable at
         once: the merchant hands that URL to the customer, so Redis must not forget it (nor the page's
@@ -325,7 +333,7 @@ class StepProtocol:
             return Ran(run_step(claim.step, claim.ctx, must_reconcile=claim.resend, resend=claim.resend))
         # To end (a cancel asked, or a failure owed) while money may be in flight: no new money call,
         # only the read that tells what the earlier one did (tasks.runner.settle).
-        found = settle(claim.step, claim.ctx, unsettled=record.unsettled)
+        found = settle(claim.step, claim.ctx, unsettled=record.unsettled, cancelling=record.cancel_requested)
         if not isinstance(found, NothingMoved):
             return Ran(found)
         if record.cancel_requested or not record.ending:
@@ -469,6 +477,8 @@ class StepProtocol:
             self._shown(claimed.id)
         if written.finished and written.start_key.startswith(REFUND_KEY):
             self._refund_ended(written)
+        if definition.tells_holder and written.state is FlowState.SUCCEEDED:
+            self._tell_holder(definition.tells_holder, ctx.outputs.get(step.name) or {})
         if written.state is FlowState.READY and written.step != chained_next and not inline:
             self.send_from(written, written.step)
         return str(written.state), written, following_claim

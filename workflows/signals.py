@@ -90,9 +90,19 @@ class SignalRule:
         return False
 
 
+class LinkChanged(StrictModel):
+    """``link_changed``: the flow's link was renewed or modified (durapay's ``paybylink_renew`` and
+    ``paybylink_modify`` send it): it carries nothing, the flow reads the link from the gateway."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
 RULES: dict[str, SignalRule] = {
     "3ds_result": SignalRule(ThreeDSResult, None, "the 3DS challenge's answer (three_steps)"),
     "form_completed": SignalRule(FormCompleted, None, "the embedded form finished (build)"),
+    "link_changed": SignalRule(
+        LinkChanged, None, "a pay-by-link was renewed or modified: the flow reads it again (paybylink; it proves nothing)"
+    ),
     "notification": SignalRule(
         None, frozenset({RECEIVER}), "a gateway notification: only through the receiver, which checks its security token"
     ),

@@ -21,7 +21,7 @@ from pydantic import BaseModel
 
 from gateway import GatewayModel, GatewayOperation
 from tasks.celery_tasks import ENGINE_STEP_TASK
-from tasks.outcomes import Advance, Outcome, Sleep, Wait
+from tasks.outcomes import Advance, Finish, Outcome, Sleep, Wait
 from tasks.runner import NOT_COMMITTED, ReconcileResult, StepContext
 
 Condition = Callable[[StepContext], bool]
@@ -97,7 +97,11 @@ class _LocalStep:
 
 @dataclass(frozen=True)
 class WaitStep(_LocalStep):
-    """Wait for one of ``signals``; at the deadline run ``on_deadline`` (a gateway read)."""
+    """Wait for one of ``signals``; at the deadline run ``on_deadline`` (a gateway read).
+
+    A wait for a customer holds something the customer can pay on (``workflows.flows.waits``): ``close``
+    closes it at the gateway before a cancel ends the flow (a link's cancel, a form's cancel; None where
+    the gateway has none), and ``on_settle`` (default ``on_deadline``) reads what the customer did."""
 
     name: str
     signals: tuple[str, ...]
@@ -106,8 +110,22 @@ class WaitStep(_LocalStep):
     timeout: Callable[[StepContext], float]
     when: Condition | None = None
     customer_url: Callable[[dict[str, Any]], str | None] | None = None
+    close: Callable[[StepContext], None] | None = None
+    on_settle: Callable[[StepContext], Outcome] | None = None
+
+    def settle_wait(self, ctx: StepContext, *, cancelling: bool) -> Outcome | None:
+        """The flow is to end (a cancel, or a failure owed) while its customer may still pay: on a cancel
+        close what the gateway lets the merchant close, then read. None: the gateway shows no payment and
+        nothing left to wait for (the end may be taken); else what it shows (paid, PENDING, still open)."""
+        if cancelling and self.close is not None:
+            self.close(ctx)
+        outcome = (self.on_settle or self.on_deadline)(ctx)
+        if isinstance(outcome, Finish) and not outcome.succeeded:
+            return None
+        return outcome
 
     def execute(self, ctx: StepContext) -> Outcome:
+        moved: float | None = None
         for signal_field, name, payload in ctx.signals:
             if name not in self.signals:
                 continue
@@ -115,9 +133,11 @@ class WaitStep(_LocalStep):
             outcome = self.on_signal(ctx, name, payload)
             if not isinstance(outcome, Wait):
                 return outcome
-        if ctx.deadline_reached:
+            if outcome.deadline > ctx.now:  # what the gateway showed moves the deadline (a renewed link)
+                moved = outcome.deadline
+        if ctx.deadline_reached and moved is None:
             return self.on_deadline(ctx)
-        deadline = ctx.wait_deadline or ctx.now + self.timeout(ctx)
+        deadline = moved or ctx.wait_deadline or ctx.now + self.timeout(ctx)
         return Wait(self.signals, deadline, note=f"waiting for {' or '.join(self.signals)}")
 
 
@@ -152,6 +172,9 @@ class FlowDefinition:
     description: str = ""
     #: Where ``order_id`` reads the gateway order id in the input (named when a start is refused for it).
     order_field: str = "order.orderId"
+    #: A signal its success sends to the flow holding the gateway order its last output names
+    #: (``orderId``): a change it made there (a renewed link) that flow must read (``Engine.tell_holder``).
+    tells_holder: str | None = None
     step_index: dict[str, int] = field(default_factory=dict, init=False, compare=False)
 
     def __post_init__(self) -> None:

@@ -85,6 +85,8 @@ class FlowRecord:
     cancel_requested: bool = False
     unsettled: dict[str, Any] | None = None
     ending: dict[str, Any] | None = None
+    #: POSIX seconds: a finished flow is kept at least until then (its customer could still pay).
+    keep_until: float = 0.0
     customer_url: str = ""
     polls: int = 0
     generation: int = 0
@@ -155,6 +157,7 @@ class FlowRecord:
             cancel_requested=data.get("cancel_requested") == "1",
             unsettled=loads("unsettled"),
             ending=loads("ending"),
+            keep_until=number("keep_until") or 0.0,
             customer_url=data.get("customer_url", ""),
             polls=int(data.get("polls") or 0),
             generation=int(data.get("generation") or 0),
@@ -500,14 +503,30 @@ class FlowStore:
         of its own (that wait must follow the claim's answer on a pinned connection)."""
         return not self.pins.cluster and not (claim.durable and self.durability.active)
 
+    def keep_longer(self, flow_id: str, seconds: float) -> None:
+        """Keep a finished flow's record and log at least ``seconds`` more (never shorter than now)."""
+        ttl = max(1, int(seconds) + 1)
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.expire(self.keys.flow(flow_id), ttl, gt=True)
+        pipe.expire(self.keys.log(flow_id), ttl, gt=True)
+        pipe.execute()
+
+    def keep_seconds(self, record: FlowRecord, fields: Mapping[str, str | None], now: float) -> int:
+        """How long a flow that finishes now is kept: the retention, or longer while its customer could
+        still pay (``keep_until``, written by ``workflows.inflight``)."""
+        written = fields.get("keep_until")
+        until = max(record.keep_until, float(written) if written else 0.0)
+        return max(1, int(self.retention_seconds), int(until - now) + 1)
+
     def _transition_call(self, record: FlowRecord, change: Change, *, now: float, by: str) -> _TransitionCall:
         if not can_move(record.state, change.state):
             raise IllegalTransition(record.state, change.state, record.id)
         partition = self.keys.partition(record.id)
         fields = dict(change.fields)
         ttl = ""
+        keep = str(self.keep_seconds(record, fields, now))
         if change.state in TERMINAL:
-            ttl = str(max(1, int(self.retention_seconds)))
+            ttl = keep
         step = change.step or fields.get("step") or record.step
         clean = scrub(record.input)
         scrubbed = compact_json(clean) if clean != record.input else ""
@@ -537,7 +556,7 @@ class FlowStore:
             repr(now),
             ttl,
             compact_json(list(change.awaited)),
-            str(max(1, int(self.retention_seconds))),
+            keep,
             scrubbed,
             self.events,
             compact_json(dict(change.paid)) if change.paid else "",

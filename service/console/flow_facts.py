@@ -109,6 +109,16 @@ def explain(record: FlowRecord, action: str) -> list[str]:
             "first reads the order back and adopts what it finds; it calls the gateway again only if nothing was made.",
             "No payment is made twice: the call keeps its idempotency key.",
         ]
+    if record.unsettled and record.unsettled.get("open"):
+        # A page, link or form the customer can pay on (workflows/flows/waits.py): closed first, then read.
+        return [
+            "The customer can still pay on what this flow opened at the gateway: the flow first closes it where the "
+            "gateway allows (a pay-by-link is cancelled, an embedded form's session cancelled; a hosted page has no "
+            "cancel), then reads the order.",
+            "If the customer paid meanwhile, the flow ends succeeded with that payment (refund it then); if nothing was "
+            "paid, cancelled. A payment made afterwards on a hosted page shows in this flow as a late payment "
+            "(needs attention), never lost.",
+        ]
     if record.unsettled:
         # The engine's own rule (transition.lua): with money in flight a cancel is a read first.
         return [

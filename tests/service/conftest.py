@@ -47,7 +47,10 @@ NOTIFIED = FlowDefinition(
     "notified",
     NotifiedInput,
     (
-        _KeepToken("create", Catalogue.create_hpp_order, lambda ctx: Call(), customer_url=lambda out: out.get("hostedPage")),
+        # A POST that opens nothing at the gateway: this stand-in tests the HTTP surface and the receiver; the
+        # rule for waits on a real page or link (money in flight until the gateway says it is over, a cancel
+        # that closes first) is tested on the real flows (tests/workflows/flows/test_waits.py).
+        _KeepToken("create", Catalogue.create_reservation, lambda ctx: Call(), customer_url=lambda out: out.get("hostedPage")),
         WaitStep(
             "payment",
             ("notification", "paid"),

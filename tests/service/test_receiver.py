@@ -123,6 +123,13 @@ def hpp_flow(engine: Engine, order_id: str) -> tuple[str, str]:
     return record.id, str(token)
 
 
+def cancel_waiting(engine: Engine, flow_id: str) -> None:
+    """Cancel a waiting hosted page flow: a request (the customer may still pay), whose step reads the
+    order and, nothing paid, ends it ``cancelled`` (docs/durability.md, Waiting flows)."""
+    assert engine.cancel(flow_id, "customer left").cancel_requested
+    assert engine.run_step(flow_id, "payment") == FlowState.CANCELLED.value
+
+
 def gateway_view(body: dict[str, Any]) -> dict[str, Any]:
     """A notified operation as the signal carries it: the gateway's fields, none empty."""
     return {key: value for key, value in body["operation"].items() if value is not None}
@@ -327,7 +334,7 @@ def test_an_invented_operation_with_the_real_token_does_not_end_a_waiting_hosted
 
 def test_an_invented_operation_does_not_make_a_cancelled_flow_a_late_payment(served: Served, sim: SimulatorServer) -> None:
     flow_id, token = hpp_flow(served.engine, "ord-cancelled")
-    assert served.engine.cancel(flow_id, "customer left").state is FlowState.CANCELLED
+    cancel_waiting(served.engine, flow_id)
     answer = post(served, phantom("ord-cancelled", token))
     assert (answer.status_code, answer.json()) == (503, UNVERIFIED)
     record = served.engine.get(flow_id)
@@ -352,7 +359,7 @@ def test_a_forged_result_for_a_real_operation_is_judged_on_the_gateways_word(ser
 
 def test_a_forged_result_does_not_make_a_cancelled_flow_a_late_payment(served: Served, sim: SimulatorServer) -> None:
     flow_id, _ = hpp_flow(served.engine, "ord-forged-late")
-    assert served.engine.cancel(flow_id, "customer left").state is FlowState.CANCELLED
+    cancel_waiting(served.engine, flow_id)
     declined = pay(sim, "ord-forged-late", DECLINE)
     assert post(served, forged(declined, "ev-forged-late", operationResult="EXECUTED")).status_code == 200
     assert served.engine.get(flow_id).state is FlowState.CANCELLED

@@ -301,10 +301,10 @@ def test_the_compactor_does_not_expire_the_lookups_of_a_flow_a_late_payment_brou
     compactor = world.compactor()
     expire = compactor.orders.expire
 
-    def signal_then_expire(order_ids: Any) -> None:
+    def signal_then_expire(order_ids: Any, **kept: Any) -> None:
         ids = list(order_ids)
         world.engine.signal(flow.flow_id, "notification", {"operation": late}, by=RECEIVER)
-        expire(ids)
+        expire(ids, **kept)
 
     monkeypatch.setattr(compactor.orders, "expire", signal_then_expire)
     compactor.run(now=world.clock.now() + 10)

@@ -6,7 +6,15 @@ from workflows.flows.backoffice import CANCEL_CAPTURE, CAPTURE, DEACTIVATE_CONTR
 from workflows.flows.direct import CARD_VERIFICATION, MIT, MOTO, SVS, THREE_STEPS, WALLET
 from workflows.flows.reservation_setup import RESERVATION_SETUP
 from workflows.flows.reservations import DELAY_CHARGE, INCREMENTAL, NO_SHOW, RESERVATION
-from workflows.flows.sessions import BUILD, BUILD_CANCEL, HPP, PAYBYLINK, PAYBYLINK_CANCEL, PAYBYLINK_RENEW
+from workflows.flows.sessions import (
+    BUILD,
+    BUILD_CANCEL,
+    HPP,
+    PAYBYLINK,
+    PAYBYLINK_CANCEL,
+    PAYBYLINK_MODIFY,
+    PAYBYLINK_RENEW,
+)
 from workflows.steps import FlowDefinition
 
 FLOWS: tuple[FlowDefinition, ...] = (
@@ -14,6 +22,7 @@ FLOWS: tuple[FlowDefinition, ...] = (
     PAYBYLINK,
     PAYBYLINK_CANCEL,
     PAYBYLINK_RENEW,
+    PAYBYLINK_MODIFY,
     THREE_STEPS,
     SVS,
     BUILD,

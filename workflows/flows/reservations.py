@@ -25,7 +25,6 @@ from typing import Annotated, Any, Literal
 from pydantic import AwareDatetime, Field
 
 from gateway import (
-    FAILURE_RESULTS,
     SUCCESS_RESULTS,
     Amount,
     CaptureType,
@@ -34,19 +33,19 @@ from gateway import (
     GatewayModel,
     LenientEnum,
     NotFound,
-    Operation,
     OperationResponse,
-    OperationResult,
     OperationType,
     PaymentLinkStatus,
     Reservation,
     ReservationIdResponse,
     Unknown,
 )
-from tasks.outcomes import Advance, Finish, Outcome, Poll, Wait
+from tasks.outcomes import Advance, Finish, Outcome, Wait
 from tasks.runner import NOT_COMMITTED, ReconcileResult, StepContext
-from workflows.flows._common import judge_operation, read_until_final, summarize
+from workflows.flows._adopt import PAYMENT_TYPES
+from workflows.flows._common import read_until_final, summarize
 from workflows.flows.sessions import ADOPTED_READ_MAX_SECONDS, ADOPTED_READ_SECONDS
+from workflows.flows.waits import cancel_link, judge_wait, link_end, notified
 from workflows.steps import Call, CallStep, FlowDefinition, SleepStep, WaitStep
 
 Form = Literal["current", "earlier"]
@@ -114,32 +113,41 @@ def _link_deadline(ctx: StepContext) -> float:
 
 
 def _notified(ctx: StepContext, name: str, payload: dict[str, Any]) -> Outcome:
-    """A verified notification: a final result ends the wait, anything else keeps waiting."""
-    data = payload.get("operation")
-    deadline = ctx.wait_deadline or ctx.now
-    if not isinstance(data, dict):
-        return Wait((name,), deadline)
-    operation = Operation.model_validate(data)
-    outcome = judge_operation(operation, {"operation": operation.wire()})
-    return outcome if isinstance(outcome, Advance | Finish) else Wait((name,), deadline)
+    """A verified notification: a success ends the wait; anything else is checked against the gateway."""
+    return notified(ctx, name, payload, lambda ctx, outcome: outcome if outcome is not None else _payment_read(ctx))
+
+
+def _link_of(ctx: StepContext) -> str | None:
+    link = ctx.output("link").get("paymentLink")
+    return str(link["linkId"]) if isinstance(link, dict) and link.get("linkId") else None
+
+
+def _close_link(ctx: StepContext) -> None:
+    cancel_link(ctx, _link_of(ctx))
 
 
 def _payment_at_deadline(ctx: StepContext) -> Outcome:
+    """At the deadline: the one rule for the end of a wait (``workflows.flows.waits``). A deadline the
+    merchant set (``waitSeconds``) before the link's own expiry closes the link first."""
+    if ctx.input.waitSeconds and not ctx.output("link").get("adopted"):
+        _close_link(ctx)
+    return _payment_read(ctx)
+
+
+def _payment_read(ctx: StepContext) -> Outcome:
     found = _read_reservation(ctx)
     if found is None:
         return Finish(False, "the reservation is gone", error={"type": "NotFound"})
-    final = [op for op in found.operations if op.operationResult in SUCCESS_RESULTS | FAILURE_RESULTS]
-    if final:
-        return judge_operation(final[0], {"operation": final[0].wire(), "readAtDeadline": True})
-    if any(link.status is PaymentLinkStatus.EXPIRED for link in found.paymentLinks):
-        return Finish(False, "the reservation's pay-by-link expired unpaid", error={"type": "LinkExpired"})
-    pending = any(op.operationResult is OperationResult.PENDING for op in found.operations)
-    if pending and ctx.polls < 3:
-        return Poll(600.0, note="payment still PENDING at the deadline; read again later")
-    if ctx.output("link").get("adopted") and any(link.status is PaymentLinkStatus.ACTIVE for link in found.paymentLinks):
+    links = list(found.paymentLinks)
+    open_links = any(link.status is PaymentLinkStatus.ACTIVE for link in links)
+    untouched = not any(op.operationType in PAYMENT_TYPES for op in found.operations)
+    if ctx.output("link").get("adopted") and open_links and untouched:
         later = min(max(ADOPTED_READ_SECONDS, (ctx.now - ctx.created) / 10), ADOPTED_READ_MAX_SECONDS)
         return Wait(("notification",), ctx.now + later, note="adopted link still open; read again later")
-    return Finish(False, "no payment by the deadline", error={"type": "Expired"})
+    created = ctx.output("link").get("paymentLink") or {}
+    ends = link_end(str(created["expirationDate"])) if created.get("expirationDate") else (ctx.wait_deadline or ctx.now)
+    judged = judge_wait(ctx, ("notification",), found.operations, links, ends=ends)
+    return judged or Finish(False, "no payment by the deadline", error={"type": "Expired"})
 
 
 def _reservation_summary(data: Any, outputs: Any) -> dict[str, Any]:
@@ -164,7 +172,15 @@ RESERVATION = FlowDefinition(
             adopt=_adopt_link,
             customer_url=lambda output: (output.get("paymentLink") or {}).get("link"),
         ),
-        WaitStep("payment", ("notification",), _notified, _payment_at_deadline, timeout=_link_deadline),
+        WaitStep(
+            "payment",
+            ("notification",),
+            _notified,
+            _payment_at_deadline,
+            timeout=_link_deadline,
+            close=_close_link,
+            on_settle=_payment_read,
+        ),
     ),
     _reservation_summary,
     lambda data: str(data.reservation.reservationId),

@@ -8,13 +8,13 @@ guessing. A PENDING notification keeps the flow waiting; only a final result end
 
 from __future__ import annotations
 
-from datetime import UTC, date, datetime, timedelta
+import contextlib
 from typing import Any, Literal
 
 from pydantic import Field
 
 from gateway import (
-    SUCCESS_RESULTS,
+    Amount,
     BadRequest,
     BuildOrderRequest,
     BuildSessionRequest,
@@ -25,16 +25,15 @@ from gateway import (
     GatewayModel,
     HppOrderRequest,
     NotFound,
-    Operation,
     OperationResponse,
     OperationResult,
     PassThrough,
+    PayByLinkModifyRequest,
     PayByLinkRenewRequest,
     PayByLinkRequest,
     PaymentLinkStatus,
-    reported_payment,
 )
-from tasks.outcomes import Advance, Attention, Finish, Outcome, Poll, Wait
+from tasks.outcomes import Advance, Attention, Finish, Outcome, Wait
 from tasks.runner import NOT_COMMITTED, ReconcileResult, StepContext
 from workflows.flows._adopt import new_order_if_never_charged, page_payment
 from workflows.flows._common import (
@@ -46,11 +45,20 @@ from workflows.flows._common import (
     settle_step,
     summarize,
 )
+from workflows.flows.waits import (
+    CLOSED,
+    GRACE_SECONDS,
+    cancel_link,
+    earlier_order_paid,
+    earlier_payment,
+    judge_wait,
+    link_end,
+    notified,
+    order_state,
+    read_later,
+)
 from workflows.steps import Call, CallStep, FlowDefinition, WaitStep
 
-#: How many times a deadline read that finds the payment still PENDING extends the wait.
-MAX_EXTENSIONS = 3
-EXTENSION_SECONDS = 600.0
 #: How often a flow reads the order of a link it adopted (it cannot verify that link's notifications): at
 #: first every 5 minutes, then a tenth of the link's age, at most every 6 hours (a bounded number of reads).
 ADOPTED_READ_SECONDS = 300.0
@@ -68,101 +76,93 @@ def _session_body(ctx: StepContext, drop: tuple[str, ...] = ()) -> dict[str, Any
     return body
 
 
-def _notified(ctx: StepContext, name: str, payload: dict[str, Any]) -> Outcome:
-    """A verified notification carries the operation: final results end the wait, PENDING keeps it. A
-    payment on an earlier order of the flow (a page from before a restart or a new order id) is money
-    the flow must account for: a person looks."""
-    data = payload.get("operation")
-    if not isinstance(data, dict):
-        return Wait((name,), ctx.wait_deadline or ctx.now)
-    operation = Operation.model_validate(data)
-    if operation.orderId and ctx.order_id and operation.orderId != ctx.order_id:
-        if operation.operationResult in SUCCESS_RESULTS:
-            return earlier_order_paid(ctx, operation)
-        return Wait((name,), ctx.wait_deadline or ctx.now, note="notification of an earlier order ignored")
-    outcome = judge_operation(operation, {"operation": operation.wire()})
-    if isinstance(outcome, Advance | Finish):
-        return _with_link_status(ctx, outcome)
-    return Wait(("notification",), ctx.wait_deadline or ctx.now)
-
-
-def _with_link_status(ctx: StepContext, outcome: Advance | Finish) -> Outcome:
-    """A pay-by-link flow's end reports its link as the gateway has it now (PAID, EXPIRED, ...), not as
-    created: one read of the order, best effort (the outcome stands without it)."""
+def _link_id(ctx: StepContext) -> str | None:
     created = ctx.output("create").get("paymentLink")
-    if not isinstance(created, dict):
+    return str(created["linkId"]) if isinstance(created, dict) and created.get("linkId") else None
+
+
+def _with_link_status(ctx: StepContext, outcome: Outcome | None) -> Outcome:
+    """A success reports the flow's link as the gateway has it now (PAID), not as created: one read of
+    the order, best effort (the outcome stands without it). Anything else: the deadline read decides."""
+    if outcome is None:
+        return _read_order_at_deadline(ctx, "notification", read=AFTER_NOTIFICATION)
+    if not isinstance(outcome, Advance | Finish) or _link_id(ctx) is None:
         return outcome
     try:
-        found = read_order(ctx)
+        _, links = order_state(ctx)
     except GatewayError:
         return outcome
-    links = [link for link in (found.all_links() if found else []) if link.linkId == created.get("linkId")]
-    if not links:
+    mine = [link for link in links if link.linkId == _link_id(ctx)]
+    if not mine:
         return outcome
-    output = {**outcome.output, "paymentLink": links[-1].wire()}
+    output = {**outcome.output, "paymentLink": mine[-1].wire()}
     if isinstance(outcome, Advance):
         return Advance(output)
     return Finish(outcome.succeeded, outcome.reason, output, outcome.error)
 
 
-def earlier_order_paid(ctx: StepContext, operation: Operation) -> Attention:
-    paid = reported_payment({"operation": operation.wire()}) or {}
-    return Attention(
-        f"the gateway reports {operation.operationResult} of operation {operation.operationId} on the flow's earlier "
-        f"order {operation.orderId} (the flow now uses {ctx.order_id})",
-        {"type": "LatePayment", "endedAs": "moved to a new order", "operation": paid},
-    )
+def _cancel_own_link(ctx: StepContext) -> None:
+    cancel_link(ctx, _link_id(ctx))
 
 
-def _earlier_payment(ctx: StepContext) -> Operation | None:
-    """A successful payment on an order the flow made before its current one (read at the deadline,
-    in case that page's notification never came)."""
-    for order_id in ctx.orders:
-        if order_id == ctx.order_id:
-            continue
-        try:
-            found = ctx.call(Catalogue.get_order, order_id)
-        except NotFound:
-            continue
-        for operation in found.operations:
-            if operation.operationResult in SUCCESS_RESULTS:
-                return operation
-    return None
+def _notified(ctx: StepContext, name: str, payload: dict[str, Any]) -> Outcome:
+    if name == LINK_CHANGED:  # renewed or modified: what the gateway shows now moves the wait
+        return _read_order_at_deadline(ctx, "the link changed")
+    return notified(ctx, name, payload, _with_link_status)
 
 
-def _read_order_at_deadline(ctx: StepContext, waited_for: str) -> Outcome:
-    earlier = _earlier_payment(ctx)
+def _ends(ctx: StepContext) -> float:
+    """When the flow's instrument stopped being payable by its first terms: the link's expiry as created
+    (a renewal moves it: the read then finds the link open), else the wait's first deadline."""
+    created = ctx.output("create").get("paymentLink")
+    if isinstance(created, dict) and isinstance(created.get("expirationDate"), str):
+        return link_end(created["expirationDate"])
+    return ctx.wait_deadline or ctx.now
+
+
+def _read_order_at_deadline(ctx: StepContext, waited_for: str, *, read: str = "readAtDeadline") -> Outcome:
+    """The one rule for the end of a wait (``workflows.flows.waits``), on the flow's order."""
+    earlier = earlier_payment(ctx)
     if earlier is not None:
         return earlier_order_paid(ctx, earlier)
-    found = read_order(ctx)
-    operations = found.operations if found else []
-    links = found.all_links() if found else []
-    shown = {"paymentLink": links[-1].wire()} if links else {}
-    paid = page_payment(operations)
-    if paid is not None:
-        return judge_operation(paid, {"operation": paid.wire(), "readAtDeadline": True, **shown})
-    pending = [op for op in operations if op.operationResult is OperationResult.PENDING]
-    if any(link.status is PaymentLinkStatus.EXPIRED for link in links):
-        return Finish(False, "the pay-by-link expired unpaid", shown, error={"type": "LinkExpired"})
-    if any(link.status is PaymentLinkStatus.CANCELLED for link in links):
-        return Finish(False, "the pay-by-link was cancelled", shown, error={"type": "LinkCancelled"})
-    if pending and ctx.polls < MAX_EXTENSIONS:
-        return Poll(EXTENSION_SECONDS, note="payment still PENDING at the deadline; read again later")
-    if ctx.output("create").get("adopted") and any(link.status is PaymentLinkStatus.ACTIVE for link in links):
+    operations, links = order_state(ctx)
+    adopted_open = ctx.output("create").get("adopted") and any(link.status is PaymentLinkStatus.ACTIVE for link in links)
+    if (
+        adopted_open
+        and page_payment(operations) is None
+        and not any(op.operationResult is OperationResult.PENDING for op in operations)
+    ):
         # An adopted link's security token was lost with the answer, so its notifications cannot be
-        # verified: read the order again later, less often as the link ages, until it is paid or expires.
+        # verified: read the order again later, less often as the link ages, until it is paid or ends.
         later = min(max(ADOPTED_READ_SECONDS, (ctx.now - ctx.created) / 10), ADOPTED_READ_MAX_SECONDS)
         return Wait(("notification",), ctx.now + later, note="adopted link still open; read again later")
-    return Finish(False, f"no payment by the deadline ({waited_for})", error={"type": "Expired"})
+    judged = judge_wait(ctx, ("notification",), operations, links, ends=_ends(ctx), read=read)
+    if judged is not None:
+        return judged
+    if read == AFTER_NOTIFICATION:  # nothing final: the wait goes on
+        return Wait(("notification",), ctx.wait_deadline or ctx.now)
+    # A hosted page at its deadline, nothing paid or pending: the gateway offers no cancel and no expiry
+    # for it (docs/gateway.md), so this read is the end the gateway allows; the flow's record is kept
+    # (KEEP_MARGIN_SECONDS at least), so a payment on the page later still shows, as a late payment.
+    closed = {CLOSED: "hosted page: no payment by the deadline (the gateway cannot close it)", read: True}
+    return Finish(False, f"no payment by the deadline ({waited_for})", closed, error={"type": "Expired"})
 
 
-def _await(name: str, timeout: Any, waited_for: str) -> WaitStep:
+#: The output's mark of a read made because a notification was not a success (a decline, PENDING).
+AFTER_NOTIFICATION = "readAfterNotification"
+
+#: The signal durapay's own renewal or modification of a link sends to the flow that holds it.
+LINK_CHANGED = "link_changed"
+
+
+def _await(name: str, timeout: Any, waited_for: str, close: Any = None, signals: tuple[str, ...] = ("notification",)) -> WaitStep:
     return WaitStep(
         name,
-        ("notification",),
+        signals,
         _notified,
         lambda ctx: _read_order_at_deadline(ctx, waited_for),
         timeout=timeout,
+        close=close,
     )
 
 
@@ -207,11 +207,12 @@ class PayByLinkInput(PassThrough, PayByLinkRequest):
 
 
 def _link_deadline(ctx: StepContext) -> float:
-    """The end of the link's expiration day (UTC), plus a minute for the gateway's own expiry run; for
-    an adopted link (no token to verify its notifications) the first read comes sooner."""
-    day = date.fromisoformat(ctx.input.expirationDate)
-    end = datetime(day.year, day.month, day.day, tzinfo=UTC) + timedelta(days=1, minutes=1)
-    seconds = max(ctx.now + 60.0, end.timestamp()) - ctx.now
+    """The end of the link's expiration day (UTC), plus a minute for the gateway's own expiry run (the
+    link as the gateway answered, else as asked); for an adopted link (no token to verify its
+    notifications) the first read comes sooner."""
+    created = ctx.output("create").get("paymentLink") or {}
+    end = link_end(str(created.get("expirationDate") or ctx.input.expirationDate))
+    seconds = max(ctx.now + 60.0, end) - ctx.now
     return min(seconds, ADOPTED_READ_SECONDS) if ctx.output("create").get("adopted") else seconds
 
 
@@ -245,7 +246,12 @@ def _link_create_step(name: str) -> CallStep:
 PAYBYLINK = FlowDefinition(
     "paybylink",
     PayByLinkInput,
-    (_link_create_step("create"), _await("payment", _link_deadline, "pay-by-link")),
+    (
+        _link_create_step("create"),
+        _await(
+            "payment", _link_deadline, "pay-by-link", lambda ctx: cancel_link(ctx, _link_id(ctx)), ("notification", LINK_CHANGED)
+        ),
+    ),
     summarize,
     input_order_id,
     "pay-by-link (v3 by default; v2, v1 and unversioned selectable): create, wait, outcome",
@@ -287,6 +293,18 @@ PAYBYLINK_CANCEL = FlowDefinition(
     "cancel a pay-by-link",
 )
 
+
+def _link_changed(ctx: StepContext, answer: Any) -> Outcome:
+    """A renewal's or modification's answer, with the link's order (one read): the engine tells the flow
+    that holds that order to read its link again (``Engine.tell_holder``)."""
+    output: dict[str, Any] = answer.wire()
+    try:
+        details = ctx.call(Catalogue.get_paybylink, ctx.input.linkId)
+    except GatewayError:
+        return Advance(output)  # the link changed all the same; the holder sees it at its deadline read
+    return Advance({**output, "orderId": details.orderId, "paymentLink": details.paymentLink.wire()})
+
+
 PAYBYLINK_RENEW = FlowDefinition(
     "paybylink_renew",
     LinkRenewal,
@@ -295,14 +313,43 @@ PAYBYLINK_RENEW = FlowDefinition(
             "renew",
             Catalogue.renew_paybylink,
             lambda ctx: Call((ctx.input.linkId,), PayByLinkRenewRequest(expirationDate=ctx.input.expirationDate).wire()),
+            result=_link_changed,
             customer_url=lambda output: (output.get("paymentLink") or {}).get("link"),
         ),
     ),
     summarize,
     None,
-    "renew a pay-by-link (a renewal repeated after a lost answer sets the same date again)",
+    "renew a pay-by-link (a renewal repeated after a lost answer sets the same date again); the flow that "
+    "holds the link waits to its new expiry",
+    tells_holder=LINK_CHANGED,
 )
 
+
+class LinkModification(LinkRef):
+    expirationDate: str | None = Field(default=None, pattern=r"^\d{4}-\d{2}-\d{2}$")
+    amount: Amount | None = None
+    description: str | None = Field(default=None, max_length=255)
+
+
+PAYBYLINK_MODIFY = FlowDefinition(
+    "paybylink_modify",
+    LinkModification,
+    (
+        CallStep(
+            "modify",
+            Catalogue.modify_paybylink_v3,
+            lambda ctx: Call(
+                (ctx.input.linkId,),
+                PayByLinkModifyRequest.model_validate({k: v for k, v in ctx.input.wire().items() if k != "linkId"}).wire(),
+            ),
+            result=_link_changed,
+        ),
+    ),
+    summarize,
+    None,
+    "modify a pay-by-link (expiry, amount, description); the flow that holds the link follows it",
+    tells_holder=LINK_CHANGED,
+)
 
 # -- embedded form (build) ---------------------------------------------------------------------------
 
@@ -319,31 +366,100 @@ def _session_id(ctx: StepContext) -> str:
 def _form_signal(ctx: StepContext, name: str, payload: dict[str, Any]) -> Outcome:
     """``form_completed`` comes from the merchant's page and proves nothing about money: its payload is
     dropped and the flow goes on to finalize, which asks the gateway. Only a verified notification (or
-    ``GET /build/state`` at the deadline) may say the payment already happened."""
+    ``GET /build/state``) may say the payment already happened."""
     if name == "form_completed":
         return Advance({"formCompleted": True})
-    return _notified(ctx, name, payload)
+    return notified(ctx, name, payload, _form_read)
+
+
+def _form_read(ctx: StepContext, outcome: Outcome | None) -> Outcome:
+    return outcome if outcome is not None else _session_outcome(ctx, ready=None, close=False)
+
+
+#: Form states in which the customer is still at work on the gateway's side (a 3DS step, an APM page):
+#: the session is open, whatever durapay's own deadline says.
+CUSTOMER_AT_WORK = {BuildState.GDI_VERIFICATION, BuildState.REDIRECTED_TO_EXTERNAL_DOMAIN}
+
+
+def _session_outcome(ctx: StepContext, *, ready: Outcome | None, close: bool = True) -> Outcome:
+    """The one rule for the end of a wait (``workflows.flows.waits``), on the form's session: its payment
+    (paid, declined, cancelled, expired: the session is over), the customer still at work (read again at
+    a bounded pace until the session's own end), ``ready`` when it is ready for payment; else (nothing
+    entered yet) the flow's own deadline closes it (``/build/cancel``) and reads again. Without
+    ``close`` (a notification that was not a success) nothing is closed: the wait goes on."""
+    state = ctx.call(Catalogue.build_state, request={"sessionId": _session_id(ctx)})
+    if state.state is BuildState.PAYMENT_COMPLETE and state.operation is not None:
+        outcome = judge_operation(state.operation, {"operation": state.operation.wire(), "readAtDeadline": True})
+        if isinstance(outcome, Finish) and not outcome.succeeded:
+            return Finish(False, outcome.reason, {**outcome.output, CLOSED: str(state.state)}, outcome.error)
+        if not isinstance(outcome, Advance | Finish):  # PENDING: a payment still running
+            return read_later(
+                ctx, ("notification",), _form_ends(ctx) + GRACE_SECONDS,
+                f"payment {state.operation.operationId} is still PENDING", {"type": "PaymentPending"},
+            )  # fmt: skip
+        return outcome
+    if state.state in CUSTOMER_AT_WORK:
+        return read_later(
+            ctx, ("notification",), _form_ends(ctx) + GRACE_SECONDS,
+            f"the customer is still at work on the form ({state.state})", {"type": "FormOpen", "state": str(state.state)},
+        )  # fmt: skip
+    if state.state is BuildState.READY_FOR_PAYMENT and ready is not None:
+        return ready
+    if not close:
+        return Wait(("form_completed", "notification"), ctx.wait_deadline or ctx.now)
+    _close_form(ctx)
+    closed = ctx.call(Catalogue.build_state, request={"sessionId": _session_id(ctx)})
+    if closed.state is BuildState.PAYMENT_COMPLETE and closed.operation is not None:
+        ended = _session_outcome(ctx, ready=ready, close=False)
+        if isinstance(ended, Finish) and not ended.succeeded and ready is not None:  # durapay's deadline closed it
+            error = {**(ended.error or {}), "type": "Expired"}
+            return Finish(False, f"the form was not completed in time (state {state.state})", ended.output, error)
+        return ended
+    return read_later(
+        ctx, ("notification",), _form_ends(ctx) + GRACE_SECONDS,
+        f"the form is still open ({closed.state}) after durapay cancelled it", {"type": "FormOpen", "state": str(closed.state)},
+    )  # fmt: skip
+
+
+def _form_ends(ctx: StepContext) -> float:
+    return ctx.created + (ctx.input.formSeconds or FORM_SECONDS) + SESSION_SECONDS
+
+
+def _close_form(ctx: StepContext) -> None:
+    """Close the form's session (its cancel): refused when it is already over, which the read then shows."""
+    with contextlib.suppress(BadRequest, NotFound):
+        ctx.call(Catalogue.build_cancel, request={"sessionId": _session_id(ctx)})
 
 
 def _form_deadline(ctx: StepContext) -> Outcome:
-    """At the deadline read the session: ready (or already paid) goes on; anything else expired."""
-    state = ctx.call(Catalogue.build_state, request={"sessionId": _session_id(ctx)})
-    if state.state in {BuildState.READY_FOR_PAYMENT, BuildState.GDI_VERIFICATION}:
-        return Advance({"formCompleted": True, "state": str(state.state)})
-    if state.state is BuildState.PAYMENT_COMPLETE and state.operation is not None:
-        return judge_operation(state.operation, {"operation": state.operation.wire(), "readAtDeadline": True})
-    return Finish(False, f"the form was not completed in time (state {state.state})", error={"type": "Expired"})
+    """At the form's deadline: ready goes on to finalize; otherwise the one rule decides."""
+    return _session_outcome(ctx, ready=Advance({"formCompleted": True, "state": str(BuildState.READY_FOR_PAYMENT)}))
 
 
 def _finalize_result(ctx: StepContext, answer: BuildStateResponse) -> Outcome:
+    """An answer without an operation is never final: the customer still has a step (version 2's 3DS
+    after confirm, an APM page); the ``challenge`` wait follows it to the gateway's word."""
     if answer.operation is not None:
         return payment_result(ctx, OperationResponse(operation=answer.operation))
-    return Finish(False, f"the form ended in state {answer.state} without an operation", answer.wire())
+    if answer.state in CUSTOMER_AT_WORK or answer.state is BuildState.READY_FOR_PAYMENT:
+        return Advance({**answer.wire(), "awaitingCustomer": True})
+    return Attention(
+        f"the form answered state {answer.state} without an operation, which this version does not follow",
+        {"type": "UnknownFormState", "state": str(answer.state)},
+    )
 
 
 def _needs_finalize(ctx: StepContext) -> bool:
     """Finalize unless the gateway itself (notification or state read) already reported the operation."""
     return "operation" not in ctx.output("form")
+
+
+def _awaits_customer(ctx: StepContext) -> bool:
+    return bool(ctx.output("finalize").get("awaitingCustomer"))
+
+
+def _challenge_deadline(ctx: StepContext) -> Outcome:
+    return _session_outcome(ctx, ready=None)
 
 
 class _Finalize(CallStep):
@@ -371,8 +487,14 @@ def _adopt_finalize(ctx: StepContext) -> ReconcileResult:
     state = ctx.call(Catalogue.build_state, request={"sessionId": _session_id(ctx)})
     if state.state is BuildState.PAYMENT_COMPLETE and state.operation is not None:
         return _finalize_result(ctx, state)
+    if ctx.input.version == "2" and state.state in CUSTOMER_AT_WORK:
+        return _finalize_result(ctx, state)  # the confirm arrived: the customer is at its 3DS step
     return NOT_COMMITTED
 
+
+#: durapay's default wait for the form, and the gateway's session life (5 minutes; docs/gateway.md).
+FORM_SECONDS = 360.0
+SESSION_SECONDS = 300.0
 
 BUILD = FlowDefinition(
     "build",
@@ -390,14 +512,26 @@ BUILD = FlowDefinition(
             ("form_completed", "notification"),
             _form_signal,
             _form_deadline,
-            timeout=lambda ctx: ctx.input.formSeconds or 360.0,
+            timeout=lambda ctx: ctx.input.formSeconds or FORM_SECONDS,
+            close=_close_form,
+            on_settle=_challenge_deadline,  # never on to finalize: a cancel or a failure owed only reads
         ),
         _Finalize("finalize", Catalogue.build_finalize_payment, lambda ctx: Call(), adopt=_adopt_finalize, when=_needs_finalize),
+        WaitStep(
+            "challenge",
+            ("notification",),
+            lambda ctx, name, payload: notified(ctx, name, payload, _form_read),
+            _challenge_deadline,
+            timeout=lambda ctx: SESSION_SECONDS,
+            when=_awaits_customer,
+            close=_close_form,
+        ),
         settle_step("settle", "finalize"),
     ),
     summarize,
     input_order_id,
-    "embedded payment form (versions 3 and 2): order, wait for the form, finalize/confirm, outcome",
+    "embedded payment form (versions 3 and 2): order, wait for the form, finalize/confirm (and the customer's "
+    "3DS step after a version 2 confirm), outcome",
 )
 
 

@@ -248,7 +248,7 @@ def test_a_waiting_flow_shows_the_customer_url_and_its_wait(console_stack: Conso
     assert 'data-kind="wait"' in page.text and 'id="action-cancel"' in page.text
     assert operator.get(f"/console/live/flows/{waiting.id}").json() == {"state": "waiting", "version": waiting.version}
     confirm = operator.get(f"/console/flows/{waiting.id}/confirm/cancel")
-    assert "a payment made there afterwards" in confirm.text
+    assert "first closes it where the gateway allows" in confirm.text and "a late payment" in confirm.text
 
 
 def test_the_api_refunds_a_late_payment_for_operators_only(console_stack: ConsoleStack) -> None:

@@ -194,6 +194,7 @@ def test_hpp_card_declined_on_the_page_reported_by_the_notification(live: Live) 
     operation = assert_declined(failed, "100", "soft")
     assert operation["operationId"] == attempt["operationId"]
     assert "readAtDeadline" not in failed.outputs["payment"], "the notification, not the deadline, ended it"
+    assert failed.outputs["payment"]["readAfterNotification"] is True, "checked against the order (the page is over)"
     assert delivered(live.sim, waiting.order_id, "DECLINED")
 
 
@@ -400,10 +401,12 @@ def test_build_form_not_completed_by_the_deadline(clocked_stack: Stack) -> None:
     stack.pass_deadline(waiting.id)
     failed = stack.engine.wait(waiting.id, 30)
     assert failed.state is FlowState.FAILED, failed.summary()
-    assert failed.error == {"type": "Expired"}
-    gateway_state = stack.simulator.state.build_sessions[session_id].state  # PAYMENT_METHOD_SELECTION
-    assert failed.outcome is not None and f"(state {gateway_state})" in failed.outcome["reason"], failed.outcome
-    assert stack.simulator.admin.operations(order_id=failed.order_id) == [], "nothing was charged"
+    assert failed.error is not None and failed.error["type"] == "Expired", failed.error
+    assert failed.outcome is not None and "(state PAYMENT_METHOD_SELECTION)" in failed.outcome["reason"], failed.outcome
+    # durapay's deadline closed the untouched form (/build/cancel), so the customer can no longer pay on it
+    assert stack.simulator.state.build_sessions[session_id].state == "PAYMENT_COMPLETE"
+    (closed,) = stack.simulator.admin.operations(order_id=failed.order_id)
+    assert closed["operationResult"] in {"CANCELED", "CANCELLED"}, "nothing was charged"
 
 
 def test_build_session_expired_at_the_gateway(live: Live) -> None:

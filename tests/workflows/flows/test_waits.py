@@ -1,0 +1,243 @@
+"""Waiting flows end only when the customer can no longer pay (``workflows.flows.waits``).
+
+Each test drives a real flow step by step on a manual clock against the simulator over HTTP: the
+customer acts through the simulator's pages, the merchant and the operator through the engine.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+
+from gateway import Catalogue, PayByLinkRenewRequest
+from simulator import SimulatorServer
+from tests.workflows.flows.session_engine import engine, link_input, step_until
+from workflows.compact import Compactor
+from workflows.engine import Engine
+from workflows.flows.waits import GRACE_SECONDS, KEEP_MARGIN_SECONDS, link_end
+from workflows.states import FlowState
+
+__all__ = ["engine"]
+
+CHALLENGE_PAN = "5186151650005008"  # the simulator's "approved after a 3DS challenge"
+ENDED = {FlowState.SUCCEEDED, FlowState.FAILED, FlowState.CANCELLED, FlowState.NEEDS_ATTENTION}
+
+
+def advance(flows: Engine, sim: SimulatorServer, seconds: float) -> None:
+    """Move both clocks: the engine's (deadlines) and the simulator's (expiries)."""
+    flows.clock.advance(seconds)  # type: ignore[attr-defined]
+    sim.admin.advance_clock(seconds)
+
+
+def build_input(order_id: str, version: str = "2") -> dict[str, Any]:
+    return {
+        "merchantUrl": "https://shop.example",
+        "order": {"orderId": order_id, "amount": "1500", "currency": "EUR"},
+        "paymentSession": {"actionType": "PAY", "amount": "1500", "language": "eng", "paymentService": "CARDS"},
+        "version": version,
+    }
+
+
+def hpp_input(order_id: str) -> dict[str, Any]:
+    return {
+        "order": {"orderId": order_id, "amount": "900", "currency": "EUR"},
+        "paymentSession": {"actionType": "PAY", "amount": "900", "language": "eng", "resultUrl": "https://shop.example/r"},
+        "waitSeconds": 600,
+    }
+
+
+def link_of(record: Any) -> str:
+    return str(record.outputs["create"]["paymentLink"]["linkId"])
+
+
+def link_status(flows: Engine, link_id: str) -> str:
+    return str(flows.gateway().call(Catalogue.get_paybylink, link_id).paymentLink.status)
+
+
+# -- 1. build version 2 with 3DS -------------------------------------------------------------------
+
+
+def test_a_version_2_build_whose_confirm_asks_for_3ds_waits_for_the_customer(engine: tuple[Engine, SimulatorServer]) -> None:
+    flows, sim = engine
+    started = flows.start("build", build_input("v2-3ds-1"))
+    waiting = step_until(flows, started.id, {FlowState.WAITING})
+    session = waiting.outputs["create"]["sessionId"]
+    assert sim.admin.fill_build_form(session, pan=CHALLENGE_PAN, complete_gdi=False) == "READY_FOR_PAYMENT"
+    flows.signal(started.id, "form_completed", {})
+    challenged = step_until(flows, started.id, {FlowState.WAITING, *ENDED})
+    assert challenged.state is FlowState.WAITING, "confirm answered GDI_VERIFICATION: the customer is still paying"
+    assert challenged.step == "challenge"
+    assert challenged.unsettled is not None, "the customer may still pay: money in flight"
+
+    assert sim.admin.complete_build_gdi(session) == "PAYMENT_COMPLETE"
+    paid = sim.admin.operations(order_id=challenged.order_id)
+    done = step_until(flows, started.id, ENDED)  # the notification is lost here: the deadline read finds it
+    assert done.state is FlowState.SUCCEEDED, done.summary()
+    assert done.outcome is not None and done.outcome["operation"]["operationId"] == paid[-1]["operationId"]
+    assert done.unsettled is None
+
+
+def test_a_form_whose_customer_is_at_3ds_at_the_deadline_is_read_until_the_session_ends(
+    engine: tuple[Engine, SimulatorServer],
+) -> None:
+    flows, sim = engine
+    started = flows.start("build", {**build_input("v3-3ds-1", version="3"), "formSeconds": 60})
+    waiting = step_until(flows, started.id, {FlowState.WAITING})
+    session = waiting.outputs["create"]["sessionId"]
+    assert sim.admin.fill_build_form(session, pan=CHALLENGE_PAN, complete_gdi=False) == "GDI_VERIFICATION"
+    advance(flows, sim, 61)
+    flows.run_step(started.id, "form")
+    still = flows.get(started.id)
+    assert still.state is FlowState.WAITING, f"the customer is at the 3DS step: not expired ({still.summary()})"
+    assert sim.admin.complete_build_gdi(session) == "READY_FOR_PAYMENT"
+    done = step_until(flows, started.id, ENDED)
+    assert done.state is FlowState.SUCCEEDED, done.summary()
+
+
+def test_cancelling_a_waiting_form_cancels_its_session_first(engine: tuple[Engine, SimulatorServer]) -> None:
+    flows, _sim = engine
+    started = flows.start("build", build_input("form-cancel-1", version="3"))
+    waiting = step_until(flows, started.id, {FlowState.WAITING})
+    flows.cancel(started.id)
+    done = step_until(flows, started.id, ENDED)
+    assert done.state is FlowState.CANCELLED, done.summary()
+    state = flows.gateway().call(Catalogue.build_state, request={"sessionId": waiting.outputs["create"]["sessionId"]})
+    assert str(state.state) == "PAYMENT_COMPLETE" and state.operation is not None
+    assert str(state.operation.operationResult) in {"CANCELED", "CANCELLED"}, "the form can no longer be paid"
+
+
+# -- 2. renewals followed ----------------------------------------------------------------------------
+
+
+def test_a_link_renewed_outside_the_flow_keeps_the_flow_waiting_to_its_new_expiry(engine: tuple[Engine, SimulatorServer]) -> None:
+    flows, sim = engine
+    started = flows.start("paybylink", link_input("renew-out-1"))
+    waiting = step_until(flows, started.id, {FlowState.WAITING})
+    link_id = link_of(waiting)
+    later = (sim.admin.now() + timedelta(days=20)).date().isoformat()
+    flows.gateway().call(Catalogue.renew_paybylink, link_id, request=PayByLinkRenewRequest(expirationDate=later).wire())
+    assert waiting.due is not None
+    advance(flows, sim, waiting.due - flows.clock.now() + 1)
+    flows.run_step(started.id, "payment")
+    still = flows.get(started.id)
+    assert still.state is FlowState.WAITING, f"the gateway shows the link open: wait on ({still.summary()})"
+    assert still.due == pytest.approx(link_end(later), abs=1), "to the renewed expiry"
+
+    paid = sim.admin.complete_link(link_id)
+    done = step_until(flows, started.id, ENDED)
+    assert done.state is FlowState.SUCCEEDED, done.summary()
+    assert done.outcome is not None and done.outcome["operation"]["operationId"] == paid["operationId"]
+
+
+def test_a_finished_link_flow_is_kept_while_its_link_can_be_paid(engine: tuple[Engine, SimulatorServer]) -> None:
+    flows, _sim = engine
+    expires = (datetime.now(UTC) + timedelta(days=80)).date().isoformat()
+    started = flows.start("paybylink", {**link_input("keep-1"), "expirationDate": expires})
+    step_until(flows, started.id, {FlowState.WAITING})
+    flows.cancel(started.id)  # the link is cancelled first; then the flow ends
+    done = step_until(flows, started.id, ENDED)
+    assert done.state is FlowState.CANCELLED
+    assert done.keep_until == pytest.approx(link_end(expires) + KEEP_MARGIN_SECONDS, abs=1)
+    ttl = flows.redis.ttl(flows.keys.flow(started.id))
+    assert ttl >= link_end(expires) - flows.clock.now() > 70 * 86400, "kept past the 30-day retention"
+    assert Compactor(flows.redis, flows.keys, flows.orders, delay=0.0).run(now=flows.clock.now() + 1) == 1
+    assert flows.redis.ttl(flows.keys.flow(started.id)) >= ttl - 5, "packed, it keeps its time"
+    assert flows.redis.ttl(flows.keys.tokens(done.order_id)) >= ttl - 5, "its notification token as long"
+    assert flows.redis.ttl(flows.keys.order(done.order_id)) >= ttl - 5, "and its order lookup"
+
+
+# -- 3. PENDING at the deadline ------------------------------------------------------------------------
+
+
+def test_an_unknown_link_status_is_never_taken_as_closed() -> None:
+    """Gateway answers stay lenient: a status this version does not know keeps the flow reading."""
+    from gateway import PaymentLink
+    from tests.workflows.flows.session_engine import context_at
+
+    ctx = context_at(now=1_000_000.0, created=999_000.0)
+    link = PaymentLink.model_validate({"linkId": "L1", "status": "SUSPENDED", "expirationDate": "2020-01-01"})
+    from workflows.flows.waits import judge_wait
+
+    outcome = judge_wait(ctx, ("notification",), [], [link], ends=999_500.0)
+    assert type(outcome).__name__ == "Wait", outcome
+    late = context_at(now=999_500.0 + GRACE_SECONDS + 1, created=999_000.0)
+    assert type(judge_wait(late, ("notification",), [], [link], ends=999_500.0)).__name__ == "Attention"
+
+
+# -- 4. cancel closes what the customer can pay --------------------------------------------------------
+
+
+def test_cancelling_a_waiting_link_flow_cancels_the_link_first(engine: tuple[Engine, SimulatorServer]) -> None:
+    flows, _sim = engine
+    started = flows.start("paybylink", link_input("cancel-link-1"))
+    waiting = step_until(flows, started.id, {FlowState.WAITING})
+    answered = flows.cancel(started.id)
+    assert answered.state is FlowState.READY and answered.cancel_requested, "a request: the link is closed first"
+    done = step_until(flows, started.id, ENDED)
+    assert done.state is FlowState.CANCELLED, done.summary()
+    assert link_status(flows, link_of(waiting)) == "CANCELLED", "the customer can no longer pay"
+
+
+def test_a_cancel_that_finds_the_link_paid_ends_succeeded(engine: tuple[Engine, SimulatorServer]) -> None:
+    flows, sim = engine
+    started = flows.start("paybylink", link_input("cancel-link-2"))
+    waiting = step_until(flows, started.id, {FlowState.WAITING})
+    flows.cancel(started.id)
+    paid = sim.admin.complete_link(link_of(waiting))  # the customer was faster than the cancel
+    done = step_until(flows, started.id, ENDED)
+    assert done.state is FlowState.SUCCEEDED, done.summary()
+    assert done.outcome is not None and done.outcome["operation"]["operationId"] == paid["operationId"]
+
+
+def test_cancelling_a_hosted_page_flow_ends_cancelled_and_keeps_listening(engine: tuple[Engine, SimulatorServer]) -> None:
+    flows, _sim = engine
+    started = flows.start("hpp", hpp_input("cancel-hpp-1"))
+    waiting = step_until(flows, started.id, {FlowState.WAITING})
+    flows.cancel(started.id)
+    done = step_until(flows, started.id, ENDED)
+    assert done.state is FlowState.CANCELLED, done.summary()
+    assert flows.tokens_for_order(waiting.order_id), "a later payment on the page is still verified and found"
+
+
+def test_durapay_s_own_renewal_moves_the_waiting_flow_s_deadline_at_once(engine: tuple[Engine, SimulatorServer]) -> None:
+    flows, sim = engine
+    started = flows.start("paybylink", link_input("renew-own-1"))
+    waiting = step_until(flows, started.id, {FlowState.WAITING})
+    later = (sim.admin.now() + timedelta(days=30)).date().isoformat()
+    renewal = flows.start("paybylink_renew", {"linkId": link_of(waiting), "expirationDate": later})
+    assert step_until(flows, renewal.id, ENDED).state is FlowState.SUCCEEDED
+    moved = step_until(flows, started.id, {FlowState.WAITING}, limit=3)
+    flows.run_step(started.id, "payment")  # the link_changed signal resumed it: it reads the link
+    moved = flows.get(started.id)
+    assert moved.state is FlowState.WAITING
+    assert moved.due == pytest.approx(link_end(later), abs=1), "its deadline is the renewed expiry"
+    assert moved.keep_until >= link_end(later), "and it is kept as long"
+
+
+def test_a_modified_link_s_expiry_is_followed(engine: tuple[Engine, SimulatorServer]) -> None:
+    flows, sim = engine
+    started = flows.start("paybylink", link_input("modify-1"))
+    waiting = step_until(flows, started.id, {FlowState.WAITING})
+    later = (sim.admin.now() + timedelta(days=12)).date().isoformat()
+    change = flows.start("paybylink_modify", {"linkId": link_of(waiting), "expirationDate": later})
+    assert step_until(flows, change.id, ENDED).state is FlowState.SUCCEEDED
+    flows.run_step(started.id, "payment")
+    assert flows.get(started.id).due == pytest.approx(link_end(later), abs=1)
+
+
+def test_a_link_renewed_after_its_flow_ended_keeps_that_flow_until_the_new_expiry(
+    engine: tuple[Engine, SimulatorServer],
+) -> None:
+    flows, sim = engine
+    started = flows.start("paybylink", link_input("renew-late-1"))
+    waiting = step_until(flows, started.id, {FlowState.WAITING})
+    sim.admin.complete_link(link_of(waiting), pan="4349940199997007")  # declined: the link is FAILED
+    ended = step_until(flows, started.id, ENDED)
+    assert ended.state is FlowState.FAILED, ended.summary()
+    later = (sim.admin.now() + timedelta(days=85)).date().isoformat()
+    renewal = flows.start("paybylink_renew", {"linkId": link_of(waiting), "expirationDate": later})
+    assert step_until(flows, renewal.id, ENDED).state is FlowState.SUCCEEDED
+    assert flows.redis.ttl(flows.keys.flow(started.id)) > 80 * 86400, "kept while the renewed link can be paid"
+    assert flows.redis.ttl(flows.keys.tokens(ended.order_id)) > 80 * 86400, "its notifications still verified"

@@ -1,0 +1,209 @@
+"""The end of a wait for a customer: one rule for every flow that waits on a page, a link or a form.
+
+A flow that waits for a customer (``hpp``, ``paybylink``, ``build``, ``reservation``) holds something the
+customer can pay on. Its record marks that as money in flight (``workflows.inflight``: the create's
+answer opens it), so the flow ends ``failed`` or ``cancelled`` only on the gateway's word that the
+customer can no longer pay (docs/durability.md, "Waiting flows"):
+
+* the order shows a successful payment: the flow succeeds with it, however late;
+* a payment is ``PENDING`` (an APM still running): the flow reads again at a bounded pace
+  (:func:`pace`) until :data:`GRACE_SECONDS` after the instrument's expiry, then a person looks;
+* the link is ``EXPIRED``, ``CANCELLED`` or ``FAILED``, the page or form recorded its outcome: the
+  customer can no longer pay, the output says so (:data:`CLOSED`) and the flow ends;
+* the link is ``ACTIVE`` with a later expiry (renewed or modified, by durapay or not): the wait goes on
+  to that expiry; ``ACTIVE`` past its expiry: read again at a bounded pace, then a person looks.
+
+A cancel closes what the gateway lets the merchant close (``WaitStep.close``: the link's cancel, the
+form's cancel) and then reads the same way; a hosted page cannot be closed (docs/gateway.md), so its
+record is kept while it may still be paid and a later payment shows as a late payment.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Sequence
+from datetime import UTC, date, datetime, timedelta
+from typing import Any
+
+from gateway import (
+    SUCCESS_RESULTS,
+    BadRequest,
+    Catalogue,
+    NotFound,
+    Operation,
+    OperationResult,
+    PaymentLink,
+    PaymentLinkStatus,
+    reported_payment,
+)
+from tasks.outcomes import Advance, Attention, Finish, Outcome, Wait
+from tasks.runner import StepContext
+from workflows.flows._adopt import page_payment
+from workflows.flows._common import judge_operation, read_order
+
+#: Output key of a wait's end: why the customer can no longer pay (the gateway's word). A completion
+#: carrying it settles the flow's money in flight (``workflows.inflight``).
+CLOSED = "closed"
+#: Reads after a deadline, while something is still open: every tenth of the flow's age, at least every
+#: 5 minutes, at most every 6 hours (so a bounded number of reads over any life).
+PACE_MIN_SECONDS = 300.0
+PACE_MAX_SECONDS = 21600.0
+#: How long after its instrument's expiry a flow goes on reading a PENDING payment, or a link the
+#: gateway still shows ACTIVE, before it stops for a person.
+GRACE_SECONDS = 7 * 86400.0
+#: A finished flow's record, order lookups and notification tokens live at least this long after the
+#: last moment its customer could pay (its link's expiry, the last deadline it waited for), whatever
+#: ``DURAPAY_ENGINE__RETENTION_DAYS`` says. A hosted page has no cancel and no published lifetime
+#: (docs/gateway.md): a payment on it within the margin (or the retention, if longer) is still found.
+KEEP_MARGIN_SECONDS = 86400.0
+
+_CLOSED_LINKS = {
+    PaymentLinkStatus.EXPIRED: ("the pay-by-link expired unpaid", "LinkExpired"),
+    PaymentLinkStatus.CANCELLED: ("the pay-by-link was cancelled", "LinkCancelled"),
+    PaymentLinkStatus.FAILED: ("the pay-by-link can no longer be paid (FAILED)", "LinkFailed"),
+}
+
+
+def link_end(expiration_date: str) -> float:
+    """The last moment a link may be paid: the end of its expiration day (UTC), plus a minute for the
+    gateway's own expiry run."""
+    day = date.fromisoformat(expiration_date[:10])
+    return (datetime(day.year, day.month, day.day, tzinfo=UTC) + timedelta(days=1, minutes=1)).timestamp()
+
+
+def pace(ctx: StepContext) -> float:
+    """Seconds to the next read of something still open after a deadline."""
+    return min(max(PACE_MIN_SECONDS, (ctx.now - ctx.created) / 10), PACE_MAX_SECONDS)
+
+
+def keep_until(output: dict[str, Any]) -> float | None:
+    """The moment until which a flow whose output shows ``paymentLink`` must be kept (its expiry plus a
+    margin): the record and its lookups outlive the retention while the customer can still pay."""
+    link = output.get("paymentLink")
+    if not isinstance(link, dict) or not isinstance(link.get("expirationDate"), str):
+        return None
+    try:
+        return link_end(link["expirationDate"]) + KEEP_MARGIN_SECONDS
+    except ValueError:
+        return None
+
+
+def read_later(ctx: StepContext, signals: tuple[str, ...], horizon: float, what: str, error: dict[str, Any]) -> Outcome:
+    """Something is still open after a deadline: wait on (a notification resumes the flow) and read again
+    at :func:`pace`, until ``horizon``; then a person looks, told what is open."""
+    if ctx.now >= horizon:
+        return Attention(f"{what}, {GRACE_SECONDS / 86400:g} days after it could be paid: look at the gateway", error)
+    return Wait(signals, min(ctx.now + pace(ctx), horizon), note=f"{what}; read again later")
+
+
+def judge_wait(
+    ctx: StepContext,
+    signals: tuple[str, ...],
+    operations: Sequence[Operation],
+    links: Sequence[PaymentLink],
+    *,
+    ends: float,
+    shown: dict[str, Any] | None = None,
+    read: str = "readAtDeadline",
+) -> Outcome | None:
+    """What the gateway shows for a waiting flow's order, as its outcome; None when it shows nothing
+    paid, nothing pending and no link (a hosted page or form: the caller reads its own state).
+
+    ``ends``: when the instrument stopped being payable by its first terms (the deadline it was given);
+    a PENDING payment, or a link the gateway still shows open past it, is read until ``ends`` plus
+    :data:`GRACE_SECONDS`. ``read``: the output's mark of why the gateway was read (at the deadline, or
+    after a notification that was not a success)."""
+    shown = dict(shown or ({"paymentLink": links[-1].wire()} if links else {}))
+    paid = page_payment(operations)
+    if paid is not None and paid.operationResult in SUCCESS_RESULTS:
+        return judge_operation(paid, {"operation": paid.wire(), read: True, **shown})
+    pending = [op for op in operations if op.operationResult is OperationResult.PENDING]
+    if pending:
+        what = f"payment {pending[-1].operationId} is still PENDING"
+        error = {"type": "PaymentPending", "operation": reported_payment({"operation": pending[-1].wire()}) or {}}
+        return read_later(ctx, signals, ends + GRACE_SECONDS, what, error)
+    active = [link for link in links if link.status is PaymentLinkStatus.ACTIVE]
+    if active:
+        link = active[-1]
+        until = link_end(link.expirationDate) if link.expirationDate else ends
+        if until > ctx.now:  # open (renewed or modified, by durapay or not): wait on to its expiry
+            return Wait(signals, until, note=f"link {link.linkId} open until {link.expirationDate}")
+        return read_later(
+            ctx, signals, max(until, ends) + GRACE_SECONDS, f"link {link.linkId} is still ACTIVE after its expiry",
+            {"type": "LinkStillOpen", "linkId": link.linkId},
+        )  # fmt: skip
+    if paid is not None:  # a failed payment, and nothing left open: the page or link has its outcome
+        outcome = judge_operation(paid, {"operation": paid.wire(), read: True, **shown, CLOSED: "paid-failed"})
+        return outcome
+    for link in reversed(links):
+        closed = _CLOSED_LINKS.get(link.status) if isinstance(link.status, PaymentLinkStatus) else None
+        if closed is not None:
+            return Finish(False, closed[0], {**shown, CLOSED: str(link.status)}, error={"type": closed[1]})
+    if links:  # a status this version does not know: never taken as closed
+        return read_later(
+            ctx, signals, ends + GRACE_SECONDS, f"link {links[-1].linkId} is {links[-1].status}",
+            {"type": "LinkStatusUnknown", "linkId": links[-1].linkId},
+        )  # fmt: skip
+    return None
+
+
+def cancel_link(ctx: StepContext, link_id: str | None) -> None:
+    """Close a link before a cancel ends its flow. Refused (already paid, cancelled or expired) or gone:
+    the read that follows says what it is."""
+    if not link_id:
+        return
+    with contextlib.suppress(BadRequest, NotFound):
+        ctx.call(Catalogue.cancel_paybylink, link_id)
+
+
+def notified(
+    ctx: StepContext, name: str, payload: dict[str, Any], read: Callable[[StepContext, Outcome | None], Outcome]
+) -> Outcome:
+    """A verified notification: a success ends the wait; anything else (PENDING, a decline, an expiry)
+    is checked against what the gateway shows (``read(ctx, None)``, the step's own read), since a
+    declined customer may try again on a link still open; ``read(ctx, outcome)`` may add to a success
+    what the gateway shows now (a link's status). A payment on an earlier order of the flow is money the
+    flow must account for: a person looks."""
+    data = payload.get("operation")
+    if not isinstance(data, dict):
+        return Wait((name,), ctx.wait_deadline or ctx.now)
+    operation = Operation.model_validate(data)
+    if operation.orderId and ctx.order_id and operation.orderId != ctx.order_id:
+        if operation.operationResult in SUCCESS_RESULTS:
+            return earlier_order_paid(ctx, operation)
+        return Wait((name,), ctx.wait_deadline or ctx.now, note="notification of an earlier order ignored")
+    if operation.operationResult in SUCCESS_RESULTS:
+        outcome = judge_operation(operation, {"operation": operation.wire()})
+        return read(ctx, outcome) if isinstance(outcome, Advance | Finish) else outcome
+    return read(ctx, None)
+
+
+def earlier_order_paid(ctx: StepContext, operation: Operation) -> Attention:
+    paid = reported_payment({"operation": operation.wire()}) or {}
+    return Attention(
+        f"the gateway reports {operation.operationResult} of operation {operation.operationId} on the flow's earlier "
+        f"order {operation.orderId} (the flow now uses {ctx.order_id})",
+        {"type": "LatePayment", "endedAs": "moved to a new order", "operation": paid},
+    )
+
+
+def earlier_payment(ctx: StepContext) -> Operation | None:
+    """A successful payment on an order the flow made before its current one (read at the deadline,
+    in case that page's notification never came)."""
+    for order_id in ctx.orders:
+        if order_id == ctx.order_id:
+            continue
+        try:
+            found = ctx.call(Catalogue.get_order, order_id)
+        except NotFound:
+            continue
+        for operation in found.operations:
+            if operation.operationResult in SUCCESS_RESULTS:
+                return operation
+    return None
+
+
+def order_state(ctx: StepContext) -> tuple[list[Operation], list[PaymentLink]]:
+    """The flow's current order as the gateway has it: its operations and links (none if unknown)."""
+    found = read_order(ctx)
+    return (list(found.operations), list(found.all_links())) if found else ([], [])
