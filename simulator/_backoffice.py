@@ -20,6 +20,7 @@ from gateway import (
     PostOperationRequest,
 )
 from simulator import _ledger
+from simulator._direct import refresh_page
 from simulator._links import refresh as refresh_link
 from simulator._lists import Window, newest_first
 from simulator._protocol import Call, Handler, Reply, SimError, ok
@@ -67,6 +68,7 @@ def _order(sim: Simulator, order_id: str) -> OrderRecord:
     sim.pending.settle_due()
     for link_id in order.link_ids:
         refresh_link(sim, sim.state.links[link_id])
+    refresh_page(sim, order)
     return order
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
-from simulator import _build, _links
+from simulator import _build, _direct, _links
 from simulator._clock import Clock
 from simulator._config import SimulatorConfig
 from simulator._faults import Faults
@@ -84,11 +84,13 @@ class Simulator:
         self.scheduler.call_later(self.auto_complete_ms / 1000.0, job)
 
     def sweep(self) -> None:
-        """Expire what the clock says is over: links past their date, build sessions past 5 minutes; settle
+        """Expire what the clock says is over: links past their date, build sessions past 5 minutes, hosted
+        pages past their day; settle
         the PENDING operations whose ``settle_after`` has passed."""
         with self.state.lock:
             _links.expire_due(self)
             _build.expire_due(self)
+            _direct.expire_pages(self)
             self.pending.settle_due()
 
     def _save_if_dirty(self) -> None:

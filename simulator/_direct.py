@@ -16,6 +16,7 @@ Wallet: ``walletPaymentData`` picks the outcome: ``{"outcome": "116"}`` (any out
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import TYPE_CHECKING
 from urllib.parse import quote
 
@@ -31,6 +32,7 @@ from gateway import (
     WalletPayRequest,
 )
 from simulator._cards import OUTCOME_APPROVED, outcome_from_token
+from simulator._clock import parse_iso
 from simulator._config import AUTO_COMPLETE_PAN
 from simulator._payments import (
     abandon_on_page,
@@ -47,7 +49,7 @@ from simulator._payments import (
     verify,
 )
 from simulator._protocol import Call, Handler, Origin, Reply, SimError, ok
-from simulator._records import OperationRecord
+from simulator._records import OperationRecord, OrderRecord
 
 if TYPE_CHECKING:
     from simulator._core import Simulator
@@ -84,11 +86,33 @@ def create_hpp_order(sim: Simulator, call: Call) -> Reply:
     return ok({"hostedPage": f"{call.root_url}/_sim/hpp/{quote(order_id, safe='')}", "securityToken": token})
 
 
+#: How long a hosted page can be paid: public material gives no lifetime (docs/gateway.md), so the
+#: simulator picks one; then the order gets an ``EXPIRED`` operation and its notification, as a form's
+#: session does after its 5 minutes (a payment PENDING on the page holds it open until it settles).
+HOSTED_PAGE_LIFETIME = timedelta(days=1)
+PAGE_EXPIRY_ORIGIN = Origin("hpp_expiry", "/_sim/clock")
+
+
+def refresh_page(sim: Simulator, order: OrderRecord) -> None:
+    """Expire ``order``'s hosted page if it outlived :data:`HOSTED_PAGE_LIFETIME` unpaid."""
+    if order.kind != "hpp" or not order.page_open or page_payment_in_progress(sim, order) is not None:
+        return
+    if sim.clock.now() > parse_iso(order.created_at) + HOSTED_PAGE_LIFETIME:
+        abandon_on_page(sim, order, PAGE_EXPIRY_ORIGIN, result=OperationResult.EXPIRED.value)
+        sim.state.dirty = True
+
+
+def expire_pages(sim: Simulator) -> None:
+    for order in list(sim.state.orders.values()):
+        refresh_page(sim, order)
+
+
 def pay_hpp(sim: Simulator, order_id: str, origin: Origin, *, pan: str, expiry: str, cancel: bool) -> OperationRecord:
     """The customer's action on the hosted page (also the auto-completion)."""
     order = sim.state.orders.get(order_id)
     if order is None or order.kind != "hpp":
         raise SimError(404, None, f"no hosted page for order {order_id}")
+    refresh_page(sim, order)
     held = page_payment_in_progress(sim, order)
     if held is not None:
         raise SimError(409, None, f"the hosted page of order {order_id} is in use: payment {held.operation_id} is PENDING")

@@ -9,6 +9,7 @@ import pytest
 
 from gateway import BadRequest, Catalogue, GatewayClient, NotFound
 from simulator import SimulatorAdminError, SimulatorServer
+from simulator._direct import HOSTED_PAGE_LIFETIME
 from tests.simulator.scenario import Scenario
 from tests.simulator.support import DECLINE, card, order, session
 
@@ -42,6 +43,17 @@ def test_the_hosted_page_is_a_form_a_person_can_use(client: GatewayClient, sim: 
     page = httpx.get(hosted)
     assert page.status_code == 200 and '<input name="pan"' in page.text
     assert sim.admin.complete_hpp("h#1")["operationResult"] == "EXECUTED"
+
+
+def test_a_hosted_page_unpaid_for_a_day_expires_and_can_no_longer_be_paid(client: GatewayClient, sim: SimulatorServer) -> None:
+    client.call(Catalogue.create_hpp_order, request={"order": order("day-1"), "paymentSession": session()})
+    sim.admin.advance_clock(HOSTED_PAGE_LIFETIME.total_seconds() - 60)
+    assert client.call(Catalogue.get_order, "day-1").operations == [], "still open just before its day is up"
+    sim.admin.advance_clock(120)
+    [op] = client.call(Catalogue.get_order, "day-1").operations
+    assert (op.operationType, op.operationResult) == ("AUTHORIZATION", "EXPIRED")
+    with pytest.raises(SimulatorAdminError, match="already completed"):
+        sim.admin.complete_hpp("day-1")
 
 
 def test_a_verify_session_verifies_the_card_without_charging(client: GatewayClient, sim: SimulatorServer) -> None:
