@@ -145,7 +145,9 @@ def _payment_read(ctx: StepContext) -> Outcome:
         later = min(max(ADOPTED_READ_SECONDS, (ctx.now - ctx.created) / 10), ADOPTED_READ_MAX_SECONDS)
         return Wait(("notification",), ctx.now + later, note="adopted link still open; read again later")
     created = ctx.output("link").get("paymentLink") or {}
-    ends = link_end(str(created["expirationDate"])) if created.get("expirationDate") else (ctx.wait_deadline or ctx.now)
+    ends = ctx.created + (ctx.input.waitSeconds or 30 * 86400.0)  # fixed: never moves with the wait
+    if created.get("expirationDate"):
+        ends = link_end(str(created["expirationDate"]))
     judged = judge_wait(ctx, ("notification",), found.operations, links, ends=ends)
     return judged or Finish(False, "no payment by the deadline", error={"type": "Expired"})
 

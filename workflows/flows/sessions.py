@@ -117,7 +117,7 @@ def _ends(ctx: StepContext) -> float:
     created = ctx.output("create").get("paymentLink")
     if isinstance(created, dict) and isinstance(created.get("expirationDate"), str):
         return link_end(created["expirationDate"])
-    return ctx.wait_deadline or ctx.now
+    return ctx.created + (getattr(ctx.input, "waitSeconds", None) or HPP_SECONDS)  # fixed: never moves with the wait
 
 
 def _read_order_at_deadline(ctx: StepContext, waited_for: str, *, read: str = "readAtDeadline") -> Outcome:
@@ -147,6 +147,9 @@ def _read_order_at_deadline(ctx: StepContext, waited_for: str, *, read: str = "r
     closed = {CLOSED: "hosted page: no payment by the deadline (the gateway cannot close it)", read: True}
     return Finish(False, f"no payment by the deadline ({waited_for})", closed, error={"type": "Expired"})
 
+
+#: durapay's default wait for a hosted page's customer (``waitSeconds``).
+HPP_SECONDS = 1800.0
 
 #: The output's mark of a read made because a notification was not a success (a decline, PENDING).
 AFTER_NOTIFICATION = "readAfterNotification"
@@ -184,7 +187,7 @@ HPP = FlowDefinition(
             adopt=new_order_if_never_charged("the hosted page answer was lost before the customer saw it"),
             customer_url=lambda output: output.get("hostedPage"),
         ),
-        _await("payment", lambda ctx: ctx.input.waitSeconds or 1800.0, "hosted payment page"),
+        _await("payment", lambda ctx: ctx.input.waitSeconds or HPP_SECONDS, "hosted payment page"),
     ),
     summarize,
     input_order_id,
@@ -395,7 +398,8 @@ def _session_outcome(ctx: StepContext, *, ready: Outcome | None, close: bool = T
         if not isinstance(outcome, Advance | Finish):  # PENDING: a payment still running
             return read_later(
                 ctx, ("notification",), _form_ends(ctx) + GRACE_SECONDS,
-                f"payment {state.operation.operationId} is still PENDING", {"type": "PaymentPending"},
+                f"payment {state.operation.operationId} is still PENDING",
+                {"type": "PaymentPending", "operationId": state.operation.operationId, "orderId": state.operation.orderId},
             )  # fmt: skip
         return outcome
     if state.state in CUSTOMER_AT_WORK:

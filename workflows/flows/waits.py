@@ -120,7 +120,7 @@ def judge_wait(
     pending = [op for op in operations if op.operationResult is OperationResult.PENDING]
     if pending:
         what = f"payment {pending[-1].operationId} is still PENDING"
-        error = {"type": "PaymentPending", "operation": reported_payment({"operation": pending[-1].wire()}) or {}}
+        error = {"type": "PaymentPending", "operationId": pending[-1].operationId, "orderId": pending[-1].orderId}
         return read_later(ctx, signals, ends + GRACE_SECONDS, what, error)
     active = [link for link in links if link.status is PaymentLinkStatus.ACTIVE]
     if active:

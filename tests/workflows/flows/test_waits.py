@@ -6,13 +6,15 @@ customer acts through the simulator's pages, the merchant and the operator throu
 
 from __future__ import annotations
 
+import json
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
 
 from gateway import Catalogue, PayByLinkRenewRequest
-from simulator import SimulatorServer
+from service.receiver import NotificationReceiver
+from simulator import PAGE_PAYMENT, SimulatorServer
 from tests.workflows.flows.session_engine import engine, link_input, step_until
 from workflows.compact import Compactor
 from workflows.engine import Engine
@@ -151,6 +153,49 @@ def test_a_finished_link_flow_is_kept_while_its_link_can_be_paid(engine: tuple[E
 # -- 3. PENDING at the deadline ------------------------------------------------------------------------
 
 
+def test_a_page_payment_still_pending_at_the_deadline_is_read_until_it_settles(engine: tuple[Engine, SimulatorServer]) -> None:
+    flows, sim = engine
+    started = flows.start("hpp", hpp_input("pending-hpp-1"))
+    waiting = step_until(flows, started.id, {FlowState.WAITING})
+    sim.admin.pend(PAGE_PAYMENT, final="000")
+    assert sim.admin.complete_hpp(waiting.order_id)["operationResult"] == "PENDING"  # an APM, say
+    for _ in range(6):  # well past the three extensions that used to end it "no payment"
+        record = flows.get(started.id)
+        assert record.due is not None
+        advance(flows, sim, record.due - flows.clock.now() + 1)
+        flows.run_step(started.id, "payment")
+        still = flows.get(started.id)
+        assert still.state is FlowState.WAITING, f"the payment is PENDING: not over ({still.summary()})"
+    (held,) = sim.admin.settle_pending()  # the payment executes; its notification is lost here
+    record = flows.get(started.id)
+    assert record.due is not None
+    advance(flows, sim, record.due - flows.clock.now() + 1)
+    flows.run_step(started.id, "payment")
+    done = flows.get(started.id)
+    assert done.state is FlowState.SUCCEEDED, done.summary()
+    assert done.outcome is not None and done.outcome["operation"]["operationId"] == held
+
+
+def test_a_payment_pending_for_longer_than_its_grace_stops_for_a_person(engine: tuple[Engine, SimulatorServer]) -> None:
+    flows, sim = engine
+    started = flows.start("hpp", hpp_input("pending-hpp-2"))
+    waiting = step_until(flows, started.id, {FlowState.WAITING})
+    sim.admin.pend(PAGE_PAYMENT, final="000")
+    paid = sim.admin.complete_hpp(waiting.order_id)
+    for _ in range(80):  # bounded: every read at most 6 hours apart, for at most 7 days
+        record = flows.get(started.id)
+        if record.state is not FlowState.WAITING:
+            break
+        assert record.due is not None
+        flows.clock.advance(record.due - flows.clock.now() + 1)  # the simulator's clock stays: still PENDING
+        flows.run_step(started.id, "payment")
+    stopped = flows.get(started.id)
+    assert stopped.state is FlowState.NEEDS_ATTENTION, stopped.summary()
+    assert stopped.error is not None and stopped.error["type"] == "PaymentPending"
+    assert stopped.error["operationId"] == paid["operationId"], "it names what is still open"
+    assert stopped.unsettled is not None, "the money is still in flight: a cancel reads first"
+
+
 def test_an_unknown_link_status_is_never_taken_as_closed() -> None:
     """Gateway answers stay lenient: a status this version does not know keeps the flow reading."""
     from gateway import PaymentLink
@@ -241,3 +286,97 @@ def test_a_link_renewed_after_its_flow_ended_keeps_that_flow_until_the_new_expir
     assert step_until(flows, renewal.id, ENDED).state is FlowState.SUCCEEDED
     assert flows.redis.ttl(flows.keys.flow(started.id)) > 80 * 86400, "kept while the renewed link can be paid"
     assert flows.redis.ttl(flows.keys.tokens(ended.order_id)) > 80 * 86400, "its notifications still verified"
+
+    paid = sim.admin.complete_link(link_of(waiting))  # the customer pays the renewed link
+    (note,) = [n for n in sim.admin.notifications() if n["body"]["operation"]["operationId"] == paid["operationId"]]
+    receiver = NotificationReceiver(flows, flows.settings.receiver)
+    assert receiver.receive(json.dumps(note["body"]).encode()).status == 200, "verified, not refused (401)"
+    late = flows.get(started.id)
+    assert late.state is FlowState.NEEDS_ATTENTION and (late.error or {}).get("type") == "LatePayment", late.summary()
+    assert late.error is not None and late.error["operation"]["operationId"] == paid["operationId"]
+
+
+# -- 5. suspected from reading: each confirmed (and fixed) or refuted ---------------------------------
+
+
+def test_a_form_whose_customer_is_on_an_apm_page_at_the_deadline_is_not_expired(engine: tuple[Engine, SimulatorServer]) -> None:
+    """Confirmed: ``_form_deadline`` took REDIRECTED_TO_EXTERNAL_DOMAIN for an expired form."""
+    flows, sim = engine
+    data = build_input("apm-1", version="3")
+    data["paymentSession"] = {**data["paymentSession"], "paymentService": "PAYPAL"}
+    started = flows.start("build", {**data, "formSeconds": 60})
+    waiting = step_until(flows, started.id, {FlowState.WAITING})
+    assert waiting.outputs["create"].get("state") == "REDIRECTED_TO_EXTERNAL_DOMAIN"
+    advance(flows, sim, 61)
+    flows.run_step(started.id, "form")
+    still = flows.get(started.id)
+    assert still.state is FlowState.WAITING, f"the customer may still pay on the APM page ({still.summary()})"
+    sim.admin.fill_build_form(waiting.outputs["create"]["sessionId"])  # pays on the APM page
+    assert still.due is not None
+    advance(flows, sim, still.due - flows.clock.now() + 1)
+    done = step_until(flows, started.id, ENDED)
+    assert done.state is FlowState.SUCCEEDED, done.summary()
+
+
+def test_a_decline_on_a_link_the_gateway_keeps_open_does_not_end_the_wait() -> None:
+    """Refuted for the simulator (its link is FAILED after a decline: the flow then ends), confirmed as a
+    reading of the code: the flow now reads the link instead of taking the decline as the end."""
+    from gateway import Operation, PaymentLink
+    from tests.workflows.flows.session_engine import context_at
+    from workflows.flows.waits import judge_wait
+
+    ctx = context_at(now=1_000_000.0, created=999_000.0)
+    declined = Operation.model_validate(
+        {"operationId": "1", "orderId": "o", "operationType": "AUTHORIZATION", "operationResult": "DECLINED"}
+    )
+    open_link = PaymentLink.model_validate({"linkId": "L1", "status": "ACTIVE", "expirationDate": "2099-01-01"})
+    assert type(judge_wait(ctx, ("notification",), [declined], [open_link], ends=999_500.0)).__name__ == "Wait"
+    failed_link = PaymentLink.model_validate({"linkId": "L1", "status": "FAILED", "expirationDate": "2099-01-01"})
+    ended = judge_wait(ctx, ("notification",), [declined], [failed_link], ends=999_500.0)
+    assert type(ended).__name__ == "Finish" and not ended.succeeded  # type: ignore[union-attr]
+
+
+def test_a_pending_notification_before_the_wait_began_keeps_the_whole_wait(engine: tuple[Engine, SimulatorServer]) -> None:
+    """Refuted: a notification that is not final, consumed at the wait's first run, does not set the
+    deadline to now (the wait's own deadline stands)."""
+    flows, _sim = engine
+    started = flows.start("hpp", hpp_input("early-pending-1"))
+    flows.run_step(started.id, "create")
+    record = flows.get(started.id)
+    pending = {"orderId": record.order_id, "operationId": "9", "operationType": "AUTHORIZATION", "operationResult": "PENDING"}
+    flows.signal(started.id, "notification", {"operation": pending}, by="notification")
+    flows.run_step(started.id, "payment")
+    waiting = flows.get(started.id)
+    assert waiting.state is FlowState.WAITING
+    assert waiting.due == pytest.approx(flows.clock.now() + 600, abs=2), "its waitSeconds, not now"
+
+
+def test_after_a_pending_notification_a_form_still_takes_form_completed(engine: tuple[Engine, SimulatorServer]) -> None:
+    """Refuted: the wait listens for its own signals again, not only for notifications."""
+    flows, _sim = engine
+    started = flows.start("build", build_input("build-pending-1", version="3"))
+    waiting = step_until(flows, started.id, {FlowState.WAITING})
+    pending = {"orderId": waiting.order_id, "operationId": "9", "operationType": "AUTHORIZATION", "operationResult": "PENDING"}
+    assert flows.signal(started.id, "notification", {"operation": pending}, by="notification") == "resumed"
+    flows.run_step(started.id, "form")
+    again = flows.get(started.id)
+    assert again.state is FlowState.WAITING and again.wait is not None
+    assert set(again.wait["signals"]) == {"form_completed", "notification"}
+
+
+def test_a_deadline_read_the_gateway_keeps_refusing_stops_for_a_person_not_failed(engine: tuple[Engine, SimulatorServer]) -> None:
+    """Confirmed: a deadline read refused until ``max_attempts`` ended a waiting flow ``failed`` while its
+    link could be paid; now the failure is owed to a read, bounded, then a person looks."""
+    flows, sim = engine
+    started = flows.start("paybylink", link_input("refused-read-1"))
+    waiting = step_until(flows, started.id, {FlowState.WAITING})
+    assert waiting.due is not None
+    advance(flows, sim, waiting.due - flows.clock.now() + 1)
+    sim.admin.set_faults(mode="error", status=429, operation="get_order", count=1000)
+    stopped = step_until(flows, started.id, ENDED, limit=60)
+    assert stopped.state is FlowState.NEEDS_ATTENTION, stopped.summary()
+    assert stopped.unsettled is not None, "the link is still money in flight"
+    sim.admin.clear_faults()
+    flows.retry(started.id)
+    read = step_until(flows, started.id, {FlowState.WAITING, *ENDED}, limit=5)
+    assert read.state in {FlowState.WAITING, FlowState.FAILED}, read.summary()  # the gateway's word, whichever
