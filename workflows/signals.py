@@ -48,12 +48,20 @@ def _one_answer(schema: dict[str, Any]) -> None:
 
 class ThreeDSResult(StrictModel):
     """``3ds_result``: what the issuer's page posted back to the merchant after the 3DS challenge: its
-    answer, as ``threeDSAuthResponse`` or (3DS 1's name) ``PaRes``, exactly one of them."""
+    answer, as ``threeDSAuthResponse`` or (3DS 1's name) ``PaRes``, exactly one of them; and, as the page
+    returned it, ``paymentId`` (the challenged operation's id)."""
 
     model_config = ConfigDict(extra="forbid", json_schema_extra=lambda schema: _one_answer(schema))
 
     threeDSAuthResponse: str | None = Field(default=None, description="the challenge's answer")
     PaRes: str | None = Field(default=None, description="the same under its 3DS 1 name")
+    paymentId: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=64,
+        description="the operation the challenge was for, as the issuer's page returned it (recommended: a "
+        "result for another challenge of the flow is then dropped, not taken as this one's)",
+    )
 
     @model_validator(mode="before")
     @classmethod

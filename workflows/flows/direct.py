@@ -34,7 +34,7 @@ from gateway import (
     Unknown,
     WalletPayRequest,
 )
-from tasks.outcomes import Advance, Attention, Finish, Outcome
+from tasks.outcomes import Advance, Attention, Finish, Outcome, Wait
 from tasks.runner import NOT_COMMITTED, UNCLEAR, ReconcileResult, StepContext
 from workflows.flows._adopt import adopt_operation_of, adopt_order_payment, new_order_if_never_charged
 from workflows.flows._common import (
@@ -115,6 +115,11 @@ def _operation_id(ctx: StepContext) -> str:
 
 
 def _challenge_signal(ctx: StepContext, name: str, payload: dict[str, Any]) -> Outcome:
+    """The customer's challenge answer. One that names another operation (``paymentId``: a first challenge
+    of this flow, before a lost init answer moved it to a new order) is not this challenge's: dropped."""
+    named = payload.get("paymentId")
+    if named and str(named) != _operation_id(ctx):
+        return Wait(("3ds_result",), ctx.wait_deadline or ctx.now, note=f"a 3ds_result for operation {named} dropped")
     response = payload.get("threeDSAuthResponse") or payload.get("PaRes")
     if not response:
         return Finish(False, "the 3DS result carried no threeDSAuthResponse (PaRes)")

@@ -255,3 +255,21 @@ def test_a_retry_after_a_stop_during_the_challenge_resumes_that_challenge_with_i
     (operation,) = operations_of(rig, waiting.order_id)
     assert operation["operationId"] == operation_id and operation["operationResult"] in {"EXECUTED", "AUTHORIZED"}
     assert done.signals == [], "the result was consumed by its challenge"
+
+
+def test_a_3ds_result_naming_another_operation_is_dropped_not_taken_as_this_challenges(rig: Rig) -> None:
+    """A challenge answer names its operation (``paymentId``, as the issuer's page returns it): one for
+    another challenge of the flow (a first one, before a lost init answer moved the flow to a new order)
+    is dropped; the flow waits on for its own, which it validates and pays."""
+    started = rig.start("ch-named")
+    waiting = rig.step_until(started.id, {FlowState.WAITING})
+    operation_id = waiting.outputs["init"]["operation"]["operationId"]
+    pares = rig.pares(waiting)
+    assert rig.engine.signal(started.id, "3ds_result", {"PaRes": pares, "paymentId": "800000000000999999"}) == "resumed"
+    rig.engine.run_step(started.id, "challenge")
+    still = rig.engine.get(started.id)
+    assert still.state is FlowState.WAITING and still.step == "challenge", still.summary()
+    assert rig.bodies("three_steps_validation") == [], "nothing validated with another challenge's answer"
+    assert rig.engine.signal(started.id, "3ds_result", {"PaRes": pares, "paymentId": operation_id}) == "resumed"
+    done = rig.step_until(started.id, {FlowState.SUCCEEDED, FlowState.FAILED, FlowState.NEEDS_ATTENTION})
+    assert done.state is FlowState.SUCCEEDED, done.summary()
