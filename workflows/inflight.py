@@ -29,7 +29,7 @@ from typing import Any
 from gateway import OperationResult
 from tasks.outcomes import Advance, Finish, Outcome, Retry, Wait
 from workflows.flows._common import operation_of
-from workflows.flows.waits import CLOSED, KEEP_MARGIN_SECONDS, keep_until
+from workflows.flows.waits import CLOSED, KEEP_MARGIN_SECONDS, PAGE_SECONDS, keep_until
 from workflows.steps import Step
 from workflows.store import FlowRecord, compact_json
 
@@ -56,16 +56,19 @@ def after(step: Step, record: FlowRecord, outcome: Outcome) -> dict[str, str | N
     """The fields that ``outcome`` of ``step``, claimed as ``record``, writes about money in flight:
     settled, told its operation, opened (a customer may now pay), or nothing (it stays as it was); and
     how long a finished flow must be kept for the customer's instrument (``keep_until``)."""
-    return {**_money(step, record, outcome), **_keep(record, outcome)}
+    return {**_money(step, record, outcome), **_keep(step, record, outcome)}
 
 
-def _keep(record: FlowRecord, outcome: Outcome) -> dict[str, str | None]:
-    """A link's expiry (as answered, renewed or read), or the deadline of a wait, keeps the flow's record
-    and lookups until its customer can no longer pay, plus a margin; never shortened."""
+def _keep(step: Step, record: FlowRecord, outcome: Outcome) -> dict[str, str | None]:
+    """A link's expiry (as answered, renewed or read), the deadline of a wait, or a page's assumed life
+    from its creation keeps the flow's record and lookups until its customer can no longer pay, plus a
+    margin; never shortened."""
     if isinstance(outcome, Wait):
         until: float | None = outcome.deadline + KEEP_MARGIN_SECONDS
     elif isinstance(outcome, Advance | Finish) and outcome.output:
         until = keep_until(outcome.output)
+        if until is None and isinstance(outcome, Advance) and opens(step):
+            until = record.updated + PAGE_SECONDS + KEEP_MARGIN_SECONDS
     else:
         return {}
     if until is None or until <= record.keep_until:

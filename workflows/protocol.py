@@ -334,6 +334,10 @@ class StepProtocol:
         # To end (a cancel asked, or a failure owed) while money may be in flight: no new money call,
         # only the read that tells what the earlier one did (tasks.runner.settle).
         found = settle(claim.step, claim.ctx, unsettled=record.unsettled, cancelling=record.cancel_requested)
+        if isinstance(found, Wait) and record.ending and not record.cancel_requested:
+            # The read shows the customer can still pay (a wait's read that failed, then read again): the
+            # failure is no longer owed, the wait goes on.
+            return Ran(found, {"ending": None})
         if not isinstance(found, NothingMoved):
             return Ran(found)
         if record.cancel_requested or not record.ending:
@@ -347,7 +351,8 @@ class StepProtocol:
         if ran.outcome is None:
             record = claim.record
             what = "cancelled as requested" + (": the gateway shows no money moved" if record.unsettled else "")
-            cancel = Change(FlowState.CANCELLED, what, {"lease_until": None, "lease_owner": None, **ran.settled})
+            answered = {signal_field: None for signal_field in claim.ctx.consumed}  # the read answered them
+            cancel = Change(FlowState.CANCELLED, what, {"lease_until": None, "lease_owner": None, **answered, **ran.settled})
             return self._stop(record, cancel, self.engine.clock.now(), record.lease_owner), None, None
         return self._complete(claim, ran.outcome, chained_next, inline=inline, settled=ran.settled)
 

@@ -117,12 +117,15 @@ class WaitStep(_LocalStep):
         """The flow is to end (a cancel, or a failure owed) while its customer may still pay: on a cancel
         close what the gateway lets the merchant close, then read. None: the gateway shows no payment and
         nothing left to wait for (the end may be taken); else what it shows (paid, PENDING, still open)."""
+        for signal_field, name, _ in ctx.signals:
+            if name in self.signals:
+                ctx.consume(signal_field)  # the read below tells what they would: they are answered by it
         if cancelling and self.close is not None:
             self.close(ctx)
         outcome = (self.on_settle or self.on_deadline)(ctx)
         if isinstance(outcome, Finish) and not outcome.succeeded:
             return None
-        return outcome
+        return self._listening(outcome)
 
     def execute(self, ctx: StepContext) -> Outcome:
         moved: float | None = None
@@ -136,9 +139,13 @@ class WaitStep(_LocalStep):
             if outcome.deadline > ctx.now:  # what the gateway showed moves the deadline (a renewed link)
                 moved = outcome.deadline
         if ctx.deadline_reached and moved is None:
-            return self.on_deadline(ctx)
+            return self._listening(self.on_deadline(ctx))
         deadline = moved or ctx.wait_deadline or ctx.now + self.timeout(ctx)
         return Wait(self.signals, deadline, note=f"waiting for {' or '.join(self.signals)}")
+
+    def _listening(self, outcome: Outcome) -> Outcome:
+        """A wait that goes on after a read waits for every signal of the step (a read never narrows it)."""
+        return Wait(self.signals, outcome.deadline, outcome.note) if isinstance(outcome, Wait) else outcome
 
 
 @dataclass(frozen=True)

@@ -561,6 +561,7 @@ class FlowStore:
             self.events,
             compact_json(dict(change.paid)) if change.paid else "",
             record.state.value,
+            "1" if record.cancel_requested else "",
         ]
         return _TransitionCall(keys, args, fields, scrubbed)
 

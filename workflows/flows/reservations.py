@@ -19,7 +19,6 @@ share a path (reservations, links, charges) it changes nothing.
 
 from __future__ import annotations
 
-from datetime import UTC, date, datetime, timedelta
 from typing import Annotated, Any, Literal
 
 from pydantic import AwareDatetime, Field
@@ -35,17 +34,15 @@ from gateway import (
     NotFound,
     OperationResponse,
     OperationType,
-    PaymentLinkStatus,
     Reservation,
     ReservationIdResponse,
     Unknown,
 )
-from tasks.outcomes import Advance, Finish, Outcome, Wait
+from tasks.outcomes import Advance, Finish, Outcome
 from tasks.runner import NOT_COMMITTED, ReconcileResult, StepContext
-from workflows.flows._adopt import PAYMENT_TYPES
 from workflows.flows._common import read_until_final, summarize
-from workflows.flows.sessions import ADOPTED_READ_MAX_SECONDS, ADOPTED_READ_SECONDS
-from workflows.flows.waits import cancel_link, judge_wait, link_end, notified
+from workflows.flows.sessions import ADOPTED_READ_SECONDS
+from workflows.flows.waits import GRACE_SECONDS, adopted_read, cancel_link, judge_wait, link_end, notified, read_later
 from workflows.steps import Call, CallStep, FlowDefinition, SleepStep, WaitStep
 
 Form = Literal["current", "earlier"]
@@ -104,11 +101,7 @@ def _link_deadline(ctx: StepContext) -> float:
     if ctx.input.waitSeconds:
         return float(ctx.input.waitSeconds)
     expiry = (ctx.output("link").get("paymentLink") or {}).get("expirationDate") or ctx.input.linkExpirationDate
-    seconds = 30 * 86400.0
-    if expiry:
-        day = date.fromisoformat(str(expiry)[:10])
-        end = datetime(day.year, day.month, day.day, tzinfo=UTC) + timedelta(days=1, minutes=1)
-        seconds = max(60.0, end.timestamp() - ctx.now)
+    seconds = max(60.0, link_end(str(expiry)) - ctx.now) if expiry else 30 * 86400.0
     return min(seconds, ADOPTED_READ_SECONDS) if ctx.output("link").get("adopted") else seconds
 
 
@@ -135,20 +128,17 @@ def _payment_at_deadline(ctx: StepContext) -> Outcome:
 
 
 def _payment_read(ctx: StepContext) -> Outcome:
+    """The one rule for the end of a wait (``workflows.flows.waits``), on the reservation."""
     found = _read_reservation(ctx)
-    if found is None:
-        return Finish(False, "the reservation is gone", error={"type": "NotFound"})
-    links = list(found.paymentLinks)
-    open_links = any(link.status is PaymentLinkStatus.ACTIVE for link in links)
-    untouched = not any(op.operationType in PAYMENT_TYPES for op in found.operations)
-    if ctx.output("link").get("adopted") and open_links and untouched:
-        later = min(max(ADOPTED_READ_SECONDS, (ctx.now - ctx.created) / 10), ADOPTED_READ_MAX_SECONDS)
-        return Wait(("notification",), ctx.now + later, note="adopted link still open; read again later")
-    created = ctx.output("link").get("paymentLink") or {}
     ends = ctx.created + (ctx.input.waitSeconds or 30 * 86400.0)  # fixed: never moves with the wait
+    created = ctx.output("link").get("paymentLink") or {}
     if created.get("expirationDate"):
         ends = link_end(str(created["expirationDate"]))
-    judged = judge_wait(ctx, ("notification",), found.operations, links, ends=ends)
+    if found is None:  # it had a link: gone from a read is not the customer's end
+        return read_later(ctx, ("notification",), ends + GRACE_SECONDS, "the reservation is not found", {"type": "NotFound"})
+    links = list(found.paymentLinks)
+    adopted = adopted_read(ctx, found.operations, links, adopted=bool(ctx.output("link").get("adopted")))
+    judged = adopted or judge_wait(ctx, ("notification",), found.operations, links, ends=ends)
     return judged or Finish(False, "no payment by the deadline", error={"type": "Expired"})
 
 

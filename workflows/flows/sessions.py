@@ -35,7 +35,7 @@ from gateway import (
 )
 from tasks.outcomes import Advance, Attention, Finish, Outcome, Wait
 from tasks.runner import NOT_COMMITTED, ReconcileResult, StepContext
-from workflows.flows._adopt import new_order_if_never_charged, page_payment
+from workflows.flows._adopt import new_order_if_never_charged
 from workflows.flows._common import (
     input_order_id,
     judge_operation,
@@ -48,6 +48,8 @@ from workflows.flows._common import (
 from workflows.flows.waits import (
     CLOSED,
     GRACE_SECONDS,
+    PACE_MIN_SECONDS,
+    adopted_read,
     cancel_link,
     earlier_order_paid,
     earlier_payment,
@@ -59,10 +61,9 @@ from workflows.flows.waits import (
 )
 from workflows.steps import Call, CallStep, FlowDefinition, WaitStep
 
-#: How often a flow reads the order of a link it adopted (it cannot verify that link's notifications): at
-#: first every 5 minutes, then a tenth of the link's age, at most every 6 hours (a bounded number of reads).
-ADOPTED_READ_SECONDS = 300.0
-ADOPTED_READ_MAX_SECONDS = 21600.0
+#: The first read of a link the flow adopted (it cannot verify that link's notifications); later reads
+#: come at the pace of every wait (``workflows.flows.waits.adopted_read``).
+ADOPTED_READ_SECONDS = PACE_MIN_SECONDS
 
 
 def _session_body(ctx: StepContext, drop: tuple[str, ...] = ()) -> dict[str, Any]:
@@ -126,20 +127,25 @@ def _read_order_at_deadline(ctx: StepContext, waited_for: str, *, read: str = "r
     if earlier is not None:
         return earlier_order_paid(ctx, earlier)
     operations, links = order_state(ctx)
-    adopted_open = ctx.output("create").get("adopted") and any(link.status is PaymentLinkStatus.ACTIVE for link in links)
-    if (
-        adopted_open
-        and page_payment(operations) is None
-        and not any(op.operationResult is OperationResult.PENDING for op in operations)
-    ):
-        # An adopted link's security token was lost with the answer, so its notifications cannot be
-        # verified: read the order again later, less often as the link ages, until it is paid or ends.
-        later = min(max(ADOPTED_READ_SECONDS, (ctx.now - ctx.created) / 10), ADOPTED_READ_MAX_SECONDS)
-        return Wait(("notification",), ctx.now + later, note="adopted link still open; read again later")
+    link_id = _link_id(ctx)
+    if link_id is not None and not any(link.linkId == link_id for link in links):
+        # A pay-by-link whose order read does not show its link (yet): read the link itself; never taken
+        # for a hosted page with nothing on it.
+        try:
+            details = ctx.call(Catalogue.get_paybylink, link_id)
+        except NotFound:
+            error = {"type": "LinkNotFound", "linkId": link_id}
+            return read_later(ctx, ("notification",), _ends(ctx) + GRACE_SECONDS, f"link {link_id} is not found", error)
+        known = {op.operationId for op in operations}
+        links = [*links, details.paymentLink]
+        operations = [*operations, *(op for op in details.operations if op.operationId not in known)]
+    adopted = adopted_read(ctx, operations, links, adopted=bool(ctx.output("create").get("adopted")))
+    if adopted is not None:
+        return adopted
     judged = judge_wait(ctx, ("notification",), operations, links, ends=_ends(ctx), read=read)
     if judged is not None:
         return judged
-    if read == AFTER_NOTIFICATION:  # nothing final: the wait goes on
+    if read == AFTER_NOTIFICATION or link_id is not None:  # nothing final: the wait goes on
         return Wait(("notification",), ctx.wait_deadline or ctx.now)
     # A hosted page at its deadline, nothing paid or pending: the gateway offers no cancel and no expiry
     # for it (docs/gateway.md), so this read is the end the gateway allows; the flow's record is kept
@@ -379,6 +385,9 @@ def _form_read(ctx: StepContext, outcome: Outcome | None) -> Outcome:
     return outcome if outcome is not None else _session_outcome(ctx, ready=None, close=False)
 
 
+#: Form states durapay may close (``/build/cancel``) at its own deadline or on a cancel: nothing paid yet.
+CLOSABLE = {BuildState.PAYMENT_METHOD_SELECTION, BuildState.CARD_DATA_COLLECTION, BuildState.READY_FOR_PAYMENT}
+
 #: Form states in which the customer is still at work on the gateway's side (a 3DS step, an APM page):
 #: the session is open, whatever durapay's own deadline says.
 CUSTOMER_AT_WORK = {BuildState.GDI_VERIFICATION, BuildState.REDIRECTED_TO_EXTERNAL_DOMAIN}
@@ -409,6 +418,9 @@ def _session_outcome(ctx: StepContext, *, ready: Outcome | None, close: bool = T
         )  # fmt: skip
     if state.state is BuildState.READY_FOR_PAYMENT and ready is not None:
         return ready
+    if state.state not in CLOSABLE:  # a state this version does not know (or none): never closed on a guess
+        what = f"the form is in state {state.state}, which this version does not follow"
+        return read_later(ctx, ("notification",), _form_ends(ctx) + GRACE_SECONDS, what, {"type": "FormStateUnknown"})
     if not close:
         return Wait(("form_completed", "notification"), ctx.wait_deadline or ctx.now)
     _close_form(ctx)

@@ -34,11 +34,12 @@ from gateway import (
     OperationResult,
     PaymentLink,
     PaymentLinkStatus,
+    Unknown,
     reported_payment,
 )
 from tasks.outcomes import Advance, Attention, Finish, Outcome, Wait
 from tasks.runner import StepContext
-from workflows.flows._adopt import page_payment
+from workflows.flows._adopt import PAYMENT_TYPES, page_payment
 from workflows.flows._common import judge_operation, read_order
 
 #: Output key of a wait's end: why the customer can no longer pay (the gateway's word). A completion
@@ -56,6 +57,9 @@ GRACE_SECONDS = 7 * 86400.0
 #: ``DURAPAY_ENGINE__RETENTION_DAYS`` says. A hosted page has no cancel and no published lifetime
 #: (docs/gateway.md): a payment on it within the margin (or the retention, if longer) is still found.
 KEEP_MARGIN_SECONDS = 86400.0
+#: How long durapay takes a hosted page or form to stay payable after it was opened, where the gateway
+#: says nothing (docs/gateway.md): the flow is kept at least that long, plus the margin.
+PAGE_SECONDS = 86400.0
 
 _CLOSED_LINKS = {
     PaymentLinkStatus.EXPIRED: ("the pay-by-link expired unpaid", "LinkExpired"),
@@ -110,41 +114,73 @@ def judge_wait(
     paid, nothing pending and no link (a hosted page or form: the caller reads its own state).
 
     ``ends``: when the instrument stopped being payable by its first terms (the deadline it was given);
-    a PENDING payment, or a link the gateway still shows open past it, is read until ``ends`` plus
-    :data:`GRACE_SECONDS`. ``read``: the output's mark of why the gateway was read (at the deadline, or
-    after a notification that was not a success)."""
+    a PENDING payment, or a link still open past its end, is read until the later of ``ends`` and the
+    links' current ends, plus :data:`GRACE_SECONDS`. ``read``: the output's mark of why the gateway was
+    read (at the deadline, or after a notification that was not a success). A value this version does
+    not know (an operation's type or result, a link's status) is never taken as an end."""
     shown = dict(shown or ({"paymentLink": links[-1].wire()} if links else {}))
+    unknown = [op for op in operations if _unknown(op)]
+    if unknown:
+        op = unknown[-1]
+        return Attention(
+            f"operation {op.operationId} is {op.operationType} {op.operationResult}, which this version does not know",
+            {"type": "UnknownResult", "operationId": op.operationId, "operationResult": str(op.operationResult)},
+        )
     paid = page_payment(operations)
     if paid is not None and paid.operationResult in SUCCESS_RESULTS:
         return judge_operation(paid, {"operation": paid.wire(), read: True, **shown})
+    horizon = max([ends, *(end for link in links if (end := _end_of(link)) is not None)]) + GRACE_SECONDS
     pending = [op for op in operations if op.operationResult is OperationResult.PENDING]
     if pending:
         what = f"payment {pending[-1].operationId} is still PENDING"
         error = {"type": "PaymentPending", "operationId": pending[-1].operationId, "orderId": pending[-1].orderId}
-        return read_later(ctx, signals, ends + GRACE_SECONDS, what, error)
+        return read_later(ctx, signals, horizon, what, error)
+    for link in links:
+        if link.status is PaymentLinkStatus.PAID or not isinstance(link.status, PaymentLinkStatus):
+            # Paid, yet no successful payment on the order (not yet shown); or a status not known here.
+            what = f"link {link.linkId} is {link.status} (paid by {link.paidByOperationId}) and the order shows no payment"
+            return read_later(ctx, signals, horizon, what, {"type": "LinkStatusUnclear", "linkId": link.linkId})
     active = [link for link in links if link.status is PaymentLinkStatus.ACTIVE]
     if active:
         link = active[-1]
-        until = link_end(link.expirationDate) if link.expirationDate else ends
+        until = _end_of(link) or ends
         if until > ctx.now:  # open (renewed or modified, by durapay or not): wait on to its expiry
             return Wait(signals, until, note=f"link {link.linkId} open until {link.expirationDate}")
         return read_later(
-            ctx, signals, max(until, ends) + GRACE_SECONDS, f"link {link.linkId} is still ACTIVE after its expiry",
+            ctx, signals, horizon, f"link {link.linkId} is still ACTIVE after its expiry",
             {"type": "LinkStillOpen", "linkId": link.linkId},
         )  # fmt: skip
     if paid is not None:  # a failed payment, and nothing left open: the page or link has its outcome
-        outcome = judge_operation(paid, {"operation": paid.wire(), read: True, **shown, CLOSED: "paid-failed"})
-        return outcome
+        return judge_operation(paid, {"operation": paid.wire(), read: True, **shown, CLOSED: "paid-failed"})
     for link in reversed(links):
         closed = _CLOSED_LINKS.get(link.status) if isinstance(link.status, PaymentLinkStatus) else None
         if closed is not None:
             return Finish(False, closed[0], {**shown, CLOSED: str(link.status)}, error={"type": closed[1]})
-    if links:  # a status this version does not know: never taken as closed
-        return read_later(
-            ctx, signals, ends + GRACE_SECONDS, f"link {links[-1].linkId} is {links[-1].status}",
-            {"type": "LinkStatusUnknown", "linkId": links[-1].linkId},
-        )  # fmt: skip
     return None
+
+
+def _unknown(op: Operation) -> bool:
+    return op.operationResult is None or isinstance(op.operationResult, Unknown) or isinstance(op.operationType, Unknown)
+
+
+def _end_of(link: PaymentLink) -> float | None:
+    """The last moment ``link`` may be paid as the gateway shows it (None: no date, or not one)."""
+    try:
+        return link_end(link.expirationDate) if link.expirationDate else None
+    except ValueError:
+        return None
+
+
+def adopted_read(
+    ctx: StepContext, operations: Sequence[Operation], links: Sequence[PaymentLink], *, adopted: bool
+) -> Outcome | None:
+    """A link adopted after its create's answer was lost has no security token, so its notifications
+    cannot be verified: while it is open and untouched, read the order again later, less often as the
+    link ages (every tenth of its age, 5 minutes to 6 hours), bounded as any wait (None: judge it)."""
+    untouched = not any(op.operationType in PAYMENT_TYPES or _unknown(op) for op in operations)
+    if not (adopted and untouched and any(link.status is PaymentLinkStatus.ACTIVE for link in links)):
+        return None
+    return Wait(("notification",), ctx.now + pace(ctx), note="adopted link still open; read again later")
 
 
 def cancel_link(ctx: StepContext, link_id: str | None) -> None:

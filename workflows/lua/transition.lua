@@ -13,7 +13,8 @@
 --       (flow.waiting when it starts to wait, flow.succeeded/failed/cancelled/needs_attention,
 --       payment.late), 13 the payment this very completion recorded (JSON, or ""): money the gateway
 --       took, which no cancel undoes and no failure may hide (kept as a signal when the step stops for
---       a person over it: a LatePayment it found), 14 the state the caller read the flow in.
+--       a person over it: a LatePayment it found), 14 the state the caller read the flow in, 15 "1" when
+--       the caller's record already had a cancel requested (its step ran only to read for it).
 -- Returns {new version, final state, rewritten}, {0, current state, 0} when the version or the state did
 -- not match (stale: another writer got there first), or {-1, state, operation id} for a cancel of a flow
 -- whose payment succeeded (refused: money moved, nothing undoes it). The final
@@ -123,6 +124,13 @@ if unsettled then
     if old_state == 'ready' then
       idx = KEYS[4]
     end
+  elseif cancel_requested and ARGV[15] ~= '1' and (state == 'waiting' or state == 'retrying' or state == 'sleeping') then
+    -- A cancel asked while this step ran (not one its run already read for): read for it now, not at
+    -- the wait's deadline (days, for a pay-by-link the customer could pay meanwhile).
+    fields['runs'] = cjson.null
+    fields['attempt'] = '0'
+    due = ARGV[7]
+    move('ready', KEYS[6], '; but ' .. what .. ': cancel requested, the gateway is read first')
   elseif state == 'failed' then
     -- The end is owed, not taken: read the gateway first (the step's next run only reads).
     fields['ending'] = cjson.encode({state = 'failed', outcome = event_json(after('outcome')) or cjson.null,

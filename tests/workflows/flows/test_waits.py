@@ -202,7 +202,7 @@ def test_an_unknown_link_status_is_never_taken_as_closed() -> None:
     from tests.workflows.flows.session_engine import context_at
 
     ctx = context_at(now=1_000_000.0, created=999_000.0)
-    link = PaymentLink.model_validate({"linkId": "L1", "status": "SUSPENDED", "expirationDate": "2020-01-01"})
+    link = PaymentLink.model_validate({"linkId": "L1", "status": "SUSPENDED", "expirationDate": "1970-01-05"})
     from workflows.flows.waits import judge_wait
 
     outcome = judge_wait(ctx, ("notification",), [], [link], ends=999_500.0)
