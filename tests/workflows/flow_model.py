@@ -34,7 +34,7 @@ from typing import Any
 import redis
 
 from config import load_settings
-from gateway import CATALOGUE, Catalogue
+from gateway import CATALOGUE, Catalogue, PayByLinkRenewRequest
 from service.receiver import NotificationReceiver
 from simulator import SimulatorConfig, SimulatorServer
 from tasks.runner import LeaseLost
@@ -55,6 +55,8 @@ from workflows.store import FlowRecord
 MONEY = {op.task_name: op.method == "POST" for op in CATALOGUE}
 #: A schedule's charge: ``<schedule>-<occurrence>``, its dunning retries ``...-r<attempt>``.
 OCCURRENCE = re.compile(r"(s[0-9a-f]{12}-\d+)(-r\d+)?")
+#: A move of time this long ages what Redis keeps with a TTL (``FlowWorld.age_redis``).
+AGES_REDIS = 86400.0
 LIVE = {FlowState.READY, FlowState.RETRYING, FlowState.WAITING, FlowState.SLEEPING, FlowState.RUNNING}
 
 
@@ -232,21 +234,37 @@ class FlowWorld:
         claim, ran = self.held.pop(index)
         return self.engine.protocol.finish(claim, ran)[0]
 
-    def pay_page(self, flow: ModelFlow, record: FlowRecord, order_id: str, *, abandon: bool) -> None:
+    def pay_page(self, flow: ModelFlow, order_id: str, *, abandon: bool, pending: bool = False) -> None:
         """The customer pays (or abandons) the page of ``order_id`` they were given: a hosted page, a link,
-        or an embedded form (whose page then tells the merchant, who signals ``form_completed``)."""
+        or an embedded form (whose page then tells the merchant, who signals ``form_completed``), whenever
+        they like: also after the flow ended, or its record expired (they still have the page).
+        ``pending``: the payment is answered PENDING (an APM) and settles at a later move."""
         admin = self.sim.admin
-        if record.kind == "hpp":
-            admin.complete_hpp(order_id, cancel=abandon)
-        elif record.kind == "paybylink":
-            link = (record.outputs.get("create") or {}).get("paymentLink") or {}
-            if link.get("linkId"):
-                admin.complete_link(str(link["linkId"]), cancel=abandon)
-        elif record.kind == "build" and not abandon:
-            session_id = (record.outputs.get("create") or {}).get("sessionId")
-            if session_id:
-                admin.fill_build_form(str(session_id))
+        kind, ref = flow.pages[order_id]
+        if pending and not abandon:
+            admin.pend("page_payment", final="000")
+        if kind == "hpp":
+            admin.complete_hpp(ref, cancel=abandon)
+        elif kind == "paybylink":
+            admin.complete_link(ref, cancel=abandon)
+        elif kind == "build" and not abandon:
+            admin.fill_build_form(ref)
+            if not flow.expired:
                 self.engine.signal(flow.flow_id, "form_completed", {})
+
+    def renew(self, flow: ModelFlow, days: int, *, own: bool) -> None:
+        """The merchant renews the flow's link ``days`` ahead: with durapay's ``paybylink_renew`` (run
+        here, as a worker would), or elsewhere (the flow sees it at its deadline read)."""
+        links = [ref for kind, ref in flow.pages.values() if kind == "paybylink"]
+        if not links:
+            return
+        day = now_of(self.clock.now() + days * 86400).strftime("%Y-%m-%d")
+        if own:
+            started = self.engine.start("paybylink_renew", {"linkId": links[-1], "expirationDate": day})
+            self.engine.run_step(started.id, "renew")
+        else:
+            body = PayByLinkRenewRequest(expirationDate=day).wire()
+            self.engine.gateway().call(Catalogue.renew_paybylink, links[-1], request=body)
 
     def kill_mid_step(self, flow: ModelFlow) -> str:
         """A worker claims the flow's current step, runs it (the gateway acts), and dies before completing."""
@@ -264,6 +282,8 @@ class FlowWorld:
             self.sim.admin.release_late()
         self.clock.advance(seconds)
         self.sim.admin.advance_clock(seconds)
+        if seconds >= AGES_REDIS:
+            self.age_redis(seconds)
 
     def lose_tail(self, commands: int) -> int:
         lost = self.tail.cut(commands)
@@ -278,19 +298,30 @@ class FlowWorld:
         return self.receiver.receive(json.dumps(body).encode()).status
 
     def expire_retention(self) -> None:
-        """Jump past the retention time: everything Redis keeps with a TTL is gone (finished flows, their
-        logs and order lookups, the receiver's seen event ids)."""
-        client = self.engine.redis
+        """Jump past the retention time: what Redis keeps with a TTL shorter than that is gone (finished
+        flows, their logs and order lookups, the receiver's seen event ids); what must live longer (a
+        flow whose link can still be paid) is older by as much."""
         self.retention_runs += 1
         self.advance(self.engine.settings.engine.retention_days * 86400 + 60)
-        charges = self.charges_by_flow()
+
+    def age_redis(self, seconds: float) -> None:
+        """Time passes for Redis too: keys whose TTL runs out within ``seconds`` are gone, the others'
+        TTLs shorter by as much (the model's clock is not the server's)."""
+        client = self.engine.redis
+        self.discover()  # every order id each flow made, before its record may go
+        money = self.money()
         for key in client.scan_iter(count=1000):
-            if client.ttl(key) > 0:
+            ttl = client.pttl(key)
+            if ttl < 0:
+                continue
+            if ttl <= seconds * 1000:
                 client.delete(key)
+            else:
+                client.pexpire(key, int(ttl - seconds * 1000))
         for flow in self.flows:
             if not flow.expired and client.exists(self.engine.keys.flow(flow.flow_id)) == 0:
                 flow.expired = True
-                flow.charges_at_expiry = len(charges.get(flow.flow_id, []))
+                flow.charges_at_expiry = len([op for op in money if flow.owns(op)])
 
     # -- reading ---------------------------------------------------------------------------------
 

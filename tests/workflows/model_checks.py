@@ -2,6 +2,9 @@
 
 From the project's design (docs/durability.md, "Money in flight" and "Money reported always shows"):
 
+0. (the acceptance of waiting flows) A flow is kept while its customer can still pay: no payment reaches
+   the gateway on the order of a flow whose record expired (its notification would be refused, 401,
+   and the money found in no flow), however far the clock moved (days, months past the retention).
 1. Money at the gateway (a payment, a refund, a capture, a cancel of a capture, a reservation charge) shows
    in the one flow it belongs to (``model_kinds.owner_of``): once settled, that flow is ``succeeded``
    naming it, or ``needs_attention`` naming it (or, when a step could not tell, a person's retry names it).
@@ -54,6 +57,7 @@ def check_always(world: FlowWorld) -> None:
         flow.orders.update(record.orders)
         if record.customer_url:
             world.shown.add(record.order_id)  # the merchant reads it and hands it to the customer
+            _learn_page(flow, record.kind, record.order_id, record.outputs.get("create") or {})
         if record.state in LIVE:
             score = world.engine.redis.zscore(world.engine.keys.due_of(flow.flow_id), flow.flow_id)
             assert score is not None, f"unfinished flow without a due entry: {world.describe(flow)}"
@@ -126,6 +130,13 @@ def check_events(world: FlowWorld) -> None:
             assert same, f"flow {flow.flow_id}: moves to {state} at {moves}, events at {said}: {history}"
         late = [entry for entry in history if entry["to"] == "needs_attention" and "late payment:" in entry["what"]]
         assert kinds["payment.late"] == len(late), f"flow {flow.flow_id}: {kinds['payment.late']} payment.late, {late}"
+
+
+def _learn_page(flow: ModelFlow, kind: str, order_id: str, created: dict[str, Any]) -> None:
+    """What the customer holds of a page the merchant showed them (they keep it, whatever the flow does)."""
+    ref = {"hpp": order_id, "paybylink": (created.get("paymentLink") or {}).get("linkId"), "build": created.get("sessionId")}
+    if ref.get(kind) and order_id not in flow.pages:
+        flow.pages[order_id] = (kind, str(ref[kind]))
 
 
 def _refunded(outcome: dict[str, Any] | None, op: dict[str, Any]) -> bool:

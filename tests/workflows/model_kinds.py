@@ -80,6 +80,9 @@ class ModelFlow:
     scheduled: bool = False  # a schedule's charge (the model did not start it)
     expired: bool = False
     charges_at_expiry: int = 0
+    #: The pages the customer was given, by gateway order id: (kind, what the customer opens: the order
+    #: id of a hosted page, a link id, a form's session id); kept when the flow's record expires.
+    pages: dict[str, tuple[str, str]] = field(default_factory=dict)
 
     def owns(self, op: dict[str, Any]) -> bool:
         """Whether gateway operation ``op`` is this flow's money (see the module docstring)."""

@@ -11,11 +11,15 @@ connection, 429, 503, or "late": answered 500 or dropped, the request acting at 
 latest before time moves on), keyed money calls included; make the next money call of a kind answer
 PENDING and settle it later (approved or declined); lose the last N Redis writes (an AOF cut, never below
 what the engine waited on); pack finished flows; the customer pays or abandons a page, a link or a form,
-answers a 3DS challenge; notifications (paid, failed, for an earlier order, repeated) and forged ones (a
-real token, an invented operation); operators cancel, retry, refund or keep a late payment, resume a
+answers a 3DS challenge (pages paid whenever the customer likes: after the flow ended or its record
+expired; a page payment answered PENDING, settled later); the merchant renews a link (with durapay's
+``paybylink_renew`` or elsewhere); time moves by up to 91 days, and Redis's TTLs age with it;
+notifications (paid, failed, for an earlier order, repeated) and forged ones (a real token, an invented
+operation); operators cancel, retry, refund or keep a late payment, resume a
 schedule, at any moment; the retention running out.
 
-After every move (``model_checks``): no flow moves money twice, no flow whose money only its own calls
+After every move (``model_checks``): no payment on the order of a flow whose record expired (a flow is kept
+while its customer can pay), no flow moves money twice, no flow whose money only its own calls
 make is failed or cancelled with that money at the gateway, no acknowledged flow lost, every unfinished
 flow on the due set. At the end, the world is settled (bounded steps: every loop ends), the money at the
 gateway shows in its flow, every outcome names an operation the gateway holds, and every merchant event
@@ -34,6 +38,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule, run_state_machine_as_test
 
+from gateway import GatewayError
 from simulator import SimulatorAdminError, SimulatorServer
 from tests.workflows.aof_tail import AofTail
 from tests.workflows.flow_model import FlowWorld
@@ -80,6 +85,7 @@ SCHEDULE_ACTS = ["tick", "tick", "tick", "pause", "resume", "cancel", "116", "11
 CUSTOMER_ACTS = [
     "pay",
     "pay",
+    "pay pending",
     "abandon",
     "approve 3ds",
     "approve 3ds",
@@ -166,8 +172,10 @@ class FlowModel(RuleBasedStateMachine):
     def dispatch(self) -> None:
         self.world.engine.dispatch_due()
 
-    @rule(seconds=st.sampled_from([1.0, 5.0, 31.0, 301.0, 601.0, 86400.0]))
+    @rule(seconds=st.sampled_from([1.0, 5.0, 31.0, 301.0, 601.0, 86400.0, 86400.0 * 31, 86400.0 * 91]))
     def advance(self, seconds: float) -> None:
+        """Time passes; a day or more ages what Redis keeps (``FlowWorld.age_redis``): months past the
+        retention, and past a link's 90 days."""
         self.world.advance(seconds)
 
     # -- faults: one rule, so that deliveries stay frequent --------------------------------------
@@ -211,15 +219,20 @@ class FlowModel(RuleBasedStateMachine):
 
     @rule(which=WHICH, other=WHICH, act=st.sampled_from(CUSTOMER_ACTS), times=st.integers(1, 2))
     def customer(self, which: int, other: int, act: str, times: int) -> None:
+        if act in {"pay", "abandon", "pay pending"}:
+            # Any page the customer was given, whenever: the flow may have ended, or its record expired.
+            paying = [flow for flow in self.world.flows if flow.pages]
+            if paying:
+                payer = paying[which % len(paying)]
+                pages = sorted(payer.pages)
+                with contextlib.suppress(SimulatorAdminError, NotFound, SignalRefused):
+                    self.world.pay_page(payer, pages[other % len(pages)], abandon=act == "abandon", pending=act == "pay pending")
+            return
         flow = self.pick(which)
         record = self.world.record(flow) if flow is not None else None
         if flow is None or record is None:
             return
-        pages = [order_id for order_id in record.orders if order_id in self.world.shown]
-        if act in {"pay", "abandon"} and record.kind in {"hpp", "paybylink", "build"} and pages:
-            with contextlib.suppress(SimulatorAdminError, NotFound, SignalRefused):
-                self.world.pay_page(flow, record, pages[other % len(pages)], abandon=act == "abandon")
-        elif act.endswith("3ds") and flow.kind == "three_steps":
+        if act.endswith("3ds") and flow.kind == "three_steps":
             self.challenge(flow, record.outputs.get("init") or {}, approve=act == "approve 3ds")
         elif act.endswith("notification"):
             sent = self.world.notifications(flow)
@@ -265,12 +278,20 @@ class FlowModel(RuleBasedStateMachine):
 
     # -- the merchant and operators ---------------------------------------------------------------
 
-    @rule(which=WHICH, act=st.sampled_from(["cancel", "cancel", "retry", "retry", "refund late", "keep late"]))
-    def operator(self, which: int, act: str) -> None:
+    @rule(
+        which=WHICH,
+        act=st.sampled_from(["cancel", "cancel", "retry", "retry", "refund late", "keep late", "renew", "renew elsewhere"]),
+        days=st.sampled_from([2, 40, 85]),
+    )
+    def operator(self, which: int, act: str, days: int) -> None:
         flow = self.pick(which)
         if flow is None:
             return
         engine = self.world.engine
+        if act.startswith("renew"):
+            with contextlib.suppress(GatewayError, OperatorError, NotFound):
+                self.world.renew(flow, days, own=act == "renew")
+            return
         with contextlib.suppress(OperatorError, NotFound):
             if act == "cancel":
                 engine.cancel(flow.flow_id, "the merchant cancels")
