@@ -289,8 +289,13 @@ class FlowModel(RuleBasedStateMachine):
             return
         engine = self.world.engine
         if act.startswith("renew"):
-            with contextlib.suppress(GatewayError, OperatorError, NotFound):
-                self.world.renew(flow, days, own=act == "renew")
+            # A renewal made elsewhere is seen by a flow still waiting (its reads), not by one that ended:
+            # durapay is told of renewals through its own paybylink_renew (docs/operations.md).
+            record = self.world.record(flow)
+            elsewhere_seen = record is not None and not record.finished
+            if act == "renew" or elsewhere_seen:
+                with contextlib.suppress(GatewayError, OperatorError, NotFound):
+                    self.world.renew(flow, days, own=act == "renew")
             return
         with contextlib.suppress(OperatorError, NotFound):
             if act == "cancel":
