@@ -145,7 +145,9 @@ class Inputs:
                 order["orderId"] = flow.base = f"L{self.example:x}".ljust(25, "o") + base[-2:].rjust(2, "0")
             return "hpp", {"order": order, "paymentSession": session(), "waitSeconds": 600}, flow
         if kind == "paybylink":
-            day = (self.now + timedelta(days=1)).strftime("%Y-%m-%d")
+            # A link for 80 days (the "approve" draws: a link's payment does not depend on them), longer than
+            # the retention, so that a flow must be kept as long as its link can be paid; or for a day.
+            day = (self.now + timedelta(days=80 if variant == "approve" else 1)).strftime("%Y-%m-%d")
             return kind, {"order": order, "paymentSession": session(), "expirationDate": day}, flow
         if kind == "build":
             data = {"merchantUrl": "https://shop.example", "order": order, "paymentSession": session(), "formSeconds": 600}
