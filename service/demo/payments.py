@@ -140,12 +140,16 @@ class Payments(Runner):
             return
         link_id = waiting["outputs"]["create"]["paymentLink"]["linkId"]
         self.flow("renew the unpaid link", "paybylink_renew", {"linkId": link_id})
+        later = (datetime.now(UTC) + timedelta(days=5)).date().isoformat()
+        self.flow("modify the unpaid link", "paybylink_modify", {"linkId": link_id, "expirationDate": later})
         self.flow("cancel the unpaid link", "paybylink_cancel", {"linkId": link_id})
-        # The gateway notifies the cancellation: the waiting flow learns its link will never be paid.
+        # The gateway notifies the cancellation: the waiting flow learns its link will never be paid (from
+        # the notification, or from the read the renewal's link_changed made it do meanwhile).
         began = time.monotonic()
         try:
             final = self.merchant.wait(started["id"], timeout=15)
-            problem = self._by_notification(final)
+            ended = (final.get("error") or {}).get("type")
+            problem = "" if ended in {"LinkCancelled", "Cancelled"} else f"ended {ended}, not by the link's cancel"
         except DemoError as exc:
             final, problem = {"state": "error", "steps_done": []}, str(exc)
         self.add(
@@ -157,7 +161,7 @@ class Payments(Runner):
                 final["state"],
                 "failed",
                 time.monotonic() - began,
-                "ended by the cancellation's notification",
+                "ended by the link's cancel at the gateway",
                 problem,
             )
         )
@@ -166,9 +170,19 @@ class Payments(Runner):
         body = {"merchantUrl": "https://shop.example", "order": self.order(), "paymentSession": session(1500)}
         started = self.merchant.start("build", body)
         try:
-            waiting = self.merchant.wait(started["id"], lambda v: v["state"] == "waiting", what="show its form")
+            self.merchant.wait(started["id"], lambda v: v["state"] == "waiting", what="show its form")
         except DemoError as exc:
             self.add(Row("embedded form left unfilled", "build", started["id"], [], "error", "cancelled", 0.0, problem=str(exc)))
             return
         self._cancel_row("embedded form left unfilled", started, "the merchant gave up on it")
-        self.flow("cancel the form's payment", "build_cancel", {"sessionId": waiting["outputs"]["create"]["sessionId"]})
+        # The merchant may also cancel a form's session by itself (build_cancel): its flow learns it from the
+        # gateway's notification and ends failed (Cancelled).
+        other = self.merchant.start("build", {**body, "order": self.order()})
+        try:
+            shown = self.merchant.wait(other["id"], lambda v: v["state"] == "waiting", what="show its form")
+        except DemoError as exc:
+            self.add(
+                Row("cancel the form's payment", "build_cancel", other["id"], [], "error", "succeeded", 0.0, problem=str(exc))
+            )
+            return
+        self.flow("cancel the form's payment", "build_cancel", {"sessionId": shown["outputs"]["create"]["sessionId"]})

@@ -126,7 +126,8 @@ def test_a_signal_payload_is_checked_before_it_is_stored(served: Served) -> None
     record = served.engine.start("three_steps", moto("sig-1"))
     bad = served.http.post(f"/flows/{record.id}/signals/3ds_result", json={"foo": 1}, headers=KEY)
     assert bad.status_code == 422, bad.text
-    assert (bad.json()["field"], bad.json()["reason"]) == ("foo", "unknown field; known fields: PaRes, threeDSAuthResponse")
+    known = "unknown field; known fields: PaRes, paymentId, threeDSAuthResponse"
+    assert (bad.json()["field"], bad.json()["reason"]) == ("foo", known)
     empty = served.http.post(f"/flows/{record.id}/signals/3ds_result", json={"threeDSAuthResponse": ""}, headers=KEY)
     assert (empty.status_code, empty.json()["field"]) == (422, "threeDSAuthResponse")
     assert served.engine.get(record.id).signals == [], "nothing was stored"

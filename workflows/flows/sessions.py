@@ -488,14 +488,22 @@ class _Finalize(CallStep):
                 answer = ctx.call(Catalogue.build_confirm_payment, request=body)
             else:
                 answer = ctx.call(Catalogue.build_finalize_payment, request=BuildSessionRequest(**body))
-        except BadRequest:
+        except BadRequest as refused:
             # The session is this flow's own: refused because it is already paid ("session is in state
             # PAYMENT_COMPLETE"), an earlier try paid it, one whose claim Redis may have lost in a crash
-            # (so no mark says so). Read the session: its payment is this flow's; else the refusal stands.
+            # (so no mark says so). Read the session: its payment is this flow's. Refused because the
+            # customer never got that far (a form_completed from the page that proves nothing): the flow
+            # cannot pay, so it closes the form and ends on what the gateway then shows (the one rule).
             state = ctx.call(Catalogue.build_state, request=body)
             if state.state is BuildState.PAYMENT_COMPLETE and state.operation is not None:
                 return _finalize_result(ctx, state)
-            raise
+            if state.state in CUSTOMER_AT_WORK or state.state not in CLOSABLE:
+                raise
+            ended = _session_outcome(ctx, ready=None)
+            if isinstance(ended, Finish) and not ended.succeeded:
+                why = f"the gateway refused the {'confirm' if ctx.input.version == '2' else 'finalize'} ({refused})"
+                return Finish(False, f"{why}; the form (state {state.state}) was closed", ended.output, ended.error)
+            return ended
         return _finalize_result(ctx, answer)
 
 
