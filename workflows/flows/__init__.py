@@ -4,11 +4,10 @@ from __future__ import annotations
 
 from workflows.flows.backoffice import CANCEL_CAPTURE, CAPTURE, DEACTIVATE_CONTRACT, REFUND
 from workflows.flows.direct import CARD_VERIFICATION, MIT, MOTO, SVS, THREE_STEPS, WALLET
+from workflows.flows.forms import BUILD, BUILD_CANCEL
 from workflows.flows.reservation_setup import RESERVATION_SETUP
 from workflows.flows.reservations import DELAY_CHARGE, INCREMENTAL, NO_SHOW, RESERVATION
 from workflows.flows.sessions import (
-    BUILD,
-    BUILD_CANCEL,
     HPP,
     PAYBYLINK,
     PAYBYLINK_CANCEL,
