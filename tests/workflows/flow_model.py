@@ -111,7 +111,7 @@ class FlowWorld:
         self.tail.mark_durable()
         settings = load_settings(
             {
-                "gateway": {"base_url": self.sim.base_url, "timeout": 2.0, "connect_timeout": 1.0},
+                "gateway": {"base_url": self.sim.base_url, "timeout": 5.0, "connect_timeout": 2.0},
                 "engine": {"key_prefix": "m", "lease_seconds": 30, "partitions": 2},
                 "retry": {"base_seconds": 1, "cap_seconds": 10, "max_attempts": 3, "reconcile_attempts": 3},
                 "receiver": {"public_url": "http://127.0.0.1:9/notifications"},
