@@ -118,7 +118,7 @@ def _start_route(
             except ValueError as exc:
                 raise invalid("query.run_at", str(exc)) from None
         try:
-            record = await run_in_threadpool(engine.start, kind, body, idempotency_key, run_at=when)
+            record = await run_in_threadpool(engine.start, kind, body, idempotency_key, run_at=when, run_at_asked=run_at or "")
         except InputError as exc:
             raise invalid(exc.field, exc.reason) from None
         except OrderIdTaken as exc:  # another flow's order id: a conflict with what exists, naming the field

@@ -166,11 +166,14 @@ class Engine:
         key: str | None = None,
         *,
         run_at: float | None = None,
+        run_at_asked: str = "",
     ) -> FlowRecord:
-        """Start a flow; with ``key``, a second start with the same key returns the first flow.
+        """Start a flow; with ``key``, a second start with the same key, input and start time returns the
+        first flow (a different one is a StartConflict: a key names one whole request).
 
         With ``run_at`` (POSIX seconds, future) the flow sleeps on the due set until then: a durable
-        timer, never a Celery ETA.
+        timer, never a Celery ETA. ``run_at_asked``: how the caller wrote it (the API's ``?run_at``, say
+        ``in 2h``), which a repeated request must match; by default ``run_at`` itself.
 
         Raises InputError (field, reason) before anything is written when the input is bad, and
         StartConflict when ``key`` was used for a different input, or OrderIdTaken (field, reason) when its
@@ -178,6 +181,8 @@ class Engine:
         """
         now = self.clock.now()
         new = self._new_flow(kind, data, key, run_at, now)
+        if run_at is not None:
+            new = dataclasses.replace(new, when=run_at_asked or repr(run_at))
         self._order_free(new)
         try:
             record, created = self.store.create(new, now=now, by="start", safety=self.safety)

@@ -46,8 +46,11 @@ def compact_json(value: Any) -> str:
     return json.dumps(value, separators=(",", ":"), sort_keys=True, default=str)
 
 
-def input_hash(kind: str, data: Mapping[str, Any]) -> str:
-    return hashlib.sha256(f"{kind}\x1f{compact_json(data)}".encode()).hexdigest()[:32]
+def input_hash(kind: str, data: Mapping[str, Any], when: str = "") -> str:
+    """What a start key promises: the same kind, input and start time (``NewFlow.when``) give the same
+    flow; anything else is a StartConflict. Without a start time the hash is the input's alone."""
+    text = f"{kind}\x1f{compact_json(data)}" + (f"\x1f{when}" if when else "")
+    return hashlib.sha256(text.encode()).hexdigest()[:32]
 
 
 @dataclass(frozen=True)
@@ -230,6 +233,9 @@ class NewFlow:
     order_id: str = ""
     start_key: str = ""
     run_at: float | None = None
+    #: The start time as the caller asked for it (``run_at``'s text: a delay such as ``in 2h`` is the same
+    #: request when repeated later), part of what a start key must match.
+    when: str = ""
     #: What started the flow and owns its retries (a schedule's id): an operator's restart is refused.
     owner: str = ""
 
@@ -447,7 +453,7 @@ class FlowStore:
             fields["start_key"] = new.start_key
         if new.owner:
             fields["owner"] = new.owner
-        digest = input_hash(new.kind, new.data)
+        digest = input_hash(new.kind, new.data, new.when)
         what = "created" if state is FlowState.READY else "created to run later"
         entry = self._entry(now, None, state, new.first_step, by, what)
         partition = self.keys.partition(new.flow_id)

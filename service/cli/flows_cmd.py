@@ -115,7 +115,7 @@ def start(
             when_at = parse_run_at(run_at, now=rt.engine.clock.now()) if run_at else None
         except ValueError as exc:
             raise BadOption("--run-at", str(exc)) from None
-        record = rt.engine.start(kind, data, key, run_at=when_at)  # read strictly (Engine.validate)
+        record = rt.engine.start(kind, data, key, run_at=when_at, run_at_asked=run_at or "")  # read strictly
         view = flow_view(wait_for_customer_url(rt.engine, record, rt.settings.api.start_wait_seconds), rt.engine.registry)
         if wait > 0:
             if view.get("customer_url"):

@@ -97,6 +97,34 @@ def test_idempotency_key_gives_the_same_flow_and_a_different_body_conflicts(serv
     assert other.json()["error"] == "conflict"
 
 
+def test_a_start_key_names_the_whole_request_its_run_at_too(served: Served) -> None:
+    """Issue 23, item 13: the same key and body with another ``?run_at`` was answered 201 with the first
+    flow, still due at the first time. A delay repeated later is the same request."""
+    body = {"orderId": "ord-idem-later", "token": TOKEN}
+    headers = KEY | {"Idempotency-Key": "merchant-order-78"}
+    first = served.http.post("/flows/notified?wait=0&run_at=in%202h", json=body, headers=headers)
+    assert first.status_code == 201
+    again = served.http.post("/flows/notified?wait=0&run_at=in%202h", json=body, headers=headers)
+    assert again.status_code == 201 and again.json()["id"] == first.json()["id"]
+    assert again.json()["due"] == first.json()["due"], "the first flow, due when it was first asked"
+    for other in ("/flows/notified?wait=0&run_at=in%203h", "/flows/notified?wait=0"):
+        refused = served.http.post(other, json=body, headers=headers)
+        assert refused.status_code == 409, other
+        assert refused.json()["error"] == "conflict"
+    unkeyed_later = served.http.post(
+        "/flows/notified?wait=0", json={**body, "orderId": "ord-idem-now"}, headers=KEY | {"Idempotency-Key": "merchant-order-79"}
+    )
+    assert unkeyed_later.status_code == 201
+    assert (
+        served.http.post(
+            "/flows/notified?wait=0&run_at=in%201h",
+            json={**body, "orderId": "ord-idem-now"},
+            headers=KEY | {"Idempotency-Key": "merchant-order-79"},
+        ).status_code
+        == 409
+    ), "a key first used without a start time"
+
+
 @pytest.mark.parametrize(
     ("path", "body", "field"),
     [
