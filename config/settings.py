@@ -62,6 +62,12 @@ class GatewaySettings(_Group):
     timeout: float = Field(default=10.0, gt=0, description="Seconds to wait for a response (read).")
     connect_timeout: float = Field(default=3.0, gt=0, description="Seconds to wait for a connection.")
     plugin_name: str = Field(default="", description="Sent as x-plugin-name when set.")
+    order_id_max_length: int = Field(
+        default=18,
+        ge=8,
+        le=64,
+        description="The gateway's longest orderId: merchant order ids are refused above it, derived ones cut to it.",
+    )
 
     _url = field_validator("base_url")(_check_url)
 

@@ -129,7 +129,7 @@ class Engine:
         self._client: GatewayClient | None = None
         self._client_pid = 0
         self._client_lock = threading.Lock()
-        self.orders = OrderIndex(client, self.keys, settings.engine.retention_days * 86400)
+        self.orders = OrderIndex(client, self.keys, settings.engine.retention_days * 86400, settings.gateway.order_id_max_length)
         self.protocol = StepProtocol(self)
         self.late = LatePayments(self)
 
@@ -289,6 +289,15 @@ class Engine:
         wire = model.model_dump(mode="json", by_alias=True, exclude_none=True)
         flow_id = derived_id("f", kind, key) if key else "f" + uuid.uuid4().hex[:24]
         order_id = definition.order_id(model) if definition.order_id else ""
+        limit = self.orders.max_length
+        if len(order_id) > limit:
+            # The gateway would refuse it after the flow began; say so before anything is written or sent.
+            raise InputError(
+                kind,
+                definition.order_field,
+                f"at most {limit} characters (the gateway's orderId limit, DURAPAY_GATEWAY__ORDER_ID_MAX_LENGTH); "
+                f"{order_id!r} has {len(order_id)}",
+            )
         ctx = self.protocol.context(flow_id, kind, "", model, {}, now, order_id)
         first = definition.first_step(ctx)
         if first is None:

@@ -22,8 +22,6 @@ import redis
 
 from workflows.keys import Keys
 
-#: The gateway's longest order id.
-MAX_ORDER_ID = 27
 #: How many derived order ids a flow tries, each held by another flow, before it stops for a person.
 MAX_DERIVED = 20
 
@@ -32,23 +30,26 @@ class OrderIdsTaken(Exception):
     """Every derived order id a flow tried is another flow's (``OrderIndex.take``)."""
 
 
-def gateway_order_id(base: str, seq: int) -> str:
-    """The gateway order id of attempt ``seq``: ``base`` first, then ``base-2``, ``base-3`` (27 characters
-    max, so a long ``base`` is cut: two bases may then give the same id, which ``OrderIndex.take`` never
-    lets two flows hold)."""
+def gateway_order_id(base: str, seq: int, max_length: int) -> str:
+    """The gateway order id of attempt ``seq``: ``base`` first, then ``base-2``, ``base-3``, at most
+    ``max_length`` characters (the gateway's limit, ``DURAPAY_GATEWAY__ORDER_ID_MAX_LENGTH``), so a long
+    ``base`` is cut: two bases may then give the same id, which ``OrderIndex.take`` never lets two flows
+    hold."""
     if seq <= 0:
         return base
     suffix = f"-{seq + 1}"
-    return base[: MAX_ORDER_ID - len(suffix)] + suffix
+    return base[: max_length - len(suffix)] + suffix
 
 
 class OrderIndex:
     """Reads and writes the order lookups. Give it a Redis client, the key layout and the retention."""
 
-    def __init__(self, client: redis.Redis, keys: Keys, retention_seconds: float) -> None:
+    def __init__(self, client: redis.Redis, keys: Keys, retention_seconds: float, max_length: int) -> None:
         self.redis: Any = client
         self.keys = keys
         self.retention_seconds = retention_seconds
+        #: The gateway's longest order id: every derived id fits it.
+        self.max_length = max_length
 
     def flow_for(self, order_id: str) -> str | None:
         value: Any = self.redis.hget(self.keys.order(order_id), "flow")
@@ -73,15 +74,16 @@ class OrderIndex:
     def take(self, base: str, seq: int, flow_id: str) -> tuple[int, str]:
         """(seq, order id) of the first derived order id from attempt ``seq`` on that no other flow holds,
         now held by ``flow_id``: a derived order id is one flow's only, whatever its merchant order id
-        (two ids that differ only past the 25th character share ``-2``; a merchant's own id may look like
+        (two ids that differ only in their last two characters may share ``-2``; a merchant's own id may look like
         another's derived one). One the flow holds already is its own (a completion Redis lost, run again).
         Raises OrderIdsTaken after :data:`MAX_DERIVED` ids held by others."""
         for candidate in range(seq, seq + MAX_DERIVED):
-            order_id = gateway_order_id(base, candidate)
+            order_id = gateway_order_id(base, candidate, self.max_length)
             if self.redis.hsetnx(self.keys.order(order_id), "flow", flow_id) or self.flow_for(order_id) == flow_id:
                 return candidate, order_id
         raise OrderIdsTaken(
-            f"order ids {gateway_order_id(base, seq)} to {gateway_order_id(base, seq + MAX_DERIVED - 1)} are other flows'"
+            f"order ids {gateway_order_id(base, seq, self.max_length)} to "
+            f"{gateway_order_id(base, seq + MAX_DERIVED - 1, self.max_length)} are other flows'"
         )
 
     def claim(self, order_id: str, flow_id: str) -> bool:

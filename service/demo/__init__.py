@@ -25,7 +25,8 @@ __all__ = ["run_demo"]
 
 
 def _run_id() -> str:
-    """Short and unique per run: order ids must stay within the gateway's 27 characters."""
+    """Short and unique per run: order ids must stay within the gateway's 18 characters
+    (``DURAPAY_GATEWAY__ORDER_ID_MAX_LENGTH``), derived ones (``-2``) included."""
     digits = "0123456789abcdefghijklmnopqrstuvwxyz"
     value, text = int(time.time() * 10), ""
     while value:

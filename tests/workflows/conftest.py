@@ -30,6 +30,7 @@ def make_engine(redis_client: redis.Redis, key_prefix: str, clock: ManualClock) 
             {
                 "engine": {"key_prefix": key_prefix, "lease_seconds": 30, "partitions": 3, **options.pop("engine", {})},
                 "retry": {"base_seconds": 1, "cap_seconds": 10, "max_attempts": 3, "reconcile_attempts": 3},
+                "gateway": options.pop("gateway", {}),
             }
         )
         sent = Sent()

@@ -10,8 +10,8 @@ gateway has exactly one owner (:func:`owner_of`):
 * a refund, capture or cancel whose parent is the flow's own payment, of the flow's own type;
 * a reservation charge on the flow's own reservation order, of the flow's own type.
 
-Merchant order ids come in two lengths: short ones, and ids at the gateway's limit (27 characters) that
-share their first 25 with another flow's, so that derived order ids (``<orderId>-2``) would collide.
+Merchant order ids come in two lengths: short ones, and ids at the gateway's limit (18 characters) that
+share their first 16 with another flow's, so that derived order ids (``<orderId>-2``) would collide.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ APPROVE = "4349940199004549"  # approving VISA, frictionless
 CHALLENGE = "5186151650005008"  # approving MC, 3DS challenge
 DECLINE = "4349940199997007"  # declining VISA
 
-#: Kinds the model starts ("long": a hosted page whose order id is at the limit and shares 25 characters).
+#: Kinds the model starts ("long": a hosted page whose order id is at the limit and shares 16 characters).
 KINDS = [
     "moto",
     "three_steps",
@@ -142,7 +142,7 @@ class Inputs:
             return kind, {"order": order, "contractId": self.contract}, flow
         if kind in {"hpp", "long"}:
             if kind == "long":
-                order["orderId"] = flow.base = f"L{self.example:x}".ljust(25, "o") + base[-2:].rjust(2, "0")
+                order["orderId"] = flow.base = f"L{self.example:x}".ljust(16, "o") + base[-2:].rjust(2, "0")
             return "hpp", {"order": order, "paymentSession": session(), "waitSeconds": 600}, flow
         if kind == "paybylink":
             # A link for 80 days (the "approve" draws: a link's payment does not depend on them), longer than

@@ -2,7 +2,7 @@
 
 Real flows of every money kind (MOTO, MIT, three steps frictionless or with a 3DS challenge, hosted page,
 pay-by-link, embedded form, refund, capture, cancel of a capture, no-show and delayed reservation charges;
-order ids at the gateway's 27-character limit that share 25 characters) run on the real engine against
+order ids at the gateway's 18-character limit that share 16 characters) run on the real engine against
 the simulator over HTTP and a real Valkey (``flow_model.py``, ``model_kinds.py``). Each move is one of:
 start a flow; deliver a step message (once, or again: a duplicate delivery), lose one; run the
 dispatcher; move time (past leases, deadlines, the late window); kill a worker mid-step after its gateway

@@ -51,3 +51,36 @@ def test_a_start_retried_after_a_crash_before_its_order_lookup_writes_it(make_en
     again = engine.start("demo", data, "key-1")
     assert again.id == written.id
     assert engine.flow_for_order("ord-crash") == written.id
+
+
+def test_a_merchant_order_id_over_the_gateways_limit_is_refused_before_anything_is_written(make_engine: Any) -> None:
+    """Issue 23, item 5: the gateway's orderId limit is a setting (default 18, what the two client libraries
+    written for the live gateway say); a longer merchant order id is an input error naming the field."""
+    import pytest
+
+    from workflows.engine import InputError
+
+    definition = FlowDefinition("demo", CardInput, (ScriptedStep("pay"),), summary, order_id=lambda data: data.orderId)
+    engine, sent = make_engine(definition)
+    card = {"pan": "4349940199004549", "expiryDate": "1230"}
+    assert engine.orders.max_length == 18
+    with pytest.raises(InputError) as refused:
+        engine.start("demo", {"orderId": "o" * 19, "card": card})
+    assert refused.value.field == "order.orderId" and "at most 18 characters" in refused.value.reason
+    assert sent.chains == [] and engine.list() == [], "nothing written, nothing sent"
+    assert engine.start("demo", {"orderId": "o" * 18, "card": card}).order_id == "o" * 18
+
+
+def test_every_derived_order_id_fits_the_limit_and_is_one_flows(make_engine: Any) -> None:
+    """A derived id (``-2``, ``-3`` ... ``-21``) is cut to the limit, and two merchant ids that differ only in
+    their last characters never share one (``OrderIndex.take``)."""
+    from workflows.orders import MAX_DERIVED
+
+    definition = FlowDefinition("demo", CardInput, (ScriptedStep("pay"),), summary, order_id=lambda data: data.orderId)
+    engine, _ = make_engine(definition, gateway={"order_id_max_length": 18})
+    taken = {}
+    for flow_id, base in (("fa", "a" * 17 + "1"), ("fb", "a" * 17 + "2")):
+        for seq in range(1, MAX_DERIVED):
+            _, order_id = engine.orders.take(base, seq, flow_id)
+            assert len(order_id) <= 18, order_id
+            assert taken.setdefault(order_id, flow_id) == flow_id, f"{order_id} held by two flows"
