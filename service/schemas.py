@@ -60,6 +60,11 @@ class FlowView(_Answer):
     )
     start_key: str | None = None
     steps_done: list[str] = []
+    actions: list[str] = Field(
+        default=[],
+        description="what an operator may do now (retry, cancel, accept, refund, keep: the engine's own rule, "
+        "workflows/operator_actions.py); anything else is refused with 409",
+    )
 
 
 class FlowList(BaseModel):

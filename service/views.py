@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from workflows.operator_actions import allowed
 from workflows.sensitive import mask_pan
 from workflows.steps import FlowDefinition
 from workflows.store import FlowRecord
@@ -53,6 +54,7 @@ def flow_view(record: FlowRecord, registry: Mapping[str, FlowDefinition]) -> dic
     """The full view (``GET /flows/{id}``, ``durapay flows show``)."""
     view: dict[str, Any] = redact(record.summary())
     view["steps_done"] = steps_done(record, registry)
+    view["actions"] = allowed(record)
     return view
 
 

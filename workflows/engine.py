@@ -31,6 +31,7 @@ from config.settings import Settings
 from gateway import GatewayClient, customer_payment, describe_validation_error, validate_strict
 from tasks.outcomes import Outcome
 from tasks.retry import RetryPolicy
+from workflows import operator_actions
 from workflows.clock import Clock, SystemClock
 from workflows.durability import Durability, NotDurable
 from workflows.errors import OperatorError
@@ -427,8 +428,11 @@ class Engine:
         ``cancelled`` if no money moved, ``succeeded`` if it did, or ``needs_attention`` naming it)."""
         for _ in range(20):
             record = self.get(flow_id)
-            if record.state in TERMINAL:
-                raise OperatorError(f"flow {flow_id} already ended ({record.state}); nothing to cancel")
+            if record.cancel_requested and record.state not in TERMINAL:
+                return record  # asked again (a merchant's retried call): the request stands
+            refused = operator_actions.refusal(record, "cancel")
+            if refused is not None:
+                raise OperatorError(refused)
             if record.state is FlowState.RUNNING:
                 # A step in flight: it stops at its end (its effect kept and reported), never mid-call.
                 if self.store.request_cancel(flow_id, record.version):
@@ -456,6 +460,9 @@ class Engine:
         try was ambiguous), or start a ``failed`` flow again from its first step on a fresh gateway
         order id and fresh idempotency keys."""
         record = self.get(flow_id)
+        refused = operator_actions.refusal(record, "retry")
+        if refused is not None:
+            raise OperatorError(refused)
         now = self.clock.now()
         definition = self.registry[record.kind]
         if record.state is FlowState.NEEDS_ATTENTION:
@@ -475,11 +482,6 @@ class Engine:
             }
             change = Change(FlowState.READY, "retry requested (reconcile first)", fields, due=now + self.safety)
         elif record.state is FlowState.FAILED:
-            if record.fields.get("owner"):
-                raise OperatorError(
-                    f"flow {flow_id} is a charge of schedule {record.fields['owner']}, which retries declined charges "
-                    "itself (dunning): resume, or cancel, the schedule instead; a restart here would charge again"
-                )
             try:
                 model = definition.input_model.model_validate(record.input)
             except ValidationError:
@@ -522,8 +524,8 @@ class Engine:
             if new_order:
                 fields["orders"] = compact_json([*record.orders, new_order])
             change = Change(FlowState.READY, "restarted after failure", fields, due=now + self.safety)
-        else:
-            raise OperatorError(f"flow {flow_id} is {record.state}; only failed or needs_attention flows are retried")
+        else:  # operator_actions.refusal said which states retry
+            raise AssertionError(record.state)
         written = self.store.transition(record, change, now=now, by=by)
         if written is None:
             raise OperatorError(f"flow {flow_id} changed meanwhile; look again")
@@ -542,19 +544,13 @@ class Engine:
         return self.late.keep(flow_id, by=by)
 
     def _retry_takes_late_payment(self, record: FlowRecord, error: Mapping[str, Any]) -> None:
-        """A retry of a ``LatePayment`` flow lets its waiting step take the payment as its outcome: only for a
-        flow that had failed or been cancelled, and with no refund of that payment under way."""
+        """A retry of a ``LatePayment`` flow lets its waiting step take the payment as its outcome (only for a
+        flow that had not succeeded: ``operator_actions.refusal``), and not while a refund of it is under way."""
         operation_id = str((error.get("operation") or {}).get("operationId") or "")
         refund = self.late.refunding(record.id, operation_id)
         if refund is not None:
             raise OperatorError(
                 f"flow {record.id}: payment {operation_id} is being refunded by flow {refund.id} ({refund.state})"
-            )
-        if error.get("endedAs") not in {FlowState.FAILED.value, FlowState.CANCELLED.value}:
-            raise OperatorError(
-                f"flow {record.id} {'succeeded with one payment' if error.get('endedAs') == 'succeeded' else 'had moved on'}"
-                f" and the gateway reports {operation_id}: a retry would not account for it. Refund it (refund-late-payment)"
-                " or keep it (keep-late-payment)"
             )
 
     def wait(self, flow_id: str, timeout: float = 30.0, *, states: frozenset[FlowState] = STOPPED) -> FlowRecord:

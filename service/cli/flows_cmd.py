@@ -40,6 +40,7 @@ def _flow_fields(view: dict[str, Any]) -> list[tuple[str, str]]:
         ("created", when(view.get("created"))),
         ("updated", when(view.get("updated"))),
         ("steps done", ", ".join(view.get("steps_done") or []) or "-"),
+        ("actions", ", ".join(view.get("actions") or []) or "-"),
     ]
     if view.get("outcome"):
         outcome = view["outcome"]

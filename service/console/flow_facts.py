@@ -1,51 +1,17 @@
-"""What a flow page says in words: its outcome at the gateway, the actions its state allows, and what
-each action will do at the gateway (the confirmation page's text).
+"""What a flow page says in words: its outcome at the gateway (operation, result, amount, response code).
 
-One home for "which action when": the engine decides what is allowed (``Engine.retry`` /
-``cancel`` / ``refund_late_payment`` raise OperatorError otherwise); this module only offers the
-actions the engine would take, so that a person is never shown a button that can only fail.
+Which actions a flow accepts, and what each will do, is the engine's rule (``workflows.operator_actions``),
+asked by the pages, so that a person is never shown a button that can only fail, nor told something the
+engine will not do.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from workflows.states import TERMINAL, FlowState
+from workflows.operator_actions import late_payment
+from workflows.states import TERMINAL
 from workflows.store import FlowRecord
-
-ACTIONS = {
-    "retry": "Retry",
-    "cancel": "Cancel",
-    "accept": "Accept the late payment",
-    "refund": "Refund the late payment",
-    "keep": "Keep the second payment",
-}
-
-
-def late_payment(record: FlowRecord) -> dict[str, Any] | None:
-    """The unaccounted payment of a ``LatePayment`` flow (operation id, result, amount), if it is one."""
-    error = record.error or {}
-    if record.state is FlowState.NEEDS_ATTENTION and error.get("type") == "LatePayment":
-        operation = error.get("operation")
-        return dict(operation) if isinstance(operation, dict) else {}
-    return None
-
-
-def actions_for(record: FlowRecord) -> list[str]:
-    """The actions a person may take on the flow now."""
-    late = late_payment(record)
-    if late is not None:
-        # Beside a succeeded flow's payment, the first stays the outcome whatever is done with the second
-        # (Engine.retry refuses there, and a flow whose payment succeeded is never cancelled).
-        return ["keep", "refund"] if _second(record) else ["accept", "refund"]
-    actions: list[str] = []
-    if record.state in {FlowState.NEEDS_ATTENTION, FlowState.FAILED} and not (
-        record.state is FlowState.FAILED and record.fields.get("owner")
-    ):
-        actions.append("retry")
-    if record.state not in TERMINAL and not record.cancel_requested:
-        actions.append("cancel")
-    return actions
 
 
 def facts(record: FlowRecord) -> dict[str, Any]:
@@ -68,81 +34,3 @@ def facts(record: FlowRecord) -> dict[str, Any]:
         "operation_ids": outcome.get("operationIds") or [],
         "late": late_payment(record),
     }
-
-
-def explain(record: FlowRecord, action: str) -> list[str]:
-    """What ``action`` will do, at the gateway first (the confirmation page's sentences)."""
-    late = late_payment(record) or {}
-    operation = late.get("operationId", "?")
-    if action == "accept":
-        return [
-            f"Nothing is sent to the gateway: the kept notification of operation {operation} "
-            f"({late.get('operationResult', '?')}) becomes the flow's outcome.",
-            f"The flow goes back to its step {record.step!r}, which takes the notification, and succeeds with that payment.",
-        ]
-    if action == "refund":
-        then = (
-            "This flow goes back to succeeded: its first payment stays its outcome, the refunded one is listed beside it."
-            if _second(record)
-            else "This flow is then cancelled, with the refund flow named in its outcome."
-        )
-        return [
-            f"A refund flow is started: the gateway is asked to refund operation {operation} in full "
-            "(or to void it, before capture). Asking twice refunds once.",
-            f"{then} Follow the refund on its own page.",
-        ]
-    if action == "keep":
-        return [
-            f"Nothing is sent to the gateway: operation {operation} ({late.get('operationResult', '?')}) is kept.",
-            "This flow goes back to succeeded: its first payment stays its outcome, the second is listed beside it.",
-        ]
-    if action == "retry" and record.state is FlowState.FAILED:
-        seq = record.order_seq + 1
-        return [
-            "The flow starts again from its first step on a new gateway order "
-            f"(order id with suffix -{seq}) and fresh idempotency keys: this is a new payment attempt at the gateway.",
-            "Card data was erased when the flow ended: a card flow cannot be restarted (the engine refuses it).",
-        ]
-    if action == "retry":
-        return [
-            f"The flow goes back to step {record.step!r}. Its last call may have reached the gateway, so the step "
-            "first reads the order back and adopts what it finds; it calls the gateway again only if nothing was made.",
-            "No payment is made twice: the call keeps its idempotency key.",
-        ]
-    if record.unsettled and record.unsettled.get("open"):
-        # A page, link or form the customer can pay on (workflows/flows/waits.py): closed first, then read.
-        return [
-            "The customer can still pay on what this flow opened at the gateway: the flow first closes it where the "
-            "gateway allows (a pay-by-link is cancelled, an embedded form's session cancelled; a hosted page has no "
-            "cancel), then reads the order.",
-            "If the customer paid meanwhile, the flow ends succeeded with that payment (refund it then); if nothing was "
-            "paid, cancelled. A payment made afterwards on a hosted page shows in this flow as a late payment "
-            "(needs attention), never lost.",
-        ]
-    if record.unsettled:
-        # The engine's own rule (transition.lua): with money in flight a cancel is a read first.
-        return [
-            f"Money may be in flight at the gateway ({record.unsettled.get('op')}"
-            + (f", operation {record.unsettled['operationId']}" if record.unsettled.get("operationId") else "")
-            + "): nothing new is sent, the flow reads the gateway first.",
-            "If no money moved, the flow ends cancelled; if it did, it ends succeeded with that payment (a cancel "
-            "cannot undo it: refund it then); if the gateway cannot tell, it needs attention.",
-        ]
-    if record.state is FlowState.RUNNING:
-        return [
-            f"The step in flight ({record.step!r}) is not interrupted: its gateway call finishes and its effect is "
-            "kept and shown; then the flow stops, cancelled. Nothing new is sent to the gateway.",
-            "A payment that step makes is not undone by the cancel: the flow then ends succeeded with it.",
-        ]
-    sentences = ["Nothing is sent to the gateway: the flow is cancelled now and no further step runs."]
-    if record.state is FlowState.WAITING:
-        sentences.append(
-            "The customer's page at the gateway stays open until it expires; a payment made there afterwards "
-            "shows in this flow as a late payment (needs attention), never lost."
-        )
-    return sentences
-
-
-def _second(record: FlowRecord) -> bool:
-    """The late payment is a second one beside the payment of a flow that had succeeded."""
-    return (record.error or {}).get("endedAs") == FlowState.SUCCEEDED.value

@@ -15,7 +15,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
-from service.console.flow_facts import ACTIONS, actions_for, explain, facts
+from service.console.flow_facts import facts
 from service.console.overview import attention, declines, reason_of, snapshot, step_latency
 from service.console.session import PATH
 from service.console.timeline import build, svg
@@ -24,6 +24,7 @@ from service.timeparse import parse_since
 from service.views import flow_brief, redact
 from workflows.engine import Engine, NotFound, OperatorError
 from workflows.listing import Cursor, FlowListing
+from workflows.operator_actions import ACTIONS, allowed, explain, refusal
 from workflows.states import STOPPED, FlowState
 
 PAGE_SIZE = 50
@@ -148,7 +149,7 @@ def flow_router(console: Console, engine: Engine, listing: FlowListing) -> APIRo
             input_json=json.dumps(redact(record.input), indent=2, sort_keys=True),
             record_json=json.dumps(redact(record.summary()), indent=2, sort_keys=True, default=str),
             history_json=json.dumps(history, indent=2, sort_keys=True),
-            actions=actions_for(record) if session.operator else [],
+            actions=allowed(record) if session.operator else [],
             done=request.query_params.get("done", ""),
         )
 
@@ -171,8 +172,8 @@ def flow_router(console: Console, engine: Engine, listing: FlowListing) -> APIRo
         record = load(flow_id)
         if record is None:
             return console.refuse(request, session, 404, "No such flow", f"no flow {flow_id!r}")
-        if action not in actions_for(record):
-            why = f"{action} is not possible for a {record.state} flow"
+        why = refusal(record, action) if action in ACTIONS else f"no action {action!r}"
+        if why is not None:
             return console.refuse(request, session, 409, "Not possible now", why)
         return console.page(
             request,

@@ -89,7 +89,8 @@ def test_a_cancel_never_hides_a_payment_on_an_earlier_order(world: FlowWorld) ->
     the flow ``cancelled`` with the payment at the gateway (docs/operations.md: "a plain cancel does not
     close a late payment... the flow comes back to needs_attention"). Invariants 1 and 2."""
     flow, _, paid = _hpp_restarted_then_old_page_paid(world)
-    world.engine.cancel(flow.flow_id, "the operator cancels")
+    with pytest.raises(OperatorError, match=str(paid["operationId"])):
+        world.engine.cancel(flow.flow_id, "the operator cancels")  # refused: accept, refund or keep it
     world.settle()
     done = world.record(flow)
     assert done is not None

@@ -1,0 +1,82 @@
+"""The operator actions' one rule (``workflows/operator_actions.py``): what the console and CLI offer and
+say of an action is what the engine then does.
+
+Issue 23, item 2: for a ``needs_attention`` flow whose call may have reached the gateway, the console's
+confirmation page said the call "finishes and its effect is kept and shown" while the engine cancelled at
+once with no read; item 1: a flow whose payment succeeded was offered (and accepted) a cancel.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from gateway import Catalogue
+from tasks.outcomes import Advance, Attention
+from tests.workflows.engine_support import DemoInput, ScriptedStep, summary
+from workflows import operator_actions
+from workflows.engine import Engine, OperatorError
+from workflows.states import FlowState
+from workflows.steps import FlowDefinition
+
+
+def _flow(make_engine: Any, outcome: Any, *, money: bool) -> tuple[Engine, str]:
+    step = ScriptedStep("pay", outcomes=[outcome], op=Catalogue.create_moto_order if money else Catalogue.get_order)
+    definition = FlowDefinition("demo", DemoInput, (step, ScriptedStep("after")), summary)
+    engine, _ = make_engine(definition)
+    record = engine.start("demo", {"amount": 100})
+    engine.run_step(record.id, "pay")
+    return engine, record.id
+
+
+@pytest.mark.parametrize(
+    ("outcome", "money"),
+    [
+        (Attention("the gateway could not tell", {"type": "Ambiguous"}), True),
+        (Attention("the gateway could not tell", {"type": "Ambiguous"}), False),
+        (Advance({}), True),
+    ],
+    ids=["needs-attention-money-in-flight", "needs-attention-nothing-sent", "ready"],
+)
+def test_what_a_cancel_is_said_to_do_is_what_it_does(make_engine: Any, outcome: Any, money: bool) -> None:
+    engine, flow_id = _flow(make_engine, outcome, money=money)
+    record = engine.get(flow_id)
+    assert "cancel" in operator_actions.allowed(record)
+    said = " ".join(operator_actions.explain(record, "cancel"))
+    done = engine.cancel(flow_id, "the operator cancels", by="console")
+    if "reads the gateway first" in said:
+        assert done.state is FlowState.READY and done.cancel_requested, (said, done.state)
+    else:
+        assert "cancelled now" in said, said
+        assert done.state is FlowState.CANCELLED, (said, done.state)
+    if money and isinstance(outcome, Attention):
+        assert "reads the gateway first" in said, "a call that may have reached the gateway is read before a cancel"
+
+
+def test_a_running_step_is_said_to_finish_and_the_cancel_waits_for_it(make_engine: Any) -> None:
+    definition = FlowDefinition("demo", DemoInput, (ScriptedStep("pay", op=Catalogue.get_order),), summary)
+    engine, _ = make_engine(definition)
+    record = engine.start("demo", {"amount": 100})
+    claim = engine.claim(record.id, "pay")
+    assert not isinstance(claim, str)
+    running = engine.get(record.id)
+    said = " ".join(operator_actions.explain(running, "cancel"))
+    assert "is not interrupted" in said
+    done = engine.cancel(record.id)
+    assert done.state is FlowState.RUNNING and done.cancel_requested
+    assert operator_actions.allowed(done) == [], "asked once: nothing more to offer"
+    assert engine.cancel(record.id).cancel_requested, "a repeated cancel (a retried call) is the same request"
+
+
+def test_what_is_not_offered_is_refused_with_the_same_reason(make_engine: Any) -> None:
+    engine, flow_id = _flow(make_engine, Advance({}), money=False)
+    engine.run_step(flow_id, "after")
+    done = engine.get(flow_id)
+    assert done.state is FlowState.SUCCEEDED and operator_actions.allowed(done) == []
+    for action, call in (("cancel", lambda: engine.cancel(flow_id)), ("retry", lambda: engine.retry(flow_id))):
+        reason = operator_actions.refusal(done, action)
+        assert reason is not None
+        with pytest.raises(OperatorError) as refused:
+            call()
+        assert str(refused.value) == reason
