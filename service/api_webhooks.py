@@ -89,11 +89,17 @@ def webhooks_router(webhooks: Webhooks) -> APIRouter:
     def rotate_secret(endpoint_id: EndpointId) -> dict[str, Any]:
         return dict(found(store.rotate(endpoint_id), endpoint_id).view(with_secret=True))
 
-    @router.post("/{endpoint_id}/enable", response_model=EndpointView, summary="Enable a disabled endpoint again")
+    @router.post(
+        "/{endpoint_id}/enable", response_model=EndpointView, summary="Enable a disabled endpoint again; ends its failing streak"
+    )
     def enable_endpoint(endpoint_id: EndpointId) -> dict[str, Any]:
         return dict(found(store.enable(endpoint_id), endpoint_id).view())
 
-    @router.post("/{endpoint_id}/test", response_model=TestAnswer, summary="Send a webhook.test event now (not retried)")
+    @router.post(
+        "/{endpoint_id}/test",
+        response_model=TestAnswer,
+        summary="Send a webhook.test event now (not retried); a 2xx ends the failing streak",
+    )
     def test_endpoint(endpoint_id: EndpointId) -> dict[str, Any]:
         return dict(found(webhooks.test(endpoint_id), endpoint_id))
 

@@ -15,9 +15,12 @@ The path of an event, every step either atomic or repeated until it holds:
 Retries: immediately, then 5 s, 5 min, 30 min, 2 h, 5 h, 10 h, 10 h... each with +-20% jitter, and
 never sooner than an answer's ``Retry-After``; a delivery still failing ``retry_days`` after its first
 attempt is given up (logged and kept in the attempts). ``410 Gone`` disables the endpoint at once; an
-endpoint without a success for ``disable_after_days`` is disabled too, and reported (error log, and
-its reason on ``GET /webhooks``). A receiver may see an event more than once (a worker killed after
-the POST, before its record): the ``webhook-id`` header, the event id, is the same on every attempt.
+endpoint whose failing streak has lasted ``disable_after_days`` is disabled too, and reported (error
+log, and its reason on ``GET /webhooks``). The streak (``endpoints``' docstring has the rule) starts at
+a failed attempt and goes on while failed deliveries still have retries due; a successful delivery, a
+successful test and an operator's ``enable`` end it, and a give-up lets it lapse. A receiver may see an
+event more than once (a worker killed after the POST, before its record): the ``webhook-id`` header,
+the event id, is the same on every attempt.
 """
 
 from __future__ import annotations
@@ -129,7 +132,6 @@ class Webhooks:
         self._replay = client.register_script(_lua("replay.lua"))
         self._take = client.register_script(resources.files("workflows").joinpath("lua", "take_due.lua").read_text())
         self.poster = Poster(timeout=settings.timeout, connect_timeout=settings.connect_timeout)
-        self.failing_key = f"{keys.prefix}:webhooks:failing"
 
     # -- the dispatcher's side ---------------------------------------------------------------------
 
@@ -244,7 +246,7 @@ class Webhooks:
             [member, json.dumps(attempt), "" if following is None else repr(following), self.settings.attempts_kept, made],
         )
         if attempt["ok"]:
-            pipe.command("HDEL", self.failing_key, endpoint.id)  # a success ends the endpoint's failing spell
+            pipe.command("HDEL", self.endpoints.failing_key, endpoint.id)  # a success ends the failing streak
         pipe.execute()
         return attempt
 
@@ -283,24 +285,28 @@ class Webhooks:
             log.error("webhook endpoint %s (%s) answered 410 Gone: disabled", endpoint.id, endpoint.url)
             attempt["outcome"] = "endpoint disabled (410 Gone)"
             return None
-        self.redis.hsetnx(self.failing_key, endpoint.id, repr(now))
-        since = float(self.redis.hget(self.failing_key, endpoint.id) or now)
+        given_up = now - first >= self.settings.retry_days * 86400
+        retry_at = None
+        if not given_up:
+            delay = next_delay(made + 1, self.rng, self.settings.retry_delays)
+            retry_at = now + max(delay, float(attempt.get("retryAfter") or 0.0))
+        # The failure joins the endpoint's failing streak, which then awaits this delivery's retry (a
+        # give-up awaits nothing: with no other retry due, the streak lapses).
+        since = self.endpoints.failed(endpoint.id, now, retry_at)
         if now - since >= self.settings.disable_after_days * 86400:
             days = (now - since) / 86400
             self.endpoints.disable(endpoint.id, f"failing for {days:.1f} days without a success")
             log.error("webhook endpoint %s (%s) failing for %.1f days: disabled", endpoint.id, endpoint.url, days)
             attempt["outcome"] = "endpoint disabled (failing)"
             return None
-        if now - first >= self.settings.retry_days * 86400:
+        if retry_at is None:
             log.warning("webhook %s to %s given up after %d attempts", attempt["event"], endpoint.id, made + 1)
             attempt["outcome"] = "given up"
             return None
-        delay = next_delay(made + 1, self.rng, self.settings.retry_delays)
-        delay = max(delay, float(attempt.get("retryAfter") or 0.0))
         attempt["outcome"] = "retry"
-        attempt["nextAttempt"] = iso(now + delay)
-        attempt["nextAt"] = now + delay
-        return now + delay
+        attempt["nextAttempt"] = iso(retry_at)
+        attempt["nextAt"] = retry_at
+        return retry_at
 
     def _drop(self, slot: Slot, member: str, endpoint_id: str, made: int, why: str) -> dict[str, Any]:
         attempt: dict[str, Any] = {
@@ -316,7 +322,8 @@ class Webhooks:
     # -- the merchant's side: test, attempts, replay -------------------------------------------------
 
     def test(self, endpoint_id: str) -> dict[str, Any] | None:
-        """Send one ``webhook.test`` event to the endpoint now (not retried) and record the attempt."""
+        """Send one ``webhook.test`` event to the endpoint now (not retried) and record the attempt. A
+        success ends the endpoint's failing streak; a failure leaves it as it was (see ``endpoints``)."""
         endpoint = self.endpoints.get(endpoint_id)
         if endpoint is None:
             return None
@@ -330,6 +337,8 @@ class Webhooks:
         pipe = self.redis.pipeline(transaction=False)
         pipe.lpush(slot.attempts(endpoint.id), json.dumps(attempt))
         pipe.ltrim(slot.attempts(endpoint.id), 0, self.settings.attempts_kept - 1)
+        if attempt["ok"]:
+            pipe.hdel(self.endpoints.failing_key, endpoint.id)  # it answers again: the failing streak ends
         pipe.execute()
         return attempt
 

@@ -12,6 +12,29 @@ resolved address again before each attempt (a name may resolve elsewhere later).
 
 A rotation makes a new secret and keeps the previous one valid for ``rotation_hours``: meanwhile every
 attempt carries both signatures, and a receiver holding either accepts it.
+
+**Health: the failing streak.** An endpoint is disabled (``delivery``) at a failed delivery attempt made
+``disable_after_days`` or more after its *failing streak* began. The streak is meant to say "every
+attempt has failed, and the endpoint was being tried all along"; one rule says when it starts and ends
+(kept here, in ``<prefix>:webhooks:failing``: endpoint id -> ``"<since> <awaited>"``, POSIX seconds):
+
+* **It starts** at a failed delivery attempt when no streak is running (``since``: that attempt's time).
+* **It goes on** at each failed delivery attempt that comes while it still awaits one: a failure that
+  schedules a retry makes the streak await that retry (``awaited``: the latest retry time so far),
+  plus :data:`STREAK_SLACK` for a worker that is late.
+* **It ends** at a successful delivery, at a successful ``webhook.test`` (the endpoint answers again)
+  and at an operator's ``enable`` (the operator's word that it is fixed, whatever its last attempts
+  said); and when the endpoint is removed.
+* **It lapses** when it awaits nothing: a delivery *given up* schedules no retry (nor does one dropped),
+  so once every failing delivery of the endpoint was given up, the next failure, whenever it comes,
+  starts a new streak. Durapay did not try the endpoint meanwhile; the days it was not tried
+  are not days of failing. What was given up is lost to the endpoint (``durapay events replay``
+  sends it again), which is the cost of a failing endpoint, not a reason to disable it later.
+
+A failed test neither starts nor prolongs a streak: it retries nothing, and an operator probing an
+endpoint must not bring it nearer to being disabled. With the default settings (a delivery retried
+for 3 days, disabled after 5), an endpoint is disabled only when deliveries keep failing for 5 days
+running: new events keep coming and none gets through.
 """
 
 from __future__ import annotations
@@ -47,6 +70,31 @@ endpoint['after'] = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) + 
 local encoded = cjson.encode(endpoint)
 redis.call('HSET', KEYS[1], ARGV[1], encoded)
 return encoded
+"""
+
+#: How late an awaited retry may come and still prolong the failing streak: an attempt comes after its
+#: due time by the dispatcher's tick, a worker's queue, a lease ended on a lost task (a minute) or a
+#: restart. An hour covers those and is nothing beside the days a streak is measured in; a retry later
+#: than that starts a new streak (the lenient side: an endpoint is disabled later, never sooner).
+STREAK_SLACK = 3600.0
+
+#: Counts a failed delivery attempt in the endpoint's failing streak (the rule: module docstring) and
+#: answers when the streak began. KEYS: 1 the streaks hash. ARGV: 1 endpoint id, 2 now, 3 when the
+#: streak awaits the next attempt after this one (the retry's time; now when none follows), 4 the
+#: slack. A value not of the form "<since> <awaited>" (one written before streaks lapsed) starts anew.
+_FAILED = """
+local raw = redis.call('HGET', KEYS[1], ARGV[1])
+local now = tonumber(ARGV[2])
+local since, awaited = ARGV[2], ARGV[3]
+if raw then
+  local held_since, held_awaited = string.match(raw, '^(%S+) (%S+)$')
+  if tonumber(held_since) and tonumber(held_awaited) and now <= tonumber(held_awaited) + tonumber(ARGV[4]) then
+    since = held_since
+    if tonumber(held_awaited) > tonumber(awaited) then awaited = held_awaited end
+  end
+end
+redis.call('HSET', KEYS[1], ARGV[1], since .. ' ' .. awaited)
+return since
 """
 
 _PATCH = """
@@ -188,15 +236,18 @@ def resolved_private(url: str) -> str | None:
 
 
 class EndpointStore:
-    """Add, list, remove, rotate, disable endpoints (the one writer of the endpoints hash)."""
+    """Add, list, remove, rotate, disable endpoints (the one writer of the endpoints hash), and keep
+    their failing streaks (the one writer of those too: the rule is in the module's docstring)."""
 
     def __init__(self, client: Any, keys: Keys, settings: WebhooksSettings) -> None:
         self.redis = client
         self.keys = keys
         self.settings = settings
         self.key = f"{keys.prefix}:webhooks:endpoints"
+        self.failing_key = f"{keys.prefix}:webhooks:failing"
         self._patch = client.register_script(_PATCH)
         self._add = client.register_script(_ADD)
+        self._failed = client.register_script(_FAILED)
 
     def now(self) -> float:
         seconds, micros = self.redis.time()
@@ -287,8 +338,12 @@ class EndpointStore:
         return sorted(found, key=lambda endpoint: (endpoint.created, endpoint.id))
 
     def remove(self, endpoint_id: str) -> bool:
-        """Forget the endpoint; its pending deliveries are dropped when they come due."""
-        return bool(self.redis.hdel(self.key, endpoint_id))
+        """Forget the endpoint and its failing streak; its pending deliveries are dropped when they come due."""
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.hdel(self.key, endpoint_id)
+        pipe.hdel(self.failing_key, endpoint_id)
+        removed, _ = pipe.execute()
+        return bool(removed)
 
     def rotate(self, endpoint_id: str) -> Endpoint | None:
         """A new secret; the current one stays valid for ``rotation_hours`` (both signatures sent)."""
@@ -302,7 +357,24 @@ class EndpointStore:
         return self._set(endpoint_id, enabled=False, disabled_reason=reason, disabled_at=self.now())
 
     def enable(self, endpoint_id: str) -> Endpoint | None:
-        return self._set(endpoint_id, enabled=True, disabled_reason="", disabled_at=None)
+        """Enable the endpoint and end its failing streak: the operator says it works again, so the
+        failures before do not count towards disabling it (its next failure starts a new streak)."""
+        endpoint = self._set(endpoint_id, enabled=True, disabled_reason="", disabled_at=None)
+        if endpoint is not None:
+            self.recovered(endpoint_id)
+        return endpoint
+
+    def failed(self, endpoint_id: str, now: float, retry_at: float | None) -> float:
+        """Count a failed delivery attempt made at ``now`` in the endpoint's failing streak; answers when
+        the streak began (``now`` when this failure starts one). ``retry_at``: when the failed delivery
+        is tried again (None when it is given up: the streak then awaits nothing of it)."""
+        awaited = now if retry_at is None else max(now, retry_at)
+        since = self._failed(keys=[self.failing_key], args=[endpoint_id, repr(now), repr(awaited), repr(STREAK_SLACK)])
+        return float(since)
+
+    def recovered(self, endpoint_id: str) -> None:
+        """End the endpoint's failing streak (a success, a passing test, an operator's enable)."""
+        self.redis.hdel(self.failing_key, endpoint_id)
 
     def _set(self, endpoint_id: str, **changes: Any) -> Endpoint | None:
         raw = self._patch(keys=[self.key], args=[endpoint_id, json.dumps(changes)])
