@@ -16,9 +16,10 @@ in-process::
 Modules: ``_config`` (settings), ``_server`` (uvicorn), ``_app`` (the protocol pipeline and routes),
 ``_admin_routes`` / ``_admin`` (``/_sim/`` and its client), ``_pages`` (customer pages), ``_core``
 (the simulator's parts wired together), ``_state`` / ``_records`` (memory), ``_payments`` / ``_ledger``
-(payment rules), one module per area of handlers (``_direct``, ``_links``, ``_three_steps``, ``_build``,
-``_backoffice``, ``_structures``, ``_reservations``), ``_cards``, ``_faults``, ``_pending`` (PENDING
-answers settled later), ``_notifier``, ``_idempotency``, ``_scheduler``, ``_clock``, ``_lists``.
+(payment rules), ``_contracts`` (what a contract lets the merchant charge), one module per area of
+handlers (``_direct``, ``_links``, ``_three_steps``, ``_build``, ``_backoffice``, ``_structures``,
+``_reservations``), ``_cards``, ``_faults``, ``_pending`` (PENDING answers settled later), ``_notifier``,
+``_idempotency``, ``_scheduler``, ``_clock``, ``_lists``.
 """
 
 from simulator._admin import SimulatorAdmin, SimulatorAdminError

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, date, datetime, timedelta
+
+from gateway import GATEWAY_ZONE
 
 
 def utc_now() -> datetime:
@@ -19,6 +21,12 @@ def utc_now() -> datetime:
 def iso(moment: datetime) -> str:
     """The gateway's timestamp form: ``2022-09-01T01:20:00.001Z`` (UTC, milliseconds)."""
     return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.") + f"{moment.microsecond // 1000:03d}Z"
+
+
+def gateway_day(moment: datetime) -> date:
+    """The gateway's calendar day of ``moment``: its date in UTC+01:00, the zone in which the gateway writes
+    operation times. "Cancel only on the same day" and a contract's days between payments count these."""
+    return moment.astimezone(GATEWAY_ZONE).date()
 
 
 def parse_iso(text: str) -> datetime:

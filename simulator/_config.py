@@ -15,6 +15,9 @@ from config.settings import GATEWAY_PATH_PREFIX, SIMULATOR_API_KEY
 
 #: The card the simulator's pages use when they complete by themselves (``auto_complete_ms``).
 AUTO_COMPLETE_PAN = "4349940199004549"
+#: The longest ``orderId`` any public source allows (the request models, shared with durapay's client,
+#: accept no more): a limit above it could never be reached.
+LONGEST_PUBLISHED_ORDER_ID = 27
 
 
 @dataclass(frozen=True)
@@ -37,6 +40,10 @@ class SimulatorConfig:
     notify_timeout_seconds: float = 5.0
     #: How often (real seconds) expiries are checked against the simulator's clock.
     sweep_interval_seconds: float = 0.5
+    #: The longest ``orderId`` a request creating an order may carry (PS0026 on ``order.orderId`` beyond
+    #: it). Public sources say 18 (two client libraries written for the live gateway) or 27 (another
+    #: document): docs/gateway.md. 27 until durapay derives every id within 18.
+    order_id_max_length: int = LONGEST_PUBLISHED_ORDER_ID
 
     def __post_init__(self) -> None:
         problems = []
@@ -53,6 +60,8 @@ class SimulatorConfig:
             problems.append("notify_max_attempts must be at least 1")
         if self.notify_timeout_seconds <= 0 or self.sweep_interval_seconds <= 0:
             problems.append("notify_timeout_seconds and sweep_interval_seconds must be positive")
+        if not 1 <= self.order_id_max_length <= LONGEST_PUBLISHED_ORDER_ID:
+            problems.append(f"order_id_max_length must be between 1 and {LONGEST_PUBLISHED_ORDER_ID}")
         if not self.path_prefix.startswith("/") or self.path_prefix.endswith("/"):
             problems.append("path_prefix must start with '/' and not end with one")
         if problems:

@@ -5,7 +5,8 @@ on which the customer pays once or cancels (``admin.complete_hpp`` does it over 
 recorded on the order and notified. A ``page_payment`` rule (``_pending``) makes the payment ``PENDING``:
 the page is used until it settles (a second payment is refused, 409), and both results are notified.
 
-MIT charges the card of an active contract (PS0017 for an unknown or deactivated one). Card
+MIT charges the card of an active contract (PS0017 for an unknown or deactivated one) that allows it
+(``_contracts.check_mit_charge``: never a CIT contract, an MIT_SCHEDULED one at its frequency). Card
 verification answers ``CARD_VERIFICATION`` / ``EXECUTED`` for amount 0. None of these flows runs 3DS, so
 a 3DS-failing or challenge card simply approves there.
 
@@ -34,6 +35,7 @@ from gateway import (
 from simulator._cards import OUTCOME_APPROVED, outcome_from_token
 from simulator._clock import parse_iso
 from simulator._config import AUTO_COMPLETE_PAN
+from simulator._contracts import check_mit_charge
 from simulator._payments import (
     abandon_on_page,
     check_recurrence,
@@ -166,6 +168,7 @@ def create_mit_order(sim: Simulator, call: Call) -> Reply:
         raise SimError.rejected("PS0017", f"no contract {body.contractId}")
     if contract.status != "ACTIVE":
         raise SimError.rejected("PS0017", f"contract {body.contractId} is deactivated")
+    check_mit_charge(sim, contract)
     recurrence = {"action": RecurrenceAction.SUBSEQUENT_PAYMENT.value, "contractId": contract.contract_id}
     order = claim_order(sim, call, body.order, "mit", recurrence=recurrence, capture_explicit=is_explicit(body.captureType))
     op = new_operation(

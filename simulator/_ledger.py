@@ -23,7 +23,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from gateway import GATEWAY_ZONE, Channel, OperationResult, OperationType, PostOperationRequest, parse_gateway_time
+from gateway import Channel, OperationResult, OperationType, PostOperationRequest, parse_gateway_time
+from simulator._clock import gateway_day
 from simulator._payments import SUCCESS, new_operation
 from simulator._protocol import Origin, SimError
 from simulator._records import OperationRecord, OrderRecord
@@ -202,8 +203,7 @@ def cancel(sim: Simulator, origin: Origin, operation_id: str) -> OperationRecord
 
 def _same_day(sim: Simulator, op: OperationRecord) -> bool:
     """The gateway's day (UTC+01:00), by the simulator's clock."""
-    made = parse_gateway_time(op.time).astimezone(GATEWAY_ZONE).date()
-    return made == sim.state.clock.now().astimezone(GATEWAY_ZONE).date()
+    return gateway_day(parse_gateway_time(op.time)) == gateway_day(sim.state.clock.now())
 
 
 def allowed_actions(sim: Simulator, op: OperationRecord) -> list[dict[str, Any]]:

@@ -31,6 +31,7 @@ from gateway import (
     RecurrenceAction,
 )
 from simulator._cards import Outcome, card_outcome, circuit, outcome_from_token
+from simulator._contracts import check_contract_terms
 from simulator._protocol import Call, Origin, SimError
 from simulator._records import ContractRecord, LinkRecord, OperationRecord, OrderRecord
 
@@ -46,8 +47,13 @@ PAGE_PAYMENT = "page_payment"
 
 
 def ensure_new_order(sim: Simulator, order: Order) -> None:
-    """Refuse a second use of an ``orderId`` before any other check, so that a resent create always
-    answers PS0026 on ``order.orderId`` (the engine reads ``GET /orders/{orderId}`` on it)."""
+    """The ``orderId`` checks of every request that creates an order, before any other check: at most
+    ``order_id_max_length`` characters (the live gateway's limit is 18 or 27, docs/gateway.md), and a
+    second use refused, so that a resent create always answers PS0026 on ``order.orderId`` (the engine
+    reads ``GET /orders/{orderId}`` on it)."""
+    limit = sim.config.order_id_max_length
+    if len(order.orderId) > limit:
+        raise SimError.invalid("order.orderId", f"String should have at most {limit} characters")
     if order.orderId in sim.state.orders:
         raise SimError.invalid("order.orderId", "orderId already used")
 
@@ -76,9 +82,11 @@ def check_session(order: Order, session: PaymentSession) -> None:
 
 
 def check_recurrence(sim: Simulator, recurrence: Recurrence | None, field: str) -> None:
-    """CONTRACT_CREATION needs a new contractId; SUBSEQUENT_PAYMENT an active contract."""
+    """CONTRACT_CREATION needs a new contractId; SUBSEQUENT_PAYMENT an active contract; a
+    ``contractFrequency`` is a number of days (``_contracts``)."""
     if recurrence is None or recurrence.action in (None, RecurrenceAction.NO_RECURRING):
         return
+    check_contract_terms(recurrence, field)
     contract_id = recurrence.contractId
     if not contract_id:
         raise SimError.invalid(f"{field}.contractId", f"required with action {recurrence.action}")

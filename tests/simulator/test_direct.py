@@ -74,6 +74,7 @@ def test_contract_creation_then_mit_then_deactivation(client: GatewayClient, sim
     assert [(c.contractId, c.contractType, c.contractFrequency, c.paymentInstrumentInfo) for c in contracts] == [
         ("c-77", "MIT_SCHEDULED", "30", "***4549")
     ]
+    sim.admin.advance_clock(30 * 86_400)  # its contractFrequency: 30 days after the first payment
     assert _mit(client, "c-77", "mit-1") == ("EXECUTED", "000")
     with pytest.raises(BadRequest) as again:
         client.call(Catalogue.create_hpp_order, request={**request, "order": order("first-2")})
