@@ -198,7 +198,57 @@ def new_order_if_never_charged(reason: str, *, initiated: bool = False) -> Calla
     return adopt
 
 
+def _made_before(operation: Operation, moment: float) -> bool:
+    """Whether the gateway shows ``operation`` made before ``moment`` (no time shown: not known to be)."""
+    made = operation.operationTime.moment if operation.operationTime is not None else None
+    return made is not None and made.timestamp() < moment
+
+
+def adopt_made(
+    ctx: StepContext,
+    operations: Sequence[Operation],
+    *,
+    types: frozenset[OperationType],
+    before: frozenset[str] = frozenset(),
+    amount: int | None,
+    currency: str | None,
+) -> ReconcileResult:
+    """For a keyed call that makes an operation on an order that is not the flow's own (a refund, a capture,
+    a reservation charge) and whose answer was lost: what the call made, read back before it is sent again.
+
+    The public material does not say what a repeated ``Idempotency-Key`` does, and durapay itself takes a
+    forgotten key as possible (``tasks.runner``: "already used" after a while), so a resend could make the
+    operation twice. As for a payment, the read comes first. The call's operation is one of ``types``
+    that the order did not hold when the flow last read it (``before``), made after the flow started, of
+    the call's amount (None: any) and currency. None found: NOT_COMMITTED (the call is sent again, with its
+    key). One: adopted, answered as the call would have been (its id), and the flow's read step reads it
+    until final. More than one (the same operation made by someone else meanwhile): a person looks, nothing
+    is adopted."""
+    made = [
+        op
+        for op in operations
+        if op.operationType in types
+        and op.operationId not in before
+        and (amount is None or op.operationAmount is None or int(op.operationAmount) == amount)
+        and (currency is None or op.operationCurrency is None or str(op.operationCurrency) == currency)
+        and not _made_before(op, ctx.created - CLOCK_SKEW_SECONDS)
+    ]
+    if not made:
+        return NOT_COMMITTED
+    if len(made) > 1:
+        ids = ", ".join(op.operationId for op in made)
+        return Attention(
+            f"the gateway holds {len(made)} operations this call may have made ({ids}): which is this flow's is unclear",
+            {"type": "ForeignOperation", "operationIds": [op.operationId for op in made], "reason": "ambiguous"},
+        )
+    # As the call answers a post-operation (its id): the money stays in flight until the read step has
+    # read the operation final, so a cancel asked meanwhile still waits for that read.
+    found = made[0].wire()
+    return Advance({"operationId": found["operationId"], "operationTime": found.get("operationTime"), "adopted": True})
+
+
 __all__ = [
+    "adopt_made",
     "adopt_operation_of",
     "adopt_order_payment",
     "foreign",

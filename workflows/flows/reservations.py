@@ -6,10 +6,12 @@ The set-up calls (structures, agencies, conditions...) are the ``reservation_set
 * ``reservation`` - ``POST /reservations``, its pay-by-link, then a wait for the notification; at the
   deadline ``GET /reservations/{id}`` decides instead of a guess. Its outcome's operation is the
   *original operation* the later charges refer to.
-* ``no_show``, ``incremental``, ``delay_charge`` - validation, then the charge with the step's
-  Idempotency-Key, then ``GET /operations/{id}`` reads the result back. ``delay_charge`` first sleeps
-  until ``runAt`` on the engine's due set (a durable timer, months if need be; ``engine.start(...,
-  run_at=...)`` works too). Without ``originalOperationId`` the charge reads it from the reservation.
+* ``no_show``, ``incremental``, ``delay_charge`` - ``GET /reservations/{id}`` checks the charge before
+  anything is sent (its original operation is the reservation's, one no-show, the charges within the
+  reservation's amount, a delayed charge after the stay), then the validation, then the charge with the
+  step's Idempotency-Key (read back from the reservation first after a lost answer), then
+  ``GET /operations/{id}`` reads the result back. ``delay_charge`` sleeps until ``runAt`` on the engine's
+  due set (a durable timer, months if need be; ``engine.start(..., run_at=...)`` works too).
 
 Every kind takes ``form``: ``current`` (default) or ``earlier``, the deprecated path forms (validations at
 ``/noshow_validation`` instead of ``/reservations/noshow_validation``, custom fields at ``/custom_fields``
@@ -19,6 +21,7 @@ share a path (reservations, links, charges) it changes nothing.
 
 from __future__ import annotations
 
+from datetime import UTC, date, datetime
 from typing import Annotated, Any, Literal
 
 from pydantic import AwareDatetime, Field
@@ -33,13 +36,16 @@ from gateway import (
     LenientEnum,
     NotFound,
     OperationResponse,
+    OperationResult,
     OperationType,
     Reservation,
     ReservationIdResponse,
+    ReservationLookupResponse,
     Unknown,
 )
 from tasks.outcomes import Advance, Finish, Outcome
-from tasks.runner import NOT_COMMITTED, ReconcileResult, StepContext
+from tasks.runner import NOT_COMMITTED, UNCLEAR, ReconcileResult, StepContext
+from workflows.flows._adopt import PAYMENT_TYPES, adopt_made
 from workflows.flows._common import read_until_final, summarize
 from workflows.flows.sessions import ADOPTED_READ_SECONDS
 from workflows.flows.waits import GRACE_SECONDS, adopted_read, cancel_link, judge_wait, link_end, notified, read_later
@@ -183,10 +189,24 @@ RESERVATION = FlowDefinition(
 
 # -- no-show, incremental and delayed charges -----------------------------------------------------------
 
+#: The operation each charge makes.
+CHARGE_TYPE = {
+    "no_show": OperationType.NOSHOW,
+    "incremental": OperationType.INCREMENTAL,
+    "delay_charge": OperationType.DELAY_CHARGE,
+}
+CHARGE_TYPES = frozenset(CHARGE_TYPE.values())
+#: Results of a charge that took the guest's money, or may still (PENDING): what counts against the bounds.
+TAKEN = SUCCESS_RESULTS | {OperationResult.PENDING}
+
 
 class ChargeInput(GatewayModel):
     reservationId: str = Field(min_length=1, max_length=27)
-    originalOperationId: str | None = Field(default=None, min_length=1, description="read from the reservation when omitted")
+    originalOperationId: str | None = Field(
+        default=None,
+        min_length=1,
+        description="the reservation's paid operation whose card is charged: checked against it, read from it when omitted",
+    )
     amount: Amount = Field(ge=1)
     currency: Currency
     description: str | None = Field(default=None, max_length=255)
@@ -195,7 +215,8 @@ class ChargeInput(GatewayModel):
 
 class DelayChargeInput(ChargeInput):
     runAt: AwareDatetime | None = Field(
-        default=None, description="ISO 8601 with offset: when to charge (e.g. check-out + 2 days)"
+        default=None,
+        description="ISO 8601 with offset: when to charge, in the future and not before the reservation's checkOutDate",
     )
 
 
@@ -214,15 +235,83 @@ CHARGES = {
 }
 
 
-def _original_result(ctx: StepContext, answer: Any) -> Outcome:
-    for operation in answer.operations:
-        if operation.operationResult in SUCCESS_RESULTS and operation.operationType not in CHARGE_TYPES:
-            return Advance({"originalOperationId": operation.operationId})
-    return Finish(False, f"reservation {ctx.input.reservationId} has no paid original operation", error={"type": "NotPaid"})
+def _refused(field: str, reason: str) -> Finish:
+    """A charge refused before anything is sent: the input does not fit the reservation the gateway shows."""
+    return Finish(False, f"{field}: {reason}", error={"type": "InputError", "field": field, "reason": reason})
+
+
+def _reservation_checked(ctx: StepContext, answer: ReservationLookupResponse) -> Outcome:
+    """The reservation as the gateway shows it, checked against the charge before anything is sent.
+
+    * The charge takes the card of the operation it names, whatever order that operation is on: a given
+      ``originalOperationId`` must be one of the reservation's own paid operations (else the validation
+      checks this reservation and the charge lands on another guest's card); omitted, it is the first.
+    * A no-show is charged once per reservation: one already taken (or PENDING) refuses a second.
+    * The reservation's charges together stay within its amount (the gateway's validation checks each
+      charge alone): durapay's bound, README "Reservation guarantee".
+    * A delayed charge runs after the stay: ``runAt`` (or now, without one) not before ``checkOutDate``,
+      and never a time already past when the flow started (it would charge at once).
+
+    The output names the original operation and every operation the reservation held (``before``): a
+    charge whose answer is lost is read back as one not among them (:func:`_adopt_charge`)."""
+    reservation_id = ctx.input.reservationId
+    operations = list(answer.operations)
+    paid = [op for op in operations if op.operationType in PAYMENT_TYPES and op.operationResult in SUCCESS_RESULTS]
+    if not paid:
+        return Finish(False, f"reservation {reservation_id} has no paid original operation", error={"type": "NotPaid"})
+    given = ctx.input.originalOperationId
+    if given is not None and given not in {op.operationId for op in paid}:
+        return _refused(
+            "originalOperationId",
+            f"{given} is not a paid operation of reservation {reservation_id} (its original operation is "
+            f"{paid[0].operationId}): a charge takes the card of the operation it names",
+        )
+    charges = [op for op in operations if op.operationType in CHARGE_TYPES and op.operationResult in TAKEN]
+    no_shows = [op for op in charges if op.operationType is OperationType.NOSHOW]
+    if CHARGE_TYPE[ctx.kind] is OperationType.NOSHOW and no_shows:
+        return _refused(
+            "reservationId",
+            f"reservation {reservation_id} already has a no-show charge ({no_shows[0].operationId}, "
+            f"{no_shows[0].operationResult}): a no-show is charged once",
+        )
+    limit = int(answer.reservationStatus.reservation.amount)
+    taken = sum(int(op.operationAmount or 0) for op in charges)
+    if taken + ctx.input.amount > limit:
+        return _refused(
+            "amount",
+            f"{ctx.input.amount} with the {len(charges)} charges already on reservation {reservation_id} ({taken}) "
+            f"exceeds the reservation's amount {limit}",
+        )
+    if ctx.kind == "delay_charge":
+        late = _run_at_refused(ctx, answer.reservationStatus.reservation.checkOutDate)
+        if late is not None:
+            return late
+    return Advance({"originalOperationId": given or paid[0].operationId, "before": [op.operationId for op in operations]})
+
+
+def _run_at_refused(ctx: StepContext, check_out: str | None) -> Finish | None:
+    """Why a delayed charge may not run when its input says (None: it may)."""
+    run_at = ctx.input.runAt
+    if run_at is not None and run_at.timestamp() < ctx.created:
+        return _refused("runAt", f"{run_at.isoformat()} was already past when the charge was started: it would charge at once")
+    try:
+        day = date.fromisoformat(check_out[:10]) if check_out else None
+    except ValueError:
+        day = None  # a date this version cannot read: the gateway's validation decides
+    when = run_at or datetime.fromtimestamp(ctx.now, UTC)
+    if day is not None and when.date() < day:
+        return _refused(
+            "runAt",
+            f"{when.date().isoformat()} is before reservation {ctx.input.reservationId}'s check-out date "
+            f"{day.isoformat()}: a delayed charge is for after the stay",
+        )
+    return None
 
 
 def _original_id(ctx: StepContext) -> str:
-    return str(ctx.input.originalOperationId or ctx.output("original")["originalOperationId"])
+    """The checked original operation (the input's, for a delayed charge that an earlier release put to
+    sleep before it read the reservation)."""
+    return str(ctx.output("original").get("originalOperationId") or ctx.input.originalOperationId)
 
 
 class _Validate(CallStep):
@@ -245,27 +334,46 @@ def _charged(ctx: StepContext, answer: OperationResponse) -> Outcome:
     return Advance(answer.wire())
 
 
+def _adopt_charge(ctx: StepContext) -> ReconcileResult:
+    """A charge whose answer was lost: the reservation is read before the charge is sent again (never only
+    the gateway's replay of the key, ``workflows.flows._adopt.adopt_made``)."""
+    found = _read_charged(ctx)
+    if found is None:
+        return UNCLEAR
+    before = frozenset(ctx.output("original").get("before") or ())
+    types = frozenset({CHARGE_TYPE[ctx.kind]})
+    return adopt_made(ctx, found.operations, types=types, before=before, amount=ctx.input.amount, currency=ctx.input.currency)
+
+
+def _read_charged(ctx: StepContext) -> Any | None:
+    try:
+        return ctx.call(Catalogue.get_reservation, ctx.input.reservationId)
+    except NotFound:
+        return None
+
+
 def charge_flow(kind: str, model: type[ChargeInput], description: str) -> FlowDefinition:
-    steps: list[Any] = []
+    """Read and check the reservation (:func:`_reservation_checked`), sleep until ``runAt`` (a delayed
+    charge), validate, charge with the step's key (read back first after a lost answer), read the result."""
+    steps: list[Any] = [
+        CallStep("original", Catalogue.get_reservation, lambda ctx: Call((ctx.input.reservationId,)), result=_reservation_checked)
+    ]
     if kind == "delay_charge":
         steps.append(SleepStep("timer", lambda ctx: ctx.input.runAt.timestamp() if ctx.input.runAt else None))
     steps += [
-        CallStep(
-            "original",
-            Catalogue.get_reservation,
-            lambda ctx: Call((ctx.input.reservationId,)),
-            result=_original_result,
-            when=lambda ctx: ctx.input.originalOperationId is None,
-        ),
         _Validate("validate", VALIDATIONS[(kind, "current")], lambda ctx: Call()),
-        CallStep("charge", CHARGES[kind], _charge_body, result=_charged),
+        CallStep("charge", CHARGES[kind], _charge_body, result=_charged, adopt=_adopt_charge),
         read_until_final("result", "charge", note="readBack"),
     ]
     return FlowDefinition(kind, model, tuple(steps), summarize, None, description)
 
 
-NO_SHOW = charge_flow("no_show", ChargeInput, "no-show charge: validation, /no_shows, result read back")
-INCREMENTAL = charge_flow("incremental", ChargeInput, "incremental charge: validation, /incrementals, result read back")
+NO_SHOW = charge_flow("no_show", ChargeInput, "no-show charge: reservation checked, validation, /no_shows, result read back")
+INCREMENTAL = charge_flow(
+    "incremental", ChargeInput, "incremental charge: reservation checked, validation, /incrementals, result read back"
+)
 DELAY_CHARGE = charge_flow(
-    "delay_charge", DelayChargeInput, "delayed charge: durable timer to runAt, validation, /delay_charges, result read back"
+    "delay_charge",
+    DelayChargeInput,
+    "delayed charge: reservation checked, durable timer to runAt, validation, /delay_charges, result read back",
 )

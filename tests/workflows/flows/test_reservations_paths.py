@@ -107,11 +107,20 @@ def test_charges_validate_on_the_chosen_form_charge_with_a_key_and_read_back(
     assert record.state is FlowState.SUCCEEDED and record.outcome["operation"]["operationId"] == "op-9"
 
 
-def test_a_given_original_operation_skips_the_lookup(run: Callable[..., tuple[Any, RecordingClient]]) -> None:
-    _record, client = run(
-        "incremental", {"reservationId": "res-1", "originalOperationId": "op-1", "amount": 5, "currency": "EUR"}
+def test_a_given_original_operation_is_checked_against_the_reservation(
+    run: Callable[..., tuple[Any, RecordingClient]],
+) -> None:
+    """Issue 23, item 12: a given id was charged without a look at the reservation (another guest's card)."""
+    record, client = run("incremental", {"reservationId": "res-1", "originalOperationId": "op-1", "amount": 5, "currency": "EUR"})
+    assert record.state is FlowState.SUCCEEDED
+    names = [name for name, _, _ in client.calls]
+    assert names == ["get_reservation", "validate_incremental", "create_incremental", "get_operation"]
+    client.calls.clear()
+    refused, client = run(
+        "incremental", {"reservationId": "res-1", "originalOperationId": "op-other", "amount": 5, "currency": "EUR"}
     )
-    assert [name for name, _, _ in client.calls] == ["validate_incremental", "create_incremental", "get_operation"]
+    assert refused.state is FlowState.FAILED and refused.error["field"] == "originalOperationId"
+    assert [name for name, _, _ in client.calls] == ["get_reservation"], "nothing sent"
 
 
 def test_a_delayed_charge_sleeps_until_run_at(run: Callable[..., tuple[Any, RecordingClient]]) -> None:
