@@ -1,9 +1,14 @@
 """Post-operations on an existing payment: refund, capture, cancel of a capture; contract deactivation.
 
-Refunds and captures carry the step's Idempotency-Key, so a lost answer is simply asked again (the
-gateway replays it). Their answer is only ``{operationId, operationTime}``: the flow then reads
-``GET /operations/{operationId}`` until the result is final. A cancel takes no key: after a lost answer
-the flow looks for a CANCEL operation on the capture's order before sending again.
+Refunds and captures carry the step's Idempotency-Key, but a lost answer is read back before they are
+sent again, as a payment is (``workflows.flows._adopt.adopt_made``: durapay does not count on the gateway
+remembering a key). Their answer is only ``{operationId, operationTime}``: the flow then reads
+``GET /operations/{operationId}`` until the result is final, and each kind succeeds only with its own
+results (:data:`SUCCEEDS_WITH`). A cancel takes no key: after a lost answer the flow looks for a CANCEL
+operation on the capture's order before sending again.
+
+Before a refund is sent, the operation and its order are read: a refund of an authorization that is not
+captured voids all of it (docs/gateway.md), so a partial amount there is refused, naming ``amount``.
 """
 
 from __future__ import annotations
@@ -12,10 +17,21 @@ from typing import Any
 
 from pydantic import Field
 
+from gateway import (
+    SUCCESS_RESULTS,
+    Catalogue,
+    Currency,
+    GatewayModel,
+    NotFound,
+    Operation,
+    OperationResult,
+    OperationType,
+    PassThrough,
+)
 from gateway import Amount as AmountField
-from gateway import Catalogue, Currency, GatewayModel, NotFound, OperationType, PassThrough
-from tasks.outcomes import Advance
+from tasks.outcomes import Advance, Finish, Outcome
 from tasks.runner import NOT_COMMITTED, UNCLEAR, ReconcileResult, StepContext
+from workflows.flows._adopt import adopt_made
 from workflows.flows._common import read_until_final, summarize
 from workflows.steps import Call, CallStep, FlowDefinition
 
@@ -38,21 +54,77 @@ class ContractInput(GatewayModel):
     contractId: str = Field(min_length=1, max_length=255)
 
 
+#: The results each post-operation succeeds with, besides AUTHORIZED and EXECUTED (a capture or a cancel
+#: read back CANCELED or VOIDED did not do what was asked; a refund of an authorization not captured is
+#: its void: VOIDED).
+SUCCEEDS_WITH = {
+    "refund": frozenset({OperationResult.REFUNDED.value, OperationResult.VOIDED.value}),
+    "capture": frozenset[str](),
+    "cancel_capture": frozenset[str](),
+}
+#: The operations each keyed post-operation makes on the payment's order (what a read back looks for).
+MAKES = {
+    "refund": frozenset({OperationType.REFUND, OperationType.VOID}),
+    "capture": frozenset({OperationType.CAPTURE}),
+}
+
+
 def _post_body(ctx: StepContext) -> Call:
     body = {key: value for key, value in ctx.input.wire().items() if key != "operationId"}
     return Call((ctx.input.operationId,), body)
 
 
-def _result_step() -> CallStep:
+class _Post(CallStep):
+    """A refund or capture; a refund of part of an amount first reads the operation and its order."""
+
+    def execute(self, ctx: StepContext) -> Outcome:
+        if ctx.kind == "refund" and ctx.input.amount is not None:
+            operation = ctx.call(Catalogue.get_operation, ctx.input.operationId)
+            order = ctx.call(Catalogue.get_order, str(operation.orderId)) if operation.orderId else None
+            refused = _part_of_authorization(ctx, operation, list(order.operations) if order is not None else [])
+            if refused is not None:
+                return refused
+        return super().execute(ctx)
+
+
+def _part_of_authorization(ctx: StepContext, operation: Operation, operations: list[Operation]) -> Finish | None:
+    """A refund of part of an authorization that is not captured: the gateway voids the authorization
+    whole (docs/gateway.md), so it would report more refunded than asked. Refused before it is sent."""
+    authorized = (
+        operation.operationType is OperationType.AUTHORIZATION and operation.operationResult is OperationResult.AUTHORIZED
+    )
+    captured = any(op.operationType is OperationType.CAPTURE and op.operationResult in SUCCESS_RESULTS for op in operations)
+    whole = int(operation.operationAmount or 0)
+    if not authorized or captured or ctx.input.amount == whole:
+        return None
+    reason = (
+        f"{ctx.input.amount} is part of operation {operation.operationId}, an authorization of {whole} not captured: the "
+        "gateway voids it whole; omit amount to void it, or capture it first and then refund part"
+    )
+    return Finish(False, f"amount: {reason}", error={"type": "InputError", "field": "amount", "reason": reason})
+
+
+def _adopt_post(ctx: StepContext) -> ReconcileResult:
+    """A refund or capture whose answer was lost: read the payment's order before sending again."""
+    try:
+        operation = ctx.call(Catalogue.get_operation, ctx.input.operationId)
+        order = ctx.call(Catalogue.get_order, str(operation.orderId))
+    except NotFound:
+        return UNCLEAR
+    amount = None if ctx.input.amount is None else int(ctx.input.amount)
+    return adopt_made(ctx, order.operations, types=MAKES[ctx.kind], amount=amount, currency=ctx.input.currency)
+
+
+def _result_step(kind: str) -> CallStep:
     """Read the post-operation's own operation until its result is final."""
-    return read_until_final("result", "post", accept=frozenset({"REFUNDED", "VOIDED", "CANCELED"}))
+    return read_until_final("result", "post", accept=SUCCEEDS_WITH[kind])
 
 
 def post_operation(kind: str, op: Any, description: str) -> FlowDefinition:
     return FlowDefinition(
         kind,
         PostOperationInput,
-        (CallStep("post", op, _post_body), _result_step()),
+        (_Post("post", op, _post_body, adopt=_adopt_post), _result_step(kind)),
         summarize,
         None,
         description,
@@ -79,7 +151,7 @@ def _adopt_cancel(ctx: StepContext) -> ReconcileResult:
 CANCEL_CAPTURE = FlowDefinition(
     "cancel_capture",
     CancelCaptureInput,
-    (CallStep("post", Catalogue.cancel_operation, _post_body, adopt=_adopt_cancel), _result_step()),
+    (CallStep("post", Catalogue.cancel_operation, _post_body, adopt=_adopt_cancel), _result_step("cancel_capture")),
     summarize,
     None,
     "cancel a capture (same day only)",
