@@ -177,3 +177,28 @@ def test_a_refused_charge_leaves_its_order_id_free_and_its_key_answered(client: 
         idempotency_key="k-occ-1-later",
     )
     assert charged.operation.operationResult == "EXECUTED", "a new key, the same order id"
+
+
+def test_the_cardholders_own_payment_with_the_contract_counts(client: GatewayClient, sim: SimulatorServer) -> None:
+    sim.admin.set_clock(datetime(2027, 3, 1, 9, 0, tzinfo=UTC))
+    _contract(client, sim, "own-1", "MIT_SCHEDULED", "30")
+    sim.admin.advance_clock(30 * DAY)
+    again = {"action": "SUBSEQUENT_PAYMENT", "contractId": "own-1", "contractType": "MIT_SCHEDULED"}
+    client.call(Catalogue.create_hpp_order, request={"order": order("own-page"), "paymentSession": session(recurrence=again)})
+    assert sim.admin.complete_hpp("own-page")["operationResult"] == "EXECUTED", "a customer is never held to the frequency"
+    assert _mit(client, "own-1", "own-mit") == "PS0043"
+
+
+def test_an_approved_charge_counts_even_once_voided(client: GatewayClient, sim: SimulatorServer) -> None:
+    sim.admin.set_clock(datetime(2027, 3, 1, 9, 0, tzinfo=UTC))
+    _contract(client, sim, "void-1", "MIT_SCHEDULED", "30")
+    sim.admin.advance_clock(30 * DAY)
+    authorized = client.call(
+        Catalogue.create_mit_order,
+        request={"order": order("auth-1", 990), "contractId": "void-1", "captureType": "EXPLICIT"},
+        idempotency_key="k-auth-1",
+    ).operation
+    assert authorized.operationResult == "AUTHORIZED"
+    client.call(Catalogue.refund_operation, authorized.operationId, request={}, idempotency_key="k-void-1")
+    assert client.call(Catalogue.get_operation, authorized.operationId).operationResult == "VOIDED"
+    assert _mit(client, "void-1", "after-void") == "PS0043"
