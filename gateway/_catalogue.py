@@ -8,8 +8,8 @@ models) and what a failure of it means:
 
 * ``idempotency_key``: the gateway takes an ``Idempotency-Key`` header here (docs/gateway.md);
   a resend with the same key replays the first answer.
-* ``retry_safe``: resending the same request cannot make a second effect (reads, keyed operations,
-  switches). When it is False, an ambiguous failure (timeout after sending, connection drop, 5xx) is
+* ``retry_safe``: resending the same request cannot make a second effect (reads, keyed operations that
+  move no money, switches; a keyed money call is read back first, the gateway may have forgotten its key). When it is False, an ambiguous failure (timeout after sending, connection drop, 5xx) is
   resolved by reading the gateway first, as ``reconcile`` says, never by resending blindly.
 * ``notifies``: the request carries a ``notificationUrl`` and the gateway notifies the outcome.
 * ``moves_money``: a successful request makes an operation that moves money (a payment, a card
@@ -86,7 +86,10 @@ class GatewayOperation(Generic[Resp]):
 
     def __post_init__(self) -> None:
         if self.retry_safe is None:
-            object.__setattr__(self, "retry_safe", self.method == "GET" or self.idempotency_key)
+            # A keyed call that moves money is read back before a resend, as a payment is: the public
+            # material does not say how long the gateway keeps a key (docs/gateway.md), and durapay takes a
+            # forgotten key as possible (tasks.runner): a blind resend could refund or charge twice.
+            object.__setattr__(self, "retry_safe", self.method == "GET" or (self.idempotency_key and not self.moves_money))
 
     def __set_name__(self, owner: type, name: str) -> None:
         # Named once, by the Catalogue class body: reusing an operation as a default in another class

@@ -492,8 +492,8 @@ class Engine:
             first = definition.first_step(ctx)
             assert first is not None
             seq = record.order_seq + 1
-            base = definition.order_id(model) if definition.order_id else ""
-            new_order = ""
+            base = definition.order_id(model) if definition.order_id and not definition.order_fixed else ""
+            new_order = record.order_id if definition.order_fixed else ""  # the gateway's order, for good
             if base:
                 try:
                     seq, new_order = self.orders.take(base, seq, flow_id)  # a derived order id is one flow's only
@@ -506,7 +506,7 @@ class Engine:
                 "attempt": "0",
                 "polls": "0",
                 "generation": str(record.generation + 1),
-                "order_seq": str(seq),
+                "order_seq": str(seq if base else record.order_seq),
                 "order_id": new_order,
                 "reconcile": None,
                 "uncertain": None,
@@ -521,7 +521,7 @@ class Engine:
                 "maybe_sent": None,
             }
             self.orders.keep(record.orders)  # live again: its earlier orders still route to it
-            if new_order:
+            if new_order and new_order not in record.orders:
                 fields["orders"] = compact_json([*record.orders, new_order])
             change = Change(FlowState.READY, "restarted after failure", fields, due=now + self.safety)
         else:  # operator_actions.refusal said which states retry

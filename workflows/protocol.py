@@ -489,7 +489,10 @@ class StepProtocol:
         return str(written.state), written, following_claim
 
     def _new_order(self, definition: FlowDefinition, claimed: FlowRecord, ctx: StepContext) -> tuple[int, str] | None:
-        """The flow's next gateway order id, held by it in the order index (None: none is free)."""
+        """The flow's next gateway order id, held by it in the order index (None: none is free, or the flow's
+        order is the merchant object's own, ``FlowDefinition.order_fixed``)."""
+        if definition.order_fixed:
+            return None
         base = definition.order_id(ctx.input) if definition.order_id else claimed.order_id
         try:
             return self.engine.orders.take(base, claimed.order_seq + 1, claimed.id)

@@ -179,6 +179,9 @@ class FlowDefinition:
     description: str = ""
     #: Where ``order_id`` reads the gateway order id in the input (named when a start is refused for it).
     order_field: str = "order.orderId"
+    #: The gateway order id is the merchant object's own (a reservation's id: the gateway makes the order
+    #: with it and notifies under it), so durapay never derives another: a retry goes on on the same order.
+    order_fixed: bool = False
     #: A signal its success sends to the flow holding the gateway order its last output names
     #: (``orderId``): a change it made there (a renewed link) that flow must read (``Engine.tell_holder``).
     tells_holder: str | None = None

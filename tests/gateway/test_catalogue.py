@@ -115,11 +115,13 @@ def test_every_entry_is_complete_and_consistent() -> None:
         if op.method == "GET":
             assert op.retry_safe and not op.idempotency_key, op.name
         if op.idempotency_key:
-            assert op.retry_safe and op.method == "POST", op.name
+            # A keyed money call is read back before a resend (the gateway may have forgotten the key).
+            assert op.method == "POST" and op.retry_safe == (not op.moves_money), op.name
         if not op.retry_safe:
-            # An unsafe POST needs a way to learn its outcome, or it is a set-up call that creates a
-            # gateway-numbered object (a duplicate of which moves no money).
-            assert op.reconcile is not None or op.response.__name__.endswith("IdResponse"), op.name
+            # An unsafe POST needs a way to learn its outcome (a read, or its step's read-back, then a resend
+            # with its key), or it is a set-up call that creates a gateway-numbered object (a duplicate of
+            # which moves no money).
+            assert op.reconcile is not None or op.idempotency_key or op.response.__name__.endswith("IdResponse"), op.name
         assert op.reconcile is None or isinstance(op.reconcile, Reconcile)
 
 

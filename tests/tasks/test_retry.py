@@ -24,7 +24,7 @@ from tasks.outcomes import Attention, Finish, Retry
 from tasks.retry import RetryPolicy
 
 PAY = Catalogue.create_moto_order  # not retry safe: no idempotency key at the gateway
-KEYED = Catalogue.create_mit_order  # takes an Idempotency-Key: a resend replays
+KEYED = Catalogue.create_mit_order  # takes an Idempotency-Key, but the gateway may have forgotten it
 READ = Catalogue.get_order
 
 
@@ -97,7 +97,9 @@ def test_ambiguous_errors_reconcile_first_unless_a_resend_is_safe(error: Excepti
     unsafe = policy().on_error(error, PAY, 1, resend=False)  # type: ignore[arg-type]
     assert isinstance(unsafe, Retry) and unsafe.reconcile, "read the gateway before paying again"
     keyed = policy().on_error(error, KEYED, 1, resend=False)  # type: ignore[arg-type]
-    assert isinstance(keyed, Retry) and not keyed.reconcile, "the Idempotency-Key makes the resend safe"
+    assert isinstance(keyed, Retry) and keyed.reconcile, "a keyed money call is read back first too (issue 23, item 10)"
+    safe = policy().on_error(error, Catalogue.modify_paybylink_v3, 1, resend=False)  # type: ignore[arg-type]
+    assert isinstance(safe, Retry) and not safe.reconcile, "a resend that cannot make a second effect"
 
 
 def test_exhausted_retries_fail_only_when_nothing_can_have_happened() -> None:

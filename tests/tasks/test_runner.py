@@ -98,7 +98,7 @@ def test_reconcile_that_cannot_tell_reads_again_then_needs_a_person() -> None:
 
 
 def test_a_retry_safe_operation_skips_the_reconcile_read() -> None:
-    step = Step(operation=Catalogue.create_mit_order, found=[Advance({"adopted": True})])
+    step = Step(operation=Catalogue.modify_paybylink_v3, found=[Advance({"adopted": True})])
     assert run_step(step, context(Client()), must_reconcile=True, resend=True) == Advance({"paid": True})
 
 

@@ -139,8 +139,8 @@ def test_a_cancel_requested_during_a_step_that_stops_for_a_person_is_not_applied
 
 
 def test_a_late_payment_is_closed_by_a_refund_flow_not_by_a_plain_cancel(make_engine: Any) -> None:
-    """A plain cancel cannot close a LatePayment (the kept notification would be money unaccounted: the
-    flow comes back to a person); ``refund_late_payment`` starts a refund of the reported operation and
+    """A plain cancel cannot close a LatePayment (the kept notification would be money unaccounted): it is
+    refused, naming the ways to close it; ``refund_late_payment`` starts a refund of the reported operation and
     leaves the flow to a person until that refund succeeded (``test_late_payments`` follows it to the
     gateway and back). Asking twice refunds once; no accept meanwhile."""
     from workflows.engine import OperatorError
@@ -153,7 +153,9 @@ def test_a_late_payment_is_closed_by_a_refund_flow_not_by_a_plain_cancel(make_en
     record = engine.start("demo", {"amount": 5})
     engine.cancel(record.id, "changed my mind")
     assert engine.signal(record.id, "paid", PAID) == "late_payment"
-    assert engine.cancel(record.id, "just close it").state is FlowState.NEEDS_ATTENTION
+    with pytest.raises(OperatorError, match="refund-late-payment"):
+        engine.cancel(record.id, "just close it")  # refused: workflows/operator_actions.py
+    assert engine.get(record.id).state is FlowState.NEEDS_ATTENTION
     under_way = engine.refund_late_payment(record.id, "customer asked")
     assert under_way.state is FlowState.NEEDS_ATTENTION, "closed only once the refund succeeded"
     refund = engine.get(derived_id("f", "refund", refund_key(record.id, "op-9")))

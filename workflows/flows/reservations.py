@@ -184,6 +184,7 @@ RESERVATION = FlowDefinition(
     lambda data: str(data.reservation.reservationId),
     "reservation with its pay-by-link: create, link, wait for the guest's payment",
     order_field="reservation.reservationId",
+    order_fixed=True,
 )
 
 

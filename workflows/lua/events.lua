@@ -28,12 +28,21 @@ local function emit(stream, flow_key, flow_id, kind, now, data)
   if type(data['operation']) == 'table' and data['operation']['operationId'] then
     operation_id = data['operation']['operationId']
   end
+  -- A flow that makes no order of its own (a refund, a capture, a reservation charge) acts on the order
+  -- of the operation it reports: name that one, so that a payment's refunds are found from its order.
+  local order_id = fields[2]
+  if not order_id or order_id == '' then
+    order_id = operation['orderId']
+    if type(data['operation']) == 'table' and data['operation']['orderId'] then
+      order_id = data['operation']['orderId']
+    end
+  end
   local event = {
     type = kind,
     time = tonumber(now),
     flow = flow_id,
     kind = fields[1],
-    orderId = fields[2] or cjson.null,
+    orderId = order_id or cjson.null,
     operationId = operation_id or cjson.null,
     data = data,
   }

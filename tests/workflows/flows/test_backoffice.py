@@ -127,7 +127,6 @@ def test_a_partial_refund_of_a_captured_payment_goes_on(engine: tuple[Engine, Si
     assert refund["amount"] == 500
 
 
-@pytest.mark.xfail(strict=True, reason="issue 23 item 14: needs events.lua to name the order of the flow's operation")
 def test_a_refund_s_events_name_the_payment_s_order(engine: tuple[Engine, SimulatorServer]) -> None:
     """Confirmed: a refund's (and a reservation charge's) events carried ``orderId: null``, so a payment's
     refunds could not be found from its order. Passes once events.lua names the order of the flow's
@@ -167,9 +166,6 @@ def test_a_cancel_after_a_lost_refund_answer_reads_the_order_instead_of_refundin
     assert done.outcome is not None and done.outcome["operation"]["operationId"] == refund["operationId"]
 
 
-@pytest.mark.xfail(
-    strict=True, reason="issue 23 item 10: needs keyed money calls read back first (gateway/_catalogue.py retry_safe)"
-)
 def test_a_retry_after_a_lost_refund_answer_reads_the_order_before_refunding_again(
     engine: tuple[Engine, SimulatorServer],
 ) -> None:

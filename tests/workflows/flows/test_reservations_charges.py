@@ -181,9 +181,6 @@ def test_a_cancel_after_a_lost_charge_answer_reads_the_reservation_instead_of_ch
     assert done.outcome is not None and done.outcome["operation"]["operationId"] == made["operationId"]
 
 
-@pytest.mark.xfail(
-    strict=True, reason="issue 23 item 10: needs keyed money calls read back first (gateway/_catalogue.py retry_safe)"
-)
 def test_a_retry_after_a_lost_charge_answer_reads_the_reservation_before_charging_again(
     engine: tuple[Engine, SimulatorServer],
 ) -> None:

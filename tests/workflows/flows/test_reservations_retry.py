@@ -10,8 +10,6 @@ from __future__ import annotations
 import json
 from typing import Any
 
-import pytest
-
 from service.receiver import NotificationReceiver
 from simulator import SimulatorServer
 from tests.workflows.flows.session_engine import engine, step_until
@@ -76,7 +74,6 @@ def test_a_retried_reservation_paid_on_its_new_link_succeeds_at_its_deadline_wit
     assert done.outputs["payment"]["readAtDeadline"] is True
 
 
-@pytest.mark.xfail(strict=True, reason="issue 23 item 11: needs Engine.retry to keep a reservation's order id")
 def test_a_retried_reservation_s_notification_is_verified_and_ends_its_wait(engine: tuple[Engine, SimulatorServer]) -> None:
     """Item 11: the retry gave the flow the order id ``<reservationId>-2`` and kept the new link's token
     under it, while the gateway's order and notifications keep the reservation's id: the receiver answered
