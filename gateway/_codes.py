@@ -264,21 +264,30 @@ RESPONSE_CODES: dict[str, str] = {
     "999": "Agreement error",
 }
 
-#: Declines that a later attempt cannot cure: lost, stolen, counterfeit, invalid or dead cards,
-#: fraud and legal refusals. A recurring schedule stops on these (dunning does not retry them).
-HARD_DECLINE_CODES = frozenset(
-    {"101", "102", "104", "109", "111", "118", "119", "124", "125", "129", "202", "204", "208", "209", "210"}
-)
-#: Declines that may pass later: do not honour, insufficient funds, limits, issuer unavailable.
-SOFT_DECLINE_CODES = frozenset(RESPONSE_CODES) - HARD_DECLINE_CODES - {"000", "888"}
+#: Declines that may pass later: the issuer cannot approve *now* (do not honour, funds, limits, the issuer or
+#: the network unavailable). They map to the ISO 8583:1987 codes of Visa's decline categories 2 ("issuer
+#: cannot approve at this time": 51 insufficient funds, 61 and 65 limits, 75 PIN tries, 19 re-enter, 91
+#: issuer inoperative, 96 system malfunction) and 4 (generic: 05 do not honour), which Visa lets a merchant
+#: reattempt, at most 15 times in 30 days, and to Mastercard's Merchant Advice Code 02 ("try again later").
+#: docs/gateway.md, "Dunning caps", names the sources.
+SOFT_DECLINE_CODES = frozenset({"100", "106", "116", "117", "121", "123", "903", "906", "907", "908", "909", "911", "913"})
+#: Every other decline a later attempt with the same card data cannot cure: lost, stolen, counterfeit,
+#: invalid, expired or restricted cards, fraud, refusals of the merchant, the transaction or the law, and
+#: "excess reattempts" (Visa's category 1, "the issuer will never approve": 04, 07, 12, 14, 15, 41, 43, 46,
+#: 57, 62, 93; category 3, "data quality", such as 54 expired card or 14 invalid account, needs new card
+#: data, which a retry of a stored contract does not bring; Mastercard's Merchant Advice Codes 03 "do not
+#: try again" and 21 "payment cancellation"). A recurring schedule stops on these (dunning does not retry).
+HARD_DECLINE_CODES = frozenset(RESPONSE_CODES) - SOFT_DECLINE_CODES - {"000", "888"}
 
 
 def decline_kind(response_code: str | None) -> str | None:
     """``"hard"``, ``"soft"`` or ``None`` (approved, pending or no code) for an ISO response code.
 
-    An unknown code counts as soft: retrying on the dunning policy is the cautious choice, and the
-    policy is bounded.
+    A code this table does not know counts as hard: nothing says a later attempt may pass, and retrying
+    a decline the issuer meant for good is what the card networks fine (Visa's category 1). A decline
+    without any code is ``None``: whoever retries declines decides, and durapay's schedules do not retry
+    it either (a card reported stolen may be declined without one).
     """
     if response_code is None or response_code in {"000", "888"}:
         return None
-    return "hard" if response_code in HARD_DECLINE_CODES else "soft"
+    return "soft" if response_code in SOFT_DECLINE_CODES else "hard"
