@@ -231,6 +231,26 @@ class WebhooksSettings(_Group):
     )
 
 
+class SchedulesSettings(_Group):
+    """Recurring charges (``workflows/schedules``): caps on retrying declined charges of one schedule, from
+    the card networks' published limits (docs/gateway.md, "Dunning caps", with the sources). A retry the
+    caps forbid is not made: the schedule stops for a person instead."""
+
+    retries_per_30_days: int = Field(
+        default=15,
+        ge=0,
+        le=35,
+        description="Most dunning retries started in any 30 days (Visa: at most 15 reattempts of a declined "
+        "transaction in 30 days; Mastercard: 35). 0: never retry.",
+    )
+    declines_per_day: int = Field(
+        default=10,
+        ge=1,
+        le=20,
+        description="No retry after this many declines in the last 24 hours (Mastercard: 10 declines of one card in 24 hours).",
+    )
+
+
 class Settings(BaseSettings):
     """The whole tree. Build it with :func:`load_settings`; pass the parts to constructors."""
 
@@ -257,6 +277,7 @@ class Settings(BaseSettings):
     engine: EngineSettings = EngineSettings()
     events: EventsSettings = EventsSettings()
     webhooks: WebhooksSettings = WebhooksSettings()
+    schedules: SchedulesSettings = SchedulesSettings()
 
     @field_validator("redis_url", "broker_url")
     @classmethod

@@ -171,3 +171,13 @@ def test_resolve_refuses_what_it_cannot_close(served: Served) -> None:
     assert unknown.status_code == 409 and occurrence in unknown.json()["reason"], "names the occurrence that can be resolved"
     garbled = served.http.post(f"/schedules/{schedule_id}/resolve", json={**body, "occurrence": "last month"}, headers=KEY)
     assert garbled.status_code == 409 and "no open occurrence 'last month'" in garbled.json()["reason"]
+
+
+def test_a_rule_closer_than_the_contracts_frequency_is_422_naming_the_rule(served: Served) -> None:
+    """Issue 23, item 6: monthly on the 31st charges January 31 then February 28, 28 days apart; on a
+    contract of contractFrequency 30 the gateway refuses the second, so the schedule is refused, saying why."""
+    refused = served.http.post("/schedules", json=schedule(contractFrequency=30), headers=KEY)
+    assert refused.status_code == 422, refused.text
+    assert refused.json()["field"] == "rule" and "28 days apart (2031-01-31 and 2031-02-28" in refused.text
+    taken = served.http.post("/schedules", json=schedule(contractFrequency=28), headers=KEY)
+    assert taken.status_code == 201, taken.text

@@ -17,7 +17,7 @@ gateway shows for an occurrence whose flow is gone), ``store`` (Redis layout and
     Dispatcher(engine, tickers=[schedules.tick]).start()
 """
 
-from workflows.schedules.api import MIT_KIND, Schedules
+from workflows.schedules.api import Schedules
 from workflows.schedules.model import (
     COUNTERS,
     DEFAULT_DUNNING,
@@ -27,7 +27,7 @@ from workflows.schedules.model import (
     ScheduleRecord,
     ScheduleState,
 )
-from workflows.schedules.policy import CHECK_FIRST, MISSED_GRACE, occurrence_key, order_id
+from workflows.schedules.policy import CHECK_FIRST, MISSED_GRACE, MIT_KIND, occurrence_key, order_id, order_parts
 from workflows.schedules.rules import Calendar, Cron, EveryDays, Monthly, Rule, Weekly, occurrences, upcoming
 
 __all__ = [
@@ -51,5 +51,6 @@ __all__ = [
     "occurrence_key",
     "occurrences",
     "order_id",
+    "order_parts",
     "upcoming",
 ]

@@ -27,24 +27,25 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from config.settings import SettingsError
 from gateway import check_amount, describe_validation_error
 from workflows.engine import Engine, InputError, NotFound, OperatorError
 from workflows.schedules import policy
 from workflows.schedules.model import FINAL, Attempt, Resolution, ScheduleInput, ScheduleRecord, ScheduleState
+from workflows.schedules.policy import MIT_KIND
 from workflows.schedules.rules import iso
 from workflows.schedules.store import ScheduleStore, input_hash
 from workflows.store import FlowRecord, StartConflict
 
 log = logging.getLogger("durapay.schedules")
 
-#: The flow kind every occurrence starts (``workflows.flows.direct.MIT``).
-MIT_KIND = "mit"
 #: Rounds of ``batch`` schedules per partition in one tick (the rest wait for the next tick).
 MAX_ROUNDS = 1000
 
 
 def _schedule_id(key: str | None) -> str:
-    """``s`` + 12 hex digits: short enough for ``<id>-<n>-r<k>`` to fit the gateway's 27-character orderId."""
+    """``s`` + 12 hex digits: 13 characters, leaving five of the gateway's 18 for an order id's occurrence and
+    attempt (``policy.order_id``)."""
     if key:
         return "s" + hashlib.sha256(f"schedule\x1f{key}".encode()).hexdigest()[:12]
     return "s" + uuid.uuid4().hex[:12]
@@ -66,6 +67,14 @@ class Schedules:
         self.flow_kind = flow_kind
         self.batch = batch
         self.grace = grace if grace is not None else engine.lease
+        self.caps = engine.settings.schedules
+        limit = engine.settings.gateway.order_id_max_length
+        if limit < policy.ORDER_ID_LENGTH:
+            # Every order id a schedule derives has 18 characters: the engine would refuse each start.
+            raise SettingsError(
+                f"DURAPAY_GATEWAY__ORDER_ID_MAX_LENGTH: {limit} is shorter than a schedule's order ids "
+                f"({policy.ORDER_ID_LENGTH} characters)"
+            )
 
     # -- the Python API ----------------------------------------------------------------------------
 
@@ -164,7 +173,7 @@ class Schedules:
     def resume(self, schedule_id: str, *, by: str = "api") -> ScheduleRecord:
         """Go on from now. Refused (OperatorError naming it) for a needs_attention schedule with an
         occurrence whose flow is gone: :meth:`resolve` it first."""
-        return self._operate(schedule_id, lambda record, now: policy.resume(record, now, by, self._flows(record)))
+        return self._operate(schedule_id, lambda record, now: policy.resume(record, now, by, self._flows(record), self.flow_kind))
 
     def resolve(
         self, schedule_id: str, occurrence: str, outcome: str, *, operation_id: str | None = None, by: str = "api"
@@ -242,7 +251,7 @@ class Schedules:
         changes = []
         plans = []
         for record in records:
-            plan = policy.advance(record, now, flows, self.flow_kind)
+            plan = policy.advance(record, now, flows, self.flow_kind, self.caps)
             changes.append((record, plan.record, plan.events))
             plans.append(plan)
         written_plans = [plan for plan, written in zip(plans, self.store.update_many(changes, now), strict=True) if written]

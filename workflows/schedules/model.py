@@ -13,16 +13,16 @@ import itertools
 import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, date, datetime
+from datetime import UTC, date, datetime, time
 from enum import StrEnum
 from json.encoder import c_make_encoder, encode_basestring_ascii  # type: ignore[attr-defined]
 from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import AfterValidator, BeforeValidator, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
-from gateway import Amount, CaptureType, Currency, StrictModel, check_amount
+from gateway import GATEWAY_ZONE, Amount, CaptureType, Currency, StrictModel, check_amount
 from gateway._strict import unknown_value
-from workflows.schedules.rules import ZONES, Calendar, Rule, instant, iso, zone
+from workflows.schedules.rules import ZONES, Calendar, Rule, first_closer, instant, iso, zone
 
 DEFAULT_DUNNING = (1, 3, 7)
 _T = TypeVar("_T")
@@ -61,6 +61,12 @@ def _when(value: Any) -> Any:
 
 #: An ISO date (``2026-01-31``: local midnight, or the whole day for ``end``) or datetime (naive = local).
 When = Annotated[datetime | date, BeforeValidator(_when)]
+
+
+def gateway_day(moment: datetime) -> date:
+    """The date ``moment`` falls on for the gateway, which counts a contract's days between payments:
+    calendar dates in UTC+01:00, the zone of its operation times, whatever the hour (docs/gateway.md)."""
+    return moment.astimezone(GATEWAY_ZONE).date()
 
 
 class ScheduleState(StrEnum):
@@ -102,6 +108,14 @@ class ScheduleInput(StrictModel):
         default=DEFAULT_DUNNING, max_length=12, description="retry after these days (increasing)"
     )
     captureType: CaptureType | None = None
+    contractFrequency: int | None = Field(
+        default=None,
+        ge=1,
+        le=9999,
+        description="the contract's contractFrequency (days), as its first payment created it (MIT_SCHEDULED): "
+        "the gateway refuses a charge fewer days after the contract's last payment, so a rule whose "
+        "occurrences can fall closer is refused here, and a charge that would come too early waits",
+    )
 
     @field_validator("timezone")
     @classmethod
@@ -131,12 +145,37 @@ class ScheduleInput(StrictModel):
             raise ValueError("end: must not be before start")
         if calendar.first() is None:
             raise ValueError("rule: never fires between start and end")
+        if self.contractFrequency is not None:
+            self._spacing(calendar, self.contractFrequency)
         return self
+
+    def _spacing(self, calendar: Calendar, days: int) -> None:
+        """Refuse what the gateway would refuse on a contract of ``contractFrequency`` days: occurrences
+        closer than that (in the gateway's days), and missed occurrences fired together."""
+        close = first_closer(calendar, gateway_day, days, count=self.count)
+        if close is not None:
+            earlier, later = (gateway_day(moment) for moment in close)
+            raise ValueError(
+                f"rule: occurrences fall {(later - earlier).days} days apart ({earlier} and {later}, the gateway's "
+                f"days), fewer than the contract's contractFrequency of {days}: the gateway refuses a charge made "
+                f"sooner. Use a rule whose occurrences are at least {days} days apart (e.g. "
+                f'{{"every": "days", "interval": {days}}}; a monthly rule has months of 28 days), or a contract '
+                f"created with a contractFrequency of at most {(later - earlier).days}"
+            )
+        if self.missed == "each":
+            raise ValueError(
+                f"missed: each fires missed occurrences together, fewer than the contractFrequency of {days} days "
+                'apart: use "once" or "skip"'
+            )
 
     def calendar(self) -> Calendar:
         tz = zone(self.timezone)
         end = instant(self.end, tz, end_of_day=True) if self.end is not None else None
-        return Calendar(self.rule, tz, instant(self.start, tz), end)
+        start = self.start
+        wall = start if isinstance(start, datetime) and start.tzinfo is None else None
+        if not isinstance(start, datetime):
+            wall = datetime.combine(start, time())
+        return Calendar(self.rule, tz, instant(start, tz), end, wall)
 
     def dumped(self) -> dict[str, Any]:
         return self.model_dump(mode="json", exclude_none=True)
@@ -215,10 +254,17 @@ class Attempt:
     #: once its record has expired. When it was started (to tell a lost start from an expired flow).
     created: bool = False
     started_at: float | None = None
+    #: Declines of this occurrence before this attempt: which dunning delay comes next. An attempt may
+    #: also follow a failure that was no decline (charged again at ``resume``). None in attempts written
+    #: before it was kept: their attempt number, as then.
+    declined: int | None = None
 
     @classmethod
     def parse(cls, item: Mapping[str, Any]) -> Attempt:
         return cls(**item)
+
+    def declines(self) -> int:
+        return self.attempt if self.declined is None else self.declined
 
 
 def _tree(value: Any) -> Any:
@@ -271,6 +317,10 @@ class ScheduleRecord:
     last: dict[str, Any] | None = None
     reason: str = ""
     start_key: str = ""
+    #: What the dunning caps and the contract's frequency count from: ``paid`` (when the schedule's last
+    #: charge was seen made), ``retries`` (when each retry of the last 30 days started), ``declines``
+    #: (when each decline of the last day was seen).
+    ledger: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
     def parse(cls, raw: Mapping[bytes, bytes | None]) -> ScheduleRecord:
@@ -285,7 +335,7 @@ class ScheduleRecord:
         """The record from ``HMGET <record> *RECORD_FIELDS`` (None: no such schedule). Each field is read as
         it is, nothing else decoded (``int``, ``float`` and ``json`` read bytes; the spec's JSON goes to
         pydantic as it is)."""
-        id_, state, version, created, updated, spec, next_at, seq, opened, counts, last, reason, start_key = values
+        id_, state, version, created, updated, spec, next_at, seq, opened, counts, last, reason, start_key, ledger = values
         if id_ is None:
             return None
         return cls(
@@ -302,6 +352,7 @@ class ScheduleRecord:
             last=json.loads(last) if last else None,
             reason=_text(reason),
             start_key=_text(start_key),
+            ledger=json.loads(ledger) if ledger and ledger != b"{}" else {},
         )
 
     def copy(self) -> ScheduleRecord:
@@ -313,6 +364,7 @@ class ScheduleRecord:
         clone.open = [_copy_attempt(attempt) for attempt in self.open]
         clone.counts = dict(self.counts)
         clone.last = dict(self.last) if self.last else None
+        clone.ledger = {name: list(value) if isinstance(value, list) else value for name, value in self.ledger.items()}
         return clone
 
     def fields(self, since: ScheduleRecord | None = None) -> dict[str, str]:
@@ -332,16 +384,25 @@ class ScheduleRecord:
             fields["counts"] = compact_sorted(self.counts)
         if since is None or self.last != since.last:
             fields["last"] = compact(self.last) if self.last else ""
+        if since is None or self.ledger != since.ledger:
+            fields["ledger"] = compact_sorted(self.ledger)
         return fields
 
     def due(self) -> float | None:
-        """When the scheduler must look at this schedule next (None: not on the due set)."""
-        if self.state not in RUNNING:
+        """When the scheduler must look at this schedule next (None: not on the due set). A cancelled
+        schedule is looked at until its charges in flight have ended (their outcome is counted and told)."""
+        if self.state not in RUNNING and self.state is not ScheduleState.CANCELLED:
             return None
         times = [attempt.due for attempt in self.open]
-        if self.state is ScheduleState.ACTIVE and self.next_at is not None:
+        if self.fires() and self.next_at is not None:
             times.append(self.next_at)
         return min(times) if times else None
+
+    def fires(self) -> bool:
+        """Whether the rule fires its next occurrence when due: an active schedule does, unless its contract
+        has a frequency and a charge is open (one charge at a time: each moves the date the contract
+        allows next)."""
+        return self.state is ScheduleState.ACTIVE and not (self.spec.contractFrequency and self.open)
 
     def summary(self) -> dict[str, Any]:
         """A JSON-able view: id, state, rule, next run, counts, last outcome, open attempts."""
@@ -397,6 +458,7 @@ RECORD_FIELDS = (
     "last",
     "reason",
     "start_key",
+    "ledger",
 )
 _RECORD_KEYS = tuple(name.encode() for name in RECORD_FIELDS)
 

@@ -8,10 +8,11 @@ scheduler, a replay or a crash between the write and the start never charges twi
 lost is redone at the next look, which finds the flow missing.
 
 **Occurrences.** Each rule occurrence becomes attempt 0, an MIT flow keyed ``<schedule>@<occurrence>``
-with gateway ``orderId`` ``<schedule>-<n>``. Occurrences missed while no scheduler ran follow the
-schedule's ``missed`` policy: ``each`` fires every one, ``once`` fires one charge for all of them (keyed
-by the latest), ``skip`` fires only those less than :data:`MISSED_GRACE` late. Occurrences before the
-schedule was created never fire; those passing while it is paused, stopped or dunning are skipped.
+with gateway ``orderId`` :func:`order_id` (18 characters). Occurrences missed while no scheduler ran
+follow the schedule's ``missed`` policy: ``each`` fires every one, ``once`` fires one charge for all of
+them (keyed by the latest), ``skip`` fires only those less than :data:`MISSED_GRACE` late. Occurrences
+before the schedule was created never fire; those passing while it is paused, stopped or dunning are
+skipped. Occurrences that passed are counted, not walked (:func:`passed`).
 
 **Started once, ever.** An attempt's flow, once seen to exist (``Attempt.created``, marked right after
 its start and at every look), is never started again: a flow found missing then has expired (its
@@ -22,31 +23,47 @@ until then :func:`resume` refuses, since its next look would only stop the sched
 
 **Dunning.** The scheduler looks at a started flow shortly after it starts, then on a backoff. A soft
 decline (by ISO response code, ``gateway.decline_kind``) opens the next attempt at the first decline plus
-``dunning[i]`` days (default 1, 3, 7): a fresh flow (key ``...#<i>``, ``orderId`` ``...-r<i>``, so a
-fresh Idempotency-Key), started when due. While a retry is open the schedule is ``dunning`` and its
-rule waits; a success resumes the rule at its next occurrence. A hard decline, or a soft one after the
-last retry, stops the schedule in ``needs_attention``. Technical failures never reach here as declines:
-the engine retries them inside the flow; a flow that still fails, or needs a person, stops the schedule.
+``dunning[i]`` days (default 1, 3, 7), and never sooner after the previous decline than the delays are
+apart: a fresh flow (key ``...#<i>``, its own ``orderId``, so a fresh Idempotency-Key), started when due
+and when the dunning caps allow it (retries in 30 days, declines in a day: ``SchedulesSettings``, from
+the card networks' limits). While a retry is open the schedule is ``dunning`` and its rule waits; a
+success resumes the rule at its next occurrence. A hard decline, a decline without a response code, a
+soft one after the last retry, or a retry the caps forbid, stops the schedule in ``needs_attention``.
+Technical failures never reach here as declines: the engine retries them inside the flow; a flow that
+still fails, or needs a person, stops the schedule, and a failed occurrence (nothing charged) stays
+owed: ``resume`` charges it again.
+
+**A contract's frequency.** With ``contractFrequency`` (days), no charge starts fewer gateway days after
+the schedule's last charge (:func:`earliest`: it waits, at the same time of day), and one charge is open
+at a time (``ScheduleRecord.fires``). The gateway counts from the contract's last payment, whoever made
+it: a contract charged elsewhere too is beyond what a schedule can see.
+
+**Cancel.** Charges not started are dropped; those in flight are still followed to their end, counted
+and told, never retried.
 """
 
 from __future__ import annotations
 
 import copy
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from types import MappingProxyType
 from typing import Any
 
+from config.settings import SchedulesSettings
 from gateway import RESPONSE_CODES
 from gateway._strict import did_you_mean
 from workflows.engine import OperatorError
 from workflows.keys import derived_id
-from workflows.schedules.model import FINAL, Attempt, Resolution, ScheduleRecord, ScheduleState
+from workflows.schedules.model import FINAL, Attempt, Resolution, ScheduleRecord, ScheduleState, gateway_day
 from workflows.schedules.rules import iso
 from workflows.states import STOPPED, FlowState
 from workflows.store import FlowRecord
 
+#: The flow kind every occurrence starts (``workflows.flows.direct.MIT``).
+MIT_KIND = "mit"
 DAY = 86400.0
 #: First look at a started flow after this many seconds, then doubling up to CHECK_MAX.
 CHECK_FIRST = 30.0
@@ -59,6 +76,15 @@ LOST_START = 7 * DAY
 MAX_FIRE = 100
 #: At most this many skipped occurrences are listed in one history event (all are counted).
 LISTED = 50
+#: The length of every schedule order id: the gateway's longest orderId as two client libraries written
+#: for the live gateway have it (mlocati's and Hyperswitch's Nexi connector; another document says 27),
+#: the default of DURAPAY_GATEWAY__ORDER_ID_MAX_LENGTH (``Schedules`` refuses a shorter setting).
+ORDER_ID_LENGTH = 18
+#: What an order id has room for after the schedule's 13 characters: four base-36 digits of occurrence
+#: number (1,679,616 occurrences: 16 years of a rule firing every five minutes) and one of attempt.
+MAX_INDEX = 36**4
+MAX_ATTEMPT = 36
+_DIGITS = "0123456789abcdefghijklmnopqrstuvwxyz"
 
 S = ScheduleState
 #: No flow found (the default of an operator action that looks at flows: every started flow is missing).
@@ -78,10 +104,42 @@ class Plan:
         self.record.counts[counter] = self.record.counts.get(counter, 0) + by
 
 
+def _base36(number: int, width: int) -> str:
+    digits = ""
+    for _ in range(width):
+        number, digit = divmod(number, 36)
+        digits = _DIGITS[digit] + digits
+    return digits
+
+
 def order_id(schedule_id: str, index: int, attempt: int) -> str:
-    """The gateway orderId of an attempt: ``s1a2b3c4d5e6f-12`` then ``...-12-r1`` (27 characters at most)."""
-    base = f"{schedule_id}-{index}"
-    return base if attempt == 0 else f"{base}-r{attempt}"
+    """The gateway orderId of an attempt: the schedule's id, then the occurrence's number in four base-36
+    digits and the attempt in one: ``s1a2b3c4d5e6f`` ``000b`` ``2`` is the second retry of occurrence 11,
+    18 characters (:data:`ORDER_ID_LENGTH`) for any number the schedule allows.
+
+    Unique per (schedule, occurrence, attempt): schedule ids are unique and all 13 characters long, and
+    the two numbers have fixed widths, so two different triples never give one id (nor one of the earlier
+    form, ``<id>-<n>-r<k>``, which has a ``-``). ValueError past :data:`MAX_INDEX` or :data:`MAX_ATTEMPT`:
+    the policy stops a schedule before it gets there."""
+    if not (0 <= index < MAX_INDEX and 0 <= attempt < MAX_ATTEMPT):
+        raise ValueError(f"occurrence {index} attempt {attempt}: an order id has room for {MAX_INDEX} and {MAX_ATTEMPT}")
+    return f"{schedule_id}{_base36(index, 4)}{_base36(attempt, 1)}"
+
+
+#: A schedule's order id: this form (:func:`order_id`), or the earlier ``<schedule>-<n>[-r<k>]``.
+_ORDER_ID = re.compile(r"(s[0-9a-f]{12})(?:([0-9a-z]{4})([0-9a-z])|-([0-9]+)(?:-r([0-9]+))?)")
+
+
+def order_parts(order: str) -> tuple[str, int, int] | None:
+    """(schedule, occurrence number, attempt) of a schedule's order id, in either form; None for another
+    order id. What checks of "one charge per occurrence" read an order id with."""
+    found = _ORDER_ID.fullmatch(order)
+    if found is None:
+        return None
+    schedule, index, attempt, old_index, old_attempt = found.groups()
+    if index is not None:
+        return schedule, int(index, 36), int(attempt, 36)
+    return schedule, int(old_index), int(old_attempt or 0)
 
 
 def occurrence_key(schedule_id: str, occurrence: str, attempt: int) -> str:
@@ -105,18 +163,81 @@ def new_attempt(record: ScheduleRecord, flow_kind: str, moment: datetime, index:
     if spec.captureType is not None:
         data["captureType"] = spec.captureType.value
     key = occurrence_key(record.id, occurrence, attempt)
-    return Attempt(occurrence, index, attempt, key, derived_id("f", flow_kind, key), data, due)
+    return Attempt(occurrence, index, attempt, key, derived_id("f", flow_kind, key), data, due, declined=0)
 
 
-def _retry_of(attempt: Attempt, record: ScheduleRecord, flow_kind: str, first: float) -> Attempt:
+def _next_attempt(attempt: Attempt, record: ScheduleRecord, flow_kind: str, due: float, declined: int) -> Attempt:
+    """The occurrence's next charge: a fresh flow (key ``...#<k>``, its own orderId and Idempotency-Key)."""
     number = attempt.attempt + 1
     key = occurrence_key(record.id, attempt.occurrence, number)
     data = copy.deepcopy(attempt.data)
     data["order"]["orderId"] = order_id(record.id, attempt.index, number)
-    due = first + record.spec.dunning[attempt.attempt] * DAY
     return Attempt(
-        attempt.occurrence, attempt.index, number, key, derived_id("f", flow_kind, key), data, due, first_decline=first
+        attempt.occurrence,
+        attempt.index,
+        number,
+        key,
+        derived_id("f", flow_kind, key),
+        data,
+        due,
+        first_decline=attempt.first_decline,
+        declined=declined,
     )
+
+
+def _retry_of(attempt: Attempt, record: ScheduleRecord, flow_kind: str, declined_at: float) -> Attempt:
+    """The dunning retry after ``attempt``'s decline (seen at ``declined_at``): ``dunning[i]`` days after
+    the occurrence's first decline, and never sooner after this decline than the delays are apart (a
+    schedule held past its retries' dates, paused or down, spaces them again instead of firing them back
+    to back); then no sooner than the contract allows (:func:`earliest`)."""
+    first = attempt.first_decline if attempt.first_decline is not None else declined_at
+    delays = record.spec.dunning
+    index = attempt.declines()
+    gap = delays[index] - (delays[index - 1] if index else 0)
+    due = earliest(record, max(first + delays[index] * DAY, declined_at + gap * DAY))
+    retry = _next_attempt(attempt, record, flow_kind, due, index + 1)
+    retry.first_decline = first
+    return retry
+
+
+def earliest(record: ScheduleRecord, moment: float) -> float:
+    """The first moment from ``moment`` (same time of day, whole days later) at which the contract allows
+    a charge: ``contractFrequency`` gateway days after the schedule's last charge (the gateway counts
+    dates in UTC+01:00 from the contract's last payment, and refuses sooner; a decline is no payment)."""
+    days = record.spec.contractFrequency
+    paid = record.ledger.get("paid")
+    if days is None or paid is None:
+        return moment
+    allowed = gateway_day(_utc(paid)) + timedelta(days=days)
+    short = (allowed - gateway_day(_utc(moment))).days
+    return moment + short * DAY if short > 0 else moment
+
+
+def _recent(record: ScheduleRecord, name: str, now: float, window: float) -> list[float]:
+    """The times kept under ``name`` in the ledger that are less than ``window`` old."""
+    return [moment for moment in record.ledger.get(name, []) if now - moment < window]
+
+
+def _note(record: ScheduleRecord, name: str, now: float, window: float) -> None:
+    record.ledger[name] = [*_recent(record, name, now, window), now]
+
+
+def _capped(record: ScheduleRecord, now: float, caps: SchedulesSettings) -> str:
+    """Why the dunning caps forbid a retry now ("" when they allow it)."""
+    retries = len(_recent(record, "retries", now, 30 * DAY))
+    if retries >= caps.retries_per_30_days:
+        return (
+            f"dunning capped: {retries} retries started in the last 30 days, the most "
+            f"DURAPAY_SCHEDULES__RETRIES_PER_30_DAYS allows ({caps.retries_per_30_days}; Visa allows 15 reattempts of a "
+            "declined charge in 30 days)"
+        )
+    declines = len(_recent(record, "declines", now, DAY))
+    if declines >= caps.declines_per_day:
+        return (
+            f"dunning capped: {declines} declines in the last 24 hours, the most DURAPAY_SCHEDULES__DECLINES_PER_DAY "
+            f"allows ({caps.declines_per_day}; Mastercard: 10 declines of one card in 24 hours)"
+        )
+    return ""
 
 
 def _start(plan: Plan, attempt: Attempt, now: float) -> None:
@@ -125,6 +246,8 @@ def _start(plan: Plan, attempt: Attempt, now: float) -> None:
     attempt.checks = 0
     attempt.due = now + CHECK_FIRST
     plan.starts.append(attempt)
+    if attempt.first_decline is not None:
+        _note(plan.record, "retries", now, 30 * DAY)
     plan.bump("retried" if attempt.attempt else "fired")
     plan.event(
         now,
@@ -135,6 +258,26 @@ def _start(plan: Plan, attempt: Attempt, now: float) -> None:
         orderId=attempt.data["order"]["orderId"],
         amount=int(attempt.data["order"]["amount"]),
     )
+
+
+def _begin(plan: Plan, attempt: Attempt, now: float, caps: SchedulesSettings) -> str:
+    """Start ``attempt`` when it is due and the contract and the dunning caps allow it: "" (started or
+    waiting), or why the schedule must stop (a retry the caps forbid)."""
+    if attempt.due > now:
+        return ""
+    allowed = earliest(plan.record, attempt.due)
+    if allowed > now:
+        attempt.due = allowed
+        plan.event(
+            now, "waits for the contract", occurrence=attempt.occurrence, attempt=attempt.attempt, until=iso(_utc(allowed))
+        )
+        return ""
+    capped = _capped(plan.record, now, caps) if attempt.first_decline is not None else ""
+    if capped:
+        plan.event(now, "dunning capped", occurrence=attempt.occurrence, attempt=attempt.attempt, reason=capped)
+        return capped
+    _start(plan, attempt, now)
+    return ""
 
 
 def _ids(flow: FlowRecord) -> dict[str, Any]:
@@ -174,6 +317,17 @@ def gone_attempts(record: ScheduleRecord, flows: Mapping[str, FlowRecord], now: 
     return [attempt for attempt in record.open if gone(attempt, flows.get(attempt.flow_id), now)]
 
 
+def failed(attempt: Attempt, flow: FlowRecord | None) -> bool:
+    """Whether ``attempt``'s flow ended ``failed`` for a reason other than a decline (the gateway refused
+    the charge, or it failed for good): nothing was charged, and the occurrence is still owed."""
+    return (
+        attempt.started
+        and flow is not None
+        and flow.state is FlowState.FAILED
+        and (flow.error or {}).get("type") != "PaymentDeclined"
+    )
+
+
 def _order(attempt: Attempt) -> str:
     return str(attempt.data["order"]["orderId"])
 
@@ -185,29 +339,40 @@ def _gone_reason(attempt: Attempt) -> str:
     )
 
 
-def _look(plan: Plan, attempt: Attempt, flow: FlowRecord | None, now: float, flow_kind: str) -> tuple[list[Attempt], str]:
-    """Judge one open attempt: (attempts still open, what happened: ``open``, ``charged``, ``stop:<reason>``)."""
+def _decline_text(code: str | None) -> str:
+    return f"{code} {RESPONSE_CODES.get(code or '', '')}".strip() if code else "no response code"
+
+
+def _look(
+    plan: Plan, attempt: Attempt, flow: FlowRecord | None, now: float, flow_kind: str, caps: SchedulesSettings
+) -> tuple[list[Attempt], str]:
+    """Judge one open attempt: (attempts still open, what happened: ``open``, ``charged``, ``stop:<reason>``).
+    For a cancelled schedule (its charges in flight followed to their end) outcomes are counted and told,
+    and nothing is started."""
     record = plan.record
+    cancelled = record.state is S.CANCELLED
     if not attempt.started:
-        if attempt.due <= now:
-            _start(plan, attempt, now)
-        return [attempt], "open"
+        stop = _begin(plan, attempt, now, caps)
+        return ([], f"stop:{stop}") if stop else ([attempt], "open")
     if gone(attempt, flow, now):
         # Its outcome was never read here. Never start it again: it stays open, stopping the schedule,
         # until a person says what the gateway shows (``resolve``).
         plan.event(now, "outcome unknown", occurrence=attempt.occurrence, attempt=attempt.attempt, flow=attempt.flow_id)
+        if cancelled:
+            return [], "open"
         return [attempt], f"stop:{_gone_reason(attempt)}"
-    if flow is None or flow.state not in STOPPED:
+    if flow is None or flow.state not in STOPPED or (cancelled and flow.state is FlowState.NEEDS_ATTENTION):
         attempt.created |= flow is not None
         if attempt.due <= now:
             attempt.checks += 1
             attempt.due = now + min(CHECK_FIRST * 2**attempt.checks, CHECK_MAX)
-            if flow is None:
+            if flow is None and not cancelled:
                 plan.starts.append(attempt)  # written but never started (the starter died): start it now
         return [attempt], "open"
     if flow.state is FlowState.SUCCEEDED:
         plan.bump("charged")
         record.last = _outcome(attempt, flow, "charged", now)
+        record.ledger["paid"] = max(flow.updated, record.ledger.get("paid") or 0.0)
         plan.event(now, "charged", occurrence=attempt.occurrence, attempt=attempt.attempt, flow=flow.id, **_ids(flow))
         return [], "charged"
     if flow.state is FlowState.NEEDS_ATTENTION:
@@ -218,13 +383,19 @@ def _look(plan: Plan, attempt: Attempt, flow: FlowRecord | None, now: float, flo
     error = flow.error or {}
     if error.get("type") != "PaymentDeclined":
         record.last = _outcome(attempt, flow, "failed", now)
-        plan.event(now, "failed", occurrence=attempt.occurrence, flow=flow.id, error=error.get("message") or error.get("type"))
-        return [], f"stop:charge of {attempt.occurrence} failed: {error.get('message') or error.get('type') or 'unknown error'}"
+        message = error.get("message") or error.get("type") or "unknown error"
+        plan.event(now, "failed", occurrence=attempt.occurrence, attempt=attempt.attempt, flow=flow.id, error=message)
+        if cancelled:
+            return [], "open"
+        # Nothing was charged and the occurrence is still owed: it stays open, and resume charges it again
+        # (the engine refuses a retry of a schedule's failed charge and sends the operator here).
+        return [attempt], f"stop:charge of {attempt.occurrence} failed: {message}; fix the cause, then resume to charge it again"
     plan.bump("declined")
+    _note(record, "declines", now, DAY)
     record.last = _outcome(attempt, flow, "declined", now)
     code = error.get("responseCode")
-    kind = "hard" if error.get("decline") == "hard" else "soft"
-    text = f"{code} {RESPONSE_CODES.get(code or '', '')}".strip() if code else "no response code"
+    kind = error.get("decline")
+    text = _decline_text(code)
     plan.event(
         now,
         "declined",
@@ -235,16 +406,23 @@ def _look(plan: Plan, attempt: Attempt, flow: FlowRecord | None, now: float, flo
         decline=kind,
         **_ids(flow),
     )
-    if kind == "hard":
-        return [], f"stop:hard decline ({text}) on {attempt.occurrence}"
-    if attempt.attempt >= len(record.spec.dunning):
+    if cancelled:
+        return [], "open"
+    if kind != "soft":
+        # Only a decline known to pass later is retried: a hard one never, and one without a response
+        # code neither (a card reported stolen may be declined without one: retrying it is what the card
+        # networks forbid and fine, and only a person can tell).
+        what = "hard decline" if kind == "hard" else "decline not known to be temporary"
+        return [], f"stop:{what} ({text}) on {attempt.occurrence}: not retried"
+    if attempt.declines() >= len(record.spec.dunning):
         plan.event(now, "dunning exhausted", occurrence=attempt.occurrence, attempts=attempt.attempt + 1)
         return [], f"stop:dunning exhausted: {attempt.attempt + 1} attempts on {attempt.occurrence} declined (last {text})"
-    retry = _retry_of(attempt, record, flow_kind, attempt.first_decline or flow.updated)
+    if attempt.attempt + 1 >= MAX_ATTEMPT:
+        return [], f"stop:{attempt.occurrence} was charged {attempt.attempt + 1} times, the most its order ids allow"
+    retry = _retry_of(attempt, record, flow_kind, flow.updated)
     plan.event(now, "retry scheduled", occurrence=attempt.occurrence, attempt=retry.attempt, at=iso(_utc(retry.due)))
-    if retry.due <= now:
-        _start(plan, retry, now)
-    return [retry], "open"
+    stop = _begin(plan, retry, now, caps)
+    return ([], f"stop:{stop}") if stop else ([retry], "open")
 
 
 def _utc(moment: float) -> datetime:
@@ -252,19 +430,55 @@ def _utc(moment: float) -> datetime:
 
 
 def _due_occurrences(
-    record: ScheduleRecord, now: float, *, limit: int | None
+    record: ScheduleRecord, now: float, *, limit: int
 ) -> tuple[list[tuple[int, datetime]], datetime | None, int]:
-    """Occurrences at or before ``now`` from ``next_at`` (at most ``limit``): (due, next after them, its seq)."""
+    """Occurrences at or before ``now`` from ``next_at``, walked (at most ``limit``): (due, next after
+    them, its seq)."""
     calendar = record.spec.calendar()
     count = record.spec.count
     moment = _utc(record.next_at) if record.next_at is not None else None
     seq = record.seq
     due: list[tuple[int, datetime]] = []
-    while moment is not None and moment.timestamp() <= now and (limit is None or len(due) < limit):
+    while moment is not None and moment.timestamp() <= now and len(due) < limit:
         due.append((seq, moment))
         seq += 1
         moment = calendar.next_after(moment) if count is None or seq < count else None
     return due, moment, seq
+
+
+@dataclass
+class Passed:
+    """The occurrences from ``next_at`` up to now: how many (``count``), the first :data:`LISTED` of them
+    with their numbers, the last one, and the next occurrence after now with its number."""
+
+    count: int
+    listed: list[tuple[int, datetime]]
+    last: tuple[int, datetime] | None
+    following: datetime | None
+    seq: int
+
+
+def passed(record: ScheduleRecord, now: float) -> Passed:
+    """What passed since ``next_at``, in time proportional to what is kept (the listed ones, the last, the
+    next), not to what passed: beyond the first :data:`LISTED`, occurrences are counted by the calendar
+    (``Calendar.count_between``) and the last one found by halving (``last_until``, ``nth``), never walked."""
+    listed, moment, seq = _due_occurrences(record, now, limit=LISTED)
+    if moment is None or moment.timestamp() > now:
+        return Passed(len(listed), listed, listed[-1] if listed else None, moment, seq)
+    calendar = record.spec.calendar()
+    until = _utc(now)
+    following = calendar.next_after(until)
+    more = calendar.count_between(moment, following or until + timedelta(microseconds=1))
+    total = len(listed) + more
+    count = record.spec.count
+    if count is not None and record.seq + total >= count:  # the count ends among them
+        more = count - seq
+        total = len(listed) + more
+        following = None
+        last = calendar.nth(moment, more - 1, until + timedelta(microseconds=1))
+    else:
+        last = calendar.last_until(moment, until)
+    return Passed(total, listed, (record.seq + total - 1, last), following, record.seq + total)
 
 
 def _move_to(record: ScheduleRecord, moment: datetime | None, seq: int) -> None:
@@ -274,73 +488,104 @@ def _move_to(record: ScheduleRecord, moment: datetime | None, seq: int) -> None:
 
 def skip_passed(plan: Plan, now: float, reason: str) -> None:
     """Skip every occurrence up to ``now`` (paused, stopped or dunning), recording them."""
-    due, moment, seq = _due_occurrences(plan.record, now, limit=None)
-    _move_to(plan.record, moment, seq)
-    if due:
-        plan.bump("skipped", len(due))
-        plan.event(now, "skipped", reason=reason, count=len(due), occurrences=[iso(at) for _, at in due[:LISTED]])
+    gone_by = passed(plan.record, now)
+    _move_to(plan.record, gone_by.following, gone_by.seq)
+    if gone_by.count:
+        plan.bump("skipped", gone_by.count)
+        plan.event(now, "skipped", reason=reason, count=gone_by.count, occurrences=[iso(at) for _, at in gone_by.listed])
 
 
-def _fire_due(plan: Plan, now: float, flow_kind: str) -> None:
+def _late_ones(record: ScheduleRecord, gone_by: Passed, now: float) -> list[tuple[int, datetime]]:
+    """The passed occurrences less than :data:`MISSED_GRACE` late, with their numbers (the ``skip`` policy
+    fires those; at most :data:`MAX_FIRE`)."""
+    calendar = record.spec.calendar()
+    first, (_, last) = gone_by.listed[0][1], gone_by.last or gone_by.listed[-1]
+    moment = calendar.next_after(max(first, _utc(now - MISSED_GRACE)) - timedelta(microseconds=1))
+    seq = record.seq + calendar.count_between(first, moment) if moment is not None else 0
+    found: list[tuple[int, datetime]] = []
+    for _ in range(MAX_FIRE):
+        if moment is None or moment > last:
+            break
+        found.append((seq, moment))
+        seq += 1
+        moment = calendar.next_after(moment)
+    return found
+
+
+def _fire_due(plan: Plan, now: float, flow_kind: str, caps: SchedulesSettings) -> str:
+    """Fire the occurrences due by the ``missed`` policy; "" or why the schedule must stop."""
     record = plan.record
     policy = record.spec.missed
-    due, moment, seq = _due_occurrences(record, now, limit=MAX_FIRE if policy == "each" else None)
-    if not due:
-        return
-    late = [(index, at) for index, at in due if now - at.timestamp() > MISSED_GRACE]
-    if policy == "each" or (policy == "once" and len(due) == 1):
-        fire = due
-    elif policy == "once":
-        fire = due[-1:]
-        plan.bump("coalesced", len(due) - 1)
+    if policy == "each":
+        due, moment, seq = _due_occurrences(record, now, limit=MAX_FIRE)
+        fire, count, listed = due, len(due), due
     else:
-        fire = [item for item in due if item not in late]
-        plan.bump("skipped", len(late))
-    if len(due) > 1 or late:
+        gone_by = passed(record, now)
+        moment, seq, count, listed = gone_by.following, gone_by.seq, gone_by.count, gone_by.listed
+        if not count:
+            return ""
+        if policy == "once":
+            fire = [gone_by.last] if gone_by.last is not None else []
+            if count > len(fire):
+                plan.bump("coalesced", count - len(fire))
+        else:
+            fire = _late_ones(record, gone_by, now)
+            plan.bump("skipped", count - len(fire))
+    if not count:
+        return ""
+    if count > 1 or any(now - at.timestamp() > MISSED_GRACE for _, at in listed):
         plan.event(
             now,
             "missed",
             policy=policy,
-            count=len(due),
-            occurrences=[iso(at) for _, at in due[:LISTED]],
+            count=count,
+            occurrences=[iso(at) for _, at in listed[:LISTED]],
             fired=[iso(at) for _, at in fire[:LISTED]],
         )
-    fired = [new_attempt(record, flow_kind, at, index, 0, now) for index, at in fire]
+    if any(index >= MAX_INDEX for index, _ in fire):
+        return f"occurrence {max(index for index, _ in fire)} is past the {MAX_INDEX} a schedule's order ids have room for"
+    # Due at the occurrence itself: one the contract does not allow yet waits at the rule's time of day.
+    fired = [new_attempt(record, flow_kind, at, index, 0, at.timestamp()) for index, at in fire]
     for attempt in fired:
-        _start(plan, attempt, now)
+        _begin(plan, attempt, now, caps)
     record.open.extend(fired)
     _move_to(record, moment, seq)
+    return ""
 
 
-def advance(record: ScheduleRecord, now: float, flows: Mapping[str, FlowRecord], flow_kind: str) -> Plan:
-    """The scheduler's look at a due schedule (see the module docstring)."""
+def advance(record: ScheduleRecord, now: float, flows: Mapping[str, FlowRecord], flow_kind: str, caps: SchedulesSettings) -> Plan:
+    """The scheduler's look at a due schedule (see the module docstring); ``caps``: the dunning caps."""
     plan = Plan(record.copy())
     current = plan.record
-    if current.state not in (S.ACTIVE, S.DUNNING):
+    if current.state not in (S.ACTIVE, S.DUNNING, S.CANCELLED) or (current.state is S.CANCELLED and not current.open):
         return plan
     kept: list[Attempt] = []
     stop = ""
     for attempt in current.open:
-        still, what = _look(plan, attempt, flows.get(attempt.flow_id), now, flow_kind)
+        still, what = _look(plan, attempt, flows.get(attempt.flow_id), now, flow_kind, caps)
         kept.extend(still)
         if what.startswith("stop:") and not stop:
             stop = what[5:]
     current.open = kept
+    if current.state is S.CANCELLED:
+        return plan  # its charges in flight followed to their end; nothing else
+    if not stop:
+        current.state = S.DUNNING if any(attempt.attempt > 0 for attempt in kept) else S.ACTIVE
+        if current.state is S.ACTIVE:
+            if record.state is S.DUNNING:
+                # Whatever ended the dunning (a success, a cancelled retry, a failure): the occurrences
+                # that passed meanwhile are skipped, never fired all at once.
+                skip_passed(plan, now, "dunning")
+            if current.fires():
+                stop = _fire_due(plan, now, flow_kind, caps)
     if stop:
         current.state = S.NEEDS_ATTENTION
         current.reason = stop
         plan.event(now, "needs attention", reason=stop)
         return plan
-    current.state = S.DUNNING if any(attempt.attempt > 0 for attempt in kept) else S.ACTIVE
-    if current.state is S.ACTIVE:
-        if record.state is S.DUNNING:
-            # Whatever ended the dunning (a success, a cancelled retry, a failure): the occurrences
-            # that passed meanwhile are skipped, never fired all at once.
-            skip_passed(plan, now, "dunning")
-        _fire_due(plan, now, flow_kind)
-        if current.next_at is None and not current.open:
-            current.state = S.COMPLETED
-            plan.event(now, "completed", occurrences=current.seq)
+    if current.state is S.ACTIVE and current.next_at is None and not current.open:
+        current.state = S.COMPLETED
+        plan.event(now, "completed", occurrences=current.seq)
     return plan
 
 
@@ -356,8 +601,11 @@ def pause(record: ScheduleRecord, now: float, by: str) -> Plan:
     return plan
 
 
-def resume(record: ScheduleRecord, now: float, by: str, flows: Mapping[str, FlowRecord] = NO_FLOWS) -> Plan:
-    """Go on from now: occurrences passed meanwhile are skipped; open attempts are looked at at once.
+def resume(
+    record: ScheduleRecord, now: float, by: str, flows: Mapping[str, FlowRecord] = NO_FLOWS, flow_kind: str = MIT_KIND
+) -> Plan:
+    """Go on from now: occurrences passed meanwhile are skipped; open attempts are looked at at once, and
+    an occurrence whose flow failed for a reason other than a decline is charged again (:func:`_again`).
 
     ``flows``: the flows of the open attempts as read now (missing: not found). A ``needs_attention``
     schedule with an attempt whose flow is gone is refused, naming the occurrence: the next look would
@@ -379,6 +627,10 @@ def resume(record: ScheduleRecord, now: float, by: str, flows: Mapping[str, Flow
         )
     plan.event(now, "resumed", by=by, was=record.state.value)
     current.reason = ""
+    current.open = [
+        _again(plan, attempt, now, flow_kind) if failed(attempt, flows.get(attempt.flow_id)) else attempt
+        for attempt in current.open
+    ]
     for attempt in current.open:
         if attempt.started:
             attempt.due = min(attempt.due, now)
@@ -388,6 +640,18 @@ def resume(record: ScheduleRecord, now: float, by: str, flows: Mapping[str, Flow
         current.state = S.COMPLETED
         plan.event(now, "completed", occurrences=current.seq)
     return plan
+
+
+def _again(plan: Plan, attempt: Attempt, now: float, flow_kind: str) -> Attempt:
+    """A fresh charge of an occurrence whose flow failed for a reason other than a decline (nothing was
+    charged): resuming means the cause was seen to, and the occurrence is still owed. Not a dunning retry
+    (no decline to count)."""
+    if attempt.attempt + 1 >= MAX_ATTEMPT:
+        raise OperatorError(f"{attempt.occurrence} was charged {attempt.attempt + 1} times, the most its order ids allow")
+    again = _next_attempt(attempt, plan.record, flow_kind, now, attempt.declines())
+    again.first_decline = None
+    plan.event(now, "charge again", occurrence=attempt.occurrence, attempt=again.attempt, failed=attempt.flow_id)
+    return again
 
 
 def resolve(
@@ -437,6 +701,7 @@ def resolve(
     about = {"occurrence": occurrence, "attempt": attempt.attempt, "flow": attempt.flow_id}
     if resolution.outcome == "charged":
         plan.bump("charged")
+        current.ledger["paid"] = max(now, current.ledger.get("paid") or 0.0)  # when is not known: now, the later
         current.last = {
             "result": "charged",
             **about,
@@ -466,14 +731,16 @@ def resolve(
 
 
 def cancel(record: ScheduleRecord, now: float, by: str, reason: str) -> Plan:
-    """Stop for good. Retries not yet started are dropped; charges already in flight run to their end."""
+    """Stop for good. Charges not yet started are dropped; charges already in flight run to their end and
+    stay open: the scheduler still follows them (``advance``), so what they charge or decline is counted
+    and told (``schedule.charged``, ``schedule.declined``), and nothing is retried or fired."""
     plan = Plan(record.copy())
     if record.state in FINAL:
         raise OperatorError(f"schedule {record.id} is already {record.state}")
     current = plan.record
     in_flight = [attempt.flow_id for attempt in current.open if attempt.started]
     dropped = [f"{attempt.occurrence}#{attempt.attempt}" for attempt in current.open if not attempt.started]
-    current.open = []
+    current.open = [attempt for attempt in current.open if attempt.started]
     current.state = S.CANCELLED
     current.reason = reason
     plan.event(now, "cancelled", by=by, reason=reason, inFlight=in_flight or None, dropped=dropped or None)

@@ -23,6 +23,7 @@ import json
 import threading
 import time
 from collections.abc import Callable, Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 from types import TracebackType
 from typing import Any, TypeVar
@@ -185,15 +186,24 @@ class Stack:
             self.engine.redis.delete(heartbeat)
             self.wait_until(lambda: self.engine.redis.get(heartbeat) == repr(moment).encode(), what="a dispatcher tick")
 
+    def move(self, moment: float) -> None:
+        """Move durapay's clock and the simulator's to ``moment`` (a contract's days are the simulator's)."""
+        self.sim.admin.set_clock(datetime.fromtimestamp(moment, UTC))
+        self.clock.set(moment)
+
     def gateway(self) -> GatewayClient:
         return GatewayClient(self.settings.gateway)
 
-    def contract(self) -> str:
-        """A MIT_SCHEDULED contract made by a first payment (three steps, frictionless card)."""
+    def contract(self, *, frequency: str | None = None) -> str:
+        """A MIT_SCHEDULED contract made by a first payment (three steps, frictionless card), with
+        ``contractFrequency`` when given (the simulator then refuses a charge sooner, counted from that
+        first payment: set its clock first, :meth:`move`)."""
         contract_id = f"ctr-{next(self._ids)}-{int(time.monotonic() * 1000) % 100000}"
         order = {"orderId": f"first-{contract_id}", "amount": "100", "currency": "EUR"}
         card = {"pan": APPROVE_PAN, "expiryDate": "1230", "cvv": "123"}
         recurrence = {"action": "CONTRACT_CREATION", "contractId": contract_id, "contractType": "MIT_SCHEDULED"}
+        if frequency is not None:
+            recurrence["contractFrequency"] = frequency
         with self.gateway() as client:
             init = client.call(Catalogue.three_steps_init, request={"order": order, "card": card, "recurrence": recurrence})
             client.call(
@@ -215,10 +225,10 @@ def stop_on_a_gone_flow(schedules: Schedules, schedule_id: str) -> Attempt:
     ``needs_attention``. Returns that occurrence's open attempt."""
     record = schedules.get(schedule_id)
     assert record.next_at is not None
-    fired = policy.advance(record, record.next_at, {}, schedules.flow_kind)
+    fired = policy.advance(record, record.next_at, {}, schedules.flow_kind, schedules.caps)
     for attempt in fired.record.open:
         attempt.created = True
-    looked = policy.advance(fired.record, record.next_at + policy.CHECK_FIRST, {}, schedules.flow_kind)
+    looked = policy.advance(fired.record, record.next_at + policy.CHECK_FIRST, {}, schedules.flow_kind, schedules.caps)
     assert looked.record.state is ScheduleState.NEEDS_ATTENTION, looked.record.reason
     assert schedules.store.update(record, looked.record, [*fired.events, *looked.events], schedules.engine.clock.now())
     (attempt,) = looked.record.open

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from tests.workflows.schedules.harness import Stack
+from workflows.engine import InputError
 from workflows.keys import derived_id
 from workflows.schedules import ScheduleRecord, ScheduleState, occurrence_key, occurrences
 from workflows.schedules.rules import iso
@@ -126,7 +127,7 @@ def test_soft_declines_are_retried_after_1_3_and_7_days_then_the_schedule_stops(
     stopped = schedule_state(stack, record, declined.updated + 8 * DAY, ScheduleState.NEEDS_ATTENTION)
     assert "dunning exhausted" in stopped.reason and stopped.counts["declined"] == 4
     payments = stack.mit_operations(record.id)
-    assert [p["orderId"] for p in payments] == [f"{record.id}-0", f"{record.id}-0-r1", f"{record.id}-0-r2", f"{record.id}-0-r3"]
+    assert [p["orderId"] for p in payments] == [f"{record.id}0000{attempt}" for attempt in range(4)]
     assert len({p["idempotencyKey"] for p in payments}) == 4
     stack.settle(declined.updated + 60 * DAY)
     assert len(stack.mit_operations(record.id)) == 4
@@ -158,5 +159,67 @@ def test_a_success_after_a_retry_resumes_the_normal_rule(stack: Stack) -> None:
     schedule_state(stack, record, declined.updated + DAY + 60, ScheduleState.ACTIVE)
     assert charge_at(stack, second.timestamp(), flow_id(record, second)).state.value == "succeeded"
     payments = stack.mit_operations(record.id)
-    assert [p["orderId"] for p in payments] == [f"{record.id}-0", f"{record.id}-0-r1", f"{record.id}-1"]
+    assert [p["orderId"] for p in payments] == [f"{record.id}00000", f"{record.id}00001", f"{record.id}00010"]
     assert [p["operationResult"] for p in payments] == ["DECLINED", "EXECUTED", "EXECUTED"]
+
+
+# -- a contract's frequency at the simulator (issue 23, item 6) --------------------------------------------
+
+
+def charged_at(stack: Stack, moment: float, flow: str) -> Any:
+    """:func:`charge_at` with the simulator's clock moved too (it counts a contract's days)."""
+    stack.move(moment)
+    return stack.wait_until(lambda: finished(stack, flow), what=f"flow {flow} at {iso(datetime.fromtimestamp(moment, UTC))}")
+
+
+def test_a_monthly_rule_on_the_31st_against_a_contract_of_30_days(stack: Stack) -> None:
+    """January 31 then February 28 is 28 days: the gateway (the simulator) refuses the second charge on a
+    contract of contractFrequency 30. Told the frequency, durapay refuses the rule at creation; not told,
+    it charges January and the refusal of February stops the schedule."""
+    stack.move(T0)
+    contract = stack.contract(frequency="30")
+    with pytest.raises(InputError) as refused:
+        stack.schedules.create(monthly(contract, contractFrequency=30))
+    assert refused.value.field == "rule" and "28 days apart (2026-01-31 and 2026-02-28" in refused.value.reason
+    record = stack.schedules.create(monthly(contract, count=2))
+    stack.start_dispatchers(1)
+    january, february = occurrences(record.spec.calendar(), count=2)
+    assert charged_at(stack, january.timestamp(), flow_id(record, january)).state.value == "succeeded"
+    second = charged_at(stack, february.timestamp(), flow_id(record, february))
+    assert second.state.value == "failed" and "PS0043" in str(second.error), second.error
+    stopped = schedule_state(stack, record, february.timestamp() + 60, ScheduleState.NEEDS_ATTENTION)
+    assert "PS0043" in stopped.reason
+    assert [p["operationResult"] for p in stack.mit_operations(record.id)] == ["EXECUTED"]
+
+
+def test_dunning_retries_and_the_next_occurrence_keep_the_contracts_frequency(stack: Stack) -> None:
+    """A contract of 25 days made on January 1; a schedule on the 15th from February, told the frequency.
+    February is declined three times and paid by its 7-day retry on the 22nd: March 15 would be 21 days
+    later, which the simulator refuses, so the schedule waits until March 19 (25 days), then April is on
+    time. Every charge it starts is one the simulator takes."""
+    stack.move(T0)
+    contract = stack.contract(frequency="25")
+    stack.sim.admin.script_outcomes(["116", "116", "116", "000"], contract_id=contract)
+    record = stack.schedules.create(
+        monthly(contract, rule={"every": "month", "day": 15}, start="2026-02-01T09:00:00", count=3, contractFrequency=25)
+    )
+    stack.start_dispatchers(1)
+    february, march, april = occurrences(record.spec.calendar(), count=3)
+    declined = charged_at(stack, february.timestamp(), flow_id(record, february))
+    assert declined.error["decline"] == "soft"
+    for attempt, days in enumerate((1, 3, 7), start=1):
+        retry = charged_at(stack, declined.updated + days * DAY, flow_id(record, february, attempt))
+        assert retry.state.value == ("succeeded" if attempt == 3 else "failed"), retry.error
+    schedule_state(stack, record, declined.updated + 7 * DAY + 120, ScheduleState.ACTIVE)  # the charge seen
+    stack.move(march.timestamp())
+    stack.settle(march.timestamp() + 3600)
+    assert stack.engine.store.get(flow_id(record, march)) is None, "not started: the contract does not allow it yet"
+    (waited,) = [event for event in stack.schedules.history(record.id) if event["event"] == "waits for the contract"]
+    allowed = datetime(2026, 3, 19, 8, tzinfo=UTC)  # 09:00 in Rome, 25 gateway days after February 22
+    assert waited["until"] == iso(allowed)
+    assert charged_at(stack, allowed.timestamp(), flow_id(record, march)).state.value == "succeeded"
+    assert charged_at(stack, april.timestamp(), flow_id(record, april)).state.value == "succeeded"
+    done = schedule_state(stack, record, april.timestamp() + 60, ScheduleState.COMPLETED)
+    assert done.counts["charged"] == 3 and done.counts["declined"] == 3
+    results = [p["operationResult"] for p in stack.mit_operations(record.id)]
+    assert results == ["DECLINED", "DECLINED", "DECLINED", "EXECUTED", "EXECUTED", "EXECUTED"]

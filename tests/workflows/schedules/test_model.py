@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
+from config.settings import SchedulesSettings
 from workflows.engine import OperatorError
 from workflows.schedules import policy
 from workflows.schedules.model import (
@@ -25,6 +26,7 @@ from workflows.schedules.model import (
 )
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC).timestamp()
+CAPS = SchedulesSettings()
 SPEC = {
     "contractId": "c-1",
     "amount": 1500,
@@ -107,7 +109,7 @@ def test_the_policy_leaves_the_record_it_was_given_unchanged() -> None:
     """The store compares against the original (version, old state index): the policy works on a copy."""
     due = record(state=ScheduleState.ACTIVE, open=[], next_at=T0, last=None)
     before = due.fields() | {"state": due.state.value}
-    plan = policy.advance(due, T0 + 1, {}, "mit")
+    plan = policy.advance(due, T0 + 1, {}, "mit", CAPS)
     assert len(plan.starts) == 1 and plan.record.open and plan.record.seq == due.seq + 1
     plans = [
         policy.pause(due, T0, "test"),
@@ -120,7 +122,7 @@ def test_the_policy_leaves_the_record_it_was_given_unchanged() -> None:
     dunning = record()
     before = dunning.fields()
     policy.resume(record(state=ScheduleState.PAUSED), T0 + 10**6, "test")
-    policy.advance(dunning, T0 + 10**6, {}, "mit")  # the open attempt's flow is missing: looked at, restarted
+    policy.advance(dunning, T0 + 10**6, {}, "mit", CAPS)  # the open attempt's flow is missing: looked at, restarted
     assert dunning.fields() == before
 
 
@@ -167,6 +169,7 @@ def test_fields_round_trip_through_parse() -> None:
         "checks": 2,
         "created": False,
         "started_at": None,
+        "declined": None,
     }
 
 
@@ -218,3 +221,54 @@ def test_the_encoders_refuse_or_stringify_what_json_cannot_write() -> None:
     assert compact_sorted({"at": moment}) == json.dumps({"at": moment}, separators=(",", ":"), default=str)
     with pytest.raises(TypeError, match="not JSON serializable"):
         compact({"at": moment})
+
+
+# -- a contract's frequency (issue 23, item 6) -------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("rule", "frequency", "said"),
+    [
+        ({"every": "month", "day": 31}, 30, "28 days apart (2026-01-31 and 2026-02-28"),
+        ({"every": "month", "day": 1}, 30, "28 days apart (2026-02-01 and 2026-03-01"),
+        ({"every": "week", "weekday": "monday"}, 8, "7 days apart"),
+        ({"cron": "0 9 * * *"}, 2, "1 days apart"),
+        ({"every": "days", "interval": 29}, 30, "29 days apart"),
+    ],
+)
+def test_a_rule_closer_than_the_contracts_frequency_is_refused_at_creation(
+    rule: dict[str, Any], frequency: int, said: str
+) -> None:
+    """The gateway refuses a charge on an MIT_SCHEDULED contract fewer than contractFrequency days after
+    its last payment: a monthly rule on the 31st with 30 days (January 31 -> February 28) would pass here
+    and be refused live, so it is refused at creation, saying why and what would do."""
+    from workflows.engine import InputError
+    from workflows.schedules import Schedules
+
+    with pytest.raises(InputError) as refused:
+        Schedules.validate({**SPEC, "rule": rule, "contractFrequency": frequency})
+    assert refused.value.field == "rule", refused.value
+    assert said in refused.value.reason and f"contractFrequency of {frequency}" in refused.value.reason
+
+
+@pytest.mark.parametrize(
+    ("rule", "frequency", "extra"),
+    [
+        ({"every": "month", "day": 31}, 28, {}),
+        ({"every": "days", "interval": 30}, 30, {}),
+        ({"every": "week", "weekday": "monday"}, 7, {}),
+        ({"every": "month", "day": 31}, 30, {"count": 1}),
+    ],
+)
+def test_a_rule_that_keeps_the_frequency_is_taken(rule: dict[str, Any], frequency: int, extra: dict[str, Any]) -> None:
+    spec = ScheduleInput.model_validate({**SPEC, "rule": rule, "contractFrequency": frequency, **extra})
+    assert spec.contractFrequency == frequency
+
+
+def test_missed_each_is_refused_on_a_contract_with_a_frequency() -> None:
+    from workflows.engine import InputError
+    from workflows.schedules import Schedules
+
+    with pytest.raises(InputError) as refused:
+        Schedules.validate({**SPEC, "rule": {"every": "days", "interval": 30}, "contractFrequency": 30, "missed": "each"})
+    assert refused.value.field == "missed" and "once" in refused.value.reason

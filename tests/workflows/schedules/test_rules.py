@@ -11,6 +11,7 @@ from datetime import UTC, date, datetime, timedelta
 from typing import Any
 
 import pytest
+from croniter import croniter
 
 from workflows.engine import InputError
 from workflows.schedules import Calendar, ScheduleInput, occurrences, upcoming
@@ -268,3 +269,96 @@ def test_a_calendar_changed_with_replace_computes_its_start_again() -> None:
     later = dataclasses.replace(cal, start=datetime(2026, 3, 1, 18, tzinfo=UTC))
     assert later != cal and later.first() == datetime(2026, 3, 1, 18, tzinfo=UTC)
     assert cal.first() == datetime(2026, 3, 1, 9, tzinfo=UTC)
+
+
+# -- a start in a spring gap (issue 23, item 8) ----------------------------------------------------------
+
+
+@pytest.mark.parametrize("rule", [{"every": "days"}, {"every": "week", "weekday": "sunday"}, {"every": "month", "day": 29}])
+def test_a_start_in_the_spring_gap_moves_that_night_only(rule: dict[str, Any]) -> None:
+    """02:30 does not exist in Rome on 29 March 2026: that night fires at 03:30, and every later occurrence
+    at the 02:30 given (it kept 03:30 forever)."""
+    found = occurrences(calendar(rule, "2026-03-29T02:30:00", ROME), count=3)
+    assert local(found, ROME)[0] == "2026-03-29 03:30 +0200"
+    assert [moment[11:16] for moment in local(found, ROME)[1:]] == ["02:30", "02:30"]
+
+
+def test_a_date_only_start_whose_midnight_is_skipped_fires_at_midnight_after() -> None:
+    """Havana skips from 00:00 to 01:00 on 8 March 2026: a start of that date fires at 01:00 that day and
+    at midnight after (it fired at 01:00 every day)."""
+    found = occurrences(calendar({"every": "days"}, "2026-03-08", "America/Havana"), count=3)
+    assert local(found, "America/Havana") == ["2026-03-08 01:00 -0400", "2026-03-09 00:00 -0400", "2026-03-10 00:00 -0400"]
+
+
+def test_an_aware_start_is_an_instant_and_keeps_its_own_wall_time() -> None:
+    found = occurrences(calendar({"every": "days"}, "2026-03-29T01:30:00+00:00", ROME), count=2)
+    assert local(found, ROME) == ["2026-03-29 03:30 +0200", "2026-03-30 03:30 +0200"]
+
+
+# -- counting what passed without walking it (issue 23, item 9) ---------------------------------------------
+
+
+def _walked(cal: Calendar, first: datetime, stop: datetime) -> int:
+    count, moment = 0, cal.next_after(first - timedelta(microseconds=1))
+    while moment is not None and moment < stop:
+        count, moment = count + 1, cal.next_after(moment)
+    return count
+
+
+@pytest.mark.parametrize(
+    ("rule", "timezone"),
+    [
+        ({"cron": "* * * * *"}, ROME),
+        ({"cron": "*/20 1-3 * * *"}, NEW_YORK),
+        ({"cron": "30 2 * * *"}, ROME),
+        ({"cron": "*/30 * * * 1-5"}, "Australia/Lord_Howe"),
+        ({"cron": "0 9 L * *"}, "UTC"),
+        ({"every": "days", "interval": 3}, ROME),
+        ({"every": "month", "day": 31}, NEW_YORK),
+    ],
+)
+def test_count_between_matches_a_walk_across_daylight_saving_changes(rule: dict[str, Any], timezone: str) -> None:
+    cal = calendar(rule, "2026-03-20", timezone)
+    for first, stop in [
+        (datetime(2026, 3, 27, 22, 17, tzinfo=UTC), datetime(2026, 4, 6, 1, 3, tzinfo=UTC)),
+        (datetime(2026, 10, 24, tzinfo=UTC), datetime(2026, 11, 3, 12, tzinfo=UTC)),
+    ]:
+        start = cal.next_after(first)
+        assert start is not None
+        assert cal.count_between(start, stop) == _walked(cal, start, stop), (rule, timezone, first)
+
+
+def test_last_until_and_nth_find_what_a_walk_finds() -> None:
+    cal = calendar({"cron": "*/7 9-17 * * 1-5"}, "2026-03-20", ROME)
+    first = cal.first()
+    assert first is not None
+    until = datetime(2026, 4, 2, 3, tzinfo=UTC)
+    walked = [moment for moment in itertools.takewhile(lambda m: m <= until, cal.iterate())]
+    assert cal.last_until(first, until) == walked[-1]
+    assert [cal.nth(first, k, until) for k in (0, 1, 100, len(walked) - 1)] == [walked[k] for k in (0, 1, 100, len(walked) - 1)]
+
+
+class _Counted(croniter):
+    """Stands in for croniter in ``rules``: counts every rule evaluation (``get_next``)."""
+
+    calls = 0
+
+    def get_next(self, *args: Any, **kwargs: Any) -> Any:
+        _Counted.calls += 1
+        return super().get_next(*args, **kwargs)
+
+
+@pytest.mark.parametrize("days", [1, 7])
+def test_counting_a_week_of_a_rule_firing_every_minute_costs_a_few_evaluations(
+    days: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Skipping passed occurrences must not walk them: a ``* * * * *`` rule over a week is counted with a
+    few evaluations per day (walking took 10,080 looks, each walking back three hours)."""
+    import workflows.schedules.rules as rules
+
+    cal = calendar({"cron": "* * * * *"}, "2026-06-01", ROME)
+    first = datetime(2026, 6, 1, 8, tzinfo=UTC)
+    monkeypatch.setattr(rules, "croniter", _Counted)
+    _Counted.calls = 0
+    assert cal.count_between(first, first + timedelta(days=days)) == days * 1440
+    assert _Counted.calls <= days + 2

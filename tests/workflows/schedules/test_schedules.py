@@ -65,6 +65,10 @@ class ScriptedMit:
             return Advance({"operation": {**operation, "operationResult": "EXECUTED"}})
         if code == "ATTN":
             return Attention("the gateway answered what no one expected", {"type": "UnknownResult"})
+        if code == "NOCODE":  # declined with no response code at all
+            error = {"type": "PaymentDeclined", "responseCode": None, "decline": None, "operationId": operation["operationId"]}
+            declined = {"operation": {**operation, "additionalData": {}, "operationResult": "DECLINED"}}
+            return Finish(False, "payment DECLINED", declined, error)
         if code == "FAIL":
             return Finish(
                 False, "the gateway refused create_mit_order", error={"type": "BadRequest", "message": "PS0017 no contract"}
@@ -105,14 +109,18 @@ class World:
         return [event for event in self.schedules.history(schedule_id) if event["event"] == name]
 
 
-@pytest.fixture
-def world(redis_client: redis.Redis, key_prefix: str) -> Iterator[World]:
+def make_world(redis_client: redis.Redis, key_prefix: str, **settings: Any) -> World:
     clock = ManualClock(T0)
     mit = ScriptedMit()
     definition = FlowDefinition("mit", MitRequest, (mit,), summarize, lambda data: str(data.order.orderId))  # type: ignore[arg-type]
-    settings = load_settings({"engine": {"key_prefix": key_prefix, "partitions": 3, "lease_seconds": 30}})
-    engine = Engine(settings, redis_client, {"mit": definition}, clock=clock)
-    yield World(engine, Schedules(engine, batch=50), clock, mit)
+    loaded = load_settings({"engine": {"key_prefix": key_prefix, "partitions": 3, "lease_seconds": 30}, **settings})
+    engine = Engine(loaded, redis_client, {"mit": definition}, clock=clock)
+    return World(engine, Schedules(engine, batch=50), clock, mit)
+
+
+@pytest.fixture
+def world(redis_client: redis.Redis, key_prefix: str) -> Iterator[World]:
+    yield make_world(redis_client, key_prefix)
 
 
 def monthly(day: int = 1, **extra: Any) -> dict[str, Any]:
@@ -184,7 +192,7 @@ def test_each_occurrence_starts_one_mit_keyed_by_schedule_and_occurrence(world: 
     assert flow.start_key == f"{record.id}@2026-01-31T08:00:00Z"
     order = flow.input["order"]
     assert order == {
-        "orderId": f"{record.id}-0",
+        "orderId": f"{record.id}00000",
         "amount": "1500",
         "currency": "EUR",
         "description": "Gym",
@@ -368,10 +376,10 @@ def test_soft_declines_are_retried_after_1_3_7_days_then_the_schedule_stops(worl
     flows = world.flows()
     assert [flow.created - first for flow in flows] == [0, DAY, 3 * DAY, 7 * DAY]
     assert [flow.input["order"]["orderId"] for flow in flows] == [
-        f"{record.id}-0",
-        f"{record.id}-0-r1",
-        f"{record.id}-0-r2",
-        f"{record.id}-0-r3",
+        f"{record.id}00000",
+        f"{record.id}00001",
+        f"{record.id}00002",
+        f"{record.id}00003",
     ]
     assert len({key for _, key in world.mit.calls}) == 4  # a fresh idempotency key per retry
     stopped = world.schedules.get(record.id)
@@ -548,7 +556,7 @@ def test_a_schedules_charges_declines_dunning_and_end_are_told_in_events(world: 
     )
     assert "dunning exhausted" in told[-1].body["data"]["reason"]
     charged = told[0].wire()
-    assert charged["orderId"] == f"{record.id}-0" and charged["operationId"] and declined["orderId"] == f"{record.id}-1"
+    assert charged["orderId"] == f"{record.id}00000" and charged["operationId"] and declined["orderId"] == f"{record.id}00010"
     assert {"id", "type", "timestamp", "schedule", "orderId", "operationId", "data"} <= set(charged)
 
 
@@ -610,7 +618,7 @@ def test_an_occurrence_the_gateway_shows_charged_counts_as_a_charge_and_the_sche
     }
     assert "resolved as charged by ops" in resolved.reason
     (charged,) = world.events(schedule_id, "charged")
-    assert charged["orderId"] == f"{schedule_id}-0" and charged["operationId"] == "op-1" and charged["source"] == "operator"
+    assert charged["orderId"] == f"{schedule_id}00000" and charged["operationId"] == "op-1" and charged["source"] == "operator"
     told = [e for e, _ in world.engine.events(types=["schedule.charged"]) if e.body.get("schedule") == schedule_id]
     assert [event.wire()["operationId"] for event in told] == ["op-1"], "the merchant hears of the charge"
 
@@ -683,3 +691,223 @@ def test_resolve_is_refused_unless_the_flow_of_that_occurrence_is_gone(world: Wo
     with pytest.raises(OperatorError, match=r"still exists \(needs_attention\): its own outcome decides.*retry or cancel"):
         world.schedules.resolve(waiting.id, "2026-03-01T08:00:00Z", "not_charged")
     assert world.schedules.gone(waiting.id) == [] and [a.occurrence for a in world.schedules.gone(schedule_id)] == [JANUARY]
+
+
+# -- issue 23 ---------------------------------------------------------------------------------------------------
+
+
+def run_days(world: World, first: float, days: int) -> None:
+    """Ticks at ``first`` and every day after for ``days`` days, each followed by a look a minute later."""
+    for day in range(days + 1):
+        world.at(first + day * DAY)
+        world.tick()
+        world.clock.advance(60)
+        world.tick()
+
+
+def test_a_decline_without_a_response_code_is_not_retried(world: World) -> None:
+    """Item 7: a decline with no response code counted as soft and was retried (a stolen card may be
+    declined without one); it now stops the schedule for a person, as a hard decline does."""
+    world.mit.script["c-1"] = ["NOCODE", "000"]
+    record = world.schedules.create(monthly())
+    run_days(world, rome(1, 1).timestamp(), 3)
+    stopped = world.schedules.get(record.id)
+    assert stopped.state is ScheduleState.NEEDS_ATTENTION, stopped.state
+    assert "no response code" in stopped.reason and "not retried" in stopped.reason
+    assert len(world.mit.calls) == 1 and world.events(record.id, "retry scheduled") == []
+
+
+def test_dunning_retries_are_capped_in_30_days(redis_client: redis.Redis, key_prefix: str) -> None:
+    """Item 7: nothing capped retries (the card networks fine more than 15 reattempts in 30 days). With a
+    cap of 3, a schedule whose charges keep declining and sometimes pass stops at the fourth retry."""
+    world = make_world(redis_client, key_prefix, schedules={"retries_per_30_days": 3})
+    world.mit.script["c-1"] = ["116", "116", "000", "116", "116", "116", "000"]
+    record = world.schedules.create({**monthly(), "rule": {"every": "days", "interval": 1}, "dunning": [1, 2, 3]})
+    run_days(world, rome(1, 1).timestamp(), 12)
+    stopped = world.schedules.get(record.id)
+    assert stopped.counts["retried"] == 3, stopped.counts
+    assert stopped.state is ScheduleState.NEEDS_ATTENTION and "dunning capped: 3 retries" in stopped.reason
+    (capped,) = world.events(record.id, "dunning capped")
+    assert "RETRIES_PER_30_DAYS" in capped["reason"]
+
+
+def test_no_retry_after_too_many_declines_in_a_day(redis_client: redis.Redis, key_prefix: str) -> None:
+    """Item 7: a daily schedule down for four days fires every missed occurrence (``missed: each``); all
+    are declined: with a cap of 3 declines a day, none is retried."""
+    world = make_world(redis_client, key_prefix, schedules={"declines_per_day": 3})
+    world.mit.script["c-1"] = ["116"] * 5
+    record = world.schedules.create({**monthly(), "rule": {"every": "days", "interval": 1}, "missed": "each"})
+    world.at(rome(1, 1).timestamp() + 4 * DAY + 60)
+    world.tick()
+    world.clock.advance(60)
+    world.tick()  # five declines seen; their retries are due tomorrow
+    world.at(rome(1, 1).timestamp() + 5 * DAY + 60)
+    world.tick()
+    stopped = world.schedules.get(record.id)
+    assert stopped.counts["declined"] == 5 and stopped.counts.get("retried", 0) == 0
+    assert stopped.state is ScheduleState.NEEDS_ATTENTION and "dunning capped: 5 declines in the last 24 hours" in stopped.reason
+
+
+def test_retries_after_a_long_pause_keep_their_spacing(world: World) -> None:
+    """Item 14: paused during dunning past every retry's date, then resumed: the retries fired back to back
+    (minutes apart). They now keep the delays between them (1, 3, 7 days: 2 then 4 days apart)."""
+    world.mit.script["c-1"] = ["116", "116", "116", "116"]
+    record = world.schedules.create(monthly())
+    first = rome(1, 1).timestamp()
+    run_days(world, first, 0)
+    world.schedules.pause(record.id)
+    resumed = first + 20 * DAY
+    world.at(resumed)
+    world.schedules.resume(record.id)
+    for hour in range(0, 10 * 24):
+        world.at(resumed + hour * 3600)
+        world.tick()
+    created = [flow.created for flow in world.flows()][1:]
+    assert len(created) == 3
+    assert created[0] == resumed and created[1] - created[0] >= 2 * DAY and created[2] - created[1] >= 4 * DAY, [
+        (moment - resumed) / DAY for moment in created
+    ]
+
+
+def test_a_cancel_still_counts_and_tells_its_charges_in_flight(world: World) -> None:
+    """Item 14: a cancel dropped its charges in flight from the schedule's counts and ``schedule.*``
+    events. They are followed to their end: counted and told, never retried."""
+    world.mit.script["c-2"] = ["116"]
+    paid = world.schedules.create(monthly())
+    declined = world.schedules.create(monthly(contractId="c-2"))
+    world.at(rome(1, 1))
+    assert world.schedules.tick() == 2  # both started; the worker has not run them yet
+    for schedule_id in (paid.id, declined.id):
+        assert world.schedules.cancel(schedule_id, "customer left").state is ScheduleState.CANCELLED
+    world.tick()
+    world.clock.advance(60)
+    world.tick()
+    world.at(rome(3, 1))
+    world.tick()
+    after_paid, after_declined = world.schedules.get(paid.id), world.schedules.get(declined.id)
+    assert after_paid.counts.get("charged") == 1 and after_paid.open == [], after_paid.counts
+    assert after_declined.counts.get("declined") == 1 and after_declined.open == []
+    assert after_declined.counts.get("retried", 0) == 0 and len(world.mit.calls) == 2
+    assert {after_paid.state, after_declined.state} == {ScheduleState.CANCELLED}
+    told = [(event.body["schedule"], event.type) for event, _ in world.engine.events(types=SCHEDULE_TYPES)]
+    assert (paid.id, "schedule.charged") in told and (declined.id, "schedule.declined") in told
+    assert world.schedules.store.next_due() is None, "nothing left to follow"
+
+
+def test_an_occurrence_that_failed_is_charged_again_on_resume(world: World) -> None:
+    """Item 14: a charge that failed for a reason other than a decline (the gateway refused it: nothing
+    was charged) was dropped, and resume never charged that occurrence (nor can its flow be retried: the
+    engine refuses a schedule's failed charge and says to resume the schedule). It now stays owed: resume
+    charges it again, under a fresh key and order id."""
+    world.mit.script["c-1"] = ["FAIL", "000"]
+    record = world.schedules.create(monthly())
+    run_days(world, rome(1, 1).timestamp(), 0)
+    stopped = world.schedules.get(record.id)
+    assert stopped.state is ScheduleState.NEEDS_ATTENTION
+    world.at(rome(1, 2))
+    world.schedules.resume(record.id)
+    world.tick()
+    world.clock.advance(60)
+    world.tick()
+    after = world.schedules.get(record.id)
+    assert len(world.mit.calls) == 2 and after.counts.get("charged") == 1 and after.state is ScheduleState.ACTIVE
+    assert [flow.start_key.split("@")[1] for flow in world.flows()] == [JANUARY, f"{JANUARY}#1"]
+    assert after.last is not None and after.last["occurrence"] == JANUARY
+    assert "then resume to charge it again" in stopped.reason
+
+
+def test_skipping_a_week_of_a_minutely_rule_is_counted_not_walked(world: World, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Item 9: resuming a ``* * * * *`` schedule paused a week walked every missed occurrence (35.9 s).
+    The rule is now evaluated a few times per day skipped; the count is exact."""
+    import workflows.schedules.rules as rules
+    from tests.workflows.schedules.test_rules import _Counted
+
+    record = world.schedules.create({**monthly(), "rule": {"cron": "* * * * *"}, "start": "2026-06-01T10:00:00"})
+    world.schedules.pause(record.id)
+    world.at(rome(6, 8, hour=10).timestamp() + 30)
+    monkeypatch.setattr(rules, "croniter", _Counted)
+    _Counted.calls = 0
+    resumed = world.schedules.resume(record.id)
+    assert _Counted.calls <= 200, f"{_Counted.calls} rule evaluations"
+    assert resumed.counts["skipped"] == 7 * 1440 + 1 and resumed.seq == 7 * 1440 + 1
+    assert resumed.summary()["nextRun"] == "2026-06-08T08:01:00Z"
+
+
+@pytest.mark.parametrize(("missed", "fired"), [("once", 1), ("skip", 60)])
+def test_a_minutely_rule_down_for_a_week_catches_up_without_walking(
+    world: World, monkeypatch: pytest.MonkeyPatch, missed: str, fired: int
+) -> None:
+    """Item 9: the scheduler's tick after a week down: ``once`` fires the latest occurrence, ``skip`` the
+    last hour's; the rest is counted, not walked."""
+    import workflows.schedules.rules as rules
+    from tests.workflows.schedules.test_rules import _Counted
+
+    record = world.schedules.create({**monthly(missed=missed), "rule": {"cron": "* * * * *"}, "start": "2026-06-01T10:00:00"})
+    world.at(rome(6, 8, hour=10).timestamp() + 30)
+    monkeypatch.setattr(rules, "croniter", _Counted)
+    _Counted.calls = 0
+    assert world.schedules.tick() == fired
+    assert _Counted.calls <= 800, f"{_Counted.calls} rule evaluations"
+    after = world.schedules.get(record.id)
+    assert after.seq == 7 * 1440 + 1 and after.summary()["nextRun"] == "2026-06-08T08:01:00Z"
+    keys = sorted(flow.start_key.split("@")[1] for flow in world.engine.list(kind="mit", limit=100))
+    assert keys[-1] == "2026-06-08T08:00:00Z" and len(keys) == fired
+    assert after.open[-1].data["order"]["orderId"] == f"{record.id}07s00", "occurrence 10080, numbered as if walked"
+
+
+def test_every_order_id_fits_18_characters_and_is_unique_at_large_numbers() -> None:
+    """Item 5: retries from occurrence 10 on derived ``s<12 hex>-<n>-r<k>``, 19 characters and more, past
+    the gateway's 18. Every id now has 18 characters, and (schedule, occurrence, attempt) gives one id."""
+    from workflows.schedules import order_id
+
+    schedules = ["s0123456789ab", "s0123456789ac"]
+    indexes = [0, 1, 9, 10, 35, 36, 99, 1295, 1296, 46655, 46656, 99_999, 36**4 - 1]
+    attempts = [0, 1, 3, 9, 10, 12, 35]
+    ids = {(s, n, k): order_id(s, n, k) for s in schedules for n in indexes for k in attempts}
+    assert {len(value) for value in ids.values()} == {18}
+    assert len(set(ids.values())) == len(ids), "one id per (schedule, occurrence, attempt)"
+    assert all(value.startswith(s) for (s, _, _), value in ids.items())
+    with pytest.raises(ValueError):
+        order_id("s0123456789ab", 36**4, 0)
+    from workflows.schedules import order_parts
+
+    assert all(order_parts(value) == triple for triple, value in ids.items()), "read back as derived"
+    assert order_parts("s0123456789ab-12-r3") == ("s0123456789ab", 12, 3) and order_parts("gym-42") is None
+
+
+def test_an_order_id_limit_shorter_than_a_schedules_ids_is_refused_at_start(redis_client: redis.Redis, key_prefix: str) -> None:
+    from config.settings import SettingsError
+
+    with pytest.raises(SettingsError, match="DURAPAY_GATEWAY__ORDER_ID_MAX_LENGTH: 17 is shorter"):
+        make_world(redis_client, key_prefix, gateway={"order_id_max_length": 17})
+
+
+def test_a_retry_of_a_late_occurrence_has_an_order_id_the_gateway_takes(world: World) -> None:
+    """Item 5 end to end: the twelfth daily occurrence is declined and retried; both order ids fit 18."""
+    world.mit.script["c-1"] = ["000"] * 11 + ["116", "000"]
+    record = world.schedules.create({**monthly(), "rule": {"every": "days", "interval": 1}})
+    run_days(world, rome(1, 1).timestamp(), 12)
+    ids = [flow.input["order"]["orderId"] for flow in world.flows()]
+    assert len(ids) == 13 and {len(value) for value in ids} == {18} and len(set(ids)) == 13
+    assert ids[11:] == [f"{record.id}000b0", f"{record.id}000b1"]
+    assert world.schedules.get(record.id).counts["charged"] == 12
+
+
+# -- a contract's frequency (item 6) ------------------------------------------------------------------------
+
+
+def test_after_a_late_retry_the_next_occurrence_waits_for_the_contract(world: World) -> None:
+    """The gateway refuses a charge fewer than contractFrequency days (its days, UTC+01:00) after the
+    contract's last payment: January's charge, made by its 7-day retry on the 22nd, moves February's to
+    the 16th (25 days later), at the rule's time of day; March's is on time again."""
+    world.mit.script["c-1"] = ["116", "116", "116", "000"]
+    record = world.schedules.create(monthly(15, contractFrequency=25, start="2026-01-15T09:00:00"))
+    first = rome(1, 15).timestamp()
+    run_days(world, first, 60)
+    starts = [
+        datetime.fromtimestamp(flow.created, UTC).astimezone(rome(1).tzinfo).strftime("%m-%d %H:%M") for flow in world.flows()
+    ]
+    assert starts == ["01-15 09:00", "01-16 09:00", "01-18 09:00", "01-22 09:00", "02-16 09:00", "03-15 09:00"], starts
+    (waited,) = world.events(record.id, "waits for the contract")
+    assert waited["until"] == "2026-02-16T08:00:00Z"
+    assert world.schedules.get(record.id).counts["charged"] == 3
