@@ -26,8 +26,10 @@ ACTIONS = {
 }
 EXPLAIN = {
     "pause": "No occurrence fires while paused: nothing is sent to the gateway until you resume.",
-    "resume": "The schedule goes on from now: occurrences that passed meanwhile are skipped (not charged late).",
-    "cancel": "No further charge is made. Charges already made are not refunded; the record and history are kept.",
+    "resume": "The schedule goes on from now: occurrences that passed meanwhile are skipped (not charged late). "
+    "An occurrence whose charge failed for a reason other than a decline (nothing was charged) is charged again now.",
+    "cancel": "No further charge is started. Charges already sent finish and are still counted and told; charges "
+    "made are not refunded; the record and history are kept.",
     "amount": "From the next occurrence on, each MIT charge at the gateway is for the new amount; earlier charges stay.",
     "resolve": "The flow of this occurrence expired before the schedule read its outcome: look its order up at the "
     "gateway and say what it shows. Nothing is sent to the gateway. Charged: counted as a charge. Not charged: "
@@ -161,7 +163,8 @@ def schedule_router(console: Console, schedules: Schedules) -> APIRouter:
         }
         if action not in run:
             return console.refuse(request, session, 404, "No such action", f"no action {action!r}")
-        if action == "amount" and not amount_text.isdigit():
+        # ASCII digits only: str.isdigit also takes superscripts ("²"), which int() then refuses (a 500, before).
+        if action == "amount" and not (amount_text.isascii() and amount_text.isdigit()):
             return console.refuse(request, session, 422, "Amount", "amount: a whole number of minor units (1500 = 15.00)")
         try:
             run[action]()
