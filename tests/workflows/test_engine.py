@@ -104,7 +104,9 @@ def test_an_ambiguous_failure_reconciles_before_the_resend(make_engine: Any, clo
 
 
 def test_retry_safe_operations_resend_without_reconciling(make_engine: Any, clock: ManualClock) -> None:
-    step = ScriptedStep("mit", outcomes=[Retry(1.0, {"type": "GatewayTimeout"}, reconcile=True)], op=Catalogue.modify_paybylink_v3)
+    step = ScriptedStep(
+        "mit", outcomes=[Retry(1.0, {"type": "GatewayTimeout"}, reconcile=True)], op=Catalogue.modify_paybylink_v3
+    )
     engine, _ = make_engine(flow(step))
     record = engine.start("demo", {"amount": 5})
     engine.run_step(record.id, "mit")
