@@ -183,10 +183,11 @@ def settle(
       it only reads.
     * A wait for a customer (``settle_wait``): on a cancel it first closes what the customer could pay
       on (a link, a form), then reads what they did (``workflows.flows.waits``).
-    * The money step itself reads the gateway back (its ``adopt``: the order, the operation, the form's
-      state); a call keyed by an ``Idempotency-Key`` is asked again with that key, which the gateway
-      answers with what it did (and, had the first never arrived, does now: a cancel cannot stop a call
-      already sent).
+    * The money step itself, or the step that opens a page, link or form, reads the gateway back (its
+      ``adopt``: the order, the operation, the form's state, the link; an opened instrument found is
+      then closed by the wait that follows); a keyed call with no read of its own is asked again with its
+      ``Idempotency-Key``, which the gateway answers with what it did (and, had the first never arrived,
+      does now: a cancel cannot stop a call already sent).
     * "Never acted" is believed only once the call can no longer arrive: a request whose client gave up
       may still be queued at the gateway and act later (``late_seconds`` after it was sent). Before then
       the read is made again at that time."""
@@ -208,7 +209,7 @@ def settle(
             f"{ctx.step}: money may be in flight ({unsettled.get('op')}) and this step cannot read it",
             {"type": "MoneyInFlight", "unsettled": dict(unsettled)},
         )
-    if not op.moves_money:
+    if not op.moves_money and not op.notifies:
         read = run_step(step, ctx, must_reconcile=False, resend=False)
         if isinstance(read, Finish) and not read.succeeded and not read.output:
             # The read itself failed (refused, or its attempts used up): not the gateway's word on the

@@ -3,10 +3,11 @@
 One record field, ``unsettled`` (JSON ``{step, op, t, operationId?}``), is the one home of "may money be
 moving at the gateway for this flow" (docs/durability.md, "Money in flight"):
 
-* **set** by ``claim.lua`` when a step whose operation moves money (the catalogue's ``moves_money``) is
-  claimed to call: from that moment the call may reach the gateway; and by the completion of a step
-  whose answer opens something the customer pays on (a hosted page, a link, a form: ``notifies``,
-  marked ``open``): from then on the customer may pay (``workflows.flows.waits``);
+* **set** by ``claim.lua`` when a step whose operation moves money (the catalogue's ``moves_money``) or
+  opens something the customer pays on (a hosted page, a link, a form: ``notifies``) is claimed to
+  call: from that moment the call may reach the gateway (a link whose create answer was lost is open at
+  the gateway all the same); and by the completion of an opening step's answer, marked ``open``: from
+  then on the customer may pay (``workflows.flows.waits``);
 * **kept, and told the operation**, by a completion whose answer names an operation that is not final
   yet (a payment answered ``PENDING``; a refund, capture or cancel, answered only with its id): the
   flow's read step reads that operation;
@@ -38,10 +39,10 @@ SETTLED: dict[str, str | None] = {"unsettled": None, "maybe_sent": None, "ending
 
 
 def money_operation(step: Step) -> str:
-    """The gateway operation ``step`` calls when it moves money ("" for any other step): what its claim
-    marks as unsettled."""
+    """The gateway operation ``step`` calls when it moves money or opens what a customer pays on ("" for
+    any other step): what its claim marks as unsettled."""
     op = step.operation
-    return op.name if op is not None and op.moves_money else ""
+    return op.name if op is not None and (op.moves_money or op.notifies) else ""
 
 
 def opens(step: Step) -> bool:
@@ -78,14 +79,12 @@ def _keep(step: Step, record: FlowRecord, outcome: Outcome) -> dict[str, str | N
 
 def _money(step: Step, record: FlowRecord, outcome: Outcome) -> dict[str, str | None]:
     unsettled = record.unsettled
+    if isinstance(outcome, Advance) and opens(step) and (unsettled is None or _own_call(step, unsettled)):
+        # The customer may pay from now on: the wait ends only on the gateway's word (CLOSED, or a
+        # final payment), and a cancel closes it first.
+        op = step.operation
+        return {"unsettled": compact_json({"step": step.name, "op": op.name if op else "", "t": record.updated, "open": True})}
     if unsettled is None:
-        if isinstance(outcome, Advance) and opens(step):
-            # The customer may pay from now on: the wait ends only on the gateway's word (CLOSED, or a
-            # final payment), and a cancel closes it first.
-            op = step.operation
-            return {
-                "unsettled": compact_json({"step": step.name, "op": op.name if op else "", "t": record.updated, "open": True})
-            }
         return {}
     if isinstance(outcome, Finish) and outcome.output and outcome.output.get(CLOSED):
         return dict(SETTLED)  # the gateway says the customer can no longer pay (link expired, form over)

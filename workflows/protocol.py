@@ -427,6 +427,11 @@ class StepProtocol:
         elif isinstance(outcome, Wait):
             wait = {"signals": list(outcome.signals), "deadline": outcome.deadline, "step": step.name}
             done |= {"wait": compact_json(wait), "attempt": "0", "reconcile": None}
+            if ctx.consumed:
+                # Woken by a signal it took (a customer's notification, a merchant's signal): progress made,
+                # not a loop, so its runs count afresh (``claim.lua``'s bound is for a step that never moves
+                # on; a replayed notification must not stop a flow that waits for its customer).
+                done["runs"] = None
             change = Change(
                 FlowState.WAITING,
                 outcome.note or f"{step.name} waits",

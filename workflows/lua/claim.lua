@@ -2,7 +2,8 @@
 -- prepended: the states and their moves).
 -- KEYS: flow, log, due, then the state indexes ready, retrying, waiting, sleeping, running.
 -- ARGV: 1 flow id, 2 step, 3 now, 4 lease until, 5 owner, 6 max attempts, 7 max runs of one step,
---       8 the gateway operations that a step of this name calls when it moves money, by flow kind
+--       8 the gateway operations that a step of this name calls when it moves money or opens what a
+--         customer pays on (workflows/inflight.money_operation), by flow kind
 --       (JSON object kind -> operation; "" when no kind has such a step of this name).
 -- Returns {reason} when the step is not claimed: missing, not-current, leased, stopped, early;
 -- {'ok', previous state, field, value, ...} with the record as written by the claim; or, without
@@ -10,7 +11,7 @@
 -- times, and {'looping', ...} for a step claimed max-runs times without moving on (the backstop under
 -- every loop: polls, waits woken again and again, retries that reset): the caller ends the flow with a
 -- compare-and-set (transition.lua), which also scrubs the card data.
--- Money in flight: the claim of a step that moves money records it as ``unsettled`` (JSON {step, op, t})
+-- Money in flight: the claim of a step that moves money (or opens a page, link or form) records it as ``unsettled`` (JSON {step, op, t})
 -- before any call can be made, unless the flow is only to read what an earlier try did (a cancel
 -- requested, or an end owed once the gateway is read: ``ending``); only a gateway read, written by the
 -- step's completion, settles it, and transition.lua lets no flow end cancelled or failed before.
