@@ -18,7 +18,8 @@ everything it reads is treated as hostile until the token matches:
    most ``DURAPAY_RECEIVER__UNKNOWN_ORDER_EVENTS_PER_MINUTE``, the rest counted
    ``unknown_order_capped``), so that a payment on an order durapay forgot is found. That work is done
    after the answer is sent (:attr:`Receipt.after`, run by the HTTP route once the 401 is out), so the
-   answer and its timing stay those of a bad token.
+   answer and its timing stay those of a bad token. An *authentic* notification that reaches no flow
+   (its order lookup outlived the flow's record, or names none) is acknowledged, and told the same way.
 4. **Once**: the event id (``eventId``, or a digest of the body when the gateway sent none) is
    claimed with ``SET NX`` and a TTL (``DURAPAY_RECEIVER__EVENT_TTL_SECONDS``). A repeated event is
    acknowledged with 200 and nothing else. A claim left ``pending`` by a receiver that died before
@@ -232,7 +233,7 @@ class NotificationReceiver:
         if flow_id is None:
             self.count("unrouted")
             log.warning("authentic notification %s for order %s has no flow; acknowledged", event_id, order_id)
-            return Receipt(200, OK)
+            return Receipt(200, OK, after=lambda: self.unknown_order(order_id, claims(notification.operation)))
         return self._once(event_id, flow_id, notification, data)
 
     def _unknown(self, notification: Notification, order_id: str) -> Receipt:
@@ -250,13 +251,13 @@ class NotificationReceiver:
         )
         return Receipt(REFUSED_STATUS, REFUSED, after=lambda: self.unknown_order(order_id, claimed))
 
-    def unknown_order(self, order_id: str, claimed: dict[str, str | None]) -> None:
+    def unknown_order(self, order_id: str, claimed: dict[str, str | None], *, verified: bool = False) -> None:
         """Tell the merchant of a notification for ``order_id`` that no flow holds (``notification.unknown_order``,
         bounded: see ``workflows.unknown_orders``) and count it. Never raises: it runs after the answer."""
         announced = None
         if self.engine.settings.events.enabled:
             try:
-                announced = self.unknown_orders.announce(order_id, claimed)
+                announced = self.unknown_orders.announce(order_id, claimed, verified=verified)
             except Exception as exc:  # noqa: BLE001 - a cluster client raises its own; the count still runs
                 log.warning("notification.unknown_order for order %r not written: %s", bounded(order_id), exc)
         self.count("unknown_order")
@@ -303,6 +304,10 @@ class NotificationReceiver:
         pipe.command("INCRBY", counter_key(self.engine, "accepted"), 1)
         pipe.execute()
         log.info("notification %s for flow %s: %s", event_id, flow_id, result)
+        if result == "missing":
+            # Its order lookup outlived the flow's record: money no flow shows, told like an unknown order.
+            order_id = str(verified.orderId)
+            return Receipt(200, OK, after=lambda: self.unknown_order(order_id, claims(verified), verified=True))
         return Receipt(200, OK)
 
     def read_back(self, notified: Operation) -> Operation:

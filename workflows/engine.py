@@ -416,7 +416,9 @@ class Engine:
         until = keep_until(dict(output))
         if until is not None:
             now = self.clock.now()
-            self.store.keep_longer(holder, until - now)
+            # The record as long as its lookups (the retention from now at least, as OrderIndex.expire
+            # gives them): a lookup that outlived its record would route a payment to no flow.
+            self.store.keep_longer(holder, max(self.store.retention_seconds, until - now))
             self.orders.expire(record.orders, keep_until=until, now=now)
 
     def cancel(self, flow_id: str, reason: str = "cancelled", *, by: str = "api") -> FlowRecord:

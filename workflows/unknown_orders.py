@@ -91,9 +91,11 @@ class UnknownOrders:
         """The key counting this minute's events (every order's)."""
         return self.keys.counter(f"unknown_order_events:{int(now // 60)}")
 
-    def announce(self, order_id: str, claimed: Mapping[str, str | None]) -> Announced:
+    def announce(self, order_id: str, claimed: Mapping[str, str | None], *, verified: bool = False) -> Announced:
         """Write the event of a notification for ``order_id``, unless one was written for it within the
-        hour (``repeat``) or the minute's cap is reached (``capped``). Raises RedisError."""
+        hour (``repeat``) or the minute's cap is reached (``capped``). ``verified``: its token matched and
+        the gateway has the operation (an order lookup that outlived its flow): the operation id is then
+        the gateway's. Raises RedisError."""
         mark = mark_key(self.keys, order_id)
         if self.redis.exists(mark):
             return "repeat"  # before the cap: a repeat takes no share of it
@@ -109,8 +111,9 @@ class UnknownOrders:
             "type": TYPE,
             "time": now,
             "orderId": bounded(order_id),
-            "operationId": None,  # nothing vouches for the claimed one: it is in data.claimed
-            "data": {"verified": False, "claimed": dict(claimed)},
+            # Unverified, nothing vouches for the claimed id: it is only in data.claimed.
+            "operationId": claimed.get("operationId") if verified else None,
+            "data": {"verified": verified, "claimed": dict(claimed)},
         }
         stream = self.keys.events(self.keys.partition(order_id))
         written = self._announce(keys=[mark, stream], args=[ONCE_SECONDS, json.dumps(event, separators=(",", ":"))])

@@ -479,3 +479,21 @@ def test_a_payment_notified_after_the_flow_failed_is_not_dropped(served: Served,
     assert served.counter("late_payment") == 1
     assert post(served, body).status_code == 200
     assert served.counter("late_payment") == 1, "a repeated event is not counted twice"
+
+
+def test_an_authentic_notification_whose_flow_record_is_gone_is_told_not_dropped(served: Served, sim: SimulatorServer) -> None:
+    """A review of issues 21 and 22: an order lookup can outlive its flow's record (a renewal kept the
+    lookups longer than the record); a verified notification for it was answered 200 and dropped, counted
+    only ``accepted``: money at the gateway in no flow, silently. It is told like an unknown order
+    (``notification.unknown_order``, now ``verified``) and counted ``unknown_order``."""
+    from tests.waiting import wait_until
+    from workflows.unknown_orders import TYPE
+
+    flow_id = page_flow(served.engine, "ord-record-gone")
+    served.engine.redis.delete(served.engine.keys.flow(flow_id))  # the record expired before its lookups
+    body = pay(sim, "ord-record-gone")
+    assert post(served, body).status_code == 200
+    wait_until(lambda: served.counter("unknown_order") == 1, 10, "the notification counted as an unknown order")
+    (event,) = [event.wire() for event, _ in served.engine.events(types=[TYPE])]
+    assert event["orderId"] == "ord-record-gone"
+    assert event["data"]["verified"] is True and event["operationId"] == body["operation"]["operationId"]
