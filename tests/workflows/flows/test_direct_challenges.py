@@ -169,7 +169,7 @@ def test_an_operation_found_validated_at_the_challenge_deadline_is_not_paid_with
     operation THREEDS_VALIDATED (validated outside this flow: here the test calls the gateway itself).
     Before, the flow skipped its validation and paid without ``threeDSAuthData``; now it stops for a
     person."""
-    started = rig.start("ch-deadline-validated")
+    started = rig.start("ch-dl-validated")
     waiting = rig.step_until(started.id, {FlowState.WAITING})
     operation_id = waiting.outputs["init"]["operation"]["operationId"]
     with GatewayClient(rig.engine.settings.gateway) as outside:
@@ -203,7 +203,7 @@ def test_a_failed_challenge_flow_is_never_restarted_so_no_second_challenge_takes
     result came and the issuer refused the customer. The customer's result arriving after that (late, or
     posted again) is not kept, and the operator's retry is refused (card erased): no new order, no new
     challenge, nothing that could take the stale result."""
-    started = rig.start(f"ch-stale-{ending}")
+    started = rig.start(f"ch-st-{ending}")
     waiting = rig.step_until(started.id, {FlowState.WAITING})
     init = waiting.outputs["init"]
     if ending == "expired":
