@@ -210,7 +210,9 @@ from gateway._money import (
     to_minor,
 )
 from gateway._notification import (
+    PAYMENT_TYPES,
     Notification,
+    customer_operation,
     customer_payment,
     parse_notification,
     reported_payment,
@@ -241,6 +243,7 @@ __all__ = [
     "MAJOR_DIGITS",
     "MAX_IDEMPOTENCY_KEY",
     "PASS_THROUGH",
+    "PAYMENT_TYPES",
     "RESPONSE_CODES",
     "RESPONSE_CODE_FIELD",
     "SOFT_DECLINE_CODES",
@@ -413,6 +416,7 @@ __all__ = [
     "check_amount",
     "check_idempotency_key",
     "closest",
+    "customer_operation",
     "customer_payment",
     "decline_kind",
     "describe_validation_error",

@@ -106,11 +106,16 @@ def customer_payment(body: Mapping[str, Any]) -> dict[str, Any] | None:
     apart; docs/gateway.md)."""
     paid = reported_payment(body)
     operation = body.get("operation")
-    if paid is None or not isinstance(operation, Mapping):
-        return None
-    kind = str(operation.get("operationType") or "")
-    if kind and kind not in PAYMENT_TYPES:
-        return None
-    if operation.get("channel") == "BACKOFFICE" or operation.get("parentOperationId"):
+    if paid is None or not isinstance(operation, Mapping) or not customer_operation(operation):
         return None
     return paid
+
+
+def customer_operation(operation: Mapping[str, Any]) -> bool:
+    """Whether ``operation`` (as the gateway writes it) is one a customer made paying (a payment type, not
+    the merchant's back office on the order: see :func:`customer_payment`). The one rule for "a customer's
+    payment on a page", used by notifications and by the reads of a page's order alike."""
+    kind = str(operation.get("operationType") or "")
+    if kind and kind not in PAYMENT_TYPES:
+        return False
+    return operation.get("channel") != "BACKOFFICE" and not operation.get("parentOperationId")

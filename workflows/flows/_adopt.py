@@ -31,6 +31,10 @@ from gateway import (
     Operation,
     OperationResult,
     OperationType,
+    customer_operation,
+)
+from gateway import (
+    PAYMENT_TYPES as PAYMENT_TYPE_NAMES,
 )
 from tasks.outcomes import Advance, Attention, Finish, NewOrder, Outcome, Poll
 from tasks.runner import NOT_COMMITTED, UNCLEAR, ReconcileResult, StepContext
@@ -38,7 +42,7 @@ from workflows.flows._common import judge_operation, operation_of, read_order
 from workflows.sensitive import mask_pan
 
 #: Operations that take (or verify) the customer's money: what a payment step makes.
-PAYMENT_TYPES = frozenset({OperationType.AUTHORIZATION, OperationType.CAPTURE, OperationType.CARD_VERIFICATION})
+PAYMENT_TYPES = frozenset(OperationType(name) for name in PAYMENT_TYPE_NAMES)
 #: Results of a payment that succeeded and was reversed afterwards (a void of an authorization).
 REVERSED = frozenset({"VOIDED"})
 #: Results of a 3-step operation before its payment: nothing charged on it yet.
@@ -106,8 +110,9 @@ def own_payment(operations: Sequence[Operation]) -> Operation | None:
 
 def page_payment(operations: Sequence[Operation]) -> Operation | None:
     """The outcome of a customer's page (hosted page, link, form) from its order's operations: its first
-    successful payment, else its last failed one (a customer may be declined, then pay), else None."""
-    payments = [op for op in operations if op.operationType in PAYMENT_TYPES]
+    successful payment, else its last failed one (a customer may be declined, then pay), else None. Only
+    the customer's own: a back-office capture of it is not a second payment (``customer_operation``)."""
+    payments = [op for op in operations if op.operationType in PAYMENT_TYPES and customer_operation(op.wire())]
     for operation in payments:
         if operation.operationResult in SUCCESS_RESULTS:
             return operation
