@@ -30,6 +30,7 @@ from typing import Any
 from service.chaos.workload import Planned
 from workflows.engine import Engine, NotFound
 from workflows.events import Cursor, EventFeed
+from workflows.schedules import order_parts
 from workflows.states import STOPPED, FlowState
 from workflows.store import FlowRecord
 
@@ -193,9 +194,9 @@ def reconcile_schedule(engine: Engine, ledger: Ledger, schedule_id: str, finding
     """Each occurrence of the schedule charged at most once, and each charge shown by its flow."""
     occurrences: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for order, ops in ledger.by_order.items():
-        if order.startswith(f"{schedule_id}-"):
-            occurrence = order[len(schedule_id) + 1 :].split("-")[0]
-            occurrences[occurrence].extend(op for op in ledger.charges([order]) if op in ops)
+        parts = order_parts(order)  # (schedule, occurrence, attempt) of a schedule's charge
+        if parts is not None and parts[0] == schedule_id:
+            occurrences[str(parts[1])].extend(op for op in ledger.charges([order]) if op in ops)
     for occurrence, charges in sorted(occurrences.items()):
         label = f"schedule {schedule_id} occurrence {occurrence}"
         if len(charges) > 1:

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import json
 import random
-import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -53,8 +52,6 @@ from workflows.store import FlowRecord
 
 #: Whether a step's task writes at the gateway (its claim is then made durable), as the Celery task says.
 MONEY = {op.task_name: op.method == "POST" for op in CATALOGUE}
-#: A schedule's charge: ``<schedule>-<occurrence>``, its dunning retries ``...-r<attempt>``.
-OCCURRENCE = re.compile(r"(s[0-9a-f]{12}-\d+)(-r\d+)?")
 #: A move of time this long ages what Redis keeps with a TTL (``FlowWorld.age_redis``).
 AGES_REDIS = 86400.0
 LIVE = {FlowState.READY, FlowState.RETRYING, FlowState.WAITING, FlowState.SLEEPING, FlowState.RUNNING}

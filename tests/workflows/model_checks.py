@@ -22,19 +22,17 @@ From the project's design (docs/durability.md, "Money in flight" and "Money repo
 from __future__ import annotations
 
 import json
-import re
 from collections import Counter
 from typing import TYPE_CHECKING, Any
 
 from tests.workflows.model_kinds import OWN_CALLS, ModelFlow
+from workflows.schedules import order_parts
 from workflows.states import STOPPED, FlowState
 
 if TYPE_CHECKING:
     from tests.workflows.flow_model import FlowWorld
 
 LIVE = {FlowState.READY, FlowState.RETRYING, FlowState.WAITING, FlowState.SLEEPING, FlowState.RUNNING}
-#: A schedule's charge: ``<schedule>-<occurrence>``, its dunning retries ``...-r<attempt>``.
-OCCURRENCE = re.compile(r"(s[0-9a-f]{12}-\d+)(-r\d+)?")
 TOLD = (FlowState.SUCCEEDED, FlowState.FAILED, FlowState.CANCELLED, FlowState.NEEDS_ATTENTION)
 
 
@@ -69,9 +67,9 @@ def check_always(world: FlowWorld) -> None:
                 )
     occurrences: dict[str, list[str]] = {}
     for op in world.money():
-        found = OCCURRENCE.fullmatch(op["orderId"])
+        found = order_parts(str(op["orderId"]))  # (schedule, occurrence, attempt) of a schedule's charge
         if found and not op.get("parentOperationId"):
-            occurrences.setdefault(found.group(1), []).append(op["orderId"])
+            occurrences.setdefault(f"{found[0]}#{found[1]}", []).append(op["orderId"])
     for occurrence, orders in occurrences.items():
         assert len(orders) <= 1, f"schedule occurrence {occurrence} charged {len(orders)} times: {orders}"
 
