@@ -42,8 +42,8 @@ class SimulatorConfig:
     sweep_interval_seconds: float = 0.5
     #: The longest ``orderId`` a request creating an order may carry (PS0026 on ``order.orderId`` beyond
     #: it). Public sources say 18 (two client libraries written for the live gateway) or 27 (another
-    #: document): docs/gateway.md. 27 until durapay derives every id within 18.
-    order_id_max_length: int = LONGEST_PUBLISHED_ORDER_ID
+    #: document): docs/gateway.md. 18, as durapay's DURAPAY_GATEWAY__ORDER_ID_MAX_LENGTH: the stricter.
+    order_id_max_length: int = 18
 
     def __post_init__(self) -> None:
         problems = []

@@ -110,9 +110,11 @@ def test_an_order_id_longer_than_the_setting_is_refused_naming_order_id(limited:
     assert limited.state.order(fits) is not None
 
 
-def test_the_default_is_27_for_now() -> None:
-    """durapay's derived ids are being moved within 18; the default follows when they are (issue 23)."""
-    assert SimulatorConfig().order_id_max_length == 27
+def test_the_default_is_durapays_18() -> None:
+    """The simulator enforces what durapay derives within (``DURAPAY_GATEWAY__ORDER_ID_MAX_LENGTH``)."""
+    from config import load_settings
+
+    assert SimulatorConfig().order_id_max_length == 18 == load_settings().gateway.order_id_max_length
 
 
 @pytest.mark.parametrize("value", [0, 28])
