@@ -54,13 +54,13 @@ def parse_sentinel_url(url: str) -> SentinelTarget:
     sentinels = []
     for item in where[2].split(","):
         host, _, port = item.strip().rpartition(":")
-        if not host or not port.isdigit():
+        if not host or not (port.isascii() and port.isdigit()):
             raise ValueError(f"sentinel address {item!r} must be host:port")
         sentinels.append((host, int(port)))
     path = [piece for piece in parts.path.split("/") if piece]
     if not path:
         raise ValueError("name the master after the addresses: redis+sentinel://host:port/<master>")
-    if len(path) > 2 or (len(path) == 2 and not path[1].isdigit()):
+    if len(path) > 2 or (len(path) == 2 and not (path[1].isascii() and path[1].isdigit())):
         raise ValueError("the path is /<master>[/<db number>]")
     return SentinelTarget(tuple(sentinels), path[0], int(path[1]) if len(path) == 2 else 0, password or None)
 

@@ -68,7 +68,7 @@ class _TooLarge(Exception):
 async def read_bounded(request: Request, limit: int) -> bytes:
     """The body, or _TooLarge as soon as it is known to exceed ``limit`` bytes."""
     declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
+    if declared is not None and (declared.isascii() and declared.isdigit()) and int(declared) > limit:
         raise _TooLarge
     chunks: list[bytes] = []
     size = 0

@@ -64,7 +64,7 @@ class ControlGate:
             reason = "this key is read-only (DURAPAY_API__KEYS): it may look, not act; use an operator key"
             await _refusal(403, "forbidden", reason, close=pending)(scope, receive, send)
             return
-        if declared is not None and declared.isdigit() and int(declared) > self.limit:
+        if declared is not None and (declared.isascii() and declared.isdigit()) and int(declared) > self.limit:
             await self._too_large(scope, receive, send)
             return
         body = bytearray()

@@ -84,7 +84,7 @@ def outcome_from_token(token: str) -> Outcome:
         return _SPECIAL_TOKENS[token]
     if token == APPROVED:
         return OUTCOME_APPROVED
-    if token in RESPONSE_CODES or (len(token) == 3 and token.isdigit()):
+    if token in RESPONSE_CODES or (len(token) == 3 and (token.isascii() and token.isdigit())):
         return Outcome(OperationResult.DECLINED, token)
     raise ValueError(f"unknown outcome {token!r}: use an ISO response code, DENIED_BY_RISK, THREEDS_FAILED or FAILED")
 

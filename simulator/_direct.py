@@ -208,7 +208,7 @@ def wallet_pay(sim: Simulator, call: Call) -> Reply:
         check_session(body.order, session)
         check_recurrence(sim, session.recurrence, "paymentSession.recurrence")
     hint, pan = data.get("outcome"), data.get("pan")
-    if pan is not None and not (isinstance(pan, str) and pan.isdigit() and 13 <= len(pan) <= 19):
+    if pan is not None and not (isinstance(pan, str) and (pan.isascii() and pan.isdigit()) and 13 <= len(pan) <= 19):
         raise SimError.invalid("walletPaymentData.pan", "must be 13 to 19 digits")
     try:
         outcome = outcome_from_token(str(hint)) if hint is not None else None

@@ -74,9 +74,9 @@ def with_query(url: str, **params: str) -> str:
 def card_fields(fields: dict[str, str]) -> tuple[str, str]:
     pan = fields.get("pan", "").replace(" ", "")
     expiry = fields.get("expiryDate", "") or "1230"
-    if not (pan.isdigit() and 13 <= len(pan) <= 19):
+    if not ((pan.isascii() and pan.isdigit()) and 13 <= len(pan) <= 19):
         raise SimError(400, None, "the card number must be 13 to 19 digits")
-    if not (len(expiry) == 4 and expiry.isdigit() and 1 <= int(expiry[:2]) <= 12):
+    if not (len(expiry) == 4 and (expiry.isascii() and expiry.isdigit()) and 1 <= int(expiry[:2]) <= 12):
         raise SimError(400, None, "the expiry date must be MMYY")
     return pan, expiry
 

@@ -127,6 +127,6 @@ def parse_minor(value: str | None, field_name: str) -> int | None:
     """A query amount (digits, minor units), or a PS0026 naming the field."""
     if value is None:
         return None
-    if not value.isdigit():
+    if not (value.isascii() and value.isdigit()):
         raise SimError.invalid(field_name, "must be a string of digits in minor units")
     return int(value)

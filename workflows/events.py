@@ -120,7 +120,13 @@ class Cursor:
         for part in text.split("."):
             stream, sep, entry = part.partition("=")
             millis, dash, seq = entry.partition("-")
-            if not sep or not stream or not dash or not millis.isdigit() or not seq.isdigit():
+            if (
+                not sep
+                or not stream
+                or not dash
+                or not (millis.isascii() and millis.isdigit())
+                or not (seq.isascii() and seq.isdigit())
+            ):
                 raise ValueError(f"{part!r} is not a stream position (expected like p0=1795398043974-0)")
             positions[stream] = entry
         return cls(positions)

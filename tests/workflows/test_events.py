@@ -140,6 +140,9 @@ def test_events_carry_no_card_data(make_engine: Any) -> None:
 def test_a_bad_cursor_is_refused_naming_the_part() -> None:
     with pytest.raises(ValueError, match="p0=x"):
         Cursor.parse("p0=x")
+    for not_ascii in ("p0=\u00b2-0", "p0=1-\u0661"):  # str.isdigit takes superscripts and Arabic-Indic digits
+        with pytest.raises(ValueError, match="p0="):
+            Cursor.parse(not_ascii)
     assert Cursor.parse("p0=1-0.s2=5-1").positions == {"p0": "1-0", "s2": "5-1"}
 
 
