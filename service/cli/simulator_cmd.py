@@ -28,6 +28,9 @@ def simulator(
     auto_complete_ms: Annotated[
         int | None, typer.Option(help="Hosted pages, links and build forms complete by themselves after N ms.")
     ] = None,
+    order_id_max_length: Annotated[
+        int, typer.Option(help="The longest orderId an order may be created with (18 or 27: docs/gateway.md).")
+    ] = 18,
     state_file: Annotated[
         Path | None, typer.Option(help="Load the state from this JSON file at start; save it there while running.")
     ] = None,
@@ -46,6 +49,7 @@ def simulator(
             host=host,
             port=port,
             state_file=state_file,
+            order_id_max_length=order_id_max_length,
         )
     except ValueError as exc:
         Output(as_json).fail("invalid_input", str(exc), human=f"simulator: {exc}")
