@@ -1,9 +1,11 @@
 """The embedded payment form (build, versions 3 and 2) and its cancel: the order, a wait for the customer
-on the form, finalize (version 3) or confirm (version 2), the customer's 3DS step after a version 2
-confirm, and the outcome. Only the gateway says what was paid: ``form_completed`` from the merchant's
-page proves nothing, ``GET /build/state`` and verified notifications do. A wait on the form ends on the
-one rule of ``workflows.flows.waits``; a cancel, or durapay's own deadline on a form the customer has not
-started, closes the session (``/build/cancel``) first.
+on the form, finalize (version 3) or confirm (version 2), the customer's own step after it (version 2's
+3DS after a confirm; an APM page or a 3DS step found when a finalize is refused), and the outcome. Only
+the gateway says what was paid: ``form_completed`` from the merchant's page proves nothing,
+``GET /build/state`` and verified notifications do. A wait on the form ends on the one rule of
+``workflows.flows.waits``; a customer still at work on the form (:func:`_at_work`) keeps the flow waiting
+at whichever step finds it; a cancel, or durapay's own deadline on a form the customer has not started,
+closes the session (``/build/cancel``) first.
 """
 
 from __future__ import annotations
@@ -59,10 +61,11 @@ def _session_id(ctx: StepContext) -> str:
 
 def _form_signal(ctx: StepContext, name: str, payload: dict[str, Any]) -> Outcome:
     """``form_completed`` comes from the merchant's page and proves nothing about money: its payload is
-    dropped and the flow goes on to finalize, which asks the gateway. Only a verified notification (or
-    ``GET /build/state``) may say the payment already happened."""
+    dropped, the form's state is read, and unless the customer is still at work there (:func:`_at_work`:
+    the wait goes on) the flow goes on to finalize, which asks the gateway. Only a verified notification
+    (or ``GET /build/state``) may say the payment already happened."""
     if name == "form_completed":
-        return Advance({"formCompleted": True})
+        return _at_work(ctx, _form_state(ctx)) or Advance({"formCompleted": True})
     return notified(ctx, name, payload, _form_read)
 
 
@@ -74,8 +77,27 @@ def _form_read(ctx: StepContext, outcome: Outcome | None) -> Outcome:
 CLOSABLE = {BuildState.PAYMENT_METHOD_SELECTION, BuildState.CARD_DATA_COLLECTION, BuildState.READY_FOR_PAYMENT}
 
 #: Form states in which the customer is still at work on the gateway's side (a 3DS step, an APM page):
-#: the session is open, whatever durapay's own deadline says.
+#: the session is open, whatever durapay's own deadline says or the merchant's page signals.
 CUSTOMER_AT_WORK = {BuildState.GDI_VERIFICATION, BuildState.REDIRECTED_TO_EXTERNAL_DOMAIN}
+
+
+def _form_state(ctx: StepContext) -> BuildStateResponse:
+    return ctx.call(Catalogue.build_state, request={"sessionId": _session_id(ctx)})
+
+
+def _at_work(ctx: StepContext, state: BuildStateResponse) -> Outcome | None:
+    """The one rule for a form whose customer is still at work on it (None: they are not): the session
+    is theirs, neither durapay's to close nor a reason to fail, so the flow waits for the notification and
+    reads again at a bounded pace until the session's own end (then a person looks). The form's waits
+    apply it to every read (deadline, ``form_completed``, a notification that was not a success, a
+    cancel's read); finalize, refused or read back while the customer is at work, hands the form to the
+    ``challenge`` wait (:func:`_awaiting_customer`), which reads it by this rule."""
+    if state.state not in CUSTOMER_AT_WORK:
+        return None
+    return read_later(
+        ctx, ("notification",), _form_ends(ctx) + GRACE_SECONDS,
+        f"the customer is still at work on the form ({state.state})", {"type": "FormOpen", "state": str(state.state)},
+    )  # fmt: skip
 
 
 def _session_outcome(ctx: StepContext, *, ready: Outcome | None, close: bool = True) -> Outcome:
@@ -84,7 +106,7 @@ def _session_outcome(ctx: StepContext, *, ready: Outcome | None, close: bool = T
     a bounded pace until the session's own end), ``ready`` when it is ready for payment; else (nothing
     entered yet) the flow's own deadline closes it (``/build/cancel``) and reads again. Without
     ``close`` (a notification that was not a success) nothing is closed: the wait goes on."""
-    state = ctx.call(Catalogue.build_state, request={"sessionId": _session_id(ctx)})
+    state = _form_state(ctx)
     if state.state is BuildState.PAYMENT_COMPLETE and state.operation is not None:
         outcome = judge_operation(state.operation, {"operation": state.operation.wire(), "readAtDeadline": True})
         if isinstance(outcome, Finish) and not outcome.succeeded:
@@ -96,11 +118,9 @@ def _session_outcome(ctx: StepContext, *, ready: Outcome | None, close: bool = T
                 {"type": "PaymentPending", "operationId": state.operation.operationId, "orderId": state.operation.orderId},
             )  # fmt: skip
         return outcome
-    if state.state in CUSTOMER_AT_WORK:
-        return read_later(
-            ctx, ("notification",), _form_ends(ctx) + GRACE_SECONDS,
-            f"the customer is still at work on the form ({state.state})", {"type": "FormOpen", "state": str(state.state)},
-        )  # fmt: skip
+    at_work = _at_work(ctx, state)
+    if at_work is not None:
+        return at_work
     if state.state is BuildState.READY_FOR_PAYMENT and ready is not None:
         return ready
     if state.state not in CLOSABLE:  # a state this version does not know (or none): never closed on a guess
@@ -109,7 +129,7 @@ def _session_outcome(ctx: StepContext, *, ready: Outcome | None, close: bool = T
     if not close:
         return Wait(("form_completed", "notification"), ctx.wait_deadline or ctx.now)
     _close_form(ctx)
-    closed = ctx.call(Catalogue.build_state, request={"sessionId": _session_id(ctx)})
+    closed = _form_state(ctx)
     if closed.state is BuildState.PAYMENT_COMPLETE and closed.operation is not None:
         ended = _session_outcome(ctx, ready=ready, close=False)
         if isinstance(ended, Finish) and not ended.succeeded and ready is not None:  # durapay's deadline closed it
@@ -143,7 +163,7 @@ def _finalize_result(ctx: StepContext, answer: BuildStateResponse) -> Outcome:
     if answer.operation is not None:
         return payment_result(ctx, OperationResponse(operation=answer.operation))
     if answer.state in CUSTOMER_AT_WORK or answer.state is BuildState.READY_FOR_PAYMENT:
-        return Advance({**answer.wire(), "awaitingCustomer": True})
+        return _awaiting_customer(answer)
     return Attention(
         f"the form answered state {answer.state} without an operation, which this version does not follow",
         {"type": "UnknownFormState", "state": str(answer.state)},
@@ -153,6 +173,12 @@ def _finalize_result(ctx: StepContext, answer: BuildStateResponse) -> Outcome:
 def _needs_finalize(ctx: StepContext) -> bool:
     """Finalize unless the gateway itself (notification or state read) already reported the operation."""
     return "operation" not in ctx.output("form")
+
+
+def _awaiting_customer(state: BuildStateResponse) -> Advance:
+    """Finalize is done with a form whose next move is the customer's: the ``challenge`` wait follows it
+    (reads it by the one rule, :func:`_at_work`; closes it on a cancel). Never a failure while they may pay."""
+    return Advance({**state.wire(), "awaitingCustomer": True})
 
 
 def _awaits_customer(ctx: StepContext) -> bool:
@@ -177,13 +203,15 @@ class _Finalize(CallStep):
             # The session is this flow's own: refused because it is already paid ("session is in state
             # PAYMENT_COMPLETE"), an earlier try paid it, one whose claim Redis may have lost in a crash
             # (so no mark says so). Read the session: its payment is this flow's. Refused because the
-            # customer never got that far (a form_completed from the page that proves nothing): the flow
-            # cannot pay, so it closes the form and ends on what the gateway then shows (the one rule).
-            state = ctx.call(Catalogue.build_state, request=body)
+            # customer is at work on it (an APM page, a 3DS step; or a state this version does not
+            # follow): the form is theirs, the challenge wait follows it. Refused because the customer
+            # never got that far (a form_completed from the page that proves nothing): the flow cannot
+            # pay, so it closes the form and ends on what the gateway then shows (the one rule).
+            state = _form_state(ctx)
             if state.state is BuildState.PAYMENT_COMPLETE and state.operation is not None:
                 return _finalize_result(ctx, state)
-            if state.state in CUSTOMER_AT_WORK or state.state not in CLOSABLE:
-                raise
+            if state.state not in CLOSABLE:
+                return _awaiting_customer(state)
             ended = _session_outcome(ctx, ready=None)
             if isinstance(ended, Finish) and not ended.succeeded:
                 why = f"the gateway refused the {'confirm' if ctx.input.version == '2' else 'finalize'} ({refused})"
@@ -193,12 +221,18 @@ class _Finalize(CallStep):
 
 
 def _adopt_finalize(ctx: StepContext) -> ReconcileResult:
-    state = ctx.call(Catalogue.build_state, request={"sessionId": _session_id(ctx)})
+    """What an earlier finalize or confirm did, read back before a resend, or before a cancel or an owed
+    failure ends the flow (``tasks.runner.settle``): paid, its payment; ``READY_FOR_PAYMENT``, it never
+    acted and only durapay can pay that form (sent again, or nothing moved); any other state is the
+    customer's move (at work on an APM page or a 3DS step, a version 2 confirm's among them; or a form
+    not yet filled, where they may still choose an APM): the ``challenge`` wait follows it, closing it
+    first on a cancel (``WaitStep.close``), which a money step's read cannot do."""
+    state = _form_state(ctx)
     if state.state is BuildState.PAYMENT_COMPLETE and state.operation is not None:
         return _finalize_result(ctx, state)
-    if ctx.input.version == "2" and state.state in CUSTOMER_AT_WORK:
-        return _finalize_result(ctx, state)  # the confirm arrived: the customer is at its 3DS step
-    return NOT_COMMITTED
+    if state.state is BuildState.READY_FOR_PAYMENT:
+        return NOT_COMMITTED
+    return _awaiting_customer(state)
 
 
 #: durapay's default wait for the form, and the gateway's session life (5 minutes; docs/gateway.md).
