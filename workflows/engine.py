@@ -288,6 +288,7 @@ class Engine:
             # A time in the past would run the payment at once: the mistake of an age for a time.
             raise InputError(kind, "run_at", f"must be in the future (it is {now - run_at:.0f}s in the past)")
         wire = model.model_dump(mode="json", by_alias=True, exclude_none=True)
+        key = key or (definition.start_key(model) if definition.start_key else None)
         flow_id = derived_id("f", kind, key) if key else "f" + uuid.uuid4().hex[:24]
         order_id = definition.order_id(model) if definition.order_id else ""
         limit = self.orders.max_length

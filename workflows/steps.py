@@ -182,6 +182,9 @@ class FlowDefinition:
     #: The gateway order id is the merchant object's own (a reservation's id: the gateway makes the order
     #: with it and notifies under it), so durapay never derives another: a retry goes on on the same order.
     order_fixed: bool = False
+    #: The start key of a start that gives none: what may happen only once per merchant object (a no-show
+    #: per reservation), so that two starts of it are one flow, or a StartConflict naming the key.
+    start_key: Callable[[Any], str] | None = None
     #: A signal its success sends to the flow holding the gateway order its last output names
     #: (``orderId``): a change it made there (a renewed link) that flow must read (``Engine.tell_holder``).
     tells_holder: str | None = None

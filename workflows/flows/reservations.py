@@ -366,7 +366,9 @@ def charge_flow(kind: str, model: type[ChargeInput], description: str) -> FlowDe
         CallStep("charge", CHARGES[kind], _charge_body, result=_charged, adopt=_adopt_charge),
         read_until_final("result", "charge", note="readBack"),
     ]
-    return FlowDefinition(kind, model, tuple(steps), summarize, None, description)
+    # A no-show happens once per reservation: keyed by it, a second start is the first flow (or a conflict).
+    once = (lambda data: f"no_show:{data.reservationId}") if kind == "no_show" else None
+    return FlowDefinition(kind, model, tuple(steps), summarize, None, description, start_key=once)
 
 
 NO_SHOW = charge_flow("no_show", ChargeInput, "no-show charge: reservation checked, validation, /no_shows, result read back")

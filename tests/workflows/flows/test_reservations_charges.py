@@ -14,7 +14,7 @@ import pytest
 from gateway import Catalogue
 from simulator import SimulatorServer
 from tests.workflows.flows.session_engine import engine, step_until
-from workflows.engine import Engine
+from workflows.engine import Engine, StartConflict
 from workflows.states import FlowState
 
 __all__ = ["engine"]
@@ -102,7 +102,12 @@ def test_a_second_no_show_of_a_reservation_is_refused(engine: tuple[Engine, Simu
     data = {"reservationId": "res-twice", "amount": 5000, "currency": "EUR"}
     first = step_until(flows, flows.start("no_show", data).id, ENDED)
     assert first.state is FlowState.SUCCEEDED, first.summary()
-    second = step_until(flows, flows.start("no_show", data).id, ENDED)
+    # Keyed by the reservation when the merchant gives no key: the same start is the first flow, another a conflict.
+    assert flows.start("no_show", data).id == first.id
+    with pytest.raises(StartConflict, match="no_show:res-twice"):
+        flows.start("no_show", {**data, "amount": 4000})
+    # Under a key of the merchant's own, the reservation's read refuses it before anything is sent.
+    second = step_until(flows, flows.start("no_show", data, "merchant-key-2").id, ENDED)
     assert second.state is FlowState.FAILED, second.summary()
     assert second.error is not None and second.error["field"] == "reservationId", second.error
     assert first.outcome is not None and first.outcome["operation"]["operationId"] in second.error["reason"]
