@@ -15,6 +15,19 @@ left). The money stays shown until one of these closes it:
   in ``needs_attention``, and no keep or retry may take the payment being refunded; the refund flow's
   end closes it (:meth:`LatePayments.refund_ended`, called by the worker that ends it), and asking again
   closes it too (a worker lost in between).
+
+Two rules hold for every close:
+
+* **A close never ends a flow past money in flight.** A flow that still holds something its customer
+  can pay on (``unsettled``, ``workflows.inflight``: above all one that had moved to a new order, whose
+  new link or page is still open) is not ended by a person: the close is asked as a cancel through
+  ``transition.lua``, the one home of the rule, which makes the flow close what it holds and read the
+  gateway first (:meth:`LatePayments._write`). The late payment stays shown meanwhile; once the flow has
+  stopped again, asking again closes it.
+* **The outcome is taken only on the gateway's word.** A payment becomes the flow's outcome (a keep, or
+  an accept: ``Engine.retry``) only after a read of the gateway shows it still held
+  (:meth:`LatePayments.held`): the kept notification says what the gateway said then, and the money may
+  have gone back since (a refund flow of its own, the back office).
 """
 
 from __future__ import annotations
@@ -22,11 +35,11 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any
 
-from workflows import inflight
+from gateway import FAILURE_RESULTS, SUCCESS_RESULTS, Catalogue, GatewayError, Operation, OperationType
 from workflows.errors import OperatorError
 from workflows.keys import derived_id
-from workflows.states import FlowState
-from workflows.store import Change, FlowRecord, compact_json
+from workflows.states import TERMINAL, FlowState
+from workflows.store import Change, FlowRecord, MoneyTaken, compact_json
 
 if TYPE_CHECKING:
     from workflows.engine import Engine
@@ -37,6 +50,9 @@ log = logging.getLogger("durapay.engine")
 REFUND_KEY = "late-payment-refund:"
 #: States in which a refund flow will not refund any more.
 GAVE_UP = frozenset({FlowState.FAILED, FlowState.CANCELLED})
+#: Operations that give a payment's money back (or part of it): a refund, a void of an authorization, a
+#: cancel of a capture.
+UNDOING = frozenset({OperationType.REFUND, OperationType.VOID, OperationType.CANCEL})
 
 
 class LatePayments:
@@ -77,8 +93,7 @@ class LatePayments:
     def keep(self, flow_id: str, *, by: str = "api") -> FlowRecord:
         """The merchant keeps the reported payment (see the module docstring)."""
         record, operation_id, ended_as = self.reported(flow_id)
-        if (refund := self.refunding(flow_id, operation_id)) is not None:
-            raise OperatorError(f"flow {flow_id}: payment {operation_id} is being refunded by flow {refund.id} ({refund.state})")
+        self.accepting(flow_id, operation_id)
         if ended_as == FlowState.SUCCEEDED.value:
             return self._close(record, operation_id, {"kept": True}, by=by)
         paid = dict((record.error or {}).get("operation") or {})
@@ -111,6 +126,33 @@ class LatePayments:
         refund = self.engine.store.get(derived_id("f", "refund", refund_key(flow_id, operation_id)))
         return refund if refund is not None and refund.state not in GAVE_UP else None
 
+    def accepting(self, flow_id: str, operation_id: str) -> None:
+        """Refuse (OperatorError) to take the flow's late payment as its own (a keep, or an accept:
+        ``Engine.retry``) while a refund of it is under way, or unless the gateway shows it still held."""
+        if (refund := self.refunding(flow_id, operation_id)) is not None:
+            raise OperatorError(f"flow {flow_id}: payment {operation_id} is being refunded by flow {refund.id} ({refund.state})")
+        self.held(flow_id, operation_id)
+
+    def held(self, flow_id: str, operation_id: str) -> None:
+        """Read the gateway: the payment as it is now, and every operation of its order. Refused
+        (OperatorError, naming what the gateway shows) unless the payment is still AUTHORIZED or EXECUTED
+        and nothing on its order gives its money back (:func:`undone_by`). The record's notification is
+        the gateway's word *then*; only this read says the money is still the merchant's."""
+        client = self.engine.gateway()
+        try:
+            payment = client.call(Catalogue.get_operation, operation_id)
+            order = client.call(Catalogue.get_order, payment.orderId) if payment.orderId else None
+        except GatewayError as failed:
+            raise OperatorError(
+                f"flow {flow_id}: payment {operation_id} could not be read at the gateway ({failed}); try again"
+            ) from None
+        undone = undone_by(payment, order.operations if order is not None else [])
+        if undone:
+            raise OperatorError(
+                f"flow {flow_id}: the gateway shows payment {operation_id} {undone}: it is no longer the merchant's "
+                "money, so the flow cannot take it as its own; look at the order at the gateway"
+            )
+
     def _close_refunded(self, record: FlowRecord, operation_id: str, refund: FlowRecord, reason: str, *, by: str) -> FlowRecord:
         ended_as = str((record.error or {}).get("endedAs") or "")
         if ended_as == FlowState.SUCCEEDED.value:
@@ -119,9 +161,6 @@ class LatePayments:
         late = closed(record, operation_id, {"refund": {"flow": refund.id}})
         refunded = {"flow": refund.id, "operationId": operation_id}
         fields["outcome"] = compact_json({"reason": reason, "refund": refunded, "latePayments": late})
-        # A person ends the flow here: a page or link it still holds stays watched (its record is kept while
-        # it can be paid, and a payment on it shows as another late payment), not waited on.
-        fields |= inflight.nothing_moved() if (record.unsettled or {}).get("open") else {}
         what = f"late payment {operation_id} refunded by flow {refund.id}; cancelled: {reason}"
         return self._write(record, Change(FlowState.CANCELLED, what, fields), by=by)
 
@@ -138,11 +177,29 @@ class LatePayments:
         return self._write(record, Change(FlowState.SUCCEEDED, what + "; the flow stays its first payment's", fields), by=by)
 
     def _write(self, record: FlowRecord, change: Change, *, by: str) -> FlowRecord:
+        """Write a close that ends the flow, unless money may still move for it at the gateway
+        (``unsettled``: a link, page or form its customer can still pay on, say on the new order of a flow
+        that had moved on). Such a flow is never ended by a person past it: the close becomes a cancel
+        written through ``transition.lua`` (the one home of the rule), which makes the flow's step close
+        what it holds and read the gateway now, and end as that read says. The late payment is left as it
+        is (its error and notification), so it stays shown; asking again once the flow stopped closes it.
+        (Until the wait's read judges the flow's own order before an earlier order's payment, that read
+        stops again on this late payment with the order still marked open: tests/workflows/
+        test_late_payments.py, ``WAIT_READ``.)"""
         engine = self.engine
-        written = engine.store.transition(record, change, now=engine.clock.now(), by=by)
+        if record.unsettled and change.state in TERMINAL:
+            holds = record.unsettled.get("op") or "money in flight"
+            what = f"{change.what}: not yet, the flow still holds {holds} at the gateway (closed and read first)"
+            change = Change(FlowState.CANCELLED, what, {"outcome": compact_json({"reason": what})})
+        try:
+            written = engine.store.transition(record, change, now=engine.clock.now(), by=by)
+        except MoneyTaken as taken:
+            raise OperatorError(str(taken)) from None
         if written is None:
             raise OperatorError(f"flow {record.id} changed meanwhile; look again")
         engine.store.sync(record.id, f"late payment of flow {record.id} closed")
+        if written.state is FlowState.READY:
+            engine.protocol.send_from(written, written.step)  # the read the cancel asked for, now
         return written
 
 
@@ -151,6 +208,25 @@ def closed(record: FlowRecord, operation_id: str, how: dict[str, Any]) -> list[d
     ever closed on this flow, so that none is news again (``money.lua`` reads them)."""
     earlier = [dict(item) for item in (record.outcome or {}).get("latePayments") or [] if isinstance(item, dict)]
     return [*(item for item in earlier if str(item.get("operationId")) != operation_id), {"operationId": operation_id, **how}]
+
+
+def undone_by(payment: Operation, operations: list[Operation]) -> str:
+    """What gives ``payment``'s money back, as the gateway shows it ("" for nothing): its own result no
+    longer AUTHORIZED or EXECUTED (voided, cancelled), or a refund, void or cancel of it on its order that
+    did not fail (a PENDING one included: the money is on its way back). The gateway names no parent
+    operation (docs/gateway.md), so a refund or void on the payment's order is taken as of it; a cancel
+    names the capture it cancels."""
+    if payment.operationResult not in SUCCESS_RESULTS:
+        return f"{payment.operationResult}"
+    for operation in operations:
+        if operation.operationId == payment.operationId or operation.operationType not in UNDOING:
+            continue
+        if operation.operationResult in FAILURE_RESULTS:
+            continue
+        if operation.cancelledOperationId not in {None, payment.operationId}:
+            continue
+        return f"{operation.operationResult} by {operation.operationType} {operation.operationId}"
+    return ""
 
 
 def refund_key(flow_id: str, operation_id: str) -> str:
