@@ -292,7 +292,8 @@ class Engine:
         flow_id = derived_id("f", kind, key) if key else "f" + uuid.uuid4().hex[:24]
         order_id = definition.order_id(model) if definition.order_id else ""
         limit = self.orders.max_length
-        if len(order_id) > limit:
+        # (A merchant object's own id, ``order_fixed``, a reservation's, keeps its own published limit.)
+        if len(order_id) > limit and not definition.order_fixed:
             # The gateway would refuse it after the flow began; say so before anything is written or sent.
             raise InputError(
                 kind,

@@ -233,8 +233,8 @@ def finished(runtime: Runtime, key: str, outcome: Outcome) -> dict[str, Any]:
 )
 def test_start_wait_exits_with_the_flows_outcome(engine_side: Runtime, outcome: Outcome, state: str, status: int) -> None:
     """``start --wait`` exited 0 for failed and needs_attention flows too."""
-    data = finished(engine_side, f"wait-{state}", outcome)
-    result = invoke("start", "moto", "--key", f"wait-{state}", "--wait", "10", "--json", stdin=json.dumps(data))
+    data = finished(engine_side, f"w-{state}", outcome)
+    result = invoke("start", "moto", "--key", f"w-{state}", "--wait", "10", "--json", stdin=json.dumps(data))
     assert (result.exit_code, json.loads(result.stdout)["state"]) == (status, state), result.output
 
 
