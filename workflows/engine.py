@@ -549,13 +549,11 @@ class Engine:
 
     def _retry_takes_late_payment(self, record: FlowRecord, error: Mapping[str, Any]) -> None:
         """A retry of a ``LatePayment`` flow lets its waiting step take the payment as its outcome (only for a
-        flow that had not succeeded: ``operator_actions.refusal``), and not while a refund of it is under way."""
+        flow that had not succeeded: ``operator_actions.refusal``): not while a refund of it is under way, and
+        only once a read of the gateway shows it still held (``LatePayments.accepting``): the step takes the
+        kept notification as it came."""
         operation_id = str((error.get("operation") or {}).get("operationId") or "")
-        refund = self.late.refunding(record.id, operation_id)
-        if refund is not None:
-            raise OperatorError(
-                f"flow {record.id}: payment {operation_id} is being refunded by flow {refund.id} ({refund.state})"
-            )
+        self.late.accepting(record.id, operation_id)
 
     def wait(self, flow_id: str, timeout: float = 30.0, *, states: frozenset[FlowState] = STOPPED) -> FlowRecord:
         """Block until the flow is in one of ``states`` (finished or needing a person), or TimeoutError."""

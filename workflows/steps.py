@@ -77,6 +77,15 @@ class CallStep:
         return self.adopt(ctx)
 
 
+def _paid_elsewhere(ctx: StepContext, payload: dict[str, Any]) -> bool:
+    """A notification of a payment taken on another order than the flow's current one (an order it left):
+    the read of the flow's own order does not answer it, so it stays kept for money.lua to show."""
+    operation = payload.get("operation")
+    if not isinstance(operation, dict) or operation.get("operationResult") not in {"AUTHORIZED", "EXECUTED"}:
+        return False
+    return bool(operation.get("orderId")) and operation.get("orderId") != ctx.order_id
+
+
 SignalHandler = Callable[[StepContext, str, dict[str, Any]], Outcome]
 
 
@@ -117,8 +126,8 @@ class WaitStep(_LocalStep):
         """The flow is to end (a cancel, or a failure owed) while its customer may still pay: on a cancel
         close what the gateway lets the merchant close, then read. None: the gateway shows no payment and
         nothing left to wait for (the end may be taken); else what it shows (paid, PENDING, still open)."""
-        for signal_field, name, _ in ctx.signals:
-            if name in self.signals:
+        for signal_field, name, payload in ctx.signals:
+            if name in self.signals and not _paid_elsewhere(ctx, payload):
                 ctx.consume(signal_field)  # the read below tells what they would: they are answered by it
         if cancelling and self.close is not None:
             self.close(ctx)

@@ -12,7 +12,7 @@ from typing import Any
 
 from pydantic import Field
 
-from gateway import Catalogue, GatewayModel, GatewayOperation
+from gateway import Catalogue, GatewayModel, GatewayOperation, Operation
 from tasks.outcomes import Advance, Finish, Outcome
 from tasks.runner import NOT_COMMITTED, ReconcileResult, StepContext
 from workflows.steps import FlowDefinition, WaitStep
@@ -23,6 +23,18 @@ T0 = 1_800_000_000.0
 class DemoInput(GatewayModel):
     amount: int = Field(ge=1)
     sleepUntil: float | None = None
+
+
+class HeldGateway:
+    """A gateway client that shows every payment still held: what an operator's accept of a late payment
+    reads first (``LatePayments.held``) in tests whose steps are scripted."""
+
+    def call(self, op: GatewayOperation[Any], *path: str, **_: Any) -> Any:
+        assert op is Catalogue.get_operation, f"only the accept's read is answered here, not {op.name}"
+        return Operation(operationId=path[0], operationResult="AUTHORIZED")
+
+    def close(self) -> None:
+        pass
 
 
 @dataclass

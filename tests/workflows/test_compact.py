@@ -8,7 +8,7 @@ import pytest
 
 from gateway import GatewayModel
 from tasks.outcomes import Advance
-from tests.workflows.engine_support import DemoInput, ScriptedStep, flow, wait_step
+from tests.workflows.engine_support import DemoInput, HeldGateway, ScriptedStep, flow, wait_step
 from workflows.clock import ManualClock
 from workflows.compact import DICTIONARY_VERSION, Compactor, pack, unpack
 from workflows.flows._common import summarize
@@ -62,7 +62,7 @@ def test_a_packed_record_is_a_compact_listpack_even_when_it_was_not(make_engine:
 def test_a_packed_flow_still_accounts_for_money_and_can_be_retried(make_engine: Any, clock: ManualClock) -> None:
     """A payment reported after the flow failed and was packed: needs a person; the operator's retry
     unpacks it and the step takes the payment."""
-    engine, _ = make_engine(FlowDefinition("demo", DemoInput, (wait_step(),), summarize))
+    engine, _ = make_engine(FlowDefinition("demo", DemoInput, (wait_step(),), summarize), client_factory=HeldGateway)
     record = engine.start("demo", {"amount": 5})
     engine.run_step(record.id, "customer")
     clock.advance(101)
@@ -116,7 +116,7 @@ def test_every_script_answers_a_packed_record_as_it_answers_the_record_unpacked(
     )
     steps = (wait_step(), later)  # a signal for the step after the wait is kept: the flow fails before it
     definition = FlowDefinition("demo", _Ordered, steps, summarize, order_id=lambda data: data.orderId)
-    engine, _ = make_engine(definition)
+    engine, _ = make_engine(definition, client_factory=HeldGateway)
     flows = []
     for name in ("packed", "plain"):
         record = engine.start("demo", {"orderId": f"ord-{name}", "amount": 5}, key=name)
@@ -172,7 +172,7 @@ def test_a_flow_that_finished_again_while_a_pass_read_it_is_packed_by_the_next(
     set, or it is never packed and its order lookups never expire."""
     import workflows.compact as compact_module
 
-    engine, _ = make_engine(FlowDefinition("demo", DemoInput, (wait_step(),), summarize))
+    engine, _ = make_engine(FlowDefinition("demo", DemoInput, (wait_step(),), summarize), client_factory=HeldGateway)
     record = engine.start("demo", {"amount": 5})
     engine.run_step(record.id, "customer")
     clock.advance(101)

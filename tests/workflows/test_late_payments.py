@@ -49,11 +49,6 @@ def world(model_parts: tuple[SimulatorServer, AofTail]) -> Iterator[FlowWorld]:
 #: Why some closes of a payment on an order the flow left cannot complete yet: a close of a flow that still
 #: holds money in flight is a cancel through transition.lua (``LatePayments._write``), and the read that
 #: follows must then judge the flow's own order and leave the kept payment to money.lua.
-WAIT_READ = (
-    "the wait's read (workflows/flows/sessions.py, _read_order_at_deadline) reports the payment on the order the "
-    "flow left before it judges the flow's own order, so the flow's read after its link is closed stops again "
-    "with unsettled still open; the change it needs is in the report of this commit"
-)
 
 
 def run_all(world: FlowWorld) -> None:
@@ -113,7 +108,6 @@ def test_a_cancel_never_hides_a_payment_on_an_earlier_order(world: FlowWorld) ->
     world.check_settled()
 
 
-@pytest.mark.xfail(reason=WAIT_READ, strict=True)
 def test_accepting_an_earlier_order_payment_never_drops_it(world: FlowWorld) -> None:
     """Moves: as above up to the LatePayment ("moved to a new order"); the operator takes the documented
     way to accept it, ``retry``; the customer (who got the new page meanwhile) pays it too. (The keep of a
@@ -401,7 +395,6 @@ def _two_late_payments(world: FlowWorld) -> tuple[Any, dict[str, Any], dict[str,
     return flow, gateway_operation(world, first["operationId"]), gateway_operation(world, second["operationId"])
 
 
-@pytest.mark.xfail(reason=WAIT_READ, strict=True)
 def test_a_late_payment_refunded_first_is_not_reported_again_once_a_second_one_is_refunded(world: FlowWorld) -> None:
     """Moves: as in ``_two_late_payments``; the operator refunds A (``refund-late-payment``). The flow still holds
     page ``-2``, so the refund's close is a cancel through the rule: the flow reads order ``-2`` first, finds B
@@ -437,7 +430,6 @@ def test_a_late_payment_refunded_first_is_not_reported_again_once_a_second_one_i
     assert len(late_events(world, flow.flow_id)) == told
 
 
-@pytest.mark.xfail(reason=WAIT_READ, strict=True)
 def test_a_late_payment_refunded_first_is_not_reported_again_once_a_second_one_is_kept(world: FlowWorld) -> None:
     """Moves: as above, but the merchant keeps A (``keep-late-payment``): the flow reads order ``-2`` first and
     succeeds with B, A shown beside it; asked again, the keep lists A beside B. Then A's notification is
@@ -569,7 +561,6 @@ def test_refunding_a_payment_on_the_order_the_flow_left_closes_its_open_link_fir
     assert len(refunds_of(world, paid["operationId"])) == 1
 
 
-@pytest.mark.xfail(reason=WAIT_READ, strict=True)
 def test_a_kept_payment_on_the_order_the_flow_left_is_its_outcome_once_its_link_is_closed(world: FlowWorld) -> None:
     """Then, once the flow has closed L2 and stopped again, keeping the payment makes it the flow's outcome."""
     flow, second_link, paid = _link_moved_then_old_link_paid(world, "m930keep2")
@@ -584,7 +575,6 @@ def test_a_kept_payment_on_the_order_the_flow_left_is_its_outcome_once_its_link_
     world.check_settled()
 
 
-@pytest.mark.xfail(reason=WAIT_READ, strict=True)
 def test_a_refunded_payment_on_the_order_the_flow_left_is_closed_once_its_link_is_closed(world: FlowWorld) -> None:
     """Then, once the flow has closed L2 and stopped again, asking to refund again closes it: cancelled, naming
     the refund."""

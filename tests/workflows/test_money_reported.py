@@ -14,7 +14,7 @@ import pytest
 
 from tasks.outcomes import Advance, Attention, Finish, Outcome
 from tasks.runner import StepContext
-from tests.workflows.engine_support import DemoInput, ScriptedStep, flow, wait_step
+from tests.workflows.engine_support import DemoInput, HeldGateway, ScriptedStep, flow, wait_step
 from workflows.clock import ManualClock
 from workflows.engine import Claim
 from workflows.flows._common import summarize
@@ -81,7 +81,7 @@ def test_a_payment_reported_while_a_cancel_is_pending_needs_a_person(make_engine
 
 
 def test_a_payment_reported_after_the_flow_failed_needs_a_person(make_engine: Any, clock: ManualClock) -> None:
-    engine, _ = make_engine(flow(wait_step()))
+    engine, _ = make_engine(flow(wait_step()), client_factory=HeldGateway)
     record = engine.start("demo", {"amount": 5})
     engine.run_step(record.id, "customer")
     clock.advance(101)
@@ -114,7 +114,7 @@ def test_a_second_payment_reported_for_a_succeeded_flow_needs_a_person(make_engi
 
 def test_a_cancel_is_applied_once_not_again_after_an_operators_retry(make_engine: Any, clock: ManualClock) -> None:
     """Cancelled while a step ran; the customer's payment arrives later; the operator accepts it."""
-    engine, _ = make_engine(flow(wait_step()))
+    engine, _ = make_engine(flow(wait_step()), client_factory=HeldGateway)
     record = engine.start("demo", {"amount": 5})
     assert isinstance(engine.claim(record.id, "customer"), Claim)
     engine.cancel(record.id, "changed my mind")

@@ -45,6 +45,7 @@ from workflows.flows.waits import (
     earlier_order_paid,
     earlier_payment,
     judge_wait,
+    kept_payment,
     link_end,
     notified,
     order_state,
@@ -115,8 +116,22 @@ def _ends(ctx: StepContext) -> float:
 def _read_order_at_deadline(ctx: StepContext, waited_for: str, *, read: str = "readAtDeadline") -> Outcome:
     """The one rule for the end of a wait (``workflows.flows.waits``), on the flow's order."""
     earlier = earlier_payment(ctx)
-    if earlier is not None:
+    if earlier is not None and not kept_payment(ctx, earlier):
         return earlier_order_paid(ctx, earlier)
+    judged = _judge_own_order(ctx, waited_for, read)
+    if earlier is not None and not _final(judged):
+        return earlier_order_paid(ctx, earlier)  # the flow's own order is still open: a person looks now
+    return judged  # a payment on an earlier order stays kept on the record: money.lua shows it at the end
+
+
+def _final(outcome: Outcome) -> bool:
+    """The flow's own order is done with: paid, or closed (the customer can no longer pay on it)."""
+    if isinstance(outcome, Advance):
+        return True
+    return isinstance(outcome, Finish) and (outcome.succeeded or bool((outcome.output or {}).get(CLOSED)))
+
+
+def _judge_own_order(ctx: StepContext, waited_for: str, read: str) -> Outcome:
     operations, links = order_state(ctx)
     link_id = _link_id(ctx)
     if link_id is not None and not any(link.linkId == link_id for link in links):

@@ -239,6 +239,13 @@ def earlier_payment(ctx: StepContext) -> Operation | None:
     return None
 
 
+def kept_payment(ctx: StepContext, operation: Operation) -> bool:
+    """Whether the flow's record already keeps ``operation`` as a reported payment (a LatePayment's
+    notification, kept until a person closes it; money.lua shows it whenever the flow would end)."""
+    kept = {str((payload.get("operation") or {}).get("operationId")) for _, _, payload in ctx.signals}
+    return operation.operationId in kept
+
+
 def order_state(ctx: StepContext) -> tuple[list[Operation], list[PaymentLink]]:
     """The flow's current order as the gateway has it: its operations and links (none if unknown)."""
     found = read_order(ctx)
