@@ -106,11 +106,14 @@ def explain(record: FlowRecord, action: str) -> list[str]:
             f"A refund flow is started: the gateway is asked to refund operation {operation} in full "
             "(or to void it, before capture). Asking twice refunds once.",
             f"{then} Follow the refund on its own page.",
+            *_still_open(record),
         ]
     if action == "keep":
         return [
-            f"Nothing is sent to the gateway: operation {operation} ({late.get('operationResult', '?')}) is kept.",
+            f"Nothing is sent to the gateway: operation {operation} ({late.get('operationResult', '?')}) is kept, "
+            "once a read of the gateway shows it still held (not refunded or voided meanwhile).",
             "This flow goes back to succeeded: its first payment stays its outcome, the second is listed beside it.",
+            *_still_open(record),
         ]
     if action == "retry" and record.state is FlowState.FAILED:
         seq = record.order_seq + 1
@@ -162,6 +165,18 @@ def explain(record: FlowRecord, action: str) -> list[str]:
 def _second(record: FlowRecord) -> bool:
     """The late payment is a second one beside the payment of a flow that had succeeded."""
     return (record.error or {}).get("endedAs") == FlowState.SUCCEEDED.value
+
+
+def _still_open(record: FlowRecord) -> list[str]:
+    """What a close does first when the flow still holds something its customer can pay on (the link or
+    page of the order it moved to): ``workflows.late_payments`` closes through the money rule."""
+    if not (record.unsettled and record.unsettled.get("open")):
+        return []
+    return [
+        f"The flow still holds what its customer can pay on ({record.unsettled.get('op')}): it first closes it where "
+        "the gateway allows and reads its order; the late payment stays shown until then, and the flow ends as that "
+        "read says (ask again if it stops over the same payment)."
+    ]
 
 
 def _takes(record: FlowRecord) -> bool:
