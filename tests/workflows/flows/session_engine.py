@@ -4,6 +4,7 @@ over HTTP (so reads that replace a lost answer, and deadlines, are driven withou
 from __future__ import annotations
 
 from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -19,17 +20,24 @@ from workflows.flows import REGISTRY
 from workflows.states import FlowState
 
 
-@pytest.fixture
-def engine(redis_client: redis.Redis, key_prefix: str) -> Iterator[tuple[Engine, SimulatorServer]]:
+@contextmanager
+def session_engine(redis_client: redis.Redis, key_prefix: str, **engine: Any) -> Iterator[tuple[Engine, SimulatorServer]]:
+    """The engine of every flow kind on a manual clock at the simulator's time, with ``engine`` settings."""
     with SimulatorServer(SimulatorConfig(seed=3)) as sim:
         settings = load_settings(
             {
                 "gateway": {"base_url": sim.base_url, "timeout": 3.0, "connect_timeout": 1.0},
-                "engine": {"key_prefix": key_prefix, "partitions": 2},
+                "engine": {"key_prefix": key_prefix, "partitions": 2, **engine},
                 "receiver": {"public_url": "http://127.0.0.1:9/notifications"},
             }
         )
         yield Engine(settings, redis_client, REGISTRY, clock=ManualClock(sim.admin.now().timestamp())), sim
+
+
+@pytest.fixture
+def engine(redis_client: redis.Redis, key_prefix: str) -> Iterator[tuple[Engine, SimulatorServer]]:
+    with session_engine(redis_client, key_prefix) as made:
+        yield made
 
 
 def step_until(engine: Engine, flow_id: str, states: set[FlowState], limit: int = 10) -> Any:

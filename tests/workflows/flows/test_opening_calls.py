@@ -16,14 +16,11 @@ from collections.abc import Iterator
 import pytest
 import redis
 
-from config import load_settings
 from gateway import Catalogue
 from service.receiver import NotificationReceiver
-from simulator import SimulatorConfig, SimulatorServer
-from tests.workflows.flows.session_engine import engine, link_input, step_until
-from workflows.clock import ManualClock
+from simulator import SimulatorServer
+from tests.workflows.flows.session_engine import engine, link_input, session_engine, step_until
 from workflows.engine import Engine
-from workflows.flows import REGISTRY
 from workflows.states import FlowState
 
 __all__ = ["engine"]
@@ -68,15 +65,8 @@ def test_a_lost_link_create_is_read_back_and_its_payment_found(engine: tuple[Eng
 @pytest.fixture
 def engine10(redis_client: redis.Redis, key_prefix: str) -> Iterator[tuple[Engine, SimulatorServer]]:
     """The engine with ``max_step_runs`` at its minimum (10), so that a few replays would reach it."""
-    with SimulatorServer(SimulatorConfig(seed=3)) as sim:
-        settings = load_settings(
-            {
-                "gateway": {"base_url": sim.base_url, "timeout": 3.0, "connect_timeout": 1.0},
-                "engine": {"key_prefix": key_prefix, "partitions": 2, "max_step_runs": 10},
-                "receiver": {"public_url": "http://127.0.0.1:9/notifications"},
-            }
-        )
-        yield Engine(settings, redis_client, REGISTRY, clock=ManualClock(sim.admin.now().timestamp())), sim
+    with session_engine(redis_client, key_prefix, max_step_runs=10) as made:
+        yield made
 
 
 def test_a_notification_replayed_with_fresh_event_ids_never_stops_a_waiting_flow(

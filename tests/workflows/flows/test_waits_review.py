@@ -15,14 +15,11 @@ from typing import Any
 import pytest
 import redis
 
-from config import load_settings
 from gateway import Catalogue, Operation, PaymentLink
-from simulator import PAGE_PAYMENT, SimulatorConfig, SimulatorServer
-from tests.workflows.flows.session_engine import context_at, engine, link_input, step_until
+from simulator import PAGE_PAYMENT, SimulatorServer
+from tests.workflows.flows.session_engine import context_at, engine, link_input, session_engine, step_until
 from tests.workflows.flows.test_waits import CHALLENGE_PAN, ENDED, advance, build_input, hpp_input, link_of, link_status
-from workflows.clock import ManualClock
 from workflows.engine import Engine
-from workflows.flows import REGISTRY
 from workflows.flows.waits import judge_wait
 from workflows.states import FlowState
 
@@ -244,15 +241,8 @@ def test_a_form_in_a_state_durapay_does_not_know_is_never_cancelled(engine: Part
 
 @pytest.fixture
 def short_engine(redis_client: redis.Redis, key_prefix: str) -> Iterator[tuple[Engine, SimulatorServer]]:
-    with SimulatorServer(SimulatorConfig(seed=3)) as sim:
-        settings = load_settings(
-            {
-                "gateway": {"base_url": sim.base_url, "timeout": 3.0, "connect_timeout": 1.0},
-                "engine": {"key_prefix": key_prefix, "partitions": 2, "retention_days": 0.25},
-                "receiver": {"public_url": "http://127.0.0.1:9/notifications"},
-            }
-        )
-        yield Engine(settings, redis_client, REGISTRY, clock=ManualClock(sim.admin.now().timestamp())), sim
+    with session_engine(redis_client, key_prefix, retention_days=0.25) as made:
+        yield made
 
 
 def test_a_hosted_page_cancelled_before_its_wait_is_kept_while_its_page_may_be_paid(
