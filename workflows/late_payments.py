@@ -63,13 +63,20 @@ class LatePayments:
 
     def refund(self, flow_id: str, reason: str = "late payment refunded", *, by: str = "api") -> FlowRecord:
         """Refund the reported operation; the flow as it is once the refund flow is started (closed if it
-        already succeeded, else still ``needs_attention`` until it does)."""
+        already succeeded, else still ``needs_attention`` until it does). A payment the gateway shows given
+        back already (refunded or voided elsewhere, say in the gateway's back office) is closed as such,
+        naming what the gateway shows, with no refund flow: a second refund would only be refused."""
         record, operation_id, _ = self.reported(flow_id)
         if "refund" not in self.engine.registry:
             raise OperatorError("this build has no refund flow kind")
-        refund = self.engine.start("refund", {"operationId": operation_id}, refund_key(flow_id, operation_id))
+        key = refund_key(flow_id, operation_id)
+        if self.engine.store.get(derived_id("f", "refund", key)) is None:
+            undone = self.undone(flow_id, operation_id)
+            if undone:
+                return self._close_refunded(record, operation_id, {"undone": undone}, reason, by=by)
+        refund = self.engine.start("refund", {"operationId": operation_id}, key)
         if refund.state is FlowState.SUCCEEDED:
-            return self._close_refunded(record, operation_id, refund, reason, by=by)
+            return self._close_refunded(record, operation_id, {"flow": refund.id}, reason, by=by)
         if refund.state in GAVE_UP:
             raise OperatorError(
                 f"the refund of {operation_id} (flow {refund.id}) ended {refund.state}: retry that flow, or keep the payment"
@@ -88,7 +95,7 @@ class LatePayments:
         if record is None or record.state is not FlowState.NEEDS_ATTENTION or late.get("type") != "LatePayment":
             return
         if str((late.get("operation") or {}).get("operationId")) == operation_id:
-            self._close_refunded(record, operation_id, refund, "late payment refunded", by="refund")
+            self._close_refunded(record, operation_id, {"flow": refund.id}, "late payment refunded", by="refund")
 
     def keep(self, flow_id: str, *, by: str = "api") -> FlowRecord:
         """The merchant keeps the reported payment (see the module docstring)."""
@@ -131,13 +138,18 @@ class LatePayments:
         ``Engine.retry``) while a refund of it is under way, or unless the gateway shows it still held."""
         if (refund := self.refunding(flow_id, operation_id)) is not None:
             raise OperatorError(f"flow {flow_id}: payment {operation_id} is being refunded by flow {refund.id} ({refund.state})")
-        self.held(flow_id, operation_id)
+        undone = self.undone(flow_id, operation_id)
+        if undone:
+            raise OperatorError(
+                f"flow {flow_id}: the gateway shows payment {operation_id} {undone}: it is no longer the merchant's "
+                "money, so the flow cannot take it as its own; close it with refund-late-payment, which records it"
+            )
 
-    def held(self, flow_id: str, operation_id: str) -> None:
-        """Read the gateway: the payment as it is now, and every operation of its order. Refused
-        (OperatorError, naming what the gateway shows) unless the payment is still AUTHORIZED or EXECUTED
-        and nothing on its order gives its money back (:func:`undone_by`). The record's notification is
-        the gateway's word *then*; only this read says the money is still the merchant's."""
+    def undone(self, flow_id: str, operation_id: str) -> str:
+        """Read the gateway: the payment as it is now, and every operation of its order; what gives its money
+        back ("" for nothing: it is still AUTHORIZED or EXECUTED and nothing on its order undoes it,
+        :func:`undone_by`). The record's notification is the gateway's word *then*; only this read says
+        whether the money is still the merchant's. OperatorError when the gateway cannot be read."""
         client = self.engine.gateway()
         try:
             payment = client.call(Catalogue.get_operation, operation_id)
@@ -146,22 +158,22 @@ class LatePayments:
             raise OperatorError(
                 f"flow {flow_id}: payment {operation_id} could not be read at the gateway ({failed}); try again"
             ) from None
-        undone = undone_by(payment, order.operations if order is not None else [])
-        if undone:
-            raise OperatorError(
-                f"flow {flow_id}: the gateway shows payment {operation_id} {undone}: it is no longer the merchant's "
-                "money, so the flow cannot take it as its own; look at the order at the gateway"
-            )
+        return undone_by(payment, order.operations if order is not None else [])
 
-    def _close_refunded(self, record: FlowRecord, operation_id: str, refund: FlowRecord, reason: str, *, by: str) -> FlowRecord:
+    def _close_refunded(
+        self, record: FlowRecord, operation_id: str, by_what: dict[str, str], reason: str, *, by: str
+    ) -> FlowRecord:
+        """Close a late payment given back: ``by_what`` is ``{"flow": <refund flow>}`` (durapay refunded it) or
+        ``{"undone": <what the gateway shows>}`` (given back elsewhere)."""
         ended_as = str((record.error or {}).get("endedAs") or "")
         if ended_as == FlowState.SUCCEEDED.value:
-            return self._close(record, operation_id, {"refund": {"flow": refund.id}}, by=by)
+            return self._close(record, operation_id, {"refund": by_what}, by=by)
         fields = without_signals_of(record, operation_id)
-        late = closed(record, operation_id, {"refund": {"flow": refund.id}})
-        refunded = {"flow": refund.id, "operationId": operation_id}
+        late = closed(record, operation_id, {"refund": by_what})
+        refunded = {**by_what, "operationId": operation_id}
         fields["outcome"] = compact_json({"reason": reason, "refund": refunded, "latePayments": late})
-        what = f"late payment {operation_id} refunded by flow {refund.id}; cancelled: {reason}"
+        how = f"by flow {by_what['flow']}" if "flow" in by_what else f"at the gateway already ({by_what['undone']})"
+        what = f"late payment {operation_id} refunded {how}; cancelled: {reason}"
         return self._write(record, Change(FlowState.CANCELLED, what, fields), by=by)
 
     def _close(self, record: FlowRecord, operation_id: str, how: dict[str, Any], *, by: str) -> FlowRecord:
@@ -173,7 +185,11 @@ class LatePayments:
         outcome["latePayments"] = closed(record, operation_id, how)
         fields = without_signals_of(record, operation_id)
         fields["outcome"] = compact_json(outcome)
-        what = f"second payment {operation_id} " + ("refunded by flow " + how["refund"]["flow"] if "refund" in how else "kept")
+        refund = how.get("refund") or {}
+        given_back = (
+            f"refunded by flow {refund['flow']}" if "flow" in refund else f"given back at the gateway ({refund.get('undone')})"
+        )
+        what = f"second payment {operation_id} " + (given_back if refund else "kept")
         return self._write(record, Change(FlowState.SUCCEEDED, what + "; the flow stays its first payment's", fields), by=by)
 
     def _write(self, record: FlowRecord, change: Change, *, by: str) -> FlowRecord:
@@ -182,10 +198,8 @@ class LatePayments:
         that had moved on). Such a flow is never ended by a person past it: the close becomes a cancel
         written through ``transition.lua`` (the one home of the rule), which makes the flow's step close
         what it holds and read the gateway now, and end as that read says. The late payment is left as it
-        is (its error and notification), so it stays shown; asking again once the flow stopped closes it.
-        (Until the wait's read judges the flow's own order before an earlier order's payment, that read
-        stops again on this late payment with the order still marked open: tests/workflows/
-        test_late_payments.py, ``WAIT_READ``.)"""
+        is (its error and notification), so it stays shown; asking again once the flow stopped closes it
+        (the wait's read judges the flow's own order first when this payment is already kept on it)."""
         engine = self.engine
         if record.unsettled and change.state in TERMINAL:
             holds = record.unsettled.get("op") or "money in flight"

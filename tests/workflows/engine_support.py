@@ -26,11 +26,11 @@ class DemoInput(GatewayModel):
 
 
 class HeldGateway:
-    """A gateway client that shows every payment still held: what an operator's accept of a late payment
-    reads first (``LatePayments.held``) in tests whose steps are scripted."""
+    """A gateway client that shows every payment still held: what an operator's accept, keep or refund of a
+    late payment reads first (``LatePayments.undone``) in tests whose steps are scripted."""
 
     def call(self, op: GatewayOperation[Any], *path: str, **_: Any) -> Any:
-        assert op is Catalogue.get_operation, f"only the accept's read is answered here, not {op.name}"
+        assert op is Catalogue.get_operation, f"only the late payment's read is answered here, not {op.name}"
         return Operation(operationId=path[0], operationResult="AUTHORIZED")
 
     def close(self) -> None:

@@ -621,3 +621,29 @@ def test_an_accept_is_refused_once_the_gateway_shows_the_payment_refunded(world:
         f"the flow succeeded with payment {paid['operationId']}, which the gateway shows refunded by {refund_id}: {done.outcome}"
     )
     assert done.state is FlowState.NEEDS_ATTENTION and (done.error or {}).get("type") == "LatePayment", world.describe(flow)
+
+
+def test_a_late_payment_refunded_elsewhere_is_closed_by_refund_late_payment_without_a_second_refund(
+    world: FlowWorld,
+) -> None:
+    """Left by the review's fix of accept: a late payment whose money went back another way (a plain refund
+    flow, the gateway's back office) was refused by accept and keep, and refund-late-payment started a refund
+    the gateway could only refuse: the flow could never be closed. refund-late-payment now reads the gateway
+    first and closes it as given back, naming what the gateway shows, with no second refund."""
+    flow, link = _link_declined(world, "m931undone")
+    paid = _renew_and_pay(world, link)
+    for note in world.notifications(flow):
+        world.notify(note["body"])
+    refund = world.start_flow("refund", {"operationId": paid["operationId"]}, key="m931undone-refund")
+    run_all(world)
+    refund_id = refunds_of(world, paid["operationId"])[0]["operationId"]
+    with pytest.raises(OperatorError, match=refund_id):
+        world.engine.keep_late_payment(flow.flow_id)
+    closed = world.engine.refund_late_payment(flow.flow_id)
+    world.settle()
+    done = world.record(flow)
+    assert done is not None and done.state is FlowState.CANCELLED, world.describe(flow)
+    assert refund_id in str((done.outcome or {}).get("refund")), done.outcome
+    assert closed.state is FlowState.CANCELLED
+    assert [op["operationId"] for op in refunds_of(world, paid["operationId"])] == [refund_id], "no second refund"
+    assert world.record(refund) is not None

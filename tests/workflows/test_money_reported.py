@@ -148,7 +148,7 @@ def test_a_late_payment_is_closed_by_a_refund_flow_not_by_a_plain_cancel(make_en
     from workflows.keys import derived_id
     from workflows.late_payments import refund_key
 
-    engine, _ = make_engine(flow(wait_step()))
+    engine, _ = make_engine(flow(wait_step()), client_factory=HeldGateway)  # the refund's read: still held
     engine.registry["refund"] = REFUND
     record = engine.start("demo", {"amount": 5})
     engine.cancel(record.id, "changed my mind")
