@@ -31,6 +31,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import redis
+from hypothesis import HealthCheck, settings
 
 from config import load_settings
 from gateway import CATALOGUE, Catalogue, PayByLinkRenewRequest
@@ -424,3 +425,16 @@ def _gone() -> Any:
 
 def simulator_config() -> SimulatorConfig:
     return SimulatorConfig(seed=7, notify_max_attempts=1)
+
+
+def model_settings(examples: int, steps: int) -> settings:
+    """Hypothesis settings of the models' runs: derandomized (a model test is deterministic), no example
+    database, no deadline (steps talk to real servers), every health check off (the rules are slow)."""
+    return settings(
+        max_examples=examples,
+        stateful_step_count=steps,
+        derandomize=True,
+        database=None,
+        deadline=None,
+        suppress_health_check=list(HealthCheck),
+    )

@@ -34,14 +34,13 @@ import itertools
 import os
 from typing import Any
 
-from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule, run_state_machine_as_test
 
 from gateway import GatewayError
 from simulator import SimulatorAdminError, SimulatorServer
 from tests.workflows.aof_tail import AofTail
-from tests.workflows.flow_model import FlowWorld
+from tests.workflows.flow_model import FlowWorld, model_settings
 from tests.workflows.model_kinds import KINDS, ModelFlow
 from workflows.engine import NotFound, OperatorError
 from workflows.signals import SignalRefused
@@ -321,14 +320,7 @@ def test_whole_flows_under_random_interleavings_and_faults(model_parts: tuple[Si
     FlowModel.parts = model_parts
     run_state_machine_as_test(
         FlowModel,
-        settings=settings(
-            max_examples=EXAMPLES,
-            stateful_step_count=STEPS,
-            derandomize=True,
-            database=None,
-            deadline=None,
-            suppress_health_check=list(HealthCheck),
-        ),
+        settings=model_settings(EXAMPLES, STEPS),
     )
 
 

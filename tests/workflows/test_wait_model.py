@@ -27,14 +27,13 @@ import contextlib
 import itertools
 import os
 
-from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule, run_state_machine_as_test
 
 from gateway import GatewayError
 from simulator import SimulatorAdminError, SimulatorServer
 from tests.workflows.aof_tail import AofTail
-from tests.workflows.flow_model import FlowWorld
+from tests.workflows.flow_model import FlowWorld, model_settings
 from tests.workflows.model_kinds import ModelFlow
 from workflows.engine import NotFound, OperatorError
 from workflows.signals import SignalRefused
@@ -143,12 +142,5 @@ def test_waiting_flows_under_people_and_clocks(model_parts: tuple[SimulatorServe
     WaitModel.parts = model_parts
     run_state_machine_as_test(
         WaitModel,
-        settings=settings(
-            max_examples=EXAMPLES,
-            stateful_step_count=STEPS,
-            derandomize=True,
-            database=None,
-            deadline=None,
-            suppress_health_check=list(HealthCheck),
-        ),
+        settings=model_settings(EXAMPLES, STEPS),
     )
