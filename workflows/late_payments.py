@@ -33,10 +33,11 @@ Two rules hold for every close:
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
-from gateway import FAILURE_RESULTS, SUCCESS_RESULTS, Catalogue, GatewayError, Operation, OperationType
+from gateway import FAILURE_RESULTS, FINAL_RESULTS, SUCCESS_RESULTS, Catalogue, GatewayError, Operation, OperationType
 from workflows.errors import OperatorError
+from workflows.flows._adopt import PAYMENT_TYPES
 from workflows.keys import derived_id
 from workflows.states import TERMINAL, FlowState
 from workflows.store import Change, FlowRecord, MoneyTaken, compact_json
@@ -70,10 +71,12 @@ class LatePayments:
         if "refund" not in self.engine.registry:
             raise OperatorError("this build has no refund flow kind")
         key = refund_key(flow_id, operation_id)
-        if self.engine.store.get(derived_id("f", "refund", key)) is None:
-            undone = self.undone(flow_id, operation_id)
-            if undone:
-                return self._close_refunded(record, operation_id, {"undone": undone}, reason, by=by)
+        ours = self.engine.store.get(derived_id("f", "refund", key))
+        if ours is None or ours.state in GAVE_UP:
+            # Given back all, and for good (no PENDING refund, no partial one), by someone else: close it so.
+            given = self.undone(flow_id, operation_id)
+            if given.whole and not given.doubt:
+                return self._close_refunded(record, operation_id, {"undone": given.whole}, reason, by=by)
         refund = self.engine.start("refund", {"operationId": operation_id}, key)
         if refund.state is FlowState.SUCCEEDED:
             return self._close_refunded(record, operation_id, {"flow": refund.id}, reason, by=by)
@@ -138,14 +141,19 @@ class LatePayments:
         ``Engine.retry``) while a refund of it is under way, or unless the gateway shows it still held."""
         if (refund := self.refunding(flow_id, operation_id)) is not None:
             raise OperatorError(f"flow {flow_id}: payment {operation_id} is being refunded by flow {refund.id} ({refund.state})")
-        undone = self.undone(flow_id, operation_id)
-        if undone:
+        given = self.undone(flow_id, operation_id)
+        if given.whole:
             raise OperatorError(
-                f"flow {flow_id}: the gateway shows payment {operation_id} {undone}: it is no longer the merchant's "
+                f"flow {flow_id}: the gateway shows payment {operation_id} {given.whole}: it is no longer the merchant's "
                 "money, so the flow cannot take it as its own; close it with refund-late-payment, which records it"
             )
+        if given.doubt:
+            raise OperatorError(
+                f"flow {flow_id}: the gateway shows for payment {operation_id}: {given.doubt}; whether the money is still "
+                "the merchant's is not clear: look at the order at the gateway, and ask again once it is settled"
+            )
 
-    def undone(self, flow_id: str, operation_id: str) -> str:
+    def undone(self, flow_id: str, operation_id: str) -> GivenBack:
         """Read the gateway: the payment as it is now, and every operation of its order; what gives its money
         back ("" for nothing: it is still AUTHORIZED or EXECUTED and nothing on its order undoes it,
         :func:`undone_by`). The record's notification is the gateway's word *then*; only this read says
@@ -224,23 +232,50 @@ def closed(record: FlowRecord, operation_id: str, how: dict[str, Any]) -> list[d
     return [*(item for item in earlier if str(item.get("operationId")) != operation_id), {"operationId": operation_id, **how}]
 
 
-def undone_by(payment: Operation, operations: list[Operation]) -> str:
-    """What gives ``payment``'s money back, as the gateway shows it ("" for nothing): its own result no
-    longer AUTHORIZED or EXECUTED (voided, cancelled), or a refund, void or cancel of it on its order that
-    did not fail (a PENDING one included: the money is on its way back). The gateway names no parent
-    operation (docs/gateway.md), so a refund or void on the payment's order is taken as of it; a cancel
-    names the capture it cancels."""
+class GivenBack(NamedTuple):
+    """What the gateway shows of a payment's money going back: ``whole`` describes undoing operations the
+    gateway says are done that give all of it back ("" if none do); ``doubt`` what leaves it open (a
+    PENDING refund that may still fail, a partial one, one on an order of several payments that names
+    none of them)."""
+
+    whole: str
+    doubt: str
+
+
+def undone_by(payment: Operation, operations: list[Operation]) -> GivenBack:
+    """What gives ``payment``'s money back, as the gateway shows it. Its own result no longer AUTHORIZED or
+    EXECUTED (voided, cancelled) gives it all back. Else the refunds, voids and cancels of it on its order
+    count, and only they: one that names its payment (``cancelledOperationId``, ``parentOperationId``)
+    counts for that payment; one that names none counts for it only when it is the order's only payment
+    (docs/gateway.md: the gateway names no parent of a refund), and is a doubt on an order of several.
+    Only final ones that did not fail add up, and only their sum reaching the payment's amount is ``whole``."""
     if payment.operationResult not in SUCCESS_RESULTS:
-        return f"{payment.operationResult}"
+        return GivenBack(f"{payment.operationResult}", "")
+    paid = {op.operationId for op in operations if op.operationType in PAYMENT_TYPES and op.operationResult in SUCCESS_RESULTS}
+    alone = paid <= {payment.operationId}
+    done: list[Operation] = []
+    doubts: list[str] = []
     for operation in operations:
         if operation.operationId == payment.operationId or operation.operationType not in UNDOING:
             continue
         if operation.operationResult in FAILURE_RESULTS:
             continue
-        if operation.cancelledOperationId not in {None, payment.operationId}:
+        named = operation.cancelledOperationId or operation.wire().get("parentOperationId")
+        what = f"{operation.operationResult} by {operation.operationType} {operation.operationId}"
+        if named is not None and str(named) != payment.operationId:
             continue
-        return f"{operation.operationResult} by {operation.operationType} {operation.operationId}"
-    return ""
+        if named is None and not alone:
+            doubts.append(f"{what}, which names none of the order's payments")
+        elif operation.operationResult not in FINAL_RESULTS:
+            doubts.append(f"{what}, not final")
+        else:
+            done.append(operation)
+    given = sum(int(op.operationAmount or 0) for op in done)
+    whole = payment.operationAmount is None or given >= int(payment.operationAmount)
+    described = ", ".join(f"{op.operationResult} by {op.operationType} {op.operationId}" for op in done)
+    if done and not whole:
+        doubts.append(f"{described}: {given} of {payment.operationAmount} given back")
+    return GivenBack(described if done and whole else "", "; ".join(doubts))
 
 
 def refund_key(flow_id: str, operation_id: str) -> str:

@@ -7,13 +7,16 @@ the gateway's notification is handed to the real receiver, as the gateway would 
 
 from __future__ import annotations
 
+import contextlib
 import json
+from datetime import UTC, datetime
 from typing import Any
 
+from gateway import Catalogue, PayByLinkRenewRequest
 from service.receiver import NotificationReceiver
 from simulator import SimulatorServer
 from tests.workflows.flows.session_engine import engine, step_until
-from workflows.engine import Engine
+from workflows.engine import Engine, OperatorError
 from workflows.states import FlowState
 
 __all__ = ["engine"]
@@ -90,3 +93,49 @@ def test_a_retried_reservation_s_notification_is_verified_and_ends_its_wait(engi
     assert done.state is FlowState.SUCCEEDED, done.summary()
     assert done.outcome is not None and done.outcome["operation"]["operationId"] == paid["operationId"]
     assert "readAtDeadline" not in done.outputs["payment"], "ended by the notification, not at the deadline"
+
+
+def test_a_refund_of_one_payment_is_never_taken_for_anothers_on_the_same_order(engine: tuple[Engine, SimulatorServer]) -> None:
+    """A review of refund-late-payment's "already given back" close: a reservation keeps its order id on a
+    retry, so its order may hold two payments (the second link's P, then the first link renewed and paid:
+    Q); a partial refund of P was taken as Q's, and Q closed as given back while the merchant held it. A
+    refund that names no payment counts for one only on an order of one payment (``undone_by``)."""
+    flows, sim = engine
+    started = flows.start("reservation", reservation_input("r2same"))
+    first = step_until(flows, started.id, {FlowState.WAITING})
+    sim.admin.complete_link(link_of(first), pan=DECLINE)
+    advance(flows, sim, 601)
+    step_until(flows, started.id, ENDED)
+    flows.retry(started.id)
+    second = step_until(flows, started.id, {FlowState.WAITING})
+    p = sim.admin.complete_link(link_of(second))
+    receiver = NotificationReceiver(flows, flows.settings.receiver)
+    seen = set()
+
+    def deliver() -> None:
+        for note in sim.admin.notifications():
+            if note["body"]["eventId"] not in seen:
+                seen.add(note["body"]["eventId"])
+                receiver.receive(json.dumps(note["body"]).encode())
+
+    deliver()
+    done = step_until(flows, started.id, ENDED)
+    assert done.state is FlowState.SUCCEEDED, done.summary()
+    # the first link is renewed at the gateway and the guest pays it too: a second payment Q on the same order
+    day = datetime.fromtimestamp(flows.clock.now() + 5 * 86400, UTC).strftime("%Y-%m-%d")
+    flows.gateway().call(Catalogue.renew_paybylink, link_of(first), request=PayByLinkRenewRequest(expirationDate=day).wire())
+    q = sim.admin.complete_link(link_of(first))
+    deliver()
+    late = step_until(flows, started.id, ENDED)
+    assert late.state is FlowState.NEEDS_ATTENTION, late.summary()
+    # the merchant refunds 100 of the first payment P (a plain refund flow)
+    refund = flows.start("refund", {"operationId": p["operationId"], "amount": "100", "currency": "EUR"}, "r2same-refund")
+    assert step_until(flows, refund.id, ENDED).state is FlowState.SUCCEEDED
+    with contextlib.suppress(OperatorError):  # a keep may be refused while the gateway leaves it in doubt
+        flows.keep_late_payment(started.id)
+    closed = flows.refund_late_payment(started.id)
+    qop = flows.gateway().call(Catalogue.get_operation, q["operationId"]).wire()
+    assert "undone" not in json.dumps(closed.outcome), (
+        f"payment {q['operationId']} ({qop['operationResult']}, nothing refunded of it) closed as given back at the "
+        f"gateway because a refund of {p['operationId']} is on the same order: {closed.outcome}"
+    )
