@@ -13,9 +13,9 @@ from typing import Any
 import redis
 from celery import Celery
 
-from config import Settings
-from config.celery import make_celery
-from gateway import THREEDS_NOT_NEEDED, Catalogue, GatewayClient
+from durapay.config import Settings
+from durapay.config.celery import make_celery
+from durapay.gateway import THREEDS_NOT_NEEDED, Catalogue, GatewayClient
 
 DONE = "bare:done"
 

@@ -17,8 +17,8 @@ from typing import Any
 
 import httpx
 
-from config import GATEWAY_PATH_PREFIX, Settings, load_settings
-from config.embedded import EmbeddedValkey, free_port
+from durapay.config import GATEWAY_PATH_PREFIX, Settings, load_settings
+from durapay.config.embedded import EmbeddedValkey, free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -60,7 +60,7 @@ class Processes:
 
 SIMULATOR = """
 import sys
-from simulator import SimulatorConfig, serve_forever
+from durapay.simulator import SimulatorConfig, serve_forever
 serve_forever(SimulatorConfig(port=int(sys.argv[1]), latency_ms=int(sys.argv[2]), seed=1))
 """
 
@@ -112,8 +112,8 @@ def child_env(settings: Settings) -> dict[str, str]:
 
 DURABLE_WORKER = """
 import sys
-from config import load_settings
-from service.runtime import build_runtime
+from durapay.config import load_settings
+from durapay.service.runtime import build_runtime
 settings = load_settings()
 runtime = build_runtime(settings, redis_url=settings.redis_url)
 runtime.celery.worker_main(["worker", "-P", sys.argv[1], "-c", sys.argv[2], "-Q", "durapay", "-l", "warning",
@@ -123,7 +123,7 @@ runtime.celery.worker_main(["worker", "-P", sys.argv[1], "-c", sys.argv[2], "-Q"
 BARE_WORKER = """
 import sys
 from bench._bare import make_bare_app
-from config import load_settings
+from durapay.config import load_settings
 app = make_bare_app(load_settings())
 app.worker_main(["worker", "-P", sys.argv[1], "-c", sys.argv[2], "-Q", "bare", "-l", "warning",
                  "--without-mingle", "--without-gossip", "-n", "bare@%h"])

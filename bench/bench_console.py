@@ -36,13 +36,13 @@ from typing import Any
 import httpx
 import redis
 
-from config import load_settings
-from config.embedded import EmbeddedValkey
-from service.app import create_app
-from service.runtime import build_runtime
-from service.server import ApiServer
-from workflows.engine import Engine
-from workflows.store import FlowStore, NewFlow, compact_json
+from durapay.config import load_settings
+from durapay.config.embedded import EmbeddedValkey
+from durapay.service.app import create_app
+from durapay.service.runtime import build_runtime
+from durapay.service.server import ApiServer
+from durapay.workflows.engine import Engine
+from durapay.workflows.store import FlowStore, NewFlow, compact_json
 
 KEY = "bench-console-key-0123456789"
 T0 = 1_900_000_000.0

@@ -60,9 +60,9 @@ from bench._harness import (
     wait_until,
 )
 from bench._webhook_receiver import WebhookReceiver
-from service.runtime import build_runtime
-from workflows.dispatcher import Dispatcher
-from workflows.states import FlowState
+from durapay.service.runtime import build_runtime
+from durapay.workflows.dispatcher import Dispatcher
+from durapay.workflows.states import FlowState
 
 _orders = itertools.count()
 #: Targets of the issue this benchmark reports against.

@@ -40,13 +40,13 @@ import httpx
 from fastapi import FastAPI
 
 from bench._harness import Processes, bench_settings, median, percentile, start_simulator, valkey
-from gateway import Operation
-from service.api_receiver import receiver_router
-from service.receiver import NotificationReceiver
-from service.runtime import Runtime, build_runtime
-from service.server import ApiServer
-from simulator import SimulatorAdmin
-from workflows.states import FlowState
+from durapay.gateway import Operation
+from durapay.service.api_receiver import receiver_router
+from durapay.service.receiver import NotificationReceiver
+from durapay.service.runtime import Runtime, build_runtime
+from durapay.service.server import ApiServer
+from durapay.simulator import SimulatorAdmin
+from durapay.workflows.states import FlowState
 
 APPROVE = "4349940199004549"
 

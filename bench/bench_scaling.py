@@ -35,16 +35,16 @@ import redis
 
 from bench._harness import Processes, bench_settings, child_env, set_latency, start_simulator, valkey
 from bench.bench_engine import body, tree_cpu
-from config.embedded import EmbeddedValkey
-from service.runtime import build_runtime
+from durapay.config.embedded import EmbeddedValkey
+from durapay.service.runtime import build_runtime
+from durapay.workflows.dispatcher import Dispatcher
+from durapay.workflows.states import FlowState
 from tests.workflows.integration.topology import ValkeyCluster
-from workflows.dispatcher import Dispatcher
-from workflows.states import FlowState
 
 WORKER = """
 import sys
-from config import load_settings
-from service.runtime import build_runtime
+from durapay.config import load_settings
+from durapay.service.runtime import build_runtime
 settings = load_settings()
 runtime = build_runtime(settings, redis_url=settings.redis_url)
 runtime.celery.worker_main(["worker", "-P", "threads", "-c", sys.argv[2], "-Q", "durapay", "-l", "warning",

@@ -61,14 +61,14 @@ from typing import Any
 
 import redis
 
-from config import load_settings
-from config.embedded import EmbeddedValkey
-from service.runtime import freeze_startup_heap
-from workflows.clock import ManualClock
-from workflows.engine import Engine
-from workflows.flows import REGISTRY
-from workflows.schedules import MIT_KIND, ScheduleInput, Schedules
-from workflows.schedules import api as schedules_api
+from durapay.config import load_settings
+from durapay.config.embedded import EmbeddedValkey
+from durapay.service.runtime import freeze_startup_heap
+from durapay.workflows.clock import ManualClock
+from durapay.workflows.engine import Engine
+from durapay.workflows.flows import REGISTRY
+from durapay.workflows.schedules import MIT_KIND, ScheduleInput, Schedules
+from durapay.workflows.schedules import api as schedules_api
 
 CREATED = datetime(2030, 1, 1, tzinfo=UTC).timestamp()
 DUE = datetime(2030, 1, 31, 9, 0, tzinfo=UTC)

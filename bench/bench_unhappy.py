@@ -29,11 +29,11 @@ import httpx
 import redis
 
 from bench._harness import Processes, bench_settings, start_simulator, valkey
-from gateway import GatewayClient
-from workflows.clock import ManualClock
-from workflows.engine import Engine
-from workflows.flows import REGISTRY
-from workflows.states import CLAIMABLE
+from durapay.gateway import GatewayClient
+from durapay.workflows.clock import ManualClock
+from durapay.workflows.engine import Engine
+from durapay.workflows.flows import REGISTRY
+from durapay.workflows.states import CLAIMABLE
 
 APPROVE, DECLINE = "4349940199004549", "4349940199997007"
 

@@ -24,13 +24,13 @@ from typing import Any
 
 import redis
 
-from config import load_settings
-from config.embedded import EmbeddedValkey
-from simulator import SimulatorConfig, SimulatorServer
-from workflows.compact import pack_json
-from workflows.engine import Engine
-from workflows.flows import REGISTRY
-from workflows.states import STOPPED
+from durapay.config import load_settings
+from durapay.config.embedded import EmbeddedValkey
+from durapay.simulator import SimulatorConfig, SimulatorServer
+from durapay.workflows.compact import pack_json
+from durapay.workflows.engine import Engine
+from durapay.workflows.flows import REGISTRY
+from durapay.workflows.states import STOPPED
 
 ROOT = Path(__file__).resolve().parents[1]
 _ids = itertools.count()

@@ -38,12 +38,12 @@ from pathlib import Path
 from typing import Any
 
 from bench._webhook_receiver import WebhookReceiver
-from config import ENV_NESTED_DELIMITER, ENV_PREFIX, Settings, load_settings
-from config.embedded import EmbeddedValkey
-from service.runtime import build_runtime
-from simulator import SimulatorConfig, SimulatorServer
-from workflows.dispatcher import Dispatcher
-from workflows.states import STOPPED
+from durapay.config import ENV_NESTED_DELIMITER, ENV_PREFIX, Settings, load_settings
+from durapay.config.embedded import EmbeddedValkey
+from durapay.service.runtime import build_runtime
+from durapay.simulator import SimulatorConfig, SimulatorServer
+from durapay.workflows.dispatcher import Dispatcher
+from durapay.workflows.states import STOPPED
 
 ROOT = Path(__file__).resolve().parents[1]
 APPROVE = "4349940199004549"
@@ -68,7 +68,7 @@ def child_env(settings: Settings, redis_url: str) -> dict[str, str]:
 
 
 def start_worker(env: dict[str, str], name: str, log: Path) -> subprocess.Popen[bytes]:
-    command = [sys.executable, "-c", "from service.cli import main; main()", "worker", "--pool", "threads"]
+    command = [sys.executable, "-c", "from durapay.service.cli import main; main()", "worker", "--pool", "threads"]
     command += ["--concurrency", "8", "--loglevel", "warning", "--hostname", f"{name}@%h"]
     with log.open("ab") as out:
         return subprocess.Popen(command, env=env, cwd=ROOT, stdout=out, stderr=out)

@@ -1,6 +1,6 @@
 """Settings, the Celery app factory and logging: the one place configuration is read."""
 
-from config.settings import (
+from durapay.config.settings import (
     ENV_NESTED_DELIMITER,
     ENV_PREFIX,
     GATEWAY_PATH_PREFIX,

@@ -26,8 +26,8 @@ import redis
 from celery import Celery
 from kombu.transport import redis as kombu_redis
 
-from config.connect import SENTINEL_SCHEME, parse_sentinel_url
-from config.settings import Settings
+from durapay.config.connect import SENTINEL_SCHEME, parse_sentinel_url
+from durapay.config.settings import Settings
 
 QUEUE = "durapay"
 

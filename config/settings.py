@@ -20,7 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, f
 from pydantic_settings import BaseSettings, SettingsConfigDict
 from pydantic_settings import SettingsError as _SourceError
 
-from config.connect import parse_sentinel_url
+from durapay.config.connect import parse_sentinel_url
 
 ENV_PREFIX = "DURAPAY_"
 ENV_NESTED_DELIMITER = "__"

@@ -2,7 +2,7 @@
 
 Everything a caller needs is exported here; the ``_modules`` behind it are private::
 
-    from gateway import Catalogue, GatewayClient, HppOrderRequest
+    from durapay.gateway import Catalogue, GatewayClient, HppOrderRequest
 
     with GatewayClient(settings.gateway) as client:
         answer = client.call(Catalogue.create_hpp_order, request=HppOrderRequest(...))
@@ -10,8 +10,17 @@ Everything a caller needs is exported here; the ``_modules`` behind it are priva
 ``gateway`` imports nothing of durapay's but ``config``.
 """
 
-from gateway._base import PASS_THROUGH, AnyObject, GatewayModel, LenientEnum, PassThrough, Unknown, is_known, parse_lenient
-from gateway._catalogue import (
+from durapay.gateway._base import (
+    PASS_THROUGH,
+    AnyObject,
+    GatewayModel,
+    LenientEnum,
+    PassThrough,
+    Unknown,
+    is_known,
+    parse_lenient,
+)
+from durapay.gateway._catalogue import (
     BY_NAME,
     CATALOGUE,
     Area,
@@ -21,14 +30,14 @@ from gateway._catalogue import (
     Version,
     operation,
 )
-from gateway._client import (
+from durapay.gateway._client import (
     MAX_IDEMPOTENCY_KEY,
     GatewayClient,
     check_idempotency_key,
     describe_validation_error,
     validate_request,
 )
-from gateway._codes import (
+from durapay.gateway._codes import (
     ERROR_CODES,
     FAILURE_RESULTS,
     FINAL_RESULTS,
@@ -58,7 +67,7 @@ from gateway._codes import (
     ThreeDSEnrollmentStatus,
     decline_kind,
 )
-from gateway._errors import (
+from durapay.gateway._errors import (
     BadRequest,
     ConnectionDropped,
     ErrorDetail,
@@ -79,7 +88,7 @@ from gateway._errors import (
     error_from_response,
     error_from_transport,
 )
-from gateway._models_backoffice import (
+from durapay.gateway._models_backoffice import (
     CancelOperationRequest,
     Contract,
     CustomerContractsResponse,
@@ -99,7 +108,7 @@ from gateway._models_backoffice import (
     PaymentMethodsResponse,
     PostOperationRequest,
 )
-from gateway._models_common import (
+from durapay.gateway._models_common import (
     Address,
     BinaryResponse,
     Card,
@@ -119,7 +128,7 @@ from gateway._models_common import (
     TransactionSummary,
     VerificationOrder,
 )
-from gateway._models_payments import (
+from durapay.gateway._models_payments import (
     BuildCardDataResponse,
     BuildConfirmRequest,
     BuildField,
@@ -155,7 +164,7 @@ from gateway._models_payments import (
     ThreeStepsValidationResponse,
     WalletPayRequest,
 )
-from gateway._models_reservations import (
+from durapay.gateway._models_reservations import (
     Agency,
     AgencyCondition,
     AgencyConditionIdResponse,
@@ -197,7 +206,7 @@ from gateway._models_reservations import (
     TermsText,
     Translation,
 )
-from gateway._money import (
+from durapay.gateway._money import (
     GATEWAY_CURRENCIES,
     MAJOR_DIGITS,
     Amount,
@@ -209,7 +218,7 @@ from gateway._money import (
     to_major,
     to_minor,
 )
-from gateway._notification import (
+from durapay.gateway._notification import (
     PAYMENT_TYPES,
     Notification,
     customer_operation,
@@ -218,7 +227,7 @@ from gateway._notification import (
     reported_payment,
     verify_security_token,
 )
-from gateway._strict import (
+from durapay.gateway._strict import (
     STRICT,
     StrictInput,
     StrictModel,
@@ -229,7 +238,7 @@ from gateway._strict import (
     known_names,
     validate_strict,
 )
-from gateway._time import GATEWAY_ZONE, GatewayTime, format_gateway_time, parse_gateway_time
+from durapay.gateway._time import GATEWAY_ZONE, GatewayTime, format_gateway_time, parse_gateway_time
 
 __all__ = [
     "BY_NAME",

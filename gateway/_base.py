@@ -23,8 +23,8 @@ from pydantic import BaseModel, ConfigDict, Field, GetCoreSchemaHandler, GetJson
 from pydantic.json_schema import JsonSchemaValue
 from pydantic_core import PydanticCustomError, core_schema
 
-from gateway._money import bounded_amounts, check_amount
-from gateway._strict import is_strict, known_names, refuse_unknown_fields, unknown_value
+from durapay.gateway._money import bounded_amounts, check_amount
+from durapay.gateway._strict import is_strict, known_names, refuse_unknown_fields, unknown_value
 
 
 class GatewayModel(BaseModel):

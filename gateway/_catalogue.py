@@ -25,12 +25,12 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Generic, Literal, TypeVar
 
-from gateway import _models_backoffice as bo
-from gateway import _models_payments as pay
-from gateway import _models_reservations as rg
-from gateway._base import GatewayModel
-from gateway._models_common import BinaryResponse, EmptyResponse, Operation, OperationResponse
-from gateway._models_common import PostOperationResponse as PostOp
+from durapay.gateway import _models_backoffice as bo
+from durapay.gateway import _models_payments as pay
+from durapay.gateway import _models_reservations as rg
+from durapay.gateway._base import GatewayModel
+from durapay.gateway._models_common import BinaryResponse, EmptyResponse, Operation, OperationResponse
+from durapay.gateway._models_common import PostOperationResponse as PostOp
 
 Resp = TypeVar("Resp", bound=GatewayModel)
 

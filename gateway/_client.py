@@ -22,18 +22,18 @@ from urllib.parse import quote
 import httpx
 from pydantic import BaseModel, ValidationError
 
-from config.settings import GatewaySettings
-from gateway._base import GatewayModel
-from gateway._catalogue import GatewayOperation
-from gateway._errors import (
+from durapay.config.settings import GatewaySettings
+from durapay.gateway._base import GatewayModel
+from durapay.gateway._catalogue import GatewayOperation
+from durapay.gateway._errors import (
     GatewayError,
     InvalidResponse,
     RequestInvalid,
     error_from_response,
     error_from_transport,
 )
-from gateway._models_common import BinaryResponse, EmptyResponse
-from gateway._strict import error_field
+from durapay.gateway._models_common import BinaryResponse, EmptyResponse
+from durapay.gateway._strict import error_field
 
 Resp = TypeVar("Resp", bound=GatewayModel)
 

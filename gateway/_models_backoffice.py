@@ -10,11 +10,11 @@ from typing import Annotated
 
 from pydantic import Field
 
-from gateway._base import GatewayModel, LenientEnum, Unknown
-from gateway._codes import AmountType, ContractType, OperationType, OrderState, PaymentMethodType
-from gateway._models_common import ListQuery, Operation, PaymentLink
-from gateway._money import Amount, Currency
-from gateway._time import GatewayTime
+from durapay.gateway._base import GatewayModel, LenientEnum, Unknown
+from durapay.gateway._codes import AmountType, ContractType, OperationType, OrderState, PaymentMethodType
+from durapay.gateway._models_common import ListQuery, Operation, PaymentLink
+from durapay.gateway._money import Amount, Currency
+from durapay.gateway._time import GatewayTime
 
 
 class OrderInfo(GatewayModel):

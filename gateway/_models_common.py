@@ -11,8 +11,8 @@ from typing import Annotated
 
 from pydantic import Field
 
-from gateway._base import GatewayModel, LenientEnum, Unknown
-from gateway._codes import (
+from durapay.gateway._base import GatewayModel, LenientEnum, Unknown
+from durapay.gateway._codes import (
     ActionType,
     CaptureType,
     Channel,
@@ -24,8 +24,8 @@ from gateway._codes import (
     PaymentMethodType,
     RecurrenceAction,
 )
-from gateway._money import Amount, AmountOrZero, Currency
-from gateway._time import GatewayTime
+from durapay.gateway._money import Amount, AmountOrZero, Currency
+from durapay.gateway._time import GatewayTime
 
 OrderId = Annotated[str, Field(min_length=1, max_length=27, pattern=r"^[A-Za-z0-9#*+\-.:;=?\[\]_{|}]+$")]
 Url = Annotated[str, Field(max_length=2048, pattern=r"^https?://")]

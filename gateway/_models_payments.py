@@ -12,9 +12,9 @@ from typing import Annotated
 
 from pydantic import Field
 
-from gateway._base import GatewayModel, LenientEnum, Unknown
-from gateway._codes import BuildState, CaptureType, Exemptions, ThreeDSEnrollmentStatus
-from gateway._models_common import (
+from durapay.gateway._base import GatewayModel, LenientEnum, Unknown
+from durapay.gateway._codes import BuildState, CaptureType, Exemptions, ThreeDSEnrollmentStatus
+from durapay.gateway._models_common import (
     Card,
     Operation,
     Order,
@@ -24,7 +24,7 @@ from gateway._models_common import (
     Url,
     VerificationOrder,
 )
-from gateway._money import Amount
+from durapay.gateway._money import Amount
 
 # -- hosted payment page ------------------------------------------------------------------------
 

@@ -11,11 +11,11 @@ from typing import Annotated, Any
 
 from pydantic import BeforeValidator, Field, model_validator
 
-from gateway._base import GatewayModel, LenientEnum, Unknown
-from gateway._codes import ActiveStatus, CaptureType, CollectionType, ReservationType
-from gateway._models_common import CustomerInfo, Operation, PaymentLink, TransactionSummary
-from gateway._money import Amount, Currency
-from gateway._time import GatewayTime
+from durapay.gateway._base import GatewayModel, LenientEnum, Unknown
+from durapay.gateway._codes import ActiveStatus, CaptureType, CollectionType, ReservationType
+from durapay.gateway._models_common import CustomerInfo, Operation, PaymentLink, TransactionSummary
+from durapay.gateway._money import Amount, Currency
+from durapay.gateway._time import GatewayTime
 
 HhMm = Annotated[str, Field(pattern=r"^([01][0-9]|2[0-3]):[0-5][0-9]$")]
 

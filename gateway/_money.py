@@ -21,7 +21,7 @@ from pydantic import AfterValidator, BeforeValidator, GetJsonSchemaHandler, Plai
 from pydantic.json_schema import JsonSchemaValue
 from pydantic_core import PydanticCustomError, core_schema
 
-from gateway._strict import UNKNOWN_VALUE, did_you_mean, is_strict
+from durapay.gateway._strict import UNKNOWN_VALUE, did_you_mean, is_strict
 
 # Exponents that differ from 2 (ISO 4217; the gateway's currency list has BHD/JOD/KWD = 3 and
 # BYR/CLP/ISK/JPY/KRW/VND = 0 among the currencies the gateway admits).

@@ -18,11 +18,11 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from gateway._base import GatewayModel
-from gateway._client import describe_validation_error
-from gateway._codes import SUCCESS_RESULTS
-from gateway._errors import InvalidSecurityToken, NotificationError
-from gateway._models_common import Operation
+from durapay.gateway._base import GatewayModel
+from durapay.gateway._client import describe_validation_error
+from durapay.gateway._codes import SUCCESS_RESULTS
+from durapay.gateway._errors import InvalidSecurityToken, NotificationError
+from durapay.gateway._models_common import Operation
 
 
 class Notification(GatewayModel):

@@ -21,17 +21,17 @@ from fastapi import APIRouter, Body, Header, Path, Query, Response
 from pydantic import BaseModel, Field
 from starlette.concurrency import run_in_threadpool
 
-from config.settings import ApiSettings
-from gateway import StrictInput, StrictModel, closest
-from service.errors import ERRORS, ApiError, conflict, invalid, not_found
-from service.schemas import FlowList, FlowView, History, SignalAnswer
-from service.timeparse import RUN_AT_FORMS, RUN_AT_PATTERN, SINCE_FORMS, SINCE_PATTERN, parse_run_at, parse_since
-from service.views import flow_brief, flow_view
-from workflows.engine import Engine, InputError, NotFound, OperatorError, OrderIdTaken, StartConflict
-from workflows.signals import RULES, SignalRefused, accepted, may_send
-from workflows.states import FlowState
-from workflows.steps import FlowDefinition
-from workflows.store import FlowRecord
+from durapay.config.settings import ApiSettings
+from durapay.gateway import StrictInput, StrictModel, closest
+from durapay.service.errors import ERRORS, ApiError, conflict, invalid, not_found
+from durapay.service.schemas import FlowList, FlowView, History, SignalAnswer
+from durapay.service.timeparse import RUN_AT_FORMS, RUN_AT_PATTERN, SINCE_FORMS, SINCE_PATTERN, parse_run_at, parse_since
+from durapay.service.views import flow_brief, flow_view
+from durapay.workflows.engine import Engine, InputError, NotFound, OperatorError, OrderIdTaken, StartConflict
+from durapay.workflows.signals import RULES, SignalRefused, accepted, may_send
+from durapay.workflows.states import FlowState
+from durapay.workflows.steps import FlowDefinition
+from durapay.workflows.store import FlowRecord
 
 IdempotencyKey = Annotated[
     str | None,

@@ -16,10 +16,10 @@ from fastapi import APIRouter
 from fastapi.params import Depends
 from fastapi.responses import JSONResponse, PlainTextResponse
 
-from service.errors import ERRORS
-from service.metrics import render
-from service.schemas import Health, Readiness
-from workflows.engine import Engine
+from durapay.service.errors import ERRORS
+from durapay.service.metrics import render
+from durapay.service.schemas import Health, Readiness
+from durapay.workflows.engine import Engine
 
 PROMETHEUS_TEXT = "text/plain; version=0.0.4; charset=utf-8"
 

@@ -16,7 +16,7 @@ from fastapi.responses import JSONResponse
 from starlette.background import BackgroundTask
 from starlette.concurrency import run_in_threadpool
 
-from service.receiver import AN_OPERATION_ID, NotificationReceiver
+from durapay.service.receiver import AN_OPERATION_ID, NotificationReceiver
 
 #: For OpenAPI only: the gateway's notification body (docs/gateway.md); every field is optional.
 NOTIFICATION_SCHEMA: dict[str, Any] = {

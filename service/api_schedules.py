@@ -14,12 +14,12 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Body, Header, Path, Query
 from pydantic import Field
 
-from gateway import StrictInput, StrictModel
-from service.errors import ERRORS, conflict, invalid, not_found
-from service.schemas import History, ScheduleList, ScheduleView
-from workflows.engine import InputError, NotFound, OperatorError
-from workflows.schedules import Resolution, ScheduleInput, ScheduleRecord, Schedules, ScheduleState
-from workflows.store import StartConflict
+from durapay.gateway import StrictInput, StrictModel
+from durapay.service.errors import ERRORS, conflict, invalid, not_found
+from durapay.service.schemas import History, ScheduleList, ScheduleView
+from durapay.workflows.engine import InputError, NotFound, OperatorError
+from durapay.workflows.schedules import Resolution, ScheduleInput, ScheduleRecord, Schedules, ScheduleState
+from durapay.workflows.store import StartConflict
 
 ScheduleId = Annotated[str, Path(min_length=1, max_length=100, pattern=r"^[A-Za-z0-9._:-]+$")]
 

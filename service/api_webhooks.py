@@ -18,11 +18,19 @@ from anyio.to_thread import run_sync
 from fastapi import APIRouter, Body, Path, Query
 from pydantic import Field
 
-from gateway import StrictInput, StrictModel
-from service.errors import ERRORS, invalid, not_found
-from service.schemas import AttemptList, EndpointList, EndpointView, EndpointWithSecret, EventPage, ReplayAnswer, TestAnswer
-from workflows.events import EVENT_TYPES, Cursor, EventFeed
-from workflows.webhooks import EndpointError, Webhooks
+from durapay.gateway import StrictInput, StrictModel
+from durapay.service.errors import ERRORS, invalid, not_found
+from durapay.service.schemas import (
+    AttemptList,
+    EndpointList,
+    EndpointView,
+    EndpointWithSecret,
+    EventPage,
+    ReplayAnswer,
+    TestAnswer,
+)
+from durapay.workflows.events import EVENT_TYPES, Cursor, EventFeed
+from durapay.workflows.webhooks import EndpointError, Webhooks
 
 EventType = Literal[EVENT_TYPES]  # type: ignore[valid-type]
 EndpointId = Annotated[str, Path(min_length=1, max_length=64, pattern=r"^we_[A-Za-z0-9_]+$")]

@@ -25,18 +25,18 @@ from fastapi.openapi.docs import get_swagger_ui_html, get_swagger_ui_oauth2_redi
 from fastapi.responses import HTMLResponse
 from fastapi.staticfiles import StaticFiles
 
-from service.api_flows import flows_router
-from service.api_ops import ops_router
-from service.api_receiver import receiver_router
-from service.api_webhooks import events_router, webhooks_router
-from service.auth import api_key_scheme, bearer_scheme, require_key
-from service.console import install_console
-from service.console.session import PATH as CONSOLE
-from service.errors import install_error_handlers
-from service.guard import ControlGate
-from service.query import refuse_unknown_query
-from service.receiver import NotificationReceiver
-from service.runtime import Runtime
+from durapay.service.api_flows import flows_router
+from durapay.service.api_ops import ops_router
+from durapay.service.api_receiver import receiver_router
+from durapay.service.api_webhooks import events_router, webhooks_router
+from durapay.service.auth import api_key_scheme, bearer_scheme, require_key
+from durapay.service.console import install_console
+from durapay.service.console.session import PATH as CONSOLE
+from durapay.service.errors import install_error_handlers
+from durapay.service.guard import ControlGate
+from durapay.service.query import refuse_unknown_query
+from durapay.service.receiver import NotificationReceiver
+from durapay.service.runtime import Runtime
 
 DESCRIPTION = """\
 Durable payment flows against the payment gateway.
@@ -94,7 +94,7 @@ def create_app(runtime: Runtime, *, insecure: bool = False, schedules: Any = Non
     if schedules is None:
         schedules = default_schedules(runtime)
     if schedules is not None:
-        from service.api_schedules import schedules_router
+        from durapay.service.api_schedules import schedules_router
 
         app.include_router(schedules_router(schedules), dependencies=protected)
     app.include_router(webhooks_router(runtime.webhooks), dependencies=protected)
@@ -140,6 +140,6 @@ def _offline_docs(app: FastAPI) -> None:
 
 def default_schedules(runtime: Runtime) -> Any:
     """The runtime's ``Schedules``, or None while the schedules module is not part of the build."""
-    from workflows.schedules import Schedules
+    from durapay.workflows.schedules import Schedules
 
     return Schedules(runtime.engine)

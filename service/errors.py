@@ -33,9 +33,9 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from gateway import error_field
-from gateway._strict import did_you_mean
-from workflows.durability import NotDurable
+from durapay.gateway import error_field
+from durapay.gateway._strict import did_you_mean
+from durapay.workflows.durability import NotDurable
 
 log = logging.getLogger("durapay.api")
 

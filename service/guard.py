@@ -25,7 +25,7 @@ from starlette.datastructures import Headers
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from service.auth import API_KEY_HEADER, READ, READ_METHODS
+from durapay.service.auth import API_KEY_HEADER, READ, READ_METHODS
 
 
 def _refusal(status: int, error: str, reason: str, *, close: bool) -> JSONResponse:

@@ -24,9 +24,9 @@ from typing import Any
 import redis
 from celery import Celery, bootsteps
 
-from config.connect import open_redis
-from workflows.keys import Keys
-from workflows.redis_watch import RedisWatch
+from durapay.config.connect import open_redis
+from durapay.workflows.keys import Keys
+from durapay.workflows.redis_watch import RedisWatch
 
 log = logging.getLogger("durapay.heartbeat")
 

@@ -33,9 +33,9 @@ from typing import Any
 
 import redis
 
-from service.receiver import COUNTERS, counter_key
-from workflows.engine import Engine
-from workflows.states import FlowState
+from durapay.service.receiver import COUNTERS, counter_key
+from durapay.workflows.engine import Engine
+from durapay.workflows.states import FlowState
 
 log = logging.getLogger("durapay.metrics")
 

@@ -12,8 +12,8 @@ from typing import Any
 
 from fastapi import Request
 
-from gateway._strict import did_you_mean
-from service.errors import invalid
+from durapay.gateway._strict import did_you_mean
+from durapay.service.errors import invalid
 
 
 def _declared(dependant: Any) -> frozenset[str]:

@@ -53,8 +53,8 @@ from typing import Any
 
 import redis
 
-from config.settings import ReceiverSettings
-from gateway import (
+from durapay.config.settings import ReceiverSettings
+from durapay.gateway import (
     Catalogue,
     GatewayError,
     InvalidSecurityToken,
@@ -64,10 +64,10 @@ from gateway import (
     parse_notification,
     verify_security_token,
 )
-from gateway import NotFound as OperationNotFound
-from workflows.engine import Engine, NotDurable, NotFound
-from workflows.scripts import ScriptPipeline
-from workflows.unknown_orders import UnknownOrders, bounded, claims
+from durapay.gateway import NotFound as OperationNotFound
+from durapay.workflows.engine import Engine, NotDurable, NotFound
+from durapay.workflows.scripts import ScriptPipeline
+from durapay.workflows.unknown_orders import UnknownOrders, bounded, claims
 
 log = logging.getLogger("durapay.receiver")
 

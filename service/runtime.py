@@ -32,20 +32,20 @@ from typing import Any
 import redis
 from celery import Celery
 
-from config.celery import make_celery
-from config.connect import open_redis
-from config.embedded import EmbeddedValkey
-from config.settings import Settings
-from gateway import GatewayClient
-from service.heartbeat import install_worker_heartbeat
-from service.metrics import StepMetrics
-from tasks.celery_tasks import CelerySender, register_tasks, register_webhook_task
-from workflows.clock import Clock, ServerClock
-from workflows.durability import Durability, EarlyWaitaof, early_waitaof_risk
-from workflows.engine import Engine
-from workflows.flows import REGISTRY
-from workflows.steps import FlowDefinition
-from workflows.webhooks import Webhooks
+from durapay.config.celery import make_celery
+from durapay.config.connect import open_redis
+from durapay.config.embedded import EmbeddedValkey
+from durapay.config.settings import Settings
+from durapay.gateway import GatewayClient
+from durapay.service.heartbeat import install_worker_heartbeat
+from durapay.service.metrics import StepMetrics
+from durapay.tasks.celery_tasks import CelerySender, register_tasks, register_webhook_task
+from durapay.workflows.clock import Clock, ServerClock
+from durapay.workflows.durability import Durability, EarlyWaitaof, early_waitaof_risk
+from durapay.workflows.engine import Engine
+from durapay.workflows.flows import REGISTRY
+from durapay.workflows.steps import FlowDefinition
+from durapay.workflows.webhooks import Webhooks
 
 
 @dataclass

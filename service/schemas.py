@@ -11,7 +11,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from workflows.states import FlowState
+from durapay.workflows.states import FlowState
 
 
 class _Answer(BaseModel):

@@ -11,10 +11,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from workflows.operator_actions import allowed
-from workflows.sensitive import mask_pan
-from workflows.steps import FlowDefinition
-from workflows.store import FlowRecord
+from durapay.workflows.operator_actions import allowed
+from durapay.workflows.sensitive import mask_pan
+from durapay.workflows.steps import FlowDefinition
+from durapay.workflows.store import FlowRecord
 
 #: Keys whose values are secrets: shown as ``***`` (the expiry date and wallet data too: with a PAN
 #: they are what a fraudster needs).

@@ -1,6 +1,6 @@
 """For merchants' receivers: check that a webhook really comes from durapay, and is fresh.
 
-    from service.webhooks import verify, WebhookVerificationError
+    from durapay.service.webhooks import verify, WebhookVerificationError
 
     verify(request.headers, raw_body, "whsec_...")   # raises WebhookVerificationError when it fails
 
@@ -9,6 +9,6 @@ is the receiver's import, with no dependency on Redis or the rest of durapay's r
 (Webhooks) has complete FastAPI and Django receivers.
 """
 
-from workflows.webhooks.signing import DEFAULT_TOLERANCE, WebhookVerificationError, sign, verify
+from durapay.workflows.webhooks.signing import DEFAULT_TOLERANCE, WebhookVerificationError, sign, verify
 
 __all__ = ["DEFAULT_TOLERANCE", "WebhookVerificationError", "sign", "verify"]

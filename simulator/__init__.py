@@ -6,7 +6,7 @@ cards with documented outcomes, notifications with retries, and faults on demand
 hangs, commit-then-fail, dropped connections). ``durapay simulator`` serves it; tests start it
 in-process::
 
-    from simulator import SimulatorConfig, SimulatorServer
+    from durapay.simulator import SimulatorConfig, SimulatorServer
 
     with SimulatorServer(SimulatorConfig(seed=1)) as sim:
         settings = GatewaySettings(base_url=sim.base_url)   # the API key defaults to the simulator's
@@ -22,16 +22,16 @@ handlers (``_direct``, ``_links``, ``_three_steps``, ``_build``, ``_backoffice``
 ``_idempotency``, ``_scheduler``, ``_clock``, ``_lists``.
 """
 
-from simulator._admin import SimulatorAdmin, SimulatorAdminError
-from simulator._app import build_app
-from simulator._cards import LAST_DIGIT_RULE, PUBLISHED_CARDS, CardProfile, card_profile
-from simulator._clock import Clock
-from simulator._config import AUTO_COMPLETE_PAN, SimulatorConfig
-from simulator._core import Simulator
-from simulator._faults import FaultRule
-from simulator._payments import PAGE_PAYMENT
-from simulator._server import SimulatorServer, serve_forever
-from simulator._state import SimulatorState
+from durapay.simulator._admin import SimulatorAdmin, SimulatorAdminError
+from durapay.simulator._app import build_app
+from durapay.simulator._cards import LAST_DIGIT_RULE, PUBLISHED_CARDS, CardProfile, card_profile
+from durapay.simulator._clock import Clock
+from durapay.simulator._config import AUTO_COMPLETE_PAN, SimulatorConfig
+from durapay.simulator._core import Simulator
+from durapay.simulator._faults import FaultRule
+from durapay.simulator._payments import PAGE_PAYMENT
+from durapay.simulator._server import SimulatorServer, serve_forever
+from durapay.simulator._state import SimulatorState
 
 __all__ = [
     "AUTO_COMPLETE_PAN",

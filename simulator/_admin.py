@@ -17,8 +17,8 @@ from urllib.parse import parse_qs, quote, urlsplit
 
 import httpx
 
-from simulator._clock import iso, parse_iso
-from simulator._config import AUTO_COMPLETE_PAN
+from durapay.simulator._clock import iso, parse_iso
+from durapay.simulator._config import AUTO_COMPLETE_PAN
 
 _SNAKE = re.compile(r"_([a-z])")
 

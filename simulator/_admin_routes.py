@@ -37,11 +37,11 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
-from simulator._clock import iso, parse_iso
-from simulator._faults import FaultsError
+from durapay.simulator._clock import iso, parse_iso
+from durapay.simulator._faults import FaultsError
 
 if TYPE_CHECKING:
-    from simulator._core import Simulator
+    from durapay.simulator._core import Simulator
 
 OPERATION_FILTERS = {
     "orderId": "order_id",

@@ -37,14 +37,14 @@ from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from gateway import CATALOGUE, GatewayOperation, check_idempotency_key, describe_validation_error
-from simulator import _backoffice, _build, _direct, _links, _reservations, _structures, _three_steps
-from simulator._admin_routes import admin_routes
-from simulator._core import Simulator
-from simulator._faults import FaultRule
-from simulator._idempotency import IdempotencyGate, fingerprint
-from simulator._pages import page_routes
-from simulator._protocol import Call, Handler, Reply, SimError, error_body
+from durapay.gateway import CATALOGUE, GatewayOperation, check_idempotency_key, describe_validation_error
+from durapay.simulator import _backoffice, _build, _direct, _links, _reservations, _structures, _three_steps
+from durapay.simulator._admin_routes import admin_routes
+from durapay.simulator._core import Simulator
+from durapay.simulator._faults import FaultRule
+from durapay.simulator._idempotency import IdempotencyGate, fingerprint
+from durapay.simulator._pages import page_routes
+from durapay.simulator._protocol import Call, Handler, Reply, SimError, error_body
 
 log = logging.getLogger("simulator")
 TRANSPORT_KEY = "simulator.transport"

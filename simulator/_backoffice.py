@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from gateway import (
+from durapay.gateway import (
     AmountType,
     CancelOperationRequest,
     ExchangeRatesQuery,
@@ -19,15 +19,15 @@ from gateway import (
     OrderState,
     PostOperationRequest,
 )
-from simulator import _ledger
-from simulator._direct import refresh_page
-from simulator._links import refresh as refresh_link
-from simulator._lists import Window, newest_first
-from simulator._protocol import Call, Handler, Reply, SimError, ok
-from simulator._records import OrderRecord
+from durapay.simulator import _ledger
+from durapay.simulator._direct import refresh_page
+from durapay.simulator._links import refresh as refresh_link
+from durapay.simulator._lists import Window, newest_first
+from durapay.simulator._protocol import Call, Handler, Reply, SimError, ok
+from durapay.simulator._records import OrderRecord
 
 if TYPE_CHECKING:
-    from simulator._core import Simulator
+    from durapay.simulator._core import Simulator
 
 #: Units of each currency per 1 EUR (fixed: the simulator's rates never move).
 EXCHANGE_RATES = {

@@ -23,7 +23,7 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
-from gateway import (
+from durapay.gateway import (
     BuildConfirmRequest,
     BuildOrderRequest,
     BuildSessionQuery,
@@ -33,10 +33,10 @@ from gateway import (
     OperationResult,
     OperationType,
 )
-from simulator._cards import THREEDS_FAILURE, card_profile, circuit
-from simulator._clock import iso, parse_iso
-from simulator._config import AUTO_COMPLETE_PAN
-from simulator._payments import (
+from durapay.simulator._cards import THREEDS_FAILURE, card_profile, circuit
+from durapay.simulator._clock import iso, parse_iso
+from durapay.simulator._config import AUTO_COMPLETE_PAN
+from durapay.simulator._payments import (
     PAGE_PAYMENT,
     abandon_on_page,
     check_recurrence,
@@ -46,11 +46,11 @@ from simulator._payments import (
     is_explicit,
     pay_on_page,
 )
-from simulator._protocol import Call, Handler, Origin, Reply, SimError, ok
-from simulator._records import BuildSessionRecord
+from durapay.simulator._protocol import Call, Handler, Origin, Reply, SimError, ok
+from durapay.simulator._records import BuildSessionRecord
 
 if TYPE_CHECKING:
-    from simulator._core import Simulator
+    from durapay.simulator._core import Simulator
 
 SESSION_LIFETIME = timedelta(minutes=5)
 EXPIRY_ORIGIN = Origin("build_expiry", "/_sim/clock")

@@ -17,7 +17,7 @@ from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from gateway import RESPONSE_CODES, OperationResult
+from durapay.gateway import RESPONSE_CODES, OperationResult
 
 APPROVED = "000"
 

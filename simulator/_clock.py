@@ -11,7 +11,7 @@ import threading
 from collections.abc import Callable
 from datetime import UTC, date, datetime, timedelta
 
-from gateway import GATEWAY_ZONE
+from durapay.gateway import GATEWAY_ZONE
 
 
 def utc_now() -> datetime:

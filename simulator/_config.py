@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from config.settings import GATEWAY_PATH_PREFIX, SIMULATOR_API_KEY
+from durapay.config.settings import GATEWAY_PATH_PREFIX, SIMULATOR_API_KEY
 
 #: The card the simulator's pages use when they complete by themselves (``auto_complete_ms``).
 AUTO_COMPLETE_PAN = "4349940199004549"

@@ -21,13 +21,13 @@ import re
 from datetime import timedelta
 from typing import TYPE_CHECKING
 
-from gateway import ContractType, OperationResult, OperationType, Recurrence, parse_gateway_time
-from simulator._clock import gateway_day
-from simulator._protocol import SimError
-from simulator._records import ContractRecord, OperationRecord
+from durapay.gateway import ContractType, OperationResult, OperationType, Recurrence, parse_gateway_time
+from durapay.simulator._clock import gateway_day
+from durapay.simulator._protocol import SimError
+from durapay.simulator._records import ContractRecord, OperationRecord
 
 if TYPE_CHECKING:
-    from simulator._core import Simulator
+    from durapay.simulator._core import Simulator
 
 #: Results of a charge that make it a payment of its contract: approved, whatever happened to it later
 #: (captured, refunded or voided). A charge held ``PENDING`` counts as well while it is held.

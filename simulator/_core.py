@@ -10,15 +10,15 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
-from simulator import _build, _direct, _links
-from simulator._clock import Clock
-from simulator._config import SimulatorConfig
-from simulator._faults import Faults
-from simulator._notifier import Notifier
-from simulator._pending import Pending
-from simulator._records import OperationRecord, OrderRecord
-from simulator._scheduler import Scheduler
-from simulator._state import SimulatorState
+from durapay.simulator import _build, _direct, _links
+from durapay.simulator._clock import Clock
+from durapay.simulator._config import SimulatorConfig
+from durapay.simulator._faults import Faults
+from durapay.simulator._notifier import Notifier
+from durapay.simulator._pending import Pending
+from durapay.simulator._records import OperationRecord, OrderRecord
+from durapay.simulator._scheduler import Scheduler
+from durapay.simulator._state import SimulatorState
 
 log = logging.getLogger("simulator")
 SAVE_INTERVAL_SECONDS = 2.0

@@ -21,7 +21,7 @@ from datetime import timedelta
 from typing import TYPE_CHECKING
 from urllib.parse import quote
 
-from gateway import (
+from durapay.gateway import (
     CardVerificationRequest,
     Channel,
     HppOrderRequest,
@@ -32,11 +32,11 @@ from gateway import (
     RecurrenceAction,
     WalletPayRequest,
 )
-from simulator._cards import OUTCOME_APPROVED, outcome_from_token
-from simulator._clock import parse_iso
-from simulator._config import AUTO_COMPLETE_PAN
-from simulator._contracts import check_mit_charge
-from simulator._payments import (
+from durapay.simulator._cards import OUTCOME_APPROVED, outcome_from_token
+from durapay.simulator._clock import parse_iso
+from durapay.simulator._config import AUTO_COMPLETE_PAN
+from durapay.simulator._contracts import check_mit_charge
+from durapay.simulator._payments import (
     abandon_on_page,
     check_recurrence,
     check_session,
@@ -50,11 +50,11 @@ from simulator._payments import (
     settle,
     verify,
 )
-from simulator._protocol import Call, Handler, Origin, Reply, SimError, ok
-from simulator._records import OperationRecord, OrderRecord
+from durapay.simulator._protocol import Call, Handler, Origin, Reply, SimError, ok
+from durapay.simulator._records import OperationRecord, OrderRecord
 
 if TYPE_CHECKING:
-    from simulator._core import Simulator
+    from durapay.simulator._core import Simulator
 
 PENDING = OperationResult.PENDING.value
 AUTHORIZATION = OperationType.AUTHORIZATION.value

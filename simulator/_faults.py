@@ -35,8 +35,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from gateway import BY_NAME, describe_validation_error
-from simulator._config import SimulatorConfig
+from durapay.gateway import BY_NAME, describe_validation_error
+from durapay.simulator._config import SimulatorConfig
 
 Mode = Literal[
     "error",

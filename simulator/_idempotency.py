@@ -19,8 +19,8 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from simulator._protocol import Reply, SimError
-from simulator._state import SimulatorState
+from durapay.simulator._protocol import Reply, SimError
+from durapay.simulator._state import SimulatorState
 
 REUSED = "Idempotency-Key reused with a different request"
 

@@ -23,15 +23,15 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from gateway import Channel, OperationResult, OperationType, PostOperationRequest, parse_gateway_time
-from simulator._clock import gateway_day
-from simulator._payments import SUCCESS, new_operation
-from simulator._protocol import Origin, SimError
-from simulator._records import OperationRecord, OrderRecord
-from simulator._state import SimulatorState
+from durapay.gateway import Channel, OperationResult, OperationType, PostOperationRequest, parse_gateway_time
+from durapay.simulator._clock import gateway_day
+from durapay.simulator._payments import SUCCESS, new_operation
+from durapay.simulator._protocol import Origin, SimError
+from durapay.simulator._records import OperationRecord, OrderRecord
+from durapay.simulator._state import SimulatorState
 
 if TYPE_CHECKING:
-    from simulator._core import Simulator
+    from durapay.simulator._core import Simulator
 
 CAPTURE, REFUND, VOID, CANCEL = (
     t.value for t in (OperationType.CAPTURE, OperationType.REFUND, OperationType.VOID, OperationType.CANCEL)

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 import segno
 
-from gateway import (
+from durapay.gateway import (
     OperationResult,
     PayByLinkExportQuery,
     PayByLinkListQuery,
@@ -32,9 +32,9 @@ from gateway import (
     PayByLinkRequest,
     QrCodeRequest,
 )
-from simulator._config import AUTO_COMPLETE_PAN
-from simulator._lists import Window, newest_first
-from simulator._payments import (
+from durapay.simulator._config import AUTO_COMPLETE_PAN
+from durapay.simulator._lists import Window, newest_first
+from durapay.simulator._payments import (
     abandon_on_page,
     check_recurrence,
     check_session,
@@ -44,11 +44,11 @@ from simulator._payments import (
     page_payment_in_progress,
     pay_on_page,
 )
-from simulator._protocol import Call, Handler, Origin, Reply, SimError, ok
-from simulator._records import LinkRecord, OperationRecord, OrderRecord
+from durapay.simulator._protocol import Call, Handler, Origin, Reply, SimError, ok
+from durapay.simulator._records import LinkRecord, OperationRecord, OrderRecord
 
 if TYPE_CHECKING:
-    from simulator._core import Simulator
+    from durapay.simulator._core import Simulator
 
 MAX_LINK_DAYS = 90
 EXPIRY_ORIGIN = Origin("link_expiry", "/_sim/clock")

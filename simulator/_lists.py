@@ -11,8 +11,8 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import TypeVar
 
-from gateway import parse_gateway_time
-from simulator._protocol import SimError
+from durapay.gateway import parse_gateway_time
+from durapay.simulator._protocol import SimError
 
 #: Records a list answers when the query gives no ``maxRecords`` (the gateway's default is not published).
 DEFAULT_MAX_RECORDS = 100

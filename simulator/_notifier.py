@@ -19,10 +19,10 @@ from typing import Any
 
 import httpx
 
-from simulator._clock import Clock, iso
-from simulator._config import SimulatorConfig
-from simulator._faults import Faults
-from simulator._scheduler import Scheduler
+from durapay.simulator._clock import Clock, iso
+from durapay.simulator._config import SimulatorConfig
+from durapay.simulator._faults import Faults
+from durapay.simulator._scheduler import Scheduler
 
 log = logging.getLogger("simulator")
 USER_AGENT = "durapay-simulator (Apache-HttpClient/4.5.13 compatible)"

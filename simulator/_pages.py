@@ -32,13 +32,13 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, RedirectResponse, Response
 from starlette.routing import BaseRoute, Route
 
-from simulator import _build, _direct, _links, _payments, _three_steps
-from simulator._config import AUTO_COMPLETE_PAN
-from simulator._protocol import Origin, SimError
-from simulator._records import OperationRecord
+from durapay.simulator import _build, _direct, _links, _payments, _three_steps
+from durapay.simulator._config import AUTO_COMPLETE_PAN
+from durapay.simulator._protocol import Origin, SimError
+from durapay.simulator._records import OperationRecord
 
 if TYPE_CHECKING:
-    from simulator._core import Simulator
+    from durapay.simulator._core import Simulator
 
 CARD_FORM = """
 <form method="post">

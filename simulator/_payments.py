@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from gateway import (
+from durapay.gateway import (
     ActionType,
     CaptureType,
     Channel,
@@ -30,14 +30,14 @@ from gateway import (
     Recurrence,
     RecurrenceAction,
 )
-from simulator._cards import Outcome, card_outcome, circuit, outcome_from_token
-from simulator._contracts import check_contract_terms
-from simulator._protocol import Call, Origin, SimError
-from simulator._records import ContractRecord, LinkRecord, OperationRecord, OrderRecord
+from durapay.simulator._cards import Outcome, card_outcome, circuit, outcome_from_token
+from durapay.simulator._contracts import check_contract_terms
+from durapay.simulator._protocol import Call, Origin, SimError
+from durapay.simulator._records import ContractRecord, LinkRecord, OperationRecord, OrderRecord
 
 if TYPE_CHECKING:
-    from simulator._core import Simulator
-    from simulator._pending import PendRule
+    from durapay.simulator._core import Simulator
+    from durapay.simulator._pending import PendRule
 
 #: Results of an operation that moved (or holds) money.
 SUCCESS = frozenset({OperationResult.AUTHORIZED.value, OperationResult.EXECUTED.value})

@@ -43,16 +43,16 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from gateway import CATALOGUE, OperationResult, describe_validation_error
-from simulator import _ledger, _payments
-from simulator._cards import Outcome, outcome_from_token
-from simulator._clock import iso, parse_iso
-from simulator._payments import PAGE_PAYMENT
-from simulator._protocol import Origin
-from simulator._records import OperationRecord, PendingRecord
+from durapay.gateway import CATALOGUE, OperationResult, describe_validation_error
+from durapay.simulator import _ledger, _payments
+from durapay.simulator._cards import Outcome, outcome_from_token
+from durapay.simulator._clock import iso, parse_iso
+from durapay.simulator._payments import PAGE_PAYMENT
+from durapay.simulator._protocol import Origin
+from durapay.simulator._records import OperationRecord, PendingRecord
 
 if TYPE_CHECKING:
-    from simulator._core import Simulator
+    from durapay.simulator._core import Simulator
 
 #: The catalogue operations whose requests a rule can answer PENDING: every call that moves money (the
 #: catalogue's ``moves_money``: a payment, a card verification, a reservation charge, a post-operation),

@@ -12,10 +12,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from gateway import ERROR_CODES, GatewayModel, GatewayOperation
+from durapay.gateway import ERROR_CODES, GatewayModel, GatewayOperation
 
 if TYPE_CHECKING:
-    from simulator._core import Simulator
+    from durapay.simulator._core import Simulator
 
 M = TypeVar("M", bound=GatewayModel)
 

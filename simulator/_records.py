@@ -15,8 +15,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from gateway import RESPONSE_CODE_FIELD
-from simulator._cards import card_id, expiry_yyyymm, masked
+from durapay.gateway import RESPONSE_CODE_FIELD
+from durapay.simulator._cards import card_id, expiry_yyyymm, masked
 
 
 @dataclass

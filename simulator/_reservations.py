@@ -18,7 +18,7 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
-from gateway import (
+from durapay.gateway import (
     ActionType,
     ChangeAmountRequest,
     Channel,
@@ -30,15 +30,15 @@ from gateway import (
     ReservationRequest,
     ReservationValidationRequest,
 )
-from simulator import _ledger
-from simulator._links import answer, check_expiration, open_link, refresh
-from simulator._lists import Window, newest_first
-from simulator._payments import SUCCESS, decide, is_explicit, new_operation, reservation_contract_id, settle
-from simulator._protocol import Call, Handler, Reply, SimError, ok
-from simulator._records import OperationRecord, OrderRecord
+from durapay.simulator import _ledger
+from durapay.simulator._links import answer, check_expiration, open_link, refresh
+from durapay.simulator._lists import Window, newest_first
+from durapay.simulator._payments import SUCCESS, decide, is_explicit, new_operation, reservation_contract_id, settle
+from durapay.simulator._protocol import Call, Handler, Reply, SimError, ok
+from durapay.simulator._records import OperationRecord, OrderRecord
 
 if TYPE_CHECKING:
-    from simulator._core import Simulator
+    from durapay.simulator._core import Simulator
 
 GUARANTEED_TYPES = frozenset({"GUARANTEED", "GUARANTEED_NOSHOW", "GUARANTEED_PENALTY"})
 DATE_TYPES = {"CREATION_DATE": "creationDate", "CHECK_IN_DATE": "checkInDate", "CHECK_OUT_DATE": "checkOutDate"}

@@ -21,11 +21,11 @@ from types import FrameType, TracebackType
 
 import uvicorn
 
-from simulator._admin import SimulatorAdmin
-from simulator._app import build_app
-from simulator._config import SimulatorConfig
-from simulator._core import Simulator
-from simulator._state import SimulatorState
+from durapay.simulator._admin import SimulatorAdmin
+from durapay.simulator._app import build_app
+from durapay.simulator._config import SimulatorConfig
+from durapay.simulator._core import Simulator
+from durapay.simulator._state import SimulatorState
 
 START_TIMEOUT_SECONDS = 10.0
 

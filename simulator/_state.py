@@ -21,10 +21,10 @@ from dataclasses import asdict, fields
 from pathlib import Path
 from typing import Any, TypeVar
 
-from gateway import format_gateway_time
-from simulator._cards import OutcomeScripts
-from simulator._clock import Clock, iso
-from simulator._records import (
+from durapay.gateway import format_gateway_time
+from durapay.simulator._cards import OutcomeScripts
+from durapay.simulator._clock import Clock, iso
+from durapay.simulator._records import (
     BuildSessionRecord,
     ContractRecord,
     LinkRecord,

@@ -13,7 +13,7 @@ import binascii
 import re
 from typing import TYPE_CHECKING, Any
 
-from gateway import (
+from durapay.gateway import (
     AgencyConditionRequest,
     AgencyRequest,
     CustomFieldRequest,
@@ -23,10 +23,10 @@ from gateway import (
     StructureRequest,
     TermsAndConditionsRequest,
 )
-from simulator._protocol import Call, Handler, Reply, SimError, ok
+from durapay.simulator._protocol import Call, Handler, Reply, SimError, ok
 
 if TYPE_CHECKING:
-    from simulator._core import Simulator
+    from durapay.simulator._core import Simulator
 
 SERVICE_NAMES = frozenset({"DISPUTELESS"})
 

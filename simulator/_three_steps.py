@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from gateway import (
+from durapay.gateway import (
     THREEDS_NOT_NEEDED,
     Exemptions,
     OperationResult,
@@ -28,13 +28,21 @@ from gateway import (
     ThreeStepsPaymentRequest,
     ThreeStepsValidationRequest,
 )
-from simulator._cards import card_profile
-from simulator._payments import check_recurrence, claim_order, decide, ensure_new_order, is_explicit, new_operation, settle
-from simulator._protocol import Call, Handler, Reply, SimError, ok
-from simulator._records import OperationRecord
+from durapay.simulator._cards import card_profile
+from durapay.simulator._payments import (
+    check_recurrence,
+    claim_order,
+    decide,
+    ensure_new_order,
+    is_explicit,
+    new_operation,
+    settle,
+)
+from durapay.simulator._protocol import Call, Handler, Reply, SimError, ok
+from durapay.simulator._records import OperationRecord
 
 if TYPE_CHECKING:
-    from simulator._core import Simulator
+    from durapay.simulator._core import Simulator
 
 PENDING = OperationResult.PENDING.value
 VALIDATED = OperationResult.THREEDS_VALIDATED.value

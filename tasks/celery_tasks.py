@@ -20,8 +20,8 @@ from typing import Any, Protocol
 
 from celery import Celery, chain
 
-from config.celery import QUEUE
-from gateway import CATALOGUE, GatewayClient, GatewayOperation
+from durapay.config.celery import QUEUE
+from durapay.gateway import CATALOGUE, GatewayClient, GatewayOperation
 
 ENGINE_STEP_TASK = "durapay.engine.step"
 WEBHOOK_TASK = "durapay.webhooks.deliver"

@@ -11,9 +11,9 @@ import random
 from dataclasses import dataclass, field
 from typing import Any
 
-from config.settings import RetrySettings
-from gateway import BadRequest, GatewayError, GatewayOperation, RequestInvalid, Unauthorized
-from tasks.outcomes import Attention, Finish, Outcome, Retry
+from durapay.config.settings import RetrySettings
+from durapay.gateway import BadRequest, GatewayError, GatewayOperation, RequestInvalid, Unauthorized
+from durapay.tasks.outcomes import Attention, Finish, Outcome, Retry
 
 
 @dataclass

@@ -21,9 +21,9 @@ from typing import Any, Protocol, TypeVar
 
 from pydantic import BaseModel
 
-from gateway import BY_NAME, Area, BadRequest, GatewayClient, GatewayError, GatewayModel, GatewayOperation
-from tasks.outcomes import Attention, Finish, Outcome, Retry
-from tasks.retry import RetryPolicy
+from durapay.gateway import BY_NAME, Area, BadRequest, GatewayClient, GatewayError, GatewayModel, GatewayOperation
+from durapay.tasks.outcomes import Attention, Finish, Outcome, Retry
+from durapay.tasks.retry import RetryPolicy
 
 log = logging.getLogger("durapay.runner")
 

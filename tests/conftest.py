@@ -15,7 +15,7 @@ import kombu.transport.redis
 import pytest
 import redis
 
-from config.embedded import EmbeddedValkey
+from durapay.config.embedded import EmbeddedValkey
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from service.cli.endpoints import markdown_table
+from durapay.service.cli.endpoints import markdown_table
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -45,7 +45,7 @@ def documented_settings(readme: str) -> set[str]:
 def test_every_setting_is_in_the_readme() -> None:
     from pydantic import BaseModel
 
-    from config.settings import ENV_NESTED_DELIMITER, ENV_PREFIX, Settings
+    from durapay.config.settings import ENV_NESTED_DELIMITER, ENV_PREFIX, Settings
 
     expected = set()
     for name, field in Settings.model_fields.items():

@@ -6,11 +6,11 @@ side (claim, run, complete a step); ``Dispatcher`` sends what the ``due`` set sa
 record's layout.
 """
 
-from workflows.clock import Clock, ManualClock, OffsetClock, SystemClock
-from workflows.dispatcher import Dispatcher
-from workflows.engine import Claim, Engine, InputError, NotFound, OperatorError, StartConflict
-from workflows.states import STOPPED, TERMINAL, FlowState
-from workflows.store import FlowRecord
+from durapay.workflows.clock import Clock, ManualClock, OffsetClock, SystemClock
+from durapay.workflows.dispatcher import Dispatcher
+from durapay.workflows.engine import Claim, Engine, InputError, NotFound, OperatorError, StartConflict
+from durapay.workflows.states import STOPPED, TERMINAL, FlowState
+from durapay.workflows.store import FlowRecord
 
 __all__ = [
     "STOPPED",

@@ -33,10 +33,10 @@ from collections.abc import Mapping
 from importlib import resources
 from typing import Any
 
-from workflows.keys import Keys
-from workflows.orders import OrderIndex
-from workflows.scripts import ScriptPipeline
-from workflows.states import TERMINAL, lua_prelude
+from durapay.workflows.keys import Keys
+from durapay.workflows.orders import OrderIndex
+from durapay.workflows.scripts import ScriptPipeline
+from durapay.workflows.states import TERMINAL, lua_prelude
 
 logger = logging.getLogger("durapay.compact")
 

@@ -18,10 +18,10 @@ import threading
 import time
 from collections.abc import Callable
 
-from workflows.compact import Compactor
-from workflows.engine import Engine
-from workflows.redis_watch import RedisWatch, is_redis_down
-from workflows.trim import EventTrimmer, IndexTrimmer
+from durapay.workflows.compact import Compactor
+from durapay.workflows.engine import Engine
+from durapay.workflows.redis_watch import RedisWatch, is_redis_down
+from durapay.workflows.trim import EventTrimmer, IndexTrimmer
 
 log = logging.getLogger("durapay.dispatcher")
 

@@ -27,24 +27,24 @@ from typing import Any, Protocol
 import redis
 from pydantic import BaseModel, ValidationError
 
-from config.settings import Settings
-from gateway import GatewayClient, customer_payment, describe_validation_error, validate_strict
-from tasks.outcomes import Outcome
-from tasks.retry import RetryPolicy
-from workflows import operator_actions
-from workflows.clock import Clock, SystemClock
-from workflows.durability import Durability, NotDurable
-from workflows.errors import OperatorError
-from workflows.events import Cursor, Event, EventFeed
-from workflows.flows.waits import keep_until
-from workflows.keys import Keys, derived_id
-from workflows.late_payments import LatePayments
-from workflows.orders import OrderIdsTaken, OrderIndex, gateway_order_id
-from workflows.protocol import Claim, StepProtocol
-from workflows.signals import admit
-from workflows.states import STOPPED, TERMINAL, FlowState
-from workflows.steps import FlowDefinition
-from workflows.store import Change, FlowRecord, FlowStore, MoneyTaken, NewFlow, OrderHeld, StartConflict, compact_json
+from durapay.config.settings import Settings
+from durapay.gateway import GatewayClient, customer_payment, describe_validation_error, validate_strict
+from durapay.tasks.outcomes import Outcome
+from durapay.tasks.retry import RetryPolicy
+from durapay.workflows import operator_actions
+from durapay.workflows.clock import Clock, SystemClock
+from durapay.workflows.durability import Durability, NotDurable
+from durapay.workflows.errors import OperatorError
+from durapay.workflows.events import Cursor, Event, EventFeed
+from durapay.workflows.flows.waits import keep_until
+from durapay.workflows.keys import Keys, derived_id
+from durapay.workflows.late_payments import LatePayments
+from durapay.workflows.orders import OrderIdsTaken, OrderIndex, gateway_order_id
+from durapay.workflows.protocol import Claim, StepProtocol
+from durapay.workflows.signals import admit
+from durapay.workflows.states import STOPPED, TERMINAL, FlowState
+from durapay.workflows.steps import FlowDefinition
+from durapay.workflows.store import Change, FlowRecord, FlowStore, MoneyTaken, NewFlow, OrderHeld, StartConflict, compact_json
 
 log = logging.getLogger("durapay.engine")
 

@@ -51,7 +51,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from workflows.keys import Keys
+from durapay.workflows.keys import Keys
 
 FLOW_TYPES = (
     "flow.created",

@@ -27,12 +27,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from gateway import OperationResult
-from tasks.outcomes import Advance, Finish, Outcome, Retry, Wait
-from workflows.flows._common import operation_of
-from workflows.flows.waits import CLOSED, KEEP_MARGIN_SECONDS, PAGE_SECONDS, keep_until
-from workflows.steps import Step
-from workflows.store import FlowRecord, compact_json
+from durapay.gateway import OperationResult
+from durapay.tasks.outcomes import Advance, Finish, Outcome, Retry, Wait
+from durapay.workflows.flows._common import operation_of
+from durapay.workflows.flows.waits import CLOSED, KEEP_MARGIN_SECONDS, PAGE_SECONDS, keep_until
+from durapay.workflows.steps import Step
+from durapay.workflows.store import FlowRecord, compact_json
 
 #: The fields a completion writes once the gateway has said what became of the money.
 SETTLED: dict[str, str | None] = {"unsettled": None, "maybe_sent": None, "ending": None}

@@ -35,15 +35,15 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from gateway import FAILURE_RESULTS, FINAL_RESULTS, SUCCESS_RESULTS, Catalogue, GatewayError, Operation, OperationType
-from workflows.errors import OperatorError
-from workflows.flows._adopt import PAYMENT_TYPES
-from workflows.keys import derived_id
-from workflows.states import TERMINAL, FlowState
-from workflows.store import Change, FlowRecord, MoneyTaken, compact_json
+from durapay.gateway import FAILURE_RESULTS, FINAL_RESULTS, SUCCESS_RESULTS, Catalogue, GatewayError, Operation, OperationType
+from durapay.workflows.errors import OperatorError
+from durapay.workflows.flows._adopt import PAYMENT_TYPES
+from durapay.workflows.keys import derived_id
+from durapay.workflows.states import TERMINAL, FlowState
+from durapay.workflows.store import Change, FlowRecord, MoneyTaken, compact_json
 
 if TYPE_CHECKING:
-    from workflows.engine import Engine
+    from durapay.workflows.engine import Engine
 
 log = logging.getLogger("durapay.engine")
 

@@ -23,9 +23,9 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from workflows.keys import Keys, derived_id
-from workflows.states import FlowState
-from workflows.store import FlowRecord, FlowStore
+from durapay.workflows.keys import Keys, derived_id
+from durapay.workflows.states import FlowState
+from durapay.workflows.store import FlowRecord, FlowStore
 
 #: How many rounds a filtered page reads before it answers with what it found and a cursor (a kind
 #: filter on state indexes may have to step over many flows of other kinds).

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from workflows.states import TERMINAL, FlowState
-from workflows.store import FlowRecord
+from durapay.workflows.states import TERMINAL, FlowState
+from durapay.workflows.store import FlowRecord
 
 ACTIONS = {
     "retry": "Retry",

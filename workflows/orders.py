@@ -20,7 +20,7 @@ from typing import Any
 
 import redis
 
-from workflows.keys import Keys
+from durapay.workflows.keys import Keys
 
 #: How many derived order ids a flow tries, each held by another flow, before it stops for a person.
 MAX_DERIVED = 20

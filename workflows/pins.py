@@ -22,7 +22,7 @@ from typing import Any, TypeVar
 import redis
 from redis.exceptions import AskError, MovedError, NoScriptError, TryAgainError
 
-from config.connect import MIGRATION_WAIT, is_cluster
+from durapay.config.connect import MIGRATION_WAIT, is_cluster
 
 T = TypeVar("T")
 

@@ -30,21 +30,21 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
-from gateway import BY_NAME, describe_validation_error, reported_payment
-from tasks.outcomes import Advance, Attention, Finish, NewOrder, Outcome, Poll, Retry, Sleep, Wait
-from tasks.runner import LeaseLost, NothingMoved, StepContext, run_step, settle
-from workflows import inflight
-from workflows.durability import NotDurable
-from workflows.flows._common import operation_of
-from workflows.keys import step_idempotency_key
-from workflows.late_payments import REFUND_KEY
-from workflows.orders import OrderIdsTaken
-from workflows.states import STOPPED, FlowState
-from workflows.steps import FlowDefinition, Step, WaitStep
-from workflows.store import Change, ClaimRequest, FlowRecord, compact_json
+from durapay.gateway import BY_NAME, describe_validation_error, reported_payment
+from durapay.tasks.outcomes import Advance, Attention, Finish, NewOrder, Outcome, Poll, Retry, Sleep, Wait
+from durapay.tasks.runner import LeaseLost, NothingMoved, StepContext, run_step, settle
+from durapay.workflows import inflight
+from durapay.workflows.durability import NotDurable
+from durapay.workflows.flows._common import operation_of
+from durapay.workflows.keys import step_idempotency_key
+from durapay.workflows.late_payments import REFUND_KEY
+from durapay.workflows.orders import OrderIdsTaken
+from durapay.workflows.states import STOPPED, FlowState
+from durapay.workflows.steps import FlowDefinition, Step, WaitStep
+from durapay.workflows.store import Change, ClaimRequest, FlowRecord, compact_json
 
 if TYPE_CHECKING:
-    from workflows.engine import Engine
+    from durapay.workflows.engine import Engine
 
 log = logging.getLogger("durapay.engine")
 

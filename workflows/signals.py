@@ -21,8 +21,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from gateway import StrictModel, closest, error_field, known_names, validate_strict
-from workflows.steps import FlowDefinition, WaitStep
+from durapay.gateway import StrictModel, closest, error_field, known_names, validate_strict
+from durapay.workflows.steps import FlowDefinition, WaitStep
 
 #: The ``by`` of the notification receiver (``service.receiver``), the only sender of ``notification``.
 RECEIVER = "notification"

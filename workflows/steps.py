@@ -19,10 +19,10 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from gateway import GatewayModel, GatewayOperation
-from tasks.celery_tasks import ENGINE_STEP_TASK
-from tasks.outcomes import Advance, Finish, Outcome, Sleep, Wait
-from tasks.runner import NOT_COMMITTED, ReconcileResult, StepContext
+from durapay.gateway import GatewayModel, GatewayOperation
+from durapay.tasks.celery_tasks import ENGINE_STEP_TASK
+from durapay.tasks.outcomes import Advance, Finish, Outcome, Sleep, Wait
+from durapay.tasks.runner import NOT_COMMITTED, ReconcileResult, StepContext
 
 Condition = Callable[[StepContext], bool]
 RequestBuilder = Callable[[StepContext], "Call"]

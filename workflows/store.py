@@ -28,13 +28,13 @@ from typing import Any, NamedTuple
 
 import redis
 
-from workflows.compact import is_chunk, joined, unpack
-from workflows.durability import Durability
-from workflows.keys import Keys
-from workflows.pins import Pins
-from workflows.scripts import ScriptPipeline
-from workflows.sensitive import scrub
-from workflows.states import TERMINAL, FlowState, IllegalTransition, can_move, lua_prelude
+from durapay.workflows.compact import is_chunk, joined, unpack
+from durapay.workflows.durability import Durability
+from durapay.workflows.keys import Keys
+from durapay.workflows.pins import Pins
+from durapay.workflows.scripts import ScriptPipeline
+from durapay.workflows.sensitive import scrub
+from durapay.workflows.states import TERMINAL, FlowState, IllegalTransition, can_move, lua_prelude
 
 
 def _script(name: str) -> str:

@@ -30,9 +30,9 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from workflows.events import TRIM_LIMIT, EventFeed
-from workflows.keys import Keys
-from workflows.states import TERMINAL
+from durapay.workflows.events import TRIM_LIMIT, EventFeed
+from durapay.workflows.keys import Keys
+from durapay.workflows.states import TERMINAL
 
 
 class IndexTrimmer:

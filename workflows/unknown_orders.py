@@ -26,7 +26,7 @@ import json
 from collections.abc import Callable, Mapping
 from typing import Any, Literal
 
-from workflows.keys import Keys
+from durapay.workflows.keys import Keys
 
 TYPE = "notification.unknown_order"
 

@@ -9,7 +9,7 @@
 * :mod:`service.chaos.report` - the table (or JSON), the engine's own recovery apart from waiting on customers, and the verdict.
 """
 
-from service.chaos.report import ChaosReport, print_report
-from service.chaos.run import ChaosOptions, run_chaos
+from durapay.service.chaos.report import ChaosReport, print_report
+from durapay.service.chaos.run import ChaosOptions, run_chaos
 
 __all__ = ["ChaosOptions", "ChaosReport", "print_report", "run_chaos"]

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from config.embedded import EmbeddedValkey
+from durapay.config.embedded import EmbeddedValkey
 
 RECORDER_SOURCE = r"""
 #define _GNU_SOURCE

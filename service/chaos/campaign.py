@@ -23,10 +23,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from service.chaos.aof import Cut
-from service.chaos.stack import GATEWAY_TIMEOUT, ChaosStack
-from service.chaos.workload import OPERATIONS
-from simulator import SimulatorAdminError
+from durapay.service.chaos.aof import Cut
+from durapay.service.chaos.stack import GATEWAY_TIMEOUT, ChaosStack
+from durapay.service.chaos.workload import OPERATIONS
+from durapay.simulator import SimulatorAdminError
 
 log = logging.getLogger("durapay.chaos")
 

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from workflows.engine import Engine
-from workflows.states import STOPPED, FlowState
-from workflows.store import FlowRecord
+from durapay.workflows.engine import Engine
+from durapay.workflows.states import STOPPED, FlowState
+from durapay.workflows.store import FlowRecord
 
 CUSTOMER_KINDS = frozenset({"hpp", "paybylink", "build", "reservation", "challenge"})
 

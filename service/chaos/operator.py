@@ -28,12 +28,12 @@ import random
 import time
 from dataclasses import dataclass, field
 
-from service.chaos.customer import Customer
-from service.chaos.workload import Planned, Workload
-from workflows.engine import Engine, NotFound, OperatorError
-from workflows.keys import derived_id
-from workflows.states import TERMINAL, FlowState
-from workflows.store import FlowRecord
+from durapay.service.chaos.customer import Customer
+from durapay.service.chaos.workload import Planned, Workload
+from durapay.workflows.engine import Engine, NotFound, OperatorError
+from durapay.workflows.keys import derived_id
+from durapay.workflows.states import TERMINAL, FlowState
+from durapay.workflows.store import FlowRecord
 
 CANCEL, RESOLVE = "cancel", "resolve"
 #: Kinds whose customer pays on a page or link the gateway keeps open after a cancel.

@@ -27,12 +27,12 @@ from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Any
 
-from service.chaos.workload import Planned
-from workflows.engine import Engine, NotFound
-from workflows.events import Cursor, EventFeed
-from workflows.schedules import order_parts
-from workflows.states import STOPPED, FlowState
-from workflows.store import FlowRecord
+from durapay.service.chaos.workload import Planned
+from durapay.workflows.engine import Engine, NotFound
+from durapay.workflows.events import Cursor, EventFeed
+from durapay.workflows.schedules import order_parts
+from durapay.workflows.states import STOPPED, FlowState
+from durapay.workflows.store import FlowRecord
 
 PAYMENT_TYPES = frozenset({"AUTHORIZATION", "CAPTURE", "CARD_VERIFICATION"})
 SUCCESS = frozenset({"AUTHORIZED", "EXECUTED"})

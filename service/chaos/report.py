@@ -16,7 +16,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from service.chaos.reconcile import Findings
+from durapay.service.chaos.reconcile import Findings
 
 #: Findings printed per class (the JSON has them all).
 SHOWN = 10

@@ -19,8 +19,8 @@ from typing import Any
 
 import redis
 
-from config import Settings
-from service.chaos.campaign import (
+from durapay.config import Settings
+from durapay.service.chaos.campaign import (
     FAULT,
     PEND,
     REDIS_RESTART,
@@ -30,15 +30,15 @@ from service.chaos.campaign import (
     plan,
     plan_pending,
 )
-from service.chaos.customer import Customer
-from service.chaos.operator import Operator, plan_operator
-from service.chaos.reconcile import Findings, Ledger, check_events, reconcile, reconcile_schedule
-from service.chaos.report import ChaosReport, recovery
-from service.chaos.stack import ChaosStack
-from service.chaos.workload import Planned, Workload
-from workflows.durability import NotDurable
-from workflows.schedules import Schedules, ScheduleState
-from workflows.states import STOPPED, FlowState
+from durapay.service.chaos.customer import Customer
+from durapay.service.chaos.operator import Operator, plan_operator
+from durapay.service.chaos.reconcile import Findings, Ledger, check_events, reconcile, reconcile_schedule
+from durapay.service.chaos.report import ChaosReport, recovery
+from durapay.service.chaos.stack import ChaosStack
+from durapay.service.chaos.workload import Planned, Workload
+from durapay.workflows.durability import NotDurable
+from durapay.workflows.schedules import Schedules, ScheduleState
+from durapay.workflows.states import STOPPED, FlowState
 
 FINAL_SCHEDULE = frozenset({ScheduleState.COMPLETED, ScheduleState.CANCELLED, ScheduleState.NEEDS_ATTENTION})
 TRANSIENT = (redis.RedisError, NotDurable, OSError)

@@ -21,10 +21,10 @@ from typing import Any
 
 import redis
 
-from config import SIMULATOR_API_KEY, Settings, load_settings
-from config.embedded import EmbeddedValkey, free_port
-from service.app import create_app
-from service.chaos.aof import (
+from durapay.config import SIMULATOR_API_KEY, Settings, load_settings
+from durapay.config.embedded import EmbeddedValkey, free_port
+from durapay.service.app import create_app
+from durapay.service.chaos.aof import (
     Cut,
     FsyncRecorder,
     crash_model_valkey,
@@ -32,10 +32,10 @@ from service.chaos.aof import (
     stop_and_cut,
     waitaof_waits_for_fsync,
 )
-from service.demo.stack import settings_env
-from service.runtime import Runtime, build_runtime
-from service.server import ApiServer
-from simulator import SimulatorConfig, SimulatorServer
+from durapay.service.demo.stack import settings_env
+from durapay.service.runtime import Runtime, build_runtime
+from durapay.service.server import ApiServer
+from durapay.simulator import SimulatorConfig, SimulatorServer
 
 #: The gateway client's timeout: a "hang" fault holds a request longer than this.
 GATEWAY_TIMEOUT = 2.0
@@ -52,7 +52,7 @@ class Child:
         self.process: subprocess.Popen[bytes] | None = None
 
     def start(self) -> Child:
-        command = [sys.executable, "-c", "from service.cli import main; main()", self.role, *self.extra]
+        command = [sys.executable, "-c", "from durapay.service.cli import main; main()", self.role, *self.extra]
         with self.log_path.open("ab") as log:
             self.process = subprocess.Popen(command, env=self.env, stdout=log, stderr=subprocess.STDOUT)  # noqa: S603
         return self

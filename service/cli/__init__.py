@@ -22,18 +22,18 @@ from typing import Any
 import typer
 from typer.core import TyperGroup
 
-from service.cli._common import ExitCode
+from durapay.service.cli._common import ExitCode
 
 COMMAND_MODULES = (
-    "service.cli.config_cmd",
-    "service.cli.endpoints",
-    "service.cli.simulator_cmd",
-    "service.cli.serve_cmd",
-    "service.cli.flows_cmd",
-    "service.cli.schedules_cmd",
-    "service.cli.webhooks_cmd",
-    "service.cli.demo_cmd",
-    "service.cli.chaos_cmd",
+    "durapay.service.cli.config_cmd",
+    "durapay.service.cli.endpoints",
+    "durapay.service.cli.simulator_cmd",
+    "durapay.service.cli.serve_cmd",
+    "durapay.service.cli.flows_cmd",
+    "durapay.service.cli.schedules_cmd",
+    "durapay.service.cli.webhooks_cmd",
+    "durapay.service.cli.demo_cmd",
+    "durapay.service.cli.chaos_cmd",
 )
 
 

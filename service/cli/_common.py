@@ -32,13 +32,13 @@ from urllib.parse import urlsplit, urlunsplit
 import redis
 import typer
 
-from config.settings import Settings, SettingsError, load_settings
-from service.runtime import Runtime, admit_durability, build_runtime, running_embedded
-from workflows.durability import EarlyWaitaof
-from workflows.engine import InputError, NotFound, OperatorError
-from workflows.signals import SignalRefused
-from workflows.states import FlowState
-from workflows.store import StartConflict
+from durapay.config.settings import Settings, SettingsError, load_settings
+from durapay.service.runtime import Runtime, admit_durability, build_runtime, running_embedded
+from durapay.workflows.durability import EarlyWaitaof
+from durapay.workflows.engine import InputError, NotFound, OperatorError
+from durapay.workflows.signals import SignalRefused
+from durapay.workflows.states import FlowState
+from durapay.workflows.store import StartConflict
 
 #: What an embedded Valkey keeps under ``<data dir>/valkey``: its presence means a store exists there.
 AOF_FOLDER = "appendonlydir"
@@ -171,7 +171,7 @@ def runtime(
         if clock_key:
             if not settings.redis_url:
                 out.fail("configuration", "--clock-key needs DURAPAY_REDIS_URL (the clock lives in that Redis)")
-            from service.demo.clock import SharedClock
+            from durapay.service.demo.clock import SharedClock
 
             clock = SharedClock(settings.redis_url, clock_key)
         built = build_runtime(settings, redis_url=redis_url, clock=clock)

@@ -15,8 +15,8 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from service.cli._common import ExitCode, Output, interrupt_on_sigterm
-from service.cli._output import console, echo_json
+from durapay.service.cli._common import ExitCode, Output, interrupt_on_sigterm
+from durapay.service.cli._output import console, echo_json
 
 
 class AppendFsync(StrEnum):
@@ -58,8 +58,8 @@ def chaos(
 
     Exit status 0 when nothing went wrong, 1 otherwise.
     """
-    from service.chaos import ChaosOptions, print_report, run_chaos
-    from service.chaos.aof import CrashModelUnavailable
+    from durapay.service.chaos import ChaosOptions, print_report, run_chaos
+    from durapay.service.chaos.aof import CrashModelUnavailable
 
     out = Output(as_json)
     if lose_last_writes and redis_url:

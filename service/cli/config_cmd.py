@@ -8,9 +8,9 @@ from typing import Annotated, Any
 import typer
 from pydantic import SecretStr
 
-from config import ENV_NESTED_DELIMITER, ENV_PREFIX, Settings
-from service.cli._common import Output
-from service.cli._output import print_rows
+from durapay.config import ENV_NESTED_DELIMITER, ENV_PREFIX, Settings
+from durapay.service.cli._common import Output
+from durapay.service.cli._output import print_rows
 
 
 def _flatten(prefix: str, value: Any, out: dict[str, str]) -> None:

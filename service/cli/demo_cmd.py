@@ -12,10 +12,10 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from service.cli._common import ExitCode, Output, interrupt_on_sigterm
-from service.cli._output import console, echo_json
-from service.cli.simulator_cmd import DEFAULT_PORT
-from service.demo.report import Row
+from durapay.service.cli._common import ExitCode, Output, interrupt_on_sigterm
+from durapay.service.cli._output import console, echo_json
+from durapay.service.cli.simulator_cmd import DEFAULT_PORT
+from durapay.service.demo.report import Row
 
 
 def demo(
@@ -35,7 +35,7 @@ def demo(
 
     Exit status 0 when every flow ended as expected, 1 otherwise.
     """
-    from service.demo import run_demo
+    from durapay.service.demo import run_demo
 
     out = Output(as_json)
     settings = out.settings(data_dir=data_dir)

@@ -7,8 +7,8 @@ from typing import Annotated
 
 import typer
 
-from gateway import CATALOGUE
-from service.cli._output import print_rows
+from durapay.gateway import CATALOGUE
+from durapay.service.cli._output import print_rows
 
 
 def markdown_table() -> str:

@@ -18,13 +18,13 @@ from typing import Annotated, Any
 import typer
 from rich.console import Console
 
-from service.api_flows import wait_for_customer_url
-from service.cli._common import BadOption, ExitCode, Output, exit_code_for, read_json_input, runtime
-from service.cli._output import describe_error, echo_json, print_record, print_rows, when
-from service.timeparse import RUN_AT_FORMS, SINCE_FORMS, parse_run_at, parse_since
-from service.views import flow_brief, flow_view
-from workflows.engine import Engine
-from workflows.states import STOPPED, FlowState
+from durapay.service.api_flows import wait_for_customer_url
+from durapay.service.cli._common import BadOption, ExitCode, Output, exit_code_for, read_json_input, runtime
+from durapay.service.cli._output import describe_error, echo_json, print_record, print_rows, when
+from durapay.service.timeparse import RUN_AT_FORMS, SINCE_FORMS, parse_run_at, parse_since
+from durapay.service.views import flow_brief, flow_view
+from durapay.workflows.engine import Engine
+from durapay.workflows.states import STOPPED, FlowState
 
 JsonFlag = Annotated[bool, typer.Option("--json", help="Print JSON (errors too, on stderr).")]
 
@@ -260,7 +260,7 @@ def retry(flow_id: str, as_json: JsonFlag = False) -> None:
 @flows_app.command("kinds")
 def kinds(as_json: JsonFlag = False) -> None:
     """The flow kinds durapay runs, with their steps."""
-    from workflows.flows import REGISTRY
+    from durapay.workflows.flows import REGISTRY
 
     rows: list[dict[str, Any]] = [
         {"kind": kind, "steps": [step.name for step in definition.steps], "description": definition.description}

@@ -17,9 +17,9 @@ from typing import Annotated, Any
 
 import typer
 
-from service.cli._common import Output, runtime
-from service.cli._output import echo_json, print_record, print_rows
-from workflows.schedules import ScheduleRecord, Schedules
+from durapay.service.cli._common import Output, runtime
+from durapay.service.cli._output import echo_json, print_record, print_rows
+from durapay.workflows.schedules import ScheduleRecord, Schedules
 
 JsonFlag = Annotated[bool, typer.Option("--json", help="Print JSON (errors too, on stderr).")]
 Id = Annotated[str, typer.Argument(help="Schedule id (s + 12 hex digits).")]

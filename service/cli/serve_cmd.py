@@ -32,10 +32,10 @@ import typer
 from celery import Celery, signals
 from celery.exceptions import CPendingDeprecationWarning
 
-from config.celery import QUEUE
-from service.cli._common import ExitCode, Output, runtime, safe_url
-from service.runtime import Runtime, admit_durability, freeze_startup_heap
-from workflows.redis_watch import RedisWatch
+from durapay.config.celery import QUEUE
+from durapay.service.cli._common import ExitCode, Output, runtime, safe_url
+from durapay.service.runtime import Runtime, admit_durability, freeze_startup_heap
+from durapay.workflows.redis_watch import RedisWatch
 
 #: The demo's shared clock (``service.demo.clock``): hidden, not for production use.
 ClockKey = Annotated[str | None, typer.Option("--clock-key", hidden=True)]
@@ -159,8 +159,8 @@ def scheduler(
     as_json: JsonFlag = False,
 ) -> None:
     """Run the dispatcher: send due steps (timers, retries, waits, lost messages), fire schedules, send webhooks."""
-    from workflows.dispatcher import Dispatcher
-    from workflows.schedules import Schedules
+    from durapay.workflows.dispatcher import Dispatcher
+    from durapay.workflows.schedules import Schedules
 
     # One timestamped line per event (a Redis outage is two: lost, back), on stderr.
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", stream=sys.stderr)
@@ -197,9 +197,9 @@ def api(
     as_json: JsonFlag = False,
 ) -> None:
     """Serve the notification receiver and the control API (uvicorn, one worker)."""
-    from service.app import create_app
-    from service.auth import MissingApiKey
-    from service.server import serve_forever
+    from durapay.service.app import create_app
+    from durapay.service.auth import MissingApiKey
+    from durapay.service.server import serve_forever
 
     out = Output(as_json)
     with runtime(out, may_start_store=True) as rt:

@@ -12,8 +12,8 @@ from typing import Annotated
 
 import typer
 
-from config.settings import SIMULATOR_API_KEY
-from service.cli._common import Output
+from durapay.config.settings import SIMULATOR_API_KEY
+from durapay.service.cli._common import Output
 
 DEFAULT_PORT = 8781
 
@@ -37,7 +37,7 @@ def simulator(
     as_json: Annotated[bool, typer.Option("--json", help="Errors (and the start line) as JSON.")] = False,
 ) -> None:
     """Serve the gateway simulator: every gateway operation over HTTP, test cards, faults, /_sim/ admin."""
-    from simulator import SimulatorConfig, serve_forever
+    from durapay.simulator import SimulatorConfig, serve_forever
 
     try:
         config = SimulatorConfig(

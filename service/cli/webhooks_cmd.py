@@ -16,11 +16,11 @@ from typing import Annotated, Any
 
 import typer
 
-from service.cli._common import BadOption, ExitCode, Output, runtime
-from service.cli._output import echo_json, print_record, print_rows, when
-from workflows.engine import NotFound
-from workflows.events import EVENT_TYPES, Cursor
-from workflows.webhooks import Endpoint, EndpointError, Webhooks, check_types
+from durapay.service.cli._common import BadOption, ExitCode, Output, runtime
+from durapay.service.cli._output import echo_json, print_record, print_rows, when
+from durapay.workflows.engine import NotFound
+from durapay.workflows.events import EVENT_TYPES, Cursor
+from durapay.workflows.webhooks import Endpoint, EndpointError, Webhooks, check_types
 
 JsonFlag = Annotated[bool, typer.Option("--json", help="Print JSON (errors too, on stderr).")]
 Id = Annotated[str, typer.Argument(help="Endpoint id (we_...).")]

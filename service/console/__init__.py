@@ -21,12 +21,12 @@ from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import Response
 from fastapi.staticfiles import StaticFiles
 
-from service.auth import Keyring
-from service.console.flow_pages import flow_router
-from service.console.session import COOKIE, LOGIN_COOKIE, PATH, Sessions
-from service.console.web import Console, redirect, safe_next, secured
-from workflows.engine import Engine
-from workflows.listing import FlowListing
+from durapay.service.auth import Keyring
+from durapay.service.console.flow_pages import flow_router
+from durapay.service.console.session import COOKIE, LOGIN_COOKIE, PATH, Sessions
+from durapay.service.console.web import Console, redirect, safe_next, secured
+from durapay.workflows.engine import Engine
+from durapay.workflows.listing import FlowListing
 
 STATIC = f"{PATH}/static"
 
@@ -35,11 +35,11 @@ def install_console(app: FastAPI, engine: Engine, keyring: Keyring, *, hours: fl
     """Add the console's routes and files to ``app``."""
     console = Console(Sessions(keyring, hours))
     listing = FlowListing(engine.store, engine.registry)
-    app.mount(STATIC, StaticFiles(directory=str(files("service.console") / "static")), name="console-static")
+    app.mount(STATIC, StaticFiles(directory=str(files("durapay.service.console") / "static")), name="console-static")
     app.include_router(_sign_in_router(console))
     app.include_router(flow_router(console, engine, listing))
     if schedules is not None:
-        from service.console.schedule_pages import schedule_router
+        from durapay.service.console.schedule_pages import schedule_router
 
         app.include_router(schedule_router(console, schedules))
 

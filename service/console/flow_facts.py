@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from workflows.operator_actions import late_payment
-from workflows.states import TERMINAL
-from workflows.store import FlowRecord
+from durapay.workflows.operator_actions import late_payment
+from durapay.workflows.states import TERMINAL
+from durapay.workflows.store import FlowRecord
 
 
 def facts(record: FlowRecord) -> dict[str, Any]:

@@ -15,17 +15,17 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
-from service.console.flow_facts import facts
-from service.console.overview import attention, declines, reason_of, snapshot, step_latency
-from service.console.session import PATH
-from service.console.timeline import build, svg
-from service.console.web import FORM_EXPIRED, READ_ONLY, Console, query, redirect, secured, to_login
-from service.timeparse import parse_since
-from service.views import flow_brief, redact
-from workflows.engine import Engine, NotFound, OperatorError
-from workflows.listing import Cursor, FlowListing
-from workflows.operator_actions import ACTIONS, allowed, explain, refusal
-from workflows.states import STOPPED, FlowState
+from durapay.service.console.flow_facts import facts
+from durapay.service.console.overview import attention, declines, reason_of, snapshot, step_latency
+from durapay.service.console.session import PATH
+from durapay.service.console.timeline import build, svg
+from durapay.service.console.web import FORM_EXPIRED, READ_ONLY, Console, query, redirect, secured, to_login
+from durapay.service.timeparse import parse_since
+from durapay.service.views import flow_brief, redact
+from durapay.workflows.engine import Engine, NotFound, OperatorError
+from durapay.workflows.listing import Cursor, FlowListing
+from durapay.workflows.operator_actions import ACTIONS, allowed, explain, refusal
+from durapay.workflows.states import STOPPED, FlowState
 
 PAGE_SIZE = 50
 # Times come from the engine's clock, not the machine's: the demo moves its clock forward (days), and

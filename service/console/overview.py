@@ -9,12 +9,12 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
-from service.api_ops import readiness
-from service.metrics import step_totals
-from workflows.engine import Engine
-from workflows.listing import FlowListing
-from workflows.states import TERMINAL, FlowState
-from workflows.store import FlowRecord
+from durapay.service.api_ops import readiness
+from durapay.service.metrics import step_totals
+from durapay.workflows.engine import Engine
+from durapay.workflows.listing import FlowListing
+from durapay.workflows.states import TERMINAL, FlowState
+from durapay.workflows.store import FlowRecord
 
 #: How far back "recent" reaches for throughput (seconds).
 WINDOW = 60.0

@@ -11,11 +11,11 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
-from service.console.session import PATH
-from service.console.web import FORM_EXPIRED, READ_ONLY, Console, redirect, to_login
-from workflows.engine import InputError, NotFound, OperatorError
-from workflows.schedules import Attempt, Schedules
-from workflows.schedules.model import ScheduleState
+from durapay.service.console.session import PATH
+from durapay.service.console.web import FORM_EXPIRED, READ_ONLY, Console, redirect, to_login
+from durapay.workflows.engine import InputError, NotFound, OperatorError
+from durapay.workflows.schedules import Attempt, Schedules
+from durapay.workflows.schedules.model import ScheduleState
 
 ACTIONS = {
     "pause": "Pause",

@@ -22,7 +22,7 @@ import secrets
 import time
 from dataclasses import dataclass
 
-from service.auth import OPERATOR, Keyring
+from durapay.service.auth import OPERATOR, Keyring
 
 COOKIE = "durapay_console"
 LOGIN_COOKIE = "durapay_login"

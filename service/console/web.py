@@ -21,7 +21,7 @@ from fastapi import Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 
-from service.console.session import COOKIE, PATH, Session, Sessions
+from durapay.service.console.session import COOKIE, PATH, Session, Sessions
 
 CSP = (
     "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; connect-src 'self'; "
@@ -54,7 +54,7 @@ def shown(value: Any) -> str:
 
 def environment() -> Environment:
     env = Environment(
-        loader=FileSystemLoader(str(files("service.console") / "templates")),
+        loader=FileSystemLoader(str(files("durapay.service.console") / "templates")),
         autoescape=select_autoescape(["html"]),
         trim_blocks=True,
         lstrip_blocks=True,

@@ -14,12 +14,12 @@ from collections.abc import Callable
 
 from rich.console import Console
 
-from config import Settings
-from service.demo.merchant import Merchant
-from service.demo.report import Places, Row, next_steps, summary_table
-from service.demo.scenarios import Scenarios
-from service.demo.stack import API_PORT, SIMULATOR_PORT, DemoStack
-from workflows.flows import REGISTRY
+from durapay.config import Settings
+from durapay.service.demo.merchant import Merchant
+from durapay.service.demo.report import Places, Row, next_steps, summary_table
+from durapay.service.demo.scenarios import Scenarios
+from durapay.service.demo.stack import API_PORT, SIMULATOR_PORT, DemoStack
+from durapay.workflows.flows import REGISTRY
 
 __all__ = ["run_demo"]
 

@@ -15,10 +15,10 @@ import time
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from service.demo.merchant import DemoError
-from service.demo.report import Row
-from service.demo.runner import APPROVE, CHALLENGE, Runner, card, operation_id, session
-from service.demo.stack import AUTO_COMPLETE_MS
+from durapay.service.demo.merchant import DemoError
+from durapay.service.demo.report import Row
+from durapay.service.demo.runner import APPROVE, CHALLENGE, Runner, card, operation_id, session
+from durapay.service.demo.stack import AUTO_COMPLETE_MS
 
 
 class Payments(Runner):

@@ -15,9 +15,9 @@ from typing import Any
 
 from rich.console import Console
 
-from service.demo.merchant import DemoError, Merchant
-from service.demo.report import Row, print_row
-from service.demo.stack import DemoStack
+from durapay.service.demo.merchant import DemoError, Merchant
+from durapay.service.demo.report import Row, print_row
+from durapay.service.demo.stack import DemoStack
 
 APPROVE = "4349940199004549"  # published approving VISA, frictionless
 CHALLENGE = "5186151650005008"  # published approving MC, 3DS challenge

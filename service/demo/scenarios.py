@@ -16,10 +16,10 @@ import time
 from datetime import UTC, datetime
 from typing import Any
 
-from service.demo.merchant import DemoError
-from service.demo.payments import Payments
-from service.demo.report import Row
-from service.demo.runner import DAY, card, operation_id
+from durapay.service.demo.merchant import DemoError
+from durapay.service.demo.payments import Payments
+from durapay.service.demo.report import Row
+from durapay.service.demo.runner import DAY, card, operation_id
 
 #: The schedule looks at a started charge this long after starting it (workflows.schedules.policy).
 SCHEDULE_CHECK_SECONDS = 31.0

@@ -28,15 +28,15 @@ from typing import Any
 
 import httpx
 
-from config import ENV_NESTED_DELIMITER, ENV_PREFIX, SIMULATOR_API_KEY, Settings, load_settings
-from config.embedded import free_port
-from service.app import create_app
-from service.demo.clock import SharedClock
-from service.runtime import Runtime, build_runtime, resolve_redis
-from service.server import ApiServer
-from simulator import SimulatorConfig, SimulatorServer
-from workflows.dispatcher import Dispatcher
-from workflows.schedules import Schedules
+from durapay.config import ENV_NESTED_DELIMITER, ENV_PREFIX, SIMULATOR_API_KEY, Settings, load_settings
+from durapay.config.embedded import free_port
+from durapay.service.app import create_app
+from durapay.service.demo.clock import SharedClock
+from durapay.service.runtime import Runtime, build_runtime, resolve_redis
+from durapay.service.server import ApiServer
+from durapay.simulator import SimulatorConfig, SimulatorServer
+from durapay.workflows.dispatcher import Dispatcher
+from durapay.workflows.schedules import Schedules
 
 API_PORT = 8780
 SIMULATOR_PORT = 8781
@@ -75,7 +75,7 @@ class WorkerProcess:
     def __init__(self, name: str, env: dict[str, str], log_dir: Path, clock_key: str) -> None:
         self.name = name
         self.log_path = log_dir / f"{name}.log"
-        command = [sys.executable, "-c", "from service.cli import main; main()", "worker"]
+        command = [sys.executable, "-c", "from durapay.service.cli import main; main()", "worker"]
         command += ["--pool", "threads", "--concurrency", "4", "--loglevel", "warning", "--hostname", f"{name}@%h"]
         command += ["--clock-key", clock_key]
         with self.log_path.open("ab") as log:

@@ -21,9 +21,9 @@ import redis
 from kombu import Exchange, Queue
 from kombu.common import ignore_errors
 
-from config.celery import RedisTransport, make_celery
-from config.embedded import EmbeddedValkey
-from config.settings import Settings
+from durapay.config.celery import RedisTransport, make_celery
+from durapay.config.embedded import EmbeddedValkey
+from durapay.config.settings import Settings
 
 
 @pytest.fixture
@@ -34,8 +34,8 @@ def doomed_valkey(tmp_path: Path) -> Iterator[EmbeddedValkey]:
 
 def test_redis_brokers_use_the_guarded_transport_and_others_do_not() -> None:
     settings = Settings()
-    assert make_celery(settings, "redis://127.0.0.1:6390/0").conf.broker_transport == "config.celery:RedisTransport"
-    assert make_celery(settings, "rediss://example:6390/0").conf.broker_transport == "config.celery:RedisTransport"
+    assert make_celery(settings, "redis://127.0.0.1:6390/0").conf.broker_transport == "durapay.config.celery:RedisTransport"
+    assert make_celery(settings, "rediss://example:6390/0").conf.broker_transport == "durapay.config.celery:RedisTransport"
     assert make_celery(settings, "amqp://guest:guest@127.0.0.1:5672//").conf.broker_transport is None
 
 

@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 import redis
 
-from config.celery import kombu_broker, make_celery
-from config.connect import ClusterClient, open_redis, parse_sentinel_url
-from config.settings import Settings, SettingsError, load_settings
+from durapay.config.celery import kombu_broker, make_celery
+from durapay.config.connect import ClusterClient, open_redis, parse_sentinel_url
+from durapay.config.settings import Settings, SettingsError, load_settings
 from tests.workflows.integration.topology import ValkeyCluster
 
 
@@ -41,7 +41,7 @@ def test_the_broker_through_sentinel_becomes_kombu_s_form_with_the_master_name()
     assert options == {"master_name": "durapay"}
     assert kombu_broker("amqp://guest:guest@127.0.0.1:5672//") == ("amqp://guest:guest@127.0.0.1:5672//", {})
     app = make_celery(Settings(), "redis+sentinel://127.0.0.1:26379/durapay")
-    assert app.conf.broker_transport == "config.celery:SentinelTransport"
+    assert app.conf.broker_transport == "durapay.config.celery:SentinelTransport"
     assert app.conf.broker_transport_options["master_name"] == "durapay"
 
 

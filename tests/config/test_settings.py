@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from config import SIMULATOR_API_KEY, SettingsError, load_settings
+from durapay.config import SIMULATOR_API_KEY, SettingsError, load_settings
 
 
 @pytest.fixture(autouse=True)
@@ -76,7 +76,7 @@ def test_a_bad_setting_is_one_line_naming_the_variable(
 def test_the_cli_prints_one_line_and_exits_2() -> None:
     env = {"DURAPAY_GATEWAY__TIMEOUT": "soon", "PATH": ""}
     done = subprocess.run(
-        [sys.executable, "-c", "from service.cli import main; main()", "config"],
+        [sys.executable, "-c", "from durapay.service.cli import main; main()", "config"],
         capture_output=True,
         text=True,
         env=env,

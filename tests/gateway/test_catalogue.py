@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway import BY_NAME, CATALOGUE, Catalogue, GatewayModel, Reconcile, Version, operation
+from durapay.gateway import BY_NAME, CATALOGUE, Catalogue, GatewayModel, Reconcile, Version, operation
 
 #: The repository root (tests/gateway/test_catalogue.py is two folders below it).
 REPO = Path(__file__).resolve().parents[2]

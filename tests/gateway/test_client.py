@@ -14,8 +14,8 @@ from typing import Any
 import httpx
 import pytest
 
-from config import GatewaySettings
-from gateway import (
+from durapay.config import GatewaySettings
+from durapay.gateway import (
     CATALOGUE,
     BadRequest,
     BinaryResponse,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gateway import HARD_DECLINE_CODES, RESPONSE_CODES, SOFT_DECLINE_CODES, decline_kind
+from durapay.gateway import HARD_DECLINE_CODES, RESPONSE_CODES, SOFT_DECLINE_CODES, decline_kind
 
 
 @pytest.mark.parametrize("code", ["100", "106", "116", "117", "121", "123", "903", "906", "907", "908", "909", "911", "913"])

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gateway import BadRequest, ErrorDetail
+from durapay.gateway import BadRequest, ErrorDetail
 
 
 def bad_request(code: str, description: str) -> BadRequest:

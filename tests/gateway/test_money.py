@@ -7,7 +7,7 @@ from decimal import Decimal
 import pytest
 from pydantic import ValidationError
 
-from gateway import Order, exponent, to_major, to_minor
+from durapay.gateway import Order, exponent, to_major, to_minor
 
 
 @pytest.mark.parametrize(

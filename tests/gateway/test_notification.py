@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from gateway import (
+from durapay.gateway import (
     InvalidSecurityToken,
     NotificationError,
     OperationResult,

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from gateway import (
+from durapay.gateway import (
     STRICT,
     CaptureType,
     MotoRequest,
@@ -84,7 +84,7 @@ def test_the_context_is_what_selects_the_mode() -> None:
 
 def test_a_currency_in_merchant_input_is_an_iso_code_and_a_typo_gets_a_guess() -> None:
     """``"currency": "XXZ"`` was accepted and sent; ``JYP`` (for JPY) was bounded as a 2-decimal currency."""
-    from workflows.flows import REGISTRY
+    from durapay.workflows.flows import REGISTRY
 
     model = REGISTRY["moto"].input_model
     card = {"pan": "4349940199004549", "expiryDate": "1230", "cvv": "123"}
@@ -105,7 +105,7 @@ def test_a_currency_in_merchant_input_is_an_iso_code_and_a_typo_gets_a_guess() -
 def test_an_amount_in_a_part_without_its_own_currency_is_bounded_in_the_orders_currency() -> None:
     """A hosted page's ``paymentSession.amount`` of 90000000000000 with a EUR order was accepted: only the
     widest bound of any currency applied where the part names no currency."""
-    from workflows.flows import REGISTRY
+    from durapay.workflows.flows import REGISTRY
 
     model = REGISTRY["hpp"].input_model
     session = {"actionType": "PAY", "language": "eng", "resultUrl": "https://shop.example/ok"}

@@ -6,7 +6,7 @@ from datetime import UTC, datetime, timedelta, timezone
 
 import pytest
 
-from gateway import GatewayTime, ThreeStepsInitResponse, parse_gateway_time
+from durapay.gateway import GatewayTime, ThreeStepsInitResponse, parse_gateway_time
 
 #: The real test environment's answer to a frictionless card's 3-step init, as a public client records it.
 SANDBOX_INIT = {

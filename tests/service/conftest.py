@@ -17,16 +17,16 @@ import httpx
 import pytest
 from pydantic import BaseModel
 
-from config import Settings, load_settings
-from gateway import Catalogue
-from service.app import create_app
-from service.runtime import Runtime, build_runtime
-from service.server import ApiServer
-from tasks.outcomes import Advance, Finish, Outcome
-from tasks.runner import StepContext
-from workflows.engine import Engine
-from workflows.states import FlowState
-from workflows.steps import Call, CallStep, FlowDefinition, WaitStep
+from durapay.config import Settings, load_settings
+from durapay.gateway import Catalogue
+from durapay.service.app import create_app
+from durapay.service.runtime import Runtime, build_runtime
+from durapay.service.server import ApiServer
+from durapay.tasks.outcomes import Advance, Finish, Outcome
+from durapay.tasks.runner import StepContext
+from durapay.workflows.engine import Engine
+from durapay.workflows.states import FlowState
+from durapay.workflows.steps import Call, CallStep, FlowDefinition, WaitStep
 
 API_KEY = "test-api-key-0123456789"
 

@@ -13,11 +13,11 @@ from typing import Any
 import httpx
 import pytest
 
-from service.app import create_app
-from service.auth import MissingApiKey
-from service.runtime import Runtime
+from durapay.service.app import create_app
+from durapay.service.auth import MissingApiKey
+from durapay.service.runtime import Runtime
+from durapay.workflows.states import FlowState
 from tests.service.conftest import API_KEY, Served, notification, waiting_flow
-from workflows.states import FlowState
 
 KEY = {"X-Api-Key": API_KEY}
 TOKEN = "00112233445566778899aabbccddeeff"
@@ -65,7 +65,7 @@ def test_open_paths_need_no_key(served: Served) -> None:
 def test_an_empty_api_key_refuses_to_build_the_app_unless_insecure(runtime: Runtime) -> None:
     from dataclasses import replace
 
-    from config import load_settings
+    from durapay.config import load_settings
 
     open_settings = load_settings({"engine": {"key_prefix": runtime.settings.engine.key_prefix}})
     unkeyed = replace(runtime, settings=open_settings)

@@ -11,16 +11,16 @@ from typing import Any
 import httpx
 import pytest
 
-from service.app import create_app
-from service.heartbeat import Heartbeat
-from service.runtime import Runtime, build_runtime
-from service.server import ApiServer
-from simulator import SimulatorConfig, SimulatorServer
+from durapay.service.app import create_app
+from durapay.service.heartbeat import Heartbeat
+from durapay.service.runtime import Runtime, build_runtime
+from durapay.service.server import ApiServer
+from durapay.simulator import SimulatorConfig, SimulatorServer
+from durapay.workflows.dispatcher import Dispatcher
+from durapay.workflows.states import FlowState
 from tests.service.conftest import API_KEY, NOTIFIED, Served, notification, service_settings
 from tests.service.test_receiver import NOWHERE, hosted_page, pay
 from tests.waiting import wait_until
-from workflows.dispatcher import Dispatcher
-from workflows.states import FlowState
 
 KEY = {"X-Api-Key": API_KEY}
 

@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 
+from durapay.workflows.schedules import Schedules
 from tests.service.conftest import API_KEY, Served
 from tests.workflows.schedules.harness import stop_on_a_gone_flow
-from workflows.schedules import Schedules
 
 KEY = {"X-Api-Key": API_KEY}
 

@@ -12,9 +12,9 @@ import httpx
 import pytest
 
 from bench._webhook_receiver import WebhookReceiver
-from service.app import create_app
-from service.runtime import build_runtime
-from service.server import ApiServer
+from durapay.service.app import create_app
+from durapay.service.runtime import build_runtime
+from durapay.service.server import ApiServer
 from tests.service.conftest import API_KEY, NOTIFIED, service_settings
 
 KEY = {"X-Api-Key": API_KEY}

@@ -6,12 +6,12 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from config import load_settings
-from service.app import create_app
-from service.cli.config_cmd import effective
-from service.runtime import Runtime
-from workflows.flows import REGISTRY
-from workflows.signals import accepted
+from durapay.config import load_settings
+from durapay.service.app import create_app
+from durapay.service.cli.config_cmd import effective
+from durapay.service.runtime import Runtime
+from durapay.workflows.flows import REGISTRY
+from durapay.workflows.signals import accepted
 
 ROOT = Path(__file__).resolve().parents[2]
 

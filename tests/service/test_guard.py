@@ -10,8 +10,8 @@ from typing import Any
 
 from starlette.types import Message, Receive, Scope, Send
 
-from service.auth import require_key
-from service.guard import ControlGate
+from durapay.service.auth import require_key
+from durapay.service.guard import ControlGate
 
 LIMIT = 1000
 

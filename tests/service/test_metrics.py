@@ -6,10 +6,10 @@ from typing import Any
 
 import pytest
 
-from service.metrics import StepMetrics, render
-from service.runtime import Runtime
+from durapay.service.metrics import StepMetrics, render
+from durapay.service.runtime import Runtime
+from durapay.workflows.states import FlowState
 from tests.waiting import wait_until
-from workflows.states import FlowState
 
 
 def test_step_timings_are_summed_in_memory_and_added_in_one_batch(runtime: Runtime) -> None:

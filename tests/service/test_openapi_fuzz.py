@@ -24,8 +24,8 @@ import schemathesis
 from fastapi import FastAPI
 from schemathesis.engine import events, from_schema
 
-from service.app import create_app
-from service.runtime import build_runtime
+from durapay.service.app import create_app
+from durapay.service.runtime import build_runtime
 from tests.service.conftest import API_KEY, service_settings
 
 EXAMPLES = 5

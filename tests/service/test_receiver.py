@@ -24,14 +24,14 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from config import load_settings
-from gateway import Catalogue
-from service.receiver import REFUSED, REFUSED_STATUS, NotificationReceiver
-from service.runtime import Runtime, build_runtime
-from simulator import SimulatorConfig, SimulatorServer
+from durapay.config import load_settings
+from durapay.gateway import Catalogue
+from durapay.service.receiver import REFUSED, REFUSED_STATUS, NotificationReceiver
+from durapay.service.runtime import Runtime, build_runtime
+from durapay.simulator import SimulatorConfig, SimulatorServer
+from durapay.workflows.engine import Engine
+from durapay.workflows.states import FlowState
 from tests.service.conftest import NOTIFIED, Served, notification, service_settings, signals_in_log, waiting_flow
-from workflows.engine import Engine
-from workflows.states import FlowState
 
 TOKEN = "2f0ea5059b41414ca3744fe672327d85"
 OTHER_TOKEN = "9a1b2c3d4e5f60718293a4b5c6d7e8f9"
@@ -486,8 +486,8 @@ def test_an_authentic_notification_whose_flow_record_is_gone_is_told_not_dropped
     lookups longer than the record); a verified notification for it was answered 200 and dropped, counted
     only ``accepted``: money at the gateway in no flow, silently. It is told like an unknown order
     (``notification.unknown_order``, now ``verified``) and counted ``unknown_order``."""
+    from durapay.workflows.unknown_orders import TYPE
     from tests.waiting import wait_until
-    from workflows.unknown_orders import TYPE
 
     flow_id = page_flow(served.engine, "ord-record-gone")
     served.engine.redis.delete(served.engine.keys.flow(flow_id))  # the record expired before its lookups

@@ -18,17 +18,17 @@ import httpx
 import pytest
 
 from bench._webhook_receiver import WebhookReceiver
-from config import SettingsError, load_settings
-from service.app import create_app
-from service.receiver import COUNTERS, REFUSED, REFUSED_STATUS
-from service.runtime import Runtime, build_runtime
-from service.server import ApiServer
+from durapay.config import SettingsError, load_settings
+from durapay.service.app import create_app
+from durapay.service.receiver import COUNTERS, REFUSED, REFUSED_STATUS
+from durapay.service.runtime import Runtime, build_runtime
+from durapay.service.server import ApiServer
+from durapay.workflows.clock import ManualClock
+from durapay.workflows.engine import Engine
+from durapay.workflows.events import EVENT_TYPES, Event
+from durapay.workflows.unknown_orders import CLAIM_CHARS, ONCE_SECONDS, TYPE, mark_key
 from tests.service.conftest import API_KEY, NOTIFIED, Served, notification, service_settings, waiting_flow
 from tests.waiting import wait_until
-from workflows.clock import ManualClock
-from workflows.engine import Engine
-from workflows.events import EVENT_TYPES, Event
-from workflows.unknown_orders import CLAIM_CHARS, ONCE_SECONDS, TYPE, mark_key
 
 TOKEN = "2f0ea5059b41414ca3744fe672327d85"
 NOWHERE = "http://127.0.0.1:9"

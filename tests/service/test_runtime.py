@@ -11,10 +11,10 @@ from typing import Any
 
 import pytest
 
-from config import load_settings
-from config.embedded import EmbeddedValkey
-from service.runtime import Runtime, admit_durability, build_runtime, freeze_startup_heap
-from workflows.durability import EarlyWaitaof
+from durapay.config import load_settings
+from durapay.config.embedded import EmbeddedValkey
+from durapay.service.runtime import Runtime, admit_durability, build_runtime, freeze_startup_heap
+from durapay.workflows.durability import EarlyWaitaof
 
 MOTO = {
     "order": {"orderId": "early-1", "amount": "1500", "currency": "EUR"},

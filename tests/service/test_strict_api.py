@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
+from durapay.workflows.states import FlowState
 from tests.service.conftest import API_KEY, Served, waiting_flow
-from workflows.states import FlowState
 
 KEY = {"X-Api-Key": API_KEY}
 CARD = {"pan": "4349940199004549", "expiryDate": "1230", "cvv": "123"}

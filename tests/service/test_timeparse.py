@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from service.timeparse import parse_run_at, parse_since
+from durapay.service.timeparse import parse_run_at, parse_since
 
 NOW = 1_800_000_000.0
 

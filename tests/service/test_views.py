@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from service.views import redact
+from durapay.service.views import redact
 
 
 def test_card_secrets_are_masked_at_any_depth() -> None:

@@ -6,9 +6,9 @@ from collections.abc import Iterator
 
 import pytest
 
-from config import GatewaySettings
-from gateway import GatewayClient
-from simulator import SimulatorConfig, SimulatorServer
+from durapay.config import GatewaySettings
+from durapay.gateway import GatewayClient
+from durapay.simulator import SimulatorConfig, SimulatorServer
 from tests.simulator.support import Receiver
 
 #: Fast notification retries so that retry tests take milliseconds, not minutes.

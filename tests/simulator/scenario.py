@@ -10,8 +10,8 @@ import itertools
 from datetime import timedelta
 from typing import Any
 
-from gateway import Catalogue, GatewayClient
-from simulator import SimulatorServer
+from durapay.gateway import Catalogue, GatewayClient
+from durapay.simulator import SimulatorServer
 from tests.simulator.support import APPROVE, card, order, session
 
 

@@ -10,10 +10,10 @@ from typing import Any
 import httpx
 import pytest
 
-from config import GatewaySettings
-from gateway import BadRequest, Catalogue, GatewayClient, NotFound, Unauthorized
-from simulator import SimulatorServer
-from simulator._app import all_handlers, routing_order
+from durapay.config import GatewaySettings
+from durapay.gateway import BadRequest, Catalogue, GatewayClient, NotFound, Unauthorized
+from durapay.simulator import SimulatorServer
+from durapay.simulator._app import all_handlers, routing_order
 from tests.simulator.scenario import Scenario
 from tests.simulator.support import card, order, session
 

@@ -6,8 +6,8 @@ from datetime import UTC, datetime, timedelta
 
 import httpx
 
-from gateway import Catalogue, GatewayClient
-from simulator import SimulatorServer
+from durapay.gateway import Catalogue, GatewayClient
+from durapay.simulator import SimulatorServer
 from tests.simulator.support import APPROVE, card, order
 
 #: The real test environment's form of ``operationTime`` (and ``lastOperationTime``).

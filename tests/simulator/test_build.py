@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from gateway import BadRequest, Catalogue, GatewayClient, NotFound
-from simulator import SimulatorServer
+from durapay.gateway import BadRequest, Catalogue, GatewayClient, NotFound
+from durapay.simulator import SimulatorServer
 from tests.simulator.scenario import Scenario
 from tests.simulator.support import CHALLENGE, THREEDS_FAIL, order, session
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from gateway import SOFT_DECLINE_CODES, OperationResult, decline_kind
-from simulator._cards import (
+from durapay.gateway import SOFT_DECLINE_CODES, OperationResult, decline_kind
+from durapay.simulator._cards import (
     LAST_DIGIT_RULE,
     PUBLISHED_CARDS,
     OutcomeScripts,

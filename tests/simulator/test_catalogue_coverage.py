@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from gateway import CATALOGUE, BinaryResponse, Catalogue, GatewayClient
-from simulator import SimulatorServer
+from durapay.gateway import CATALOGUE, BinaryResponse, Catalogue, GatewayClient
+from durapay.simulator import SimulatorServer
 from tests.simulator.scenario import Scenario
 from tests.simulator.support import APPROVE, CHALLENGE, card, order, session
 

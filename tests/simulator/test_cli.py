@@ -10,8 +10,8 @@ from pathlib import Path
 
 import httpx
 
-from config import GatewaySettings
-from gateway import Catalogue, GatewayClient
+from durapay.config import GatewaySettings
+from durapay.gateway import Catalogue, GatewayClient
 from tests.simulator.support import card, order
 from tests.waiting import wait_until
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
-from simulator._clock import Clock, iso, parse_iso
+from durapay.simulator._clock import Clock, iso, parse_iso
 
 FIXED = datetime(2026, 3, 1, 10, 0, 0, 123456, tzinfo=UTC)
 

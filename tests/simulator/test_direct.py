@@ -7,9 +7,9 @@ from typing import Any
 import httpx
 import pytest
 
-from gateway import BadRequest, Catalogue, GatewayClient, NotFound
-from simulator import SimulatorAdminError, SimulatorServer
-from simulator._direct import HOSTED_PAGE_LIFETIME
+from durapay.gateway import BadRequest, Catalogue, GatewayClient, NotFound
+from durapay.simulator import SimulatorAdminError, SimulatorServer
+from durapay.simulator._direct import HOSTED_PAGE_LIFETIME
 from tests.simulator.scenario import Scenario
 from tests.simulator.support import DECLINE, card, order, session
 

@@ -8,8 +8,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from config import GatewaySettings
-from gateway import (
+from durapay.config import GatewaySettings
+from durapay.gateway import (
     Catalogue,
     ConnectionDropped,
     GatewayClient,
@@ -19,7 +19,7 @@ from gateway import (
     RateLimited,
     ServerError,
 )
-from simulator import SimulatorAdminError, SimulatorServer
+from durapay.simulator import SimulatorAdminError, SimulatorServer
 from tests.simulator.scenario import Scenario
 from tests.simulator.support import card, order
 from tests.waiting import wait_until

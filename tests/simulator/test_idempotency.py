@@ -8,8 +8,8 @@ from typing import Any
 import httpx
 import pytest
 
-from gateway import BadRequest, Catalogue, GatewayClient, ServerError
-from simulator import SimulatorServer
+from durapay.gateway import BadRequest, Catalogue, GatewayClient, ServerError
+from durapay.simulator import SimulatorServer
 from tests.simulator.scenario import Scenario
 from tests.simulator.support import order
 

@@ -12,8 +12,8 @@ from datetime import UTC, datetime
 
 import pytest
 
-from gateway import BadRequest, Catalogue, GatewayClient, NotFound
-from simulator import SimulatorServer
+from durapay.gateway import BadRequest, Catalogue, GatewayClient, NotFound
+from durapay.simulator import SimulatorServer
 from tests.simulator.support import order, session
 
 DAY = 86_400.0

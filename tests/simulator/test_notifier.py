@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from gateway import Catalogue, GatewayClient, InvalidSecurityToken, parse_notification, verify_security_token
-from simulator import SimulatorServer
+from durapay.gateway import Catalogue, GatewayClient, InvalidSecurityToken, parse_notification, verify_security_token
+from durapay.simulator import SimulatorServer
 from tests.simulator.support import DECLINE, Receiver, order, session
 from tests.waiting import wait_until
 

@@ -15,8 +15,8 @@ from typing import Any
 import httpx
 import pytest
 
-from gateway import CATALOGUE
-from simulator import SimulatorConfig, SimulatorServer
+from durapay.gateway import CATALOGUE
+from durapay.simulator import SimulatorConfig, SimulatorServer
 from tests.simulator.support import card, order, session
 
 Builder = Callable[[SimulatorServer, str], dict[str, Any]]
@@ -112,7 +112,7 @@ def test_an_order_id_longer_than_the_setting_is_refused_naming_order_id(limited:
 
 def test_the_default_is_durapays_18() -> None:
     """The simulator enforces what durapay derives within (``DURAPAY_GATEWAY__ORDER_ID_MAX_LENGTH``)."""
-    from config import load_settings
+    from durapay.config import load_settings
 
     assert SimulatorConfig().order_id_max_length == 18 == load_settings().gateway.order_id_max_length
 

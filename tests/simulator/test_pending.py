@@ -7,8 +7,8 @@ from typing import Any
 import httpx
 import pytest
 
-from gateway import BadRequest, Catalogue, GatewayClient
-from simulator import Clock, SimulatorAdminError, SimulatorServer, SimulatorState
+from durapay.gateway import BadRequest, Catalogue, GatewayClient
+from durapay.simulator import Clock, SimulatorAdminError, SimulatorServer, SimulatorState
 from tests.simulator.scenario import Scenario
 from tests.simulator.support import APPROVE, Receiver, card, order, session
 from tests.waiting import wait_until

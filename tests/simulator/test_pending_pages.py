@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
-from config import GatewaySettings
-from gateway import BadRequest, Catalogue, GatewayClient
-from simulator import PAGE_PAYMENT, SimulatorAdminError, SimulatorConfig, SimulatorServer
+from durapay.config import GatewaySettings
+from durapay.gateway import BadRequest, Catalogue, GatewayClient
+from durapay.simulator import PAGE_PAYMENT, SimulatorAdminError, SimulatorConfig, SimulatorServer
 from tests.simulator.scenario import Scenario
 from tests.simulator.support import CHALLENGE, DECLINE, Receiver, order, session
 from tests.waiting import wait_until

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from simulator._protocol import SimError, parse_minor
+from durapay.simulator._protocol import SimError, parse_minor
 
 
 @pytest.mark.parametrize("value", ["\u00b2", "1\u00b2", "\u0661\u0665\u0660\u0660", "\uff11\uff15"])

@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
-from gateway import BadRequest, Catalogue, GatewayClient, GatewayOperation
-from simulator import SimulatorServer
+from durapay.gateway import BadRequest, Catalogue, GatewayClient, GatewayOperation
+from durapay.simulator import SimulatorServer
 from tests.simulator.scenario import Scenario
 
 

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from config import GatewaySettings
-from gateway import Catalogue, GatewayClient, GatewayError
-from simulator import SimulatorConfig, SimulatorServer
+from durapay.config import GatewaySettings
+from durapay.gateway import Catalogue, GatewayClient, GatewayError
+from durapay.simulator import SimulatorConfig, SimulatorServer
 from tests.simulator.support import card, order, session
 from tests.waiting import wait_until
 

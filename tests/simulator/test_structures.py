@@ -5,9 +5,9 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from gateway import BadRequest, Catalogue, GatewayClient, NotFound
-from simulator import SimulatorServer
-from simulator._structures import pdf_document
+from durapay.gateway import BadRequest, Catalogue, GatewayClient, NotFound
+from durapay.simulator import SimulatorServer
+from durapay.simulator._structures import pdf_document
 from tests.simulator.scenario import Scenario
 
 

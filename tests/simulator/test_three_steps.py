@@ -7,8 +7,8 @@ from urllib.parse import parse_qs, urlsplit
 import httpx
 import pytest
 
-from gateway import THREEDS_NOT_NEEDED, BadRequest, Catalogue, GatewayClient, ThreeStepsInitResponse
-from simulator import SimulatorServer
+from durapay.gateway import THREEDS_NOT_NEEDED, BadRequest, Catalogue, GatewayClient, ThreeStepsInitResponse
+from durapay.simulator import SimulatorServer
 from tests.simulator.support import APPROVE, CHALLENGE, DECLINE, THREEDS_FAIL, card, order
 
 

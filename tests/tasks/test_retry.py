@@ -6,8 +6,8 @@ import random
 
 import pytest
 
-from config.settings import RetrySettings
-from gateway import (
+from durapay.config.settings import RetrySettings
+from durapay.gateway import (
     BadRequest,
     Catalogue,
     ConnectionDropped,
@@ -19,9 +19,9 @@ from gateway import (
     ServerError,
     Unauthorized,
 )
-from gateway._errors import InvalidResponse, UnexpectedStatus
-from tasks.outcomes import Attention, Finish, Retry
-from tasks.retry import RetryPolicy
+from durapay.gateway._errors import InvalidResponse, UnexpectedStatus
+from durapay.tasks.outcomes import Attention, Finish, Retry
+from durapay.tasks.retry import RetryPolicy
 
 PAY = Catalogue.create_moto_order  # not retry safe: no idempotency key at the gateway
 KEYED = Catalogue.create_mit_order  # takes an Idempotency-Key, but the gateway may have forgotten it

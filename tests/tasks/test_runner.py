@@ -8,10 +8,10 @@ from typing import Any
 
 import pytest
 
-from gateway import BadRequest, Catalogue, ErrorDetail, GatewayOperation, GatewayTimeout, GatewayUnreachable, ServerError
-from tasks.outcomes import Advance, Attention, Finish, Outcome, Retry
-from tasks.retry import RetryPolicy
-from tasks.runner import NOT_COMMITTED, UNCLEAR, ReconcileResult, StepContext, run_step
+from durapay.gateway import BadRequest, Catalogue, ErrorDetail, GatewayOperation, GatewayTimeout, GatewayUnreachable, ServerError
+from durapay.tasks.outcomes import Advance, Attention, Finish, Outcome, Retry
+from durapay.tasks.retry import RetryPolicy
+from durapay.tasks.runner import NOT_COMMITTED, UNCLEAR, ReconcileResult, StepContext, run_step
 
 
 class Client:

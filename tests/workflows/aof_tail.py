@@ -16,8 +16,8 @@ from typing import Any
 
 import redis
 
-from config.embedded import EmbeddedValkey
-from workflows.durability import Durability
+from durapay.config.embedded import EmbeddedValkey
+from durapay.workflows.durability import Durability
 
 
 class AofTail:

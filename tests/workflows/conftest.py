@@ -8,14 +8,14 @@ from typing import Any
 import pytest
 import redis
 
-from config import load_settings
-from simulator import SimulatorServer
+from durapay.config import load_settings
+from durapay.simulator import SimulatorServer
+from durapay.workflows.clock import ManualClock
+from durapay.workflows.engine import Engine
+from durapay.workflows.steps import FlowDefinition
 from tests.workflows.aof_tail import AofTail
 from tests.workflows.engine_support import T0, Sent
 from tests.workflows.flow_model import simulator_config
-from workflows.clock import ManualClock
-from workflows.engine import Engine
-from workflows.steps import FlowDefinition
 
 
 @pytest.fixture

@@ -12,10 +12,10 @@ from typing import Any
 
 from pydantic import Field
 
-from gateway import Catalogue, GatewayModel, GatewayOperation, Operation
-from tasks.outcomes import Advance, Finish, Outcome
-from tasks.runner import NOT_COMMITTED, ReconcileResult, StepContext
-from workflows.steps import FlowDefinition, WaitStep
+from durapay.gateway import Catalogue, GatewayModel, GatewayOperation, Operation
+from durapay.tasks.outcomes import Advance, Finish, Outcome
+from durapay.tasks.runner import NOT_COMMITTED, ReconcileResult, StepContext
+from durapay.workflows.steps import FlowDefinition, WaitStep
 
 T0 = 1_800_000_000.0
 

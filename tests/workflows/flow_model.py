@@ -33,23 +33,23 @@ from typing import Any
 import redis
 from hypothesis import HealthCheck, settings
 
-from config import load_settings
-from gateway import CATALOGUE, Catalogue, PayByLinkRenewRequest
-from service.receiver import NotificationReceiver
-from simulator import SimulatorConfig, SimulatorServer
-from tasks.runner import LeaseLost
+from durapay.config import load_settings
+from durapay.gateway import CATALOGUE, Catalogue, PayByLinkRenewRequest
+from durapay.service.receiver import NotificationReceiver
+from durapay.simulator import SimulatorConfig, SimulatorServer
+from durapay.tasks.runner import LeaseLost
+from durapay.workflows.clock import ManualClock
+from durapay.workflows.compact import Compactor
+from durapay.workflows.engine import Claim, Engine
+from durapay.workflows.flows import REGISTRY
+from durapay.workflows.late_payments import REFUND_KEY
+from durapay.workflows.protocol import Ran
+from durapay.workflows.schedules import Schedules
+from durapay.workflows.states import FlowState
+from durapay.workflows.store import FlowRecord
 from tests.workflows import model_checks
 from tests.workflows.aof_tail import AofTail, FloorDurability
 from tests.workflows.model_kinds import APPROVE, MOVED, POST_TYPES, Inputs, ModelFlow, card, now_of, owner_of, session
-from workflows.clock import ManualClock
-from workflows.compact import Compactor
-from workflows.engine import Claim, Engine
-from workflows.flows import REGISTRY
-from workflows.late_payments import REFUND_KEY
-from workflows.protocol import Ran
-from workflows.schedules import Schedules
-from workflows.states import FlowState
-from workflows.store import FlowRecord
 
 #: Whether a step's task writes at the gateway (its claim is then made durable), as the Celery task says.
 MONEY = {op.task_name: op.method == "POST" for op in CATALOGUE}

@@ -25,9 +25,9 @@ import json
 from collections import Counter
 from typing import TYPE_CHECKING, Any
 
+from durapay.workflows.schedules import order_parts
+from durapay.workflows.states import STOPPED, FlowState
 from tests.workflows.model_kinds import OWN_CALLS, ModelFlow
-from workflows.schedules import order_parts
-from workflows.states import STOPPED, FlowState
 
 if TYPE_CHECKING:
     from tests.workflows.flow_model import FlowWorld

@@ -20,8 +20,8 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from gateway import Catalogue, GatewayClient
-from simulator import SimulatorAdmin
+from durapay.gateway import Catalogue, GatewayClient
+from durapay.simulator import SimulatorAdmin
 
 APPROVE = "4349940199004549"  # approving VISA, frictionless
 CHALLENGE = "5186151650005008"  # approving MC, 3DS challenge

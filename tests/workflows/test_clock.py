@@ -6,7 +6,7 @@ import time
 
 import redis
 
-from workflows.clock import ServerClock
+from durapay.workflows.clock import ServerClock
 
 
 class SkewedServer:

@@ -6,15 +6,15 @@ from typing import Any
 
 import pytest
 
-from gateway import GatewayModel
-from tasks.outcomes import Advance
+from durapay.gateway import GatewayModel
+from durapay.tasks.outcomes import Advance
+from durapay.workflows.clock import ManualClock
+from durapay.workflows.compact import DICTIONARY_VERSION, Compactor, pack, unpack
+from durapay.workflows.flows._common import summarize
+from durapay.workflows.states import FlowState
+from durapay.workflows.steps import FlowDefinition, WaitStep
+from durapay.workflows.store import StartConflict
 from tests.workflows.engine_support import DemoInput, HeldGateway, ScriptedStep, flow, wait_step
-from workflows.clock import ManualClock
-from workflows.compact import DICTIONARY_VERSION, Compactor, pack, unpack
-from workflows.flows._common import summarize
-from workflows.states import FlowState
-from workflows.steps import FlowDefinition, WaitStep
-from workflows.store import StartConflict
 
 PAID = {"operation": {"operationId": "op-9", "orderId": "ord-1", "operationResult": "AUTHORIZED", "operationAmount": "500"}}
 
@@ -170,7 +170,7 @@ def test_a_flow_that_finished_again_while_a_pass_read_it_is_packed_by_the_next(
     """A pass reads a finished flow; a late payment brings it back and a person closes it (finished again)
     before the pass's script runs: the script finds another version and must leave the flow in the finished
     set, or it is never packed and its order lookups never expire."""
-    import workflows.compact as compact_module
+    import durapay.workflows.compact as compact_module
 
     engine, _ = make_engine(FlowDefinition("demo", DemoInput, (wait_step(),), summarize), client_factory=HeldGateway)
     record = engine.start("demo", {"amount": 5})

@@ -17,14 +17,14 @@ from typing import Any
 
 import pytest
 
-from config import load_settings
-from config.embedded import EmbeddedValkey
-from service.runtime import build_runtime
+from durapay.config import load_settings
+from durapay.config.embedded import EmbeddedValkey
+from durapay.service.runtime import build_runtime
+from durapay.workflows.dispatcher import Dispatcher
+from durapay.workflows.events import EventFeed
+from durapay.workflows.schedules import Schedules
 from tests.waiting import wait_until
 from tests.workflows.engine_support import ScriptedStep, flow
-from workflows.dispatcher import Dispatcher
-from workflows.events import EventFeed
-from workflows.schedules import Schedules
 
 
 @pytest.mark.integration

@@ -16,13 +16,13 @@ from typing import Any
 import pytest
 import redis
 
-from config import load_settings
-from config.embedded import EmbeddedValkey
-from gateway import Catalogue
+from durapay.config import load_settings
+from durapay.config.embedded import EmbeddedValkey
+from durapay.gateway import Catalogue
+from durapay.workflows.clock import ManualClock
+from durapay.workflows.durability import Durability, EarlyWaitaof, NotDurable, early_waitaof, early_waitaof_risk
+from durapay.workflows.engine import Claim, Engine
 from tests.workflows.engine_support import ScriptedStep, flow, wait_step
-from workflows.clock import ManualClock
-from workflows.durability import Durability, EarlyWaitaof, NotDurable, early_waitaof, early_waitaof_risk
-from workflows.engine import Claim, Engine
 
 
 @pytest.fixture(scope="module")

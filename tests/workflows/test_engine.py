@@ -12,17 +12,17 @@ from typing import Any
 
 import pytest
 
-from gateway import Catalogue, GatewayModel
-from tasks.outcomes import Advance, Attention, Finish, Outcome, Retry, Sleep
-from tasks.runner import NOT_COMMITTED, StepContext
+from durapay.gateway import Catalogue, GatewayModel
+from durapay.tasks.outcomes import Advance, Attention, Finish, Outcome, Retry, Sleep
+from durapay.tasks.runner import NOT_COMMITTED, StepContext
+from durapay.workflows.clock import ManualClock
+from durapay.workflows.compact import Compactor
+from durapay.workflows.durability import Durability
+from durapay.workflows.engine import Claim, InputError, NotFound, OperatorError, OrderIdTaken
+from durapay.workflows.states import FlowState
+from durapay.workflows.steps import FlowDefinition, SleepStep, WaitStep
+from durapay.workflows.store import Change, StartConflict
 from tests.workflows.engine_support import T0, ScriptedStep, flow, summary, wait_step
-from workflows.clock import ManualClock
-from workflows.compact import Compactor
-from workflows.durability import Durability
-from workflows.engine import Claim, InputError, NotFound, OperatorError, OrderIdTaken
-from workflows.states import FlowState
-from workflows.steps import FlowDefinition, SleepStep, WaitStep
-from workflows.store import Change, StartConflict
 
 
 def test_steps_run_in_order_and_the_flow_succeeds(make_engine: Any) -> None:
@@ -245,8 +245,8 @@ def test_operator_retry_from_needs_attention_and_from_failed(make_engine: Any) -
 
 
 def test_exhausted_retries_of_a_non_ambiguous_error_fail(make_engine: Any, clock: ManualClock) -> None:
-    from gateway import GatewayUnreachable
-    from tasks.retry import RetryPolicy
+    from durapay.gateway import GatewayUnreachable
+    from durapay.tasks.retry import RetryPolicy
 
     policy = RetryPolicy(base_seconds=1, cap_seconds=1, max_attempts=3)
     outcome = policy.on_error(GatewayUnreachable("down"), Catalogue.create_moto_order, 3, resend=False)
@@ -288,8 +288,8 @@ def test_start_at_a_future_time_sleeps_until_then(make_engine: Any, clock: Manua
 
 
 def test_exhausted_retries_of_an_ambiguous_error_need_a_person_even_when_keyed() -> None:
-    from gateway import GatewayTimeout
-    from tasks.retry import RetryPolicy
+    from durapay.gateway import GatewayTimeout
+    from durapay.tasks.retry import RetryPolicy
 
     policy = RetryPolicy(base_seconds=1, cap_seconds=1, max_attempts=3)
     timeout = GatewayTimeout("no answer", sent=True)
@@ -303,7 +303,7 @@ class CardInput(GatewayModel):
 
 
 def test_card_secrets_are_erased_when_the_flow_ends(make_engine: Any) -> None:
-    from gateway import Card
+    from durapay.gateway import Card
 
     class Strict(GatewayModel):
         card: Card
@@ -398,7 +398,7 @@ def test_a_second_flow_naming_a_held_order_is_refused_until_the_lookup_is_gone(m
 
 
 def test_a_signal_the_wait_step_consumed_does_not_wake_it_again(make_engine: Any) -> None:
-    from tasks.outcomes import Wait
+    from durapay.tasks.outcomes import Wait
 
     def on_signal(ctx: StepContext, name: str, payload: dict[str, Any]) -> Outcome:
         if payload.get("pending"):  # e.g. a PENDING notification: keep waiting

@@ -11,14 +11,14 @@ from typing import Any
 
 import pytest
 
-from tasks.outcomes import Advance, Attention, Finish, Retry
+from durapay.tasks.outcomes import Advance, Attention, Finish, Retry
+from durapay.workflows.clock import ManualClock
+from durapay.workflows.engine import Claim, Engine
+from durapay.workflows.events import Cursor, EventFeed
+from durapay.workflows.flows._common import summarize
+from durapay.workflows.keys import Keys
+from durapay.workflows.steps import FlowDefinition
 from tests.workflows.engine_support import DemoInput, ScriptedStep, flow, wait_step
-from workflows.clock import ManualClock
-from workflows.engine import Claim, Engine
-from workflows.events import Cursor, EventFeed
-from workflows.flows._common import summarize
-from workflows.keys import Keys
-from workflows.steps import FlowDefinition
 
 PAID = {"operation": {"operationId": "op-9", "orderId": "ord-1", "operationResult": "AUTHORIZED", "operationAmount": "500"}}
 

@@ -37,14 +37,14 @@ from typing import Any
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule, run_state_machine_as_test
 
-from gateway import GatewayError
-from simulator import SimulatorAdminError, SimulatorServer
+from durapay.gateway import GatewayError
+from durapay.simulator import SimulatorAdminError, SimulatorServer
+from durapay.workflows.engine import NotFound, OperatorError
+from durapay.workflows.signals import SignalRefused
+from durapay.workflows.states import FlowState
 from tests.workflows.aof_tail import AofTail
 from tests.workflows.flow_model import FlowWorld, model_settings
 from tests.workflows.model_kinds import KINDS, ModelFlow
-from workflows.engine import NotFound, OperatorError
-from workflows.signals import SignalRefused
-from workflows.states import FlowState
 
 EXAMPLES = int(os.environ.get("DURAPAY_MODEL_EXAMPLES", "40"))
 STEPS = int(os.environ.get("DURAPAY_MODEL_STEPS", "30"))

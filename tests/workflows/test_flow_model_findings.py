@@ -11,10 +11,10 @@ from collections.abc import Iterator
 
 import pytest
 
-from simulator import SimulatorAdminError, SimulatorServer
+from durapay.simulator import SimulatorAdminError, SimulatorServer
+from durapay.workflows.states import FlowState
 from tests.workflows.aof_tail import AofTail
 from tests.workflows.flow_model import FlowWorld
-from workflows.states import FlowState
 
 
 @pytest.fixture

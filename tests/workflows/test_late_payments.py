@@ -27,16 +27,16 @@ from typing import Any
 
 import pytest
 
-from gateway import Catalogue, PayByLinkRenewRequest
-from simulator import SimulatorServer
+from durapay.gateway import Catalogue, PayByLinkRenewRequest
+from durapay.simulator import SimulatorServer
+from durapay.workflows.engine import OperatorError
+from durapay.workflows.keys import derived_id
+from durapay.workflows.late_payments import refund_key
+from durapay.workflows.signals import RECEIVER
+from durapay.workflows.states import FlowState
 from tests.workflows.aof_tail import AofTail
 from tests.workflows.flow_model import FlowWorld
 from tests.workflows.model_kinds import DECLINE, session
-from workflows.engine import OperatorError
-from workflows.keys import derived_id
-from workflows.late_payments import refund_key
-from workflows.signals import RECEIVER
-from workflows.states import FlowState
 
 
 @pytest.fixture

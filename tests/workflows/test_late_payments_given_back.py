@@ -13,13 +13,13 @@ from __future__ import annotations
 import contextlib
 from typing import Any
 
-from gateway import Catalogue
+from durapay.gateway import Catalogue
+from durapay.workflows.engine import OperatorError
+from durapay.workflows.keys import derived_id
+from durapay.workflows.late_payments import refund_key
+from durapay.workflows.states import FlowState
 from tests.workflows.flow_model import FlowWorld
 from tests.workflows.test_late_payments import _link_declined, _renew_and_pay, refunds_of, run_all, world
-from workflows.engine import OperatorError
-from workflows.keys import derived_id
-from workflows.late_payments import refund_key
-from workflows.states import FlowState
 
 __all__ = ["world"]
 

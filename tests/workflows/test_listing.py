@@ -7,12 +7,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from tasks.outcomes import Advance
+from durapay.tasks.outcomes import Advance
+from durapay.workflows.clock import ManualClock
+from durapay.workflows.engine import Engine
+from durapay.workflows.listing import Cursor, FlowListing
+from durapay.workflows.states import FlowState
 from tests.workflows.engine_support import ScriptedStep, flow
-from workflows.clock import ManualClock
-from workflows.engine import Engine
-from workflows.listing import Cursor, FlowListing
-from workflows.states import FlowState
 
 PAID = {"operation": {"operationId": "op-777", "operationResult": "EXECUTED", "operationAmount": "15"}}
 

@@ -14,16 +14,16 @@ from typing import Any
 
 import pytest
 
-from gateway import Catalogue
-from simulator import SimulatorServer
-from tasks.outcomes import Poll
+from durapay.gateway import Catalogue
+from durapay.simulator import SimulatorServer
+from durapay.tasks.outcomes import Poll
+from durapay.workflows.engine import NotFound, OperatorError, OrderIdTaken
+from durapay.workflows.signals import RECEIVER
+from durapay.workflows.states import FlowState
 from tests.workflows.aof_tail import AofTail
 from tests.workflows.engine_support import ScriptedStep
 from tests.workflows.engine_support import flow as scripted_flow
 from tests.workflows.flow_model import APPROVE, FlowWorld, card
-from workflows.engine import NotFound, OperatorError, OrderIdTaken
-from workflows.signals import RECEIVER
-from workflows.states import FlowState
 
 
 @pytest.fixture

@@ -12,14 +12,14 @@ from typing import Any
 
 import pytest
 
-from tasks.outcomes import Advance, Attention, Finish, Outcome
-from tasks.runner import StepContext
+from durapay.tasks.outcomes import Advance, Attention, Finish, Outcome
+from durapay.tasks.runner import StepContext
+from durapay.workflows.clock import ManualClock
+from durapay.workflows.engine import Claim
+from durapay.workflows.flows._common import summarize
+from durapay.workflows.states import FlowState
+from durapay.workflows.steps import FlowDefinition, WaitStep
 from tests.workflows.engine_support import DemoInput, HeldGateway, ScriptedStep, flow, wait_step
-from workflows.clock import ManualClock
-from workflows.engine import Claim
-from workflows.flows._common import summarize
-from workflows.states import FlowState
-from workflows.steps import FlowDefinition, WaitStep
 
 PAID = {"operation": {"operationId": "op-9", "orderId": "ord-1", "operationResult": "AUTHORIZED", "amount": "500"}}
 OTHER = {"operation": {**PAID["operation"], "operationId": "op-10"}}
@@ -143,10 +143,10 @@ def test_a_late_payment_is_closed_by_a_refund_flow_not_by_a_plain_cancel(make_en
     refused, naming the ways to close it; ``refund_late_payment`` starts a refund of the reported operation and
     leaves the flow to a person until that refund succeeded (``test_late_payments`` follows it to the
     gateway and back). Asking twice refunds once; no accept meanwhile."""
-    from workflows.engine import OperatorError
-    from workflows.flows.backoffice import REFUND
-    from workflows.keys import derived_id
-    from workflows.late_payments import refund_key
+    from durapay.workflows.engine import OperatorError
+    from durapay.workflows.flows.backoffice import REFUND
+    from durapay.workflows.keys import derived_id
+    from durapay.workflows.late_payments import refund_key
 
     engine, _ = make_engine(flow(wait_step()), client_factory=HeldGateway)  # the refund's read: still held
     engine.registry["refund"] = REFUND

@@ -12,13 +12,13 @@ from typing import Any
 
 import pytest
 
-from gateway import Catalogue
-from tasks.outcomes import Advance, Attention
+from durapay.gateway import Catalogue
+from durapay.tasks.outcomes import Advance, Attention
+from durapay.workflows import operator_actions
+from durapay.workflows.engine import Engine, OperatorError
+from durapay.workflows.states import FlowState
+from durapay.workflows.steps import FlowDefinition
 from tests.workflows.engine_support import DemoInput, ScriptedStep, summary
-from workflows import operator_actions
-from workflows.engine import Engine, OperatorError
-from workflows.states import FlowState
-from workflows.steps import FlowDefinition
 
 
 def _flow(make_engine: Any, outcome: Any, *, money: bool) -> tuple[Engine, str]:

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from gateway import Card, GatewayModel
-from tasks.outcomes import Advance, NewOrder
+from durapay.gateway import Card, GatewayModel
+from durapay.tasks.outcomes import Advance, NewOrder
+from durapay.workflows.clock import ManualClock
+from durapay.workflows.compact import Compactor
+from durapay.workflows.steps import FlowDefinition
 from tests.workflows.engine_support import ScriptedStep, summary
-from workflows.clock import ManualClock
-from workflows.compact import Compactor
-from workflows.steps import FlowDefinition
 
 
 class CardInput(GatewayModel):
@@ -58,7 +58,7 @@ def test_a_merchant_order_id_over_the_gateways_limit_is_refused_before_anything_
     written for the live gateway say); a longer merchant order id is an input error naming the field."""
     import pytest
 
-    from workflows.engine import InputError
+    from durapay.workflows.engine import InputError
 
     definition = FlowDefinition("demo", CardInput, (ScriptedStep("pay"),), summary, order_id=lambda data: data.orderId)
     engine, sent = make_engine(definition)
@@ -74,7 +74,7 @@ def test_a_merchant_order_id_over_the_gateways_limit_is_refused_before_anything_
 def test_every_derived_order_id_fits_the_limit_and_is_one_flows(make_engine: Any) -> None:
     """A derived id (``-2``, ``-3`` ... ``-21``) is cut to the limit, and two merchant ids that differ only in
     their last characters never share one (``OrderIndex.take``)."""
-    from workflows.orders import MAX_DERIVED
+    from durapay.workflows.orders import MAX_DERIVED
 
     definition = FlowDefinition("demo", CardInput, (ScriptedStep("pay"),), summary, order_id=lambda data: data.orderId)
     engine, _ = make_engine(definition, gateway={"order_id_max_length": 18})

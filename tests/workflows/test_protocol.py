@@ -5,14 +5,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from gateway import Catalogue, GatewayOperation, ServerError
-from tasks.outcomes import Advance, Outcome, Retry, Wait
-from tasks.runner import NOT_COMMITTED, ReconcileResult, StepContext
+from durapay.gateway import Catalogue, GatewayOperation, ServerError
+from durapay.tasks.outcomes import Advance, Outcome, Retry, Wait
+from durapay.tasks.runner import NOT_COMMITTED, ReconcileResult, StepContext
+from durapay.workflows.clock import ManualClock
+from durapay.workflows.engine import Claim
+from durapay.workflows.states import STOPPED, FlowState
+from durapay.workflows.steps import WaitStep
 from tests.workflows.engine_support import T0, ScriptedStep, flow
-from workflows.clock import ManualClock
-from workflows.engine import Claim
-from workflows.states import STOPPED, FlowState
-from workflows.steps import WaitStep
 
 
 def failing_deadline_read() -> WaitStep:

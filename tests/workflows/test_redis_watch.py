@@ -7,7 +7,7 @@ import logging
 import pytest
 import redis
 
-from workflows.redis_watch import RedisWatch, is_redis_down
+from durapay.workflows.redis_watch import RedisWatch, is_redis_down
 
 
 class Ticks:

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import redis
 
-from workflows.scripts import ScriptPipeline
+from durapay.workflows.scripts import ScriptPipeline
 
 COUNT = "return redis.call('INCR', KEYS[1])"
 

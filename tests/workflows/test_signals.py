@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
-from workflows.flows import REGISTRY
-from workflows.signals import SignalRefused, accepted, admit
+from durapay.workflows.flows import REGISTRY
+from durapay.workflows.signals import SignalRefused, accepted, admit
 
 
 def refused(kind: str, name: str, payload: Any, by: str = "api") -> SignalRefused:

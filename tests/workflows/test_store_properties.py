@@ -26,14 +26,14 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from config import load_settings
-from gateway import Catalogue, GatewayModel
-from tasks.outcomes import Advance, Finish, Outcome, Poll, Retry
-from tasks.runner import NOT_COMMITTED, ReconcileResult, StepContext, run_step
-from workflows.clock import ManualClock
-from workflows.engine import Claim, Engine, OperatorError
-from workflows.states import STOPPED
-from workflows.steps import FlowDefinition, WaitStep
+from durapay.config import load_settings
+from durapay.gateway import Catalogue, GatewayModel
+from durapay.tasks.outcomes import Advance, Finish, Outcome, Poll, Retry
+from durapay.tasks.runner import NOT_COMMITTED, ReconcileResult, StepContext, run_step
+from durapay.workflows.clock import ManualClock
+from durapay.workflows.engine import Claim, Engine, OperatorError
+from durapay.workflows.states import STOPPED
+from durapay.workflows.steps import FlowDefinition, WaitStep
 
 LEASE = 10.0
 EXAMPLES = int(os.environ.get("DURAPAY_PROPERTY_EXAMPLES", "100"))

@@ -6,11 +6,11 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from durapay.workflows.clock import ManualClock
+from durapay.workflows.dispatcher import Dispatcher
+from durapay.workflows.states import FlowState
+from durapay.workflows.trim import IndexTrimmer
 from tests.workflows.engine_support import ScriptedStep, flow
-from workflows.clock import ManualClock
-from workflows.dispatcher import Dispatcher
-from workflows.states import FlowState
-from workflows.trim import IndexTrimmer
 
 
 def trimmer(engine: Any, batch: int = 1000) -> IndexTrimmer:

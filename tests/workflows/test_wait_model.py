@@ -30,13 +30,13 @@ import os
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule, run_state_machine_as_test
 
-from gateway import GatewayError
-from simulator import SimulatorAdminError, SimulatorServer
+from durapay.gateway import GatewayError
+from durapay.simulator import SimulatorAdminError, SimulatorServer
+from durapay.workflows.engine import NotFound, OperatorError
+from durapay.workflows.signals import SignalRefused
 from tests.workflows.aof_tail import AofTail
 from tests.workflows.flow_model import FlowWorld, model_settings
 from tests.workflows.model_kinds import ModelFlow
-from workflows.engine import NotFound, OperatorError
-from workflows.signals import SignalRefused
 
 EXAMPLES = int(os.environ.get("DURAPAY_WAIT_MODEL_EXAMPLES", "80"))
 STEPS = int(os.environ.get("DURAPAY_WAIT_MODEL_STEPS", "25"))

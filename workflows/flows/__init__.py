@@ -2,19 +2,19 @@
 
 from __future__ import annotations
 
-from workflows.flows.backoffice import CANCEL_CAPTURE, CAPTURE, DEACTIVATE_CONTRACT, REFUND
-from workflows.flows.direct import CARD_VERIFICATION, MIT, MOTO, SVS, THREE_STEPS, WALLET
-from workflows.flows.forms import BUILD, BUILD_CANCEL
-from workflows.flows.reservation_setup import RESERVATION_SETUP
-from workflows.flows.reservations import DELAY_CHARGE, INCREMENTAL, NO_SHOW, RESERVATION
-from workflows.flows.sessions import (
+from durapay.workflows.flows.backoffice import CANCEL_CAPTURE, CAPTURE, DEACTIVATE_CONTRACT, REFUND
+from durapay.workflows.flows.direct import CARD_VERIFICATION, MIT, MOTO, SVS, THREE_STEPS, WALLET
+from durapay.workflows.flows.forms import BUILD, BUILD_CANCEL
+from durapay.workflows.flows.reservation_setup import RESERVATION_SETUP
+from durapay.workflows.flows.reservations import DELAY_CHARGE, INCREMENTAL, NO_SHOW, RESERVATION
+from durapay.workflows.flows.sessions import (
     HPP,
     PAYBYLINK,
     PAYBYLINK_CANCEL,
     PAYBYLINK_MODIFY,
     PAYBYLINK_RENEW,
 )
-from workflows.steps import FlowDefinition
+from durapay.workflows.steps import FlowDefinition
 
 FLOWS: tuple[FlowDefinition, ...] = (
     HPP,

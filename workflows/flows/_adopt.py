@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from gateway import (
+from durapay.gateway import (
     FAILURE_RESULTS,
     SUCCESS_RESULTS,
     Catalogue,
@@ -33,13 +33,13 @@ from gateway import (
     OperationType,
     customer_operation,
 )
-from gateway import (
+from durapay.gateway import (
     PAYMENT_TYPES as PAYMENT_TYPE_NAMES,
 )
-from tasks.outcomes import Advance, Attention, Finish, NewOrder, Outcome, Poll
-from tasks.runner import NOT_COMMITTED, UNCLEAR, ReconcileResult, StepContext
-from workflows.flows._common import judge_operation, operation_of, read_order
-from workflows.sensitive import mask_pan
+from durapay.tasks.outcomes import Advance, Attention, Finish, NewOrder, Outcome, Poll
+from durapay.tasks.runner import NOT_COMMITTED, UNCLEAR, ReconcileResult, StepContext
+from durapay.workflows.flows._common import judge_operation, operation_of, read_order
+from durapay.workflows.sensitive import mask_pan
 
 #: Operations that take (or verify) the customer's money: what a payment step makes.
 PAYMENT_TYPES = frozenset(OperationType(name) for name in PAYMENT_TYPE_NAMES)

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from gateway import (
+from durapay.gateway import (
     FAILURE_RESULTS,
     RESPONSE_CODE_FIELD,
     RESPONSE_CODES,
@@ -25,9 +25,9 @@ from gateway import (
     Unknown,
     decline_kind,
 )
-from tasks.outcomes import Advance, Attention, Finish, Outcome, Poll
-from tasks.runner import StepContext
-from workflows.steps import Call, CallStep
+from durapay.tasks.outcomes import Advance, Attention, Finish, Outcome, Poll
+from durapay.tasks.runner import StepContext
+from durapay.workflows.steps import Call, CallStep
 
 #: How long to wait between reads of a PENDING operation, and how many reads before a person looks.
 POLL_SECONDS = 2.0

@@ -17,7 +17,7 @@ from typing import Any
 
 from pydantic import Field
 
-from gateway import (
+from durapay.gateway import (
     SUCCESS_RESULTS,
     Catalogue,
     Currency,
@@ -28,12 +28,12 @@ from gateway import (
     OperationType,
     PassThrough,
 )
-from gateway import Amount as AmountField
-from tasks.outcomes import Advance, Finish, Outcome
-from tasks.runner import NOT_COMMITTED, UNCLEAR, ReconcileResult, StepContext
-from workflows.flows._adopt import adopt_made
-from workflows.flows._common import read_until_final, summarize
-from workflows.steps import Call, CallStep, FlowDefinition
+from durapay.gateway import Amount as AmountField
+from durapay.tasks.outcomes import Advance, Finish, Outcome
+from durapay.tasks.runner import NOT_COMMITTED, UNCLEAR, ReconcileResult, StepContext
+from durapay.workflows.flows._adopt import adopt_made
+from durapay.workflows.flows._common import read_until_final, summarize
+from durapay.workflows.steps import Call, CallStep, FlowDefinition
 
 
 class PostOperationInput(PassThrough):

@@ -12,7 +12,7 @@ from typing import Annotated, Any
 
 from pydantic import Field
 
-from gateway import (
+from durapay.gateway import (
     THREEDS_NOT_NEEDED,
     CaptureType,
     Card,
@@ -34,10 +34,10 @@ from gateway import (
     Unknown,
     WalletPayRequest,
 )
-from tasks.outcomes import Advance, Attention, Finish, Outcome, Wait
-from tasks.runner import NOT_COMMITTED, UNCLEAR, ReconcileResult, StepContext
-from workflows.flows._adopt import adopt_operation_of, adopt_order_payment, new_order_if_never_charged
-from workflows.flows._common import (
+from durapay.tasks.outcomes import Advance, Attention, Finish, Outcome, Wait
+from durapay.tasks.runner import NOT_COMMITTED, UNCLEAR, ReconcileResult, StepContext
+from durapay.workflows.flows._adopt import adopt_operation_of, adopt_order_payment, new_order_if_never_charged
+from durapay.workflows.flows._common import (
     input_order_id,
     operation_of,
     order_with_current_id,
@@ -45,7 +45,7 @@ from workflows.flows._common import (
     settle_step,
     summarize,
 )
-from workflows.steps import Call, CallStep, FlowDefinition, WaitStep
+from durapay.workflows.steps import Call, CallStep, FlowDefinition, WaitStep
 
 
 def _with_order(ctx: StepContext) -> dict[str, Any]:

@@ -15,7 +15,7 @@ from typing import Any
 
 from pydantic import Field
 
-from gateway import (
+from durapay.gateway import (
     BadRequest,
     BuildOrderRequest,
     BuildSessionRequest,
@@ -28,24 +28,24 @@ from gateway import (
     OperationResult,
     PassThrough,
 )
-from tasks.outcomes import Advance, Attention, Finish, Outcome, Wait
-from tasks.runner import NOT_COMMITTED, ReconcileResult, StepContext
-from workflows.flows._adopt import new_order_if_never_charged
-from workflows.flows._common import (
+from durapay.tasks.outcomes import Advance, Attention, Finish, Outcome, Wait
+from durapay.tasks.runner import NOT_COMMITTED, ReconcileResult, StepContext
+from durapay.workflows.flows._adopt import new_order_if_never_charged
+from durapay.workflows.flows._common import (
     input_order_id,
     judge_operation,
     payment_result,
     settle_step,
     summarize,
 )
-from workflows.flows.sessions import session_body
-from workflows.flows.waits import (
+from durapay.workflows.flows.sessions import session_body
+from durapay.workflows.flows.waits import (
     CLOSED,
     GRACE_SECONDS,
     notified,
     read_later,
 )
-from workflows.steps import Call, CallStep, FlowDefinition, WaitStep
+from durapay.workflows.steps import Call, CallStep, FlowDefinition, WaitStep
 
 # -- embedded form (build) ---------------------------------------------------------------------------
 

@@ -19,7 +19,7 @@ from typing import Any
 
 from pydantic import ValidationInfo, field_validator
 
-from gateway import (
+from durapay.gateway import (
     Agency,
     AgencyConditionRequest,
     Catalogue,
@@ -31,10 +31,10 @@ from gateway import (
     StructureConditionRequest,
     TermsAndConditionsRequest,
 )
-from tasks.outcomes import Advance, Outcome
-from tasks.runner import StepContext
-from workflows.flows.reservations import Form
-from workflows.steps import Call, CallStep, FlowDefinition
+from durapay.tasks.outcomes import Advance, Outcome
+from durapay.tasks.runner import StepContext
+from durapay.workflows.flows.reservations import Form
+from durapay.workflows.steps import Call, CallStep, FlowDefinition
 
 
 class SetupInput(GatewayModel):

@@ -26,7 +26,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AwareDatetime, Field
 
-from gateway import (
+from durapay.gateway import (
     SUCCESS_RESULTS,
     Amount,
     CaptureType,
@@ -43,13 +43,13 @@ from gateway import (
     ReservationLookupResponse,
     Unknown,
 )
-from tasks.outcomes import Advance, Finish, Outcome
-from tasks.runner import NOT_COMMITTED, UNCLEAR, ReconcileResult, StepContext
-from workflows.flows._adopt import PAYMENT_TYPES, adopt_made
-from workflows.flows._common import read_until_final, summarize
-from workflows.flows.sessions import ADOPTED_READ_SECONDS
-from workflows.flows.waits import GRACE_SECONDS, adopted_read, cancel_link, judge_wait, link_end, notified, read_later
-from workflows.steps import Call, CallStep, FlowDefinition, SleepStep, WaitStep
+from durapay.tasks.outcomes import Advance, Finish, Outcome
+from durapay.tasks.runner import NOT_COMMITTED, UNCLEAR, ReconcileResult, StepContext
+from durapay.workflows.flows._adopt import PAYMENT_TYPES, adopt_made
+from durapay.workflows.flows._common import read_until_final, summarize
+from durapay.workflows.flows.sessions import ADOPTED_READ_SECONDS
+from durapay.workflows.flows.waits import GRACE_SECONDS, adopted_read, cancel_link, judge_wait, link_end, notified, read_later
+from durapay.workflows.steps import Call, CallStep, FlowDefinition, SleepStep, WaitStep
 
 Form = Literal["current", "earlier"]
 CHARGE_TYPES = frozenset({OperationType.NOSHOW, OperationType.INCREMENTAL, OperationType.DELAY_CHARGE})

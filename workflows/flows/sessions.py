@@ -14,7 +14,7 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from gateway import (
+from durapay.gateway import (
     Amount,
     Catalogue,
     GatewayError,
@@ -27,16 +27,16 @@ from gateway import (
     PayByLinkRequest,
     PaymentLinkStatus,
 )
-from tasks.outcomes import Advance, Finish, Outcome, Wait
-from tasks.runner import NOT_COMMITTED, ReconcileResult, StepContext
-from workflows.flows._adopt import new_order_if_never_charged
-from workflows.flows._common import (
+from durapay.tasks.outcomes import Advance, Finish, Outcome, Wait
+from durapay.tasks.runner import NOT_COMMITTED, ReconcileResult, StepContext
+from durapay.workflows.flows._adopt import new_order_if_never_charged
+from durapay.workflows.flows._common import (
     input_order_id,
     order_with_current_id,
     read_order,
     summarize,
 )
-from workflows.flows.waits import (
+from durapay.workflows.flows.waits import (
     CLOSED,
     GRACE_SECONDS,
     PACE_MIN_SECONDS,
@@ -51,7 +51,7 @@ from workflows.flows.waits import (
     order_state,
     read_later,
 )
-from workflows.steps import Call, CallStep, FlowDefinition, WaitStep
+from durapay.workflows.steps import Call, CallStep, FlowDefinition, WaitStep
 
 #: The first read of a link the flow adopted (it cannot verify that link's notifications); later reads
 #: come at the pace of every wait (``workflows.flows.waits.adopted_read``).

@@ -25,7 +25,7 @@ from collections.abc import Callable, Sequence
 from datetime import UTC, date, datetime, timedelta
 from typing import Any
 
-from gateway import (
+from durapay.gateway import (
     SUCCESS_RESULTS,
     BadRequest,
     Catalogue,
@@ -37,10 +37,10 @@ from gateway import (
     Unknown,
     reported_payment,
 )
-from tasks.outcomes import Advance, Attention, Finish, Outcome, Wait
-from tasks.runner import StepContext
-from workflows.flows._adopt import PAYMENT_TYPES, page_payment
-from workflows.flows._common import judge_operation, read_order
+from durapay.tasks.outcomes import Advance, Attention, Finish, Outcome, Wait
+from durapay.tasks.runner import StepContext
+from durapay.workflows.flows._adopt import PAYMENT_TYPES, page_payment
+from durapay.workflows.flows._common import judge_operation, read_order
 
 #: Output key of a wait's end: why the customer can no longer pay (the gateway's word). A completion
 #: carrying it settles the flow's money in flight (``workflows.inflight``).

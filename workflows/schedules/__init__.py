@@ -11,14 +11,14 @@ decisions: firing, missed occurrences, dunning, operator actions, among them ``r
 gateway shows for an occurrence whose flow is gone), ``store`` (Redis layout and Lua),
 ``api`` (:class:`Schedules`: the Python API and the scheduler's ``tick``)::
 
-    from workflows.schedules import Schedules
+    from durapay.workflows.schedules import Schedules
     schedules = Schedules(engine)
     schedules.create({...}, key="gym-42")
     Dispatcher(engine, tickers=[schedules.tick]).start()
 """
 
-from workflows.schedules.api import Schedules
-from workflows.schedules.model import (
+from durapay.workflows.schedules.api import Schedules
+from durapay.workflows.schedules.model import (
     COUNTERS,
     DEFAULT_DUNNING,
     Attempt,
@@ -27,8 +27,8 @@ from workflows.schedules.model import (
     ScheduleRecord,
     ScheduleState,
 )
-from workflows.schedules.policy import CHECK_FIRST, MISSED_GRACE, MIT_KIND, occurrence_key, order_id, order_parts
-from workflows.schedules.rules import Calendar, Cron, EveryDays, Monthly, Rule, Weekly, occurrences, upcoming
+from durapay.workflows.schedules.policy import CHECK_FIRST, MISSED_GRACE, MIT_KIND, occurrence_key, order_id, order_parts
+from durapay.workflows.schedules.rules import Calendar, Cron, EveryDays, Monthly, Rule, Weekly, occurrences, upcoming
 
 __all__ = [
     "CHECK_FIRST",

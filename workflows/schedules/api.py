@@ -27,15 +27,15 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from config.settings import SettingsError
-from gateway import check_amount, describe_validation_error
-from workflows.engine import Engine, InputError, NotFound, OperatorError
-from workflows.schedules import policy
-from workflows.schedules.model import FINAL, Attempt, Resolution, ScheduleInput, ScheduleRecord, ScheduleState
-from workflows.schedules.policy import MIT_KIND
-from workflows.schedules.rules import iso
-from workflows.schedules.store import ScheduleStore, input_hash
-from workflows.store import FlowRecord, StartConflict
+from durapay.config.settings import SettingsError
+from durapay.gateway import check_amount, describe_validation_error
+from durapay.workflows.engine import Engine, InputError, NotFound, OperatorError
+from durapay.workflows.schedules import policy
+from durapay.workflows.schedules.model import FINAL, Attempt, Resolution, ScheduleInput, ScheduleRecord, ScheduleState
+from durapay.workflows.schedules.policy import MIT_KIND
+from durapay.workflows.schedules.rules import iso
+from durapay.workflows.schedules.store import ScheduleStore, input_hash
+from durapay.workflows.store import FlowRecord, StartConflict
 
 log = logging.getLogger("durapay.schedules")
 

@@ -21,9 +21,9 @@ from typing import Annotated, Any, Literal, TypeVar
 from pydantic import AfterValidator, BeforeValidator, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 from pydantic.config import JsonDict
 
-from gateway import GATEWAY_ZONE, Amount, CaptureType, Currency, StrictModel, check_amount
-from gateway._strict import unknown_value
-from workflows.schedules.rules import ZONES, Calendar, Rule, first_closer, instant, iso, zone
+from durapay.gateway import GATEWAY_ZONE, Amount, CaptureType, Currency, StrictModel, check_amount
+from durapay.gateway._strict import unknown_value
+from durapay.workflows.schedules.rules import ZONES, Calendar, Rule, first_closer, instant, iso, zone
 
 DEFAULT_DUNNING = (1, 3, 7)
 _T = TypeVar("_T")

@@ -29,10 +29,10 @@ from typing import Any
 
 import redis
 
-from workflows.events import schedule_events_key
-from workflows.keys import Keys
-from workflows.schedules.model import RECORD_FIELDS, ScheduleRecord, ScheduleState, compact_sorted, open_json
-from workflows.scripts import ScriptPipeline
+from durapay.workflows.events import schedule_events_key
+from durapay.workflows.keys import Keys
+from durapay.workflows.schedules.model import RECORD_FIELDS, ScheduleRecord, ScheduleState, compact_sorted, open_json
+from durapay.workflows.scripts import ScriptPipeline
 
 
 def _script(package: str, name: str) -> str:
@@ -106,9 +106,9 @@ class ScheduleStore:
         self.events = events
         self.keys = ScheduleKeys(keys)
         self.partitions = keys.partitions
-        self._create = client.register_script(_script("workflows.schedules", "create.lua"))
-        self._update = client.register_script(_script("workflows.schedules", "update.lua"))
-        self._mark = client.register_script(_script("workflows.schedules", "mark.lua"))
+        self._create = client.register_script(_script("durapay.workflows.schedules", "create.lua"))
+        self._update = client.register_script(_script("durapay.workflows.schedules", "update.lua"))
+        self._mark = client.register_script(_script("durapay.workflows.schedules", "mark.lua"))
         self._take_due = client.register_script(_script("workflows", "take_due.lua"))
 
     # -- reading ----------------------------------------------------------------------------------

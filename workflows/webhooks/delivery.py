@@ -36,13 +36,13 @@ from email.utils import parsedate_to_datetime
 from importlib import resources
 from typing import Any
 
-from config.settings import WEBHOOK_JITTER, WEBHOOK_RETRY_AFTER_CAP_SECONDS, WebhooksSettings
-from workflows.events import Cursor, EventFeed, decode_entry, iso
-from workflows.keys import Keys
-from workflows.scripts import ScriptPipeline
-from workflows.webhooks.endpoints import TEST_TYPE, Endpoint, EndpointStore, resolved_private
-from workflows.webhooks.signing import sign
-from workflows.webhooks.transport import Poster
+from durapay.config.settings import WEBHOOK_JITTER, WEBHOOK_RETRY_AFTER_CAP_SECONDS, WebhooksSettings
+from durapay.workflows.events import Cursor, EventFeed, decode_entry, iso
+from durapay.workflows.keys import Keys
+from durapay.workflows.scripts import ScriptPipeline
+from durapay.workflows.webhooks.endpoints import TEST_TYPE, Endpoint, EndpointStore, resolved_private
+from durapay.workflows.webhooks.signing import sign
+from durapay.workflows.webhooks.transport import Poster
 
 log = logging.getLogger("durapay.webhooks")
 
@@ -58,7 +58,7 @@ Send = Callable[[str, list[str]], None]
 
 
 def _lua(name: str) -> str:
-    return resources.files("workflows.webhooks").joinpath("lua", name).read_text()
+    return resources.files("durapay.workflows.webhooks").joinpath("lua", name).read_text()
 
 
 def next_delay(attempts: int, rng: random.Random, delays: Sequence[float] = SCHEDULE) -> float:

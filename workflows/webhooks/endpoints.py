@@ -49,10 +49,10 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 from urllib.parse import urlsplit
 
-from config.settings import WebhooksSettings
-from workflows.events import EVENT_TYPES
-from workflows.keys import Keys, derived_id
-from workflows.webhooks.signing import new_secret, secret_key
+from durapay.config.settings import WebhooksSettings
+from durapay.workflows.events import EVENT_TYPES
+from durapay.workflows.keys import Keys, derived_id
+from durapay.workflows.webhooks.signing import new_secret, secret_key
 
 #: The synthetic type sent by ``durapay webhooks test`` (never written to the event streams).
 TEST_TYPE = "webhook.test"

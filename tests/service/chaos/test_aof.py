@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from service.chaos.aof import FsyncRecorder, crash_model_valkey, current_incr, stop_and_cut, waitaof_waits_for_fsync
+from durapay.service.chaos.aof import FsyncRecorder, crash_model_valkey, current_incr, stop_and_cut, waitaof_waits_for_fsync
 from tests.waiting import wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.skipif(shutil.which("cc") is None, reason="needs a C compiler")]

@@ -8,14 +8,14 @@ from typing import Any
 
 import pytest
 
-from service.chaos.campaign import APPROVED_ONLY, BACKSTOP, PEND, PENDING_OPERATIONS, SETTLE, plan_pending
-from service.chaos.operator import CANCEL, RESOLVE, plan_operator
-from service.chaos.reconcile import Findings, Ledger, check_money
-from service.chaos.report import ChaosReport, flow_times, recovery
-from service.chaos.workload import OPERATIONS
-from simulator._pending import PENDABLE
-from workflows.states import FlowState
-from workflows.store import FlowRecord
+from durapay.service.chaos.campaign import APPROVED_ONLY, BACKSTOP, PEND, PENDING_OPERATIONS, SETTLE, plan_pending
+from durapay.service.chaos.operator import CANCEL, RESOLVE, plan_operator
+from durapay.service.chaos.reconcile import Findings, Ledger, check_money
+from durapay.service.chaos.report import ChaosReport, flow_times, recovery
+from durapay.service.chaos.workload import OPERATIONS
+from durapay.simulator._pending import PENDABLE
+from durapay.workflows.states import FlowState
+from durapay.workflows.store import FlowRecord
 
 
 def flow(state: FlowState, *, outcome: dict[str, Any] | None = None, error: dict[str, Any] | None = None) -> FlowRecord:

@@ -15,12 +15,12 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner, Result
 
-from config import load_settings
-from service.cli import build_app
-from service.runtime import Runtime, build_runtime
+from durapay.config import load_settings
+from durapay.service.cli import build_app
+from durapay.service.runtime import Runtime, build_runtime
 
 API_KEY = "cli-test-key-0123456789"
-DURAPAY = [sys.executable, "-c", "from service.cli import main; main()"]
+DURAPAY = [sys.executable, "-c", "from durapay.service.cli import main; main()"]
 
 
 def broker_of(redis_url: str) -> str:

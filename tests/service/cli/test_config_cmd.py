@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from config import SettingsError, load_settings
-from service.cli.config_cmd import effective
+from durapay.config import SettingsError, load_settings
+from durapay.service.cli.config_cmd import effective
 
 
 def test_role_keys_are_counted_not_printed() -> None:

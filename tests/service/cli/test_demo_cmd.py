@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 import redis
 
+from durapay.workflows.flows import REGISTRY
 from tests.service.cli.conftest import DURAPAY
 from tests.waiting import wait_until
-from workflows.flows import REGISTRY
 
 pytestmark = pytest.mark.integration
 

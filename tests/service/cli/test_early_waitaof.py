@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from config.embedded import EmbeddedValkey
+from durapay.config.embedded import EmbeddedValkey
 from tests.service.cli.conftest import DURAPAY, broker_of, invoke
 from tests.waiting import wait_until
 

@@ -10,12 +10,12 @@ from typing import Any
 
 import pytest
 
-from service.runtime import Runtime
-from tasks.outcomes import Advance, Attention, Finish, Outcome
+from durapay.service.runtime import Runtime
+from durapay.tasks.outcomes import Advance, Attention, Finish, Outcome
+from durapay.workflows.engine import Claim
+from durapay.workflows.states import FlowState
 from tests.gateway.test_catalogue import SPEC, spec_file_pairs, spec_pairs
 from tests.service.cli.conftest import invoke
-from workflows.engine import Claim
-from workflows.states import FlowState
 
 CARD = {"pan": "4349940199004549", "expiryDate": "1230", "cvv": "123"}
 #: What makes rich draw tables as on a terminal of 100 columns (the CLI runner's stdout is not a terminal).
@@ -301,7 +301,7 @@ def test_a_flow_error_is_one_readable_line_never_a_python_dict(engine_side: Runt
 def test_every_command_takes_json() -> None:
     from typer.main import get_command
 
-    from service.cli import build_app
+    from durapay.service.cli import build_app
 
     def leaves(command: Any, path: str) -> list[tuple[str, Any]]:
         children = getattr(command, "commands", None)
@@ -369,9 +369,9 @@ def test_a_store_left_in_the_data_folder_is_read(cli_env: dict[str, str], monkey
     """After ``durapay demo`` (its Valkey stopped) the folder holds a store: ``flows ls`` reads it."""
     import random
 
-    from config import load_settings
-    from config.embedded import EmbeddedValkey
-    from service.runtime import build_runtime
+    from durapay.config import load_settings
+    from durapay.config.embedded import EmbeddedValkey
+    from durapay.service.runtime import build_runtime
 
     monkeypatch.delenv("DURAPAY_REDIS_URL")
     monkeypatch.delenv("DURAPAY_BROKER_URL")

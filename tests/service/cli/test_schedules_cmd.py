@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import json
 
-from service.runtime import Runtime
+from durapay.service.runtime import Runtime
+from durapay.workflows.schedules import Schedules
 from tests.service.cli.conftest import invoke
 from tests.service.cli.test_flows_cmd import TERMINAL
 from tests.workflows.schedules.harness import stop_on_a_gone_flow
-from workflows.schedules import Schedules
 
 ADD = ("schedules", "add", "--contract", "contract-with-a-long-name-01", "--amount", "1990", "--description", "Gym")
 

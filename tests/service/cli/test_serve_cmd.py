@@ -20,8 +20,8 @@ from typing import Any
 import httpx
 import pytest
 
-from config.embedded import free_port
-from simulator import SimulatorConfig, SimulatorServer
+from durapay.config.embedded import free_port
+from durapay.simulator import SimulatorConfig, SimulatorServer
 from tests.service.cli.conftest import API_KEY, DURAPAY, invoke
 from tests.waiting import wait_until
 
@@ -171,12 +171,12 @@ def test_worker_rides_out_redis_down_then_runs_flows(
     is still running, finishes the flows it had and runs a new one; every order is charged once."""
     import random
 
-    from config import load_settings
-    from config.embedded import EmbeddedValkey
-    from service.runtime import build_runtime
+    from durapay.config import load_settings
+    from durapay.config.embedded import EmbeddedValkey
+    from durapay.service.runtime import build_runtime
+    from durapay.workflows.dispatcher import Dispatcher
+    from durapay.workflows.states import FlowState
     from tests.workflows.integration.test_durability import charges
-    from workflows.dispatcher import Dispatcher
-    from workflows.states import FlowState
 
     card = {"pan": "4349940199004549", "expiryDate": "1230", "cvv": "123"}
     valkey = EmbeddedValkey(tmp_path / "valkey", appendfsync="always")
@@ -231,11 +231,11 @@ def test_a_fatal_worker_error_exits_non_zero(cli_env: dict[str, str], tmp_path: 
     fatal error is forced in the worker's heartbeat bootstep, one of the steps a worker starts."""
     forced = (
         "import sys\n"
-        "import service.heartbeat\n"
+        "import durapay.service.heartbeat\n"
         "def broken(self):\n"
         "    raise RuntimeError('forced fatal error')\n"
-        "service.heartbeat.Heartbeat.start = broken\n"
-        "from service.cli import main\n"
+        "durapay.service.heartbeat.Heartbeat.start = broken\n"
+        "from durapay.service.cli import main\n"
         "sys.argv = ['durapay', 'worker', '--pool', 'solo', '--loglevel', 'warning']\n"
         "main()\n"
     )
@@ -253,7 +253,7 @@ def test_scheduler_says_redis_was_lost_and_back_in_two_lines(cli_env: dict[str, 
     how many attempts failed meanwhile; no traceback."""
     import re
 
-    from config.embedded import EmbeddedValkey
+    from durapay.config.embedded import EmbeddedValkey
 
     valkey = EmbeddedValkey(tmp_path / "valkey")
     env = {**os.environ, "DURAPAY_REDIS_URL": valkey.url, "DURAPAY_BROKER_URL": valkey.url}

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from bench._webhook_receiver import WebhookReceiver
-from service.runtime import Runtime
+from durapay.service.runtime import Runtime
 from tests.service.cli.conftest import invoke
 
 

@@ -20,13 +20,13 @@ import httpx
 import pytest
 from celery.contrib.testing.worker import start_worker
 
-from service.app import create_app
-from service.runtime import Runtime, build_runtime
-from service.server import ApiServer
-from simulator import SimulatorConfig, SimulatorServer
+from durapay.service.app import create_app
+from durapay.service.runtime import Runtime, build_runtime
+from durapay.service.server import ApiServer
+from durapay.simulator import SimulatorConfig, SimulatorServer
+from durapay.workflows.dispatcher import Dispatcher
+from durapay.workflows.engine import Engine
 from tests.workflows.integration.conftest import stack_settings
-from workflows.dispatcher import Dispatcher
-from workflows.engine import Engine
 
 OPERATOR_KEY = "console-operator-key-0123456789"
 READ_KEY = "console-reader-key-0123456789"

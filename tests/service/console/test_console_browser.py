@@ -15,12 +15,12 @@ from urllib.parse import parse_qs, urlsplit
 
 import pytest
 
+from durapay.workflows.schedules import Schedules
+from durapay.workflows.states import FlowState
 from tests.service.console.conftest import OPERATOR_KEY, READ_KEY, ConsoleStack, screenshot
 from tests.waiting import wait_until
 from tests.workflows.integration.test_flows import card, order
 from tests.workflows.schedules.harness import stop_on_a_gone_flow
-from workflows.schedules import Schedules
-from workflows.states import FlowState
 
 pytestmark = pytest.mark.integration
 

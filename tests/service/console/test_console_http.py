@@ -12,13 +12,13 @@ from contextlib import contextmanager
 import httpx
 import pytest
 
-from gateway import Catalogue
+from durapay.gateway import Catalogue
+from durapay.workflows.schedules import Schedules
+from durapay.workflows.states import FlowState
 from tests.service.console.conftest import OPERATOR_KEY, READ_KEY, ConsoleStack
 from tests.waiting import wait_until
 from tests.workflows.integration.test_flows import card, order, session
 from tests.workflows.schedules.harness import stop_on_a_gone_flow
-from workflows.schedules import Schedules
-from workflows.states import FlowState
 
 pytestmark = pytest.mark.integration
 

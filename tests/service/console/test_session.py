@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import base64
 
-from service.auth import Keyring
-from service.console.session import Sessions
+from durapay.service.auth import Keyring
+from durapay.service.console.session import Sessions
 
 OPERATOR = "operator-key-0123456789"
 READER = "reader-key-0123456789"

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from service.console.timeline import build, svg
+from durapay.service.console.timeline import build, svg
 
 T = 1_800_000_000.0
 HISTORY = [

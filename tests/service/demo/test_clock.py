@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from service.demo.clock import SharedClock
+from durapay.service.demo.clock import SharedClock
 
 
 def test_advancing_one_clock_moves_every_clock_on_the_key(redis_url: str, key_prefix: str) -> None:

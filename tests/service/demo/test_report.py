@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from service.demo.report import Places, next_steps
+from durapay.service.demo.report import Places, next_steps
 
 PLACES = Places("http://127.0.0.1:8780", "demo-key-123", "http://127.0.0.1:8781", "redis://127.0.0.1:1", "/d", "/d/logs")
 

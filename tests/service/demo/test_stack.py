@@ -6,11 +6,11 @@ import socket
 
 import pytest
 
-from config import load_settings
-from service.demo import _coverage, _run_id
-from service.demo.report import Places, Row, next_steps, summary_table
-from service.demo.stack import port_or_free, settings_env
-from workflows.flows import REGISTRY
+from durapay.config import load_settings
+from durapay.service.demo import _coverage, _run_id
+from durapay.service.demo.report import Places, Row, next_steps, summary_table
+from durapay.service.demo.stack import port_or_free, settings_env
+from durapay.workflows.flows import REGISTRY
 
 
 def test_settings_env_reproduces_the_settings(monkeypatch: pytest.MonkeyPatch) -> None:

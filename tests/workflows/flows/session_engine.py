@@ -11,13 +11,13 @@ from typing import Any
 import pytest
 import redis
 
-from config import load_settings
-from simulator import SimulatorConfig, SimulatorServer
-from tasks.runner import StepContext
-from workflows.clock import ManualClock
-from workflows.engine import Engine
-from workflows.flows import REGISTRY
-from workflows.states import FlowState
+from durapay.config import load_settings
+from durapay.simulator import SimulatorConfig, SimulatorServer
+from durapay.tasks.runner import StepContext
+from durapay.workflows.clock import ManualClock
+from durapay.workflows.engine import Engine
+from durapay.workflows.flows import REGISTRY
+from durapay.workflows.states import FlowState
 
 
 @contextmanager

@@ -12,14 +12,14 @@ from typing import Any
 import pytest
 import redis
 
-from config import load_settings
-from gateway import Catalogue, GatewayOperation
-from simulator import SimulatorServer
+from durapay.config import load_settings
+from durapay.gateway import Catalogue, GatewayOperation
+from durapay.simulator import SimulatorServer
+from durapay.workflows.clock import ManualClock
+from durapay.workflows.engine import Engine
+from durapay.workflows.flows import REGISTRY
+from durapay.workflows.states import FlowState
 from tests.workflows.flows.session_engine import engine, step_until
-from workflows.clock import ManualClock
-from workflows.engine import Engine
-from workflows.flows import REGISTRY
-from workflows.states import FlowState
 
 __all__ = ["engine"]
 

@@ -14,15 +14,15 @@ import pytest
 import redis
 from pydantic import BaseModel
 
-from config import load_settings
-from gateway import Catalogue, GatewayClient, GatewayOperation
-from simulator import SimulatorConfig, SimulatorServer
-from workflows.clock import ManualClock
-from workflows.engine import Engine
-from workflows.errors import OperatorError
-from workflows.flows import REGISTRY
-from workflows.states import FlowState
-from workflows.store import FlowRecord
+from durapay.config import load_settings
+from durapay.gateway import Catalogue, GatewayClient, GatewayOperation
+from durapay.simulator import SimulatorConfig, SimulatorServer
+from durapay.workflows.clock import ManualClock
+from durapay.workflows.engine import Engine
+from durapay.workflows.errors import OperatorError
+from durapay.workflows.flows import REGISTRY
+from durapay.workflows.states import FlowState
+from durapay.workflows.store import FlowRecord
 
 CHALLENGE = "5186151650005008"  # approving MC that the issuer challenges
 

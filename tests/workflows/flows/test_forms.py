@@ -12,13 +12,13 @@ from typing import Any
 
 import pytest
 
-from gateway import Catalogue
-from service.receiver import NotificationReceiver
-from simulator import SimulatorAdminError, SimulatorServer
+from durapay.gateway import Catalogue
+from durapay.service.receiver import NotificationReceiver
+from durapay.simulator import SimulatorAdminError, SimulatorServer
+from durapay.workflows.engine import Engine
+from durapay.workflows.states import FlowState
 from tests.workflows.flows.session_engine import engine, step_until
 from tests.workflows.flows.test_waits import CHALLENGE_PAN, ENDED, advance, build_input
-from workflows.engine import Engine
-from workflows.states import FlowState
 
 __all__ = ["engine"]
 

@@ -16,12 +16,12 @@ from collections.abc import Iterator
 import pytest
 import redis
 
-from gateway import Catalogue
-from service.receiver import NotificationReceiver
-from simulator import SimulatorServer
+from durapay.gateway import Catalogue
+from durapay.service.receiver import NotificationReceiver
+from durapay.simulator import SimulatorServer
+from durapay.workflows.engine import Engine
+from durapay.workflows.states import FlowState
 from tests.workflows.flows.session_engine import engine, link_input, session_engine, step_until
-from workflows.engine import Engine
-from workflows.states import FlowState
 
 __all__ = ["engine"]
 

@@ -14,10 +14,10 @@ from typing import Any
 
 import pytest
 
-from gateway import Catalogue
-from simulator import SimulatorConfig, SimulatorServer
+from durapay.gateway import Catalogue
+from durapay.simulator import SimulatorConfig, SimulatorServer
+from durapay.workflows.states import FlowState
 from tests.workflows.schedules.harness import Receiver, Stack, running_receiver
-from workflows.states import FlowState
 
 pytestmark = pytest.mark.integration
 

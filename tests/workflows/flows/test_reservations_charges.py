@@ -11,11 +11,11 @@ from typing import Any
 
 import pytest
 
-from gateway import Catalogue
-from simulator import SimulatorServer
+from durapay.gateway import Catalogue
+from durapay.simulator import SimulatorServer
+from durapay.workflows.engine import Engine, StartConflict
+from durapay.workflows.states import FlowState
 from tests.workflows.flows.session_engine import engine, step_until
-from workflows.engine import Engine, StartConflict
-from workflows.states import FlowState
 
 __all__ = ["engine"]
 

@@ -13,12 +13,12 @@ from typing import Any
 import pytest
 import redis
 
-from config import load_settings
-from gateway import GatewayOperation, NotFound
-from workflows.clock import ManualClock
-from workflows.engine import Engine, InputError
-from workflows.flows import REGISTRY
-from workflows.states import FlowState
+from durapay.config import load_settings
+from durapay.gateway import GatewayOperation, NotFound
+from durapay.workflows.clock import ManualClock
+from durapay.workflows.engine import Engine, InputError
+from durapay.workflows.flows import REGISTRY
+from durapay.workflows.states import FlowState
 
 T0 = datetime(2026, 7, 1, tzinfo=UTC).timestamp()
 OPERATION = {"operationId": "op-9", "orderId": "res-1", "operationResult": "EXECUTED", "operationAmount": "900"}

@@ -14,12 +14,12 @@ from pathlib import Path
 
 import pytest
 
-from config.embedded import EmbeddedValkey
-from gateway import Catalogue
-from simulator import SimulatorConfig, SimulatorServer
+from durapay.config.embedded import EmbeddedValkey
+from durapay.gateway import Catalogue
+from durapay.simulator import SimulatorConfig, SimulatorServer
+from durapay.workflows.clock import ManualClock
+from durapay.workflows.states import FlowState
 from tests.workflows.schedules.harness import Receiver, Stack, running_receiver
-from workflows.clock import ManualClock
-from workflows.states import FlowState
 
 pytestmark = [pytest.mark.integration, pytest.mark.chaos]
 

@@ -12,12 +12,12 @@ import json
 from datetime import UTC, datetime
 from typing import Any
 
-from gateway import Catalogue, PayByLinkRenewRequest
-from service.receiver import NotificationReceiver
-from simulator import SimulatorServer
+from durapay.gateway import Catalogue, PayByLinkRenewRequest
+from durapay.service.receiver import NotificationReceiver
+from durapay.simulator import SimulatorServer
+from durapay.workflows.engine import Engine, OperatorError
+from durapay.workflows.states import FlowState
 from tests.workflows.flows.session_engine import engine, step_until
-from workflows.engine import Engine, OperatorError
-from workflows.states import FlowState
 
 __all__ = ["engine"]
 

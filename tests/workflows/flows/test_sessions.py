@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import pytest
 
-from simulator import SimulatorServer
+from durapay.simulator import SimulatorServer
+from durapay.workflows.engine import Engine
+from durapay.workflows.flows.sessions import ADOPTED_READ_SECONDS
+from durapay.workflows.states import FlowState
 from tests.workflows.flows.session_engine import engine, link_input, step_until
-from workflows.engine import Engine
-from workflows.flows.sessions import ADOPTED_READ_SECONDS
-from workflows.states import FlowState
 
 __all__ = ["engine"]
 

@@ -12,14 +12,14 @@ from typing import Any
 
 import pytest
 
-from gateway import Catalogue, PayByLinkRenewRequest
-from service.receiver import NotificationReceiver
-from simulator import PAGE_PAYMENT, SimulatorServer
+from durapay.gateway import Catalogue, PayByLinkRenewRequest
+from durapay.service.receiver import NotificationReceiver
+from durapay.simulator import PAGE_PAYMENT, SimulatorServer
+from durapay.workflows.compact import Compactor
+from durapay.workflows.engine import Engine
+from durapay.workflows.flows.waits import GRACE_SECONDS, KEEP_MARGIN_SECONDS, link_end
+from durapay.workflows.states import FlowState
 from tests.workflows.flows.session_engine import engine, link_input, step_until
-from workflows.compact import Compactor
-from workflows.engine import Engine
-from workflows.flows.waits import GRACE_SECONDS, KEEP_MARGIN_SECONDS, link_end
-from workflows.states import FlowState
 
 __all__ = ["engine"]
 
@@ -198,12 +198,12 @@ def test_a_payment_pending_for_longer_than_its_grace_stops_for_a_person(engine: 
 
 def test_an_unknown_link_status_is_never_taken_as_closed() -> None:
     """Gateway answers stay lenient: a status this version does not know keeps the flow reading."""
-    from gateway import PaymentLink
+    from durapay.gateway import PaymentLink
     from tests.workflows.flows.session_engine import context_at
 
     ctx = context_at(now=1_000_000.0, created=999_000.0)
     link = PaymentLink.model_validate({"linkId": "L1", "status": "SUSPENDED", "expirationDate": "1970-01-05"})
-    from workflows.flows.waits import judge_wait
+    from durapay.workflows.flows.waits import judge_wait
 
     outcome = judge_wait(ctx, ("notification",), [], [link], ends=999_500.0)
     assert type(outcome).__name__ == "Wait", outcome
@@ -321,9 +321,9 @@ def test_a_form_whose_customer_is_on_an_apm_page_at_the_deadline_is_not_expired(
 def test_a_decline_on_a_link_the_gateway_keeps_open_does_not_end_the_wait() -> None:
     """Refuted for the simulator (its link is FAILED after a decline: the flow then ends), confirmed as a
     reading of the code: the flow now reads the link instead of taking the decline as the end."""
-    from gateway import Operation, PaymentLink
+    from durapay.gateway import Operation, PaymentLink
+    from durapay.workflows.flows.waits import judge_wait
     from tests.workflows.flows.session_engine import context_at
-    from workflows.flows.waits import judge_wait
 
     ctx = context_at(now=1_000_000.0, created=999_000.0)
     declined = Operation.model_validate(

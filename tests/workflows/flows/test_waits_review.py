@@ -15,13 +15,13 @@ from typing import Any
 import pytest
 import redis
 
-from gateway import Catalogue, Operation, PaymentLink
-from simulator import PAGE_PAYMENT, SimulatorServer
+from durapay.gateway import Catalogue, Operation, PaymentLink
+from durapay.simulator import PAGE_PAYMENT, SimulatorServer
+from durapay.workflows.engine import Engine
+from durapay.workflows.flows.waits import judge_wait
+from durapay.workflows.states import FlowState
 from tests.workflows.flows.session_engine import context_at, engine, link_input, session_engine, step_until
 from tests.workflows.flows.test_waits import CHALLENGE_PAN, ENDED, advance, build_input, hpp_input, link_of, link_status
-from workflows.engine import Engine
-from workflows.flows.waits import judge_wait
-from workflows.states import FlowState
 
 __all__ = ["engine"]
 

@@ -17,14 +17,14 @@ from typing import Any
 import pytest
 from celery.contrib.testing.worker import start_worker
 
-from config import Settings, load_settings
-from service.runtime import Runtime, build_runtime
-from simulator import SimulatorConfig, SimulatorServer
-from workflows.clock import OffsetClock
-from workflows.dispatcher import Dispatcher
-from workflows.engine import Engine
-from workflows.states import FlowState
-from workflows.store import FlowRecord
+from durapay.config import Settings, load_settings
+from durapay.service.runtime import Runtime, build_runtime
+from durapay.simulator import SimulatorConfig, SimulatorServer
+from durapay.workflows.clock import OffsetClock
+from durapay.workflows.dispatcher import Dispatcher
+from durapay.workflows.engine import Engine
+from durapay.workflows.states import FlowState
+from durapay.workflows.store import FlowRecord
 
 
 @pytest.fixture(scope="session")

@@ -15,7 +15,7 @@ import zlib
 from pathlib import Path
 from typing import Any
 
-from config import ENV_NESTED_DELIMITER, ENV_PREFIX, Settings
+from durapay.config import ENV_NESTED_DELIMITER, ENV_PREFIX, Settings
 
 ROOT = Path(__file__).resolve().parents[3]
 #: Every child's random.Random seed is derived from this and its name: fixed across runs, distinct per worker.
@@ -45,8 +45,8 @@ def settings_env(settings: Settings, redis_url: str) -> dict[str, str]:
 CHILD = """
 import random
 import sys
-from config import load_settings
-from service.runtime import build_runtime
+from durapay.config import load_settings
+from durapay.service.runtime import build_runtime
 settings = load_settings()
 runtime = build_runtime(settings, redis_url=settings.redis_url, rng=random.Random(int(sys.argv[2])))
 runtime.celery.worker_main(["worker", "-P", "threads", "-c", "4", "-Q", "durapay", "-l", "warning",

@@ -23,9 +23,12 @@ import redis
 from celery.contrib.testing.worker import start_worker
 from redis.cluster import key_slot
 
-from config.connect import ClusterClient, is_cluster
-from service.runtime import build_runtime
-from simulator import SimulatorServer
+from durapay.config.connect import ClusterClient, is_cluster
+from durapay.service.runtime import build_runtime
+from durapay.simulator import SimulatorServer
+from durapay.workflows.dispatcher import Dispatcher
+from durapay.workflows.schedules import occurrences
+from durapay.workflows.states import FlowState
 from tests.waiting import wait_until
 from tests.workflows.flows import test_reservations as reservations
 from tests.workflows.integration import test_flows as flows
@@ -35,9 +38,6 @@ from tests.workflows.integration.topology import ValkeyCluster
 from tests.workflows.schedules import test_integration as scheduled
 from tests.workflows.schedules.harness import Stack as ScheduleStack
 from tests.workflows.schedules.harness import running_receiver
-from workflows.dispatcher import Dispatcher
-from workflows.schedules import occurrences
-from workflows.states import FlowState
 
 pytestmark = pytest.mark.integration
 

@@ -16,15 +16,15 @@ from typing import Any
 import pytest
 import redis
 
-from service.runtime import build_runtime
-from simulator import SimulatorServer
+from durapay.service.runtime import build_runtime
+from durapay.simulator import SimulatorServer
+from durapay.workflows.dispatcher import Dispatcher
+from durapay.workflows.engine import Engine
+from durapay.workflows.states import FlowState
 from tests.waiting import wait_until
 from tests.workflows.integration.conftest import Stack, stack_settings
 from tests.workflows.integration.processes import WorkerProcess
 from tests.workflows.integration.test_flows import APPROVE, card, order
-from workflows.dispatcher import Dispatcher
-from workflows.engine import Engine
-from workflows.states import FlowState
 
 PAYMENT_TYPES = {"AUTHORIZATION", "CAPTURE"}
 

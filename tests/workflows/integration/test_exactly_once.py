@@ -15,16 +15,16 @@ from typing import Any
 import pytest
 import redis
 
-from gateway import Catalogue
-from simulator import SimulatorServer
+from durapay.gateway import Catalogue
+from durapay.simulator import SimulatorServer
+from durapay.workflows.clock import ManualClock
+from durapay.workflows.engine import Claim, Engine, OrderIdTaken
+from durapay.workflows.flows import REGISTRY
+from durapay.workflows.states import STOPPED, FlowState
+from durapay.workflows.store import FlowRecord
 from tests.waiting import wait_until
 from tests.workflows.integration.conftest import Stack, stack_settings
 from tests.workflows.integration.test_flows import APPROVE, card, order, session, wait_for_state
-from workflows.clock import ManualClock
-from workflows.engine import Claim, Engine, OrderIdTaken
-from workflows.flows import REGISTRY
-from workflows.states import STOPPED, FlowState
-from workflows.store import FlowRecord
 
 #: Operations that take money (or verify a card) and are the flow's own payment.
 PAYMENT_TYPES = {"AUTHORIZATION", "CAPTURE", "CARD_VERIFICATION"}

@@ -25,10 +25,14 @@ from typing import Any
 import pytest
 from celery.contrib.testing.worker import start_worker
 
-from service.app import create_app
-from service.runtime import build_runtime
-from service.server import ApiServer
-from simulator import SimulatorConfig, SimulatorServer
+from durapay.service.app import create_app
+from durapay.service.runtime import build_runtime
+from durapay.service.server import ApiServer
+from durapay.simulator import SimulatorConfig, SimulatorServer
+from durapay.workflows.clock import OffsetClock
+from durapay.workflows.dispatcher import Dispatcher
+from durapay.workflows.states import FlowState
+from durapay.workflows.store import FlowRecord
 from tests.waiting import wait_until
 from tests.workflows.integration.conftest import Stack, stack_settings
 from tests.workflows.integration.test_flows import (
@@ -42,10 +46,6 @@ from tests.workflows.integration.test_flows import (
     session,
     wait_for_state,
 )
-from workflows.clock import OffsetClock
-from workflows.dispatcher import Dispatcher
-from workflows.states import FlowState
-from workflows.store import FlowRecord
 
 HARD_208 = "4000000000000004"  # last digit 4: declined 208 lost card (hard)
 HARD_209 = "4000000000000005"  # last digit 5: declined 209 stolen card (hard)

@@ -14,10 +14,10 @@ from typing import Any
 
 import pytest
 
-from gateway import OperationResult
+from durapay.gateway import OperationResult
+from durapay.workflows.signals import SignalRefused
+from durapay.workflows.states import FlowState
 from tests.workflows.integration.conftest import Stack
-from workflows.signals import SignalRefused
-from workflows.states import FlowState
 
 APPROVE = "4349940199004549"  # published approving VISA, frictionless
 CHALLENGE = "5186151650005008"  # published approving MC, 3DS challenge

@@ -16,14 +16,14 @@ from contextlib import ExitStack
 import pytest
 from celery.contrib.testing.worker import start_worker
 
-from config.celery import QUEUE
-from service.runtime import build_runtime
-from simulator import SimulatorServer
+from durapay.config.celery import QUEUE
+from durapay.service.runtime import build_runtime
+from durapay.simulator import SimulatorServer
+from durapay.workflows.dispatcher import Dispatcher
+from durapay.workflows.states import FlowState
 from tests.workflows.integration import test_flows as flows
 from tests.workflows.integration.conftest import Stack, stack_settings
 from tests.workflows.integration.test_exactly_once import payments
-from workflows.dispatcher import Dispatcher
-from workflows.states import FlowState
 
 AMQP_URL = os.environ.get("DURAPAY_TEST_AMQP_URL", "")
 

@@ -14,15 +14,15 @@ from pathlib import Path
 import pytest
 from celery.contrib.testing.worker import start_worker
 
-from config.embedded import EmbeddedValkey
-from service.runtime import build_runtime
-from simulator import SimulatorServer
+from durapay.config.embedded import EmbeddedValkey
+from durapay.service.runtime import build_runtime
+from durapay.simulator import SimulatorServer
+from durapay.workflows.dispatcher import Dispatcher
+from durapay.workflows.states import STOPPED, FlowState
 from tests.waiting import wait_until
 from tests.workflows.integration.conftest import stack_settings
 from tests.workflows.integration.test_durability import charges, one_operation_per_key
 from tests.workflows.integration.test_flows import APPROVE, card, order
-from workflows.dispatcher import Dispatcher
-from workflows.states import STOPPED, FlowState
 
 FLOWS = 24
 

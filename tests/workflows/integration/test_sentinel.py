@@ -29,17 +29,17 @@ import pytest
 import redis
 from celery.contrib.testing.worker import start_worker
 
-from service.runtime import build_runtime
-from simulator import SimulatorServer
+from durapay.service.runtime import build_runtime
+from durapay.simulator import SimulatorServer
+from durapay.workflows.dispatcher import Dispatcher
+from durapay.workflows.durability import NotDurable
+from durapay.workflows.engine import NotFound
+from durapay.workflows.states import TERMINAL, FlowState
 from tests.waiting import wait_until
 from tests.workflows.integration import test_flows as flows
 from tests.workflows.integration.conftest import Stack, stack_settings
 from tests.workflows.integration.test_exactly_once import payments
 from tests.workflows.integration.topology import SentinelGroup
-from workflows.dispatcher import Dispatcher
-from workflows.durability import NotDurable
-from workflows.engine import NotFound
-from workflows.states import TERMINAL, FlowState
 
 pytestmark = pytest.mark.integration
 

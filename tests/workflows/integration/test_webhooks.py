@@ -11,12 +11,12 @@ import pytest
 from celery.contrib.testing.worker import start_worker
 
 from bench._webhook_receiver import WebhookReceiver
-from service.runtime import Runtime, build_runtime
-from simulator import SimulatorServer
+from durapay.service.runtime import Runtime, build_runtime
+from durapay.simulator import SimulatorServer
+from durapay.workflows.dispatcher import Dispatcher
 from tests.waiting import wait_until
 from tests.workflows.integration.conftest import stack_settings
 from tests.workflows.integration.test_flows import APPROVE, DECLINE, card, order
-from workflows.dispatcher import Dispatcher
 
 pytestmark = pytest.mark.integration
 

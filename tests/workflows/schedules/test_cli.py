@@ -7,7 +7,7 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from service.cli import build_app
+from durapay.service.cli import build_app
 
 
 @pytest.fixture

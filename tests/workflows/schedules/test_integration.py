@@ -13,12 +13,12 @@ from typing import Any
 
 import pytest
 
+from durapay.workflows.engine import InputError
+from durapay.workflows.keys import derived_id
+from durapay.workflows.schedules import ScheduleRecord, ScheduleState, occurrence_key, occurrences
+from durapay.workflows.schedules.rules import iso
+from durapay.workflows.states import TERMINAL
 from tests.workflows.schedules.harness import Stack
-from workflows.engine import InputError
-from workflows.keys import derived_id
-from workflows.schedules import ScheduleRecord, ScheduleState, occurrence_key, occurrences
-from workflows.schedules.rules import iso
-from workflows.states import TERMINAL
 
 pytestmark = pytest.mark.integration
 

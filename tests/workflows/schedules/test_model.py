@@ -11,10 +11,10 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from config.settings import SchedulesSettings
-from workflows.engine import OperatorError
-from workflows.schedules import policy
-from workflows.schedules.model import (
+from durapay.config.settings import SchedulesSettings
+from durapay.workflows.engine import OperatorError
+from durapay.workflows.schedules import policy
+from durapay.workflows.schedules.model import (
     RECORD_FIELDS,
     Attempt,
     Resolution,
@@ -242,8 +242,8 @@ def test_a_rule_closer_than_the_contracts_frequency_is_refused_at_creation(
     """The gateway refuses a charge on an MIT_SCHEDULED contract fewer than contractFrequency days after
     its last payment: a monthly rule on the 31st with 30 days (January 31 -> February 28) would pass here
     and be refused live, so it is refused at creation, saying why and what would do."""
-    from workflows.engine import InputError
-    from workflows.schedules import Schedules
+    from durapay.workflows.engine import InputError
+    from durapay.workflows.schedules import Schedules
 
     with pytest.raises(InputError) as refused:
         Schedules.validate({**SPEC, "rule": rule, "contractFrequency": frequency})
@@ -266,8 +266,8 @@ def test_a_rule_that_keeps_the_frequency_is_taken(rule: dict[str, Any], frequenc
 
 
 def test_missed_each_is_refused_on_a_contract_with_a_frequency() -> None:
-    from workflows.engine import InputError
-    from workflows.schedules import Schedules
+    from durapay.workflows.engine import InputError
+    from durapay.workflows.schedules import Schedules
 
     with pytest.raises(InputError) as refused:
         Schedules.validate({**SPEC, "rule": {"every": "days", "interval": 30}, "contractFrequency": 30, "missed": "each"})

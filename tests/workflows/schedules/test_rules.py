@@ -13,10 +13,10 @@ from typing import Any
 import pytest
 from croniter import croniter
 
-from workflows.engine import InputError
-from workflows.schedules import Calendar, ScheduleInput, occurrences, upcoming
-from workflows.schedules.api import Schedules
-from workflows.schedules.rules import iso
+from durapay.workflows.engine import InputError
+from durapay.workflows.schedules import Calendar, ScheduleInput, occurrences, upcoming
+from durapay.workflows.schedules.api import Schedules
+from durapay.workflows.schedules.rules import iso
 
 ROME = "Europe/Rome"
 NEW_YORK = "America/New_York"
@@ -222,7 +222,7 @@ def _brute_force(cal: Calendar, after: datetime) -> datetime:
     import calendar as months
     from datetime import time
 
-    from workflows.schedules.rules import WEEKDAYS, EveryDays, Monthly, Weekly, to_utc
+    from durapay.workflows.schedules.rules import WEEKDAYS, EveryDays, Monthly, Weekly, to_utc
 
     local = cal.start.astimezone(cal.tz).replace(tzinfo=None, fold=0)
     threshold = max(after, cal.start - timedelta(microseconds=1))
@@ -354,7 +354,7 @@ def test_counting_a_week_of_a_rule_firing_every_minute_costs_a_few_evaluations(
 ) -> None:
     """Skipping passed occurrences must not walk them: a ``* * * * *`` rule over a week is counted with a
     few evaluations per day (walking took 10,080 looks, each walking back three hours)."""
-    import workflows.schedules.rules as rules
+    import durapay.workflows.schedules.rules as rules
 
     cal = calendar({"cron": "* * * * *"}, "2026-06-01", ROME)
     first = datetime(2026, 6, 1, 8, tzinfo=UTC)

@@ -17,18 +17,18 @@ from typing import Any
 import pytest
 import redis
 
-from config import load_settings
-from gateway import Catalogue, MitRequest, decline_kind
-from tasks.outcomes import Advance, Attention, Finish, Outcome
-from tasks.runner import NOT_COMMITTED, ReconcileResult, StepContext
-from workflows.clock import ManualClock
-from workflows.engine import Engine, InputError, NotFound, OperatorError
-from workflows.events import SCHEDULE_TYPES
-from workflows.flows._common import summarize
-from workflows.schedules import Schedules, ScheduleState
-from workflows.states import FlowState
-from workflows.steps import FlowDefinition
-from workflows.store import StartConflict
+from durapay.config import load_settings
+from durapay.gateway import Catalogue, MitRequest, decline_kind
+from durapay.tasks.outcomes import Advance, Attention, Finish, Outcome
+from durapay.tasks.runner import NOT_COMMITTED, ReconcileResult, StepContext
+from durapay.workflows.clock import ManualClock
+from durapay.workflows.engine import Engine, InputError, NotFound, OperatorError
+from durapay.workflows.events import SCHEDULE_TYPES
+from durapay.workflows.flows._common import summarize
+from durapay.workflows.schedules import Schedules, ScheduleState
+from durapay.workflows.states import FlowState
+from durapay.workflows.steps import FlowDefinition
+from durapay.workflows.store import StartConflict
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC).timestamp()
 DAY = 86400.0
@@ -819,7 +819,7 @@ def test_an_occurrence_that_failed_is_charged_again_on_resume(world: World) -> N
 def test_skipping_a_week_of_a_minutely_rule_is_counted_not_walked(world: World, monkeypatch: pytest.MonkeyPatch) -> None:
     """Item 9: resuming a ``* * * * *`` schedule paused a week walked every missed occurrence (35.9 s).
     The rule is now evaluated a few times per day skipped; the count is exact."""
-    import workflows.schedules.rules as rules
+    import durapay.workflows.schedules.rules as rules
     from tests.workflows.schedules.test_rules import _Counted
 
     record = world.schedules.create({**monthly(), "rule": {"cron": "* * * * *"}, "start": "2026-06-01T10:00:00"})
@@ -839,7 +839,7 @@ def test_a_minutely_rule_down_for_a_week_catches_up_without_walking(
 ) -> None:
     """Item 9: the scheduler's tick after a week down: ``once`` fires the latest occurrence, ``skip`` the
     last hour's; the rest is counted, not walked."""
-    import workflows.schedules.rules as rules
+    import durapay.workflows.schedules.rules as rules
     from tests.workflows.schedules.test_rules import _Counted
 
     record = world.schedules.create({**monthly(missed=missed), "rule": {"cron": "* * * * *"}, "start": "2026-06-01T10:00:00"})
@@ -858,7 +858,7 @@ def test_a_minutely_rule_down_for_a_week_catches_up_without_walking(
 def test_every_order_id_fits_18_characters_and_is_unique_at_large_numbers() -> None:
     """Item 5: retries from occurrence 10 on derived ``s<12 hex>-<n>-r<k>``, 19 characters and more, past
     the gateway's 18. Every id now has 18 characters, and (schedule, occurrence, attempt) gives one id."""
-    from workflows.schedules import order_id
+    from durapay.workflows.schedules import order_id
 
     schedules = ["s0123456789ab", "s0123456789ac"]
     indexes = [0, 1, 9, 10, 35, 36, 99, 1295, 1296, 46655, 46656, 99_999, 36**4 - 1]
@@ -869,14 +869,14 @@ def test_every_order_id_fits_18_characters_and_is_unique_at_large_numbers() -> N
     assert all(value.startswith(s) for (s, _, _), value in ids.items())
     with pytest.raises(ValueError):
         order_id("s0123456789ab", 36**4, 0)
-    from workflows.schedules import order_parts
+    from durapay.workflows.schedules import order_parts
 
     assert all(order_parts(value) == triple for triple, value in ids.items()), "read back as derived"
     assert order_parts("s0123456789ab-12-r3") == ("s0123456789ab", 12, 3) and order_parts("gym-42") is None
 
 
 def test_an_order_id_limit_shorter_than_a_schedules_ids_is_refused_at_start(redis_client: redis.Redis, key_prefix: str) -> None:
-    from config.settings import SettingsError
+    from durapay.config.settings import SettingsError
 
     with pytest.raises(SettingsError, match="DURAPAY_GATEWAY__ORDER_ID_MAX_LENGTH: 17 is shorter"):
         make_world(redis_client, key_prefix, gateway={"order_id_max_length": 17})

@@ -10,11 +10,11 @@ from typing import Any
 import pytest
 
 from bench._webhook_receiver import WebhookReceiver
-from config import load_settings
+from durapay.config import load_settings
+from durapay.workflows.clock import ManualClock
+from durapay.workflows.engine import Engine
+from durapay.workflows.webhooks import Webhooks
 from tests.workflows.engine_support import ScriptedStep, flow
-from workflows.clock import ManualClock
-from workflows.engine import Engine
-from workflows.webhooks import Webhooks
 
 
 @pytest.fixture

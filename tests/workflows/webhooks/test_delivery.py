@@ -10,13 +10,13 @@ from typing import Any
 import pytest
 
 from bench._webhook_receiver import WebhookReceiver
+from durapay.workflows.clock import ManualClock
+from durapay.workflows.engine import Engine
+from durapay.workflows.trim import EventTrimmer
+from durapay.workflows.webhooks import SCHEDULE, EndpointError, Webhooks, next_delay, retry_after
+from durapay.workflows.webhooks.endpoints import Endpoint
+from durapay.workflows.webhooks.signing import new_secret
 from tests.waiting import wait_until
-from workflows.clock import ManualClock
-from workflows.engine import Engine
-from workflows.trim import EventTrimmer
-from workflows.webhooks import SCHEDULE, EndpointError, Webhooks, next_delay, retry_after
-from workflows.webhooks.endpoints import Endpoint
-from workflows.webhooks.signing import new_secret
 
 
 def tick(webhooks: Webhooks) -> int:
@@ -309,7 +309,7 @@ def test_a_lost_task_or_a_killed_worker_only_delays_a_delivery(hooks: Any, recei
 
 
 def test_endpoints_from_the_settings_are_written_once_with_a_stable_id(hooks: Any, receiver: WebhookReceiver) -> None:
-    from workflows.webhooks import new_secret
+    from durapay.workflows.webhooks import new_secret
 
     secret = new_secret()
     configured = {"url": receiver.url, "events": ["flow.succeeded"], "secret": secret}

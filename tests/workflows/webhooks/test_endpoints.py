@@ -11,9 +11,9 @@ from collections.abc import Callable
 from typing import Any
 
 from bench._webhook_receiver import WebhookReceiver
+from durapay.workflows.clock import ManualClock
+from durapay.workflows.webhooks import SCHEDULE, Webhooks
 from tests.workflows.webhooks.test_delivery import finish, tick
-from workflows.clock import ManualClock
-from workflows.webhooks import SCHEDULE, Webhooks
 
 HOUR = 3600.0
 DAY = 86400.0

@@ -9,8 +9,8 @@ import pytest
 from standardwebhooks import Webhook
 from standardwebhooks import WebhookVerificationError as TheirError
 
-from service.webhooks import WebhookVerificationError, verify
-from workflows.webhooks.signing import new_secret, secret_key, sign
+from durapay.service.webhooks import WebhookVerificationError, verify
+from durapay.workflows.webhooks.signing import new_secret, secret_key, sign
 
 BODY = b'{"id":"evt_p0_1-0","type":"flow.succeeded","timestamp":"2026-11-23T05:00:00.000Z","data":{}}'
 

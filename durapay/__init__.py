@@ -1,0 +1,1 @@
+"""durapay: durable payment flows on Celery and Redis."""
