@@ -6,7 +6,10 @@ instead. Each test gets its own key prefix, so tests never see each other's flow
 
 from __future__ import annotations
 
+import importlib.abc
+import importlib.machinery
 import os
+import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,6 +19,24 @@ import pytest
 import redis
 
 from durapay.config.embedded import EmbeddedValkey
+
+#: The repository's top-level folders: installed as ``durapay.<name>`` only.
+BARE = frozenset({"config", "gateway", "tasks", "workflows", "service", "simulator"})
+
+
+class BareNames(importlib.abc.MetaPathFinder):
+    """Refuses the repository's folders imported by their bare names (``import workflows``,
+    ``resources.files("workflows")``) in the test processes. From the checkout's root they would
+    resolve, as a second copy of the module, and hide a name that does not exist once installed (ruff's
+    TID251 catches the import statements; this catches names given as strings)."""
+
+    def find_spec(self, fullname: str, path: object = None, target: object = None) -> importlib.machinery.ModuleSpec | None:
+        if path is None and fullname in BARE:
+            raise ImportError(f"{fullname!r} is durapay.{fullname} (the repository's folders are installed as durapay.*)")
+        return None
+
+
+sys.meta_path.insert(0, BareNames())
 
 
 @pytest.fixture(scope="session", autouse=True)

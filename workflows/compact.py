@@ -30,12 +30,11 @@ import json
 import logging
 import zlib
 from collections.abc import Mapping
-from importlib import resources
 from typing import Any
 
 from durapay.workflows.keys import Keys
 from durapay.workflows.orders import OrderIndex
-from durapay.workflows.scripts import ScriptPipeline
+from durapay.workflows.scripts import ScriptPipeline, package_file, source
 from durapay.workflows.states import TERMINAL, lua_prelude
 
 logger = logging.getLogger("durapay.compact")
@@ -49,7 +48,7 @@ PLAIN = ("state", "version", "kind")
 
 
 def _script(name: str) -> str:
-    return resources.files("workflows").joinpath("lua", name).read_text()
+    return source(f"lua/{name}")
 
 
 #: Redis keeps a hash compactly (a listpack, a few bytes per field) only while every value is at most 64
@@ -68,7 +67,7 @@ DICTIONARY_VERSION = 1
 def dictionary(version: int) -> bytes:
     if version == 0:
         return b""
-    return resources.files("workflows").joinpath(f"compact_v{version}.zdict").read_bytes()
+    return package_file(f"compact_v{version}.zdict").read_bytes()
 
 
 def pack_json(fields: Mapping[str, str], log: list[str]) -> bytes:

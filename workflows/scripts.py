@@ -15,10 +15,23 @@ its completion was run late: the first claim found the step not yet ready).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from importlib import resources
 from typing import Any
 
 from redis.commands.core import Script
 from redis.exceptions import NoScriptError
+
+
+def source(path: str) -> str:
+    """A Lua script of the engine by its path inside this package (``lua/claim.lua``,
+    ``schedules/lua/create.lua``): read as package data, from the installed package whatever else is
+    on ``sys.path`` (a package name written as a string once found the checkout's folder instead)."""
+    return package_file(path).read_text()
+
+
+def package_file(path: str) -> resources.abc.Traversable:
+    """A data file of the workflows package (Lua scripts, compression dictionaries) by its path in it."""
+    return resources.files(__package__).joinpath(path)
 
 
 class ScriptPipeline:

@@ -23,7 +23,6 @@ import hashlib
 import json
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from importlib import resources
 from typing import Any, NamedTuple
 
 import redis
@@ -32,13 +31,13 @@ from durapay.workflows.compact import is_chunk, joined, unpack
 from durapay.workflows.durability import Durability
 from durapay.workflows.keys import Keys
 from durapay.workflows.pins import Pins
-from durapay.workflows.scripts import ScriptPipeline
+from durapay.workflows.scripts import ScriptPipeline, source
 from durapay.workflows.sensitive import scrub
 from durapay.workflows.states import TERMINAL, FlowState, IllegalTransition, can_move, lua_prelude
 
 
 def _script(name: str) -> str:
-    return resources.files("workflows").joinpath("lua", name).read_text()
+    return source(f"lua/{name}")
 
 
 def compact_json(value: Any) -> str:

@@ -24,7 +24,6 @@ import hashlib
 import json
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from importlib import resources
 from typing import Any
 
 import redis
@@ -32,12 +31,7 @@ import redis
 from durapay.workflows.events import schedule_events_key
 from durapay.workflows.keys import Keys
 from durapay.workflows.schedules.model import RECORD_FIELDS, ScheduleRecord, ScheduleState, compact_sorted, open_json
-from durapay.workflows.scripts import ScriptPipeline
-
-
-def _script(package: str, name: str) -> str:
-    return resources.files(package).joinpath("lua", name).read_text()
-
+from durapay.workflows.scripts import ScriptPipeline, source
 
 #: JSON of hashes, history entries, merchant events and script arguments: compact, keys sorted.
 _json = compact_sorted
@@ -106,10 +100,10 @@ class ScheduleStore:
         self.events = events
         self.keys = ScheduleKeys(keys)
         self.partitions = keys.partitions
-        self._create = client.register_script(_script("durapay.workflows.schedules", "create.lua"))
-        self._update = client.register_script(_script("durapay.workflows.schedules", "update.lua"))
-        self._mark = client.register_script(_script("durapay.workflows.schedules", "mark.lua"))
-        self._take_due = client.register_script(_script("workflows", "take_due.lua"))
+        self._create = client.register_script(source("schedules/lua/create.lua"))
+        self._update = client.register_script(source("schedules/lua/update.lua"))
+        self._mark = client.register_script(source("schedules/lua/mark.lua"))
+        self._take_due = client.register_script(source("lua/take_due.lua"))
 
     # -- reading ----------------------------------------------------------------------------------
 

@@ -33,13 +33,12 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from email.utils import parsedate_to_datetime
-from importlib import resources
 from typing import Any
 
 from durapay.config.settings import WEBHOOK_JITTER, WEBHOOK_RETRY_AFTER_CAP_SECONDS, WebhooksSettings
 from durapay.workflows.events import Cursor, EventFeed, decode_entry, iso
 from durapay.workflows.keys import Keys
-from durapay.workflows.scripts import ScriptPipeline
+from durapay.workflows.scripts import ScriptPipeline, source
 from durapay.workflows.webhooks.endpoints import TEST_TYPE, Endpoint, EndpointStore, resolved_private
 from durapay.workflows.webhooks.signing import sign
 from durapay.workflows.webhooks.transport import Poster
@@ -58,7 +57,7 @@ Send = Callable[[str, list[str]], None]
 
 
 def _lua(name: str) -> str:
-    return resources.files("durapay.workflows.webhooks").joinpath("lua", name).read_text()
+    return source(f"webhooks/lua/{name}")
 
 
 def next_delay(attempts: int, rng: random.Random, delays: Sequence[float] = SCHEDULE) -> float:
@@ -130,7 +129,7 @@ class Webhooks:
         self._fanout = client.register_script(_lua("fanout.lua"))
         self._record = client.register_script(_lua("record.lua"))
         self._replay = client.register_script(_lua("replay.lua"))
-        self._take = client.register_script(resources.files("workflows").joinpath("lua", "take_due.lua").read_text())
+        self._take = client.register_script(source("lua/take_due.lua"))
         self.poster = Poster(timeout=settings.timeout, connect_timeout=settings.connect_timeout)
 
     # -- the dispatcher's side ---------------------------------------------------------------------
