@@ -35,7 +35,7 @@ from celery import Celery
 from durapay.config.celery import make_celery
 from durapay.config.connect import open_redis
 from durapay.config.embedded import EmbeddedValkey
-from durapay.config.settings import Settings
+from durapay.config.settings import Settings, load_settings
 from durapay.gateway import GatewayClient
 from durapay.service.heartbeat import install_worker_heartbeat
 from durapay.service.metrics import StepMetrics
@@ -155,6 +155,27 @@ def build_runtime(
     register_webhook_task(app, webhooks.deliver_many)
     install_worker_heartbeat(app, redis_url, engine.keys, cluster=settings.redis_cluster)
     return Runtime(settings, redis_url, client, app, engine, webhooks, embedded)
+
+
+def connect(settings: Settings | None = None, *, redis_url: str | None = None) -> Engine:
+    """The engine of ``durapay.connect``: the Python API (start, get, wait, list, history, signal, cancel,
+    retry) on the flow store the settings name, ready to write.
+
+    ``settings``: the ``DURAPAY_*`` environment when omitted. ``redis_url`` overrides the settings'.
+    With neither a Redis URL, the embedded Valkey serving ``DURAPAY_DATA_DIR`` is used (started if none
+    runs, as the demo does). The server's persistence is checked before anything is written
+    (:func:`admit_durability`). The engine's ``close`` (or a ``with`` block) releases the connections
+    and stops an embedded Valkey this call started. Steps run on workers (``durapay worker``) reading
+    the same settings.
+    """
+    runtime = build_runtime(settings if settings is not None else load_settings(), redis_url=redis_url)
+    try:
+        admit_durability(runtime)
+    except BaseException:
+        runtime.close()
+        raise
+    runtime.engine.closer = runtime.close
+    return runtime.engine
 
 
 def admit_durability(runtime: Runtime, *, where: str | None = None) -> Durability:

@@ -133,8 +133,23 @@ class Engine:
         self.orders = OrderIndex(client, self.keys, settings.engine.retention_days * 86400, settings.gateway.order_id_max_length)
         self.protocol = StepProtocol(self)
         self.late = LatePayments(self)
+        # What ``close`` releases: set by whoever opened the engine's connections (``durapay.connect``).
+        self.closer: Callable[[], None] | None = None
 
     # -- the Python API ----------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Release what the engine was opened with (``durapay.connect``: its Redis connections, and an
+        embedded Valkey it started). Once; an engine built by hand owns nothing and this does nothing."""
+        closer, self.closer = self.closer, None
+        if closer is not None:
+            closer()
+
+    def __enter__(self) -> Engine:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     def definition(self, kind: str) -> FlowDefinition:
         try:
