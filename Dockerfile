@@ -11,9 +11,11 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
 WORKDIR /app
 # Dependencies first (cached while only the code changes): install them from the metadata alone.
 COPY pyproject.toml README.md ./
-RUN mkdir -p config gateway tasks workflows service simulator \
+RUN mkdir -p durapay \
     && pip install . \
     && pip uninstall -y durapay
+# The package is durapay/ (its subpackages are symlinks to the top-level folders, kept as links here).
+COPY durapay durapay
 COPY config config
 COPY gateway gateway
 COPY tasks tasks
