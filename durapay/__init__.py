@@ -4,21 +4,28 @@ The public API (README, "From Python"):
 
 * :func:`connect` gives the engine (start, get, wait, list, history, signal, cancel, retry) on the flow
   store the ``DURAPAY_*`` settings name, for a backend on the workers' Redis;
-* the flow states, the errors those calls raise, and the settings model.
+* :class:`Schedules` on that engine (recurring merchant-initiated charges);
+* the flow states, the errors those calls raise, and the settings model;
+* :func:`verify_webhook` for a merchant's receiver of durapay's webhooks.
 
-Everything else (``durapay.workflows``, ``durapay.gateway``, ...) is the implementation: importable,
-documented, but not promised to stay as it is.
+Two subpackages are public as well, each by its ``__all__``: ``durapay.gateway`` (the typed client of
+the payment gateway) and ``durapay.simulator`` (its stand-in for tests). Everything else
+(``durapay.workflows``, ``durapay.service``, ...) is the implementation: importable, documented, not
+promised to stay as it is.
 """
 
 from importlib.metadata import PackageNotFoundError, version
 
-from durapay.config.settings import Settings, SettingsError, load_settings
+from durapay.config.settings import GatewaySettings, Settings, SettingsError, load_settings
 from durapay.service.runtime import connect
 from durapay.workflows.durability import EarlyWaitaof, NotDurable
 from durapay.workflows.engine import Engine, InputError, NotFound, OrderIdTaken
 from durapay.workflows.errors import OperatorError
+from durapay.workflows.schedules import Schedules
 from durapay.workflows.states import STOPPED, TERMINAL, FlowState
 from durapay.workflows.store import FlowRecord, StartConflict
+from durapay.workflows.webhooks.signing import WebhookVerificationError
+from durapay.workflows.webhooks.signing import verify as verify_webhook
 
 try:
     __version__ = version("durapay")
@@ -32,15 +39,19 @@ __all__ = [
     "Engine",
     "FlowRecord",
     "FlowState",
+    "GatewaySettings",
     "InputError",
     "NotDurable",
     "NotFound",
     "OperatorError",
     "OrderIdTaken",
+    "Schedules",
     "Settings",
     "SettingsError",
     "StartConflict",
+    "WebhookVerificationError",
     "__version__",
     "connect",
     "load_settings",
+    "verify_webhook",
 ]

@@ -3,6 +3,8 @@ setting is in its settings table."""
 
 from __future__ import annotations
 
+import ast
+import importlib
 import re
 from pathlib import Path
 
@@ -55,3 +57,26 @@ def test_every_setting_is_in_the_readme() -> None:
         else:
             expected.add(f"{ENV_PREFIX}{name.upper()}")
     assert expected - documented_settings((ROOT / "README.md").read_text()) == set()
+
+
+#: What README may import: the package's names and its two public subpackages (durapay/__init__.py).
+PUBLIC = ("durapay", "durapay.gateway", "durapay.simulator")
+
+
+def test_readme_examples_use_only_the_public_api() -> None:
+    """Every ``python`` block of README imports durapay's names only from ``durapay`` (its ``__all__``)
+    or the public subpackages (theirs), and uses ``durapay.<name>`` only for names in ``__all__``."""
+    readme = (ROOT / "README.md").read_text()
+    blocks = re.findall(r"```python\n(.*?)\n```", readme, re.S)
+    assert len(blocks) >= 5
+    for block in blocks:
+        for node in ast.walk(ast.parse(block)):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "durapay":
+                assert node.module in PUBLIC, f"README imports from {node.module}: {ast.unparse(node)}"
+                exported = importlib.import_module(node.module).__all__
+                assert {alias.name for alias in node.names} <= set(exported), ast.unparse(node)
+            elif isinstance(node, ast.Import):
+                for alias in node.names:
+                    assert alias.name.split(".")[0] != "durapay" or alias.name in PUBLIC, ast.unparse(node)
+            elif isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "durapay":
+                assert node.attr in importlib.import_module("durapay").__all__, f"durapay.{node.attr} is not public"
