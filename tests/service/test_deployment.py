@@ -35,7 +35,7 @@ def test_compose_runs_every_process_type_with_health_checks_and_aof() -> None:
 
 def test_the_image_installs_every_package_and_runs_durapay() -> None:
     dockerfile = (ROOT / "Dockerfile").read_text()
-    for package in ("config", "gateway", "tasks", "workflows", "service", "simulator"):
+    for package in ("durapay", "config", "gateway", "tasks", "workflows", "service", "simulator"):
         assert f"COPY {package} {package}" in dockerfile
     assert 'ENTRYPOINT ["durapay"]' in dockerfile
     assert "USER durapay" in dockerfile
