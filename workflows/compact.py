@@ -18,9 +18,10 @@ script on a packed record).
 
 Transitions that finish a flow list it in the partition's ``finished`` set (``transition.lua``); a
 pass takes those finished at least ``delay`` seconds ago, in batches, one round trip per step of the
-pass, and off every worker's path. The same pass gives the order lookups of each flow it packs (every
-order the flow made: ``<orderId>``, ``<orderId>-2``...) the record's retention (``OrderIndex.expire``):
-the worker that finished the flow no longer spends a round trip on it.
+pass, and off every worker's path. The same pass gives the lookups of each flow it packs (every order
+the flow made: ``<orderId>``, ``<orderId>-2``..., their tokens, and the operations it recorded) the
+record's retention (``OrderIndex.expire``): the worker that finished the flow no longer spends a round
+trip on it.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from durapay.workflows.keys import Keys
-from durapay.workflows.orders import OrderIndex
+from durapay.workflows.orders import Lookups, OrderIndex
 from durapay.workflows.scripts import ScriptPipeline, package_file, source
 from durapay.workflows.states import TERMINAL, lua_prelude
 
@@ -150,18 +151,18 @@ class Compactor:
         read = pipe.execute()
         pipe = ScriptPipeline(self.redis)
         packed = []
-        order_ids: list[list[str]] = []  # per flow read: the orders it made (none when not packed)
+        lookups: list[Lookups | None] = []  # per flow read: what names it from outside (None: not packed)
         keeps: dict[str, float] = {}  # per flow: kept until (its customer could still pay)
         for index, (partition, flow_id) in enumerate(flows):
             raw, log = read[2 * index], read[2 * index + 1]
             keys = [self.keys.flow(flow_id), self.keys.log(flow_id), self.keys.finished(partition), self.keys.packing(flow_id)]
             packed.append(bool(raw) and b"z" not in raw)
-            order_ids.append([])
+            lookups.append(None)
             if not packed[-1]:  # expired meanwhile, or already packed
                 pipe.command("ZREM", keys[2], flow_id)
                 continue
             fields = {name.decode(): value.decode() for name, value in raw.items()}
-            order_ids[-1] = json.loads(fields.get("orders") or "[]") or ([fields["order_id"]] if fields.get("order_id") else [])
+            lookups[-1] = Lookups.of(fields)
             keeps[flow_id] = float(fields.get("keep_until") or 0.0)
             plain, blob = pack(fields, [entry.decode() for entry in log])
             args = [flow_id, fields.get("version", ""), json.dumps(plain), *chunks(blob).values()]
@@ -174,22 +175,22 @@ class Compactor:
             logger.info("compaction: %d flows not packed this pass (%s)", len(refused), refused[0])
         # Only the flows packed now (still finished at the version read): one that came back meanwhile
         # (a late payment) keeps its lookups until it finishes again.
-        expired = [(flow_id, ids) for (_, flow_id), ids, ok in zip(flows, order_ids, done, strict=True) if ok and ids]
-        for flow_id, ids in expired:
-            self.orders.expire(ids, keep_until=keeps.get(flow_id, 0.0), now=now)
+        expired = [found for found, ok in zip(lookups, done, strict=True) if ok and found is not None]
+        for found in expired:
+            self.orders.expire(found, keep_until=keeps.get(found.flow_id, 0.0), now=now)
         self._keep_returned(expired)
         return sum(done)
 
-    def _keep_returned(self, expired: list[tuple[str, list[str]]]) -> None:
+    def _keep_returned(self, expired: list[Lookups]) -> None:
         """A flow a late payment brought back between its packing and the expiry of its lookups keeps
         them: read after the expiry, any flow no longer finished has its lookups made persistent again.
         (A signal written after this read persists them itself, after the expiry: ``Engine.signal``.)"""
         if not expired:
             return
         pipe = self.redis.pipeline(transaction=False)
-        for flow_id, _ in expired:
-            pipe.hget(self.keys.flow(flow_id), "state")
+        for found in expired:
+            pipe.hget(self.keys.flow(found.flow_id), "state")
         states = pipe.execute()
-        back = [ids for (_, ids), state in zip(expired, states, strict=True) if state and state.decode() not in FINISHED]
+        back = [found for found, state in zip(expired, states, strict=True) if state and state.decode() not in FINISHED]
         if back:
-            self.orders.keep(order_id for ids in back for order_id in ids)
+            self.orders.keep(back)

@@ -409,7 +409,7 @@ class Engine:
             self.protocol.send_from(record, record.step)
         elif result == "late_payment":
             record = self.get(flow_id)
-            self.orders.keep(record.orders)
+            self.orders.keep([record.lookups])
             log.error("flow %s: %s", flow_id, (record.error or {}).get("type"), extra={"payment": paid})
         return result
 
@@ -436,7 +436,7 @@ class Engine:
             # The record as long as its lookups (the retention from now at least, as OrderIndex.expire
             # gives them): a lookup that outlived its record would route a payment to no flow.
             self.store.keep_longer(holder, max(self.store.retention_seconds, until - now))
-            self.orders.expire(record.orders, keep_until=until, now=now)
+            self.orders.expire(record.lookups, keep_until=until, now=now)
 
     def cancel(self, flow_id: str, reason: str = "cancelled", *, by: str = "api") -> FlowRecord:
         """Cancel now, at the end of the step in flight, or, while money may be in flight at the gateway,
@@ -539,7 +539,7 @@ class Engine:
                 "ending": None,
                 "maybe_sent": None,
             }
-            self.orders.keep(record.orders)  # live again: its earlier orders still route to it
+            self.orders.keep([record.lookups])  # live again: its earlier orders still route to it
             if new_order and new_order not in record.orders:
                 fields["orders"] = compact_json([*record.orders, new_order])
             change = Change(FlowState.READY, "restarted after failure", fields, due=now + self.safety)

@@ -11,11 +11,20 @@ A flow may make several orders (``<orderId>``, then ``<orderId>-2`` after an ans
 customer could use the session, ``-3`` after an operator's restart): every one keeps pointing at the
 flow, because a payment on *any* order the flow made is money the flow must account for. The record
 lists them (``FlowRecord.orders``), so they expire with it, card data or not.
+
+Every lookup that names a flow from outside lives exactly as long as the flow (:class:`Lookups`): its
+order lookups and tokens, and the ``op:<operationId>`` lookups of the gateway operations it recorded
+(the console's search; ``transition.lua`` writes them, listed in the record's ``ops``). None expires
+while the flow is going, however long (a link open for months, a flow waiting for a person); once it
+has finished, the dispatcher's packing pass gives them the record's retention (:meth:`OrderIndex.expire`),
+and a flow that comes back (a late payment, a retry) keeps them again (:meth:`OrderIndex.keep`).
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import redis
@@ -24,6 +33,27 @@ from durapay.workflows.keys import Keys
 
 #: How many derived order ids a flow tries, each held by another flow, before it stops for a person.
 MAX_DERIVED = 20
+
+
+@dataclass(frozen=True)
+class Lookups:
+    """What names one flow from outside: the gateway order ids it made and the operation ids it recorded."""
+
+    flow_id: str
+    orders: tuple[str, ...] = ()
+    operations: tuple[str, ...] = ()
+
+    @classmethod
+    def of(cls, fields: Mapping[str, str]) -> Lookups:
+        """The lookups a record's fields list (``orders``, else ``order_id``; ``ops``)."""
+        orders = json.loads(fields.get("orders") or "[]") or ([fields["order_id"]] if fields.get("order_id") else [])
+        return cls(fields["id"], tuple(orders), tuple(json.loads(fields.get("ops") or "[]")))
+
+    def keys(self, keys: Keys) -> list[str]:
+        """Every key of these lookups: per order its flow and tokens, per operation its flow."""
+        found = [key for order_id in self.orders for key in (keys.order(order_id), keys.tokens(order_id))]
+        partition = keys.partition(self.flow_id)
+        return found + [keys.operation(partition, operation_id) for operation_id in self.operations]
 
 
 class OrderIdsTaken(Exception):
@@ -113,20 +143,19 @@ class OrderIndex:
             pipe.hsetnx(self.keys.order(order_id), "flow", flow_id)  # never another flow's: it holds its own
             pipe.execute()
 
-    def keep(self, order_ids: Iterable[str]) -> None:
-        """A flow that came back from its end (a late payment) keeps its order lookups until it ends again."""
+    def keep(self, lookups: Iterable[Lookups]) -> None:
+        """A flow that came back from its end (a late payment, a retry) keeps its lookups until it ends again."""
         pipe = self.redis.pipeline(transaction=False)
-        for order_id in order_ids:
-            pipe.persist(self.keys.order(order_id))
-            pipe.persist(self.keys.tokens(order_id))
+        for found in lookups:
+            for key in found.keys(self.keys):
+                pipe.persist(key)
         pipe.execute()
 
-    def expire(self, order_ids: Iterable[str], *, keep_until: float = 0.0, now: float = 0.0) -> None:
-        """A finished flow's order lookups (flow, tokens) live as long as its record: the retention, or
-        until ``keep_until`` while its customer could still pay (``workflows.flows.waits``)."""
+    def expire(self, lookups: Lookups, *, keep_until: float = 0.0, now: float = 0.0) -> None:
+        """A finished flow's lookups (orders, tokens, operations) live as long as its record: the
+        retention, or until ``keep_until`` while its customer could still pay (``workflows.flows.waits``)."""
         ttl = max(1, int(self.retention_seconds), int(keep_until - now) + 1)
         pipe = self.redis.pipeline(transaction=False)
-        for order_id in order_ids:
-            pipe.expire(self.keys.order(order_id), ttl)
-            pipe.expire(self.keys.tokens(order_id), ttl)
+        for key in lookups.keys(self.keys):
+            pipe.expire(key, ttl)
         pipe.execute()

@@ -9,8 +9,9 @@ Hash fields: ``id kind state step version attempt created updated due lease_unti
 order_id order_seq start_key input_hash reconcile uncertain maybe_sent cancel_requested customer_url
 polls generation runs`` as strings (``runs``: claims of the current step, the backstop under every loop;
 ``maybe_sent``: the latest moment an earlier try of the step may have sent a call it got no answer to),
-``input error wait outcome orders unsettled ending`` as JSON (``orders``: every gateway order
-id the flow made, oldest first; absent while it is only ``order_id``; ``unsettled``: money in flight, the
+``input error wait outcome orders ops unsettled ending`` as JSON (``orders``: every gateway order
+id the flow made, oldest first; absent while it is only ``order_id``; ``ops``: every gateway operation
+id it recorded, each with its lookup, see ``workflows.orders.Lookups``; ``unsettled``: money in flight, the
 money call a step may have sent, ``{step, op, t, operationId?}``, from its claim until a read of the
 gateway settles it; ``ending``: the failure a flow owes once that read finds no money moved, see
 ``workflows.inflight``), ``out:<step>`` (JSON) per
@@ -30,6 +31,7 @@ import redis
 from durapay.workflows.compact import is_chunk, joined, unpack
 from durapay.workflows.durability import Durability
 from durapay.workflows.keys import Keys
+from durapay.workflows.orders import Lookups
 from durapay.workflows.pins import Pins
 from durapay.workflows.scripts import ScriptPipeline, source
 from durapay.workflows.sensitive import scrub
@@ -173,6 +175,16 @@ class FlowRecord:
     @property
     def finished(self) -> bool:
         return self.state in TERMINAL
+
+    @property
+    def operations(self) -> list[str]:
+        """The gateway operation ids the flow recorded (its ``op:`` lookups), oldest first."""
+        return list(json.loads(self.fields.get("ops") or "[]"))
+
+    @property
+    def lookups(self) -> Lookups:
+        """What names the flow from outside (orders, tokens, operations): they live as long as it does."""
+        return Lookups(self.id, tuple(self.orders), tuple(self.operations))
 
     def summary(self) -> dict[str, Any]:
         """A JSON-able view of the record (API answers, CLI, the demo's table)."""
@@ -536,7 +548,13 @@ class FlowStore:
         clean = scrub(record.input)
         scrubbed = compact_json(clean) if clean != record.input else ""
         entry = self._entry(now, record.state, change.state, step or "", by, change.what, change.call)
-        operations = [self.keys.operation(partition, operation_id) for operation_id in operation_ids(fields)]
+        # A newly recorded operation gets its lookup (no expiry: it lives as long as the flow, see
+        # workflows.orders) and is listed in the record, so that its lookup expires with the record's.
+        known = record.operations
+        new = [operation_id for operation_id in operation_ids(fields) if operation_id not in known]
+        if new:
+            fields["ops"] = compact_json([*known, *new])
+        operations = [self.keys.operation(partition, operation_id) for operation_id in new]
         keys = [
             self.keys.flow(record.id),
             self.keys.log(record.id),

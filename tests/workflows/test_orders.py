@@ -5,11 +5,11 @@ from __future__ import annotations
 from typing import Any
 
 from durapay.gateway import Card, GatewayModel
-from durapay.tasks.outcomes import Advance, NewOrder
+from durapay.tasks.outcomes import Advance, Finish, NewOrder
 from durapay.workflows.clock import ManualClock
 from durapay.workflows.compact import Compactor
 from durapay.workflows.steps import FlowDefinition
-from tests.workflows.engine_support import ScriptedStep, summary
+from tests.workflows.engine_support import DemoInput, ScriptedStep, summary
 
 
 class CardInput(GatewayModel):
@@ -84,3 +84,36 @@ def test_every_derived_order_id_fits_the_limit_and_is_one_flows(make_engine: Any
             _, order_id = engine.orders.take(base, seq, flow_id)
             assert len(order_id) <= 18, order_id
             assert taken.setdefault(order_id, flow_id) == flow_id, f"{order_id} held by two flows"
+
+
+PAID = {"operation": {"operationId": "op-31", "orderId": "ord-31", "operationResult": "EXECUTED", "operationAmount": "5"}}
+
+
+def lifetimes(engine: Any, flow_id: str, operation_id: str) -> tuple[int, int]:
+    """(the record's TTL, the operation lookup's TTL) in seconds; -1 is no expiry."""
+    partition = engine.keys.partition(flow_id)
+    return engine.redis.ttl(engine.keys.flow(flow_id)), engine.redis.ttl(engine.keys.operation(partition, operation_id))
+
+
+def test_an_operation_lookup_lives_as_long_as_its_flow(make_engine: Any, clock: ManualClock) -> None:
+    """Issue 29, item 4: the operation id a step recorded finds its flow for as long as the flow lives.
+    It used to be given the finished flows' retention at the transition that recorded it, so a flow that
+    then lived longer (waiting on a long link, stopped for a person) lost it while still alive. Now it
+    has no expiry while the record has none, gets the record's once the flow has finished and is packed,
+    keeps it over a retry (which clears the step's output that named it) and is kept again when the flow
+    comes back."""
+    pay = ScriptedStep("pay", outcomes=[Advance(PAID), Advance(PAID)])
+    then = ScriptedStep("then", outcomes=[Finish(False, "declined"), Advance({})])
+    engine, _ = make_engine(FlowDefinition("demo", DemoInput, (pay, then), summary))
+    record = engine.start("demo", {"amount": 5})
+    assert engine.run_step(record.id, "pay") == "ready"
+    assert lifetimes(engine, record.id, "op-31") == (-1, -1), "alive: the lookup never expires before the flow"
+    assert engine.store.flow_for_operation("op-31") == record.id
+    assert engine.run_step(record.id, "then") == "failed"
+    assert Compactor(engine.redis, engine.keys, engine.orders).run(now=clock.now() + 5) == 1
+    kept, lookup = lifetimes(engine, record.id, "op-31")
+    assert 0 < kept <= engine.store.retention_seconds and kept - 2 <= lookup <= kept, "expires with the record"
+    engine.retry(record.id)  # back from failed: its first generation's output is cleared, not its lookup
+    assert "pay" not in engine.get(record.id).outputs
+    assert lifetimes(engine, record.id, "op-31") == (-1, -1)
+    assert engine.store.flow_for_operation("op-31") == record.id

@@ -1,9 +1,10 @@
 -- Compare-and-set one transition of a flow (states.lua, money.lua and events.lua are prepended).
 -- KEYS: flow, log, due, old-state index, new-state index, ready index, cancelled index,
 --       needs_attention index, event stream, the finished set (flows to pack: workflows/compact.py),
---       the retrying index, then one lookup key per gateway operation id this change records
---       (Keys.operation: set to the flow id, kept for the retention time; the console's search by
---       operation id).
+--       the retrying index, then one lookup key per gateway operation id this change records first
+--       (Keys.operation: set to the flow id with no expiry, the console's search by operation id; it
+--       lives as long as the flow: listed in the record's ``ops``, it gets the record's retention once
+--       the flow has finished, workflows/orders.py).
 -- ARGV: 1 flow id, 2 expected version, 3 new state, 4 fields (JSON object; JSON null deletes),
 --       5 due score ("" removes the flow from the due set), 6 log entry (JSON), 7 now,
 --       8 ttl seconds ("" keeps the record forever), 9 signal names the completing step awaits (JSON
@@ -209,7 +210,7 @@ if TERMINAL[state] then
   redis.call('ZADD', KEYS[10], ARGV[7], ARGV[1])
 end
 for i = 12, #KEYS do
-  redis.call('SET', KEYS[i], ARGV[1], 'EX', ARGV[10])
+  redis.call('SET', KEYS[i], ARGV[1])
 end
 if ttl == '' then
   redis.call('PERSIST', KEYS[1])
