@@ -17,7 +17,6 @@ unless the caller explicitly asked for an open API (``durapay api --insecure``, 
 
 from __future__ import annotations
 
-import hashlib
 import hmac
 from collections.abc import Mapping
 
@@ -82,24 +81,9 @@ class Keyring:
                 found = role
         return found
 
-    def fingerprint(self, presented: str) -> str:
-        """A short digest naming the key (for a session), never the key itself."""
-        return hashlib.sha256(b"durapay-key\x1f" + presented.encode()).hexdigest()[:16]
-
-    def role_of_fingerprint(self, fingerprint: str) -> str | None:
-        """The role of the configured key with this fingerprint (a console session's key still valid?)."""
-        if self.open:
-            return OPERATOR
-        for key, role in self._keys:
-            if hmac.compare_digest(self.fingerprint(key), fingerprint):
-                return role
-        return None
-
-    def secret(self) -> bytes:
-        """A secret every API process with the same keys derives alike (signs console sessions): rotating
-        the keys ends the sessions."""
-        material = "\x1f".join(f"{key}\x1e{role}" for key, role in sorted(self._keys))
-        return hashlib.sha256(b"durapay-console-session\x1f" + material.encode()).digest()
+    def entries(self) -> list[tuple[str, str]]:
+        """The configured ``(key, role)`` pairs (a console session checks that its key is still one)."""
+        return list(self._keys)
 
     def __call__(self, headers: Mapping[str, str]) -> str | None:
         """The role of the key a request's headers carry, or None."""

@@ -12,10 +12,8 @@ Pieces: ``session`` (sign-in cookie, CSRF), ``web`` (templates, security headers
 
 from __future__ import annotations
 
-import secrets
 from importlib.resources import files
 from typing import Any
-from urllib.parse import parse_qs
 
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import Response
@@ -23,8 +21,8 @@ from fastapi.staticfiles import StaticFiles
 
 from durapay.service.auth import Keyring
 from durapay.service.console.flow_pages import flow_router
-from durapay.service.console.session import COOKIE, LOGIN_COOKIE, PATH, Sessions
-from durapay.service.console.web import Console, redirect, safe_next, secured
+from durapay.service.console.session import COOKIE, LOGIN_COOKIE, LOGIN_SECONDS, PATH, Sessions
+from durapay.service.console.web import Console, read_form, redirect, safe_next, secured
 from durapay.workflows.engine import Engine
 from durapay.workflows.listing import FlowListing
 
@@ -32,8 +30,8 @@ STATIC = f"{PATH}/static"
 
 
 def install_console(app: FastAPI, engine: Engine, keyring: Keyring, *, hours: float, schedules: Any = None) -> None:
-    """Add the console's routes and files to ``app``."""
-    console = Console(Sessions(keyring, hours))
+    """Add the console's routes and files to ``app``; its sessions live in the engine's Redis."""
+    console = Console(Sessions(keyring, hours, engine.redis, engine.keys.prefix))
     listing = FlowListing(engine.store, engine.registry)
     app.mount(STATIC, StaticFiles(directory=str(files("durapay.service.console") / "static")), name="console-static")
     app.include_router(_sign_in_router(console))
@@ -49,18 +47,18 @@ def _sign_in_router(console: Console) -> APIRouter:
     sessions = console.sessions
 
     def login_page(request: Request, status: int = 200, problem: str = "") -> Response:
-        nonce = secrets.token_hex(16)
+        nonce, token = sessions.login_form()
         response = console.page(
             request,
             "login.html",
             None,
             status=status,
             title="Sign in",
-            login_csrf=sessions.csrf(nonce),
+            login_csrf=token,
             next=safe_next(request.query_params.get("next")),
             problem=problem,
         )
-        response.set_cookie(LOGIN_COOKIE, nonce, max_age=1800, httponly=True, samesite="strict", path=PATH)
+        response.set_cookie(LOGIN_COOKIE, nonce, max_age=LOGIN_SECONDS, httponly=True, samesite="strict", path=PATH)
         return response
 
     @router.get("/login")
@@ -69,9 +67,8 @@ def _sign_in_router(console: Console) -> APIRouter:
 
     @router.post("/login")
     async def sign_in(request: Request) -> Response:
-        body = await request.body()
-        form = {name: values[0] for name, values in parse_qs(body.decode("utf-8", "replace")).items()} if len(body) < 8192 else {}
-        if not sessions.csrf_ok(request.cookies.get(LOGIN_COOKIE, ""), form.get("csrf", "")):
+        form = await read_form(request) or {}
+        if not sessions.login_ok(request.cookies.get(LOGIN_COOKIE, ""), form.get("csrf", "")):
             return login_page(request, 403, "The sign-in form expired; try again.")
         made = sessions.sign_in(form.get("key", ""))
         if made is None:
@@ -95,6 +92,7 @@ def _sign_in_router(console: Console) -> APIRouter:
         session = console.session(request)
         if session is not None and await console.form(request, session) is None:
             return console.refuse(request, session, 403, "Refused", "the form expired; reload and try again")
+        sessions.sign_out(request.cookies.get(COOKIE))
         response = redirect(f"{PATH}/login")
         response.delete_cookie(COOKIE, path=PATH)
         return secured(response)

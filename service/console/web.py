@@ -4,7 +4,8 @@ Why these headers: the console shows payment data to people signed in with keys 
 ``Content-Security-Policy`` allows scripts, styles, images and requests from this origin only (and no
 inline script), so a value shown on a page (an order description, a gateway message) can never run
 as code, and no page can load anything from another host (the console works offline and behind a
-firewall); ``frame-ancestors 'none'`` keeps it out of other sites' frames; no page is cached.
+firewall); ``frame-ancestors 'none'`` keeps it out of other sites' frames; no page is cached; no
+address of a console page is sent to another site (``Referrer-Policy: same-origin``).
 """
 
 from __future__ import annotations
@@ -31,7 +32,9 @@ HEADERS = {
     "Content-Security-Policy": CSP,
     "X-Content-Type-Options": "nosniff",
     "X-Frame-Options": "DENY",
-    "Referrer-Policy": "no-referrer",
+    # Not no-referrer: under it a browser sends ``Origin: null`` even on the console's own POSTs, and
+    # the Origin check (same_origin) could not tell them from another site's.
+    "Referrer-Policy": "same-origin",
     "Cache-Control": "no-store",
 }
 READ_ONLY = "this key may look, not act: sign in with an operator key"
@@ -78,7 +81,7 @@ class Console:
     def page(self, request: Request, template: str, session: Session | None, status: int = 200, **context: Any) -> HTMLResponse:
         html = self.templates.get_template(template).render(
             session=session,
-            csrf=self.sessions.csrf(session.nonce) if session else "",
+            csrf=session.csrf if session else "",
             path=request.url.path,
             now=time.time(),
             **context,
@@ -91,13 +94,37 @@ class Console:
         return self.page(request, "error.html", session, status=status, title=title, reason=reason)
 
     async def form(self, request: Request, session: Session | None) -> dict[str, str] | None:
-        """The POSTed form (first value of each field) when its CSRF token matches the session's, else None."""
-        body = await request.body()
-        if len(body) > MAX_FORM_BYTES:
-            return None
-        parsed = {name: values[0] for name, values in parse_qs(body.decode("utf-8", "replace")).items()}
-        nonce = session.nonce if session else ""
-        return parsed if self.sessions.csrf_ok(nonce, parsed.get("csrf", "")) else None
+        """The POSTed form (first value of each field) when it came from this console's origin and its
+        CSRF token matches the session's, else None."""
+        parsed = await read_form(request)
+        return parsed if parsed is not None and self.sessions.csrf_ok(session, parsed.get("csrf", "")) else None
+
+
+def same_origin(request: Request) -> bool:
+    """Whether a POST came from a page of this console: its ``Origin`` (sent by every browser on a
+    POST), when present, names this host (``null``, sent from a sandboxed frame or across origins under
+    a strict referrer policy, is refused). A second line behind ``SameSite=Strict`` and the CSRF token;
+    a request with no ``Origin`` (curl, an old browser) relies on those two.
+
+    Behind a TLS-terminating proxy the scheme the browser used is not the one we see: the host decides
+    (the proxy must pass ``Host`` through, as docs/security.md says)."""
+    origin = request.headers.get("origin")
+    if origin is None:
+        return True
+    host = request.headers.get("host", "")
+    scheme, _, rest = origin.partition("://")
+    return scheme in ("http", "https") and bool(host) and rest == host
+
+
+async def read_form(request: Request) -> dict[str, str] | None:
+    """A console POST's form (first value of each field), or None when it is too large or came from
+    another origin."""
+    if not same_origin(request):
+        return None
+    body = await request.body()
+    if len(body) > MAX_FORM_BYTES:
+        return None
+    return {name: values[0] for name, values in parse_qs(body.decode("utf-8", "replace")).items()}
 
 
 def secured(response: Response) -> Response:
