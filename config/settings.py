@@ -99,6 +99,50 @@ class ReceiverSettings(_Group):
     _url = field_validator("public_url")(_check_url)
 
 
+class ReconcileSettings(_Group):
+    """Reconciliation against the gateway (``workflows.reconciliation``, docs/operations.md): how the
+    gateway's operations are read (within its published list limits), how long reports are kept, and
+    the scheduler's daily run."""
+
+    daily: bool = Field(
+        default=False,
+        description="Run a reconciliation every day from durapay scheduler (off by default, and in the demo).",
+    )
+    daily_at: str = Field(
+        default="03:00",
+        pattern=r"^(?:[01][0-9]|2[0-3]):[0-5][0-9]$",
+        description="Time of day (HH:MM, in time_zone) of the daily run.",
+    )
+    time_zone: str = Field(default="UTC", description="IANA time zone of daily_at (e.g. Europe/Rome).")
+    window_hours: float = Field(
+        default=24.0, gt=0, le=24 * 31, description="The daily run reads the operations of this many hours before it."
+    )
+    retention_days: float = Field(default=90.0, gt=0, le=3650, description="How long reports are kept.")
+    max_records: int = Field(
+        default=500, ge=2, le=500, description="maxRecords of each GET /operations (the gateway's limit is 500)."
+    )
+    span_days: float = Field(
+        default=28.0,
+        gt=0,
+        le=31,
+        description="Longest fromTime-toTime span of one GET /operations (the gateway's limit is one month).",
+    )
+    max_calls: int = Field(
+        default=5000, ge=1, le=1_000_000, description="Gateway calls one run may make (pages and single reads)."
+    )
+
+    @field_validator("time_zone")
+    @classmethod
+    def _zone(cls, value: str) -> str:
+        from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+        try:
+            ZoneInfo(value)
+        except (ZoneInfoNotFoundError, ValueError):
+            raise ValueError(f"{value!r} is not an IANA time zone (e.g. UTC, Europe/Rome)") from None
+        return value
+
+
 class ApiSettings(_Group):
     """The control API (and receiver) process."""
 
@@ -278,6 +322,7 @@ class Settings(BaseSettings):
     events: EventsSettings = EventsSettings()
     webhooks: WebhooksSettings = WebhooksSettings()
     schedules: SchedulesSettings = SchedulesSettings()
+    reconcile: ReconcileSettings = ReconcileSettings()
 
     @field_validator("redis_url", "broker_url")
     @classmethod

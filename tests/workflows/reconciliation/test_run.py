@@ -1,0 +1,154 @@
+"""Issue 25's acceptance: one of each planted mismatch among 200 ordinary flows is found, and nothing else.
+
+The real flows run step by step against a simulator of their own over HTTP (``session_engine``), so the
+window holds exactly this test's operations. The mismatches are planted as the issue says: a payment made
+directly at the simulator with an unknown order id; a flow record edited to name a wrong operation; a
+flow marked failed whose payment executed; a second payment on one flow (on a derived order id it holds).
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import redis
+
+from durapay.gateway import Catalogue
+from durapay.simulator import SimulatorServer
+from durapay.workflows.clock import ManualClock
+from durapay.workflows.engine import Engine
+from durapay.workflows.reconciliation import (
+    EVENT_TYPE,
+    FLOW_WITHOUT_MONEY,
+    MONEY_NOT_SHOWN,
+    MONEY_WITHOUT_FLOW,
+    Reconciler,
+    exit_status,
+)
+from durapay.workflows.states import FlowState
+from tests.workflows.flows.session_engine import session_engine
+
+APPROVE = "4349940199004549"
+ORDINARY = 200
+
+
+def moto_input(order_id: str, amount: int = 1500) -> dict[str, Any]:
+    return {
+        "order": {"orderId": order_id, "amount": str(amount), "currency": "EUR"},
+        "card": {"pan": APPROVE, "expiryDate": "1230", "cvv": "123"},
+    }
+
+
+def pay_directly(engine: Engine, order_id: str, amount: int = 1500) -> dict[str, Any]:
+    """A payment made at the gateway outside any flow of durapay: its operation."""
+    answer = engine.gateway().call(Catalogue.create_moto_order, request=moto_input(order_id, amount))
+    return dict(answer.operation.model_dump(mode="json"))
+
+
+def run_flows(engine: Engine, count: int, prefix: str) -> list[str]:
+    ids = []
+    for n in range(count):
+        record = engine.start("moto", moto_input(f"{prefix}{n}", 1000 + n))
+        engine.run_step(record.id, record.step, follow=5)
+        ids.append(record.id)
+    return ids
+
+
+def catch_up(engine: Engine, sim: SimulatorServer) -> float:
+    """Move the engine's manual clock to the simulator's time (its operations' times move with real time)."""
+    assert isinstance(engine.clock, ManualClock)
+    now = sim.admin.now().timestamp() + 1
+    engine.clock.advance(max(0.0, now - engine.clock.now()))
+    return engine.clock.now()
+
+
+def mismatch_events(engine: Engine) -> list[dict[str, Any]]:
+    return [event.wire() for event, _ in engine.events(types=[EVENT_TYPE])]
+
+
+@pytest.fixture
+def flows(redis_client: redis.Redis, key_prefix: str) -> Iterator[tuple[Engine, SimulatorServer]]:
+    with session_engine(redis_client, key_prefix) as made:
+        yield made
+
+
+def test_one_of_each_mismatch_among_ordinary_flows(flows: tuple[Engine, SimulatorServer], redis_client: redis.Redis) -> None:
+    engine, sim = flows
+    since = engine.clock.now() - 60
+    ids = run_flows(engine, ORDINARY, "ord-")
+    assert Counter(record.state for record in engine.store.many(ids)) == {FlowState.SUCCEEDED: ORDINARY}
+
+    stray = pay_directly(engine, "stray-1")  # 1: money without a flow
+
+    wrong = engine.get(ids[10])  # 2: a record edited to name an operation the gateway does not have
+    real = wrong.outcome["operation"]["operationId"]  # type: ignore[index]
+    outcome = json.loads(json.dumps(wrong.outcome).replace(real, "899999999999999999"))
+    redis_client.hset(engine.keys.flow(wrong.id), "outcome", json.dumps(outcome))
+
+    failed = engine.get(ids[20])  # 3: marked failed, its payment executed
+    partition = engine.keys.partition(failed.id)
+    redis_client.hset(engine.keys.flow(failed.id), mapping={"state": "failed", "outcome": json.dumps({"reason": "planted"})})
+    redis_client.zrem(engine.keys.by_state(partition, "succeeded"), failed.id)
+    redis_client.zadd(engine.keys.by_state(partition, "failed"), {failed.id: engine.clock.now()})
+
+    twice = engine.get(ids[30])  # 4: a second payment on one flow, on a derived order id it holds
+    engine.orders.point(f"{twice.order_id}-2", twice.id)
+    second = pay_directly(engine, f"{twice.order_id}-2")
+
+    until = catch_up(engine, sim)
+    report = Reconciler(engine).run(since, until)
+
+    assert report.error is None and not report.gaps, report.wire()
+    assert report.operations == ORDINARY + 2
+    assert exit_status(report) == 1
+    found = {(f.category, f.flow, (f.operation or {}).get("operationId"), f.named) for f in report.mismatches}
+    assert found == {
+        (MONEY_WITHOUT_FLOW, None, stray["operationId"], None),
+        (FLOW_WITHOUT_MONEY, wrong.id, real, "899999999999999999"),
+        (MONEY_NOT_SHOWN, failed.id, failed.outcome["operation"]["operationId"], None),  # type: ignore[index]
+        (MONEY_NOT_SHOWN, twice.id, second["operationId"], None),
+    }, [f.what for f in report.mismatches]
+
+    events = mismatch_events(engine)
+    assert sorted((e["data"]["category"], e["flow"]) for e in events) == sorted(
+        [(MONEY_WITHOUT_FLOW, None), (FLOW_WITHOUT_MONEY, wrong.id), (MONEY_NOT_SHOWN, failed.id), (MONEY_NOT_SHOWN, twice.id)],
+        key=str,
+    )
+    # The money the flows do not show went the late-payment way; the succeeded flow naming nothing kept its state.
+    for flow_id, ended in ((failed.id, "failed"), (twice.id, "succeeded")):
+        record = engine.get(flow_id)
+        assert record.state is FlowState.NEEDS_ATTENTION and record.error is not None, record.summary()
+        assert record.error["type"] == "LatePayment" and record.error["endedAs"] == ended
+        assert engine.history(flow_id)[-1]["by"] == "reconcile"
+    assert engine.get(wrong.id).state is FlowState.SUCCEEDED
+    reconciler = Reconciler(engine)
+    assert [mark["category"] for mark in reconciler.reports.marks(wrong.id)] == [FLOW_WITHOUT_MONEY]
+
+    # Kept, and found again by a second run without a second event; the flows a person now has are in flight.
+    assert reconciler.reports.latest() == report
+    again = reconciler.run(since, catch_up(engine, sim))
+    assert {(f.category, f.flow) for f in again.mismatches} == {(MONEY_WITHOUT_FLOW, None), (FLOW_WITHOUT_MONEY, wrong.id)}
+    assert {f.flow for f in again.findings if f.category == "in_flight"} == {failed.id, twice.id}
+    assert len(mismatch_events(engine)) == 4
+
+
+def test_a_clean_window_exits_zero(flows: tuple[Engine, SimulatorServer]) -> None:
+    engine, sim = flows
+    since = engine.clock.now() - 60
+    run_flows(engine, 5, "clean-")
+    report = Reconciler(engine).run(since, catch_up(engine, sim))
+    assert report.ok and exit_status(report) == 0, report.wire()
+    assert report.operations == 5 and report.calls == 1
+    assert not mismatch_events(engine)
+
+
+def test_a_window_must_end_after_it_starts(flows: tuple[Engine, SimulatorServer]) -> None:
+    engine, _ = flows
+    now = engine.clock.now()
+    with pytest.raises(ValueError, match="before it starts"):
+        Reconciler(engine).run(now, now - 10)
+    with pytest.raises(ValueError, match="in the future"):
+        Reconciler(engine).run(now - 10, now + 3600)

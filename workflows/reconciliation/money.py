@@ -1,0 +1,129 @@
+"""What money the gateway holds, and whether a flow shows it: the one rule that the daily reconciliation
+(``workflows.reconciliation``) and ``durapay chaos``'s ledger check (``service.chaos.reconcile``) share.
+
+An operation is *money* when it moved funds and is final: a payment (an authorization, a capture or sale,
+a reservation's no-show, incremental or delayed charge) ``AUTHORIZED`` or ``EXECUTED``; money given back
+(a refund, a void, the cancel of a capture) ``REFUNDED``, ``VOIDED`` or ``EXECUTED``. A card verification
+takes nothing. ``PENDING`` is money *in flight*: it may still be taken. A payment whose result later reads
+``REFUNDED`` or ``VOIDED`` was given back in full and is judged through its refund.
+
+A flow *shows* an operation (:func:`shown`) when:
+
+* it ``succeeded`` and its outcome names it (``operationIds``, or the ``operation`` it reports);
+* a person closed it as a late payment (refunded or kept: ``outcome.latePayments``,
+  ``workflows.late_payments``), whatever the flow's end;
+* it ``needs_attention`` naming it (its error or outputs), or saying that its call of that operation may
+  have taken effect (``unsettled``: money in flight it could not confirm nor deny).
+
+The same rule, for a payment *reported* to a finished flow, is ``workflows/lua/money.lua``'s
+``unaccounted`` (outcome names it, or ``latePayments`` closes it): this module reads the record as that
+script leaves it, and never writes.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any, Literal
+
+from durapay.workflows.states import FlowState
+from durapay.workflows.store import FlowRecord
+
+#: Operation types that take the customer's money, and the results that say it was taken.
+PAYMENT_TYPES = frozenset({"AUTHORIZATION", "CAPTURE", "NOSHOW", "INCREMENTAL", "DELAY_CHARGE"})
+TAKEN = frozenset({"AUTHORIZED", "EXECUTED"})
+#: Operation types that give money back, and the results that say they did.
+GIVEN_BACK_TYPES = frozenset({"REFUND", "VOID", "CANCEL"})
+GIVEN_BACK = frozenset({"REFUNDED", "VOIDED", "EXECUTED"})
+#: Results that say the operation moved nothing (the customer's bank or the gateway refused, or it lapsed).
+REFUSED = frozenset({"DECLINED", "DENIED_BY_RISK", "THREEDS_FAILED", "3DS_FAILED", "FAILED", "CANCELED", "CANCELLED", "EXPIRED"})
+PENDING = "PENDING"
+
+Shown = Literal["outcome", "closed", "attention"]
+
+
+def op_type(op: Mapping[str, Any]) -> str:
+    return str(op.get("operationType") or "")
+
+
+def op_result(op: Mapping[str, Any]) -> str:
+    return str(op.get("operationResult") or "")
+
+
+def is_payment(op: Mapping[str, Any]) -> bool:
+    """A payment the gateway took (final)."""
+    return op_type(op) in PAYMENT_TYPES and op_result(op) in TAKEN
+
+
+def is_given_back(op: Mapping[str, Any]) -> bool:
+    """A refund, void or cancel of a capture the gateway made (final)."""
+    return op_type(op) in GIVEN_BACK_TYPES and op_result(op) in GIVEN_BACK
+
+
+def is_money(op: Mapping[str, Any]) -> bool:
+    return is_payment(op) or is_given_back(op)
+
+
+def in_flight(op: Mapping[str, Any]) -> bool:
+    """Still ``PENDING``: it may yet take (or give back) money."""
+    return op_result(op) == PENDING and op_type(op) != "CARD_VERIFICATION"
+
+
+def named_operations(record: FlowRecord) -> list[str]:
+    """The operation ids a flow's outcome names as its own (empty: a kind that names none)."""
+    outcome = record.outcome or {}
+    ids = [str(item) for item in outcome.get("operationIds") or [] if item not in (None, "")]
+    operation = outcome.get("operation")
+    if isinstance(operation, Mapping) and operation.get("operationId") and str(operation["operationId"]) not in ids:
+        ids.append(str(operation["operationId"]))
+    return ids
+
+
+def closed_late(record: FlowRecord) -> set[str]:
+    """Late payments a person closed on this flow (refunded or kept), by operation id."""
+    closed = (record.outcome or {}).get("latePayments") or []
+    return {str(item.get("operationId")) for item in closed if isinstance(item, Mapping)}
+
+
+def names(record: FlowRecord, operation_id: str) -> bool:
+    """Whether the flow's error or outputs name ``operation_id`` (a ``needs_attention`` flow says which)."""
+    return operation_id in json.dumps([record.error, record.outputs], default=str)
+
+
+def says_in_flight(record: FlowRecord, op: Mapping[str, Any]) -> bool:
+    """Whether the flow says that its call making ``op`` may have taken effect (``unsettled``): it could not
+    read the operation back, so it cannot name its id; a person's retry reads it."""
+    unsettled = record.unsettled or {}
+    return bool(unsettled) and unsettled.get("op") in (None, op.get("operation"))
+
+
+def shown(record: FlowRecord, op: Mapping[str, Any]) -> Shown | None:
+    """How the flow shows the gateway's operation ``op``, or None when it does not (module docstring)."""
+    operation_id = str(op.get("operationId") or "")
+    if operation_id in closed_late(record):
+        return "closed"
+    if record.state is FlowState.SUCCEEDED and operation_id in named_operations(record):
+        return "outcome"
+    if record.state is FlowState.NEEDS_ATTENTION and (names(record, operation_id) or says_in_flight(record, op)):
+        return "attention"
+    return None
+
+
+def amount_of(op: Mapping[str, Any]) -> int | None:
+    try:
+        return int(str(op.get("operationAmount")))
+    except ValueError:
+        return None
+
+
+def differs(recorded: Mapping[str, Any], held: Mapping[str, Any]) -> str:
+    """What the flow records of an operation and what the gateway holds disagree on (amount, currency,
+    a result that moved nothing), in words; empty when they agree."""
+    found: list[str] = []
+    if recorded.get("operationAmount") is not None and amount_of(recorded) != amount_of(held):
+        found.append(f"amount {recorded.get('operationAmount')} recorded, {held.get('operationAmount')} at the gateway")
+    if recorded.get("operationCurrency") and recorded.get("operationCurrency") != held.get("operationCurrency"):
+        found.append(f"currency {recorded.get('operationCurrency')} recorded, {held.get('operationCurrency')} at the gateway")
+    if op_result(held) in REFUSED:
+        found.append(f"the gateway shows it {op_result(held)}")
+    return "; ".join(found)

@@ -1,0 +1,162 @@
+"""One reconciliation run: read the window from the gateway, match, judge, act, keep the report.
+
+``Reconciler(engine).run(since, until)`` is what ``durapay reconcile``, ``POST /reconciliation`` and the
+scheduler's daily run (``workflows.reconciliation.daily``) call. It reads through the engine's gateway
+client (``Engine.gateway``) with the engine's technical retry policy, and never calls the gateway but
+to read. Then, for each mismatch (docs/operations.md, Reconciliation):
+
+* one ``reconciliation.mismatch`` merchant event (once per mismatch within the retention);
+* on its flow, when there is one, an attention mark (``report.Reports.mark``), and, for a payment the flow
+  does not show, the engine's own late-payment path: the payment is delivered to the flow as the gateway
+  reported it (``FlowStore.signal`` with ``paid``, by ``reconcile``), which moves a finished flow to
+  ``needs_attention`` (``LatePayment``, with ``payment.late`` and ``flow.needs_attention`` events), where
+  a person accepts, keeps or refunds it, exactly as for a late notification. A flow that succeeded
+  naming money the gateway does not hold keeps its state: its mark says so (why: docs/operations.md).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable, Mapping
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from durapay.config.settings import ReconcileSettings
+from durapay.gateway import GatewayError, reported_payment
+from durapay.workflows.engine import Engine
+from durapay.workflows.reconciliation.judge import MONEY_NOT_SHOWN, Finding, Owners, judge
+from durapay.workflows.reconciliation.report import Report, Reports, new_report_id
+from durapay.workflows.reconciliation.window import CallBudgetSpent, GatewayReads, read_window
+from durapay.workflows.states import FlowState
+from durapay.workflows.store import FlowRecord
+
+#: Who the flows' logs name for the moves a reconciliation makes.
+BY = "reconcile"
+#: Lookups per Redis round trip.
+BATCH = 1000
+
+
+class Reconciler:
+    """Give it the engine (and, in tests, the reconciliation settings and a sleep)."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        settings: ReconcileSettings | None = None,
+        *,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        self.engine = engine
+        self.settings = settings or engine.settings.reconcile
+        self.sleep = sleep
+        self.reports = Reports(engine.redis, engine.keys, self.settings.retention_days * 86400)
+
+    def run(self, since: float, until: float | None = None, *, by: str = "cli") -> Report:
+        """Reconcile the operations of ``[since, until]`` (POSIX seconds; ``until`` None: now). Raises
+        ValueError for a window that ends before it starts or in the future."""
+        now = self.engine.clock.now()
+        until = now if until is None else until
+        if until <= since:
+            raise ValueError(f"the window ends ({_iso(until)}) before it starts ({_iso(since)})")
+        if until > now + 60:
+            raise ValueError(f"the window ends in the future ({_iso(until)}; now is {_iso(now)})")
+        report = Report(id=new_report_id(now), since=since, until=until, started=now, by=by)
+        reads = GatewayReads(self.engine.gateway, self.engine.retry_policy, max_calls=self.settings.max_calls, sleep=self.sleep)
+        try:
+            window = read_window(
+                reads.list_operations,
+                datetime.fromtimestamp(since, UTC),
+                datetime.fromtimestamp(until, UTC),
+                max_records=self.settings.max_records,
+                span=timedelta(days=self.settings.span_days),
+            )
+            report.pages, report.gaps, report.operations = window.pages, window.gaps, len(window.operations)
+            owners = self.owners(window.operations.values())
+            ended = self.ended(since, until, owners)
+            report.flows = len(owners.records)
+            report.findings = judge(window.operations, owners, ended, reads.get_operation)
+        except (GatewayError, CallBudgetSpent) as exc:
+            report.error = f"the gateway could not be read completely: {exc}"
+        report.calls = reads.calls
+        for finding in report.mismatches:
+            self.act(finding, report.id)
+        report.finished = self.engine.clock.now()
+        self.reports.save(report, now=report.finished)
+        return report
+
+    def owners(self, operations: Iterable[Mapping[str, Any]]) -> Owners:
+        """The flows the engine's lookups name for these operations (by operation id, then order id), and
+        their records."""
+        owners = Owners()
+        ops = list(operations)
+        keys, redis = self.engine.keys, self.engine.redis
+        for chunk in _chunks([str(op.get("operationId") or "") for op in ops]):
+            pipe = redis.pipeline(transaction=False)
+            for operation_id in chunk:
+                for partition in range(keys.partitions):
+                    pipe.get(keys.operation(partition, operation_id))
+            answers = pipe.execute()
+            for index, operation_id in enumerate(chunk):
+                found = [value for value in answers[index * keys.partitions : (index + 1) * keys.partitions] if value]
+                if found:
+                    owners.by_operation[operation_id] = found[0].decode()
+        orders = sorted({str(op.get("orderId") or "") for op in ops} - {""})
+        for chunk in _chunks(orders):
+            pipe = redis.pipeline(transaction=False)
+            for order_id in chunk:
+                pipe.hget(keys.order(order_id), "flow")
+            for order_id, value in zip(chunk, pipe.execute(), strict=True):
+                if value:
+                    owners.by_order[order_id] = value.decode()
+        self._load(owners, {*owners.by_operation.values(), *owners.by_order.values()})
+        return owners
+
+    def ended(self, since: float, until: float, owners: Owners) -> list[FlowRecord]:
+        """The flows that succeeded in the window (the state index's time is the flow's last change)."""
+        ids = [flow_id for _, flow_id in self.engine.store.ids(state=FlowState.SUCCEEDED, since=since, until=until)]
+        self._load(owners, ids)
+        return [owners.records[flow_id] for flow_id in ids if flow_id in owners.records]
+
+    def _load(self, owners: Owners, flow_ids: Iterable[str]) -> None:
+        wanted = sorted(set(flow_ids) - set(owners.records))
+        for chunk in _chunks(wanted):
+            for record in self.engine.store.many(chunk):
+                owners.records[record.id] = record
+
+    def act(self, finding: Finding, report_id: str) -> None:
+        """The event, the mark and (for a payment a finished flow does not show) the late-payment path."""
+        now = self.engine.clock.now()
+        self.reports.announce(finding, report_id, now=now)
+        if not finding.flow:
+            return
+        self.reports.mark(finding, report_id, now=now)
+        if finding.category == MONEY_NOT_SHOWN and finding.operation:
+            self._late_payment(finding.flow, finding.operation, now)
+
+    def _late_payment(self, flow_id: str, operation: Mapping[str, Any], now: float) -> None:
+        body = {"operation": dict(operation)}
+        paid = reported_payment(body)
+        if paid is None:
+            return  # money given back, not a payment: the mark and the event say it
+        engine = self.engine
+        result = engine.store.signal(flow_id, "notification", body, now=now, by=BY, safety=engine.safety, paid=paid)
+        if result in ("missing", "finished"):
+            return
+        engine.store.sync(flow_id, f"reconciliation of flow {flow_id}")
+        record = engine.store.get(flow_id) if result == "late_payment" else None
+        if record is not None:
+            engine.orders.keep([record.lookups])  # alive again: its lookups live until it ends (Engine.signal)
+
+
+def exit_status(report: Report) -> int:
+    """0 when nothing is wrong (every operation accounted for, the whole window read), 1 otherwise."""
+    return 0 if report.ok else 1
+
+
+def _chunks(items: list[str]) -> Iterable[list[str]]:
+    for start in range(0, len(items), BATCH):
+        yield items[start : start + BATCH]
+
+
+def _iso(moment: float) -> str:
+    return datetime.fromtimestamp(moment, UTC).isoformat(timespec="seconds").replace("+00:00", "Z")

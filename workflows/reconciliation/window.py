@@ -1,0 +1,147 @@
+"""Every operation of a time window, read from the gateway's ``GET /operations`` within its limits.
+
+The public material (docs/gateway.md, Times) gives the list no cursor: answers are newest first, at most
+``maxRecords`` (500) of them, over a ``fromTime``-``toTime`` span of at most a month, and "for the next
+page set toTime equal to the lastOperationTime value of the last record". So a window is read
+
+* span by span, newest first, each at most ``span_days`` long (``DURAPAY_RECONCILE__SPAN_DAYS``,
+  28 by default: the shortest month);
+* within a span, page by page: a full page (``maxRecords`` records) is followed by one whose ``toTime``
+  is the oldest record's ``operationTime``, exactly as the gateway wrote it. Bounds are inclusive, so
+  the boundary records come again and are dropped by operation id; a page short of ``maxRecords`` ends
+  the span.
+
+Every loop has a limit: ``max_calls`` calls per run, retries included. A full page that brings nothing
+new (more than ``maxRecords`` operations in the same millisecond) cannot be paged past by time: the
+reader steps one millisecond back and says so in :attr:`WindowRead.gaps`, so that a report never claims
+a window it did not read. A call that fails with a retryable error (a timeout, 429, 5xx) is tried again
+after the engine's technical backoff (``RetryPolicy``, honouring the gateway's ``Retry-After``), as a
+step's call is; reads are safe to repeat. A call that still fails ends the read with that error.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from durapay.gateway import Catalogue, GatewayError, NotFound, parse_gateway_time
+from durapay.tasks.retry import RetryPolicy
+
+#: One GET /operations: the query (the gateway's names) -> the operations of the answer, as JSON.
+ListCall = Callable[[Mapping[str, Any]], list[dict[str, Any]]]
+#: One GET /operations/{operationId}: the operation as JSON, or None when the gateway has none (404).
+GetCall = Callable[[str], dict[str, Any] | None]
+
+
+class CallBudgetSpent(Exception):
+    """The run used up its ``max_calls`` gateway calls."""
+
+
+def gateway_iso(moment: datetime) -> str:
+    """The documented form of a query time: ISO 8601 in UTC with milliseconds (``2022-09-01T01:20:00.001Z``)."""
+    utc = moment.astimezone(UTC)
+    return utc.strftime("%Y-%m-%dT%H:%M:%S.") + f"{utc.microsecond // 1000:03d}Z"
+
+
+def moment_of(op: Mapping[str, Any]) -> datetime | None:
+    try:
+        return parse_gateway_time(str(op.get("operationTime") or ""))
+    except (ValueError, IndexError):
+        return None
+
+
+@dataclass
+class WindowRead:
+    """What a read found: the operations by id, how many calls it took, and what it could not read."""
+
+    operations: dict[str, dict[str, Any]] = field(default_factory=dict)
+    pages: int = 0
+    gaps: list[str] = field(default_factory=list)
+
+
+class GatewayReads:
+    """The gateway calls of one reconciliation, counted, bounded and retried (module docstring)."""
+
+    def __init__(
+        self,
+        client: Callable[[], Any],
+        policy: RetryPolicy,
+        *,
+        max_calls: int,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        self.client = client
+        self.policy = policy
+        self.max_calls = max_calls
+        self.sleep = sleep
+        self.calls = 0
+
+    def _retried(self, action: Callable[[], Any]) -> Any:
+        attempt = 0
+        while True:
+            if self.calls >= self.max_calls:
+                raise CallBudgetSpent(f"the run used its {self.max_calls} gateway calls (DURAPAY_RECONCILE__MAX_CALLS)")
+            self.calls += 1
+            attempt += 1
+            try:
+                return action()
+            except GatewayError as exc:
+                if not exc.retryable or attempt >= self.policy.max_attempts:
+                    raise
+                self.sleep(self.policy.delay(attempt, getattr(exc, "retry_after", None)))
+
+    def list_operations(self, query: Mapping[str, Any]) -> list[dict[str, Any]]:
+        answer = self._retried(lambda: self.client().call(Catalogue.list_operations, request=dict(query)))
+        return [op.model_dump(mode="json") for op in answer.operations]
+
+    def get_operation(self, operation_id: str) -> dict[str, Any] | None:
+        try:
+            answer = self._retried(lambda: self.client().call(Catalogue.get_operation, operation_id))
+        except NotFound:
+            return None
+        return dict(answer.model_dump(mode="json"))
+
+
+def read_window(list_call: ListCall, since: datetime, until: datetime, *, max_records: int, span: timedelta) -> WindowRead:
+    """Every operation with ``since <= operationTime <= until`` (module docstring)."""
+    read = WindowRead()
+    end = until
+    while end > since:
+        start = max(since, end - span)
+        _read_span(list_call, start, end, max_records, read)
+        end = start
+    return read
+
+
+def _read_span(list_call: ListCall, start: datetime, end: datetime, max_records: int, read: WindowRead) -> None:
+    to_time = gateway_iso(end)
+    to_moment = end
+    while True:
+        page = list_call({"fromTime": gateway_iso(start), "toTime": to_time, "maxRecords": max_records})
+        read.pages += 1
+        oldest: tuple[datetime, str] | None = None
+        for op in page:
+            operation_id = str(op.get("operationId") or "")
+            moment = moment_of(op)
+            if moment is not None and (oldest is None or moment < oldest[0]):
+                oldest = (moment, str(op.get("operationTime")))
+            if not operation_id or operation_id in read.operations:
+                continue
+            if moment is not None and not start <= moment <= end:
+                continue  # outside what was asked: the span that holds it reads it
+            read.operations[operation_id] = op
+        if len(page) < max_records or oldest is None:
+            return
+        if oldest[0] < to_moment:
+            to_time, to_moment = oldest[1], oldest[0]  # "toTime = lastOperationTime of the last record"
+            continue
+        # A full page all at the boundary's millisecond, nothing older: more than maxRecords operations at
+        # one instant cannot be paged past by time. Step back a millisecond and say what may be missing.
+        step = oldest[0] - timedelta(milliseconds=1)
+        read.gaps.append(f"more than {max_records} operations at {oldest[1]}: those past the first {max_records} may be missing")
+        if step < start:
+            return
+        to_time, to_moment = gateway_iso(step), step
