@@ -14,9 +14,9 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 from pydantic_settings import SettingsError as _SourceError
 
@@ -31,14 +31,55 @@ SIMULATOR_API_KEY = "durapay-simulator-key"
 #: The real gateway's published path prefix; the simulator serves the same prefix.
 GATEWAY_PATH_PREFIX = "/api/phoenix-0.0/psp/api/v1"
 #: Webhook retries (``workflows.webhooks.delivery``): each delay is jittered by +-this share, and an
-#: endpoint's ``Retry-After`` is honoured up to this many seconds. Here because the settings check that a
-#: delivery's retries end before its event is trimmed (:func:`load_settings`).
+#: endpoint's ``Retry-After`` is honoured up to this many seconds (and never past the retry window). Here
+#: because the settings check that a delivery's retries end before its event is trimmed (:func:`load_settings`).
 WEBHOOK_JITTER = 0.2
 WEBHOOK_RETRY_AFTER_CAP_SECONDS = 86400.0
 
 
 class SettingsError(Exception):
     """A setting is missing or malformed; the message is one line naming the variable."""
+
+
+DAY = 86400.0
+_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": DAY}
+
+
+def parse_duration(value: Any) -> Any:
+    """A duration as seconds: ``30d``, ``12h``, ``90m``, ``120s``, or a number of seconds. Anything else is
+    left to the field's own check (which names it)."""
+    if isinstance(value, str):
+        text = value.strip().lower()
+        number, unit = (text[:-1], text[-1]) if text[-1:] in _UNITS else (text, "s")
+        try:
+            seconds = float(number) * _UNITS[unit]
+        except ValueError:
+            raise ValueError(f"{value!r} is not a duration (e.g. 30d, 12h, 90m, 120s, or seconds)") from None
+        return seconds
+    return value
+
+
+#: Seconds, written as a duration (``parse_duration``). Every retention is one.
+Duration = Annotated[float, BeforeValidator(parse_duration)]
+
+
+def _days_to_duration(name: str) -> Any:
+    """A group's validator that still reads the older ``<name>_days`` (a number of days, or a duration)
+    into ``<name>``, refusing both at once."""
+
+    def convert(cls: type, data: Any) -> Any:
+        if isinstance(data, dict) and f"{name}_days" in data:
+            data = dict(data)
+            older = data.pop(f"{name}_days")
+            if name in data:
+                raise ValueError(f"set __{name.upper()} or __{name.upper()}_DAYS (the older form, in days), not both")
+            try:
+                data[name] = float(older) * DAY
+            except (TypeError, ValueError):
+                data[name] = older  # a duration with its unit: read as such
+        return data
+
+    return model_validator(mode="before")(classmethod(convert))  # type: ignore[arg-type]
 
 
 class _Group(BaseModel):
@@ -85,8 +126,11 @@ class ReceiverSettings(_Group):
         pattern=r"^/[A-Za-z0-9._~/-]*$",
         description="Path the receiver listens on (behind a proxy it may differ from public_url's path).",
     )
-    event_ttl_seconds: int = Field(
-        default=7 * 86400, ge=60, description="How long a received eventId is remembered to ignore repeats."
+    event_ttl_seconds: Annotated[int, BeforeValidator(parse_duration)] = Field(
+        default=7 * 86400,
+        ge=60,
+        le=3650 * 86400,
+        description="How long a received eventId is remembered to ignore repeats (a duration, 60s to 3650d).",
     )
     unknown_order_events_per_minute: int = Field(
         default=60,
@@ -192,7 +236,12 @@ class EngineSettings(_Group):
     lease_seconds: float = Field(default=60.0, gt=0)
     dispatch_interval: float = Field(default=0.5, gt=0)
     dispatch_batch: int = Field(default=500, ge=1)
-    retention_days: float = Field(default=30.0, gt=0)
+    retention: Duration = Field(
+        default=30 * DAY,
+        ge=60,
+        le=3650 * DAY,
+        description="How long a finished flow keeps its record, log and lookups (60s to 3650d).",
+    )
     wait_deadline_seconds: float = Field(default=1800.0, gt=0)
     sync_aof: Literal["auto", "yes", "no"] = Field(
         default="auto",
@@ -219,18 +268,22 @@ class EngineSettings(_Group):
         description="Claims of one step without moving on before the flow stops for a person (the bound under every loop).",
     )
 
+    _older = _days_to_duration("retention")
+
 
 class EventsSettings(_Group):
     """Merchant events (``workflows/events.py``): written with each transition, read by the feed and webhooks."""
 
     enabled: bool = Field(default=True, description="Write merchant events with each transition.")
-    retention_days: float = Field(
-        default=7.0,
-        gt=0,
-        le=90,
-        description="How long events stay readable and deliverable: the scheduler trims older ones (it must outlast "
-        "the webhooks' retries).",
+    retention: Duration = Field(
+        default=7 * DAY,
+        ge=60,
+        le=90 * DAY,
+        description="How long events stay readable and deliverable (60s to 90d): the scheduler trims older ones (it "
+        "must outlast the webhooks' retries).",
     )
+
+    _older = _days_to_duration("retention")
 
 
 class ConfiguredEndpoint(_Group):
@@ -292,6 +345,19 @@ class SchedulesSettings(_Group):
         ge=1,
         le=20,
         description="No retry after this many declines in the last 24 hours (Mastercard: 10 declines of one card in 24 hours).",
+    )
+    retention: Duration = Field(
+        default=90 * DAY,
+        ge=60,
+        le=3650 * DAY,
+        description="How long a completed or cancelled schedule (nothing left in flight) keeps its record and history "
+        "before they are removed (60s to 3650d).",
+    )
+    history_entries: int = Field(
+        default=1000,
+        ge=10,
+        le=100_000,
+        description="Most history entries kept per schedule: older ones are summed up in one entry (counts per event).",
     )
 
 
@@ -382,15 +448,15 @@ def load_settings(overrides: Mapping[str, Any] | None = None) -> Settings:
 
 def _check_webhook_retries(settings: Settings) -> None:
     """A delivery's retries must end before its event is trimmed (a delivery whose event is gone is
-    dropped): the last attempt may come up to the longest Retry-After honoured, or the longest delay with
-    its jitter, after ``retry_days``."""
-    hooks, day = settings.webhooks, 86400.0
-    last = max(WEBHOOK_RETRY_AFTER_CAP_SECONDS, max(hooks.retry_delays) * (1 + WEBHOOK_JITTER)) / day
-    retention = settings.events.retention_days
+    dropped): its last attempt comes at most the longest delay, with its jitter, after ``retry_days`` (an
+    endpoint's ``Retry-After`` never moves an attempt past the retry window, ``webhooks.delivery``)."""
+    hooks = settings.webhooks
+    last = max(hooks.retry_delays) * (1 + WEBHOOK_JITTER) / DAY
+    retention = settings.events.retention / DAY
     if hooks.retry_days + last > retention:
         raise SettingsError(
-            f"{_variable(('webhooks', 'retry_days'))}: a delivery is retried up to {hooks.retry_days + last:g} days after "
+            f"{_variable(('webhooks', 'retry_days'))}: a delivery is retried up to {hooks.retry_days + last:.4g} days after "
             f"its first attempt ({hooks.retry_days:g}, its last attempt up to {last:.3g} later), longer than "
-            f"{_variable(('events', 'retention_days'))} ({retention:g}) keeps its event: lower it (or "
+            f"{_variable(('events', 'retention'))} ({retention:.4g} days) keeps its event: lower it (or "
             f"{_variable(('webhooks', 'retry_delays'))}), or keep events longer"
         )

@@ -21,15 +21,11 @@ from collections.abc import Callable
 from durapay.workflows.compact import Compactor
 from durapay.workflows.engine import Engine
 from durapay.workflows.redis_watch import RedisWatch, is_redis_down
-from durapay.workflows.trim import EventTrimmer, IndexTrimmer
+from durapay.workflows.trim import TRIM_INTERVAL, EventTrimmer, IndexTrimmer
 
 log = logging.getLogger("durapay.dispatcher")
 
 Ticker = Callable[[], int]
-
-#: Seconds between passes of each trimmer (indexes, events), unless its last pass found a backlog (then:
-#: every tick).
-TRIM_INTERVAL = 10.0
 
 
 class Dispatcher:
@@ -51,7 +47,7 @@ class Dispatcher:
         self._last_trim = float("-inf")
         self._last_event_trim = float("-inf")
         self.trimmer = IndexTrimmer(engine.redis, engine.keys, engine.store.retention_seconds)
-        self.event_trimmer = EventTrimmer(engine.redis, engine.keys, engine.settings.events.retention_days * 86400)
+        self.event_trimmer = EventTrimmer(engine.redis, engine.keys, engine.settings.events.retention)
         self.compactor = Compactor(engine.redis, engine.keys, engine.orders)
 
     def tick(self) -> int:

@@ -119,7 +119,7 @@ class Engine:
         self.store = FlowStore(
             client,
             self.keys,
-            engine_settings.retention_days * 86400,
+            engine_settings.retention,
             lambda: Durability.resolve(
                 client, engine_settings.sync_aof, engine_settings.sync_replicas, engine_settings.sync_timeout
             ),
@@ -130,7 +130,7 @@ class Engine:
         self._client: GatewayClient | None = None
         self._client_pid = 0
         self._client_lock = threading.Lock()
-        self.orders = OrderIndex(client, self.keys, settings.engine.retention_days * 86400, settings.gateway.order_id_max_length)
+        self.orders = OrderIndex(client, self.keys, settings.engine.retention, settings.gateway.order_id_max_length)
         self.protocol = StepProtocol(self)
         self.late = LatePayments(self)
         # What ``close`` releases: set by whoever opened the engine's connections (``durapay.connect``).

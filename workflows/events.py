@@ -10,7 +10,7 @@ happened. One type has no flow or schedule: ``notification.unknown_order``, writ
 
 This module reads them: :class:`EventFeed` pages through every stream after a :class:`Cursor` (the
 pull feed, ``GET /events``, ``Engine.events``), and webhooks fan out from the same streams. The
-dispatcher trims the streams to ``DURAPAY_EVENTS__RETENTION_DAYS`` (:meth:`EventFeed.trim`, run by
+dispatcher trims the streams to ``DURAPAY_EVENTS__RETENTION`` (:meth:`EventFeed.trim`, run by
 ``workflows.trim.EventTrimmer``).
 
 Types and their ``data`` (JSON; card data never appears):

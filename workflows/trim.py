@@ -1,6 +1,6 @@
 """Trimming what does not expire by itself: the listing indexes of expired flows, and old merchant events.
 
-A finished flow's record and log expire on their own (``retention_days``); its entries in the state and
+A finished flow's record and log expire on their own (``DURAPAY_ENGINE__RETENTION``); its entries in the state and
 kind indexes (sorted sets, see ``keys``) do not, so the dispatcher trims them. Two rules:
 
 * **Only the gone.** An entry is dropped only when its record no longer exists: a flow may live longer
@@ -14,7 +14,7 @@ kind indexes (sorted sets, see ``keys``) do not, so the dispatcher trims them. T
   while a pass still finds a full batch (a backlog), so trimming keeps pace with the finishing rate.
 
 The merchant events' streams (one per partition, flows' and schedules') are trimmed to
-``DURAPAY_EVENTS__RETENTION_DAYS`` by :class:`EventTrimmer`, on the same rhythm:
+``DURAPAY_EVENTS__RETENTION`` by :class:`EventTrimmer`, on the same rhythm:
 
 * **By the server's clock**, which stamps the entry ids (``XTRIM MINID``): a process's clock, or the
   demo's fast-forward, has no say.
@@ -33,6 +33,10 @@ from typing import Any
 from durapay.workflows.events import TRIM_LIMIT, EventFeed
 from durapay.workflows.keys import Keys
 from durapay.workflows.states import TERMINAL
+
+#: Seconds between passes of each trimmer (flows' indexes, events, ended schedules), unless its last pass
+#: found a backlog (then: every tick).
+TRIM_INTERVAL = 10.0
 
 
 class IndexTrimmer:

@@ -100,14 +100,50 @@ def test_a_lease_shorter_than_one_gateway_call_is_refused() -> None:
 
 def test_a_webhook_retry_window_that_reaches_the_events_retention_is_refused() -> None:
     """The scheduler trims events older than their retention: a delivery still being retried then would
-    find its event gone and be dropped. Its last attempt may come up to a day (the longest Retry-After
-    taken), or the longest delay with its jitter, after the retry days."""
+    find its event gone and be dropped. Its last attempt may come up to the longest delay, with its jitter,
+    after the retry days (a Retry-After never moves it past the window)."""
     with pytest.raises(SettingsError) as refused:
-        load_settings({"events": {"retention_days": 4}, "webhooks": {"retry_days": 3.5}})
+        load_settings({"events": {"retention": "4d"}, "webhooks": {"retry_days": 3.6}})  # 3.6 + 0.5 (10 h + 20%)
     message = str(refused.value)
-    assert message.startswith("DURAPAY_WEBHOOKS__RETRY_DAYS: ") and "DURAPAY_EVENTS__RETENTION_DAYS (4)" in message
+    assert message.startswith("DURAPAY_WEBHOOKS__RETRY_DAYS: ") and "DURAPAY_EVENTS__RETENTION (4 days)" in message
     assert "\n" not in message
     with pytest.raises(SettingsError, match="RETRY_DAYS"):
         load_settings({"events": {"retention_days": 5}, "webhooks": {"retry_delays": [0, 300000]}})  # 3.5 days, 4.2 with jitter
-    assert load_settings({"events": {"retention_days": 4}, "webhooks": {"retry_days": 3}}).events.retention_days == 4
-    assert load_settings().webhooks.retry_days == 3 and load_settings().events.retention_days == 7
+    assert load_settings({"events": {"retention_days": 4}, "webhooks": {"retry_days": 3}}).events.retention == 4 * 86400
+    assert load_settings().webhooks.retry_days == 3 and load_settings().events.retention == 7 * 86400
+    short = {"retry_days": 60 / 86400, "retry_delays": [0, 10]}  # one minute of retries, 12 s at most after it
+    assert load_settings({"events": {"retention": "2m"}, "webhooks": short}).events.retention == 120
+
+
+@pytest.mark.parametrize(
+    ("written", "seconds"),
+    [("30d", 30 * 86400), ("12h", 43200), ("90m", 5400), ("120s", 120), ("3600", 3600), (" 2D ", 172800), (7200, 7200)],
+)
+def test_retentions_read_as_durations(written: object, seconds: float) -> None:
+    """Issue 29, item 5: every retention is a duration (a unit, or seconds), read the same from the
+    environment and from code."""
+    loaded = load_settings(
+        {"engine": {"retention": written}, "events": {"retention": written}, "schedules": {"retention": written}}
+        | ({"webhooks": {"retry_days": 0.001, "retry_delays": [0, 10]}} if seconds < 86400 * 4 else {})
+    )
+    assert loaded.engine.retention == loaded.events.retention == loaded.schedules.retention == seconds
+
+
+def test_retentions_are_refused_outside_their_documented_range(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The ranges README states (60s to 3650d; the events' to 90d), the older ``_DAYS`` form still read in
+    days, and a clear message for what is not a duration or names both forms."""
+    quick = {"webhooks": {"retry_days": 0.0001, "retry_delays": [0]}}
+    for group, highest in (("engine", "3650d"), ("events", "90d"), ("schedules", "3650d")):
+        assert load_settings({group: {"retention": "60s"}, **quick}).model_dump()[group]["retention"] == 60
+        assert load_settings({group: {"retention": highest}}).model_dump()[group]["retention"] == float(highest[:-1]) * 86400
+        for wrong in ("59s", f"{int(highest[:-1]) + 1}d"):
+            with pytest.raises(SettingsError, match=f"DURAPAY_{group.upper()}__RETENTION: "):
+                load_settings({group: {"retention": wrong}, **quick})
+    with pytest.raises(SettingsError, match=r"DURAPAY_ENGINE__RETENTION: '3 weeks' is not a duration \(e.g. 30d, 12h"):
+        load_settings({"engine": {"retention": "3 weeks"}})
+    monkeypatch.setenv("DURAPAY_ENGINE__RETENTION_DAYS", "2")
+    monkeypatch.setenv("DURAPAY_RECEIVER__EVENT_TTL_SECONDS", "2h")
+    assert load_settings().engine.retention == 2 * 86400 and load_settings().receiver.event_ttl_seconds == 7200
+    monkeypatch.setenv("DURAPAY_ENGINE__RETENTION", "3d")
+    with pytest.raises(SettingsError, match="DURAPAY_ENGINE: set __RETENTION or __RETENTION_DAYS"):
+        load_settings()

@@ -300,7 +300,7 @@ class FlowWorld:
         flows, their logs and order lookups, the receiver's seen event ids); what must live longer (a
         flow whose link can still be paid) is older by as much."""
         self.retention_runs += 1
-        self.advance(self.engine.settings.engine.retention_days * 86400 + 60)
+        self.advance(self.engine.settings.engine.retention + 60)
 
     def age_redis(self, seconds: float) -> None:
         """Time passes for Redis too: keys whose TTL runs out within ``seconds`` are gone, the others'

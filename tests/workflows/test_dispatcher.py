@@ -70,12 +70,12 @@ def test_a_redis_outage_is_two_lines_without_tracebacks(
 
 
 def test_a_dispatcher_pass_drops_the_events_older_than_the_retention(make_engine: Any) -> None:
-    """``DURAPAY_EVENTS__RETENTION_DAYS`` was read by nothing and the streams grew without bound. Stream
+    """``DURAPAY_EVENTS__RETENTION`` was read by nothing and the streams grew without bound. Stream
     ids are stamped by the server, so the retention is judged by its clock: the engine's own (here a
     manual clock years away) has no say. Old entries are written with explicit ids, in every stream,
     flows' and schedules'; the events the engine writes now stay."""
     engine, _ = make_engine(flow(ScriptedStep("pay")))
-    retention_ms = int(engine.settings.events.retention_days * 86_400_000)
+    retention_ms = int(engine.settings.events.retention * 1000)
     seconds, micros = engine.redis.time()
     now = int(seconds) * 1000 + int(micros) // 1000
     old = [now - retention_ms - 3_600_000 + n for n in range(300)]  # an hour past it: several stream nodes

@@ -96,7 +96,7 @@ def test_events_are_trimmed_to_their_retention_a_bounded_amount_per_pass(make_en
     """A backlog of old events (streams never trimmed before) goes in passes of at most ``limit`` entries
     per stream, at every tick while some is left (not every ten seconds); what is younger stays."""
     engine, _ = make_engine(flow(ScriptedStep("pay")))
-    retention_ms = int(engine.settings.events.retention_days * DAY_MS)
+    retention_ms = int(engine.settings.events.retention * 1000)
     now = server_ms(engine.redis)
     key = engine.keys.events(0)
     old = [now - retention_ms - DAY_MS + n for n in range(2500)]

@@ -20,6 +20,7 @@ from __future__ import annotations
 import builtins
 import hashlib
 import logging
+import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
@@ -36,6 +37,7 @@ from durapay.workflows.schedules.policy import MIT_KIND
 from durapay.workflows.schedules.rules import iso
 from durapay.workflows.schedules.store import ScheduleStore, input_hash
 from durapay.workflows.store import FlowRecord, StartConflict
+from durapay.workflows.trim import TRIM_INTERVAL
 
 log = logging.getLogger("durapay.schedules")
 
@@ -63,11 +65,19 @@ class Schedules:
 
     def __init__(self, engine: Engine, *, flow_kind: str = MIT_KIND, batch: int = 500, grace: float | None = None) -> None:
         self.engine = engine
-        self.store = ScheduleStore(engine.redis, engine.keys, events=engine.settings.events.enabled)
+        self.caps = engine.settings.schedules
+        self.store = ScheduleStore(
+            engine.redis,
+            engine.keys,
+            events=engine.settings.events.enabled,
+            retention=self.caps.retention,
+            history_entries=self.caps.history_entries,
+        )
+        self._last_trim = float("-inf")
+        self._trim_backlog = False
         self.flow_kind = flow_kind
         self.batch = batch
         self.grace = grace if grace is not None else engine.lease
-        self.caps = engine.settings.schedules
         limit = engine.settings.gateway.order_id_max_length
         if limit < policy.ORDER_ID_LENGTH:
             # Every order id a schedule derives has 18 characters: the engine would refuse each start.
@@ -242,6 +252,9 @@ class Schedules:
                     started += self._process(ids, now)
                 if len(ids) < self.batch:
                     break
+        if self._trim_backlog or time.monotonic() - self._last_trim > TRIM_INTERVAL:
+            self._last_trim = time.monotonic()
+            self._trim_backlog = self.store.trim_ended(now=now)[1]
         return started
 
     def _process(self, ids: builtins.list[str], now: float) -> int:

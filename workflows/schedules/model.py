@@ -24,6 +24,7 @@ from pydantic.config import JsonDict
 from durapay.gateway import GATEWAY_ZONE, Amount, CaptureType, Currency, StrictModel, check_amount
 from durapay.gateway._strict import unknown_value
 from durapay.workflows.schedules.rules import ZONES, Calendar, Rule, first_closer, instant, iso, zone
+from durapay.workflows.sensitive import mask_text
 
 DEFAULT_DUNNING = (1, 3, 7)
 _T = TypeVar("_T")
@@ -409,6 +410,11 @@ class ScheduleRecord:
             times.append(self.next_at)
         return min(times) if times else None
 
+    def ended(self) -> bool:
+        """Completed or cancelled with nothing in flight: nothing will change it again, and it is kept for
+        the schedules' retention only (``store``)."""
+        return self.state in FINAL and self.due() is None
+
     def fires(self) -> bool:
         """Whether the rule fires its next occurrence when due: an active schedule does, unless its contract
         has a frequency and a charge is open (one charge at a time: each moves the date the contract
@@ -429,7 +435,7 @@ class ScheduleRecord:
             "contractId": self.spec.contractId,
             "amount": self.spec.amount,
             "currency": self.spec.currency,
-            "description": self.spec.description,
+            "description": mask_text(self.spec.description),  # a card number typed in it is never shown
             "rule": spec["rule"],
             "timezone": self.spec.timezone,
             "start": spec["start"],

@@ -9,6 +9,7 @@ script touches one Redis Cluster slot, and the scheduler visits every partition:
     durapay:{s2}:schedule_due         sorted set: id -> when the scheduler must look at it next
     durapay:{s2}:schedule_state:<s>   sorted set: id -> created, per state (listing)
     durapay:{s2}:schedules            sorted set: id -> created (listing)
+    durapay:{s2}:schedule_ended       sorted set: id -> when it ended (final, nothing in flight)
 
 Every change is one Lua script: ``create.lua`` (create unless the id exists: a create key reused with
 another input is refused), ``update.lua`` (compare-and-set on ``version``: the fields that changed, due
@@ -16,6 +17,14 @@ score, state index and history in one step), ``mark.lua`` (compare-and-set of th
 the flows just started are marked created). Taking due schedules reuses the engine's ``take_due.lua``: each taken
 entry is pushed back by a grace period, so no other scheduler takes it meanwhile, and if this one dies
 before writing, the schedule simply comes due again.
+
+What a schedule keeps is bounded (docs/operations.md, "What durapay keeps"). Its history is capped at
+``DURAPAY_SCHEDULES__HISTORY_ENTRIES``: ``update.lua`` sums the oldest entries up in one (counts per event).
+A schedule that has ended (completed or cancelled, nothing in flight) is kept for
+``DURAPAY_SCHEDULES__RETENTION``: ``update.lua`` gives its record and history that expiry and lists it
+in ``schedule_ended``, and the scheduler's :meth:`ScheduleStore.trim_ended` then drops the index entries
+of those whose record is gone (only the gone: a moved clock never hides one that still exists). Its
+merchant events go with their stream's retention, like every event.
 """
 
 from __future__ import annotations
@@ -30,7 +39,7 @@ import redis
 
 from durapay.workflows.events import schedule_events_key
 from durapay.workflows.keys import Keys
-from durapay.workflows.schedules.model import RECORD_FIELDS, ScheduleRecord, ScheduleState, compact_sorted, open_json
+from durapay.workflows.schedules.model import FINAL, RECORD_FIELDS, ScheduleRecord, ScheduleState, compact_sorted, open_json
 from durapay.workflows.scripts import ScriptPipeline, source
 
 #: JSON of hashes, history entries, merchant events and script arguments: compact, keys sorted.
@@ -70,6 +79,9 @@ class ScheduleKeys:
     def events(self, partition: int) -> str:
         return schedule_events_key(self.keys, partition)
 
+    def ended(self, partition: int) -> str:
+        return f"{self.tag(partition)}:schedule_ended"
+
 
 #: History events of a schedule that are also merchant events (``workflows.events``), and their type.
 MERCHANT_EVENTS = {
@@ -95,9 +107,15 @@ def merchant_events(schedule_id: str, events: Sequence[dict[str, Any]]) -> list[
 
 
 class ScheduleStore:
-    def __init__(self, client: redis.Redis, keys: Keys, *, events: bool = True) -> None:
+    """``retention``: seconds an ended schedule is kept; ``history_entries``: most history entries kept."""
+
+    def __init__(
+        self, client: redis.Redis, keys: Keys, *, events: bool = True, retention: float = 90 * 86400, history_entries: int = 1000
+    ) -> None:
         self.redis: Any = client
         self.events = events
+        self.retention = retention
+        self.history_entries = history_entries
         self.keys = ScheduleKeys(keys)
         self.partitions = keys.partitions
         self._create = client.register_script(source("schedules/lua/create.lua"))
@@ -221,6 +239,7 @@ class ScheduleStore:
                 self.keys.by_state(partition, old.state.value),
                 self.keys.by_state(partition, new.state.value),
                 self.keys.events(partition),
+                self.keys.ended(partition),
             ],
             "args": [
                 old.id,
@@ -232,8 +251,36 @@ class ScheduleStore:
                 repr(now),
                 repr(old.created),
                 _json(told) if self.events and (told := merchant_events(old.id, events)) else "[]",
+                str(max(1, int(self.retention))) if new.ended() else "",
+                str(self.history_entries),
             ],
         }
+
+    def trim_ended(self, *, now: float, batch: int = 1000) -> tuple[int, bool]:
+        """Drop the index entries of the schedules that ended more than the retention ago and whose record
+        has expired. Returns how many were dropped, and whether some partition had a full batch (pass
+        again soon). Three round trips, ``batch`` entries per partition at most."""
+        pipe = self.redis.pipeline(transaction=False)
+        for partition in range(self.partitions):
+            pipe.zrangebyscore(self.keys.ended(partition), "-inf", now - self.retention, start=0, num=batch)
+        taken = [(partition, [member.decode() for member in members]) for partition, members in enumerate(pipe.execute())]
+        candidates = [(partition, schedule_id) for partition, members in taken for schedule_id in members]
+        if not candidates:
+            return 0, False
+        pipe = self.redis.pipeline(transaction=False)
+        for partition, schedule_id in candidates:
+            pipe.exists(self.keys.record(schedule_id, partition))
+        gone = [pair for pair, exists in zip(candidates, pipe.execute(), strict=True) if not exists]
+        pipe = self.redis.pipeline(transaction=False)
+        for partition, schedule_id in gone:
+            for index in (self.keys.ended(partition), self.keys.all(partition), *self._final_indexes(partition)):
+                pipe.zrem(index, schedule_id)
+        if gone:
+            pipe.execute()
+        return len(gone), any(len(members) >= batch for _, members in taken)
+
+    def _final_indexes(self, partition: int) -> list[str]:
+        return [self.keys.by_state(partition, state.value) for state in sorted(FINAL)]
 
     def take_due(self, partition: int, *, now: float, batch: int, grace: float) -> list[str]:
         ids = self._take_due(keys=[self.keys.due(partition)], args=[repr(now), batch, repr(grace)])

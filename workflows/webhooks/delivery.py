@@ -288,7 +288,11 @@ class Webhooks:
         retry_at = None
         if not given_up:
             delay = next_delay(made + 1, self.rng, self.settings.retry_delays)
-            retry_at = now + max(delay, float(attempt.get("retryAfter") or 0.0))
+            # An endpoint's Retry-After is honoured up to the end of the retry window, never past it: the
+            # event must still be there for the last attempt (the settings check the window against the
+            # events' retention).
+            window = first + self.settings.retry_days * 86400 - now
+            retry_at = now + max(delay, min(float(attempt.get("retryAfter") or 0.0), window))
         # The failure joins the endpoint's failing streak, which then awaits this delivery's retry (a
         # give-up awaits nothing: with no other retry due, the streak lapses).
         since = self.endpoints.failed(endpoint.id, now, retry_at)

@@ -1,8 +1,10 @@
 -- Compare-and-set one change of a schedule. KEYS: record, log, due, old-state index, new-state index,
--- the merchant event stream.
+-- the merchant event stream, the ended set (schedules finished, scored by when: ScheduleStore.trim_ended).
 -- ARGV: 1 id, 2 expected version, 3 new state, 4 the fields that changed (JSON object of strings), 5 due score ("" removes
 -- the schedule from the due set), 6 log entries (JSON list of JSON strings), 7 now, 8 created,
--- 9 merchant events of the change (JSON list of JSON strings): written here, with it, or not at all.
+-- 9 merchant events of the change (JSON list of JSON strings): written here, with it, or not at all,
+-- 10 seconds a schedule that has ended (final, nothing in flight: ScheduleRecord.ended) is kept ("": it has
+-- not ended), 11 most history entries kept.
 -- Returns the new version, or 0 when the version did not match (another writer got there first).
 local current = redis.call('HGET', KEYS[1], 'version')
 if current ~= ARGV[2] then
@@ -29,5 +31,43 @@ for _, entry in ipairs(cjson.decode(ARGV[6])) do
 end
 for _, event in ipairs(cjson.decode(ARGV[9])) do
   redis.call('XADD', KEYS[6], '*', 'e', event)
+end
+
+-- The history keeps its first entry (how the schedule was created) and the newest ones, ARGV[11] in all:
+-- the entries between are summed up in the second, {event = "earlier entries", t, until, entries,
+-- counts = {<event> = n}} (a "skipped" entry counts its occurrences), so that the history still says how
+-- many occurrences were charged, declined, retried or skipped.
+local cap = tonumber(ARGV[11])
+local length = redis.call('LLEN', KEYS[2])
+if length > cap then
+  local summary = cjson.decode(redis.call('LINDEX', KEYS[2], 1))
+  local first = 2
+  if summary['event'] ~= 'earlier entries' then
+    summary = {event = 'earlier entries', t = summary['t'], entries = 0, counts = {}}
+    first = 1
+  end
+  local kept_from = length - (cap - 2)
+  for _, raw in ipairs(redis.call('LRANGE', KEYS[2], first, kept_from - 1)) do
+    local entry = cjson.decode(raw)
+    local name = tostring(entry['event'])
+    local n = 1
+    if name == 'skipped' and type(entry['count']) == 'number' then
+      n = entry['count']
+    end
+    summary['counts'][name] = (summary['counts'][name] or 0) + n
+    summary['entries'] = summary['entries'] + 1
+    summary['until'] = entry['t']
+  end
+  local created = redis.call('LINDEX', KEYS[2], 0)
+  redis.call('LTRIM', KEYS[2], kept_from, -1)
+  redis.call('LPUSH', KEYS[2], cjson.encode(summary), created)
+end
+
+-- An ended schedule is kept for its retention, then its record and history expire; the scheduler drops
+-- its index entries once they are gone (ScheduleStore.trim_ended).
+if ARGV[10] ~= '' then
+  redis.call('EXPIRE', KEYS[1], ARGV[10])
+  redis.call('EXPIRE', KEYS[2], ARGV[10])
+  redis.call('ZADD', KEYS[7], ARGV[7], ARGV[1])
 end
 return version
