@@ -28,6 +28,7 @@ from fastapi.staticfiles import StaticFiles
 from durapay.service.api_flows import flows_router
 from durapay.service.api_ops import ops_router
 from durapay.service.api_receiver import receiver_router
+from durapay.service.api_reconcile import reconcile_router
 from durapay.service.api_webhooks import events_router, webhooks_router
 from durapay.service.auth import api_key_scheme, bearer_scheme, require_key
 from durapay.service.console import install_console
@@ -79,6 +80,7 @@ def create_app(runtime: Runtime, *, insecure: bool = False, schedules: Any = Non
             {"name": "schedules", "description": "Recurring payments."},
             {"name": "webhooks", "description": "Webhook endpoints, their attempts, test sends."},
             {"name": "events", "description": "Merchant events: the pull feed (long-polling) and replay."},
+            {"name": "reconciliation", "description": "The gateway's operations against the flows: reports."},
             {"name": "operations", "description": "Health, readiness, metrics."},
         ],
     )
@@ -99,6 +101,7 @@ def create_app(runtime: Runtime, *, insecure: bool = False, schedules: Any = Non
         app.include_router(schedules_router(schedules), dependencies=protected)
     app.include_router(webhooks_router(runtime.webhooks), dependencies=protected)
     app.include_router(events_router(runtime.webhooks, runtime.webhooks.feed), dependencies=protected)
+    app.include_router(reconcile_router(runtime.engine), dependencies=protected)
     app.include_router(ops_router(runtime.engine, protected))
     _offline_docs(app)
     install_console(app, runtime.engine, key_ok, hours=settings.api.console_session_hours, schedules=schedules)

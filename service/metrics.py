@@ -19,6 +19,8 @@ Series:
   whose order no flow holds, with unknown_order_capped, those of them whose merchant event the minute's
   cap left unwritten) and ``durapay_notifications_rejected_total``
 * ``durapay_worker_up``, ``durapay_scheduler_up`` - a heartbeat is present
+* ``durapay_reconciliation_mismatches{category}``, ``durapay_reconciliation_ok``,
+  ``durapay_reconciliation_finished_seconds`` - the newest finished reconciliation (none: no series)
 """
 
 from __future__ import annotations
@@ -221,9 +223,34 @@ def _up_series(engine: Engine, roles: Iterable[str]) -> list[str]:
     return lines
 
 
+def _reconciliation_series(engine: Engine) -> list[str]:
+    from durapay.workflows.reconciliation import MISMATCHES, Reconciler
+
+    report = Reconciler(engine).reports.latest(finished=True)
+    if report is None:
+        return []
+    counts = report.counts()
+    lines = [
+        "# HELP durapay_reconciliation_mismatches Mismatches of the newest finished reconciliation, by category.",
+        "# TYPE durapay_reconciliation_mismatches gauge",
+        *(f'durapay_reconciliation_mismatches{{category="{category}"}} {counts[category]}' for category in MISMATCHES),
+        "# HELP durapay_reconciliation_ok 1 when the newest finished reconciliation found nothing wrong.",
+        "# TYPE durapay_reconciliation_ok gauge",
+        f"durapay_reconciliation_ok {int(report.ok)}",
+        "# HELP durapay_reconciliation_finished_seconds When the newest reconciliation finished (POSIX seconds).",
+        "# TYPE durapay_reconciliation_finished_seconds gauge",
+        f"durapay_reconciliation_finished_seconds {report.finished:.3f}",
+    ]
+    return lines
+
+
 def render(engine: Engine) -> str:
     """The whole ``/metrics`` page."""
     lines = (
-        _flow_counts(engine) + _step_series(engine) + _notification_series(engine) + _up_series(engine, ("worker", "scheduler"))
+        _flow_counts(engine)
+        + _step_series(engine)
+        + _notification_series(engine)
+        + _up_series(engine, ("worker", "scheduler"))
+        + _reconciliation_series(engine)
     )
     return "\n".join(lines) + "\n"

@@ -32,6 +32,8 @@ Types and their ``data`` (JSON; card data never appears):
 ``notification.unknown_order`` ``verified`` (false), ``claimed`` (operationId, operationResult, amount,
                             currency: what a notification of an order no flow holds said, its token
                             unchecked)
+``reconciliation.mismatch`` ``category``, ``what``, ``report``, ``state``, ``operation`` (the gateway's),
+                            ``named`` (the operation the flow names): ``workflows.reconciliation``
 ==========================  =========================================================================
 
 Every event also carries ``flow`` and ``kind`` (or ``schedule``), ``orderId`` and ``operationId``
@@ -71,7 +73,9 @@ SCHEDULE_TYPES = (
 )
 #: Events without a flow or schedule: the receiver's (``workflows.unknown_orders``).
 NOTIFICATION_TYPES = ("notification.unknown_order",)
-EVENT_TYPES = FLOW_TYPES + SCHEDULE_TYPES + NOTIFICATION_TYPES
+#: A reconciliation's mismatch (``workflows.reconciliation.report``): with its flow, or none for money no flow claims.
+RECONCILIATION_TYPES = ("reconciliation.mismatch",)
+EVENT_TYPES = FLOW_TYPES + SCHEDULE_TYPES + NOTIFICATION_TYPES + RECONCILIATION_TYPES
 
 
 @dataclass(frozen=True)

@@ -34,6 +34,7 @@ COMMAND_MODULES = (
     "durapay.service.cli.webhooks_cmd",
     "durapay.service.cli.demo_cmd",
     "durapay.service.cli.chaos_cmd",
+    "durapay.service.cli.reconcile_cmd",
 )
 
 

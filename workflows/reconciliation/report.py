@@ -23,10 +23,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from durapay.workflows.events import RECONCILIATION_TYPES
 from durapay.workflows.keys import Keys
 from durapay.workflows.reconciliation.judge import CATEGORIES, IN_FLIGHT, Finding
 
-EVENT_TYPE = "reconciliation.mismatch"
+EVENT_TYPE = RECONCILIATION_TYPES[0]
 
 # KEYS: 1 the mismatch's once mark, 2 the partition's event stream (same slot). ARGV: 1 seconds, 2 event JSON.
 _ANNOUNCE = """
@@ -61,9 +62,14 @@ class Report:
         return [finding for finding in self.findings if finding.category != IN_FLIGHT]
 
     @property
+    def running(self) -> bool:
+        """Started and not finished (a run in the background: ``POST /reconciliation/reports``)."""
+        return not self.finished
+
+    @property
     def ok(self) -> bool:
-        """Nothing wrong: no mismatch, and the whole window was read."""
-        return not self.mismatches and not self.gaps and self.error is None
+        """Nothing wrong: finished, no mismatch, and the whole window was read."""
+        return not self.running and not self.mismatches and not self.gaps and self.error is None
 
     def counts(self) -> dict[str, int]:
         return {category: sum(1 for f in self.findings if f.category == category) for category in CATEGORIES}
@@ -72,6 +78,7 @@ class Report:
         return {
             "id": self.id,
             "ok": self.ok,
+            "running": self.running,
             "since": self.since,
             "until": self.until,
             "started": self.started,
@@ -139,11 +146,11 @@ class Reports:
         raw = self.redis.get(self._report_key(report_id))
         return Report.from_wire(json.loads(raw)) if raw else None
 
-    def latest(self) -> Report | None:
-        """The newest report still kept."""
+    def latest(self, *, finished: bool = False) -> Report | None:
+        """The newest report still kept (``finished``: the newest whose run is over)."""
         for member in self.redis.zrevrange(self._index, 0, 9):
             report = self.get(member.decode())
-            if report is not None:
+            if report is not None and not (finished and report.running):
                 return report
         return None
 

@@ -51,16 +51,24 @@ class Reconciler:
         self.sleep = sleep
         self.reports = Reports(engine.redis, engine.keys, self.settings.retention_days * 86400)
 
-    def run(self, since: float, until: float | None = None, *, by: str = "cli") -> Report:
-        """Reconcile the operations of ``[since, until]`` (POSIX seconds; ``until`` None: now). Raises
-        ValueError for a window that ends before it starts or in the future."""
+    def begin(self, since: float, until: float | None = None, *, by: str = "cli") -> Report:
+        """The report of a run of ``[since, until]`` (POSIX seconds; ``until`` None: now), not yet run.
+        Raises ValueError for a window that ends before it starts or in the future."""
         now = self.engine.clock.now()
         until = now if until is None else until
         if until <= since:
             raise ValueError(f"the window ends ({_iso(until)}) before it starts ({_iso(since)})")
         if until > now + 60:
             raise ValueError(f"the window ends in the future ({_iso(until)}; now is {_iso(now)})")
-        report = Report(id=new_report_id(now), since=since, until=until, started=now, by=by)
+        return Report(id=new_report_id(now), since=since, until=until, started=now, by=by)
+
+    def run(self, since: float, until: float | None = None, *, by: str = "cli") -> Report:
+        """Reconcile the operations of ``[since, until]`` (:meth:`begin`, then :meth:`complete`)."""
+        return self.complete(self.begin(since, until, by=by))
+
+    def complete(self, report: Report) -> Report:
+        """Run ``report``'s window: read, judge, act; the report kept and returned."""
+        since, until = report.since, report.until
         reads = GatewayReads(self.engine.gateway, self.engine.retry_policy, max_calls=self.settings.max_calls, sleep=self.sleep)
         try:
             window = read_window(

@@ -1,0 +1,103 @@
+"""``/reconciliation``: the gateway's operations against the flows (docs/operations.md, Reconciliation).
+
+``POST /reconciliation/reports`` starts a run in the background and answers 202 with the report as it
+stands (``running``); a run already going in this process is answered instead of a second one (a run
+reads a whole window from the gateway: minutes for a busy day, too long for one request). The kept
+reports are read with ``GET``; ``/reconciliation/reports/latest`` is the newest.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Body, Path
+from fastapi.responses import JSONResponse
+
+from durapay.gateway import StrictInput
+from durapay.service.errors import ERRORS, invalid, not_found
+from durapay.service.reconcile_schemas import ReconciliationList, ReconciliationReport, ReconciliationRun
+from durapay.service.timeparse import parse_since
+from durapay.workflows.engine import Engine
+from durapay.workflows.reconciliation import Reconciler, Report
+
+log = logging.getLogger("durapay.reconcile")
+
+ReportId = Annotated[str, Path(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_]+$")]
+
+
+class Background:
+    """At most one run at a time in this process, in a thread of its own."""
+
+    def __init__(self, reconciler: Reconciler) -> None:
+        self.reconciler = reconciler
+        self.lock = threading.Lock()
+        self.current: Report | None = None
+
+    def start(self, report: Report) -> Report:
+        with self.lock:
+            if self.current is not None:
+                return self.current
+            self.current = report
+        self.reconciler.reports.save(report, now=report.started)
+        threading.Thread(target=self._run, args=(report,), name="reconcile", daemon=True).start()
+        return report
+
+    def _run(self, report: Report) -> None:
+        try:
+            self.reconciler.complete(report)
+        except Exception:
+            log.exception("reconciliation %s failed", report.id)
+        finally:
+            with self.lock:
+                self.current = None
+
+
+def reconcile_router(engine: Engine) -> APIRouter:
+    router = APIRouter(prefix="/reconciliation", tags=["reconciliation"], responses=ERRORS)
+    reconciler = Reconciler(engine)
+    background = Background(reconciler)
+
+    @router.get("/reports", response_model=ReconciliationList, summary="The newest reports (without findings)")
+    def list_reports() -> dict[str, Any]:
+        return {"reports": reconciler.reports.recent(20)}
+
+    @router.get("/reports/latest", response_model=ReconciliationReport, summary="The newest report")
+    def latest_report() -> dict[str, Any]:
+        report = reconciler.reports.latest()
+        if report is None:
+            raise not_found("no reconciliation report is kept")
+        return report.wire()
+
+    @router.get("/reports/{report_id}", response_model=ReconciliationReport, summary="One report")
+    def get_report(report_id: ReportId) -> dict[str, Any]:
+        report = reconciler.reports.get(report_id)
+        if report is None:
+            raise not_found(f"no reconciliation report {report_id!r} (kept {reconciler.settings.retention_days:g} days)")
+        return report.wire()
+
+    @router.post(
+        "/reports",
+        status_code=202,
+        response_model=ReconciliationReport,
+        summary="Reconcile a window against the gateway (in the background)",
+    )
+    def run_report(body: Annotated[ReconciliationRun, StrictInput(), Body()]) -> JSONResponse:
+        now = engine.clock.now()
+        try:
+            since = parse_since(body.since, now=now)
+        except ValueError as exc:
+            raise invalid("since", str(exc)) from None
+        try:
+            until = parse_since(body.until, now=now) if body.until else None
+        except ValueError as exc:
+            raise invalid("until", str(exc)) from None
+        try:
+            report = reconciler.begin(since, until, by="api")
+        except ValueError as exc:
+            raise invalid("until" if body.until else "since", str(exc)) from None
+        started = background.start(report)
+        return JSONResponse(started.wire(), status_code=202, headers={"Location": f"/reconciliation/reports/{started.id}"})
+
+    return router

@@ -1,0 +1,45 @@
+"""``durapay reconcile``: exit 1 and the report (text or JSON) when the gateway holds money no flow claims,
+0 on a clean window, ``--latest`` without calling the gateway, 2 for a window it cannot read."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+
+import pytest
+
+from durapay.gateway import Catalogue
+from durapay.service.runtime import Runtime
+from durapay.simulator import SimulatorConfig, SimulatorServer
+from tests.service.cli.conftest import invoke
+from tests.workflows.reconciliation.test_run import moto_input
+
+
+@pytest.fixture
+def gateway(cli_env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> Iterator[SimulatorServer]:
+    with SimulatorServer(SimulatorConfig(seed=5)) as sim:
+        monkeypatch.setenv("DURAPAY_GATEWAY__BASE_URL", sim.base_url)
+        yield sim
+
+
+def test_money_without_a_flow_exits_one(gateway: SimulatorServer, engine_side: Runtime) -> None:
+    assert invoke("reconcile", "--since", "1h").exit_code == 0  # nothing at the gateway yet
+    body = moto_input("stray-cli", 700)
+    operation = engine_side.engine.gateway().call(Catalogue.create_moto_order, request=body).operation
+
+    result = invoke("reconcile", "--since", "1h", "--json")
+    assert result.exit_code == 1, result.output
+    report = json.loads(result.stdout)
+    assert report["counts"]["money_without_flow"] == 1 and report["ok"] is False
+    assert report["findings"][0]["operation"]["operationId"] == operation.operationId
+
+    text = invoke("reconcile", "--latest")
+    assert text.exit_code == 1 and report["id"] in text.stdout
+    assert "money without a flow: 1" in text.stdout and "stray-cli" in text.stdout
+
+
+def test_a_window_it_cannot_read_is_a_usage_error(gateway: SimulatorServer, engine_side: Runtime) -> None:
+    result = invoke("reconcile", "--since", "yesterday", "--json")
+    assert result.exit_code == 2 and json.loads(result.stderr)["field"] == "--since"
+    result = invoke("reconcile", "--since", "1h", "--until", "2h")
+    assert result.exit_code == 2 and "before it starts" in result.stderr

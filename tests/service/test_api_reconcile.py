@@ -1,0 +1,59 @@
+"""``/reconciliation``: a run started over HTTP in the background, its report read back; what a run refuses."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+from fastapi.testclient import TestClient
+
+from durapay.gateway import Catalogue
+from durapay.service.app import create_app
+from durapay.service.runtime import Runtime, build_runtime
+from durapay.simulator import SimulatorConfig, SimulatorServer
+from tests.service.conftest import API_KEY, service_settings
+from tests.waiting import wait_until
+from tests.workflows.reconciliation.test_run import moto_input
+
+HEADERS = {"X-Api-Key": API_KEY}
+
+
+@pytest.fixture
+def gateway_runtime(redis_url: str, key_prefix: str) -> Iterator[tuple[Runtime, SimulatorServer]]:
+    with SimulatorServer(SimulatorConfig(seed=9)) as sim:
+        settings = service_settings(key_prefix, gateway={"base_url": sim.base_url})
+        built = build_runtime(settings, redis_url=redis_url)
+        built.engine.sender = None
+        yield built, sim
+        built.close()
+
+
+def test_a_run_in_the_background_and_its_report(gateway_runtime: tuple[Runtime, SimulatorServer]) -> None:
+    runtime, _ = gateway_runtime
+    client = TestClient(create_app(runtime))
+    assert client.get("/reconciliation/reports/latest", headers=HEADERS).status_code == 404
+    body = moto_input("stray-api", 700)
+    runtime.engine.gateway().call(Catalogue.create_moto_order, request=body)
+
+    started = client.post("/reconciliation/reports", json={"since": "1h"}, headers=HEADERS)
+    assert started.status_code == 202, started.text
+    report_id = started.json()["id"]
+    assert started.headers["Location"] == f"/reconciliation/reports/{report_id}"
+
+    def finished() -> dict[str, object] | None:
+        answer = client.get(f"/reconciliation/reports/{report_id}", headers=HEADERS).json()
+        return None if answer["running"] else answer
+
+    report = wait_until(finished, timeout=20)
+    assert report["ok"] is False and report["counts"]["money_without_flow"] == 1  # type: ignore[index]
+    assert client.get("/reconciliation/reports/latest", headers=HEADERS).json()["id"] == report_id
+    assert [item["id"] for item in client.get("/reconciliation/reports", headers=HEADERS).json()["reports"]] == [report_id]
+
+
+def test_a_window_it_cannot_read_is_refused(gateway_runtime: tuple[Runtime, SimulatorServer]) -> None:
+    client = TestClient(create_app(gateway_runtime[0]))
+    answer = client.post("/reconciliation/reports", json={"since": "1h", "until": "2h"}, headers=HEADERS)
+    assert answer.status_code == 422 and answer.json()["field"] == "until"
+    answer = client.post("/reconciliation/reports", json={"since": "yesterday"}, headers=HEADERS)
+    assert answer.status_code == 422 and answer.json()["field"] == "since"
+    assert client.get("/reconciliation/reports/rec_1_x", headers=HEADERS).status_code == 404
