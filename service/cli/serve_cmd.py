@@ -158,8 +158,10 @@ def scheduler(
     clock_key: ClockKey = None,
     as_json: JsonFlag = False,
 ) -> None:
-    """Run the dispatcher: send due steps (timers, retries, waits, lost messages), fire schedules, send webhooks."""
+    """Run the dispatcher: send due steps (timers, retries, waits, lost messages), fire schedules, send webhooks,
+    reconcile daily (DURAPAY_RECONCILE__DAILY)."""
     from durapay.workflows.dispatcher import Dispatcher
+    from durapay.workflows.reconciliation.daily import DailyReconciliation
     from durapay.workflows.schedules import Schedules
 
     # One timestamped line per event (a Redis outage is two: lost, back), on stderr.
@@ -167,7 +169,7 @@ def scheduler(
     out = Output(as_json)
     with runtime(out, clock_key, may_start_store=True) as rt:
         schedules = Schedules(rt.engine)
-        tickers = [schedules.tick, rt.webhooks.tick]
+        tickers = [schedules.tick, rt.webhooks.tick, DailyReconciliation(rt.engine).tick]
         dispatcher = Dispatcher(rt.engine, interval=interval, tickers=tickers, name="scheduler")
         stopping = threading.Event()
 

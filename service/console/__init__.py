@@ -21,6 +21,7 @@ from fastapi.staticfiles import StaticFiles
 
 from durapay.service.auth import Keyring
 from durapay.service.console.flow_pages import flow_router
+from durapay.service.console.reconcile_pages import reconcile_router
 from durapay.service.console.session import COOKIE, LOGIN_COOKIE, LOGIN_SECONDS, PATH, Sessions
 from durapay.service.console.web import Console, read_form, redirect, safe_next, secured
 from durapay.workflows.engine import Engine
@@ -36,6 +37,7 @@ def install_console(app: FastAPI, engine: Engine, keyring: Keyring, *, hours: fl
     app.mount(STATIC, StaticFiles(directory=str(files("durapay.service.console") / "static")), name="console-static")
     app.include_router(_sign_in_router(console))
     app.include_router(flow_router(console, engine, listing))
+    app.include_router(reconcile_router(console, engine))
     if schedules is not None:
         from durapay.service.console.schedule_pages import schedule_router
 

@@ -17,6 +17,7 @@ from fastapi.responses import JSONResponse, Response
 
 from durapay.service.console.flow_facts import facts
 from durapay.service.console.overview import attention, declines, reason_of, snapshot, step_latency
+from durapay.service.console.reconcile_pages import home_summary
 from durapay.service.console.session import PATH
 from durapay.service.console.timeline import build, svg
 from durapay.service.console.web import FORM_EXPIRED, READ_ONLY, Console, query, redirect, secured, to_login
@@ -25,6 +26,7 @@ from durapay.service.views import flow_brief, redact
 from durapay.workflows.engine import Engine, NotFound, OperatorError
 from durapay.workflows.listing import Cursor, FlowListing
 from durapay.workflows.operator_actions import ACTIONS, allowed, explain, refusal
+from durapay.workflows.reconciliation import Reconciler
 from durapay.workflows.states import STOPPED, FlowState
 
 PAGE_SIZE = 50
@@ -40,6 +42,7 @@ def _time_bound(text: str, now: float) -> float | None:
 def flow_router(console: Console, engine: Engine, listing: FlowListing) -> APIRouter:
     router = APIRouter(prefix=PATH, include_in_schema=False)
     kinds = sorted(engine.registry)
+    reconciler = Reconciler(engine)
 
     @router.get("")
     def home(request: Request) -> Response:
@@ -57,6 +60,7 @@ def flow_router(console: Console, engine: Engine, listing: FlowListing) -> APIRo
             needing=needing,
             declines=declines(listing),
             latency=step_latency(engine),
+            reconciliation=home_summary(reconciler),
         )
 
     @router.get("/live/home")

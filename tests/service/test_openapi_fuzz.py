@@ -47,6 +47,8 @@ SEMANTIC = (
     "DURAPAY_WEBHOOKS__ALLOW_PRIVATE",  # a webhook URL naming a private or loopback address, or http://
     "is not a valid host name",  # the DNS grammar of a webhook URL's host
     "has a port that is not a number",
+    "before it starts",  # a reconciliation window: its end before its start
+    "the window ends in the future",
 )
 
 

@@ -1,0 +1,61 @@
+"""The scheduler's daily run: due at DAILY_AT in TIME_ZONE, over the WINDOW_HOURS that end then, once a
+day whatever the number of schedulers, and off unless DURAPAY_RECONCILE__DAILY."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from datetime import datetime
+from zoneinfo import ZoneInfo
+
+import pytest
+import redis
+
+from durapay.simulator import SimulatorServer
+from durapay.workflows.clock import ManualClock
+from durapay.workflows.engine import Engine
+from durapay.workflows.reconciliation.daily import DailyReconciliation
+from tests.workflows.flows.session_engine import session_engine
+
+ROME = ZoneInfo("Europe/Rome")
+
+
+@pytest.fixture
+def flows(redis_client: redis.Redis, key_prefix: str) -> Iterator[tuple[Engine, SimulatorServer]]:
+    with session_engine(redis_client, key_prefix) as made:
+        yield made
+
+
+def daily(engine: Engine, **settings: object) -> DailyReconciliation:
+    values = {"daily": True, "daily_at": "03:30", "time_zone": "Europe/Rome", "window_hours": 24.0, **settings}
+    engine.settings = engine.settings.model_copy(update={"reconcile": engine.settings.reconcile.model_copy(update=values)})
+    return DailyReconciliation(engine, background=False)
+
+
+def test_once_a_day_at_its_time_over_the_hours_before(flows: tuple[Engine, SimulatorServer]) -> None:
+    engine, _ = flows
+    clock = engine.clock
+    assert isinstance(clock, ManualClock)
+    clock.set(datetime(2026, 3, 29, 3, 29, tzinfo=ROME).timestamp())  # the morning summer time starts
+    first, second = daily(engine), daily(engine)  # two schedulers
+    assert first.tick() == 0 and first.reconciler.reports.latest() is None  # not yet
+
+    clock.advance(120)
+    first.tick()
+    second.tick()
+    report = first.reconciler.reports.latest()
+    assert report is not None and report.by == "scheduler"
+    assert report.until == datetime(2026, 3, 29, 3, 30, tzinfo=ROME).timestamp()
+    assert report.since == report.until - 24 * 3600
+    assert len(first.reconciler.reports.recent()) == 1  # the second scheduler found the day claimed
+
+    clock.advance(3600)
+    first.tick()
+    assert len(first.reconciler.reports.recent()) == 1  # once a day
+
+
+def test_off_unless_asked(flows: tuple[Engine, SimulatorServer]) -> None:
+    engine, _ = flows
+    assert not engine.settings.reconcile.daily
+    runner = DailyReconciliation(engine, background=False)
+    runner.tick()
+    assert runner.reconciler.reports.latest() is None
