@@ -17,11 +17,15 @@ The ledger is the simulator's record of every operation. For each acknowledged s
 * **events lost / made up**: an event exists if and only if its transition happened (merchant events,
   ``workflows/events.py``): per flow, one ``flow.created``, and as many ``flow.succeeded``,
   ``flow.failed`` and ``flow.cancelled`` events as its history has transitions to that state.
+
+Whether a flow shows a charge is the rule the production reconciliation uses (``durapay reconcile``:
+``workflows.reconciliation.money``), asked here too, so that the shipped proof and the daily check
+cannot drift apart. What this check adds: it knows every start (a lost flow), and it asks the ledger
+that an operator's refund of a late payment is at the gateway.
 """
 
 from __future__ import annotations
 
-import json
 from collections import Counter, defaultdict
 from collections.abc import Collection
 from dataclasses import dataclass, field
@@ -30,12 +34,13 @@ from typing import Any
 from durapay.service.chaos.workload import Planned
 from durapay.workflows.engine import Engine, NotFound
 from durapay.workflows.events import Cursor, EventFeed
+from durapay.workflows.reconciliation import money
 from durapay.workflows.schedules import order_parts
 from durapay.workflows.states import STOPPED, FlowState
 from durapay.workflows.store import FlowRecord
 
 PAYMENT_TYPES = frozenset({"AUTHORIZATION", "CAPTURE", "CARD_VERIFICATION"})
-SUCCESS = frozenset({"AUTHORIZED", "EXECUTED"})
+SUCCESS = money.TAKEN
 RESERVATION_TYPES = {"no_show": "NOSHOW", "incremental": "INCREMENTAL", "delay_charge": "DELAY_CHARGE"}
 #: Per post-operation flow kind: the operation types it makes, and their results that move money.
 POST_TYPES = {
@@ -107,25 +112,6 @@ class Ledger:
         ]
 
 
-def _names(record: FlowRecord, operation_id: str) -> bool:
-    """Whether a ``needs_attention`` flow names ``operation_id`` (in its error or its outputs)."""
-    text = json.dumps([record.error, record.outputs], default=str)
-    return operation_id in text
-
-
-def _says_in_flight(record: FlowRecord, op: dict[str, Any]) -> bool:
-    """Whether a ``needs_attention`` flow says that its call of ``op``'s operation may have taken effect:
-    money in flight (``unsettled``) for that operation, which the gateway could not confirm nor deny
-    (its reads failed). It cannot name an operation id it never read; a person's retry reads it."""
-    unsettled = record.unsettled or {}
-    return bool(unsettled) and unsettled.get("op") in (None, op.get("operation"))
-
-
-def _outcome_operation(record: FlowRecord) -> str:
-    outcome = record.outcome or {}
-    return str((outcome.get("operation") or {}).get("operationId") or "")
-
-
 def operator_refund(record: FlowRecord, operation_id: str) -> str | None:
     """The refund flow by which an operator closed the late payment ``operation_id`` of this flow
     (``refund_late_payment``: the flow cancelled, its outcome naming the refund), or None."""
@@ -151,10 +137,10 @@ def check_money(
         findings.charged_twice.append(f"{label}: {len(charges)} charges {[op['operationId'] for op in charges]}")
     for op in charges:
         operation_id = str(op["operationId"])
-        if record.state is FlowState.SUCCEEDED and _outcome_operation(record) in ("", operation_id):
+        if money.shown(record, op) in ("outcome", "attention"):
             continue
-        if record.state is FlowState.NEEDS_ATTENTION and (_names(record, operation_id) or _says_in_flight(record, op)):
-            continue
+        if record.state is FlowState.SUCCEEDED and not money.named_operations(record):
+            continue  # an outcome naming no operation is not judged (as workflows/lua/money.lua)
         if record.state is FlowState.SUCCEEDED and len(charges) > 1:
             continue  # the twice-charged line already says it
         refund = operator_refund(record, operation_id)
