@@ -28,6 +28,7 @@ from durapay.service.schemas import FlowList, FlowView, History, SignalAnswer
 from durapay.service.timeparse import RUN_AT_FORMS, RUN_AT_PATTERN, SINCE_FORMS, SINCE_PATTERN, parse_run_at, parse_since
 from durapay.service.views import flow_brief, flow_view
 from durapay.workflows.engine import Engine, InputError, NotFound, OperatorError, OrderIdTaken, StartConflict
+from durapay.workflows.listing import CURSOR_PATTERN, BadCursor
 from durapay.workflows.signals import RULES, SignalRefused, accepted, may_send
 from durapay.workflows.states import FlowState
 from durapay.workflows.steps import FlowDefinition
@@ -175,7 +176,14 @@ def flows_router(engine: Engine, settings: ApiSettings) -> APIRouter:
             description=definition.description or kind,
         )
 
-    @router.get("", response_model=FlowList, summary="List flows, newest first")
+    @router.get(
+        "",
+        response_model=FlowList,
+        summary="List flows, newest first, a page at a time (after= the next of a page)",
+        description="Newest by creation (with `state`: by the flow's last change), then by id. Each page answers "
+        "`next`, the cursor to pass as `after=` for the following page (null at the end): a position, not a count, "
+        "so flows started meanwhile never shift or repeat a page.",
+    )
     def list_flows(
         state: Annotated[FlowState | None, Query()] = None,
         kind: str | None = Query(default=None, json_schema_extra={"enum": sorted(engine.registry)}),
@@ -183,7 +191,9 @@ def flows_router(engine: Engine, settings: ApiSettings) -> APIRouter:
             str | None, Query(description=f"Newer than: {SINCE_FORMS}.", json_schema_extra={"pattern": SINCE_PATTERN})
         ] = None,
         limit: Annotated[int, Query(ge=1, le=500)] = 50,
-        offset: Annotated[int, Query(ge=0, le=1_000_000)] = 0,
+        after: Annotated[
+            str | None, Query(description="the `next` of a page", json_schema_extra={"pattern": CURSOR_PATTERN})
+        ] = None,
     ) -> dict[str, Any]:
         if kind is not None and kind not in engine.registry:
             raise invalid("query.kind", f"unknown flow kind; known kinds: {', '.join(sorted(engine.registry))}")
@@ -193,14 +203,11 @@ def flows_router(engine: Engine, settings: ApiSettings) -> APIRouter:
                 start = parse_since(since, now=engine.clock.now())
             except ValueError as exc:
                 raise invalid("query.since", str(exc)) from None
-        records = engine.list(state=state, kind=kind, since=start, limit=limit + 1, offset=offset)
-        more = len(records) > limit
-        return {
-            "flows": [flow_brief(record) for record in records[:limit]],
-            "limit": limit,
-            "offset": offset,
-            "next_offset": offset + limit if more else None,
-        }
+        try:
+            page = engine.list(state=state, kind=kind, since=start, limit=limit, after=after)
+        except BadCursor as exc:
+            raise invalid("query.after", str(exc)) from None
+        return {"flows": [flow_brief(record) for record in page], "limit": limit, "next": page.next}
 
     @router.get("/{flow_id}", response_model=FlowView, summary="One flow: state, step, outputs, outcome, error")
     def get_flow(flow_id: FlowId) -> dict[str, Any]:

@@ -68,10 +68,11 @@ class FlowView(_Answer):
 
 
 class FlowList(BaseModel):
+    """A page of flows, newest first, and the cursor of the next page (as ``EventPage``)."""
+
     flows: list[FlowBrief]
     limit: int
-    offset: int
-    next_offset: int | None
+    next: str | None = Field(description="the cursor to pass as after= for the next page (null: this was the last)")
 
 
 class History(BaseModel):

@@ -39,6 +39,7 @@ from durapay.workflows.events import Cursor, Event, EventFeed
 from durapay.workflows.flows.waits import keep_until
 from durapay.workflows.keys import Keys, derived_id
 from durapay.workflows.late_payments import LatePayments
+from durapay.workflows.listing import FlowListing, FlowPage
 from durapay.workflows.orders import OrderIdsTaken, OrderIndex, gateway_order_id
 from durapay.workflows.protocol import Claim, StepProtocol
 from durapay.workflows.signals import admit
@@ -335,30 +336,20 @@ class Engine:
         kind: str | None = None,
         since: float | None = None,
         limit: int = 50,
-        offset: int = 0,
-    ) -> builtins.list[FlowRecord]:
-        """Flows newest first, filtered by state, kind and age (``since`` = POSIX seconds)."""
-        if state is not None:
-            pairs = self.store.ids(state=state, since=since)
-        elif kind is not None:
-            pairs = self.store.ids(kind=kind, since=since)
-        else:
-            pairs = self.store.all_ids(since=since)
-        found: builtins.list[FlowRecord] = []
-        position = 0
-        batch = max(limit, 50)
-        for start in range(0, len(pairs), batch):
-            for record in self.store.many(flow_id for _, flow_id in pairs[start : start + batch]):
-                if kind is not None and record.kind != kind:
-                    continue
-                if state is not None and record.state is not state:
-                    continue
-                if position >= offset:
-                    found.append(record)
-                position += 1
-                if len(found) >= limit:
-                    return found
-        return found
+        after: str | None = None,
+    ) -> FlowPage:
+        """Flows newest first, filtered by state, kind and age (``since`` = POSIX seconds): at most
+        ``limit``, after the cursor ``after`` (a page's ``next``; ``BadCursor``, a ValueError, says why when
+        it is malformed).
+
+        Newest by creation (with ``state``: by the flow's last change), then by id. The cursor is a
+        position (the last flow's time and id), not a count: flows started after a page was read never
+        shift or repeat the next one, and a flow that moves on keeps its place in the list by creation.
+        The answer is a list of the flows with ``.next``, the cursor of the next page (None at the end);
+        ``workflows.listing`` reads it from the indexes without reading every id."""
+        return FlowListing(self.store, self.registry).flows(
+            states=[state] if state is not None else [], kind=kind, since=since, limit=limit, after=after
+        )
 
     def events(
         self,

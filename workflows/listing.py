@@ -1,16 +1,21 @@
 """Pages of flows that cost the same with a million flows as with a thousand, and finding one flow.
 
-Why not ``Engine.list``: it reads every id of the indexes it lists (a ``ZRANGEBYSCORE`` of the whole
-range, sorted in Python) before it reads the page; fine for a CLI on a small store, not for a console
-in front of a million flows. Here a page reads, per index, only the newest entries below a cursor
+One listing for every surface: ``Engine.list`` (so ``GET /flows``, the CLI and the client), and the
+console's flow list. A page reads, per index, only the newest entries below a cursor
 (``ZREVRANGEBYSCORE ... LIMIT``: O(log N + n)), a share of the page at first and more only from the
 indexes whose rows could still be on the page (a k-way merge), then reads those records: the cost
-depends on the page size and the number of indexes (partitions x states), never on N.
+depends on the page size and the number of indexes (partitions x kinds, or x states), never on N.
+
+Which indexes: a state filter reads the states' indexes (ordered by each flow's last change); anything
+else reads the kind indexes (ordered by creation), every kind's when no kind is asked. So the list of
+all flows is ordered by creation: a flow that moves on between two pages keeps its place, where in a
+list by last change it would jump to the top and be skipped by a reader paging down.
 
 The cursor is the last row shown, ``<score>:<flow id>`` (score: the time the index orders by, the last
 change for a state index, the creation for a kind index); the next page is what sorts strictly after
-it (score descending, then id descending), so rows are never skipped or repeated when flows with
-the same time straddle two pages.
+it (score descending, then id descending). A position, not a count: flows started after a page was
+read sort before its cursor and never shift or repeat the next page, and flows with the same time
+that straddle two pages are neither skipped nor repeated.
 
 Search (:meth:`FlowListing.find`) answers a flow id, a gateway order id (``workflows.orders``' lookup),
 a start key (the flow id is derived from it, per kind) or a gateway operation id (the lookup
@@ -19,6 +24,7 @@ a start key (the flow id is derived from it, per kind) or a gateway operation id
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -30,6 +36,16 @@ from durapay.workflows.store import FlowRecord, FlowStore
 #: How many rounds a filtered page reads before it answers with what it found and a cursor (a kind
 #: filter on state indexes may have to step over many flows of other kinds).
 MAX_ROUNDS = 8
+#: A cursor's time: ``repr`` of a float of POSIX seconds (an exponent only for odd test clocks).
+SCORE = r"[0-9]{1,20}(\.[0-9]{1,20})?(e[+-]?[0-9]{1,2})?"
+#: A flow id as the API's paths take it (``service.api_flows.FlowId``).
+FLOW_ID = r"[A-Za-z0-9._:-]{1,100}"
+#: What :meth:`Cursor.parse` accepts, for the OpenAPI document (the route says why a cursor is refused).
+CURSOR_PATTERN = f"^{SCORE}:{FLOW_ID}$"
+
+
+class BadCursor(ValueError):
+    """A cursor that is not one a page gave: the reason says what is wrong with it."""
 
 
 @dataclass(frozen=True)
@@ -42,10 +58,15 @@ class Cursor:
 
     @classmethod
     def parse(cls, text: str) -> Cursor:
-        """``<score>:<flow id>``; ValueError when malformed."""
+        """``<score>:<flow id>``; :class:`BadCursor` saying what is wrong when malformed (it is merchant
+        input: ``GET /flows?after=`` answers the reason)."""
         score, sep, flow_id = text.partition(":")
         if not sep or not flow_id:
-            raise ValueError("a cursor is <time>:<flow id>, as the previous page gave it")
+            raise BadCursor("a cursor is <time>:<flow id>: pass the `next` of the previous page as it is")
+        if not re.fullmatch(SCORE, score):
+            raise BadCursor(f"the cursor's time {score[:40]!r} is not a time: pass the `next` of the previous page as it is")
+        if not re.fullmatch(FLOW_ID, flow_id):
+            raise BadCursor("the cursor's flow id is not one (letters, digits and ._:- only, at most 100 characters)")
         return cls(float(score), flow_id)
 
     def before(self, score: float, flow_id: str) -> bool:
@@ -59,6 +80,15 @@ class Page:
     next: Cursor | None
 
 
+class FlowPage(list[FlowRecord]):
+    """What ``Engine.list`` answers: the page's flows (a list, compared as one), and ``next``: the cursor
+    of the following page (pass it as ``after=``), None at the end."""
+
+    def __init__(self, records: Iterable[FlowRecord] = (), next: str | None = None) -> None:
+        super().__init__(records)
+        self.next = next
+
+
 class FlowListing:
     """Cursor pages over the state and kind indexes, and search. Give it the engine's store."""
 
@@ -69,12 +99,36 @@ class FlowListing:
         self.kinds = sorted(kinds)
 
     def indexes(self, states: Sequence[FlowState], kind: str | None) -> list[str]:
-        """The indexes a page merges: the states' (all states when none is asked and no kind), else the kind's."""
+        """The indexes a page merges: the states' when states are asked, else the kind's (every kind's
+        when none is asked: the list of all flows is by creation)."""
         partitions = range(self.keys.partitions)
-        if not states and kind is not None:
-            return [self.keys.by_kind(partition, kind) for partition in partitions]
-        chosen = states or list(FlowState)
-        return [self.keys.by_state(partition, state.value) for partition in partitions for state in chosen]
+        if states:
+            return [self.keys.by_state(partition, state.value) for partition in partitions for state in states]
+        kinds = [kind] if kind is not None else self.kinds
+        return [self.keys.by_kind(partition, name) for partition in partitions for name in kinds]
+
+    def flows(
+        self,
+        *,
+        states: Sequence[FlowState] = (),
+        kind: str | None = None,
+        since: float | None = None,
+        limit: int = 50,
+        after: str | None = None,
+    ) -> FlowPage:
+        """Up to ``limit`` flows after the cursor ``after`` (its text; None: from the newest),
+        and the cursor of the next page. Unlike :meth:`page`, a page is filled: where a filter steps over
+        many flows of other kinds, pages are read on until ``limit`` flows or the end (what a caller
+        asking for ``limit`` flows expects; the cost grows with what the filter steps over)."""
+        cursor = Cursor.parse(after) if after is not None else None
+        found = FlowPage()
+        while True:
+            page = self.page(states=states, kind=kind, since=since, limit=limit - len(found), after=cursor)
+            found += page.records
+            cursor = page.next
+            if cursor is None or len(found) >= limit:
+                found.next = cursor.text() if cursor is not None else None
+                return found
 
     def page(
         self,

@@ -20,10 +20,11 @@ from rich.console import Console
 
 from durapay.service.api_flows import wait_for_customer_url
 from durapay.service.cli._common import BadOption, ExitCode, Output, exit_code_for, read_json_input, runtime
-from durapay.service.cli._output import describe_error, echo_json, print_record, print_rows, when
+from durapay.service.cli._output import console, describe_error, echo_json, print_record, print_rows, when
 from durapay.service.timeparse import RUN_AT_FORMS, SINCE_FORMS, parse_run_at, parse_since
 from durapay.service.views import flow_brief, flow_view
 from durapay.workflows.engine import Engine
+from durapay.workflows.listing import BadCursor
 from durapay.workflows.states import STOPPED, FlowState
 
 JsonFlag = Annotated[bool, typer.Option("--json", help="Print JSON (errors too, on stderr).")]
@@ -144,10 +145,11 @@ def list_flows(
     kind: Annotated[str | None, typer.Option(help="Only flows of this kind.")] = None,
     since: Annotated[str | None, typer.Option(help=f"Newer than: {SINCE_FORMS}.")] = None,
     limit: Annotated[int, typer.Option(min=1, max=10_000)] = 50,
-    offset: Annotated[int, typer.Option(min=0)] = 0,
+    after: Annotated[str | None, typer.Option("--after", help="A cursor (a page's next): the flows after it.")] = None,
     as_json: JsonFlag = False,
 ) -> None:
-    """List flows, newest first (piped: one tab-separated line per flow, no header)."""
+    """List flows, newest first, a page at a time; prints the cursor of the next page (piped: one
+    tab-separated line per flow, no header, and the cursor on stderr)."""
     out = Output(as_json)
     with runtime(out) as rt, out.errors():
         if kind is not None and kind not in rt.engine.registry:
@@ -160,10 +162,13 @@ def list_flows(
             start_at = parse_since(since, now=rt.engine.clock.now()) if since else None
         except ValueError as exc:
             raise BadOption("--since", str(exc)) from None
-        records = rt.engine.list(state=state, kind=kind, since=start_at, limit=limit, offset=offset)
-    briefs = [flow_brief(record) for record in records]
+        try:
+            page = rt.engine.list(state=state, kind=kind, since=start_at, limit=limit, after=after)
+        except BadCursor as exc:
+            raise BadOption("--after", str(exc)) from None
+    briefs = [flow_brief(record) for record in page]
     if as_json:
-        echo_json(briefs)
+        echo_json({"flows": briefs, "limit": limit, "next": page.next})  # the shape of GET /flows
         return
     rows = [
         [
@@ -177,7 +182,9 @@ def list_flows(
         for brief in briefs
     ]
     columns = ("id", "kind", "state", "step", "order", "updated")
-    print_rows(f"flows ({len(briefs)})", columns, rows, ids=frozenset({"id", "state", "order"}))
+    print_rows(f"flows ({len(briefs)}); next: {page.next or '-'}", columns, rows, ids=frozenset({"id", "state", "order"}))
+    if page.next and not console().is_terminal:  # piped: stdout stays one line per flow
+        typer.echo(f"next: {page.next}", err=True)
 
 
 @flows_app.command("show")

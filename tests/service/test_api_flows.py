@@ -159,7 +159,8 @@ def test_a_body_that_is_not_json_is_422(served: Served) -> None:
 
 @pytest.mark.parametrize(
     ("query", "field"),
-    [("limit=0", "query.limit"), ("limit=501", "query.limit"), ("offset=-1", "query.offset"), ("state=bogus", "query.state"),
+    [("limit=0", "query.limit"), ("limit=501", "query.limit"), ("after=", "query.after"), ("after=12.5", "query.after"),
+     ("after=soon:f1", "query.after"), ("offset=2", "query.offset"), ("state=bogus", "query.state"),
      ("kind=bogus", "query.kind"), ("since=yesterday-ish", "query.since")],
 )  # fmt: skip
 def test_bad_list_filters_are_422(served: Served, query: str, field: str) -> None:
@@ -173,11 +174,11 @@ def test_list_filters_and_pages(served: Served) -> None:
     ready = [served.engine.start("notified", {"orderId": f"ord-ready-{n}", "token": TOKEN}).id for n in range(2)]
     everything = served.http.get("/flows", headers=KEY).json()
     assert {flow["id"] for flow in everything["flows"]} == set(waiting + ready)
-    assert everything["next_offset"] is None
+    assert (everything["limit"], everything["next"]) == (50, None)
     first = served.http.get("/flows?state=waiting&limit=2", headers=KEY).json()
-    assert len(first["flows"]) == 2 and first["next_offset"] == 2
-    rest = served.http.get("/flows?state=waiting&limit=2&offset=2", headers=KEY).json()
-    assert len(rest["flows"]) == 1 and rest["next_offset"] is None
+    assert len(first["flows"]) == 2 and first["next"]
+    rest = served.http.get("/flows", params={"state": "waiting", "limit": 2, "after": first["next"]}, headers=KEY).json()
+    assert len(rest["flows"]) == 1 and rest["next"] is None
     assert {f["id"] for f in first["flows"] + rest["flows"]} == set(waiting)
     assert all(f["state"] == "waiting" for f in first["flows"])
     by_kind = served.http.get("/flows?kind=notified&since=1h", headers=KEY).json()
@@ -185,6 +186,33 @@ def test_list_filters_and_pages(served: Served) -> None:
     assert served.http.get("/flows?kind=moto", headers=KEY).json()["flows"] == []
     assert served.http.get("/flows?since=2000-01-01T00:00:00Z", headers=KEY).json()["flows"]
     assert served.http.get("/flows?since=4102444800", headers=KEY).json()["flows"] == []
+
+
+def test_pages_neither_repeat_nor_skip_a_flow_when_flows_start_between_them(served: Served) -> None:
+    """With ``offset``, a page read, then flows started, then the next page showed the first page's end again."""
+    older = [served.engine.start("notified", {"orderId": f"ord-page-{n}", "token": TOKEN}).id for n in range(7)]
+    first = served.http.get("/flows?limit=3", headers=KEY).json()
+    seen = [flow["id"] for flow in first["flows"]]
+    for n in range(5):
+        served.engine.start("notified", {"orderId": f"ord-new-{n}", "token": TOKEN})
+    after = first["next"]
+    for _ in range(10):
+        if after is None:
+            break
+        page = served.http.get("/flows", params={"limit": 3, "after": after}, headers=KEY).json()
+        seen += [flow["id"] for flow in page["flows"]]
+        after = page["next"]
+    assert sorted(seen) == sorted(older) and len(seen) == len(set(seen)), "every flow once, none of the new ones"
+
+
+def test_a_bad_cursor_is_refused_saying_why(served: Served) -> None:
+    answer = served.http.get("/flows?after=yesterday:fabc", headers=KEY)
+    assert answer.status_code == 422
+    assert answer.json() == {
+        "error": "invalid_input",
+        "field": "query.after",
+        "reason": "the cursor's time 'yesterday' is not a time: pass the `next` of the previous page as it is",
+    }
 
 
 def test_get_history_and_404(served: Served) -> None:

@@ -55,7 +55,7 @@ def test_the_demo_runs_every_kind_keeps_running_and_stops(tmp_path: Path) -> Non
             [*DURAPAY, "flows", "ls", "--limit", "500", "--json"], env=env, capture_output=True, text=True, check=False
         )
         assert listed.returncode == 0, listed.stderr
-        flows = json.loads(listed.stdout)
+        flows = json.loads(listed.stdout)["flows"]
         assert {flow["kind"] for flow in flows} == set(REGISTRY)
         server = json.loads((tmp_path / "data" / "valkey" / "server.json").read_text())
     finally:

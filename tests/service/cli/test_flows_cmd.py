@@ -90,18 +90,32 @@ def test_flows_ls_as_table_and_json_with_filters(engine_side: Runtime) -> None:
     failed = failed_flow(engine_side, "cli-ls-2")
     table = invoke("flows", "ls", env=TERMINAL)
     assert table.exit_code == 0, table.output
-    assert ready in table.stdout and failed in table.stdout and "flows (2)" in table.stdout
+    assert ready in table.stdout and failed in table.stdout and "flows (2); next: -" in table.stdout
     piped = invoke("flows", "ls")
     assert [line.split("\t")[:3] for line in piped.stdout.splitlines()] == [
         [failed, "refund", "failed"],
         [ready, "moto", "ready"],
     ], "piped: one tab-separated line per flow, newest first, no header"
     listed = json.loads(invoke("flows", "ls", "--state", "failed", "--json").stdout)
-    assert [flow["id"] for flow in listed] == [failed]
-    assert json.loads(invoke("flows", "ls", "--kind", "moto", "--since", "1h", "--limit", "1", "--json").stdout)[0]["id"] == ready
-    assert json.loads(invoke("flows", "ls", "--kind", "hpp", "--json").stdout) == []
+    assert [flow["id"] for flow in listed["flows"]] == [failed] and listed["next"] is None
+    one = json.loads(invoke("flows", "ls", "--kind", "moto", "--since", "1h", "--limit", "1", "--json").stdout)
+    assert one["flows"][0]["id"] == ready
+    assert json.loads(invoke("flows", "ls", "--kind", "hpp", "--json").stdout) == {"flows": [], "limit": 50, "next": None}
     assert "unknown flow kind" in one_error_line(invoke("flows", "ls", "--kind", "nope"))
     assert invoke("flows", "ls", "--state", "bogus").exit_code == 2
+
+
+def test_flows_ls_pages_by_the_cursor_it_prints(engine_side: Runtime) -> None:
+    flows = [engine_side.engine.start("moto", moto(f"cli-page-{n}")).id for n in range(3)]
+    first = json.loads(invoke("flows", "ls", "--limit", "2", "--json").stdout)
+    assert len(first["flows"]) == 2 and first["next"]
+    engine_side.engine.start("moto", moto("cli-page-new"))  # a start between pages shifts nothing
+    rest = json.loads(invoke("flows", "ls", "--limit", "2", "--after", first["next"], "--json").stdout)
+    assert sorted(flow["id"] for flow in first["flows"] + rest["flows"]) == sorted(flows) and rest["next"] is None
+    piped = invoke("flows", "ls", "--limit", "1")
+    assert len(piped.stdout.splitlines()) == 1 and piped.stderr.startswith("next: "), "the cursor on stderr, piped"
+    table = invoke("flows", "ls", "--limit", "1", "--after", piped.stderr.split()[1], env=TERMINAL)
+    assert "flows (1); next: " in table.stdout
 
 
 def test_flows_show_with_history(engine_side: Runtime) -> None:
@@ -278,6 +292,7 @@ def test_errors_are_json_with_json(engine_side: Runtime, monkeypatch: pytest.Mon
     assert error_of("flows", "show", "fnothere") == {"error": "not_found", "reason": "no flow 'fnothere'"}
     assert error_of("flows", "ls", "--kind", "nope")["field"] == "--kind"
     assert error_of("flows", "ls", "--since", "soonish")["field"] == "--since"
+    assert error_of("flows", "ls", "--after", "soon:f1")["field"] == "--after"
     usage = error_of("flows", "ls", "--state", "bogus")
     assert (usage["error"], usage["field"]) == ("usage", "--state") and "bogus" in usage["reason"]
     assert error_of("schedules", "pause", "s000000000000") == {"error": "not_found", "reason": "no schedule 's000000000000'"}
@@ -382,4 +397,4 @@ def test_a_store_left_in_the_data_folder_is_read(cli_env: dict[str, str], monkey
         built.close()
     listed = invoke("flows", "ls", "--json")
     assert listed.exit_code == 0, listed.output
-    assert [flow["id"] for flow in json.loads(listed.stdout)] == [flow_id]
+    assert [flow["id"] for flow in json.loads(listed.stdout)["flows"]] == [flow_id]

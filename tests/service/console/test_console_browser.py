@@ -175,6 +175,30 @@ def test_a_read_only_key_cannot_cancel(console_stack: ConsoleStack, browser: Any
     assert console_stack.engine.get(sleeping.id).state is FlowState.SLEEPING
 
 
+def test_the_flow_list_pages_by_cursor_while_flows_start(console_stack: ConsoleStack, browser: Any) -> None:
+    """The "Older" link goes on from the last flow shown: flows started meanwhile neither repeat nor hide one."""
+    from selenium.webdriver.common.by import By
+
+    def shown() -> list[str]:
+        return [link.text for link in browser.find_elements(By.CSS_SELECTOR, "table.flows a.id")]
+
+    later = time.time() + 3600  # sleeping flows: nothing runs, the list holds still but for the new starts
+    older = [console_stack.engine.start("moto", {"order": order(), "card": card()}, run_at=later).id for _ in range(53)]
+    sign_in(browser, console_stack, READ_KEY)
+    browser.get(f"{console_stack.url}/console/flows")
+    first = shown()
+    assert len(first) == 50 and set(first) <= set(older)
+    for _ in range(4):
+        console_stack.engine.start("moto", {"order": order(), "card": card()}, run_at=later)
+    navigate_by(browser, browser.find_element(By.ID, "next-page"))
+    second = shown()
+    assert sorted(first + second) == sorted(older), "every flow once, the new ones before the cursor"
+    assert not browser.find_elements(By.ID, "next-page"), "the last page"
+    screenshot(browser, "flows-second-page")
+    navigate_by(browser, browser.find_element(By.LINK_TEXT, "Newest"))
+    assert len(shown()) == 50 and set(shown()) - set(older), "the first page again, the new flows on it"
+
+
 PAGES = (
     "/console",
     "/console/flows",
