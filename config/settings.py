@@ -128,9 +128,9 @@ class ReceiverSettings(_Group):
     )
     event_ttl_seconds: Annotated[int, BeforeValidator(parse_duration)] = Field(
         default=7 * 86400,
-        ge=60,
+        ge=10,
         le=3650 * 86400,
-        description="How long a received eventId is remembered to ignore repeats (a duration, 60s to 3650d).",
+        description="How long a received eventId is remembered to ignore repeats (a duration, 10s to 3650d).",
     )
     unknown_order_events_per_minute: int = Field(
         default=60,
@@ -238,9 +238,9 @@ class EngineSettings(_Group):
     dispatch_batch: int = Field(default=500, ge=1)
     retention: Duration = Field(
         default=30 * DAY,
-        ge=60,
+        ge=10,
         le=3650 * DAY,
-        description="How long a finished flow keeps its record, log and lookups (60s to 3650d).",
+        description="How long a finished flow keeps its record, log and lookups (10s to 3650d).",
     )
     wait_deadline_seconds: float = Field(default=1800.0, gt=0)
     sync_aof: Literal["auto", "yes", "no"] = Field(
@@ -277,9 +277,9 @@ class EventsSettings(_Group):
     enabled: bool = Field(default=True, description="Write merchant events with each transition.")
     retention: Duration = Field(
         default=7 * DAY,
-        ge=60,
+        ge=10,
         le=90 * DAY,
-        description="How long events stay readable and deliverable (60s to 90d): the scheduler trims older ones (it "
+        description="How long events stay readable and deliverable (10s to 90d): the scheduler trims older ones (it "
         "must outlast the webhooks' retries).",
     )
 
@@ -348,10 +348,10 @@ class SchedulesSettings(_Group):
     )
     retention: Duration = Field(
         default=90 * DAY,
-        ge=60,
+        ge=10,
         le=3650 * DAY,
         description="How long a completed or cancelled schedule (nothing left in flight) keeps its record and history "
-        "before they are removed (60s to 3650d).",
+        "before they are removed (10s to 3650d).",
     )
     history_entries: int = Field(
         default=1000,

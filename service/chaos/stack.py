@@ -11,6 +11,7 @@ confirms ``WAITAOF`` before its fsync, and the run is there to show what such a 
 from __future__ import annotations
 
 import contextlib
+import json
 import signal
 import subprocess
 import sys
@@ -90,8 +91,11 @@ class ChaosStack:
         redis_url: str | None,
         lose_last_writes: bool,
         appendfsync: str = "always",
+        overrides: dict[str, dict[str, Any]] | None = None,
     ) -> None:
         self.base = base
+        #: More settings per group (``bench/soak.py``: short retentions), for this process and the children.
+        self.overrides = overrides or {}
         self.appendfsync = appendfsync
         self.folder = folder
         self.seed = seed
@@ -128,25 +132,30 @@ class ChaosStack:
             # The run shows what such a server loses (the bundled Valkey confirms WAITAOF before its fsync):
             # the processes it starts must run on it, so they are told to accept it.
             engine["accept_early_waitaof"] = True
-        settings = load_settings(
-            {
-                "redis_url": redis_url,
-                "broker_url": redis_url,
-                "data_dir": str(self.folder),
-                "gateway": {
-                    "base_url": self.simulator.base_url,
-                    "api_key": SIMULATOR_API_KEY,
-                    "timeout": GATEWAY_TIMEOUT,
-                    "connect_timeout": 1.0,
-                },
-                "receiver": {"public_url": f"http://127.0.0.1:{api_port}{self.base.receiver.path}"},
-                "api": {"host": "127.0.0.1", "port": api_port, "key": f"chaos-{self.seed}"},
-                "engine": engine,
-                "retry": {"base_seconds": 0.2, "cap_seconds": 2.0},
-            }
-        )
+        config: dict[str, Any] = {
+            "redis_url": redis_url,
+            "broker_url": redis_url,
+            "data_dir": str(self.folder),
+            "gateway": {
+                "base_url": self.simulator.base_url,
+                "api_key": SIMULATOR_API_KEY,
+                "timeout": GATEWAY_TIMEOUT,
+                "connect_timeout": 1.0,
+            },
+            "receiver": {"public_url": f"http://127.0.0.1:{api_port}{self.base.receiver.path}"},
+            "api": {"host": "127.0.0.1", "port": api_port, "key": f"chaos-{self.seed}"},
+            "engine": engine,
+            "retry": {"base_seconds": 0.2, "cap_seconds": 2.0},
+        }
+        for group, values in self.overrides.items():
+            config[group] = {**config.get(group, {}), **values}
+        settings = load_settings(config)
         self.runtime = build_runtime(settings, redis_url=redis_url)
         self.env = settings_env(settings)
+        for group, values in self.overrides.items():
+            for name, value in values.items():
+                text = value if isinstance(value, str) else json.dumps(value)
+                self.env[f"DURAPAY_{group.upper()}__{name.upper()}"] = text
         self.api = ApiServer(create_app(self.runtime), "127.0.0.1", api_port).start()
         say(f"receiver at {self.api.url}")
         self.scheduler = Child("scheduler", "scheduler", self.env, self.log_dir, []).start()
