@@ -44,6 +44,7 @@ from durapay.workflows.clock import Clock, ServerClock
 from durapay.workflows.durability import Durability, EarlyWaitaof, early_waitaof_risk
 from durapay.workflows.engine import Engine
 from durapay.workflows.flows import REGISTRY
+from durapay.workflows.sensitive import install_log_masking
 from durapay.workflows.steps import FlowDefinition
 from durapay.workflows.webhooks import Webhooks
 
@@ -137,7 +138,9 @@ def build_runtime(
     rng: random.Random | None = None,
     flows: dict[str, FlowDefinition] | None = None,
 ) -> Runtime:
-    """Build the parts. ``redis_url`` overrides the settings (tests, and children of the demo)."""
+    """Build the parts. ``redis_url`` overrides the settings (tests, and children of the demo). Card
+    numbers in the process's log lines are masked from here on (``workflows.sensitive``)."""
+    install_log_masking()
     embedded = None
     if redis_url is None:
         redis_url, embedded = resolve_redis(settings)

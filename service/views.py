@@ -1,9 +1,10 @@
 """What the API and the CLI show of a flow: the record's summary with card data masked.
 
 Why mask here: a flow's input (MOTO, 3-step, SVS) holds a card number and a CVV, and its outputs the
-order's security token. They stay in the record, which the steps need; nothing durapay *shows*
-(HTTP answers, CLI tables, the demo) repeats them: a PAN keeps its first six and last four digits,
-a CVV and a token become ``***``.
+order's security token; a merchant may also have typed a card number into a description or a
+``passThrough``. They stay in the record while the steps need them; nothing durapay *shows* (HTTP
+answers, CLI tables, the console, the demo) repeats them: a card number anywhere keeps its first six
+and last four digits, a CVV and a token become ``***`` (``workflows.sensitive.mask``).
 """
 
 from __future__ import annotations
@@ -12,35 +13,12 @@ from collections.abc import Mapping
 from typing import Any
 
 from durapay.workflows.operator_actions import allowed
-from durapay.workflows.sensitive import mask_pan
+from durapay.workflows.sensitive import mask
 from durapay.workflows.steps import FlowDefinition
 from durapay.workflows.store import FlowRecord
 
-#: Keys whose values are secrets: shown as ``***`` (the expiry date and wallet data too: with a PAN
-#: they are what a fraudster needs).
-SECRET_KEYS = frozenset(
-    {"cvv", "cvv2", "cvc", "expirydate", "walletpaymentdata", "securitytoken", "threedsauthresponse", "pares", "password"}
-)
-#: Keys holding a card number: first six and last four digits kept.
-PAN_KEYS = frozenset({"pan", "cardnumber"})
-
-
-def redact(value: Any) -> Any:
-    """A copy of ``value`` with secrets masked, at any depth."""
-    if isinstance(value, dict):
-        masked: dict[str, Any] = {}
-        for key, item in value.items():
-            lowered = str(key).lower()
-            if lowered in SECRET_KEYS and item:
-                masked[key] = "***"
-            elif lowered in PAN_KEYS and isinstance(item, str):
-                masked[key] = mask_pan(item)
-            else:
-                masked[key] = redact(item)
-        return masked
-    if isinstance(value, list):
-        return [redact(item) for item in value]
-    return value
+#: What every view applies (one rule, in ``workflows.sensitive``): secrets ``***``, card numbers masked.
+redact = mask
 
 
 def steps_done(record: FlowRecord, registry: Mapping[str, FlowDefinition]) -> list[str]:

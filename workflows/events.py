@@ -54,6 +54,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from durapay.workflows.keys import Keys
+from durapay.workflows.sensitive import mask
 
 FLOW_TYPES = (
     "flow.created",
@@ -270,5 +271,5 @@ def decode_entry(tag: str, entry_id: Any, values: Any) -> Event:
     """The event of one stream entry (``tag``: the stream's, ``p3``)."""
     entry = entry_id.decode() if isinstance(entry_id, bytes) else str(entry_id)
     raw = values.get(b"e") or values.get("e") or b"{}"
-    body = json.loads(raw)
+    body = mask(json.loads(raw))  # a reason or a gateway answer may hold a card number (workflows.sensitive)
     return Event(f"evt_{tag}_{entry}", str(body.get("type")), float(body.get("time") or 0.0), body)

@@ -23,7 +23,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, NamedTuple
 
 import redis
@@ -34,7 +34,7 @@ from durapay.workflows.keys import Keys
 from durapay.workflows.orders import Lookups
 from durapay.workflows.pins import Pins
 from durapay.workflows.scripts import ScriptPipeline, source
-from durapay.workflows.sensitive import scrub
+from durapay.workflows.sensitive import mask, mask_text, scrub
 from durapay.workflows.states import TERMINAL, FlowState, IllegalTransition, can_move, lua_prelude
 
 
@@ -185,6 +185,20 @@ class FlowRecord:
     def lookups(self) -> Lookups:
         """What names the flow from outside (orders, tokens, operations): they live as long as it does."""
         return Lookups(self.id, tuple(self.orders), tuple(self.operations))
+
+    def shown(self) -> FlowRecord:
+        """A copy fit to show (a console page): card data masked wherever it is (``workflows.sensitive``)."""
+        return replace(
+            self,
+            input=mask(self.input),
+            outputs=mask(self.outputs),
+            error=mask(self.error),
+            wait=mask(self.wait),
+            outcome=mask(self.outcome),
+            unsettled=mask(self.unsettled),
+            ending=mask(self.ending),
+            signals=[replace(signal, payload=mask(signal.payload)) for signal in self.signals],
+        )
 
     def summary(self) -> dict[str, Any]:
         """A JSON-able view of the record (API answers, CLI, the demo's table)."""
@@ -358,7 +372,8 @@ class FlowStore:
         raw, entries = pipe.execute()
         blob = joined(raw)
         packed = unpack(blob)[1] if blob else []
-        return [json.loads(item) for item in [*packed, *entries]]
+        # Masked again on reading: entries logged before card numbers in free text were masked.
+        return [mask(json.loads(item)) for item in [*packed, *entries]]
 
     def ids(
         self,
@@ -547,6 +562,8 @@ class FlowStore:
         step = change.step or fields.get("step") or record.step
         clean = scrub(record.input)
         scrubbed = compact_json(clean) if clean != record.input else ""
+        if change.state in TERMINAL:
+            fields.update(_scrubbed_results(fields))
         entry = self._entry(now, record.state, change.state, step or "", by, change.what, change.call)
         # A newly recorded operation gets its lookup (no expiry: it lives as long as the flow, see
         # workflows.orders) and is listed in the record, so that its lookup expires with the record's.
@@ -820,11 +837,26 @@ class FlowStore:
             "to": target.value,
             "step": step,
             "by": by,
-            "what": what,
+            "what": mask_text(what),  # a person's reason may hold a card number: never logged whole
         }
         if call:
-            entry["call"] = dict(call)
+            entry["call"] = mask(dict(call))
         return compact_json(entry)
+
+
+def _scrubbed_results(fields: Mapping[str, str | None]) -> dict[str, str]:
+    """The outputs, outcome and error a flow's last change writes, card numbers masked (a gateway
+    answer echoing a description, a person's reason): only those that change. Written with the
+    transition, so the events ``events.lua`` makes of them are masked too. Only the change's own
+    fields: rewriting older ones would change what ``transition.lua`` decides on."""
+    rewritten: dict[str, str] = {}
+    for name, value in fields.items():
+        if value and (name.startswith("out:") or name in ("outcome", "error")):
+            before = json.loads(value)
+            clean = scrub(before)
+            if clean != before:
+                rewritten[name] = compact_json(clean)
+    return rewritten
 
 
 def operation_ids(fields: Mapping[str, str | None]) -> list[str]:

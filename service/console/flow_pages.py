@@ -131,9 +131,10 @@ def flow_router(console: Console, engine: Engine, listing: FlowListing) -> APIRo
         session = console.session(request)
         if session is None:
             return to_login(request)
-        record = load(flow_id)
-        if record is None:
+        found = load(flow_id)
+        if found is None:
             return console.refuse(request, session, 404, "No such flow", f"no flow {flow_id!r} (or it expired)")
+        record = found.shown()  # card numbers masked wherever a merchant put them
         history = engine.store.history(flow_id)
         definition = engine.registry.get(record.kind)
         steps = [step.name for step in definition.steps] if definition else []

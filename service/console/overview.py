@@ -13,6 +13,7 @@ from durapay.service.api_ops import readiness
 from durapay.service.metrics import step_totals
 from durapay.workflows.engine import Engine
 from durapay.workflows.listing import FlowListing
+from durapay.workflows.sensitive import mask_text
 from durapay.workflows.states import TERMINAL, FlowState
 from durapay.workflows.store import FlowRecord
 
@@ -21,7 +22,12 @@ WINDOW = 60.0
 
 
 def reason_of(record: FlowRecord) -> str:
-    """One line saying why a flow stopped (its error's type and message, or its outcome's reason)."""
+    """One line saying why a flow stopped (its error's type and message, or its outcome's reason), card
+    numbers masked (a person's reason may hold one)."""
+    return mask_text(_reason(record))
+
+
+def _reason(record: FlowRecord) -> str:
     error = record.error or {}
     if error.get("type") == "LatePayment":
         operation = error.get("operation") or {}

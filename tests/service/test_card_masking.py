@@ -1,0 +1,157 @@
+"""Card numbers typed where no field is named for them (a description, a customField, a passThrough, a
+cancel reason) never appear whole on any surface: a whole stack (Valkey, a Celery worker, the
+dispatcher, the simulator over HTTP, the API with the console, a webhook receiver) runs flows carrying
+them, then every surface is read and searched: API answers (flow, list, history, events), console pages,
+the CLI, webhook bodies, every log line, and the finished flow's record and history in Redis."""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+import re
+import time
+from collections.abc import Iterator
+from contextlib import ExitStack
+from typing import Any
+
+import httpx
+import pytest
+from celery.contrib.testing.worker import start_worker
+
+from bench._webhook_receiver import WebhookReceiver
+from durapay.service.app import create_app
+from durapay.service.runtime import build_runtime
+from durapay.service.server import ApiServer
+from durapay.simulator import SimulatorConfig, SimulatorServer
+from durapay.workflows.dispatcher import Dispatcher
+from durapay.workflows.sensitive import mask, mask_text
+from durapay.workflows.states import FlowState
+from tests.service.cli.conftest import invoke
+from tests.waiting import wait_until
+from tests.workflows.integration.conftest import stack_settings
+from tests.workflows.integration.test_flows import card, order
+
+pytestmark = pytest.mark.integration
+
+KEY = "masking-operator-key-0123456789"
+#: Luhn-valid numbers, each planted in one place (spaces and dashes as a person types them).
+PLANTED = {
+    "description": "4349940199004549",
+    "customField": "5186 1516 5000 5008",
+    "passThrough": "4111-1111-1111-1111",
+    "deep": "5555555555554444",
+    "number": "4012888888881881",
+    "reason": "378282246310005",
+}
+
+
+def digits(value: str) -> str:
+    return re.sub(r"\D", "", value)
+
+
+def test_the_rule_masks_luhn_runs_anywhere_and_keeps_identifiers() -> None:
+    assert mask_text("card 4349940199004549 cvv 123") == "card 434994******4549 cvv 123"
+    assert mask_text("4349 9401 9900 4549 123") == "4349 94** **** 4549 123", "the stretch that checks"
+    assert mask_text("4349940199004548") == "4349940199004548", "not Luhn-valid: not a card number"
+    assert mask_text("123456789012") == "123456789012" and mask_text("1" * 25) == "1" * 25, "too short or long"
+    assert mask({"operationId": "4349940199004549", "orderId": "4349940199004549", "n": 4349940199004549}) == {
+        "operationId": "4349940199004549",
+        "orderId": "4349940199004549",
+        "n": "434994******4549",
+    }
+    assert mask({"4349940199004549": [["x 4349940199004549"]]}) == {"434994******4549": [["x 434994******4549"]]}
+
+
+@pytest.fixture
+def stack(redis_url: str, key_prefix: str) -> Iterator[tuple[Any, str, WebhookReceiver]]:
+    with ExitStack() as stack:
+        simulator = stack.enter_context(SimulatorServer(SimulatorConfig(seed=26)))
+        settings = stack_settings(
+            key_prefix,
+            simulator.base_url,
+            api={"key": KEY, "start_wait_seconds": 2.0},
+            webhooks={"allow_private": True, "timeout": 2.0},
+        )
+        runtime = build_runtime(settings, redis_url=redis_url, rng=random.Random(26))
+        stack.callback(runtime.close)
+        receiver = stack.enter_context(WebhookReceiver())
+        stack.enter_context(start_worker(runtime.celery, pool="threads", concurrency=2, perform_ping_check=False))
+        dispatcher = Dispatcher(runtime.engine, interval=0.05, tickers=[runtime.webhooks.tick])
+        dispatcher.start()
+        stack.callback(dispatcher.stop)
+        server = stack.enter_context(ApiServer(create_app(runtime)))
+        yield runtime, server.url, receiver
+
+
+def test_a_planted_card_number_never_appears_whole(
+    stack: tuple[Any, str, WebhookReceiver], caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    runtime, url, receiver = stack
+    caplog.set_level(logging.INFO)
+    api = httpx.Client(base_url=url, timeout=10.0, headers={"X-Api-Key": KEY})
+    endpoint = api.post("/webhooks", json={"url": receiver.url})
+    assert endpoint.status_code == 201, endpoint.text
+    receiver.secrets = [endpoint.json()["secret"]]
+    paid_order = {
+        **order(),
+        "description": f"card {PLANTED['description']} cvv 123",
+        "customField": PLANTED["customField"],
+    }
+    body = {
+        "order": paid_order,
+        "card": card(),
+        "passThrough": {"note": PLANTED["passThrough"], "deep": [[[{"x": PLANTED["deep"]}]]], "n": int(PLANTED["number"])},
+    }
+    started = api.post("/flows/moto", json=body)
+    assert started.status_code == 201, started.text
+    paid = started.json()["id"]
+    later = api.post("/flows/moto", params={"run_at": time.time() + 3600}, json={"order": order(), "card": card()})
+    assert later.status_code == 201, later.text
+    cancelled = later.json()["id"]
+    reason = f"customer read out card {PLANTED['reason']}"
+    assert api.post(f"/flows/{cancelled}/cancel", json={"reason": reason}).status_code in (200, 202)
+    for flow_id in (paid, cancelled):
+        runtime.engine.wait(flow_id, 30)
+    assert runtime.engine.get(paid).state is FlowState.SUCCEEDED
+    assert runtime.engine.get(cancelled).state is FlowState.CANCELLED
+    expected = {event.id for event, _ in runtime.engine.events()}
+    wait_until(lambda: set(receiver.applied) >= expected, 30, "every event delivered")
+
+    surfaces: dict[str, str] = {}
+    for flow_id in (paid, cancelled):
+        surfaces[f"GET /flows/{flow_id}"] = api.get(f"/flows/{flow_id}").text
+        surfaces[f"history {flow_id}"] = api.get(f"/flows/{flow_id}/history").text
+    surfaces["GET /flows"] = api.get("/flows").text
+    surfaces["GET /events"] = api.get("/events").text
+    surfaces["webhooks"] = json.dumps(list(receiver.applied.values()))
+    with httpx.Client(base_url=url, timeout=10.0) as browser:
+        login = browser.get("/console/login")
+        csrf = re.search(r'name="csrf" value="([^"]+)"', login.text)
+        assert csrf is not None
+        assert browser.post("/console/login", data={"key": KEY, "csrf": csrf.group(1)}).status_code == 303
+        for path in ("/console", "/console/flows", f"/console/flows/{paid}", f"/console/flows/{cancelled}"):
+            page = browser.get(path)
+            assert page.status_code == 200, path
+            surfaces[path] = page.text
+    for name, value in {
+        "DURAPAY_REDIS_URL": runtime.redis_url,
+        "DURAPAY_ENGINE__KEY_PREFIX": runtime.engine.keys.prefix,
+        "DURAPAY_ENGINE__PARTITIONS": "2",
+        "DURAPAY_API__KEY": KEY,
+    }.items():
+        monkeypatch.setenv(name, value)
+    for flow_id in (paid, cancelled):
+        surfaces[f"cli show {flow_id}"] = invoke("flows", "show", flow_id, "--json").stdout
+        surfaces[f"cli history {flow_id}"] = invoke("flows", "history", flow_id).stdout
+    surfaces["logs"] = "\n".join(record.getMessage() + (record.exc_text or "") for record in caplog.records)
+    kept = []
+    for flow_id in (paid, cancelled):
+        kept += [value.decode(errors="replace") for value in runtime.redis.hgetall(runtime.engine.keys.flow(flow_id)).values()]
+        kept += [entry.decode() for entry in runtime.redis.lrange(runtime.engine.keys.log(flow_id), 0, -1)]
+    surfaces["the finished records in Redis"] = "\n".join(kept)
+
+    assert PLANTED["description"][:6] in surfaces[f"GET /flows/{paid}"], "shown masked, not dropped"
+    for surface, text in surfaces.items():
+        for where, planted in PLANTED.items():
+            assert planted not in text and digits(planted) not in text, f"{where}'s card number whole in {surface}"
