@@ -39,7 +39,7 @@ from durapay.config.settings import WEBHOOK_JITTER, WEBHOOK_RETRY_AFTER_CAP_SECO
 from durapay.workflows.events import Cursor, EventFeed, decode_entry, iso
 from durapay.workflows.keys import Keys
 from durapay.workflows.scripts import ScriptPipeline, source
-from durapay.workflows.webhooks.endpoints import TEST_TYPE, Endpoint, EndpointStore, resolved_private
+from durapay.workflows.webhooks.endpoints import TEST_TYPE, Endpoint, EndpointStore, resolve_public
 from durapay.workflows.webhooks.signing import sign
 from durapay.workflows.webhooks.transport import Poster
 
@@ -254,13 +254,11 @@ class Webhooks:
         started = time.time()
         record: dict[str, Any] = {"event": msg_id, "type": event_type, "endpoint": endpoint.id, "at": iso(started)}
         try:
-            if not self.settings.allow_private:
-                private = resolved_private(endpoint.url)
-                if private is not None:
-                    raise PermissionError(f"{endpoint.url} resolves to a non-public address ({private}): refused")
+            # Connect to the address checked, never resolving the name again (DNS rebinding).
+            address = None if self.settings.allow_private else resolve_public(endpoint.url)
             headers = {"content-type": "application/json", "user-agent": "durapay-webhooks/1"}
             headers |= sign(msg_id, body, endpoint.secrets(started), timestamp=int(started))
-            answer = self.poster.post(endpoint.url, body, headers, excerpt=self.settings.excerpt_bytes)
+            answer = self.poster.post(endpoint.url, body, headers, excerpt=self.settings.excerpt_bytes, address=address)
             record["status"] = answer.status
             record["ok"] = 200 <= answer.status < 300
             record["response"] = answer.text

@@ -204,8 +204,8 @@ def check_url(url: str, *, allow_private: bool) -> str:
     try:
         address = ipaddress.ip_address(host.strip("[]"))
     except ValueError:
-        return url.strip()  # a name: its addresses are checked at each delivery (see resolved_private)
-    if not address.is_global:
+        return url.strip()  # a name: its addresses are checked at each delivery (see resolve_public)
+    if not public(address):
         raise EndpointError("url", f"{address} is not a public address (allowed only with DURAPAY_WEBHOOKS__ALLOW_PRIVATE=true)")
     return url.strip()
 
@@ -221,18 +221,54 @@ def _ip(host: str) -> bool:
     return True
 
 
-def resolved_private(url: str) -> str | None:
-    """The first non-public address ``url``'s host resolves to (None when all are public).
+NAT64 = ipaddress.ip_network("64:ff9b::/96")
+IPV4_COMPATIBLE = ipaddress.ip_network("::/96")
 
-    Raises OSError when the name does not resolve (a failed attempt, retried later)."""
+
+def public(address: ipaddress.IPv4Address | ipaddress.IPv6Address) -> bool:
+    """Whether a webhook may connect to ``address``: a global address that embeds no private IPv4 one.
+
+    ``is_global`` alone let through IPv6 forms that carry an IPv4 address a router or the host may
+    reach: IPv4-compatible (``::127.0.0.1``), NAT64 (``64:ff9b::/96``), 6to4 (``2002::/16``), Teredo
+    (``2001::/32``, whose client address is the obfuscated one) and IPv4-mapped (``::ffff:10.0.0.1``)."""
+    if not address.is_global:
+        return False
+    if isinstance(address, ipaddress.IPv6Address):
+        embedded: list[ipaddress.IPv4Address] = []
+        if address.ipv4_mapped is not None:
+            embedded.append(address.ipv4_mapped)
+        if address.sixtofour is not None:
+            embedded.append(address.sixtofour)
+        if address.teredo is not None:
+            embedded += list(address.teredo)
+        if address in NAT64 or address in IPV4_COMPATIBLE:
+            embedded.append(ipaddress.IPv4Address(int(address) & 0xFFFFFFFF))
+        return all(inner.is_global for inner in embedded)
+    return True
+
+
+class NotPublic(PermissionError):
+    """A webhook URL's host resolves to an address that is not public; the message does not name it
+    (an attempt's error is shown to whoever reads the endpoint's attempts)."""
+
+
+def resolve_public(url: str) -> str:
+    """The address to connect to for ``url``: its host resolved once, every address checked with
+    :func:`public`. The delivery connects to this address (sending the host's name for TLS and
+    ``Host``), never resolving again: a name that answered a public address to the check and a
+    private one to the connection (DNS rebinding) gets no connection.
+
+    Raises NotPublic (naming no address) or OSError when the name does not resolve."""
     parts = urlsplit(url)
     host = (parts.hostname or "").strip("[]")
     port = parts.port or (443 if parts.scheme == "https" else 80)
-    for info in socket.getaddrinfo(host, port, proto=socket.IPPROTO_TCP):
-        address = ipaddress.ip_address(str(info[4][0]).split("%")[0])
-        if not address.is_global:
-            return str(address)
-    return None
+    found = socket.getaddrinfo(host, port, proto=socket.IPPROTO_TCP)[:16]
+    addresses = [ipaddress.ip_address(str(info[4][0]).split("%")[0]) for info in found]
+    if not addresses:
+        raise OSError(f"{host} has no address")
+    if not all(public(address) for address in addresses):
+        raise NotPublic(f"{host} resolves to an address that is not public: refused")
+    return str(addresses[0])
 
 
 class EndpointStore:

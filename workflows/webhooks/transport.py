@@ -5,6 +5,10 @@ a header and a few bytes, and the worker makes two per flow; httpx spent about t
 ``http.client`` per request here (measured on the bench receiver), which showed in the flows' throughput.
 Connections are per thread (a worker's threads pool) and per process (a fork makes new ones); a kept
 connection the endpoint closed meanwhile is retried once on a new one, before any answer was read.
+
+A post may be given the ``address`` to connect to (the one ``endpoints.resolve_public`` checked): the
+connection goes there and nowhere else, with the URL's host name sent as ``Host`` and used for TLS
+(SNI and the certificate check), so that the name is never resolved a second time.
 """
 
 from __future__ import annotations
@@ -18,6 +22,22 @@ from urllib.parse import urlsplit
 
 #: Bytes of an answer read at most (the rest is not read, and the connection is not kept).
 READ_LIMIT = 64 * 1024
+
+
+#: A kept connection's key: scheme, host name, port, the address it connects to (None: the name's).
+Key = tuple[str, str, int | None, str | None]
+
+
+class _PinnedHTTPS(http.client.HTTPSConnection):
+    """TLS to a given address, checked for the host name (SNI and certificate), not for the address."""
+
+    def __init__(self, address: str, port: int | None, server_name: str, *, timeout: float, context: ssl.SSLContext) -> None:
+        super().__init__(address, port, timeout=timeout, context=context)
+        self.server_name = server_name
+
+    def connect(self) -> None:
+        http.client.HTTPConnection.connect(self)
+        self.sock = self._context.wrap_socket(self.sock, server_hostname=self.server_name)  # type: ignore[attr-defined]
 
 
 @dataclass(frozen=True)
@@ -34,10 +54,13 @@ class Poster:
         self._local = threading.local()
         self._tls = ssl.create_default_context()
 
-    def post(self, url: str, body: bytes, headers: dict[str, str], *, excerpt: int) -> Answer:
-        """POST ``body`` to ``url``; raises OSError or http.client.HTTPException when no answer came."""
+    def post(self, url: str, body: bytes, headers: dict[str, str], *, excerpt: int, address: str | None = None) -> Answer:
+        """POST ``body`` to ``url`` (connecting to ``address`` when given); raises OSError or
+        http.client.HTTPException when no answer came."""
         parts = urlsplit(url)
-        key = (parts.scheme, parts.hostname or "", parts.port)
+        key = (parts.scheme, parts.hostname or "", parts.port, address)
+        if address is not None:
+            headers = {**headers, "Host": parts.netloc.rpartition("@")[2]}
         path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
         for fresh in (False, True):
             connection, reused = self._connection(key, fresh)
@@ -55,32 +78,32 @@ class Poster:
             return Answer(response.status, response.getheader("retry-after"), data[:excerpt].decode("utf-8", "replace"))
         raise AssertionError("unreachable")
 
-    def _connection(self, key: tuple[str, str, int | None], fresh: bool) -> tuple[http.client.HTTPConnection, bool]:
+    def _connection(self, key: Key, fresh: bool) -> tuple[http.client.HTTPConnection, bool]:
         pool = self._pool()
         held = pool.get(key)
         if held is not None and not fresh:
             return held, True
         self._drop(key)
-        scheme, host, port = key
+        scheme, host, port, address = key
         connection: http.client.HTTPConnection
         if scheme == "https":
-            connection = http.client.HTTPSConnection(host, port, timeout=self.connect_timeout, context=self._tls)
+            connection = _PinnedHTTPS(address or host, port, host, timeout=self.connect_timeout, context=self._tls)
         else:
-            connection = http.client.HTTPConnection(host, port, timeout=self.connect_timeout)
+            connection = http.client.HTTPConnection(address or host, port, timeout=self.connect_timeout)
         connection.connect()
         if connection.sock is not None:
             connection.sock.settimeout(self.timeout)
         pool[key] = connection
         return connection, False
 
-    def _pool(self) -> dict[tuple[str, str, int | None], http.client.HTTPConnection]:
+    def _pool(self) -> dict[Key, http.client.HTTPConnection]:
         if getattr(self._local, "pid", None) != os.getpid():
             self._local.pid = os.getpid()
             self._local.pool = {}
-        pool: dict[tuple[str, str, int | None], http.client.HTTPConnection] = self._local.pool
+        pool: dict[Key, http.client.HTTPConnection] = self._local.pool
         return pool
 
-    def _drop(self, key: tuple[str, str, int | None]) -> None:
+    def _drop(self, key: Key) -> None:
         held = self._pool().pop(key, None)
         if held is not None:
             held.close()
