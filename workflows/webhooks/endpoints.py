@@ -183,7 +183,10 @@ def check_types(types: list[str] | None) -> list[str]:
 
 def check_url(url: str, *, allow_private: bool) -> str:
     """``url`` if an endpoint may have it; raises EndpointError (field ``url``) saying why not."""
-    parts = urlsplit(url.strip())
+    try:
+        parts = urlsplit(url.strip())
+    except ValueError as exc:  # "Invalid IPv6 URL", a bracket left open: not a 500 (issue 26)
+        raise EndpointError("url", f"is not a URL: {exc}") from None
     if parts.scheme not in ("https", "http") or not parts.hostname:
         raise EndpointError("url", "must be an absolute https:// URL")
     if parts.username or parts.password:

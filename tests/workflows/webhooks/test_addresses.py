@@ -77,3 +77,10 @@ def test_a_name_rebinding_to_a_private_address_after_the_check_gets_no_connectio
     assert receiver.received == [], "the connection went to the address checked, not to the second answer"
     assert not attempt["ok"] and "127.0.0.1" not in str(attempt)
     assert asked == ["rebind.example"], "the name was resolved once"
+
+
+@pytest.mark.parametrize("allow_private", [True, False])
+def test_a_url_urlsplit_refuses_is_a_clear_error(hooks: Any, allow_private: bool) -> None:
+    _, webhooks = hooks(allow_private=allow_private)
+    with pytest.raises(EndpointError, match="is not a URL"):
+        webhooks.endpoints.add("http://[::1/h")
