@@ -17,13 +17,14 @@ to read. Then, for each mismatch (docs/operations.md, Reconciliation):
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 from durapay.config.settings import ReconcileSettings
 from durapay.gateway import GatewayError, reported_payment
 from durapay.workflows.engine import Engine
+from durapay.workflows.reconciliation import money
 from durapay.workflows.reconciliation.judge import MONEY_NOT_SHOWN, Finding, Owners, judge
 from durapay.workflows.reconciliation.report import Report, Reports, new_report_id
 from durapay.workflows.reconciliation.window import CallBudgetSpent, GatewayReads, read_window
@@ -34,6 +35,8 @@ from durapay.workflows.store import FlowRecord
 BY = "reconcile"
 #: Lookups per Redis round trip.
 BATCH = 1000
+
+T = TypeVar("T")
 
 
 class Reconciler:
@@ -94,30 +97,40 @@ class Reconciler:
 
     def owners(self, operations: Iterable[Mapping[str, Any]]) -> Owners:
         """The flows the engine's lookups name for these operations (by operation id, then order id), and
-        their records."""
+        their records. Only money and ``PENDING`` operations are looked up (nothing else is judged).
+
+        An operation's lookup lives in the partition of the flow that recorded it, which only that flow
+        knows: it is looked for first in the partition of its order's flow (where a payment's is), then,
+        if not there (a refund, a capture or a reservation charge is recorded by a flow of its own), in
+        every partition. A day of payments costs about one lookup per operation, not one per partition."""
         owners = Owners()
-        ops = list(operations)
-        keys, redis = self.engine.keys, self.engine.redis
-        for chunk in _chunks([str(op.get("operationId") or "") for op in ops]):
-            pipe = redis.pipeline(transaction=False)
-            for operation_id in chunk:
-                for partition in range(keys.partitions):
-                    pipe.get(keys.operation(partition, operation_id))
-            answers = pipe.execute()
+        ops = [op for op in operations if money.is_money(op) or money.in_flight(op)]
+        keys = self.engine.keys
+        orders = sorted({str(op.get("orderId") or "") for op in ops} - {""})
+        for chunk in _chunks(orders):
+            answers = self._pipelined([("hget", keys.order(order_id), "flow") for order_id in chunk])
+            owners.by_order.update({order_id: value.decode() for order_id, value in zip(chunk, answers, strict=True) if value})
+        first = [(str(op.get("operationId") or ""), owners.by_order.get(str(op.get("orderId") or ""))) for op in ops]
+        near = [(operation_id, flow) for operation_id, flow in first if flow]
+        for pairs in _chunks(near):
+            answers = self._pipelined([("get", keys.operation(keys.partition(flow), op_id)) for op_id, flow in pairs])
+            owners.by_operation.update({op_id: value.decode() for (op_id, _), value in zip(pairs, answers, strict=True) if value})
+        rest = [operation_id for operation_id, _ in first if operation_id not in owners.by_operation]
+        for chunk in _chunks(rest):
+            commands = [("get", keys.operation(p, op_id)) for op_id in chunk for p in range(keys.partitions)]
+            answers = self._pipelined(commands)
             for index, operation_id in enumerate(chunk):
                 found = [value for value in answers[index * keys.partitions : (index + 1) * keys.partitions] if value]
                 if found:
                     owners.by_operation[operation_id] = found[0].decode()
-        orders = sorted({str(op.get("orderId") or "") for op in ops} - {""})
-        for chunk in _chunks(orders):
-            pipe = redis.pipeline(transaction=False)
-            for order_id in chunk:
-                pipe.hget(keys.order(order_id), "flow")
-            for order_id, value in zip(chunk, pipe.execute(), strict=True):
-                if value:
-                    owners.by_order[order_id] = value.decode()
         self._load(owners, {*owners.by_operation.values(), *owners.by_order.values()})
         return owners
+
+    def _pipelined(self, commands: Sequence[tuple[str, ...]]) -> list[Any]:
+        pipe = self.engine.redis.pipeline(transaction=False)
+        for name, *arguments in commands:
+            getattr(pipe, name)(*arguments)
+        return list(pipe.execute())
 
     def ended(self, since: float, until: float, owners: Owners) -> list[FlowRecord]:
         """The flows that succeeded in the window (the state index's time is the flow's last change)."""
@@ -161,7 +174,7 @@ def exit_status(report: Report) -> int:
     return 0 if report.ok else 1
 
 
-def _chunks(items: list[str]) -> Iterable[list[str]]:
+def _chunks(items: list[T]) -> Iterable[list[T]]:
     for start in range(0, len(items), BATCH):
         yield items[start : start + BATCH]
 
