@@ -11,8 +11,8 @@ Every refusal is ``{"error": <code>, "reason": <one line>}`` plus ``"field"`` fo
 | 405 | ``method_not_allowed`` | the path takes other methods (``Allow`` lists them) |
 | 409 | ``conflict`` | the state does not allow it (cancel a finished flow, an Idempotency-Key reused) |
 | 413 | ``too_large`` | a body above the limit |
-| 422 | ``invalid_input`` | any input that does not validate, a body that is not JSON (or nested too deeply)
-included; ``field`` names it (``order.amount``, ``query.limit``, ``(body)``) |
+| 422 | ``invalid_input`` | any input that does not validate, a body that is not JSON (or nested deeper than
+``guard.MAX_DEPTH``, refused by the gate) included; ``field`` names it (``order.amount``, ``query.limit``, ``(body)``) |
 | 500 | ``internal`` | a bug: logged on the server with a reference, never shown |
 | 503 | ``unavailable`` | Redis unreachable, or not ready |
 

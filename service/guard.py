@@ -9,7 +9,16 @@ read and parsed (and malformed JSON sent without a key was a 422, not a 401). He
 2. a declared ``Content-Length`` above the limit: 413 at once; a body without one (chunked) is read
    chunk by chunk and refused with 413 as soon as it passes the limit: never more than the limit in
    memory;
-3. the body, read whole, is handed to the app, which parses it.
+3. a body nested deeper than :data:`MAX_DEPTH` arrays and objects: 422 naming the field (``passThrough.deep``,
+   or ``(body)``), before anything parses it;
+4. the body, read whole, is handed to the app, which parses it.
+
+Why a depth limit here, once: every reader behind it recurses, each with its own, different limit. Python's
+JSON parser stops near 1,000 levels (FastAPI answered that 422), but pydantic's serializer stops near 255
+(a ``passThrough`` 280 levels deep passed parsing and validation and failed at the flow's first write: 500,
+"Maximum serialization depth exceeded"), and the masking of card numbers, Redis' cjson and the JSON of
+history each recurse again. Checked here, on the bytes, by a scan that does not recurse, nothing deeper
+than the limit reaches any of them.
 
 The open paths (the notification receiver, which checks the gateway's token and keeps its own, smaller
 limit; ``/healthz``; the OpenAPI document and ``/docs``; the console, which checks its own session)
@@ -19,6 +28,7 @@ whole before it answered.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 
 from starlette.datastructures import Headers
@@ -33,6 +43,48 @@ def _refusal(status: int, error: str, reason: str, *, close: bool) -> JSONRespon
     return JSONResponse(
         {"error": error, "reason": reason}, status_code=status, headers={"Connection": "close"} if close else None
     )
+
+
+#: The deepest nesting of arrays and objects a body may have (the body itself is level 1). Merchant
+#: input nests a few levels; 32 leaves room for any ``passThrough`` or ``customField`` while staying far
+#: below the shallowest reader behind the gate (pydantic's serializer, near 255).
+MAX_DEPTH = 32
+
+# A string (skipped whole, a key when a colon follows), a bracket or a comma; nothing else matters to depth.
+_TOKENS = re.compile(rb'"((?:[^"\\]|\\.)*)"(\s*:)?|[\[\]{},]', re.DOTALL)
+
+
+def too_deep(body: bytes, limit: int = MAX_DEPTH) -> str | None:
+    """The field where ``body`` nests deeper than ``limit`` (``(body)`` for the body itself), or None.
+
+    A scan over the bytes, not a parse: it never recurses, and a malformed body is left to the parser
+    (whatever this says of it, the body is refused either way). The field is named by its keys, down to
+    the first list in its path: ``passThrough.deep`` for ``{"passThrough": {"deep": [[[...]]]}}``."""
+    path: list[str | int | None] = []  # per open level: its current key (object) or index (array)
+    for token in _TOKENS.finditer(body):
+        text = token.group(0)
+        if text in (b"{", b"["):
+            if len(path) >= limit:
+                return _field(path)
+            path.append(None if text == b"{" else 0)
+        elif text in (b"}", b"]"):
+            if path:
+                path.pop()
+        elif text == b",":
+            if path and isinstance(path[-1], int):
+                path[-1] += 1
+        elif token.group(2) is not None and path and not isinstance(path[-1], int):
+            path[-1] = token.group(1).decode("utf-8", "replace")
+    return None
+
+
+def _field(path: list[str | int | None]) -> str:
+    named: list[str] = []
+    for part in path:
+        if not isinstance(part, str):
+            break
+        named.append(part)
+    return ".".join(named[:3]) or "(body)"
 
 
 class ControlGate:
@@ -78,6 +130,12 @@ class ControlGate:
             if len(body) > self.limit:
                 await self._too_large(scope, receive, send)
                 return
+        field = None if role == "open" else too_deep(bytes(body))
+        if field is not None:
+            reason = f"nested deeper than {MAX_DEPTH} levels of arrays and objects"
+            answer = JSONResponse({"error": "invalid_input", "reason": reason, "field": field}, status_code=422)
+            await answer(scope, receive, send)
+            return
         await self.app(scope, _replay(bytes(body), receive), send)
 
     async def _too_large(self, scope: Scope, receive: Receive, send: Send) -> None:
