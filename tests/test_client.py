@@ -1,0 +1,271 @@
+"""``durapay.client.Client`` against the real API (uvicorn, Valkey, a Celery worker, the simulator):
+every route of the OpenAPI document is a call of the client, and every call is sent by a method;
+idempotent starts, paging by the cursor, the API's problem as an ApiError, retries after real
+transport failures (a proxy that drops or swallows), the event feed resumed from its cursor."""
+
+from __future__ import annotations
+
+import random
+import re
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+
+from bench._webhook_receiver import WebhookReceiver
+from durapay import _calls
+from durapay.client import ApiError, Client, Retries
+from durapay.workflows.states import FlowState
+from tests.client_support import API_KEY, ClientStack, FlakyProxy, Recording, client_stack  # noqa: F401
+from tests.waiting import wait_until
+from tests.workflows.integration.test_flows import card, order
+
+pytestmark = pytest.mark.integration
+
+SCHEDULE = {
+    "contractId": "ct-client-1",
+    "amount": 1500,
+    "currency": "EUR",
+    "description": "client test, monthly",
+    "rule": {"every": "month", "day": 15},
+    "start": "2031-01-15",
+}
+
+
+def quick(url: str, key: str = API_KEY, **options: Any) -> Client:
+    """A client with quick retries (the default pauses up to seconds), seeded: the same pauses every run."""
+    return Client(url, key, retries=Retries(attempts=3, base=0.01, cap=0.05, rng=random.Random(5)), **options)
+
+
+def moto(**extra: Any) -> dict[str, Any]:
+    return {"order": order(), "card": card(), **extra}
+
+
+@pytest.fixture
+def api(client_stack: ClientStack) -> Iterator[Client]:  # noqa: F811
+    with quick(client_stack.url) as client:
+        yield client
+
+
+def documented_routes(stack: ClientStack) -> dict[tuple[str, str], str]:
+    """(method, path) -> the answer's model name, of every operation in the app's OpenAPI document, with
+    the concrete paths written as the client's templates: one start route per flow kind is
+    ``/flows/{kind}``, one route per signal ``/flows/{flow_id}/signals/{name}``. The gateway's
+    notification receiver is not the control API (the gateway calls it, not a merchant)."""
+    document = httpx.get(f"{stack.url}/openapi.json", timeout=10).json()
+    kinds = set(stack.engine.registry)
+    found: dict[tuple[str, str], str] = {}
+    for path, operations in document["paths"].items():
+        if path == stack.runtime.settings.receiver.path:
+            continue
+        parts = path.split("/")
+        if len(parts) == 3 and parts[1] == "flows" and parts[2] in kinds:
+            path = "/flows/{kind}"
+        elif re.fullmatch(r"/flows/\{flow_id\}/signals/[^/{}]+", path):
+            path = "/flows/{flow_id}/signals/{name}"
+        for method, operation in operations.items():
+            success = next(answer for status, answer in operation["responses"].items() if status.startswith("2"))
+            content = success.get("content", {})
+            schema = content.get("application/json", {}).get("schema", {})
+            found[(method.upper(), path)] = schema.get("$ref", "").rsplit("/", 1)[-1] or "str"
+    return found
+
+
+def test_every_route_of_the_api_document_is_a_call_of_the_client(client_stack: ClientStack) -> None:  # noqa: F811
+    documented = documented_routes(client_stack)
+    declared = {(route.method, route.path): route.answer.__name__ for route in _calls.ROUTES}
+    assert len(declared) == len(_calls.ROUTES), "a route declared twice"
+    assert sorted(set(documented) - set(declared)) == [], "routes of the API the client has no call for"
+    assert sorted(set(declared) - set(documented)) == [], "calls of the client the API does not document"
+    assert declared == documented, "the client reads an answer as another model than the API documents"
+
+
+def template_of(method: str, path: str) -> tuple[str, str]:
+    """The declared route a request went to (the most specific template that fits its path)."""
+    fitting = [
+        route
+        for route in _calls.ROUTES
+        if route.method == method and re.fullmatch(re.sub(r"\{[^/]+\}", "[^/]+", route.path), path)
+    ]
+    assert fitting, f"{method} {path} is no declared route"
+    best = min(fitting, key=lambda route: route.path.count("{"))
+    return best.method, best.path
+
+
+def test_every_call_is_sent_by_a_method_of_the_client(client_stack: ClientStack) -> None:  # noqa: F811
+    """A tour of the client's methods against the API; the transport notes what was sent. Together with
+    the test above: a route of the API without a client method fails one of the two."""
+    recording = Recording()
+    with quick(client_stack.url, transport=recording) as api, WebhookReceiver() as receiver:
+        tour(api, receiver)
+    sent = {template_of(method, path) for method, path in recording.sent}
+    assert sorted({(route.method, route.path) for route in _calls.ROUTES} - sent) == [], "calls no method sends"
+
+
+def refused(status: int, call: Any, *args: Any, **kwargs: Any) -> ApiError:
+    with pytest.raises(ApiError) as caught:
+        call(*args, **kwargs)
+    assert caught.value.status == status, str(caught.value)
+    return caught.value
+
+
+def tour(api: Client, receiver: WebhookReceiver) -> None:
+    flow = api.start("moto", moto(), key=f"tour-{uuid.uuid4().hex}")
+    done = api.wait(flow.id, timeout=30)
+    assert done.state is FlowState.SUCCEEDED, done
+    assert api.get(flow.id).id == flow.id and api.history(flow.id).history
+    assert any(brief.id == flow.id for brief in api.iter_flows(page=10))
+    assert api.list_flows(kind="moto", limit=1).flows
+    later = api.start("moto", moto(), run_at="in 1h")
+    assert refused(422, api.signal, later.id, "3ds_result", {"threeDSAuthResponse": "x"}).field
+    assert api.cancel(later.id, "the customer left").state is FlowState.CANCELLED
+    refused(409, api.retry, later.id)
+    refused(409, api.refund_late_payment, later.id)
+    refused(409, api.keep_late_payment, later.id)
+
+    schedule = api.create_schedule(SCHEDULE, key=f"tour-{uuid.uuid4().hex}")
+    assert api.get_schedule(schedule.id).amount == 1500 and api.schedule_history(schedule.id).history
+    assert any(item.id == schedule.id for item in api.list_schedules(limit=500).schedules)
+    assert api.change_schedule_amount(schedule.id, 1990).amount == 1990
+    assert api.pause_schedule(schedule.id).state == "paused" and api.resume_schedule(schedule.id).state == "active"
+    refused(409, api.resolve_schedule, schedule.id, "2031-01-15T00:00:00Z", "not_charged")
+    assert api.cancel_schedule(schedule.id, "tour over").state == "cancelled"
+    refused(409, api.delete_schedule, schedule.id)
+
+    endpoint = api.create_endpoint(receiver.url, events=["flow.succeeded"], description="tour")
+    receiver.secrets = [endpoint.secret]
+    assert any(item.id == endpoint.id for item in api.list_endpoints().endpoints)
+    assert api.get_endpoint(endpoint.id).url == receiver.url
+    assert api.test_endpoint(endpoint.id).ok and api.endpoint_attempts(endpoint.id, limit=5).attempts
+    assert api.rotate_endpoint_secret(endpoint.id).secret != endpoint.secret
+    assert api.enable_endpoint(endpoint.id).enabled
+    page = api.events(types=["flow.succeeded"], limit=1)
+    assert page.events[0].id not in {event.id for event in api.iter_events(after=page.next, until_idle=True, wait=0)}
+    assert api.replay_events(endpoint=endpoint.id, types=["flow.succeeded"]).scheduled >= 1
+    assert api.delete_endpoint(endpoint.id).id == endpoint.id
+
+    report = api.reconcile(since="1h")
+    wait_until(lambda: not api.reconciliation_report(report.id).running, 30, "the reconciliation to finish")
+    assert api.latest_reconciliation().id == report.id
+    assert any(item.id == report.id for item in api.reconciliation_reports().reports)
+    assert api.healthz().status == "ok" and set(api.readyz().checks) >= {"redis"}
+    assert "durapay_flows" in api.metrics()
+
+
+def test_a_start_with_a_key_twice_is_one_flow(api: Client) -> None:
+    data = moto()
+    key = f"twice-{uuid.uuid4().hex}"
+    first = api.start("moto", data, key=key)
+    again = api.start("moto", data, key=key)
+    assert again.id == first.id and again.start_key == key
+    conflict = refused(409, api.start, "moto", moto(), key=key)
+    assert conflict.error == "conflict" and not conflict.retryable
+
+
+def test_paging_through_every_flow_neither_repeats_nor_skips_while_flows_start(api: Client) -> None:
+    later = time.time() + 3600  # sleeping flows: they hold still
+    ours = [api.start("moto", moto(), run_at=later).id for _ in range(5)]
+    first = api.list_flows(limit=2)
+    assert len(first.flows) == 2 and first.next is not None
+    assert api.list_flows(limit=2, after=first.next).flows[0].id not in {brief.id for brief in first.flows}
+    flows = api.iter_flows(page=2)
+    seen = [next(flows).id for _ in range(3)]  # two pages read
+    new = {api.start("moto", moto(), run_at=later).id for _ in range(3)}
+    seen += [brief.id for brief in flows]
+    assert len(seen) == len(set(seen)), "a flow seen twice"
+    assert set(ours) <= set(seen) and not new & set(seen), "every flow once, none started after the first page"
+
+
+def test_the_apis_problem_is_an_api_error(api: Client) -> None:
+    typo = refused(422, api.start, "moto", moto(captureTyp="EXPLICIT"))
+    assert (typo.error, typo.field) == ("invalid_input", "captureTyp") and "did you mean `captureType`?" in typo.reason
+    assert not typo.retryable and str(typo).startswith("POST /flows/moto: 422 invalid_input (captureTyp): ")
+    missing = refused(404, api.get, "fnothere")
+    assert (missing.error, missing.reason, missing.field, missing.retryable) == ("not_found", "no flow 'fnothere'", None, False)
+    cursor = refused(422, api.list_flows, after="yesterday:f1")
+    assert cursor.field == "query.after" and "not a time" in cursor.reason
+    assert refused(404, api.start, "motto", moto()).reason.startswith("no flow kind 'motto'; did you mean `moto`?")
+
+
+def test_a_wrong_key_is_refused(client_stack: ClientStack) -> None:  # noqa: F811
+    with quick(client_stack.url, "wrong-key") as stranger:
+        assert refused(401, stranger.get, "f1").error == "unauthorized"
+
+
+def test_a_get_is_tried_again_after_a_transport_failure_and_a_post_without_key_never(client_stack: ClientStack) -> None:  # noqa: F811
+    flow = client_stack.engine.start("moto", moto(), run_at=time.time() + 3600)
+    with FlakyProxy(client_stack.url, ["drop"]) as proxy, quick(proxy.url) as api:
+        assert api.get(flow.id).id == flow.id
+        assert proxy.connections == 2, "the dropped connection, then the retry"
+    with FlakyProxy(client_stack.url, ["drop"]) as proxy, quick(proxy.url) as api:
+        lost = refused_transport(api.start, "moto", moto())
+        assert lost.retryable and lost.error == "transport" and proxy.connections == 1, "a start without a key is never resent"
+    with FlakyProxy(client_stack.url, ["drop", "drop", "drop"]) as proxy, quick(proxy.url) as api:
+        refused_transport(api.get, flow.id)
+        assert proxy.connections == 3, "three attempts, then the error"
+
+
+def test_a_keyed_start_whose_answer_was_lost_is_sent_again_and_starts_one_flow(client_stack: ClientStack) -> None:  # noqa: F811
+    key = f"lost-{uuid.uuid4().hex}"
+    data = moto()
+    with FlakyProxy(client_stack.url, ["swallow"]) as proxy, quick(proxy.url) as api:
+        started = api.start("moto", data, key=key, run_at=time.time() + 3600)
+        assert proxy.connections == 2, "the first answer was swallowed: the start was sent again"
+    assert client_stack.engine.get(started.id).start_key == key
+    created = [entry for entry in client_stack.engine.history(started.id) if entry.get("what", "").startswith("created")]
+    assert len(created) == 1, "the flow was created once; the second start was answered with it"
+
+
+def refused_transport(call: Any, *args: Any) -> ApiError:
+    with pytest.raises(ApiError) as caught:
+        call(*args)
+    assert caught.value.status is None, str(caught.value)
+    return caught.value
+
+
+def test_the_event_stream_resumes_from_its_cursor_and_long_polls(api: Client, client_stack: ClientStack) -> None:  # noqa: F811
+    tail = api.iter_events(types=["flow.created"], until_idle=True, wait=0)
+    for _ in tail:  # read up to now: what follows is this test's
+        pass
+    later = time.time() + 3600
+    started = [api.start("moto", moto(), run_at=later).id for _ in range(2)]
+    stream = api.iter_events(after=tail.cursor, types=["flow.created"], wait=5)
+    first = next(stream)
+    saved = stream.cursor
+    assert saved is not None and saved != tail.cursor
+    resumed = api.iter_events(after=saved, types=["flow.created"], wait=5)
+    second = next(resumed)
+    assert sorted([first.model_extra["flow"], second.model_extra["flow"]]) == sorted(started)  # type: ignore[index]
+    timer = threading.Timer(0.2, lambda: started.append(client_stack.engine.start("moto", moto(), run_at=later).id))
+    began = time.monotonic()
+    timer.start()
+    third = next(resumed)  # the long poll answers when the event comes
+    timer.join()
+    assert third.model_extra["flow"] == started[2] and time.monotonic() - began < 5  # type: ignore[index]
+
+
+def test_wait_gives_up_at_its_timeout(api: Client) -> None:
+    later = api.start("moto", moto(), run_at="in 1h")
+    began = time.monotonic()
+    with pytest.raises(TimeoutError, match=f"flow {later.id} still sleeping"):
+        api.wait(later.id, timeout=0.3)
+    assert time.monotonic() - began < 5
+
+
+def test_retry_pauses_grow_are_jittered_bounded_and_only_for_idempotent_retryable_calls() -> None:
+    rule = Retries(attempts=4, base=0.2, cap=0.5, rng=random.Random(3))
+    get, post = _calls.get("f1"), _calls.cancel("f1", None)
+    busy = ApiError(503, "unavailable", "try again")
+    pauses = [rule.pause(get, busy, attempt) for attempt in (1, 2, 3)]
+    assert [0.1 <= pauses[0] <= 0.2, 0.2 <= pauses[1] <= 0.4, 0.25 <= pauses[2] <= 0.5] == [True] * 3, pauses  # type: ignore[operator]
+    assert rule.pause(get, busy, 4) is None, "attempts used up"
+    assert rule.pause(post, busy, 1) is None, "a cancel is never resent"
+    assert rule.pause(get, ApiError(404, "not_found", "no flow"), 1) is None, "a refusal is not retried"
+    assert rule.pause(get, ApiError(429, "rate_limited", "slow down", retry_after=0.4), 1) == pytest.approx(0.4)
+    assert rule.pause(get, ApiError(429, "rate_limited", "slow down", retry_after=60), 1) == 0.5, "at most cap"
+    keyed = _calls.start("moto", {}, key="k1", run_at=None, wait=None)
+    assert keyed.idempotent and not _calls.start("moto", {}, key=None, run_at=None, wait=None).idempotent
