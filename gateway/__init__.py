@@ -215,6 +215,7 @@ from durapay.gateway._money import (
     check_amount,
     exponent,
     max_amount,
+    parse_minor,
     to_major,
     to_minor,
 )
@@ -442,6 +443,7 @@ __all__ = [
     "operation",
     "parse_gateway_time",
     "parse_lenient",
+    "parse_minor",
     "parse_notification",
     "reported_payment",
     "to_major",

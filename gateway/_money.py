@@ -93,22 +93,38 @@ def to_major(minor: int, currency: str) -> Decimal:
     return Decimal(minor).scaleb(-exponent(currency))
 
 
-def _parse_minor(value: Any) -> Any:
-    """Accept "3545" (the wire form) or 3545; refuse fractions, signs, decimals, bools and blanks.
+#: The most digits an amount may be written with, leading zeros aside: far above any bound (so an answer
+#: of the gateway is never refused for its size), far below what ``int()`` refuses (4,300 digits).
+_MOST_DIGITS = 40
+#: What every refusal of :func:`parse_minor` says it wanted (no echo of the input: it is shown in pages).
+_WHOLE = 'must be a whole number of minor units in the digits 0-9 ("1500" is 15.00 EUR)'
 
-    JSON has one number type, so ``3545.0`` is the integer 3545 to a JSON client (and to JSON Schema's
-    "integer"): it is taken as 3545, exactly (the bounds stay below 2**53). ``35.45`` is refused."""
+
+def parse_minor(value: Any) -> int:
+    """An amount in minor units from what a person or a program sent: ``"3545"`` (the wire form), ``3545``
+    or ``"0003545"``; ValueError (one line, without the input) for anything else.
+
+    The one parser of amounts: the API's ``Amount`` fields and the console's forms both use it, so the
+    console cannot take what the API refuses. Only the ASCII digits 0-9: ``str.isdigit`` and ``int()``
+    also take other scripts' digits ("١٢" is 12 to ``int()``) and ``isdigit`` takes superscripts ("²",
+    which ``int()`` then refuses). A string of more than ``_MOST_DIGITS`` significant digits is refused
+    before it is converted (``int()`` of 5,000 digits raises). JSON has one number type, so ``3545.0``
+    is the integer 3545 to a JSON client (and to JSON Schema's "integer"): it is taken as 3545, exactly
+    (the bounds stay below 2**53). ``35.45`` is refused. Bounds are not checked here (:func:`check_amount`)."""
     if isinstance(value, bool):
-        raise ValueError("must be a whole number of minor units, not a boolean")
+        raise ValueError(f"{_WHOLE}, not a boolean")
     if isinstance(value, int):
         return value
     if isinstance(value, float) and value.is_integer() and abs(value) < 2**53:
         return int(value)
     if isinstance(value, str):
-        if not value.isascii() or not value.isdigit():
-            raise ValueError(f'must be a string of digits in minor units (e.g. "3545"), got {value!r}')
-        return int(value)
-    raise ValueError(f"must be a whole number of minor units, got {type(value).__name__}")
+        if not (value.isascii() and value.isdigit()):
+            raise ValueError(_WHOLE)
+        significant = value.lstrip("0") or "0"  # int() counts leading zeros in its 4,300 digits too
+        if len(significant) > _MOST_DIGITS:
+            raise ValueError(f"must be at most {max_amount(None)} minor units (any currency's bound); check for extra zeros")
+        return int(significant)
+    raise ValueError(f"{_WHOLE}, not a {type(value).__name__}")
 
 
 def _bounded(zero: bool) -> Any:
@@ -186,14 +202,14 @@ class _Bounds:
 #: An amount in minor units: ``int`` in Python, a string of digits on the wire. Merchant input: 1 or more.
 Amount = Annotated[
     int,
-    BeforeValidator(_parse_minor),
+    BeforeValidator(parse_minor),
     _Bounds(zero=False),
     PlainSerializer(str, return_type=str, when_used="json"),
 ]
 #: The same where 0 has a meaning (a card verification's order: "without any charge").
 AmountOrZero = Annotated[
     int,
-    BeforeValidator(_parse_minor),
+    BeforeValidator(parse_minor),
     _Bounds(zero=True),
     PlainSerializer(str, return_type=str, when_used="json"),
 ]

@@ -14,7 +14,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Body, Header, Path, Query
 from pydantic import Field
 
-from durapay.gateway import StrictInput, StrictModel
+from durapay.gateway import Amount, StrictInput, StrictModel
 from durapay.service.errors import ERRORS, conflict, invalid, not_found
 from durapay.service.schemas import History, ScheduleList, ScheduleView
 from durapay.workflows.engine import InputError, NotFound, OperatorError
@@ -25,7 +25,7 @@ ScheduleId = Annotated[str, Path(min_length=1, max_length=100, pattern=r"^[A-Za-
 
 
 class AmountChange(StrictModel):
-    amount: int = Field(ge=1, description="minor units, from the next occurrence on")
+    amount: Amount = Field(description="minor units (1500 = 15.00 EUR), from the next occurrence on")
 
 
 class CancelRequest(StrictModel):

@@ -11,6 +11,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
+from durapay.gateway import parse_minor
 from durapay.service.console.session import PATH
 from durapay.service.console.web import FORM_EXPIRED, READ_ONLY, Console, redirect, to_login
 from durapay.workflows.engine import InputError, NotFound, OperatorError
@@ -158,14 +159,16 @@ def schedule_router(console: Console, schedules: Schedules) -> APIRouter:
             "pause": lambda: schedules.pause(schedule_id, by="console"),
             "resume": lambda: schedules.resume(schedule_id, by="console"),
             "cancel": lambda: schedules.cancel(schedule_id, reason, by="console"),
-            "amount": lambda: schedules.change_amount(schedule_id, int(amount_text), by="console"),
+            "amount": lambda: schedules.change_amount(schedule_id, parse_minor(amount_text), by="console"),
             "resolve": lambda: schedules.resolve(schedule_id, occurrence, outcome, operation_id=operation_id, by="console"),
         }
         if action not in run:
             return console.refuse(request, session, 404, "No such action", f"no action {action!r}")
-        # ASCII digits only: str.isdigit also takes superscripts ("²"), which int() then refuses (a 500, before).
-        if action == "amount" and not (amount_text.isascii() and amount_text.isdigit()):
-            return console.refuse(request, session, 422, "Amount", "amount: a whole number of minor units (1500 = 15.00)")
+        if action == "amount":  # the API's parser: "²", "١٢" or 5,000 digits are refused here as there
+            try:
+                parse_minor(amount_text)
+            except ValueError as exc:
+                return console.refuse(request, session, 422, "Amount", f"amount: {exc}")
         try:
             run[action]()
         except NotFound:

@@ -7,7 +7,7 @@ from decimal import Decimal
 import pytest
 from pydantic import ValidationError
 
-from durapay.gateway import Order, exponent, to_major, to_minor
+from durapay.gateway import Order, exponent, parse_minor, to_major, to_minor
 
 
 @pytest.mark.parametrize(
@@ -65,3 +65,16 @@ def test_bad_currency_is_refused(bad: object) -> None:
     with pytest.raises(ValidationError) as caught:
         Order.model_validate({"orderId": "o-1", "amount": "1", "currency": bad})
     assert caught.value.errors()[0]["loc"] == ("currency",)
+
+
+@pytest.mark.parametrize("typed", ["\u0661\u0662", "\u00b2", "\uff11", "1.5", "-5", "", " 12"])
+def test_parse_minor_takes_only_the_ascii_digits(typed: str) -> None:
+    """The one parser of amounts (the API's Amount fields, the console's forms): int() takes "١٢" as 12."""
+    with pytest.raises(ValueError, match="digits 0-9"):
+        parse_minor(typed)
+
+
+def test_parse_minor_refuses_thousands_of_digits_before_converting_them() -> None:
+    assert parse_minor("0" * 5000 + "1500") == 1500
+    with pytest.raises(ValueError, match="must be at most"):
+        parse_minor("9" * 5000)  # int() raises past 4,300 digits
