@@ -264,6 +264,7 @@ def run(args: argparse.Namespace, say: Callable[[str], None]) -> dict[str, Any]:
         peak = {name: Size(**vars(size)) for name, size in baseline.items()}
         began = time.monotonic()
         next_sample, half, memory_half = began + args.sample, None, memory0
+        trend: list[tuple[int, dict[str, int]]] = []  # (flows started, each process's memory) at each sample
         while (elapsed := time.monotonic() - began) < args.duration:
             owed = int(elapsed * args.rate) - len(soak.started)
             for _ in range(max(0, min(owed, 50))):
@@ -273,6 +274,7 @@ def run(args: argparse.Namespace, say: Callable[[str], None]) -> dict[str, Any]:
                 half, memory_half = len(soak.started), soak.processes()
             if time.monotonic() >= next_sample:
                 next_sample += args.sample
+                trend.append((len(soak.started), soak.processes()))
                 for name, size in measure(engine.redis, prefix).items():
                     top = peak.setdefault(name, Size())
                     top.keys, top.entries, top.memory = (
@@ -320,6 +322,7 @@ def run(args: argparse.Namespace, say: Callable[[str], None]) -> dict[str, Any]:
                 for name in memory_end
             },
             "webhooks_received": [len(hook.received) for hook in hooks],
+            "memory_trend": [{"flows": flows_then, **memory} for flows_then, memory in trend],
         }
     finally:
         stack.stop()

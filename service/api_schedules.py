@@ -1,6 +1,7 @@
 """``/schedules``: recurring MIT charges. Create, read, list, history, pause, resume, change the amount,
-cancel (``DELETE`` is a cancel: a schedule's history is kept, never erased), and resolve an occurrence
-whose flow is gone (what the gateway shows: ``charged`` or ``not_charged``).
+cancel (``DELETE`` is a cancel, not an erase: the record and its history are kept for
+``DURAPAY_SCHEDULES__RETENTION``), and resolve an occurrence whose flow is gone (what the gateway
+shows: ``charged`` or ``not_charged``).
 
 The body of ``POST /schedules`` is ``workflows.schedules.ScheduleInput``; ``Idempotency-Key`` makes a
 create idempotent exactly as for flows.
@@ -122,7 +123,7 @@ def schedules_router(schedules: Schedules) -> APIRouter:
         reason = request.reason if request else CancelRequest().reason
         return _act(lambda: schedules.cancel(schedule_id, reason, by="api"), schedule_id)
 
-    @router.delete("/{schedule_id}", response_model=ScheduleView, summary="Cancel (the record and its history are kept)")
+    @router.delete("/{schedule_id}", response_model=ScheduleView, summary="Cancel (kept for the schedules' retention)")
     def delete(schedule_id: ScheduleId) -> dict[str, Any]:
         return _act(lambda: schedules.cancel(schedule_id, "cancelled by operator", by="api"), schedule_id)
 
