@@ -301,10 +301,9 @@ def test_the_compactor_does_not_expire_the_lookups_of_a_flow_a_late_payment_brou
     compactor = world.compactor()
     expire = compactor.orders.expire
 
-    def signal_then_expire(order_ids: Any, **kept: Any) -> None:
-        ids = list(order_ids)
+    def signal_then_expire(lookups: Any, **kept: Any) -> None:
         world.engine.signal(flow.flow_id, "notification", {"operation": late}, by=RECEIVER)
-        expire(ids, **kept)
+        expire(lookups, **kept)
 
     monkeypatch.setattr(compactor.orders, "expire", signal_then_expire)
     compactor.run(now=world.clock.now() + 10)
