@@ -6,7 +6,9 @@ The public API (README, "From Python"):
   store the ``DURAPAY_*`` settings name, for a backend on the workers' Redis;
 * :class:`Schedules` on that engine (recurring merchant-initiated charges);
 * the flow states, the errors those calls raise, and the settings model;
-* :func:`verify_webhook` for a merchant's receiver of durapay's webhooks.
+* :func:`verify_webhook` for a merchant's receiver of durapay's webhooks;
+* :class:`Client` and :class:`AsyncClient`, the typed client of the HTTP API for a backend that is not
+  on the workers' Redis, with :class:`ApiError` (the API's problem) and :class:`Retries`.
 
 Two subpackages are public as well, each by its ``__all__``: ``durapay.gateway`` (the typed client of
 the payment gateway) and ``durapay.simulator`` (its stand-in for tests). Everything else
@@ -16,6 +18,7 @@ promised to stay as it is.
 
 from importlib.metadata import PackageNotFoundError, version
 
+from durapay.client import ApiError, AsyncClient, Client, Retries
 from durapay.config.settings import GatewaySettings, Settings, SettingsError, load_settings
 from durapay.service.runtime import connect
 from durapay.workflows.durability import EarlyWaitaof, NotDurable
@@ -35,6 +38,9 @@ except PackageNotFoundError:  # a checkout on sys.path, not installed
 __all__ = [
     "STOPPED",
     "TERMINAL",
+    "ApiError",
+    "AsyncClient",
+    "Client",
     "EarlyWaitaof",
     "Engine",
     "FlowRecord",
@@ -45,6 +51,7 @@ __all__ = [
     "NotFound",
     "OperatorError",
     "OrderIdTaken",
+    "Retries",
     "Schedules",
     "Settings",
     "SettingsError",

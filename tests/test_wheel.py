@@ -36,6 +36,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("config", "gateway", "tasks", "workflows", "service", "simulator")
 DATA = (".lua", ".html", ".zdict", ".js", ".css", ".svg")
 API_KEY = "wheel-test-key-0123456789"
+README_API = "http://127.0.0.1:8780"
 
 
 @dataclass
@@ -126,7 +127,7 @@ def stack(installed: Installed, project: Path, tmp_path: Path) -> Iterator[dict[
         "DURAPAY_REDIS_URL": valkey.url,
         "DURAPAY_DATA_DIR": str(tmp_path / "data"),
         "DURAPAY_API__KEY": API_KEY,
-        "DURAPAY_API_URL": f"http://127.0.0.1:{port}",
+        "SHOP_DURAPAY_URL": f"http://127.0.0.1:{port}",
         "DURAPAY_ENGINE__LEASE_SECONDS": "10",
         "DURAPAY_GATEWAY__TIMEOUT": "5",
     }
@@ -134,14 +135,14 @@ def stack(installed: Installed, project: Path, tmp_path: Path) -> Iterator[dict[
     try:
         with SimulatorServer(SimulatorConfig(seed=24)) as sim:
             env["DURAPAY_GATEWAY__BASE_URL"] = sim.base_url
-            env["DURAPAY_RECEIVER__PUBLIC_URL"] = f"{env['DURAPAY_API_URL']}/notifications"
+            env["DURAPAY_RECEIVER__PUBLIC_URL"] = f"{env['SHOP_DURAPAY_URL']}/notifications"
             commands = {"worker": ["worker", "--pool", "threads", "--loglevel", "warning"], "api": ["api", "--port", str(port)]}
             for name, args in commands.items():
                 log = (tmp_path / f"{name}.log").open("wb")
                 running.append(
                     subprocess.Popen([str(installed.durapay), *args], cwd=project, env=env, stdout=log, stderr=subprocess.STDOUT)
                 )
-            wait_until(lambda: _answers(f"{env['DURAPAY_API_URL']}/healthz"), 60, "the installed durapay api to listen")
+            wait_until(lambda: _answers(f"{env['SHOP_DURAPAY_URL']}/healthz"), 60, "the installed durapay api to listen")
             yield env
     finally:
         for process in running:
@@ -182,3 +183,12 @@ def test_beside_a_project_with_its_own_config_and_tasks(installed: Installed, pr
 
     example = run_in_project(installed, project, stack, readme_block("### From Python"))
     assert example.stdout.startswith("succeeded "), example.stdout + example.stderr
+
+    # README's client example as written, but for the port of this test's API.
+    client = readme_block("### From another service: the HTTP client")
+    assert README_API in client
+    answered = run_in_project(installed, project, stack, client.replace(README_API, stack["SHOP_DURAPAY_URL"]))
+    lines = answered.stdout.splitlines()
+    assert lines[0].startswith("succeeded "), answered.stdout + answered.stderr
+    assert "409 conflict" in answered.stdout, "the cancel of an ended flow is an ApiError"
+    assert any(line.startswith("flow.succeeded ") for line in lines), "the event feed read through the client"
