@@ -37,7 +37,8 @@ SECRET_KEYS = frozenset(
 PAN_KEYS = frozenset({"pan", "cardnumber"})
 #: Keys whose values are identifiers, never card data, besides every key named like one: ``id``, or
 #: ending in ``Id``/``Ids``/``_id``/``_ids`` (``orderId``, ``operationIds``, ``paymentEndToEndId``...).
-IDENTIFIER_KEYS = frozenset({"id", "ids", "ops", "orders", "flow", "flows"})
+#: A merchant's start key (``Idempotency-Key``) is one: a numeric key shown masked could not be found again.
+IDENTIFIER_KEYS = frozenset({"id", "ids", "ops", "orders", "flow", "flows", "start_key", "idempotencyKey"})
 
 
 def identifier(key: Any) -> bool:

@@ -60,6 +60,10 @@ def test_the_rule_masks_luhn_runs_anywhere_and_keeps_identifiers() -> None:
         "orderId": "4349940199004549",
         "n": "434994******4549",
     }
+    assert mask({"start_key": "4349940199004549", "idempotencyKey": "4349940199004549"}) == {
+        "start_key": "4349940199004549",
+        "idempotencyKey": "4349940199004549",
+    }, "a merchant's start key is an identifier"
     assert mask({"4349940199004549": [["x 4349940199004549"]]}) == {"434994******4549": [["x 434994******4549"]]}
 
 
