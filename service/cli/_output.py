@@ -22,9 +22,15 @@ from typing import Any
 import typer
 from rich.console import Console
 
+#: The width of a console that is not a terminal: wide enough that a table or a line is never wrapped
+#: (piped into a file or ``less``, Rich's default of 80 columns broke the demo's table and commands).
+PIPED_WIDTH = 400
 
-def console() -> Console:
-    return Console()
+
+def console(*, stderr: bool = False) -> Console:
+    """Rich's console on a terminal; piped, one that does not wrap what it prints."""
+    screen = Console(stderr=stderr)
+    return screen if screen.is_terminal else Console(stderr=stderr, width=PIPED_WIDTH, soft_wrap=True)
 
 
 def echo_json(value: Any) -> None:

@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
 
 from durapay.service.cli._common import ExitCode, Output, interrupt_on_sigterm
 from durapay.service.cli._output import console, echo_json
@@ -42,7 +41,7 @@ def demo(
     interrupt_on_sigterm()
     try:
         port = settings.api.port if api_port is None else api_port
-        screen = Console(stderr=True) if as_json else console()
+        screen = console(stderr=as_json)
         report = _print_rows if as_json else None
         code = run_demo(settings, screen, keep=keep, api_port=port, simulator_port=simulator_port, report=report)
     except KeyboardInterrupt:

@@ -16,7 +16,7 @@ from rich.console import Console
 
 from durapay.config import Settings
 from durapay.service.demo.merchant import Merchant
-from durapay.service.demo.report import Places, Row, next_steps, summary_table
+from durapay.service.demo.report import Places, Row, cli_command, next_steps, summary_table
 from durapay.service.demo.scenarios import Scenarios
 from durapay.service.demo.stack import API_PORT, SIMULATOR_PORT, DemoStack
 from durapay.workflows.flows import REGISTRY
@@ -84,6 +84,7 @@ def run_demo(
             redis_url=stack.runtime.redis_url,
             data_dir=str(stack.data_dir),
             log_dir=str(stack.log_dir),
+            cli=cli_command(),
         )
         console.print(next_steps(places, keep=keep), highlight=False)
         if keep:

@@ -7,7 +7,10 @@ exit code is 0 only when every row is as expected.
 
 from __future__ import annotations
 
+import shutil
+import sys
 from dataclasses import dataclass
+from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
@@ -60,20 +63,37 @@ class Places:
     redis_url: str
     data_dir: str
     log_dir: str
+    #: How to run ``durapay`` from this shell: ``durapay`` on the PATH, else the path it was run by.
+    cli: str = "durapay"
+
+
+def cli_command() -> str:
+    """``durapay`` when the shell finds this one on its PATH, else the path this process was run by
+    (``.venv/bin/durapay`` while the virtualenv is not activated)."""
+    ran = Path(sys.argv[0])
+    found = shutil.which("durapay")
+    if ran.name != "durapay" or (found is not None and Path(found).resolve() == ran.resolve()):
+        return "durapay"
+    return str(ran)
 
 
 def next_steps(places: Places, *, keep: bool) -> str:
-    """While the parts run (``--keep``): their URLs and the key. After: what still works from the data."""
+    """While the parts run (``--keep``): their URLs and the key. After: where the demo's flows are kept.
+
+    The demo's store is its own (``demo.stack``): the commands name its folder, since the data folder's
+    own store does not hold the demo's flows."""
+    cli = places.cli
+    look = f"DURAPAY_DATA_DIR={places.data_dir} {cli}"
     if not keep:
         return "\n".join(
             [
                 "Where to look next:",
-                "  The flows are kept in the data folder; from this folder (nothing to configure):",
-                "              durapay flows ls",
-                "              durapay flows show <id>",
-                "              durapay schedules ls",
+                "  The demo's flows are in its own store, apart from your data; to look at them:",
+                f"              {look} flows ls",
+                f"              {look} flows show <id>",
                 f"  Data        {places.data_dir} (Valkey with AOF; worker logs in {places.log_dir})",
-                "  Explore the running system (the web console, API docs, /metrics, the simulator): durapay demo --keep",
+                f"  Explore the running system (the web console, API docs, /metrics, the simulator): {cli} demo --keep",
+                f"  Run it all for your own flows (console, API, worker, scheduler, simulator): {cli} dev",
             ]
         )
     env = f"DURAPAY_REDIS_URL={places.redis_url}"
@@ -85,10 +105,10 @@ def next_steps(places: Places, *, keep: bool) -> str:
             f"  Flows       curl -H 'X-Api-Key: {places.api_key}' {places.api_url}/flows",
             f"  Metrics     curl -H 'X-Api-Key: {places.api_key}' {places.api_url}/metrics",
             f"  Simulator   {places.simulator_url}/_sim/operations  (what the gateway saw)",
-            f"  CLI         durapay flows ls   (or {env} durapay flows ls from elsewhere)",
-            "              durapay flows show <id>",
-            "              durapay schedules ls",
-            f"  Data        {places.data_dir} (Valkey with AOF; worker logs in {places.log_dir})",
+            f"  CLI         {look} flows ls   (or {env} {cli} flows ls)",
+            f"              {look} flows show <id>",
+            f"              {look} schedules ls",
+            f"  Data        {places.data_dir} (the demo's own Valkey with AOF; worker logs in {places.log_dir})",
             "Everything keeps running (--keep); press Ctrl-C to stop.",
         ]
     )

@@ -2,7 +2,11 @@
 
 Everything a production deployment has, on one machine, with nothing configured:
 
-* an embedded Valkey under ``DURAPAY_DATA_DIR`` with AOF on (or the configured ``DURAPAY_REDIS_URL``);
+* an embedded Valkey of its own with AOF on, under ``<DURAPAY_DATA_DIR>/demo`` (never the configured
+  ``DURAPAY_REDIS_URL`` nor the data folder's own store): the demo moves its clock months ahead, and
+  its flows and events, dated by that clock, must not mix with real ones. Each run starts from an empty
+  demo store (the previous run's is removed) and leaves its store there for a look afterwards
+  (``DURAPAY_DATA_DIR=<data dir>/demo durapay flows ls``);
 * the gateway simulator, its pages and links completing by themselves;
 * the receiver and control API (uvicorn, one worker) and a scheduler (dispatcher + schedules ticker)
   in this process, on a clock shared through Redis (:mod:`service.demo.clock`);
@@ -17,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import os
 import secrets
+import shutil
 import signal
 import socket
 import subprocess
@@ -32,7 +37,7 @@ from durapay.config import ENV_NESTED_DELIMITER, ENV_PREFIX, SIMULATOR_API_KEY, 
 from durapay.config.embedded import free_port
 from durapay.service.app import create_app
 from durapay.service.demo.clock import SharedClock
-from durapay.service.runtime import Runtime, build_runtime, resolve_redis
+from durapay.service.runtime import Runtime, build_runtime, resolve_redis, running_embedded
 from durapay.service.server import ApiServer
 from durapay.simulator import SimulatorConfig, SimulatorServer
 from durapay.workflows.dispatcher import Dispatcher
@@ -44,6 +49,8 @@ SIMULATOR_PORT = 8781
 AUTO_COMPLETE_MS = 800
 #: Short leases: a killed worker's step is taken over within seconds (the gateway timeout is below).
 LEASE_SECONDS = 6.0
+#: The demo's own folder under the data folder: its Valkey (``valkey/``) and the workers' logs.
+DEMO_FOLDER = "demo"
 
 
 def port_or_free(preferred: int, host: str = "127.0.0.1") -> int:
@@ -54,6 +61,21 @@ def port_or_free(preferred: int, host: str = "127.0.0.1") -> int:
         except OSError:
             return free_port(host)
     return preferred
+
+
+def demo_folder(base: Settings) -> Path:
+    """Where the demo keeps its store and logs: its own folder under the data folder."""
+    return (Path(base.data_dir) / DEMO_FOLDER).resolve()
+
+
+def fresh_store(folder: Path) -> None:
+    """Remove the previous demo's store under ``folder`` so that this run starts empty (its clock at
+    zero offset); refused while another demo serves it (``--keep``)."""
+    store = folder / "valkey"
+    url = running_embedded(store)
+    if url is not None:
+        raise RuntimeError(f"another demo is running on {store} ({url}); stop it first (Ctrl-C)")
+    shutil.rmtree(store, ignore_errors=True)
 
 
 def settings_env(settings: Settings) -> dict[str, str]:
@@ -106,8 +128,8 @@ class DemoStack:
         self.base = base
         self.ports = (api_port, simulator_port)
         self.run_id = run_id
-        self.data_dir = Path(base.data_dir).resolve()
-        self.log_dir = self.data_dir / "demo"
+        self.data_dir = demo_folder(base)
+        self.log_dir = self.data_dir
         self.api_key = base.api.key.get_secret_value() or secrets.token_urlsafe(18)
         self.simulator: SimulatorServer | None = None
         self.runtime: Runtime | None = None
@@ -123,6 +145,7 @@ class DemoStack:
         return f"{self.base.engine.key_prefix}:demo:clock-offset"
 
     def start(self, say: Any) -> None:
+        fresh_store(self.data_dir)
         self.log_dir.mkdir(parents=True, exist_ok=True)
         api_port, sim_port = (port_or_free(port) if port else free_port() for port in self.ports)
         say(f"simulator on port {sim_port} (pages and links complete by themselves)")
@@ -139,10 +162,14 @@ class DemoStack:
             "engine": {"lease_seconds": LEASE_SECONDS, "dispatch_interval": 0.1},
             "retry": {"base_seconds": 0.2, "cap_seconds": 2.0},
             "data_dir": str(self.data_dir),
+            "redis_url": "",  # its own store, whatever is configured
+            "broker_url": "",
+            "redis_cluster": False,
         }
         settings = load_settings(overrides)
         redis_url, embedded = resolve_redis(settings)
-        say(f"Valkey at {redis_url}" + (f" (embedded, AOF under {embedded.data_dir})" if embedded else " (configured)"))
+        assert embedded is not None  # fresh_store made sure none was serving the folder
+        say(f"Valkey at {redis_url} (the demo's own, AOF under {embedded.data_dir})")
         settings = load_settings({**overrides, "redis_url": redis_url})
         self.clock = SharedClock(redis_url, self.clock_key)
         # One "now" for the engine and the gateway (the demo's clock only moves forward, across runs too).

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import socket
 
 import pytest
@@ -57,9 +58,13 @@ def test_the_table_and_the_closing_notes() -> None:
         Row("link", "paybylink", "f2", ["create"], "failed", "succeeded", 0.2, problem="no notification"),
     ]
     assert summary_table(rows).title == "durapay demo: 1/2 flows ended as expected"
-    places = Places("http://127.0.0.1:8780", "key", "http://127.0.0.1:8781", "redis://127.0.0.1:1/0", "/d", "/d/demo")
+    places = Places("http://127.0.0.1:8780", "key", "http://127.0.0.1:8781", "redis://127.0.0.1:1/0", "/d/demo", "/d/demo")
     notes = next_steps(places, keep=True)
     assert "X-Api-Key: key" in notes and "DURAPAY_REDIS_URL=redis://127.0.0.1:1/0 durapay flows ls" in notes
+    assert "DURAPAY_DATA_DIR=/d/demo durapay flows ls" in notes, "the demo's own store, not the data folder's"
     assert "Ctrl-C" in notes
     after = next_steps(places, keep=False)
-    assert "durapay flows ls" in after and "durapay demo --keep" in after and "X-Api-Key" not in after
+    assert "DURAPAY_DATA_DIR=/d/demo durapay flows ls" in after and "durapay demo --keep" in after
+    assert "durapay dev" in after and "X-Api-Key" not in after
+    unactivated = next_steps(dataclasses.replace(places, cli=".venv/bin/durapay"), keep=False)
+    assert "DURAPAY_DATA_DIR=/d/demo .venv/bin/durapay flows ls" in unactivated
