@@ -140,6 +140,17 @@ def _bounded(zero: bool) -> Any:
     return check
 
 
+#: What the OpenAPI document says of every amount. A JSON schema cannot make one field's maximum depend on
+#: another's value (the currency), so ``maximum`` is the widest bound and this states each currency's.
+AMOUNT_BOUNDS = (
+    f"minor units (1500 = 15.00 EUR), in the digits 0-9; at most {MAJOR_DIGITS} digits of major units of the"
+    f" order's currency: {max_amount('EUR')} for a currency of 2 decimals (EUR, USD),"
+    f" {max_amount('JPY')} for one of none (JPY, KRW), {max_amount('KWD')} for one of 3 (BHD, JOD, KWD),"
+    f" {max_amount(None)} for one of 4 (the schema's maximum); above its currency's bound an amount is refused"
+    " (422, 'check for extra zeros')"
+)
+
+
 def _amount_schema(zero: bool) -> dict[str, Any]:
     """What the API documents: an integer or a string of digits, in the bounds of merchant input."""
     most = max_amount(None)
@@ -147,7 +158,7 @@ def _amount_schema(zero: bool) -> dict[str, Any]:
     pattern = f"^0*[0-9]{{1,{digits}}}$" if zero else f"^0*[1-9][0-9]{{0,{digits - 1}}}$"
     return {
         "anyOf": [{"type": "integer", "minimum": 0 if zero else 1, "maximum": most}, {"type": "string", "pattern": pattern}],
-        "description": f"minor units (1500 = 15.00 EUR), at most {MAJOR_DIGITS} digits of major units of the currency",
+        "description": AMOUNT_BOUNDS,
     }
 
 

@@ -26,7 +26,7 @@ ScheduleId = Annotated[str, Path(min_length=1, max_length=100, pattern=r"^[A-Za-
 
 
 class AmountChange(StrictModel):
-    amount: Amount = Field(description="minor units (1500 = 15.00 EUR), from the next occurrence on")
+    amount: Amount  # from the next occurrence on; described by Amount: its bound in each currency
 
 
 class CancelRequest(StrictModel):

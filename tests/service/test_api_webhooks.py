@@ -118,3 +118,22 @@ def test_replay_schedules_deliveries(api: tuple[httpx.Client, Any]) -> None:
         assert http.post("/events/replay", json={"aftr": "x"}).status_code == 422
         built.webhooks.send_due()
         assert len(receiver.applied) == 3
+
+
+#: Hosts a fuzzer sent (issue 26: "http://0" answered 500), forms of addresses and hosts no resolver takes.
+ODD_URLS = [
+    *("http://0", "http://0.", "https://0:0", "http://00", "http://4294967296", "http://[::]", "http://0x7f000001"),
+    *("http://[::ffff:0:0]:0", "http://a\x00b", "http://[a\x01b]", "http://[::1", "http://é.com", "http://" + "a" * 64),
+]
+
+
+def test_an_odd_url_is_registered_or_refused_and_tested_never_a_500(api: tuple[httpx.Client, Any]) -> None:
+    http, _ = api
+    for url in ODD_URLS:
+        made = http.post("/webhooks", json={"url": url})
+        assert made.status_code in (201, 422), (url, made.text)
+        if made.status_code == 201:
+            tested = http.post(f"/webhooks/{made.json()['id']}/test")
+            assert tested.status_code == 200 and not tested.json()["ok"], (url, tested.text)
+        else:
+            assert made.json()["field"] == "url", (url, made.text)

@@ -106,7 +106,7 @@ class ScheduleInput(StrictModel):
     model_config = ConfigDict(extra="forbid", frozen=True, json_schema_extra=_NOT_EACH_WITH_A_FREQUENCY)
 
     contractId: str = Field(min_length=1, max_length=255)
-    amount: Amount = Field(ge=1, description="minor units (1500 = 15.00 EUR)")
+    amount: Amount = Field(ge=1)  # described by Amount: its bound in each currency
     currency: Currency
     description: str = Field(min_length=1, max_length=255)
     customerId: str | None = Field(default=None, max_length=27)
