@@ -206,6 +206,20 @@ class ApiSettings(_Group):
         ge=1024,
         description="Larger control API bodies are refused (413) before they are parsed; flow inputs are a few KB.",
     )
+    auth_failures: int = Field(
+        default=20,
+        ge=1,
+        le=100_000,
+        description="Failed authentications (a wrong key at the API or the console's sign-in) one client address, "
+        "or one key prefix, may have within AUTH_WINDOW_SECONDS; past them every attempt is answered 429 with "
+        "Retry-After until the window ends.",
+    )
+    auth_window_seconds: float = Field(
+        default=300.0, ge=1, le=86400, description="How long the failures of an address or a key prefix are counted."
+    )
+    auth_prefix_chars: int = Field(
+        default=8, ge=1, le=64, description="How many leading characters of a presented key make its prefix (counted as a hash)."
+    )
 
 
 class RetrySettings(_Group):

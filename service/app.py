@@ -38,6 +38,7 @@ from durapay.service.guard import ControlGate
 from durapay.service.query import refuse_unknown_query
 from durapay.service.receiver import NotificationReceiver
 from durapay.service.runtime import Runtime
+from durapay.service.throttle import Limits, Throttle
 
 DESCRIPTION = """\
 Durable payment flows against the payment gateway.
@@ -68,6 +69,8 @@ def create_app(runtime: Runtime, *, insecure: bool = False, schedules: Any = Non
     by default one is built when the schedules module is present."""
     settings = runtime.settings
     key_ok = require_key(settings.api.key.get_secret_value(), insecure=insecure, keys=settings.api.keys)
+    limits = Limits(settings.api.auth_failures, settings.api.auth_window_seconds, settings.api.auth_prefix_chars)
+    throttle = Throttle(runtime.engine.redis, runtime.engine.keys, limits)
     app = FastAPI(
         title="durapay",
         version="0.1.0",
@@ -104,7 +107,14 @@ def create_app(runtime: Runtime, *, insecure: bool = False, schedules: Any = Non
     app.include_router(reconcile_router(runtime.engine), dependencies=protected)
     app.include_router(ops_router(runtime.engine, protected))
     _offline_docs(app)
-    install_console(app, runtime.engine, key_ok, hours=settings.api.console_session_hours, schedules=schedules)
+    install_console(
+        app,
+        runtime.engine,
+        key_ok,
+        hours=settings.api.console_session_hours,
+        schedules=schedules,
+        throttle=None if key_ok.open else throttle,
+    )
 
     def is_open(path: str) -> bool:
         # The console checks its own session cookie (same keys, same roles): see service.console.
@@ -116,7 +126,9 @@ def create_app(runtime: Runtime, *, insecure: bool = False, schedules: Any = Non
             or path.startswith(CONSOLE + "/")
         )
 
-    app.add_middleware(ControlGate, key_ok=key_ok, limit=settings.api.max_body_bytes, is_open=is_open)
+    app.add_middleware(
+        ControlGate, key_ok=key_ok, limit=settings.api.max_body_bytes, is_open=is_open, throttle=None if key_ok.open else throttle
+    )
     return app
 
 

@@ -11,6 +11,7 @@ Every refusal is ``{"error": <code>, "reason": <one line>}`` plus ``"field"`` fo
 | 405 | ``method_not_allowed`` | the path takes other methods (``Allow`` lists them) |
 | 409 | ``conflict`` | the state does not allow it (cancel a finished flow, an Idempotency-Key reused) |
 | 413 | ``too_large`` | a body above the limit |
+| 429 | ``too_many_attempts`` | too many failed authentications (``service.throttle``); ``Retry-After`` |
 | 422 | ``invalid_input`` | any input that does not validate, a body that is not JSON (or nested deeper than
 ``guard.MAX_DEPTH``, refused by the gate) included; ``field`` names it (``order.amount``, ``query.limit``, ``(body)``) |
 | 500 | ``internal`` | a bug: logged on the server with a reference, never shown |
@@ -55,6 +56,11 @@ ERRORS: dict[int | str, dict[str, Any]] = {
     404: {"model": ErrorBody, "description": "no such flow, schedule, flow kind or signal"},
     409: {"model": ErrorBody, "description": "the state does not allow it, or an Idempotency-Key reused"},
     413: {"model": ErrorBody, "description": "a body above DURAPAY_API__MAX_BODY_BYTES"},
+    429: {
+        "model": ErrorBody,
+        "description": "too many failed authentications from this address or key prefix (DURAPAY_API__AUTH_FAILURES); "
+        "Retry-After gives the seconds to wait",
+    },
     422: {"model": ErrorBody, "description": "invalid input; `field` names it"},
     503: {"model": ErrorBody, "description": "the flow store (Redis) is unavailable; try again"},
 }

@@ -4,7 +4,9 @@ Why an ASGI middleware and not a FastAPI dependency: FastAPI reads and parses a 
 it runs the route's dependencies, so a key checked by a dependency came after a 200 MB body had been
 read and parsed (and malformed JSON sent without a key was a 422, not a 401). Here, in order:
 
-1. no key, or a wrong one: 401 at once, nothing of the body read; a read-only key asking anything but
+1. a client address or key prefix with too many failed authentications in its window: 429 with
+   ``Retry-After`` before the key is compared (``service.throttle``); no key, or a wrong one (counted a
+   failure): 401 at once, nothing of the body read; a read-only key asking anything but
    ``GET``/``HEAD``/``OPTIONS``: 403 at once (``service.auth``);
 2. a declared ``Content-Length`` above the limit: 413 at once; a body without one (chunked) is read
    chunk by chunk and refused with 413 as soon as it passes the limit: never more than the limit in
@@ -31,11 +33,13 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 
+import anyio
 from starlette.datastructures import Headers
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from durapay.service.auth import API_KEY_HEADER, READ, READ_METHODS
+from durapay.service.auth import API_KEY_HEADER, READ, READ_METHODS, presented_key
+from durapay.service.throttle import Throttle
 
 
 def _refusal(status: int, error: str, reason: str, *, close: bool) -> JSONResponse:
@@ -88,15 +92,22 @@ def _field(path: list[str | int | None]) -> str:
 
 
 class ControlGate:
-    """``ControlGate(app, key_ok=..., limit=..., is_open=...)``: wraps the whole ASGI app."""
+    """``ControlGate(app, key_ok=..., limit=..., is_open=..., throttle=...)``: wraps the whole ASGI app."""
 
     def __init__(
-        self, app: ASGIApp, *, key_ok: Callable[[Headers], str | bool | None], limit: int, is_open: Callable[[str], bool]
+        self,
+        app: ASGIApp,
+        *,
+        key_ok: Callable[[Headers], str | bool | None],
+        limit: int,
+        is_open: Callable[[str], bool],
+        throttle: Throttle | None = None,
     ) -> None:
         self.app = app
         self.key_ok = key_ok
         self.limit = limit
         self.is_open = is_open
+        self.throttle = throttle
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -108,7 +119,21 @@ class ControlGate:
         if self.is_open(scope["path"]):
             role: str | bool | None = "open"
         else:
+            address, key = (scope.get("client") or ("", 0))[0], presented_key(headers)
+            if self.throttle is not None:
+                wait = await anyio.to_thread.run_sync(self.throttle.blocked, address, key)
+                if wait is not None:
+                    reason = "too many failed authentications from this address or with this key; try again later"
+                    answer = JSONResponse(
+                        {"error": "too_many_attempts", "reason": reason},
+                        status_code=429,
+                        headers={"Retry-After": str(wait), **({"Connection": "close"} if pending else {})},
+                    )
+                    await answer(scope, receive, send)
+                    return
             role = self.key_ok(headers)
+            if not role and self.throttle is not None:
+                await anyio.to_thread.run_sync(self.throttle.failed, address, key)
         if not role:
             await _refusal(401, "unauthorized", f"missing or wrong {API_KEY_HEADER}", close=pending)(scope, receive, send)
             return

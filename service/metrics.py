@@ -18,6 +18,8 @@ Series:
   malformed, oversized, unrouted, unverified, failed, late_payment; and unknown_order, the rejected ones
   whose order no flow holds, with unknown_order_capped, those of them whose merchant event the minute's
   cap left unwritten) and ``durapay_notifications_rejected_total``
+* ``durapay_auth_failures_total`` - wrong keys presented to the API or the console's sign-in;
+  ``durapay_auth_refusals_total`` - attempts answered 429 for too many of them (``service.throttle``)
 * ``durapay_worker_up``, ``durapay_scheduler_up`` - a heartbeat is present
 * ``durapay_reconciliation_mismatches{category}``, ``durapay_reconciliation_ok``,
   ``durapay_reconciliation_finished_seconds`` - the newest finished reconciliation (none: no series)
@@ -36,6 +38,7 @@ from typing import Any
 import redis
 
 from durapay.service.receiver import COUNTERS, counter_key
+from durapay.service.throttle import FAILURES, REFUSALS
 from durapay.workflows.engine import Engine
 from durapay.workflows.states import FlowState
 
@@ -244,12 +247,28 @@ def _reconciliation_series(engine: Engine) -> list[str]:
     return lines
 
 
+def _auth_series(engine: Engine) -> list[str]:
+    pipe = engine.redis.pipeline(transaction=False)
+    for name in (FAILURES, REFUSALS):
+        pipe.get(engine.keys.counter(name))
+    failures, refusals = (int(value or 0) for value in pipe.execute())
+    return [
+        "# HELP durapay_auth_failures_total Wrong keys presented to the API or the console's sign-in.",
+        "# TYPE durapay_auth_failures_total counter",
+        f"durapay_auth_failures_total {failures}",
+        "# HELP durapay_auth_refusals_total Attempts answered 429: too many failed authentications in the window.",
+        "# TYPE durapay_auth_refusals_total counter",
+        f"durapay_auth_refusals_total {refusals}",
+    ]
+
+
 def render(engine: Engine) -> str:
     """The whole ``/metrics`` page."""
     lines = (
         _flow_counts(engine)
         + _step_series(engine)
         + _notification_series(engine)
+        + _auth_series(engine)
         + _up_series(engine, ("worker", "scheduler"))
         + _reconciliation_series(engine)
     )

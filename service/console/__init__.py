@@ -15,6 +15,7 @@ from __future__ import annotations
 from importlib.resources import files
 from typing import Any
 
+import anyio
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import Response
 from fastapi.staticfiles import StaticFiles
@@ -24,18 +25,21 @@ from durapay.service.console.flow_pages import flow_router
 from durapay.service.console.reconcile_pages import reconcile_router
 from durapay.service.console.session import COOKIE, LOGIN_COOKIE, LOGIN_SECONDS, PATH, Sessions
 from durapay.service.console.web import Console, read_form, redirect, safe_next, secured
+from durapay.service.throttle import Throttle
 from durapay.workflows.engine import Engine
 from durapay.workflows.listing import FlowListing
 
 STATIC = f"{PATH}/static"
 
 
-def install_console(app: FastAPI, engine: Engine, keyring: Keyring, *, hours: float, schedules: Any = None) -> None:
+def install_console(
+    app: FastAPI, engine: Engine, keyring: Keyring, *, hours: float, schedules: Any = None, throttle: Throttle | None = None
+) -> None:
     """Add the console's routes and files to ``app``; its sessions live in the engine's Redis."""
     console = Console(Sessions(keyring, hours, engine.redis, engine.keys.prefix))
     listing = FlowListing(engine.store, engine.registry)
     app.mount(STATIC, StaticFiles(directory=str(files("durapay.service.console") / "static")), name="console-static")
-    app.include_router(_sign_in_router(console))
+    app.include_router(_sign_in_router(console, throttle))
     app.include_router(flow_router(console, engine, listing))
     app.include_router(reconcile_router(console, engine))
     if schedules is not None:
@@ -44,7 +48,7 @@ def install_console(app: FastAPI, engine: Engine, keyring: Keyring, *, hours: fl
         app.include_router(schedule_router(console, schedules))
 
 
-def _sign_in_router(console: Console) -> APIRouter:
+def _sign_in_router(console: Console, throttle: Throttle | None) -> APIRouter:
     router = APIRouter(prefix=PATH, include_in_schema=False)
     sessions = console.sessions
 
@@ -72,8 +76,19 @@ def _sign_in_router(console: Console) -> APIRouter:
         form = await read_form(request) or {}
         if not sessions.login_ok(request.cookies.get(LOGIN_COOKIE, ""), form.get("csrf", "")):
             return login_page(request, 403, "The sign-in form expired; try again.")
-        made = sessions.sign_in(form.get("key", ""))
+        # The API's limit on guessing (service.throttle), before the key is compared: one form per attempt
+        # bounds nothing by itself, a fresh form is one GET away.
+        address, key = request.client.host if request.client else "", form.get("key", "")
+        if throttle is not None:
+            wait = await anyio.to_thread.run_sync(throttle.blocked, address, key)
+            if wait is not None:
+                refused = login_page(request, 429, f"Too many failed sign-ins; try again in {wait} seconds.")
+                refused.headers["Retry-After"] = str(wait)
+                return refused
+        made = sessions.sign_in(key)
         if made is None:
+            if throttle is not None:
+                await anyio.to_thread.run_sync(throttle.failed, address, key)
             return login_page(request, 401, "That key is not valid here.")
         _, cookie = made
         response = redirect(safe_next(form.get("next")))
