@@ -15,7 +15,7 @@ import pytest
 from durapay.workflows.states import TRANSITIONS, FlowState
 
 ROOT = Path(__file__).resolve().parents[1]
-DOCS = ("architecture.md", "chaos.md", "durability.md", "events.md", "gateway.md", "operations.md")
+DOCS = ("architecture.md", "chaos.md", "durability.md", "events.md", "gateway.md", "operations.md", "security.md")
 #: Names of documents outside the repository (spelt in pieces so that this file does not match itself).
 OUTSIDE_NAMES = ("DESIGN" + ".md", "STYLE" + ".md", "NOTES" + ".md")
 OUTSIDE_NAMES += ("gateway-" + "facts", "gateway-" + "interface", "../" + "shared")
