@@ -43,6 +43,7 @@ class EmbeddedValkey:
         appendfsync: str = "always",
         extra: Sequence[str] = (),
         env: dict[str, str] | None = None,
+        own_session: bool = False,
     ) -> None:
         self.data_dir = Path(data_dir).resolve()
         self.host = host
@@ -52,6 +53,8 @@ class EmbeddedValkey:
         self.extra = tuple(extra)
         #: The server's environment (``durapay chaos`` preloads its fsync recorder this way); None: this process's.
         self.env = env
+        #: In a session of its own: a Ctrl-C at the terminal does not reach it (``durapay dev`` stops it last).
+        self.own_session = own_session
         self.process: subprocess.Popen[bytes] | None = None
 
     @property
@@ -75,7 +78,12 @@ class EmbeddedValkey:
             *self.extra,
         ]  # fmt: skip
         self.process = subprocess.Popen(  # noqa: S603 - our own binary path and numeric arguments
-            args, cwd=self.data_dir, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=self.env
+            args,
+            cwd=self.data_dir,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            env=self.env,
+            start_new_session=self.own_session,
         )
         client = redis.Redis(host=self.host, port=self.port, socket_connect_timeout=0.5)
         deadline = time.monotonic() + timeout

@@ -63,9 +63,7 @@ class Runtime:
     def close(self) -> None:
         self.redis.close()
         if self.embedded is not None:
-            with _locked(self.embedded.data_dir):
-                (self.embedded.data_dir / SERVER_FILE).unlink(missing_ok=True)
-                self.embedded.stop()
+            stop_embedded(self.embedded)
             self.embedded = None
 
 
@@ -118,16 +116,44 @@ def resolve_redis(settings: Settings) -> tuple[str, EmbeddedValkey | None]:
     started one (returned, so that its owner stops it)."""
     if settings.redis_url:
         return settings.redis_url, None
-    folder = (Path(settings.data_dir) / "valkey").resolve()
+    return start_embedded(embedded_folder(settings))
+
+
+def embedded_folder(settings: Settings) -> Path:
+    """Where the data folder's embedded Valkey keeps its AOF and ``server.json``."""
+    return (Path(settings.data_dir) / "valkey").resolve()
+
+
+def start_embedded(folder: Path, *, own_session: bool = False) -> tuple[str, EmbeddedValkey | None]:
+    """The embedded Valkey serving ``folder``: the one already running (None: another process owns it),
+    or one started now and recorded in ``server.json`` (returned: its owner stops it)."""
     with _locked(folder):
         url = running_embedded(folder)
         if url is not None:
             return url, None
-        server = EmbeddedValkey(folder)
+        server = EmbeddedValkey(folder, own_session=own_session)
         server.start()
-        pid = server.process.pid if server.process else None
-        (folder / SERVER_FILE).write_text(json.dumps({"url": server.url, "pid": pid}))
+        _record(server)
         return server.url, server
+
+
+def restart_embedded(server: EmbeddedValkey, *, timeout: float = 60.0) -> None:
+    """Start ``server`` again after it died: the same port and data (its AOF), recorded again."""
+    with _locked(server.data_dir):
+        server.start(timeout=timeout)
+        _record(server)
+
+
+def stop_embedded(server: EmbeddedValkey) -> None:
+    """Stop ``server`` (its AOF flushed) and forget it in ``server.json``."""
+    with _locked(server.data_dir):
+        (server.data_dir / SERVER_FILE).unlink(missing_ok=True)
+        server.stop()
+
+
+def _record(server: EmbeddedValkey) -> None:
+    pid = server.process.pid if server.process else None
+    (server.data_dir / SERVER_FILE).write_text(json.dumps({"url": server.url, "pid": pid}))
 
 
 def build_runtime(

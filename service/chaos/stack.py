@@ -12,9 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import signal
-import subprocess
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -33,7 +30,7 @@ from durapay.service.chaos.aof import (
     stop_and_cut,
     waitaof_waits_for_fsync,
 )
-from durapay.service.demo.stack import settings_env
+from durapay.service.processes import Child, settings_env
 from durapay.service.runtime import Runtime, build_runtime
 from durapay.service.server import ApiServer
 from durapay.simulator import SimulatorConfig, SimulatorServer
@@ -42,41 +39,6 @@ from durapay.simulator import SimulatorConfig, SimulatorServer
 GATEWAY_TIMEOUT = 2.0
 #: Short leases: a killed worker's step is taken over within seconds.
 LEASE_SECONDS = 5.0
-
-
-class Child:
-    """One ``durapay <role>`` process, logging to a file; SIGKILL it and start it again at will."""
-
-    def __init__(self, role: str, name: str, env: dict[str, str], log_dir: Path, extra: list[str]) -> None:
-        self.role, self.name, self.env, self.extra = role, name, env, extra
-        self.log_path = log_dir / f"{name}.log"
-        self.process: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> Child:
-        command = [sys.executable, "-c", "from durapay.service.cli import main; main()", self.role, *self.extra]
-        with self.log_path.open("ab") as log:
-            self.process = subprocess.Popen(command, env=self.env, stdout=log, stderr=subprocess.STDOUT)  # noqa: S603
-        return self
-
-    @property
-    def alive(self) -> bool:
-        return self.process is not None and self.process.poll() is None
-
-    def kill(self) -> None:
-        """SIGKILL: no cleanup, no acknowledgement, as when a machine dies."""
-        if self.alive:
-            assert self.process is not None
-            self.process.send_signal(signal.SIGKILL)
-            self.process.wait(timeout=10)
-
-    def stop(self) -> None:
-        if self.alive:
-            assert self.process is not None
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.kill()
 
 
 class ChaosStack:

@@ -33,6 +33,7 @@ COMMAND_MODULES = (
     "durapay.service.cli.schedules_cmd",
     "durapay.service.cli.webhooks_cmd",
     "durapay.service.cli.demo_cmd",
+    "durapay.service.cli.dev_cmd",
     "durapay.service.cli.chaos_cmd",
     "durapay.service.cli.reconcile_cmd",
 )

@@ -162,10 +162,10 @@ def runtime(
                 out.fail(
                     "configuration",
                     f"no flow store: DURAPAY_REDIS_URL is not set and no embedded Valkey runs under {folder} "
-                    "(set DURAPAY_REDIS_URL, or start one: durapay demo --keep, or durapay worker)",
+                    "(set DURAPAY_REDIS_URL, or start one: durapay dev)",
                     field="DURAPAY_REDIS_URL",
                     human=f"no flow store: DURAPAY_REDIS_URL is not set and no embedded Valkey runs under {folder}; "
-                    "set DURAPAY_REDIS_URL, or start one with `durapay demo --keep` (or `durapay worker`)",
+                    "set DURAPAY_REDIS_URL, or start everything with `durapay dev`",
                 )
         clock = None
         if clock_key:

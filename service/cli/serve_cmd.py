@@ -98,6 +98,7 @@ def worker(
     concurrency: Annotated[int | None, typer.Option(min=1, help="Processes or threads (default: one per CPU).")] = None,
     loglevel: Annotated[str, typer.Option(help="debug, info, warning, error.")] = "info",
     hostname: Annotated[str | None, typer.Option(help="Worker name (default: celery@<host>).")] = None,
+    quiet: Annotated[bool, typer.Option("--quiet", help="No start-up banner (durapay dev's short log).")] = False,
     clock_key: ClockKey = None,
     as_json: JsonFlag = False,
 ) -> None:
@@ -118,6 +119,8 @@ def worker(
             argv.append(f"--concurrency={concurrency}")
         if hostname:
             argv.append(f"--hostname={hostname}")
+        if quiet:
+            argv.insert(0, "--quiet")  # celery's own option, before the command
         _started(out, "worker", f"{pool.value} pool on {safe_url(rt.redis_url)}", pool=pool.value, redis=safe_url(rt.redis_url))
         code = run_worker(rt.celery, argv)
     if code:

@@ -112,9 +112,7 @@ class Scenarios(Payments):
             if worker is None:
                 raise DemoError(f"no demo worker named {record.lease_owner}")
             killed.append(worker.name)
-            self.console.print(
-                f"  killed {worker.name} (pid {worker.process.pid}) while it ran step {record.step}", highlight=False
-            )
+            self.console.print(f"  killed {worker.name} (pid {worker.pid}) while it ran step {record.step}", highlight=False)
             self.stack.add_worker()
 
         def charged_once(final: dict[str, Any]) -> str:

@@ -18,14 +18,8 @@ Ports: the documented defaults (8780 API, 8781 simulator) when free, else free o
 
 from __future__ import annotations
 
-import contextlib
-import os
 import secrets
 import shutil
-import signal
-import socket
-import subprocess
-import sys
 import time
 from datetime import UTC, datetime
 from pathlib import Path
@@ -33,10 +27,11 @@ from typing import Any
 
 import httpx
 
-from durapay.config import ENV_NESTED_DELIMITER, ENV_PREFIX, SIMULATOR_API_KEY, Settings, load_settings
+from durapay.config import SIMULATOR_API_KEY, Settings, load_settings
 from durapay.config.embedded import free_port
 from durapay.service.app import create_app
 from durapay.service.demo.clock import SharedClock
+from durapay.service.processes import Child, port_or_free, settings_env
 from durapay.service.runtime import Runtime, build_runtime, resolve_redis, running_embedded
 from durapay.service.server import ApiServer
 from durapay.simulator import SimulatorConfig, SimulatorServer
@@ -51,16 +46,6 @@ AUTO_COMPLETE_MS = 800
 LEASE_SECONDS = 6.0
 #: The demo's own folder under the data folder: its Valkey (``valkey/``) and the workers' logs.
 DEMO_FOLDER = "demo"
-
-
-def port_or_free(preferred: int, host: str = "127.0.0.1") -> int:
-    with contextlib.closing(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) as probe:
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds: TIME_WAIT is no obstacle
-        try:
-            probe.bind((host, preferred))
-        except OSError:
-            return free_port(host)
-    return preferred
 
 
 def demo_folder(base: Settings) -> Path:
@@ -78,49 +63,6 @@ def fresh_store(folder: Path) -> None:
     shutil.rmtree(store, ignore_errors=True)
 
 
-def settings_env(settings: Settings) -> dict[str, str]:
-    """The environment that makes a child ``durapay`` process load exactly ``settings``."""
-    env = {name: value for name, value in os.environ.items() if not name.startswith(ENV_PREFIX)}
-    env[f"{ENV_PREFIX}REDIS_URL"] = settings.redis_url
-    env[f"{ENV_PREFIX}BROKER_URL"] = settings.broker_url
-    env[f"{ENV_PREFIX}DATA_DIR"] = str(settings.data_dir)
-    for group in ("gateway", "receiver", "api", "retry", "engine"):
-        for name, value in getattr(settings, group):
-            raw = value.get_secret_value() if hasattr(value, "get_secret_value") else value
-            env[f"{ENV_PREFIX}{group.upper()}{ENV_NESTED_DELIMITER}{name.upper()}"] = str(raw)
-    return env
-
-
-class WorkerProcess:
-    """``durapay worker`` in a child process, named ``<name>@<host>``, logging to a file."""
-
-    def __init__(self, name: str, env: dict[str, str], log_dir: Path, clock_key: str) -> None:
-        self.name = name
-        self.log_path = log_dir / f"{name}.log"
-        command = [sys.executable, "-c", "from durapay.service.cli import main; main()", "worker"]
-        command += ["--pool", "threads", "--concurrency", "4", "--loglevel", "warning", "--hostname", f"{name}@%h"]
-        command += ["--clock-key", clock_key]
-        with self.log_path.open("ab") as log:
-            self.process = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT)  # noqa: S603
-
-    def owns(self, lease_owner: str) -> bool:
-        return lease_owner.startswith(f"{self.name}@")
-
-    def kill(self) -> None:
-        """SIGKILL: no cleanup, no acknowledgement, as when a machine dies."""
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGKILL)
-            self.process.wait(timeout=10)
-
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.kill()
-
-
 class DemoStack:
     """Start with :meth:`start`, stop with :meth:`stop` (also on errors: it stops what it started)."""
 
@@ -136,7 +78,7 @@ class DemoStack:
         self.clock: SharedClock | None = None
         self.api: ApiServer | None = None
         self.dispatcher: Dispatcher | None = None
-        self.workers: dict[str, WorkerProcess] = {}
+        self.workers: dict[str, Child] = {}
         self._worker_count = 0
         self._env: dict[str, str] = {}
 
@@ -188,10 +130,11 @@ class DemoStack:
         self.wait_ready()
         say(f"workers running: {', '.join(self.workers)} (separate processes; logs in {self.log_dir})")
 
-    def add_worker(self) -> WorkerProcess:
+    def add_worker(self) -> Child:
         self._worker_count += 1
         name = f"demo-{self._worker_count}"
-        worker = WorkerProcess(name, self._env, self.log_dir, self.clock_key)
+        extra = ["--pool", "threads", "--concurrency", "4", "--loglevel", "warning", "--hostname", f"{name}@%h"]
+        worker = Child("worker", name, self._env, self.log_dir, [*extra, "--clock-key", self.clock_key]).start()
         self.workers[name] = worker
         return worker
 
@@ -203,14 +146,14 @@ class DemoStack:
             while True:
                 if http.get("/readyz").status_code == 200:
                     return
-                dead = [w.name for w in self.workers.values() if w.process.poll() is not None]
+                dead = [w.name for w in self.workers.values() if not w.alive]
                 if dead:
                     raise RuntimeError(f"worker {dead[0]} exited; see {self.log_dir / (dead[0] + '.log')}")
                 if time.monotonic() > deadline:
                     raise TimeoutError(f"the workers did not come up within {timeout:g}s; see {self.log_dir}")
                 time.sleep(0.2)
 
-    def kill_worker_of(self, lease_owner: str) -> WorkerProcess | None:
+    def kill_worker_of(self, lease_owner: str) -> Child | None:
         for name, worker in list(self.workers.items()):
             if worker.owns(lease_owner):
                 worker.kill()

@@ -10,7 +10,7 @@ import pytest
 from durapay.config import load_settings
 from durapay.service.demo import _coverage, _run_id
 from durapay.service.demo.report import Places, Row, next_steps, summary_table
-from durapay.service.demo.stack import port_or_free, settings_env
+from durapay.service.processes import port_or_free, settings_env
 from durapay.workflows.flows import REGISTRY
 
 

@@ -1,0 +1,145 @@
+"""Child ``durapay`` processes, as ``durapay demo``, ``durapay chaos`` and ``durapay dev`` run them.
+
+One :class:`Child` is one ``durapay <role>`` process (worker, scheduler, api, simulator) that can be
+started again, stopped (SIGTERM, then SIGKILL after a bound) or SIGKILLed like a crashed machine. Its
+output goes to a log file; with a ``sink`` it is also handed over line by line (``durapay dev`` streams
+it, each line named by its process). :func:`settings_env` gives a child exactly the parent's settings;
+:func:`port_or_free` picks a documented port when it is free.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import IO
+
+from durapay.config import ENV_NESTED_DELIMITER, ENV_PREFIX, Settings
+from durapay.config.embedded import free_port
+
+#: A line of a child's output longer than this is cut (a runaway line must not hold the reader).
+LINE_LIMIT = 8192
+#: How long a child has to stop after SIGTERM before it is SIGKILLed.
+STOP_SECONDS = 20.0
+
+#: Where a streamed line goes: the child's name and the line (without its newline).
+Sink = Callable[[str, str], None]
+
+
+def port_or_free(preferred: int, host: str = "127.0.0.1") -> int:
+    """``preferred`` if it can be bound now, else a free port."""
+    with contextlib.closing(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds: TIME_WAIT is no obstacle
+        try:
+            probe.bind((host, preferred))
+        except OSError:
+            return free_port(host)
+    return preferred
+
+
+def settings_env(settings: Settings) -> dict[str, str]:
+    """The environment that makes a child ``durapay`` process load exactly ``settings``."""
+    env = {name: value for name, value in os.environ.items() if not name.startswith(ENV_PREFIX)}
+    env[f"{ENV_PREFIX}REDIS_URL"] = settings.redis_url
+    env[f"{ENV_PREFIX}BROKER_URL"] = settings.broker_url
+    env[f"{ENV_PREFIX}DATA_DIR"] = str(settings.data_dir)
+    for group in ("gateway", "receiver", "api", "retry", "engine"):
+        for name, value in getattr(settings, group):
+            raw = value.get_secret_value() if hasattr(value, "get_secret_value") else value
+            env[f"{ENV_PREFIX}{group.upper()}{ENV_NESTED_DELIMITER}{name.upper()}"] = str(raw)
+    return env
+
+
+class Child:
+    """One ``durapay <role>`` process, named ``name``, logging to ``<log_dir>/<name>.log``.
+
+    ``sink``: every line of its output is also handed to it. ``own_session``: the child runs in a
+    session of its own, so that a Ctrl-C at the terminal reaches only the parent, which then stops the
+    children in its own order (``durapay dev``: the services first, Valkey last).
+    """
+
+    def __init__(
+        self,
+        role: str,
+        name: str,
+        env: dict[str, str],
+        log_dir: Path,
+        extra: list[str],
+        *,
+        sink: Sink | None = None,
+        own_session: bool = False,
+    ) -> None:
+        self.role, self.name, self.env, self.extra = role, name, env, extra
+        self.log_path = log_dir / f"{name}.log"
+        self.sink = sink
+        self.own_session = own_session
+        self.process: subprocess.Popen[bytes] | None = None
+        self._reader: threading.Thread | None = None
+
+    def start(self) -> Child:
+        command = [sys.executable, "-c", "from durapay.service.cli import main; main()", self.role, *self.extra]
+        with self.log_path.open("ab") as log:
+            output: int | IO[bytes] = subprocess.PIPE if self.sink is not None else log
+            self.process = subprocess.Popen(  # noqa: S603 - our own interpreter and command
+                command, env=self.env, stdout=output, stderr=subprocess.STDOUT, start_new_session=self.own_session
+            )
+        if self.sink is not None:
+            self._reader = threading.Thread(target=self._stream, args=(self.process,), name=f"log-{self.name}", daemon=True)
+            self._reader.start()
+        return self
+
+    def _stream(self, process: subprocess.Popen[bytes]) -> None:
+        assert process.stdout is not None and self.sink is not None
+        pipe = process.stdout
+        with self.log_path.open("ab") as log:
+            for raw in iter(lambda: pipe.readline(LINE_LIMIT), b""):
+                log.write(raw)
+                log.flush()
+                self.sink(self.name, raw.decode("utf-8", "replace").rstrip("\r\n"))
+
+    @property
+    def alive(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    @property
+    def pid(self) -> int | None:
+        return None if self.process is None else self.process.pid
+
+    @property
+    def returncode(self) -> int | None:
+        return None if self.process is None else self.process.poll()
+
+    def owns(self, lease_owner: str) -> bool:
+        """Whether a lease's owner (``<hostname>@<host>``) is this worker (started with ``--hostname name@%h``)."""
+        return lease_owner.startswith(f"{self.name}@")
+
+    def kill(self) -> None:
+        """SIGKILL: no cleanup, no acknowledgement, as when a machine dies."""
+        if self.alive:
+            assert self.process is not None
+            self.process.send_signal(signal.SIGKILL)
+            self.process.wait(timeout=10)
+        self._drain()
+
+    def stop(self) -> None:
+        """SIGTERM, then SIGKILL if it has not stopped within :data:`STOP_SECONDS`."""
+        if self.alive:
+            assert self.process is not None
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=STOP_SECONDS)
+            except subprocess.TimeoutExpired:
+                self.kill()
+        self._drain()
+
+    def _drain(self) -> None:
+        """Let the reader pass on the last lines of a stopped child (bounded: a grandchild may hold the pipe)."""
+        if self._reader is not None:
+            self._reader.join(timeout=2)
+            self._reader = None
