@@ -93,6 +93,27 @@ def to_major(minor: int, currency: str) -> Decimal:
     return Decimal(minor).scaleb(-exponent(currency))
 
 
+def format_money(minor: Any, currency: str | None) -> str:
+    """An amount as a person reads it: minor units shown in major units with the currency's decimals
+    (ISO 4217) and its code. ``9900, "EUR"`` → ``"99.00 EUR"``; ``150000, "JPY"`` → ``"150,000 JPY"``;
+    ``1234, "KWD"`` → ``"1.234 KWD"``.
+
+    The one formatter of money for people: the console, the CLI's tables and records, schedules. The
+    wire and ``--json`` keep minor units. ``minor`` is read as :func:`parse_minor` reads it (the gateway
+    sends strings of digits); what it refuses is shown as it came, never guessed at. No currency: the
+    number of minor units, said so. None: an empty string."""
+    if minor is None or minor == "":
+        return ""
+    code = str(currency or "").strip().upper()
+    try:
+        value = parse_minor(minor)
+    except ValueError:
+        return f"{minor} {code}".strip()
+    if not code:
+        return f"{value} (minor units)"
+    return f"{to_major(value, code):,.{exponent(code)}f} {code}"
+
+
 #: The most digits an amount may be written with, leading zeros aside: far above any bound (so an answer
 #: of the gateway is never refused for its size), far below what ``int()`` refuses (4,300 digits).
 _MOST_DIGITS = 40

@@ -9,9 +9,11 @@ and last four digits, a CVV and a token become ``***`` (``workflows.sensitive.ma
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from typing import Any
 
+from durapay.gateway import format_money
 from durapay.workflows.operator_actions import allowed
 from durapay.workflows.sensitive import mask
 from durapay.workflows.steps import FlowDefinition
@@ -50,3 +52,41 @@ def flow_brief(record: FlowRecord) -> dict[str, Any]:
         "result": (record.outcome or {}).get("result"),
         "error": redact(record.error),
     }
+
+
+def flow_money(outcome: Any, data: Any) -> tuple[Any, str] | None:
+    """What a flow is for, in minor units and currency, from its ``outcome`` and ``input`` (a record's
+    or a view's): the operation its outcome names (what the gateway holds), else what its input asks
+    (``order.amount``, a post-operation's or a charge's ``amount``, a reservation's); None for a flow
+    about no amount (a link's cancel, a contract)."""
+    operation = outcome.get("operation") if isinstance(outcome, Mapping) else None
+    if isinstance(operation, Mapping) and operation.get("operationAmount") not in (None, ""):
+        return operation["operationAmount"], str(operation.get("operationCurrency") or "")
+    data = data if isinstance(data, Mapping) else {}
+    for holder in (data.get("order"), data, data.get("reservation")):
+        if isinstance(holder, Mapping) and holder.get("amount") not in (None, ""):
+            return holder["amount"], str(holder.get("currency") or "")
+    return None
+
+
+def money_text(outcome: Any, data: Any) -> str:
+    """:func:`flow_money` as a person reads it (``99.00 EUR``; ``gateway.format_money``), or ``""``."""
+    money = flow_money(outcome, data)
+    return format_money(*money) if money else ""
+
+
+def rule_text(rule: Any) -> str:
+    """A schedule's rule in words (``every 30 days``, ``monthly on day 5``, ``weekly on monday``,
+    ``cron 0 9 * * 1-5``), for the console and the CLI; anything else as JSON, never hidden."""
+    if isinstance(rule, Mapping):
+        every = rule.get("every")
+        if every == "days":
+            interval = int(rule.get("interval") or 1)
+            return "every day" if interval == 1 else f"every {interval} days"
+        if every == "month" and rule.get("day") is not None:
+            return f"monthly on day {rule['day']}"
+        if every == "week" and rule.get("weekday"):
+            return f"weekly on {rule['weekday']}"
+        if rule.get("cron"):
+            return f"cron {rule['cron']}"
+    return json.dumps(rule, sort_keys=True, default=str)

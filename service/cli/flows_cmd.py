@@ -22,7 +22,7 @@ from durapay.service.api_flows import wait_for_customer_url
 from durapay.service.cli._common import BadOption, ExitCode, Output, exit_code_for, read_json_input, runtime
 from durapay.service.cli._output import console, describe_error, echo_json, print_record, print_rows, when
 from durapay.service.timeparse import RUN_AT_FORMS, SINCE_FORMS, parse_run_at, parse_since
-from durapay.service.views import flow_brief, flow_view
+from durapay.service.views import flow_brief, flow_view, money_text
 from durapay.workflows.engine import Engine
 from durapay.workflows.listing import BadCursor
 from durapay.workflows.states import STOPPED, FlowState
@@ -32,7 +32,7 @@ JsonFlag = Annotated[bool, typer.Option("--json", help="Print JSON (errors too, 
 flows_app = typer.Typer(help="List, inspect and steer flows.", no_args_is_help=True)
 
 
-def _flow_fields(view: dict[str, Any]) -> list[tuple[str, str]]:
+def _flow_fields(view: dict[str, Any], money: str = "") -> list[tuple[str, str]]:
     fields = [("id", view["id"])]
     for name in ("kind", "state", "step", "order_id", "customer_url", "attempt"):
         if view.get(name) not in (None, ""):
@@ -48,13 +48,18 @@ def _flow_fields(view: dict[str, Any]) -> list[tuple[str, str]]:
         fields.append(("result", str(outcome.get("result", ""))))
         if outcome.get("reason"):
             fields.append(("reason", str(outcome["reason"])))
+        operation = outcome.get("operation") if isinstance(outcome.get("operation"), dict) else None
+        if operation and operation.get("operationId"):  # what a refund or a capture names
+            fields.append(("operation", f"{operation['operationId']} {operation.get('operationType') or ''}".strip()))
+    if money:
+        fields.append(("amount", money))
     if view.get("error"):
         fields.append(("error", describe_error(view["error"])))
     return fields
 
 
 def _print_flow(view: dict[str, Any], history: list[dict[str, Any]] | None = None) -> None:
-    print_record(f"flow {view['id']}", _flow_fields(view))
+    print_record(f"flow {view['id']}", _flow_fields(view, money_text(view.get("outcome"), view.get("input"))))
     if history:
         rows = [
             [
@@ -167,6 +172,7 @@ def list_flows(
         except BadCursor as exc:
             raise BadOption("--after", str(exc)) from None
     briefs = [flow_brief(record) for record in page]
+    amounts = [money_text(record.outcome, record.input) for record in page]
     if as_json:
         echo_json({"flows": briefs, "limit": limit, "next": page.next})  # the shape of GET /flows
         return
@@ -176,12 +182,13 @@ def list_flows(
             brief["kind"],
             brief["state"],
             brief["step"],
+            amount,
             brief["order_id"] or "",
             when(brief["updated"]),
         ]
-        for brief in briefs
+        for brief, amount in zip(briefs, amounts, strict=True)
     ]
-    columns = ("id", "kind", "state", "step", "order", "updated")
+    columns = ("id", "kind", "state", "step", "amount", "order", "updated")
     print_rows(f"flows ({len(briefs)}); next: {page.next or '-'}", columns, rows, ids=frozenset({"id", "state", "order"}))
     if page.next and not console().is_terminal:  # piped: stdout stays one line per flow
         typer.echo(f"next: {page.next}", err=True)

@@ -17,8 +17,10 @@ from typing import Annotated, Any
 
 import typer
 
+from durapay.gateway import format_money
 from durapay.service.cli._common import Output, runtime
 from durapay.service.cli._output import echo_json, print_record, print_rows
+from durapay.service.views import rule_text
 from durapay.workflows.schedules import ScheduleRecord, Schedules
 
 JsonFlag = Annotated[bool, typer.Option("--json", help="Print JSON (errors too, on stderr).")]
@@ -40,13 +42,12 @@ def _schedules(out: Output) -> Iterator[Schedules]:
 def _print(record: ScheduleRecord, history: list[dict[str, Any]] | None = None) -> None:
     summary = record.summary()
     fields: list[tuple[str, str]] = [("id", record.id)]
+    fields.append(("amount", format_money(summary["amount"], summary["currency"])))
+    fields.append(("rule", rule_text(summary["rule"])))
     for name in (
         "state",
         "contractId",
-        "amount",
-        "currency",
         "description",
-        "rule",
         "timezone",
         "start",
         "end",
@@ -169,8 +170,8 @@ def list_schedules(
                 record.id,
                 summary["state"],
                 summary["contractId"],
-                f"{summary['amount']} {summary['currency']}",
-                json.dumps(summary["rule"]),
+                format_money(summary["amount"], summary["currency"]),
+                rule_text(summary["rule"]),
                 summary["nextRunLocal"] or "-",
                 str(summary["counts"]["charged"]),
                 str(summary["counts"]["declined"]),

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from durapay.gateway import format_money
 from durapay.workflows.operator_actions import late_payment
 from durapay.workflows.states import TERMINAL
 from durapay.workflows.store import FlowRecord
@@ -28,7 +29,7 @@ def facts(record: FlowRecord) -> dict[str, Any]:
         "operation_id": operation.get("operationId") or error.get("operationId") or "",
         "operation_type": operation.get("operationType") or "",
         "operation_result": operation.get("operationResult") or error.get("operationResult") or "",
-        "amount": f"{amount} {currency}".strip() if amount is not None else "",
+        "amount": format_money(amount, currency),
         "response_code": operation.get("responseCode") or error.get("responseCode") or "",
         "decline": error.get("decline") or "",
         "operation_ids": outcome.get("operationIds") or [],

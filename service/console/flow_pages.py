@@ -22,12 +22,13 @@ from durapay.service.console.session import PATH
 from durapay.service.console.timeline import build, svg
 from durapay.service.console.web import FORM_EXPIRED, READ_ONLY, Console, query, redirect, secured, to_login
 from durapay.service.timeparse import parse_since
-from durapay.service.views import flow_brief, redact
+from durapay.service.views import flow_brief, money_text, redact
 from durapay.workflows.engine import Engine, NotFound, OperatorError
 from durapay.workflows.listing import Cursor, FlowListing
 from durapay.workflows.operator_actions import ACTIONS, allowed, explain, refusal
 from durapay.workflows.reconciliation import Reconciler
 from durapay.workflows.states import STOPPED, FlowState
+from durapay.workflows.store import FlowRecord
 
 PAGE_SIZE = 50
 # Times come from the engine's clock, not the machine's: the demo moves its clock forward (days), and
@@ -111,7 +112,7 @@ def flow_router(console: Console, engine: Engine, listing: FlowListing) -> APIRo
             session,
             status=422 if problems else 200,
             title="Flows",
-            rows=[flow_brief(record) | {"reason": reason_of(record)} for record in records],
+            rows=[_row(record) for record in records],
             kinds=kinds,
             states=[s.value for s in FlowState],
             filters=base | {"q": search},
@@ -220,3 +221,8 @@ def flow_router(console: Console, engine: Engine, listing: FlowListing) -> APIRo
         return redirect(f"{PATH}/flows/{flow_id}?done={action}")
 
     return router
+
+
+def _row(record: FlowRecord) -> dict[str, Any]:
+    """One line of the flow list: the brief, why it stopped, and its amount as a person reads it."""
+    return flow_brief(record) | {"reason": reason_of(record), "amount": money_text(record.outcome, record.input)}

@@ -22,7 +22,9 @@ from fastapi import Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 
+from durapay.gateway import format_money
 from durapay.service.console.session import COOKIE, PATH, Session, Sessions
+from durapay.service.views import rule_text
 
 CSP = (
     "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; connect-src 'self'; "
@@ -65,6 +67,8 @@ def environment() -> Environment:
     env.filters["when"] = when
     env.filters["q"] = lambda value: quote(str(value), safe="")
     env.filters["show"] = shown
+    env.filters["rule"] = rule_text
+    env.filters["money"] = format_money  # {{ minor|money(currency) }}: the one formatter of money for people
     return env
 
 

@@ -7,7 +7,7 @@ from decimal import Decimal
 import pytest
 from pydantic import ValidationError
 
-from durapay.gateway import Order, exponent, parse_minor, to_major, to_minor
+from durapay.gateway import Order, exponent, format_money, parse_minor, to_major, to_minor
 
 
 @pytest.mark.parametrize(
@@ -78,3 +78,23 @@ def test_parse_minor_refuses_thousands_of_digits_before_converting_them() -> Non
     assert parse_minor("0" * 5000 + "1500") == 1500
     with pytest.raises(ValueError, match="must be at most"):
         parse_minor("9" * 5000)  # int() raises past 4,300 digits
+
+
+@pytest.mark.parametrize(
+    ("minor", "currency", "shown"),
+    [
+        (9900, "EUR", "99.00 EUR"),
+        ("1990", "EUR", "19.90 EUR"),
+        (5, "eur", "0.05 EUR"),
+        (123456789, "EUR", "1,234,567.89 EUR"),
+        ("150000", "JPY", "150,000 JPY"),
+        (1234, "KWD", "1.234 KWD"),
+        (0, "EUR", "0.00 EUR"),
+        ("12.5", "EUR", "12.5 EUR"),  # not a whole number of minor units: shown as it came, never guessed at
+        (1500, None, "1500 (minor units)"),
+        (None, "EUR", ""),
+    ],
+)
+def test_money_reads_in_major_units_with_the_currency_s_decimals(minor: object, currency: str | None, shown: str) -> None:
+    """A 99.00 EUR payment read "9900 EUR" in the console and the CLI."""
+    assert format_money(minor, currency) == shown

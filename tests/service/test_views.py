@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from durapay.service.views import redact
+import pytest
+
+from durapay.service.views import money_text, redact, rule_text
 
 
 def test_card_secrets_are_masked_at_any_depth() -> None:
@@ -25,3 +27,27 @@ def test_card_secrets_are_masked_at_any_depth() -> None:
 def test_a_value_too_short_for_a_card_number_is_hidden_whole() -> None:
     assert redact({"pan": "1234"}) == {"pan": "***"}
     assert redact({"cvv": ""}) == {"cvv": ""}, "an empty value reveals nothing"
+
+
+def test_what_a_flow_is_for_the_gateway_s_operation_first_then_its_input() -> None:
+    paid = {"operation": {"operationId": "1", "operationAmount": "990", "operationCurrency": "EUR"}}
+    assert money_text(paid, {"order": {"amount": "1500", "currency": "EUR"}}) == "9.90 EUR"
+    assert money_text({}, {"order": {"amount": "1500", "currency": "EUR"}}) == "15.00 EUR"
+    assert money_text(None, {"operationId": "1", "amount": 250, "currency": "JPY"}) == "250 JPY"
+    assert money_text(None, {"reservation": {"amount": "12345", "currency": "KWD"}}) == "12.345 KWD"
+    assert money_text(None, {"linkId": "l-1"}) == ""
+
+
+@pytest.mark.parametrize(
+    ("rule", "words"),
+    [
+        ({"every": "days", "interval": 1}, "every day"),
+        ({"every": "days", "interval": 30}, "every 30 days"),
+        ({"every": "month", "day": 31}, "monthly on day 31"),
+        ({"every": "week", "weekday": "friday"}, "weekly on friday"),
+        ({"cron": "0 9 * * 1-5"}, "cron 0 9 * * 1-5"),
+        ({"every": "fortnight"}, '{"every": "fortnight"}'),
+    ],
+)
+def test_a_schedule_s_rule_in_words(rule: dict[str, object], words: str) -> None:
+    assert rule_text(rule) == words

@@ -398,3 +398,19 @@ def test_a_store_left_in_the_data_folder_is_read(cli_env: dict[str, str], monkey
     listed = invoke("flows", "ls", "--json")
     assert listed.exit_code == 0, listed.output
     assert [flow["id"] for flow in json.loads(listed.stdout)["flows"]] == [flow_id]
+
+
+def test_amounts_read_in_major_units_and_show_names_the_operation(engine_side: Runtime) -> None:
+    """``flows show`` of a succeeded payment had no operation id and no amount (needed for a refund) but in
+    ``--json``; lists showed none. People read 15.00 EUR; ``--json`` keeps the wire's minor units."""
+    operation = {"operationId": "800123", "operationType": "PAYMENT", "operationAmount": "1500", "operationCurrency": "EUR"}
+    data = finished(engine_side, "cli-money", Finish(True, "paid", output={"operation": operation}))
+    [flow] = json.loads(invoke("flows", "ls", "--json").stdout)["flows"]
+    shown = invoke("flows", "show", flow["id"]).stdout.splitlines()
+    assert "operation\t800123 PAYMENT" in shown and "amount\t15.00 EUR" in shown, shown
+    assert json.loads(invoke("flows", "show", flow["id"], "--json").stdout)["input"]["order"]["amount"] == "1500"
+    assert data["order"]["amount"] == "1500"
+    listed = invoke("flows", "ls").stdout.splitlines()
+    assert listed[0].split("\t")[4] == "15.00 EUR", listed
+    engine_side.engine.start("refund", {"operationId": "800123", "amount": 250, "currency": "JPY"})
+    assert invoke("flows", "ls").stdout.splitlines()[0].split("\t")[4] == "250 JPY", "the currency's own decimals"

@@ -78,3 +78,14 @@ def test_a_misspelt_outcome_or_an_unknown_schedule_is_one_error_line(engine_side
     active = json.loads(invoke(*ADD, "--every", "month", "--day", "2", "--json").stdout)["id"]
     refused = invoke("schedules", "resolve", active, occurrence, "charged")
     assert refused.exit_code == 2 and "is active" in refused.stderr
+
+
+def test_schedules_read_in_major_units_and_rules_in_words(engine_side: Runtime) -> None:
+    """``schedules show`` printed the rule as raw JSON and 1990 EUR for 19.90 EUR; ``--json`` keeps both."""
+    schedule_id = json.loads(invoke(*ADD, "--every", "month", "--day", "5", "--json").stdout)["id"]
+    shown = invoke("schedules", "show", schedule_id).stdout.splitlines()
+    assert "amount\t19.90 EUR" in shown and "rule\tmonthly on day 5" in shown, shown
+    [line] = invoke("schedules", "ls").stdout.splitlines()
+    assert line.split("\t")[3:5] == ["19.90 EUR", "monthly on day 5"]
+    as_json = json.loads(invoke("schedules", "show", schedule_id, "--json").stdout)
+    assert (as_json["amount"], as_json["rule"]) == (1990, {"every": "month", "day": 5})
