@@ -9,7 +9,9 @@
 -- "late_payment" (ended without this payment:
 -- kept, and the flow moved to needs_attention, see money.lua); "resumed" (it was waiting for it); or
 -- "stored" (kept until the flow waits for it). Storing does not change the version: a step in flight
--- completes normally and its completion then finds the signal (see transition.lua).
+-- completes normally and its completion then finds the signal (see transition.lua). A signal reporting a
+-- payment (paid) that a kept signal already reports is not kept twice: the gateway's retried notification,
+-- or a reconciliation run again over the same day, tells the flow nothing new.
 if redis.call('EXISTS', KEYS[1]) == 0 then
   return 'missing'
 end
@@ -25,7 +27,7 @@ if TERMINAL[state] then
   end
   assert(may_move(state, 'needs_attention'), 'a finished flow must be able to show a late payment')
   local indexes = {succeeded = KEYS[6], failed = KEYS[7], cancelled = KEYS[8]}
-  keep_signal(KEYS[1], ARGV[3], false)
+  keep_signal(KEYS[1], ARGV[3], signal['paid'] ~= nil)
   local version = tonumber(redis.call('HGET', KEYS[1], 'version')) + 1
   redis.call('HSET', KEYS[1], 'state', 'needs_attention', 'version', version, 'updated', ARGV[4],
     'error', late_payment_error(signal['paid'], state))
@@ -44,7 +46,7 @@ if TERMINAL[state] then
   end
   return 'late_payment'
 end
-keep_signal(KEYS[1], ARGV[3], false)
+keep_signal(KEYS[1], ARGV[3], signal['paid'] ~= nil)
 if state ~= 'waiting' then
   return 'stored'
 end

@@ -3,13 +3,17 @@ flow that ended in the window matched to the operations it names (docs/operation
 
 * ``money_without_flow``: a payment, refund or capture the gateway made that no flow claims: no flow
   recorded its operation id, and the flow holding its order (if any) did not make a refund or capture
-  there (a payment on an order is that order's flow's, a refund only the refund flow's);
+  there (a payment on an order is that order's flow's; a post-operation on it, ``money.post_operation``,
+  only the flow that made it: an operator's capture or refund at the gateway is no flow's);
 * ``flow_without_money``: a ``succeeded`` flow naming an operation the gateway does not have, or has with
   another amount or currency, or shows as refused;
 * ``money_not_shown``: money of a flow that the flow does not show (``money.shown``): a payment of a flow
   that ``failed`` or was ``cancelled``, a second payment of one flow;
 * ``in_flight``: listed, not errors: operations still ``PENDING``, operations of flows still going, and
-  those a ``needs_attention`` flow already names (a person has them).
+  those a ``needs_attention`` flow already names (a person has them), a post-operation a flow of durapay
+  may have made (its call's answer unread: ``unsettled``). Each is read again by id by the next runs
+  until it is judged (``run.Reconciler``: the carried operations), so that nothing in flight on the day
+  its window is read escapes every later report.
 
 A flow is matched to an operation by the operation id it recorded (``Keys.operation``, written with
 the step that recorded it) first, then by the order id (``workflows.orders``: every order a flow made,
@@ -22,7 +26,7 @@ gateway holds ... instead"), not reported a second time.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -97,6 +101,13 @@ class Finding:
         )
 
 
+#: The operations of one order as the gateway lists them (``GET /orders/{orderId}``), as JSON.
+OrderCall = Callable[[str], list[dict[str, Any]]]
+#: The flows of durapay that may have made a post-operation and not read it back (money in flight, a
+#: call of ``money.POST_CALLS``), by the operation id their input acts on and by the orders they hold.
+Makers = Callable[[], Mapping[str, list[FlowRecord]]]
+
+
 @dataclass
 class Owners:
     """Who holds what, as the engine's lookups say: flows by operation id and by order id, and the records."""
@@ -104,6 +115,36 @@ class Owners:
     by_operation: dict[str, str] = field(default_factory=dict)
     by_order: dict[str, str] = field(default_factory=dict)
     records: dict[str, FlowRecord] = field(default_factory=dict)
+
+
+@dataclass
+class Lookups:
+    """What the judge may read besides the window: one operation by id, one order's operations, and the
+    flows with a post-operation in flight (each read at most once, only when a finding needs it)."""
+
+    operation: GetCall
+    order: OrderCall
+    makers: Makers
+    #: The orders read so far, by id.
+    read_orders: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    _makers: Mapping[str, list[FlowRecord]] | None = None
+
+    def order_operations(self, order_id: str) -> list[dict[str, Any]]:
+        if order_id not in self.read_orders:
+            self.read_orders[order_id] = self.order(order_id) if order_id else []
+        return self.read_orders[order_id]
+
+    def maker(self, op: Mapping[str, Any], acted_on: Iterable[str]) -> FlowRecord | None:
+        """A flow of durapay whose post-operation in flight may be ``op``: it acts on one of ``acted_on``
+        (operation ids of ``op``'s order) or holds ``op``'s order, and its call makes ``op``'s type."""
+        if self._makers is None:
+            self._makers = self.makers()
+        keys = [*acted_on, str(op.get("orderId") or "")]
+        for key in keys:
+            for record in self._makers.get(key, []):
+                if money.says_in_flight(record, op) or record.state not in STOPPED:
+                    return record
+        return None
 
 
 def _label(record: FlowRecord) -> str:
@@ -114,13 +155,16 @@ def judge(
     operations: Mapping[str, Mapping[str, Any]],
     owners: Owners,
     ended: Iterable[FlowRecord],
-    fetch: GetCall,
+    lookups: Lookups,
 ) -> list[Finding]:
     """The findings of a window: ``operations`` (by id) read from the gateway, ``owners`` looked up for
-    them, ``ended`` the flows that succeeded in the window; ``fetch`` reads one operation by id."""
+    them, ``ended`` the flows that succeeded in the window; ``lookups`` reads what else a finding needs."""
     findings: list[Finding] = []
     unshown: dict[str, list[Mapping[str, Any]]] = defaultdict(list)
     judged: dict[str, FlowRecord] = {record.id: record for record in ended if record.state is FlowState.SUCCEEDED}
+    of_order: dict[str, list[Mapping[str, Any]]] = defaultdict(list)
+    for op in operations.values():
+        of_order[str(op.get("orderId") or "")].append(op)
     for operation_id, op in sorted(operations.items(), key=lambda item: str(item[1].get("operationTime") or "")):
         pending, moved = money.in_flight(op), money.is_money(op)
         if not (pending or moved):
@@ -135,17 +179,8 @@ def judge(
         elif record is None:
             gone = f"; its order's flow {flow_id} is gone (past its retention)" if flow_id else ""
             findings.append(Finding(MONEY_WITHOUT_FLOW, f"{_money_word(op)} that no flow claims{gone}", operation=brief(op)))
-        elif by_order and money.is_given_back(op):
-            findings.append(
-                Finding(
-                    MONEY_WITHOUT_FLOW,
-                    f"{_money_word(op)} on the order of {_label(record)} that no flow of durapay made",
-                    flow=record.id,
-                    kind=record.kind,
-                    state=record.state.value,
-                    operation=brief(op),
-                )
-            )
+        elif by_order and money.post_operation(op, _order_operations(op, record, of_order, lookups)):
+            findings.append(_post_operation(op, record, of_order, lookups))
         elif record.state not in STOPPED:
             findings.append(_in_flight(op, record, f"its flow is still {record.state.value} at step {record.step}"))
         else:
@@ -157,7 +192,7 @@ def judge(
             elif how is None:
                 unshown[record.id].append(op)
     for record in judged.values():
-        findings.extend(_named(record, operations, fetch, unshown[record.id]))
+        findings.extend(_named(record, operations, lookups.operation, unshown[record.id]))
     for flow_id, ops in unshown.items():
         record = owners.records[flow_id]
         for op in ops:
@@ -172,6 +207,50 @@ def judge(
                 )
             )
     return findings
+
+
+def _order_operations(
+    op: Mapping[str, Any],
+    record: FlowRecord,
+    by_order: Mapping[str, list[Mapping[str, Any]]],
+    lookups: Lookups,
+) -> list[Mapping[str, Any]]:
+    """What is known of ``op``'s order: the window's operations on it and what its flow recorded; for a
+    ``CAPTURE`` not told apart by those (its authorization older than the window), the gateway's order."""
+    order_id = str(op.get("orderId") or "")
+    known = [*by_order.get(order_id, []), *_recorded(record)]
+    if money.op_type(op) == "CAPTURE" and not money.post_operation(op, known):
+        known += lookups.order_operations(order_id)
+    return known
+
+
+def _recorded(record: FlowRecord) -> list[Mapping[str, Any]]:
+    operation = (record.outcome or {}).get("operation")
+    return [operation] if isinstance(operation, Mapping) else []
+
+
+def _post_operation(
+    op: Mapping[str, Any], record: FlowRecord, by_order: Mapping[str, list[Mapping[str, Any]]], lookups: Lookups
+) -> Finding:
+    """A post-operation on the order of ``record`` that no flow recorded: in flight when a flow of
+    durapay may have made it (its answer unread), else money no flow of durapay made."""
+    order_id = str(op.get("orderId") or "")
+    acted_on = {str(other.get("operationId")) for other in [*by_order.get(order_id, []), *_recorded(record)]}
+    acted_on |= {str(other.get("operationId")) for other in lookups.read_orders.get(order_id, [])}
+    acted_on |= set(money.named_operations(record))
+    acted_on.discard(str(op.get("operationId")))
+    maker = lookups.maker(op, sorted(acted_on))
+    if maker is not None:
+        how = "a person has it" if maker.state is FlowState.NEEDS_ATTENTION else f"it is still {maker.state.value}"
+        return _in_flight(op, maker, f"durapay's {maker.kind} flow may have made it, its answer unread: {how}")
+    return Finding(
+        MONEY_WITHOUT_FLOW,
+        f"{_money_word(op)} on the order of {_label(record)} that no flow of durapay made",
+        flow=record.id,
+        kind=record.kind,
+        state=record.state.value,
+        operation=brief(op),
+    )
 
 
 def _named(

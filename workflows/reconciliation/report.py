@@ -5,6 +5,9 @@ Keys (``Keys.prefix``; the reports are few and small, so they need no partition)
 
 * ``<prefix>:reconcile:report:<id>`` - the report as JSON, expiring with the retention;
 * ``<prefix>:reconcile:reports`` - sorted set of report ids by start time (trimmed to the retention);
+* ``<prefix>:reconcile:carried`` - hash, operation id -> when it was first found in flight: what the next
+  run reads again by id (``Reconciler.complete``), at most :data:`MAX_CARRIED`; one older than the
+  retention is dropped, and its report says so;
 * ``<prefix>:{pN}:attention:<flow id>`` - hash, one field per mismatch found on the flow (its key), in the
   flow's partition; expires with the retention. It is the flow's *attention mark* (docs/operations.md):
   the record itself is changed only through the engine's transitions.
@@ -39,6 +42,25 @@ return 0
 """
 
 
+#: Operations in flight one run hands to the next, at most (the oldest are dropped past it, and said).
+MAX_CARRIED = 10_000
+#: Findings a kept report holds per category, at most: its counts stay whole, every mismatch is still
+#: announced and marked, and the report says how many lines it left out (a report is one Redis string,
+#: read whole by the console and /metrics).
+MAX_FINDINGS = 1_000
+#: The newest reports the standing one is chosen among (``Reports.standing``).
+STANDING_LOOKBACK = 20
+
+
+@dataclass
+class Carried:
+    """The operations the previous runs left in flight: to read again (``ids``), and those followed past
+    the retention (``expired``), each with when it was first found in flight."""
+
+    ids: dict[str, float] = field(default_factory=dict)
+    expired: dict[str, float] = field(default_factory=dict)
+
+
 @dataclass
 class Report:
     """One run: the window (POSIX seconds), what was read, and the findings."""
@@ -56,10 +78,18 @@ class Report:
     gaps: list[str] = field(default_factory=list)
     error: str | None = None
     findings: list[Finding] = field(default_factory=list)
+    #: Operations of earlier runs' in-flight findings read again by id (outside this window).
+    carried: int = 0
+    #: Counts by category as found (the stored findings may be fewer: :data:`MAX_FINDINGS`).
+    found: dict[str, int] = field(default_factory=dict, compare=False)
 
     @property
     def mismatches(self) -> list[Finding]:
         return [finding for finding in self.findings if finding.category != IN_FLIGHT]
+
+    @property
+    def mismatched(self) -> bool:
+        return any(count for category, count in self.counts().items() if category != IN_FLIGHT)
 
     @property
     def running(self) -> bool:
@@ -69,10 +99,25 @@ class Report:
     @property
     def ok(self) -> bool:
         """Nothing wrong: finished, no mismatch, and the whole window was read."""
-        return not self.running and not self.mismatches and not self.gaps and self.error is None
+        return not self.running and not self.mismatched and not self.gaps and self.error is None
 
     def counts(self) -> dict[str, int]:
-        return {category: sum(1 for f in self.findings if f.category == category) for category in CATEGORIES}
+        listed = {category: sum(1 for f in self.findings if f.category == category) for category in CATEGORIES}
+        return {category: max(listed[category], self.found.get(category, 0)) for category in CATEGORIES}
+
+    def covers(self, other: Report) -> bool:
+        """Whether this report's window holds all of ``other``'s."""
+        return self.since <= other.since and self.until >= other.until
+
+    def bounded(self) -> list[Finding]:
+        """The findings a kept report holds: the first :data:`MAX_FINDINGS` of each category."""
+        kept: list[Finding] = []
+        seen: dict[str, int] = {}
+        for finding in self.findings:
+            seen[finding.category] = seen.get(finding.category, 0) + 1
+            if seen[finding.category] <= MAX_FINDINGS:
+                kept.append(finding)
+        return kept
 
     def wire(self) -> dict[str, Any]:
         return {
@@ -91,7 +136,9 @@ class Report:
             "gaps": list(self.gaps),
             "error": self.error,
             "counts": self.counts(),
-            "findings": [finding.wire() for finding in self.findings],
+            "carried": self.carried,
+            "findings": [finding.wire() for finding in self.bounded()],
+            "left_out": len(self.findings) - len(self.bounded()) if self.findings else 0,
         }
 
     @classmethod
@@ -110,6 +157,8 @@ class Report:
             gaps=[str(gap) for gap in data.get("gaps") or []],
             error=data.get("error"),
             findings=[Finding.from_wire(item) for item in data.get("findings") or []],
+            carried=int(data.get("carried") or 0),
+            found={str(k): int(v) for k, v in (data.get("counts") or {}).items()},
         )
 
 
@@ -145,6 +194,46 @@ class Reports:
     def get(self, report_id: str) -> Report | None:
         raw = self.redis.get(self._report_key(report_id))
         return Report.from_wire(json.loads(raw)) if raw else None
+
+    @property
+    def _carried(self) -> str:
+        return f"{self.keys.prefix}:reconcile:carried"
+
+    def carried(self, *, now: float) -> Carried:
+        """The operations earlier runs left in flight (module docstring)."""
+        found = Carried()
+        for member, value in self.redis.hgetall(self._carried).items():
+            first = float(value)
+            (found.expired if first < now - self.retention_seconds else found.ids)[member.decode()] = first
+        return found
+
+    def carry(self, in_flight: set[str], *, done: set[str], now: float) -> None:
+        """Hand ``in_flight`` to the next run (keeping when each was first found), and forget ``done``
+        (read again by this run) unless it is still in flight; at most :data:`MAX_CARRIED` kept."""
+        finished = sorted(done - in_flight)
+        if finished:
+            self.redis.hdel(self._carried, *finished)
+        for operation_id in sorted(in_flight):
+            self.redis.hsetnx(self._carried, operation_id, repr(now))
+        size = int(self.redis.hlen(self._carried))
+        if size > MAX_CARRIED:
+            entries = sorted(((float(v), k) for k, v in self.redis.hgetall(self._carried).items()), reverse=True)
+            self.redis.hdel(self._carried, *[key for _, key in entries[MAX_CARRIED:]])
+
+    def standing(self) -> Report | None:
+        """The report the console's home page and the metrics follow: the newest finished one that found
+        something wrong and that no newer finished report covers (a run over a few minutes clears
+        nothing of a day it did not read again), else the newest finished one (among the newest
+        :data:`STANDING_LOOKBACK`)."""
+        finished: list[Report] = []
+        for member in self.redis.zrevrange(self._index, 0, STANDING_LOOKBACK - 1):
+            report = self.get(member.decode())
+            if report is not None and not report.running:
+                finished.append(report)
+        for index, report in enumerate(finished):
+            if not report.ok and not any(newer.covers(report) for newer in finished[:index]):
+                return report
+        return finished[0] if finished else None
 
     def latest(self, *, finished: bool = False) -> Report | None:
         """The newest report still kept (``finished``: the newest whose run is over)."""

@@ -16,6 +16,7 @@ to read. Then, for each mismatch (docs/operations.md, Reconciliation):
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
@@ -25,16 +26,19 @@ from durapay.config.settings import ReconcileSettings
 from durapay.gateway import GatewayError, reported_payment
 from durapay.workflows.engine import Engine
 from durapay.workflows.reconciliation import money
-from durapay.workflows.reconciliation.judge import MONEY_NOT_SHOWN, Finding, Owners, judge
+from durapay.workflows.reconciliation.judge import IN_FLIGHT, MONEY_NOT_SHOWN, Finding, Lookups, Owners, judge
 from durapay.workflows.reconciliation.report import Report, Reports, new_report_id
 from durapay.workflows.reconciliation.window import CallBudgetSpent, GatewayReads, read_window
-from durapay.workflows.states import FlowState
+from durapay.workflows.states import STOPPED, FlowState
 from durapay.workflows.store import FlowRecord
 
 #: Who the flows' logs name for the moves a reconciliation makes.
 BY = "reconcile"
-#: Lookups per Redis round trip.
+#: Lookups per Redis round trip (commands in one pipeline).
 BATCH = 1000
+#: The newest flows in each state that may hold a post-operation in flight, read when a post-operation
+#: no flow recorded is found (``makers``); past it they are not looked at (the finding says no flow).
+MAKERS_LIMIT = 10_000
 
 T = TypeVar("T")
 
@@ -56,13 +60,24 @@ class Reconciler:
 
     def begin(self, since: float, until: float | None = None, *, by: str = "cli") -> Report:
         """The report of a run of ``[since, until]`` (POSIX seconds; ``until`` None: now), not yet run.
-        Raises ValueError for a window that ends before it starts or in the future."""
+        Raises ValueError for a window that ends before it starts or in the future, or that starts before
+        the finished flows' retention (``DURAPAY_ENGINE__RETENTION``): their records are gone, so every
+        payment of those days would read as money without a flow (and a window of years is hundreds of
+        calls of nothing)."""
         now = self.engine.clock.now()
         until = now if until is None else until
+        if not (math.isfinite(since) and math.isfinite(until)):
+            raise ValueError(f"the window's bounds must be finite ({since!r}, {until!r})")
         if until <= since:
             raise ValueError(f"the window ends ({_iso(until)}) before it starts ({_iso(since)})")
         if until > now + 60:
             raise ValueError(f"the window ends in the future ({_iso(until)}; now is {_iso(now)})")
+        kept = self.engine.settings.engine.retention
+        if since < now - kept:
+            raise ValueError(
+                f"the window starts ({_iso(since)}) before the finished flows' retention ({kept / 86400:g} days, "
+                f"DURAPAY_ENGINE__RETENTION: since {_iso(now - kept)} at the earliest): the flows of older payments are gone"
+            )
         return Report(id=new_report_id(now), since=since, until=until, started=now, by=by)
 
     def run(self, since: float, until: float | None = None, *, by: str = "cli") -> Report:
@@ -70,9 +85,14 @@ class Reconciler:
         return self.complete(self.begin(since, until, by=by))
 
     def complete(self, report: Report) -> Report:
-        """Run ``report``'s window: read, judge, act; the report kept and returned."""
+        """Run ``report``'s window: read, judge, act; the report kept and returned.
+
+        The operations the previous runs left in flight (``Reports.carried``) are read again by id and
+        judged with the window's, so an operation PENDING on its day, or of a flow still going then, is
+        judged once it settles, whatever later window holds it."""
         since, until = report.since, report.until
         reads = GatewayReads(self.engine.gateway, self.engine.retry_policy, max_calls=self.settings.max_calls, sleep=self.sleep)
+        carried = self.reports.carried(now=report.started)
         try:
             window = read_window(
                 reads.list_operations,
@@ -82,15 +102,31 @@ class Reconciler:
                 span=timedelta(days=self.settings.span_days),
             )
             report.pages, report.gaps, report.operations = window.pages, window.gaps, len(window.operations)
-            owners = self.owners(window.operations.values())
+            operations = dict(window.operations)
+            for operation_id in sorted(carried.expired):
+                since_then = _iso(carried.expired[operation_id])
+                report.gaps.append(
+                    f"operation {operation_id}, in flight since {since_then}, is no longer followed (past the retention)"
+                )
+            for operation_id in sorted(set(carried.ids) - set(operations)):
+                found = reads.get_operation(operation_id)
+                if found is not None:
+                    operations[operation_id] = found
+                    report.carried += 1
+            owners = self.owners(operations.values())
             ended = self.ended(since, until, owners)
             report.flows = len(owners.records)
-            report.findings = judge(window.operations, owners, ended, reads.get_operation)
+            lookups = Lookups(reads.get_operation, reads.get_order, self.makers)
+            report.findings = judge(operations, owners, ended, lookups)
         except (GatewayError, CallBudgetSpent) as exc:
             report.error = f"the gateway could not be read completely: {exc}"
         report.calls = reads.calls
         for finding in report.mismatches:
             self.act(finding, report.id)
+        if report.error is None:
+            in_flight = {str((f.operation or {}).get("operationId")) for f in report.findings if f.category == IN_FLIGHT}
+            in_flight.discard("None")
+            self.reports.carry(in_flight, done=set(carried.ids) | set(carried.expired), now=report.started)
         report.finished = self.engine.clock.now()
         self.reports.save(report, now=report.finished)
         return report
@@ -116,7 +152,7 @@ class Reconciler:
             answers = self._pipelined([("get", keys.operation(keys.partition(flow), op_id)) for op_id, flow in pairs])
             owners.by_operation.update({op_id: value.decode() for (op_id, _), value in zip(pairs, answers, strict=True) if value})
         rest = [operation_id for operation_id, _ in first if operation_id not in owners.by_operation]
-        for chunk in _chunks(rest):
+        for chunk in _chunks(rest, size=max(1, BATCH // keys.partitions)):
             commands = [("get", keys.operation(p, op_id)) for op_id in chunk for p in range(keys.partitions)]
             answers = self._pipelined(commands)
             for index, operation_id in enumerate(chunk):
@@ -144,6 +180,23 @@ class Reconciler:
             for record in self.engine.store.many(chunk):
                 owners.records[record.id] = record
 
+    def makers(self) -> dict[str, list[FlowRecord]]:
+        """The flows that may hold a post-operation in flight (not ended, or needing a person, with money
+        in flight by a call of ``money.POST_CALLS``), by the operation id their input acts on and by their
+        orders: who may have made a post-operation that no flow recorded (``judge.Lookups.maker``)."""
+        found: dict[str, list[FlowRecord]] = {}
+        states = [state for state in FlowState if state not in STOPPED or state is FlowState.NEEDS_ATTENTION]
+        for state in states:
+            ids = [flow_id for _, flow_id in self.engine.store.ids(state=state)[:MAKERS_LIMIT]]
+            for chunk in _chunks(ids):
+                for record in self.engine.store.many(chunk):
+                    if (record.unsettled or {}).get("op") not in money.POST_CALLS:
+                        continue
+                    acted_on = str(record.input.get("operationId") or "")
+                    for key in {acted_on, *record.orders} - {""}:
+                        found.setdefault(key, []).append(record)
+        return found
+
     def act(self, finding: Finding, report_id: str) -> None:
         """The event, the mark and (for a payment a finished flow does not show) the late-payment path."""
         now = self.engine.clock.now()
@@ -156,9 +209,9 @@ class Reconciler:
 
     def _late_payment(self, flow_id: str, operation: Mapping[str, Any], now: float) -> None:
         body = {"operation": dict(operation)}
-        paid = reported_payment(body)
+        paid = reported_payment(body) if money.is_payment(operation) else None
         if paid is None:
-            return  # money given back, not a payment: the mark and the event say it
+            return  # not a payment of the flow (money given back): the mark and the event say it
         engine = self.engine
         result = engine.store.signal(flow_id, "notification", body, now=now, by=BY, safety=engine.safety, paid=paid)
         if result in ("missing", "finished"):
@@ -174,10 +227,13 @@ def exit_status(report: Report) -> int:
     return 0 if report.ok else 1
 
 
-def _chunks(items: list[T]) -> Iterable[list[T]]:
-    for start in range(0, len(items), BATCH):
-        yield items[start : start + BATCH]
+def _chunks(items: list[T], size: int = BATCH) -> Iterable[list[T]]:
+    for start in range(0, len(items), size):
+        yield items[start : start + size]
 
 
 def _iso(moment: float) -> str:
-    return datetime.fromtimestamp(moment, UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
+    try:
+        return datetime.fromtimestamp(moment, UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
+    except (ValueError, OverflowError, OSError):
+        return f"{moment:g} (POSIX seconds, out of range)"

@@ -9,7 +9,10 @@ page set toTime equal to the lastOperationTime value of the last record". So a w
 * within a span, page by page: a full page (``maxRecords`` records) is followed by one whose ``toTime``
   is the oldest record's ``operationTime``, exactly as the gateway wrote it. Bounds are inclusive, so
   the boundary records come again and are dropped by operation id; a page short of ``maxRecords`` ends
-  the span.
+  the span. Every operation the gateway answers for a query is kept, whatever time it writes: its own
+  filter decides what a span holds, and a time without an offset may be in another zone than durapay
+  reads it in (docs/gateway.md, Times), so a filter of durapay's own would drop what no other window
+  reads again. An operation two windows both answer is judged by both, to the same finding.
 
 Every loop has a limit: ``max_calls`` calls per run, retries included. A full page that brings nothing
 new (more than ``maxRecords`` operations in the same millisecond) cannot be paged past by time: the
@@ -97,6 +100,14 @@ class GatewayReads:
         answer = self._retried(lambda: self.client().call(Catalogue.list_operations, request=dict(query)))
         return [op.model_dump(mode="json") for op in answer.operations]
 
+    def get_order(self, order_id: str) -> list[dict[str, Any]]:
+        """The operations of one order (``GET /orders/{orderId}``); none when the gateway has no such order."""
+        try:
+            answer = self._retried(lambda: self.client().call(Catalogue.get_order, order_id))
+        except NotFound:
+            return []
+        return [op.model_dump(mode="json") for op in answer.operations]
+
     def get_operation(self, operation_id: str) -> dict[str, Any] | None:
         try:
             answer = self._retried(lambda: self.client().call(Catalogue.get_operation, operation_id))
@@ -128,12 +139,12 @@ def _read_span(list_call: ListCall, start: datetime, end: datetime, max_records:
             moment = moment_of(op)
             if moment is not None and (oldest is None or moment < oldest[0]):
                 oldest = (moment, str(op.get("operationTime")))
-            if not operation_id or operation_id in read.operations:
-                continue
-            if moment is not None and not start <= moment <= end:
-                continue  # outside what was asked: the span that holds it reads it
-            read.operations[operation_id] = op
-        if len(page) < max_records or oldest is None:
+            if operation_id and operation_id not in read.operations:
+                read.operations[operation_id] = op
+        if len(page) < max_records:
+            return
+        if oldest is None:
+            read.gaps.append(f"a full page of {max_records} operations, none with a readable operationTime, before {to_time}")
             return
         if oldest[0] < to_moment:
             to_time, to_moment = oldest[1], oldest[0]  # "toTime = lastOperationTime of the last record"

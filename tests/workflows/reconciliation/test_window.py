@@ -4,8 +4,8 @@ within the limits, every operation once; and what the reader says when it cannot
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
-from datetime import UTC, datetime, timedelta
+from collections.abc import Callable, Iterator, Mapping
+from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
 
 import pytest
@@ -64,3 +64,34 @@ def test_an_instant_with_more_than_max_records_is_said_not_read() -> None:
     read = read_window(listed, start, start + timedelta(hours=3), max_records=3, span=timedelta(days=28))
     assert sorted(read.operations) == ["0", "1", "2", "old"]
     assert len(read.gaps) == 1 and "more than 3 operations at 2026-03-01 10:00:00.000" in read.gaps[0]
+
+
+def _naive_gateway(
+    ops: list[tuple[str, datetime]], zone: timezone, max_records: int
+) -> Callable[[Mapping[str, Any]], list[dict[str, Any]]]:
+    """A gateway that filters by the true moment and writes times without an offset in ``zone``."""
+
+    def listed(query: Mapping[str, Any]) -> list[dict[str, Any]]:
+        low, high = parse_gateway_time(query["fromTime"]), parse_gateway_time(query["toTime"])
+        found = sorted((op for op in ops if low <= op[1] <= high), key=lambda op: op[1], reverse=True)[:max_records]
+        return [{"operationId": i, "operationTime": t.astimezone(zone).strftime("%Y-%m-%d %H:%M:%S.000")} for i, t in found]
+
+    return listed
+
+
+def test_what_the_gateway_answers_is_kept_whatever_zone_its_times_are_in() -> None:
+    """Times without an offset written in summer time (UTC+02:00, not the +01:00 durapay reads them in):
+    two consecutive days read every operation between them."""
+    day = datetime(2026, 7, 1, 1, 0, tzinfo=UTC)
+    ops = [(f"op{h}", day + timedelta(hours=h, minutes=30)) for h in range(48)]
+    listed = _naive_gateway(ops, timezone(timedelta(hours=2)), 500)
+    first = read_window(listed, day, day + timedelta(hours=24), max_records=500, span=timedelta(days=28))
+    second = read_window(listed, day + timedelta(hours=24), day + timedelta(hours=48), max_records=500, span=timedelta(days=28))
+    assert set(first.operations) | set(second.operations) == {i for i, _ in ops}
+
+
+def test_a_full_page_without_readable_times_is_a_gap() -> None:
+    ops = [{"operationId": str(n), "operationTime": "n/a"} for n in range(3)]
+    start = datetime(2026, 3, 1, tzinfo=UTC)
+    read = read_window(lambda query: ops, start, start + timedelta(hours=1), max_records=3, span=timedelta(days=28))
+    assert len(read.operations) == 3 and len(read.gaps) == 1 and "readable operationTime" in read.gaps[0]
