@@ -1,19 +1,25 @@
 """The scheduler's daily reconciliation (``DURAPAY_RECONCILE__DAILY``): a ticker of ``durapay scheduler``.
 
-Once a day at ``DAILY_AT`` in ``TIME_ZONE`` it reconciles the ``WINDOW_HOURS`` that end at that moment,
-so consecutive days' windows tile without gap or overlap (a daylight-saving change makes one day's
-window an hour longer or shorter than the hours it is given: the window always ends at the day's run
-time). Any number of schedulers may run: the day is claimed in Redis (``SET NX``, kept three days)
-and only the one that claims it runs it, in a thread of its own so that dispatching goes on meanwhile.
-A scheduler that starts after the day's time runs the day's reconciliation then (same window); a day
-with no scheduler up at all is not run later (run ``durapay reconcile --since ... --until ...``).
+Once a day at ``DAILY_AT`` in ``TIME_ZONE`` it reconciles the ``WINDOW_HOURS`` of wall-clock time in
+that zone that end at that moment: with 24 (the default) the window starts at the previous day's run
+time, so consecutive days' windows tile without gap or overlap even across a daylight-saving change
+(that day's window is 23 or 25 hours long).
+
+Any number of schedulers may run: the day is claimed in Redis and only the one that claims it runs it,
+in a thread of its own so that dispatching goes on meanwhile. The claim is a lease
+(:data:`LEASE_SECONDS`) while the run goes, made the day's *done* mark (kept three days) only once its
+report is saved; a run that raises gives the lease back, and a scheduler killed mid-run lets it lapse,
+so another scheduler (or this one) runs the day again, up to :data:`ATTEMPTS` times a day. A scheduler
+that starts after the day's time runs the day's reconciliation then (same window); a day with no
+scheduler up at all is not run later (run ``durapay reconcile --since ... --until ...``).
 """
 
 from __future__ import annotations
 
 import logging
+import secrets
 import threading
-from datetime import datetime
+from datetime import datetime, timedelta
 from zoneinfo import ZoneInfo
 
 from durapay.workflows.engine import Engine
@@ -21,8 +27,29 @@ from durapay.workflows.reconciliation.run import Reconciler
 
 log = logging.getLogger("durapay.reconcile")
 
-#: How long a day's claim is kept (longer than any clock skew between schedulers).
+#: How long a day's done mark is kept (longer than any clock skew between schedulers).
 CLAIM_SECONDS = 3 * 86400
+#: How long a running day's lease lasts: past it, a scheduler that died mid-run no longer holds the day.
+#: A run still going then may be joined by a second (their events and marks are once per mismatch).
+LEASE_SECONDS = 3600
+#: Runs of one day at most (a day whose runs keep failing is left to a person: the log says each failure).
+ATTEMPTS = 3
+
+# KEYS: 1 the day's claim, 2 its attempts. ARGV: 1 this run's token, 2 lease seconds, 3 keep seconds, 4 attempts.
+_CLAIM = """
+if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
+if tonumber(redis.call('GET', KEYS[2]) or '0') >= tonumber(ARGV[4]) then return 0 end
+redis.call('INCR', KEYS[2])
+redis.call('EXPIRE', KEYS[2], ARGV[3])
+redis.call('SET', KEYS[1], ARGV[1], 'EX', ARGV[2])
+return 1
+"""
+# KEYS: 1 the day's claim. ARGV: 1 this run's token, 2 "done" or "release", 3 keep seconds.
+_SETTLE = """
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
+if ARGV[2] == 'done' then redis.call('SET', KEYS[1], 'done', 'EX', ARGV[3]) else redis.call('DEL', KEYS[1]) end
+return 1
+"""
 
 
 class DailyReconciliation:
@@ -35,6 +62,8 @@ class DailyReconciliation:
         self.reconciler = Reconciler(engine)
         self.zone = ZoneInfo(self.settings.time_zone)
         self._thread: threading.Thread | None = None
+        self._claim = engine.redis.register_script(_CLAIM)
+        self._settle = engine.redis.register_script(_SETTLE)
 
     def due(self, now: float) -> float | None:
         """Today's run time (POSIX seconds) once it has come, else None."""
@@ -43,31 +72,44 @@ class DailyReconciliation:
         at = local.replace(hour=hour, minute=minute, second=0, microsecond=0)
         return at.timestamp() if local >= at else None
 
+    def window(self, at: float) -> tuple[float, float]:
+        """The window of the run due at ``at``: ``WINDOW_HOURS`` of wall-clock time in the zone before it."""
+        local = datetime.fromtimestamp(at, self.zone).replace(tzinfo=None)
+        start = (local - timedelta(hours=self.settings.window_hours)).replace(tzinfo=self.zone)
+        return start.timestamp(), at
+
     def claim_key(self, at: float) -> str:
         day = datetime.fromtimestamp(at, self.zone).date().isoformat()
         return f"{self.engine.keys.prefix}:reconcile:daily:{day}"
 
     def tick(self) -> int:
-        """Start the day's run if it is due and no scheduler claimed it. Returns 0 (it sends no flows)."""
+        """Start the day's run if it is due and no scheduler holds or finished it. Returns 0 (it sends no flows)."""
         if not self.settings.daily or (self._thread is not None and self._thread.is_alive()):
             return 0
         at = self.due(self.engine.clock.now())
-        if at is None or not self.engine.redis.set(self.claim_key(at), "1", nx=True, ex=CLAIM_SECONDS):
+        if at is None:
             return 0
-        since = at - self.settings.window_hours * 3600
+        key, token = self.claim_key(at), secrets.token_hex(8)
+        if not self._claim(keys=[key, f"{key}:attempts"], args=[token, LEASE_SECONDS, CLAIM_SECONDS, ATTEMPTS]):
+            return 0
+        since, until = self.window(at)
         if self.background:
-            self._thread = threading.Thread(target=self._run, args=(since, at), name="reconcile-daily", daemon=True)
+            self._thread = threading.Thread(
+                target=self._run, args=(since, until, key, token), name="reconcile-daily", daemon=True
+            )
             self._thread.start()
         else:
-            self._run(since, at)
+            self._run(since, until, key, token)
         return 0
 
-    def _run(self, since: float, until: float) -> None:
+    def _run(self, since: float, until: float, key: str, token: str) -> None:
         try:
             report = self.reconciler.run(since, until, by="scheduler")
         except Exception:
-            log.exception("daily reconciliation failed")
+            log.exception("daily reconciliation failed (the day is run again at the next tick, %d runs a day at most)", ATTEMPTS)
+            self._settle(keys=[key], args=[token, "release", CLAIM_SECONDS])
             return
+        self._settle(keys=[key], args=[token, "done", CLAIM_SECONDS])
         if report.ok:
             log.info("daily reconciliation %s: nothing wrong (%d operations)", report.id, report.operations)
         else:

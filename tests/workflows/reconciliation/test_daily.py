@@ -45,7 +45,7 @@ def test_once_a_day_at_its_time_over_the_hours_before(flows: tuple[Engine, Simul
     report = first.reconciler.reports.latest()
     assert report is not None and report.by == "scheduler"
     assert report.until == datetime(2026, 3, 29, 3, 30, tzinfo=ROME).timestamp()
-    assert report.since == report.until - 24 * 3600
+    assert report.since == datetime(2026, 3, 28, 3, 30, tzinfo=ROME).timestamp()  # the day before: 23 hours
     assert len(first.reconciler.reports.recent()) == 1  # the second scheduler found the day claimed
 
     clock.advance(3600)
@@ -59,3 +59,42 @@ def test_off_unless_asked(flows: tuple[Engine, SimulatorServer]) -> None:
     runner = DailyReconciliation(engine, background=False)
     runner.tick()
     assert runner.reconciler.reports.latest() is None
+
+
+def test_days_tile_across_the_autumn_clock_change(flows: tuple[Engine, SimulatorServer]) -> None:
+    engine, _ = flows
+    clock = engine.clock
+    assert isinstance(clock, ManualClock)
+    runner = daily(engine)
+    windows = []
+    for day in (24, 25, 26):  # 2026-10-25 has 25 hours in Rome
+        clock.set(datetime(2026, 10, day, 3, 31, tzinfo=ROME).timestamp())
+        runner.tick()
+        report = runner.reconciler.reports.latest()
+        assert report is not None
+        windows.append((report.since, report.until))
+    assert windows[1][0] == windows[0][1] and windows[2][0] == windows[1][1]
+    assert windows[1][1] - windows[1][0] == 25 * 3600
+
+
+def test_a_run_that_fails_is_run_again_by_a_scheduler(
+    flows: tuple[Engine, SimulatorServer], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The day's claim is a lease given back when the run raises (a lost Redis connection cannot be made
+    to happen mid-run otherwise: the run is replaced); another scheduler then runs the day, once."""
+    engine, _ = flows
+    clock = engine.clock
+    assert isinstance(clock, ManualClock)
+    first, second = daily(engine), daily(engine)
+    clock.set(datetime(2026, 10, 20, 3, 31, tzinfo=ROME).timestamp())
+
+    def lost(*args: object, **kwargs: object) -> None:
+        raise ConnectionError("the connection to Redis was lost mid-run")
+
+    monkeypatch.setattr(first.reconciler, "run", lost)
+    first.tick()
+    assert first.reconciler.reports.latest() is None
+    clock.advance(600)
+    second.tick()
+    first.tick()
+    assert len(second.reconciler.reports.recent()) == 1
