@@ -1,9 +1,10 @@
 """``/reconciliation``: the gateway's operations against the flows (docs/operations.md, Reconciliation).
 
 ``POST /reconciliation/reports`` starts a run in the background and answers 202 with the report as it
-stands (``running``); a run already going in this process is answered instead of a second one (a run
-reads a whole window from the gateway: minutes for a busy day, too long for one request). The kept
-reports are read with ``GET``; ``/reconciliation/reports/latest`` is the newest.
+stands (``running``); while a run goes in this process another is refused, 409 naming the running
+report (a run reads a whole window from the gateway: minutes for a busy day, too long for one request;
+answering the other run's report would pass it off as the window asked for). The kept reports are read
+with ``GET``; ``/reconciliation/reports/latest`` is the newest.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from fastapi import APIRouter, Body, Path
 from fastapi.responses import JSONResponse
 
 from durapay.gateway import StrictInput
-from durapay.service.errors import ERRORS, invalid, not_found
+from durapay.service.errors import ERRORS, conflict, invalid, not_found
 from durapay.service.reconcile_schemas import ReconciliationList, ReconciliationReport, ReconciliationRun
 from durapay.service.timeparse import parse_since
 from durapay.workflows.engine import Engine
@@ -36,6 +37,7 @@ class Background:
         self.current: Report | None = None
 
     def start(self, report: Report) -> Report:
+        """Start ``report``'s run; the report already running (not started) when there is one."""
         with self.lock:
             if self.current is not None:
                 return self.current
@@ -98,6 +100,11 @@ def reconcile_router(engine: Engine) -> APIRouter:
         except ValueError as exc:
             raise invalid("until" if body.until else "since", str(exc)) from None
         started = background.start(report)
+        if started is not report:
+            raise conflict(
+                f"reconciliation {started.id} is running in this process (since {started.since:.0f}, until {started.until:.0f}): "
+                f"wait for it (GET /reconciliation/reports/{started.id}) and ask again"
+            )
         return JSONResponse(started.wire(), status_code=202, headers={"Location": f"/reconciliation/reports/{started.id}"})
 
     return router

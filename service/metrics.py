@@ -21,8 +21,9 @@ Series:
 * ``durapay_auth_failures_total`` - wrong keys presented to the API or the console's sign-in;
   ``durapay_auth_refusals_total`` - attempts answered 429 for too many of them (``service.throttle``)
 * ``durapay_worker_up``, ``durapay_scheduler_up`` - a heartbeat is present
-* ``durapay_reconciliation_mismatches{category}``, ``durapay_reconciliation_ok``,
-  ``durapay_reconciliation_finished_seconds`` - the newest finished reconciliation (none: no series)
+* ``durapay_reconciliation_mismatches{category}``, ``durapay_reconciliation_ok`` - the standing
+  reconciliation (``Reports.standing``: a newer run clears a mismatch only by reading its window again);
+  ``durapay_reconciliation_finished_seconds`` - when the newest finished (none kept: no series)
 """
 
 from __future__ import annotations
@@ -229,20 +230,21 @@ def _up_series(engine: Engine, roles: Iterable[str]) -> list[str]:
 def _reconciliation_series(engine: Engine) -> list[str]:
     from durapay.workflows.reconciliation import MISMATCHES, Reconciler
 
-    report = Reconciler(engine).reports.latest(finished=True)
-    if report is None:
+    reports = Reconciler(engine).reports
+    report, newest = reports.standing(), reports.latest(finished=True)
+    if report is None or newest is None:
         return []
     counts = report.counts()
     lines = [
-        "# HELP durapay_reconciliation_mismatches Mismatches of the newest finished reconciliation, by category.",
+        "# HELP durapay_reconciliation_mismatches Mismatches of the standing reconciliation (docs/operations.md), by category.",
         "# TYPE durapay_reconciliation_mismatches gauge",
         *(f'durapay_reconciliation_mismatches{{category="{category}"}} {counts[category]}' for category in MISMATCHES),
-        "# HELP durapay_reconciliation_ok 1 when the newest finished reconciliation found nothing wrong.",
+        "# HELP durapay_reconciliation_ok 1 when the standing reconciliation found nothing wrong.",
         "# TYPE durapay_reconciliation_ok gauge",
         f"durapay_reconciliation_ok {int(report.ok)}",
         "# HELP durapay_reconciliation_finished_seconds When the newest reconciliation finished (POSIX seconds).",
         "# TYPE durapay_reconciliation_finished_seconds gauge",
-        f"durapay_reconciliation_finished_seconds {report.finished:.3f}",
+        f"durapay_reconciliation_finished_seconds {newest.finished:.3f}",
     ]
     return lines
 

@@ -24,13 +24,14 @@ TITLES = {
 
 
 def home_summary(reconciler: Reconciler) -> dict[str, Any] | None:
-    """The home page's line: the newest finished report's verdict and counts (None: none kept)."""
-    report = reconciler.reports.latest(finished=True)
+    """The home page's line: the standing report's verdict and counts (``Reports.standing``: a newer run
+    clears a mismatch only by reading its window again; None: none kept)."""
+    report = reconciler.reports.standing()
     if report is None:
         return None
     summary = report.wire()
     summary.pop("findings")
-    summary["mismatches"] = len(report.mismatches)
+    summary["mismatches"] = sum(count for category, count in report.counts().items() if category != "in_flight")
     return summary
 
 

@@ -57,3 +57,24 @@ def test_a_window_it_cannot_read_is_refused(gateway_runtime: tuple[Runtime, Simu
     answer = client.post("/reconciliation/reports", json={"since": "yesterday"}, headers=HEADERS)
     assert answer.status_code == 422 and answer.json()["field"] == "since"
     assert client.get("/reconciliation/reports/rec_1_x", headers=HEADERS).status_code == 404
+
+
+def test_a_window_past_the_flows_retention_is_refused(gateway_runtime: tuple[Runtime, SimulatorServer]) -> None:
+    """Past the finished flows' retention every payment would read as money without a flow (and 1970 is
+    hundreds of calls): refused, as is a start out of any calendar, before anything is kept."""
+    client = TestClient(create_app(gateway_runtime[0]))
+    for since in ("999999999d", "0", "31d"):
+        answer = client.post("/reconciliation/reports", json={"since": since}, headers=HEADERS)
+        assert answer.status_code == 422 and answer.json()["field"] == "since", answer.text
+        assert "retention" in answer.json()["reason"]
+    assert client.get("/reconciliation/reports", headers=HEADERS).json()["reports"] == []
+
+
+def test_a_second_run_while_one_goes_is_refused(gateway_runtime: tuple[Runtime, SimulatorServer]) -> None:
+    runtime, sim = gateway_runtime
+    client = TestClient(create_app(runtime))
+    sim.admin.set_faults(mode="latency", operation="list_operations", latency_ms=1500, count=1)
+    first = client.post("/reconciliation/reports", json={"since": "1h"}, headers=HEADERS)
+    assert first.status_code == 202, first.text
+    second = client.post("/reconciliation/reports", json={"since": "2h"}, headers=HEADERS)
+    assert second.status_code == 409 and first.json()["id"] in second.json()["reason"], second.text
