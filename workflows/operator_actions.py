@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from durapay.workflows.sensitive import erased
 from durapay.workflows.states import TERMINAL, FlowState
 from durapay.workflows.store import FlowRecord
 
@@ -42,9 +43,7 @@ def allowed(record: FlowRecord) -> list[str]:
         # (a retry would not account for the second, and a flow whose payment succeeded is never cancelled: no cancel).
         return ["accept", "refund"] if _takes(record) else ["keep", "refund"]
     actions: list[str] = []
-    if record.state in {FlowState.NEEDS_ATTENTION, FlowState.FAILED} and not (
-        record.state is FlowState.FAILED and record.fields.get("owner")
-    ):
+    if record.state is FlowState.NEEDS_ATTENTION or (record.state is FlowState.FAILED and _restartable(record)):
         actions.append("retry")
     if record.state not in TERMINAL and not record.cancel_requested:
         actions.append("cancel")
@@ -81,6 +80,8 @@ def refusal(record: FlowRecord, action: str) -> str | None:
             f"flow {record.id} is a charge of schedule {record.fields['owner']}, which retries declined charges "
             "itself (dunning): resume, or cancel, the schedule instead; a restart here would charge again"
         )
+    if action == "retry" and record.state is FlowState.FAILED and erased(record.input):
+        return f"flow {record.id}: its card data was erased when it ended; start a new flow with the card"
     if action == "retry":
         return f"flow {record.id} is {record.state}; only failed or needs_attention flows are retried"
     return f"flow {record.id} has no late payment to {action} (it is {record.state})"
@@ -116,11 +117,16 @@ def explain(record: FlowRecord, action: str) -> list[str]:
             *_still_open(record),
         ]
     if action == "retry" and record.state is FlowState.FAILED:
-        seq = record.order_seq + 1
+        # The next derived order id ends in -(seq + 1) (workflows.orders.gateway_order_id; -2 for the first
+        # restart), or a later one if another flow holds it.
+        where = (
+            f"a new gateway order (order id with suffix -{record.order_seq + 2}, or the next one free)"
+            if record.order_id
+            else "the gateway"
+        )
         return [
-            "The flow starts again from its first step on a new gateway order "
-            f"(order id with suffix -{seq}) and fresh idempotency keys: this is a new payment attempt at the gateway.",
-            "Card data was erased when the flow ended: a card flow cannot be restarted (the engine refuses it).",
+            f"The flow starts again from its first step on {where} with fresh idempotency keys: this is a new "
+            "attempt at the gateway.",
         ]
     if action == "retry":
         return [
@@ -160,6 +166,12 @@ def explain(record: FlowRecord, action: str) -> list[str]:
             "shows in this flow as a late payment (needs attention), never lost."
         )
     return sentences
+
+
+def _restartable(record: FlowRecord) -> bool:
+    """A failed flow starts again only with its input whole (card data is erased when a flow ends) and
+    when no schedule owns it (a schedule retries its declined charges itself)."""
+    return not record.fields.get("owner") and not erased(record.input)
 
 
 def _second(record: FlowRecord) -> bool:

@@ -168,6 +168,23 @@ def scrub(data: Any) -> Any:
     return mask(data)
 
 
+def erased(data: Any) -> bool:
+    """Whether ``data`` (a flow's input) lost to :func:`scrub` what a new attempt needs: a ``card`` reduced
+    to its masked ``pan``, or ``walletPaymentData`` removed. A failed flow whose input is erased cannot be
+    started again (``workflows.operator_actions``: retry is then neither offered nor accepted)."""
+    if isinstance(data, dict):
+        for key, value in data.items():
+            if key == "card" and isinstance(value, dict) and set(value) <= {"pan"}:
+                return True
+            if key == "walletPaymentData" and value == REDACTED:
+                return True
+            if isinstance(value, dict | list) and erased(value):
+                return True
+    if isinstance(data, list):
+        return any(erased(item) for item in data)
+    return False
+
+
 def install_log_masking() -> None:
     """Mask card numbers in every log record this process makes, whatever logger or handler (the
     message with its arguments, and an exception's text: a validation error may quote an input).

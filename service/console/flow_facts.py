@@ -34,4 +34,14 @@ def facts(record: FlowRecord) -> dict[str, Any]:
         "decline": error.get("decline") or "",
         "operation_ids": outcome.get("operationIds") or [],
         "late": late_payment(record),
+        "refund_flows": refund_flows(outcome),
     }
+
+
+def refund_flows(outcome: dict[str, Any]) -> list[str]:
+    """The refund flows a flow's outcome names (a late payment refunded by durapay), to link to."""
+    found = [(outcome.get("refund") or {}).get("flow")]
+    found += [
+        ((late.get("refund") or {}) if isinstance(late, dict) else {}).get("flow") for late in outcome.get("latePayments") or []
+    ]
+    return [str(flow) for flow in dict.fromkeys(found) if flow]

@@ -225,4 +225,8 @@ def flow_router(console: Console, engine: Engine, listing: FlowListing) -> APIRo
 
 def _row(record: FlowRecord) -> dict[str, Any]:
     """One line of the flow list: the brief, why it stopped, and its amount as a person reads it."""
-    return flow_brief(record) | {"reason": reason_of(record), "amount": money_text(record.outcome, record.input)}
+    return flow_brief(record) | {
+        "reason": reason_of(record),
+        "amount": money_text(record.outcome, record.input),
+        "due": record.due,
+    }

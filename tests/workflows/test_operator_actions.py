@@ -80,3 +80,41 @@ def test_what_is_not_offered_is_refused_with_the_same_reason(make_engine: Any) -
         with pytest.raises(OperatorError) as refused:
             call()
         assert str(refused.value) == reason
+
+
+def test_a_failed_card_flow_is_not_offered_a_retry_the_engine_refuses(make_engine: Any) -> None:
+    """Issue 27, item 4: a declined card flow offered Retry, its confirm page said both "starts again" and
+    "cannot be restarted", and the click answered "card data was erased". The rule now sees the erasure."""
+    from durapay.gateway import Card, GatewayModel
+    from durapay.tasks.outcomes import Finish
+
+    class CardOnly(GatewayModel):
+        card: Card
+
+    declined = ScriptedStep("pay", outcomes=[Finish(False, "declined")])
+    engine, _ = make_engine(FlowDefinition("demo", CardOnly, (declined,), summary))
+    record = engine.start("demo", {"card": {"pan": "4349940199004549", "expiryDate": "1230", "cvv": "123"}})
+    assert engine.run_step(record.id, "pay") == "failed"
+    failed = engine.get(record.id)
+    assert "retry" not in operator_actions.allowed(failed)
+    refused = operator_actions.refusal(failed, "retry")
+    assert refused is not None and "card data was erased" in refused
+    with pytest.raises(OperatorError, match="card data was erased"):
+        engine.retry(record.id)
+
+
+def test_a_restart_is_said_to_take_the_order_id_the_engine_takes(make_engine: Any) -> None:
+    """The confirm page said "suffix -1"; the first restart's order id ends in -2 (orders.gateway_order_id)."""
+    from durapay.gateway import GatewayModel
+    from durapay.tasks.outcomes import Finish
+
+    class OrderInput(GatewayModel):
+        orderId: str
+
+    step = ScriptedStep("pay", outcomes=[Finish(False, "declined"), Finish(False, "declined")])
+    engine, _ = make_engine(FlowDefinition("demo", OrderInput, (step,), summary, order_id=lambda data: data.orderId))
+    record = engine.start("demo", {"orderId": "ord-7"})
+    assert engine.run_step(record.id, "pay") == "failed"
+    said = " ".join(operator_actions.explain(engine.get(record.id), "retry"))
+    assert "suffix -2" in said and "cannot" not in said, said
+    assert engine.retry(record.id).order_id == "ord-7-2"

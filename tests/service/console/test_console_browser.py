@@ -19,7 +19,7 @@ from durapay.workflows.schedules import Schedules
 from durapay.workflows.states import FlowState
 from tests.service.console.conftest import OPERATOR_KEY, READ_KEY, ConsoleStack, screenshot
 from tests.waiting import wait_until
-from tests.workflows.integration.test_flows import card, order
+from tests.workflows.integration.test_flows import DECLINE, card, order, session
 from tests.workflows.schedules.harness import stop_on_a_gone_flow
 
 pytestmark = pytest.mark.integration
@@ -266,3 +266,53 @@ def check_page(driver: Any, origin: Any, page: str, width: int) -> None:
     assert overflow <= 1, f"{page} is {overflow}px wider than a {width}px window"
     name = page.strip("/").replace("/", "-").replace("{", "").replace("}", "")
     screenshot(driver, f"{name}-{width}")
+
+
+#: How many lines of text each id in a table takes (a range over its text: one rect per line).
+ID_LINES = """return Array.from(document.querySelectorAll('table .id')).map(e => {
+  const r = document.createRange(); r.selectNodeContents(e);
+  const tops = new Set(Array.from(r.getClientRects()).map(x => Math.round(x.top)));
+  return [e.textContent.trim(), tops.size];
+});"""
+
+
+def test_amounts_possible_actions_and_whole_ids_at_1400_px(console_stack: ConsoleStack, browser: Any) -> None:
+    """Issue 27: amounts read "9900 EUR" for 99.00 EUR, a declined card flow offered a Retry the engine
+    refuses, a waiting flow showed no deadline, and the list broke ids in their middle."""
+    from selenium.webdriver.common.by import By
+
+    paid = console_stack.engine.wait(console_stack.engine.start("moto", {"order": order(9900), "card": card()}).id, 30)
+    declined = console_stack.engine.wait(console_stack.engine.start("moto", {"order": order(2500), "card": card(DECLINE)}).id, 30)
+    waiting = console_stack.engine.start("hpp", {"order": order(150000, "JPY"), "paymentSession": session(150000)})
+    assert (paid.state, declined.state) == (FlowState.SUCCEEDED, FlowState.FAILED), (paid.summary(), declined.summary())
+    console_stack.engine.wait(waiting.id, 30, states=frozenset({FlowState.WAITING}))
+    browser.set_window_size(1400, 900)
+    try:
+        sign_in(browser, console_stack, OPERATOR_KEY)
+        browser.get(f"{console_stack.url}/console/flows")
+        rows = {row.get_attribute("data-id"): row for row in browser.find_elements(By.CSS_SELECTOR, "table.flows tbody tr")}
+        amounts = {flow_id: rows[flow_id].find_element(By.CSS_SELECTOR, "td.amount").text for flow_id in rows}
+        assert amounts[paid.id] == "99.00 EUR" and amounts[declined.id] == "25.00 EUR", amounts
+        assert amounts[waiting.id] == "150,000 JPY", "the currency's own decimals (none for JPY)"
+        assert "until" in rows[waiting.id].text, "a waiting flow says until when"
+        colour = rows[declined.id].find_element(By.CSS_SELECTOR, "td.state").value_of_css_property("color")
+        assert colour != rows[paid.id].find_element(By.CSS_SELECTOR, "td.state").value_of_css_property("color")
+        wrapped = [(text, lines) for text, lines in browser.execute_script(ID_LINES) if lines != 1]
+        assert wrapped == [], f"ids broken over lines at 1400 px: {wrapped}"
+        screenshot(browser, "flows-1400")
+
+        navigate_by(browser, rows[paid.id].find_element(By.LINK_TEXT, paid.id))
+        assert "99.00 EUR" in browser.find_element(By.ID, "outcome").text
+        assert (
+            paid.outcome is not None and paid.outcome["operation"]["operationId"] in browser.find_element(By.ID, "outcome").text
+        )
+
+        browser.get(f"{console_stack.url}/console/flows/{declined.id}")
+        assert browser.find_elements(By.ID, "action-retry") == [], "no Retry the engine would refuse (card data erased)"
+        assert browser.find_element(By.CSS_SELECTOR, ".legend .tl-failed"), "the legend names the failed bar"
+
+        browser.get(f"{console_stack.url}/console/flows/{waiting.id}")
+        assert browser.find_element(By.ID, "flow-deadline").text.endswith("UTC")
+        assert [a.get_attribute("id") for a in browser.find_elements(By.CSS_SELECTOR, "#h-actions ~ p a")] == ["action-cancel"]
+    finally:
+        browser.set_window_size(1280, 900)

@@ -122,6 +122,11 @@ def test_refund_a_late_payment_and_cancel(console_stack: ConsoleStack, operator:
     assert cancelled.outcome is not None
     refund = console_stack.engine.wait(cancelled.outcome["refund"]["flow"], 30)
     assert refund.state is FlowState.SUCCEEDED, refund.summary()
+    shown = operator.get(f"/console/flows/{flow_id}").text
+    assert f'href="/console/flows/{refund.id}"' in shown, "the refund flow is linked"
+    assert 'class="problem" id="flow-reason"' not in shown and 'class="note" id="flow-reason"' in shown, (
+        "the operator's own reason is not shown as an error"
+    )
     refunds = [
         op
         for op in console_stack.simulator.admin.operations(order_id=cancelled.order_id)
