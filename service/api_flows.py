@@ -180,15 +180,17 @@ def flows_router(engine: Engine, settings: ApiSettings) -> APIRouter:
         "",
         response_model=FlowList,
         summary="List flows, newest first, a page at a time (after= the next of a page)",
-        description="Newest by creation (with `state`: by the flow's last change), then by id. Each page answers "
-        "`next`, the cursor to pass as `after=` for the following page (null at the end): a position, not a count, "
-        "so flows started meanwhile never shift or repeat a page.",
+        description="Newest by creation (with `state`: by the flow's last change), then by id; `since`: created since. "
+        "Each page answers `next`, the cursor to pass as `after=` for the following page (null at the end): a position, "
+        "not a count, so flows started meanwhile never shift or repeat a page. With `state`, a flow that changes between "
+        "two pages moves to the top (a listing from the top shows it). A request reads a bounded number of index "
+        "entries: a page may be short, even empty, with a `next`; follow it until `next` is null.",
     )
     def list_flows(
         state: Annotated[FlowState | None, Query()] = None,
         kind: str | None = Query(default=None, json_schema_extra={"enum": sorted(engine.registry)}),
         since: Annotated[
-            str | None, Query(description=f"Newer than: {SINCE_FORMS}.", json_schema_extra={"pattern": SINCE_PATTERN})
+            str | None, Query(description=f"Created since: {SINCE_FORMS}.", json_schema_extra={"pattern": SINCE_PATTERN})
         ] = None,
         limit: Annotated[int, Query(ge=1, le=500)] = 50,
         after: Annotated[

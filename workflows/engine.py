@@ -345,8 +345,13 @@ class Engine:
         Newest by creation (with ``state``: by the flow's last change), then by id. The cursor is a
         position (the last flow's time and id), not a count: flows started after a page was read never
         shift or repeat the next one, and a flow that moves on keeps its place in the list by creation.
-        The answer is a list of the flows with ``.next``, the cursor of the next page (None at the end);
-        ``workflows.listing`` reads it from the indexes without reading every id."""
+        With ``state``, a flow that changes between two pages (enters the state, or moves on within it:
+        waiting at one step, then at the next) moves to the top: the following pages do not show it, a
+        listing from the top does, first; every flow that did not change is shown once. One call reads
+        at most ``listing.READ_BUDGET`` index entries: a filter that steps over many flows answers a short
+        page (even empty) with a ``next`` to go on from. The answer is a list of the flows with ``.next``,
+        the cursor of the next page (None at the end); ``workflows.listing`` reads it from the indexes
+        without reading every id."""
         return FlowListing(self.store, self.registry).flows(
             states=[state] if state is not None else [], kind=kind, since=since, limit=limit, after=after
         )

@@ -148,7 +148,7 @@ def start(
 def list_flows(
     state: Annotated[FlowState | None, typer.Option(help="Only flows in this state.")] = None,
     kind: Annotated[str | None, typer.Option(help="Only flows of this kind.")] = None,
-    since: Annotated[str | None, typer.Option(help=f"Newer than: {SINCE_FORMS}.")] = None,
+    since: Annotated[str | None, typer.Option(help=f"Created since: {SINCE_FORMS}.")] = None,
     limit: Annotated[int, typer.Option(min=1, max=10_000)] = 50,
     after: Annotated[str | None, typer.Option("--after", help="A cursor (a page's next): the flows after it.")] = None,
     as_json: JsonFlag = False,

@@ -16,9 +16,21 @@ import pytest
 from durapay.tasks.outcomes import Advance
 from durapay.workflows.clock import ManualClock
 from durapay.workflows.engine import Engine
-from durapay.workflows.listing import BadCursor
+from durapay.workflows.listing import BadCursor, Cursor
 from durapay.workflows.states import FlowState
+from durapay.workflows.steps import WaitStep
 from tests.workflows.engine_support import ScriptedStep, flow
+
+
+def wait_step(name: str) -> WaitStep:
+    """A step that waits for the signal ``paid`` (a customer's answer), then moves on."""
+    return WaitStep(
+        name,
+        ("paid",),
+        on_signal=lambda ctx, signal, payload: Advance({"signal": signal}),
+        on_deadline=lambda ctx: Advance({}),
+        timeout=lambda ctx: 1000.0,
+    )
 
 
 def pages(engine: Engine, first: list[str], after: str | None, limit: int, **filters: Any) -> list[str]:
@@ -103,3 +115,64 @@ def test_a_malformed_cursor_is_refused_saying_why(make_engine: Callable[..., Any
     engine, _ = make_engine(flow(ScriptedStep("pay")))
     with pytest.raises(BadCursor, match=reason):
         engine.list(after=cursor)
+
+
+def test_a_flow_that_changes_within_its_state_between_pages_moves_to_the_top(
+    make_engine: Callable[..., Any], clock: ManualClock
+) -> None:
+    """A list of one state is by last change: a flow waiting at one step when page one is read, then
+    waiting at the next (transition.lua gives it a new score) is not met again paging down (it went
+    above page one); a listing from the top shows it first, and every flow that kept its place is shown
+    once (README, GET /flows; Engine.list)."""
+    engine: Engine
+    engine, _ = make_engine(flow(wait_step("first"), wait_step("second"), ScriptedStep("done")))
+    ids = []
+    for n in range(6):
+        clock.advance(1)
+        flow_id = engine.start("demo", {"amount": n + 1}).id
+        assert engine.run_step(flow_id, "first") == FlowState.WAITING.value
+        ids.append(flow_id)
+    first = engine.list(state=FlowState.WAITING, limit=2)
+    assert [record.id for record in first] == [ids[5], ids[4]]
+    clock.advance(1)
+    moved = ids[0]  # not listed yet: it takes its signal and waits again at the next step
+    engine.signal(moved, "paid", {})
+    for _ in range(3):
+        record = engine.get(moved)
+        if record.state is FlowState.WAITING and record.step == "second":
+            break
+        engine.run_step(moved, record.step)
+    assert (engine.get(moved).state, engine.get(moved).step) == (FlowState.WAITING, "second")
+    paged = pages(engine, [record.id for record in first], first.next, 2, state=FlowState.WAITING)
+    assert paged == [ids[5], ids[4], ids[3], ids[2], ids[1]], "each flow that kept its place, once"
+    assert [record.id for record in engine.list(state=FlowState.WAITING, limit=1)] == [moved], "found from the top"
+
+
+ODD_CURSORS = [
+    "99999999999999999999.99999999999999999999e99:" + "-" * 100,
+    "0:.",
+    "0e-99:a",
+    "1e+99::::",
+    "00000:0",
+    "1" * 20 + ":" + "z" * 100,
+    "5e-324:x",
+    "1:\u0661",
+    "\uff11:x",
+    "1:x\n",
+    "1:x\x00",
+    "1:" + "a" * 101,
+]
+
+
+@pytest.mark.parametrize("cursor", ODD_CURSORS)
+def test_any_cursor_is_a_page_or_bad_cursor(make_engine: Callable[..., Any], cursor: str) -> None:
+    """Whatever the text, with any filter: a page whose next is a cursor, or BadCursor (never another error)."""
+    engine, _ = make_engine(flow(ScriptedStep("pay")))
+    engine.start("demo", {"amount": 1})
+    filters: list[dict[str, Any]] = [{}, {"state": FlowState.READY}, {"kind": "demo", "state": FlowState.READY, "since": 0.0}]
+    for each in filters:
+        try:
+            page = engine.list(after=cursor, limit=5, **each)
+        except BadCursor:
+            continue
+        assert page.next is None or Cursor.parse(page.next)
