@@ -21,7 +21,7 @@ import contextlib
 import json
 import signal
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from enum import IntEnum
 from pathlib import Path
@@ -33,6 +33,7 @@ import redis
 import typer
 
 from durapay.config.settings import Settings, SettingsError, load_settings
+from durapay.gateway import did_you_mean
 from durapay.service.runtime import Runtime, admit_durability, build_runtime, running_embedded
 from durapay.workflows.durability import EarlyWaitaof
 from durapay.workflows.engine import InputError, NotFound, OperatorError
@@ -127,6 +128,15 @@ class Output:
         except SettingsError as exc:
             self.configuration_error(exc)
         return settings if data_dir is None else settings.model_copy(update={"data_dir": data_dir})
+
+
+def one_of(value: str, known: Iterable[str], option: str, what: str = "value") -> str:
+    """``value`` when it is one of ``known``; else :class:`BadOption` naming the closest (``--state faild``:
+    did you mean `failed`?) and the known ones, as the API's strict input does (``gateway.did_you_mean``)."""
+    names = sorted(known)
+    if value in names:
+        return value
+    raise BadOption(option, f"unknown {what} {value!r}{did_you_mean(value, names)} (known: {', '.join(names)})")
 
 
 def interrupt_on_sigterm() -> None:

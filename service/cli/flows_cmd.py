@@ -19,7 +19,7 @@ import typer
 from rich.console import Console
 
 from durapay.service.api_flows import wait_for_customer_url
-from durapay.service.cli._common import BadOption, ExitCode, Output, exit_code_for, read_json_input, runtime
+from durapay.service.cli._common import BadOption, ExitCode, Output, exit_code_for, one_of, read_json_input, runtime
 from durapay.service.cli._output import console, describe_error, echo_json, print_record, print_rows, when
 from durapay.service.timeparse import RUN_AT_FORMS, SINCE_FORMS, parse_run_at, parse_since
 from durapay.service.views import flow_brief, flow_view, money_text
@@ -122,6 +122,7 @@ def start(
             when_at = parse_run_at(run_at, now=rt.engine.clock.now()) if run_at else None
         except ValueError as exc:
             raise BadOption("--run-at", str(exc)) from None
+        one_of(kind, rt.engine.registry, "kind", "flow kind")
         record = rt.engine.start(kind, data, key, run_at=when_at, run_at_asked=run_at or "")  # read strictly
         view = flow_view(wait_for_customer_url(rt.engine, record, rt.settings.api.start_wait_seconds), rt.engine.registry)
         if wait > 0:
@@ -146,8 +147,8 @@ def start(
 
 @flows_app.command("ls")
 def list_flows(
-    state: Annotated[FlowState | None, typer.Option(help="Only flows in this state.")] = None,
-    kind: Annotated[str | None, typer.Option(help="Only flows of this kind.")] = None,
+    state: Annotated[str | None, typer.Option(help=f"Only flows in this state: {', '.join(s.value for s in FlowState)}.")] = None,
+    kind: Annotated[str | None, typer.Option(help="Only flows of this kind (durapay flows kinds).")] = None,
     since: Annotated[str | None, typer.Option(help=f"Created since: {SINCE_FORMS}.")] = None,
     limit: Annotated[int, typer.Option(min=1, max=10_000)] = 50,
     after: Annotated[str | None, typer.Option("--after", help="A cursor (a page's next): the flows after it.")] = None,
@@ -156,19 +157,17 @@ def list_flows(
     """List flows, newest first, a page at a time; prints the cursor of the next page (piped: one
     tab-separated line per flow, no header, and the cursor on stderr)."""
     out = Output(as_json)
+    with out.errors():
+        wanted = FlowState(one_of(state, [s.value for s in FlowState], "--state", "state")) if state is not None else None
     with runtime(out) as rt, out.errors():
-        if kind is not None and kind not in rt.engine.registry:
-            out.fail(
-                "invalid_input",
-                f"unknown flow kind {kind!r}; known kinds: {', '.join(sorted(rt.engine.registry))}",
-                field="--kind",
-            )
+        if kind is not None:
+            one_of(kind, rt.engine.registry, "--kind", "flow kind")
         try:
             start_at = parse_since(since, now=rt.engine.clock.now()) if since else None
         except ValueError as exc:
             raise BadOption("--since", str(exc)) from None
         try:
-            page = rt.engine.list(state=state, kind=kind, since=start_at, limit=limit, after=after)
+            page = rt.engine.list(state=wanted, kind=kind, since=start_at, limit=limit, after=after)
         except BadCursor as exc:
             raise BadOption("--after", str(exc)) from None
     briefs = [flow_brief(record) for record in page]

@@ -75,7 +75,7 @@ def add(
     """Add an endpoint; prints it with its secret (whsec_...), shown this once."""
     out = Output(as_json)
     with _webhooks(out) as webhooks:
-        endpoint = webhooks.endpoints.add(url, _types(events), description=description)
+        endpoint = webhooks.endpoints.add(url, _types(events), description=description, source="cli")
     if as_json:
         echo_json(endpoint.view(with_secret=True))
     else:
@@ -152,6 +152,23 @@ def test(endpoint_id: Id, as_json: JsonFlag = False) -> None:
         raise typer.Exit(ExitCode.FAILED)
 
 
+@webhooks_app.command("deliver")
+def deliver_now(
+    endpoint_id: Annotated[str | None, typer.Argument(help="Only this endpoint's deliveries (default: every endpoint).")] = None,
+    as_json: JsonFlag = False,
+) -> None:
+    """Deliver what is pending now, instead of at its next retry (after a receiver's outage, say);
+    the scheduler sends it within its next tick."""
+    with _webhooks(Output(as_json)) as webhooks:
+        if endpoint_id is not None:
+            _found(webhooks.endpoints.get(endpoint_id), endpoint_id)
+        moved = webhooks.deliver_now(endpoint_id)
+    if as_json:
+        echo_json({"due_now": moved})
+    else:
+        typer.echo(f"{moved} pending deliveries due now")
+
+
 @webhooks_app.command("attempts")
 def attempts(
     endpoint_id: Id, limit: Annotated[int, typer.Option("--limit", min=1, max=1000)] = 50, as_json: JsonFlag = False
@@ -170,11 +187,15 @@ def attempts(
             str(a.get("status") or "-"),
             str(a.get("latencyMs", "-")),
             a.get("outcome", ""),
+            a.get("nextAttempt") or "-",
             a.get("error") or (a.get("response") or "")[:80],
         ]
         for a in found
     ]
-    print_rows(f"attempts ({len(found)})", ("at", "event", "status", "ms", "outcome", "answer"), rows, ids=frozenset({"event"}))
+    columns = ("at", "event", "status", "ms", "outcome", "next attempt", "answer")
+    print_rows(
+        f"attempts ({len(found)}; durapay webhooks deliver: the pending ones now)", columns, rows, ids=frozenset({"event"})
+    )
 
 
 def _cursor(after: str | None) -> Cursor:

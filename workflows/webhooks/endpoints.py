@@ -292,7 +292,16 @@ class EndpointStore:
         seconds, micros = self.redis.time()
         return float(seconds) + float(micros) / 1e6
 
-    def add(self, url: str, events: list[str] | None = None, *, description: str = "", secret: str | None = None) -> Endpoint:
+    def add(
+        self,
+        url: str,
+        events: list[str] | None = None,
+        *,
+        description: str = "",
+        secret: str | None = None,
+        source: str = "api",
+    ) -> Endpoint:
+        """A new endpoint; ``source`` says who added it (``api``, ``cli``; ``config`` for the configured ones)."""
         checked = check_url(url, allow_private=self.settings.allow_private)
         types = check_types(events)
         if len(description) > 500:
@@ -308,6 +317,7 @@ class EndpointStore:
             secret=secret or new_secret(),
             events=types,
             description=description,
+            source=source,
         )
         return self._write(endpoint)
 

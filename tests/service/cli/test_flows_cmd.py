@@ -294,7 +294,7 @@ def test_errors_are_json_with_json(engine_side: Runtime, monkeypatch: pytest.Mon
     assert error_of("flows", "ls", "--since", "soonish")["field"] == "--since"
     assert error_of("flows", "ls", "--after", "soon:f1")["field"] == "--after"
     usage = error_of("flows", "ls", "--state", "bogus")
-    assert (usage["error"], usage["field"]) == ("usage", "--state") and "bogus" in usage["reason"]
+    assert (usage["error"], usage["field"]) == ("invalid_input", "--state") and "bogus" in usage["reason"]
     assert error_of("schedules", "pause", "s000000000000") == {"error": "not_found", "reason": "no schedule 's000000000000'"}
     monkeypatch.setenv("DURAPAY_ENGINE__LEASE_SECONDS", "long")
     config = error_of("config")
@@ -414,3 +414,14 @@ def test_amounts_read_in_major_units_and_show_names_the_operation(engine_side: R
     assert listed[0].split("\t")[4] == "15.00 EUR", listed
     engine_side.engine.start("refund", {"operationId": "800123", "amount": 250, "currency": "JPY"})
     assert invoke("flows", "ls").stdout.splitlines()[0].split("\t")[4] == "250 JPY", "the currency's own decimals"
+
+
+def test_a_misspelt_state_or_kind_names_the_closest(engine_side: Runtime) -> None:
+    """``--state faild`` and unknown kinds got no "did you mean", unlike the API."""
+    assert "did you mean `failed`?" in one_error_line(invoke("flows", "ls", "--state", "faild"))
+    assert "did you mean `paybylink`?" in one_error_line(invoke("flows", "ls", "--kind", "paybylnk"))
+    started = invoke("start", "motto", "--json", stdin=json.dumps(moto("cli-typo")))
+    assert started.exit_code == 2
+    error = json.loads(started.stderr)
+    assert error["field"] == "kind" and "did you mean `moto`?" in error["reason"], error
+    assert json.loads(invoke("flows", "ls", "--json").stdout)["flows"] == [], "nothing was started"

@@ -67,3 +67,27 @@ def test_events_ls_and_replay(engine_side: Runtime) -> None:
         assert json.loads(invoke("events", "ls", "--after", page["next"], "--json").stdout)["events"] == []
         replayed = invoke("events", "replay", "--endpoint", endpoint["id"], "--json")
         assert replayed.exit_code == 0 and json.loads(replayed.stdout) == {"scheduled": 1}
+
+
+def test_attempts_say_when_the_next_comes_and_deliver_sends_the_pending_now(engine_side: Runtime) -> None:
+    """After a receiver's outage the next attempt came minutes later and nothing said when; an endpoint
+    added from the CLI was recorded as added by the API."""
+    with WebhookReceiver() as receiver:
+        receiver.answer = lambda body: (500, {})
+        endpoint = json.loads(invoke("webhooks", "add", receiver.url, "--json").stdout)
+        assert [e["source"] for e in json.loads(invoke("webhooks", "ls", "--json").stdout)["endpoints"]] == ["cli"]
+        card = {"pan": "4349940199004549", "expiryDate": "1230", "cvv": "123"}
+        engine_side.engine.start("moto", {"order": {"orderId": "cli-wh-2", "amount": "100", "currency": "EUR"}, "card": card})
+        webhooks = engine_side.webhooks
+        assert webhooks.fanout() == 1
+        [(tag, slot)] = [(tag, slot) for tag, slot in webhooks.slots.items() if engine_side.redis.zcard(slot.due)]
+        [member] = [m.decode() for m in engine_side.redis.zrange(slot.due, 0, -1)]
+        assert webhooks.deliver(tag, member) is not None  # the first retry comes 5 s later: left as it is
+        failed = webhooks.deliver(tag, member)  # the next one, 5 minutes later
+        assert failed is not None and not failed["ok"] and failed["nextAt"] > webhooks.now() + 200
+        line = invoke("webhooks", "attempts", endpoint["id"]).stdout.splitlines()[0]
+        assert line.split("\t")[5] == failed["nextAttempt"], line
+        moved = invoke("webhooks", "deliver", endpoint["id"], "--json")
+        assert moved.exit_code == 0 and json.loads(moved.stdout) == {"due_now": 1}, moved.output
+        assert float(engine_side.redis.zscore(slot.due, member)) <= webhooks.now()
+        assert json.loads(invoke("webhooks", "deliver", "--json").stdout) == {"due_now": 0}, "nothing left waiting"
