@@ -38,7 +38,12 @@ def readiness(engine: Engine) -> dict[str, bool]:
 def ops_router(engine: Engine, protected: Sequence[Depends]) -> APIRouter:
     router = APIRouter(tags=["operations"])
 
-    guarded: dict[int | str, dict[str, Any]] = {401: ERRORS[401], 413: ERRORS[413]}
+    # Refusals of the gate are JSON, also on /metrics (whose own answer is text: FastAPI would document
+    # every answer of the route in its media type).
+    guarded: dict[int | str, dict[str, Any]] = {
+        status: {**ERRORS[status], "content": {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorBody"}}}}
+        for status in (401, 413, 429)
+    }
 
     @router.get("/healthz", response_model=Health, summary="Liveness: the process answers (no key needed)")
     def healthz() -> dict[str, str]:
