@@ -99,7 +99,7 @@ class AnyObject(GatewayModel):
     open_fields: ClassVar[bool] = True
 
 
-#: The pass-through field's name (README: "Fields durapay does not model").
+#: The pass-through field's name (docs/api.md: "Fields durapay does not model").
 PASS_THROUGH = "passThrough"  # noqa: S105 (a field name, not a password)
 
 

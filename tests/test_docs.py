@@ -15,7 +15,19 @@ import pytest
 from durapay.workflows.states import TRANSITIONS, FlowState
 
 ROOT = Path(__file__).resolve().parents[1]
-DOCS = ("architecture.md", "chaos.md", "durability.md", "events.md", "gateway.md", "operations.md", "security.md")
+DOCS = (
+    "api.md",
+    "architecture.md",
+    "chaos.md",
+    "cli.md",
+    "configuration.md",
+    "durability.md",
+    "events.md",
+    "gateway.md",
+    "operations.md",
+    "security.md",
+    "simulator.md",
+)
 #: Names of documents outside the repository (spelt in pieces so that this file does not match itself).
 OUTSIDE_NAMES = ("DESIGN" + ".md", "STYLE" + ".md", "NOTES" + ".md")
 OUTSIDE_NAMES += ("gateway-" + "facts", "gateway-" + "interface", "../" + "shared")
@@ -68,3 +80,22 @@ def test_the_state_diagram_is_the_transition_table() -> None:
     assert drawn == table
     starts = set(re.findall(r"^\s*\[\*\] --> (\w+)", block, re.M))
     assert starts == {FlowState.READY.value, FlowState.SLEEPING.value}
+
+
+def test_the_cli_reference_names_every_command() -> None:
+    """docs/cli.md is the CLI's reference: every command and every group's command is in it."""
+    import typer.main
+
+    from durapay.service.cli import build_app
+
+    text = (ROOT / "docs" / "cli.md").read_text()
+    root = typer.main.get_command(build_app())
+    missing = []
+    for name, command in root.commands.items():  # type: ignore[attr-defined]
+        subcommands = getattr(command, "commands", None)
+        for sub in subcommands or [None]:
+            spelt = f"durapay {name}" + (f" {sub}" if sub else "")
+            mentioned = spelt in text or (sub and re.search(rf"durapay {name} [^`]*\b{re.escape(sub)}\b", text))
+            if not mentioned:
+                missing.append(spelt)
+    assert missing == []

@@ -3,7 +3,7 @@
 Each module under ``service.cli`` exposes ``register(app)``; :data:`COMMAND_MODULES` lists them, so
 adding a command touches its own module and one line here.
 
-Conventions (README, CLI), those of ``gh`` and ``kubectl``: every command takes ``--json``; an error
+Conventions (docs/cli.md), those of ``gh`` and ``kubectl``: every command takes ``--json``; an error
 is one line ``durapay: ...`` on stderr, or with ``--json`` one JSON object ``{"error", "reason",
 "field"}`` on stderr, never a traceback; exit statuses are those of ``service.cli._common.ExitCode``
 (0 succeeded, 1 failed, 2 usage or configuration, 3 needs attention, 4 timed out while waiting),

@@ -1,6 +1,6 @@
 """What the commands share: exit statuses, errors (one line, or JSON with ``--json``), the runtime.
 
-Exit statuses, the same for every command (README, CLI):
+Exit statuses, the same for every command (docs/cli.md):
 
 =====  ==========================================================================================
 0      done; with ``start --wait``: the flow succeeded
