@@ -16,12 +16,25 @@ judged, numbered and announced from the record as written (its signals, its orde
 the plain fields need not follow what the scripts read (``tests/workflows/test_compact.py`` runs every
 script on a packed record).
 
-Transitions that finish a flow list it in the partition's ``finished`` set (``transition.lua``); a
-pass takes those finished at least ``delay`` seconds ago, in batches, one round trip per step of the
-pass, and off every worker's path. The same pass gives the lookups of each flow it packs (every order
-the flow made: ``<orderId>``, ``<orderId>-2``..., their tokens, and the operations it recorded) the
-record's retention (``OrderIndex.expire``): the worker that finished the flow no longer spends a round
-trip on it.
+A finished flow's end (when Redis drops its record, its log and every lookup that names it from outside:
+each order the flow made, ``<orderId>``, ``<orderId>-2``..., their tokens, and the operations it recorded)
+is given by the packing pass, one rule for all of them: the retention from the moment it finished, or
+longer while its customer could still pay (``keep_until``: a link's end, written by
+``workflows.inflight`` and ``Engine.tell_holder``). Transitions never give a record an end
+(``transition.lua``); they list a flow that finishes in its partition's ``finished`` set, which the pass
+reads, in batches, one round trip per step of the pass, off every worker's path. So a record is never
+gone before its lookups have an end: a pass that comes late (no scheduler for a while) gives record and
+lookups what is left of the retention, nothing if it has passed. An end is never shortened
+(``OrderIndex.expire``).
+
+A flow that leaves a packed end (a late payment, an operator's retry) is unpacked first, which lists it
+again (``expand.lua``): its mover keeps its lookups again (``OrderIndex.keep``) after its change, and
+whether or not it lived to, the pass keeps the lookups of every listed flow it finds going. That is the
+one home of "a live flow's lookups never expire": the lookups are in other slots than the record (on a
+cluster no script writes both), so the rule is made true by whoever comes next rather than atomically.
+
+Packing moves the version, as every change does: a change read before (an operator's retry) is refused
+as stale and read again, never written beside the packed value.
 """
 
 from __future__ import annotations
@@ -121,13 +134,22 @@ def is_chunk(name: str) -> bool:
     return name == "z" or (name[:1] == "z" and name[1:].isdigit())
 
 
+def kept_seconds(fields: Mapping[str, str], retention: float, now: float) -> float:
+    """How long a finished flow (its record's ``fields``) is still kept at ``now``: the retention from
+    when it finished (its last change), or until ``keep_until`` when that is later; at least a moment."""
+    finished = float(fields.get("updated") or now)
+    until = max(finished + retention, float(fields.get("keep_until") or 0.0))
+    return max(0.001, until - now)
+
+
 class Compactor:
-    """One per dispatcher: packs finished flows in batches."""
+    """One per dispatcher: packs finished flows in batches, and gives them and their lookups their end."""
 
     def __init__(self, client: Any, keys: Keys, orders: OrderIndex, *, batch: int = 500, delay: float = 1.0) -> None:
         self.redis = client
         self.keys = keys
         self.orders = orders
+        self.retention = orders.retention_seconds
         self.batch = batch
         self.delay = delay
         self.backlog = False
@@ -150,41 +172,42 @@ class Compactor:
             pipe.lrange(self.keys.log(flow_id), 0, -1)
         read = pipe.execute()
         pipe = ScriptPipeline(self.redis)
-        packed = []
         lookups: list[Lookups | None] = []  # per flow read: what names it from outside (None: not packed)
-        keeps: dict[str, float] = {}  # per flow: kept until (its customer could still pay)
+        going: list[Lookups] = []  # listed flows going again: their lookups are kept before they are unlisted
         for index, (partition, flow_id) in enumerate(flows):
             raw, log = read[2 * index], read[2 * index + 1]
             keys = [self.keys.flow(flow_id), self.keys.log(flow_id), self.keys.finished(partition), self.keys.packing(flow_id)]
-            packed.append(bool(raw) and b"z" not in raw)
-            lookups.append(None)
-            if not packed[-1]:  # expired meanwhile, or already packed
-                pipe.command("ZREM", keys[2], flow_id)
+            fields = {name.decode(): value.decode() for name, value in raw.items()} if raw and b"z" not in raw else {}
+            lookups.append(Lookups.of(fields) if fields.get("state") in FINISHED else None)
+            if fields and fields.get("state") not in FINISHED:
+                going.append(Lookups.of(fields))
+            if lookups[-1] is None:  # gone, packed or going: the script unlists it (as read) and packs nothing
+                pipe.call(self._compact, keys, [flow_id, fields.get("version", ""), "{}", "0"])
                 continue
-            fields = {name.decode(): value.decode() for name, value in raw.items()}
-            lookups[-1] = Lookups.of(fields)
-            keeps[flow_id] = float(fields.get("keep_until") or 0.0)
             plain, blob = pack(fields, [entry.decode() for entry in log])
-            args = [flow_id, fields.get("version", ""), json.dumps(plain), *chunks(blob).values()]
+            ttl = int(kept_seconds(fields, self.retention, now) * 1000)
+            args = [flow_id, fields.get("version", ""), json.dumps(plain), str(ttl), *chunks(blob).values()]
             pipe.call(self._compact, keys, args)
+        if going:
+            self.orders.keep(going)
         # One flow's refusal (TRYAGAIN while its slot moves) leaves it in the finished set for the next
         # pass; it does not stop the others.
         results = pipe.execute(raise_on_error=False)
-        done = [was_packed and result == 1 for was_packed, result in zip(packed, results, strict=True)]
         if refused := [result for result in results if isinstance(result, Exception)]:
             logger.info("compaction: %d flows not packed this pass (%s)", len(refused), refused[0])
-        # Only the flows packed now (still finished at the version read): one that came back meanwhile
-        # (a late payment) keeps its lookups until it finishes again.
-        expired = [found for found, ok in zip(lookups, done, strict=True) if ok and found is not None]
-        for found in expired:
-            self.orders.expire(found, keep_until=keeps.get(found.flow_id, 0.0), now=now)
+        # Only the flows packed now (still finished at the version read) get an end: as long as the record.
+        expired = []
+        for found, result in zip(lookups, results, strict=True):
+            if found is not None and isinstance(result, int) and result > 0:
+                self.orders.expire(found, -(-result // 1000))
+                expired.append(found)
         self._keep_returned(expired)
-        return sum(done)
+        return len(expired)
 
     def _keep_returned(self, expired: list[Lookups]) -> None:
-        """A flow a late payment brought back between its packing and the expiry of its lookups keeps
-        them: read after the expiry, any flow no longer finished has its lookups made persistent again.
-        (A signal written after this read persists them itself, after the expiry: ``Engine.signal``.)"""
+        """A flow a late payment brought back between its packing and the end given to its lookups keeps
+        them: read after, any flow no longer finished has its lookups kept again at once (the pass after
+        would too: it was listed again when it was unpacked)."""
         if not expired:
             return
         pipe = self.redis.pipeline(transaction=False)

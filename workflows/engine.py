@@ -428,11 +428,11 @@ class Engine:
             return
         until = keep_until(dict(output))
         if until is not None:
-            now = self.clock.now()
-            # The record as long as its lookups (the retention from now at least, as OrderIndex.expire
-            # gives them): a lookup that outlived its record would route a payment to no flow.
-            self.store.keep_longer(holder, max(self.store.retention_seconds, until - now))
-            self.orders.expire(record.lookups, keep_until=until, now=now)
+            # Written to the record (the packing pass gives record and lookups their end from it); a record
+            # packed already has its end moved now, and its lookups with it.
+            seconds = self.store.keep_until(holder, max(until, record.keep_until), now=self.clock.now())
+            if seconds:
+                self.orders.expire(record.lookups, seconds)
 
     def cancel(self, flow_id: str, reason: str = "cancelled", *, by: str = "api") -> FlowRecord:
         """Cancel now, at the end of the step in flight, or, while money may be in flight at the gateway,
@@ -473,12 +473,30 @@ class Engine:
     def retry(self, flow_id: str, *, by: str = "api") -> FlowRecord:
         """Move a ``needs_attention`` flow on from its current step (reconciling first when its last
         try was ambiguous), or start a ``failed`` flow again from its first step on a fresh gateway
-        order id and fresh idempotency keys."""
-        record = self.get(flow_id)
-        refused = operator_actions.refusal(record, "retry")
-        if refused is not None:
-            raise OperatorError(refused)
-        now = self.clock.now()
+        order id and fresh idempotency keys.
+
+        Judged again from a fresh read when the flow changed between the read and the write (the
+        dispatcher's packing pass, which moves the version: the change is then written on the record
+        unpacked), a few times; then the operator is told to look again."""
+        for _ in range(3):
+            record = self.get(flow_id)
+            refused = operator_actions.refusal(record, "retry")
+            if refused is not None:
+                raise OperatorError(refused)
+            now = self.clock.now()
+            written = self.store.transition(record, self._retry_change(record, now), now=now, by=by)
+            if written is not None:
+                # Live again: every order it made still routes to it, every lookup kept (after the change:
+                # a crash before this leaves it listed for the packing pass, which keeps them then).
+                self.orders.keep([written.lookups])
+                self.store.sync(flow_id, f"retry of flow {flow_id}")
+                self.protocol.send_from(written, written.step)
+                return written
+        raise OperatorError(f"flow {flow_id} changed meanwhile; look again")
+
+    def _retry_change(self, record: FlowRecord, now: float) -> Change:
+        """The change an operator's retry makes of ``record`` (needs_attention or failed)."""
+        flow_id = record.id
         definition = self.registry[record.kind]
         if record.state is FlowState.NEEDS_ATTENTION:
             error = record.error or {}
@@ -495,8 +513,8 @@ class Engine:
                 "maybe_sent": repr(record.updated),
                 "cancel_requested": None,
             }
-            change = Change(FlowState.READY, "retry requested (reconcile first)", fields, due=now + self.safety)
-        elif record.state is FlowState.FAILED:
+            return Change(FlowState.READY, "retry requested (reconcile first)", fields, due=now + self.safety)
+        if record.state is FlowState.FAILED:
             try:
                 model = definition.input_model.model_validate(record.input)
             except ValidationError:
@@ -535,18 +553,10 @@ class Engine:
                 "ending": None,
                 "maybe_sent": None,
             }
-            self.orders.keep([record.lookups])  # live again: its earlier orders still route to it
             if new_order and new_order not in record.orders:
                 fields["orders"] = compact_json([*record.orders, new_order])
-            change = Change(FlowState.READY, "restarted after failure", fields, due=now + self.safety)
-        else:  # operator_actions.refusal said which states retry
-            raise AssertionError(record.state)
-        written = self.store.transition(record, change, now=now, by=by)
-        if written is None:
-            raise OperatorError(f"flow {flow_id} changed meanwhile; look again")
-        self.store.sync(flow_id, f"retry of flow {flow_id}")
-        self.protocol.send_from(written, written.step)
-        return written
+            return Change(FlowState.READY, "restarted after failure", fields, due=now + self.safety)
+        raise AssertionError(record.state)  # operator_actions.refusal said which states retry
 
     def refund_late_payment(self, flow_id: str, reason: str = "late payment refunded", *, by: str = "api") -> FlowRecord:
         """Refund a ``LatePayment`` (a ``refund`` flow of it); the flow is closed once that refund succeeded

@@ -16,8 +16,9 @@ Every lookup that names a flow from outside lives exactly as long as the flow (:
 order lookups and tokens, and the ``op:<operationId>`` lookups of the gateway operations it recorded
 (the console's search; ``transition.lua`` writes them, listed in the record's ``ops``). None expires
 while the flow is going, however long (a link open for months, a flow waiting for a person); once it
-has finished, the dispatcher's packing pass gives them the record's retention (:meth:`OrderIndex.expire`),
-and a flow that comes back (a late payment, a retry) keeps them again (:meth:`OrderIndex.keep`).
+has finished, the dispatcher's packing pass gives them the record's end (:meth:`OrderIndex.expire`, never
+shorter than an end they have), and a flow that comes back (a late payment, a retry) keeps them again
+(:meth:`OrderIndex.keep`), by its mover or by the next pass (``workflows.compact``).
 """
 
 from __future__ import annotations
@@ -151,11 +152,13 @@ class OrderIndex:
                 pipe.persist(key)
         pipe.execute()
 
-    def expire(self, lookups: Lookups, *, keep_until: float = 0.0, now: float = 0.0) -> None:
-        """A finished flow's lookups (orders, tokens, operations) live as long as its record: the
-        retention, or until ``keep_until`` while its customer could still pay (``workflows.flows.waits``)."""
-        ttl = max(1, int(self.retention_seconds), int(keep_until - now) + 1)
+    def expire(self, lookups: Lookups, seconds: int) -> None:
+        """A finished flow's lookups (orders, tokens, operations) live as long as its record: ``seconds``
+        more, or longer when they have that already (``EXPIRE NX``, then ``GT``: an end is given, or
+        moved later, never earlier; Redis and Valkey 7 or later, as ``WAITAOF`` needs)."""
+        ttl = max(1, int(seconds))
         pipe = self.redis.pipeline(transaction=False)
         for key in lookups.keys(self.keys):
-            pipe.expire(key, ttl)
+            pipe.expire(key, ttl, nx=True)
+            pipe.expire(key, ttl, gt=True)
         pipe.execute()

@@ -356,6 +356,7 @@ class FlowStore:
         self._request_cancel = client.register_script(_script("request_cancel.lua"))
         self._renew = client.register_script(_script("renew.lua"))
         self._expand = client.register_script(_script("expand.lua"))
+        self._keep_until = client.register_script(states + _script("keep_until.lua"))
         self._marker = client.register_script("redis.call('SET', KEYS[1], '1') return 1")
 
     # -- reading -------------------------------------------------------------------------------
@@ -499,7 +500,7 @@ class FlowStore:
     def transition(self, record: FlowRecord, change: Change, *, now: float, by: str) -> FlowRecord | None:
         """Write ``change`` if ``record`` is still current; None when another writer got there first.
         Raises MoneyTaken for a cancel of a flow whose payment succeeded."""
-        if record.packed and not self._unpack(record):
+        if record.packed and not self._unpack(record, now=now):
             return None
         call = self._transition_call(record, change, now=now, by=by)
         return self._written(record, change, call, self._transition(keys=call.keys, args=call.args), now=now)
@@ -535,30 +536,20 @@ class FlowStore:
         of its own (that wait must follow the claim's answer on a pinned connection)."""
         return not self.pins.cluster and not (claim.durable and self.durability.active)
 
-    def keep_longer(self, flow_id: str, seconds: float) -> None:
-        """Keep a finished flow's record and log at least ``seconds`` more (never shorter than now)."""
-        ttl = max(1, int(seconds) + 1)
-        pipe = self.redis.pipeline(transaction=False)
-        pipe.expire(self.keys.flow(flow_id), ttl, gt=True)
-        pipe.expire(self.keys.log(flow_id), ttl, gt=True)
-        pipe.execute()
-
-    def keep_seconds(self, record: FlowRecord, fields: Mapping[str, str | None], now: float) -> int:
-        """How long a flow that finishes now is kept: the retention, or longer while its customer could
-        still pay (``keep_until``, written by ``workflows.inflight``)."""
-        written = fields.get("keep_until")
-        until = max(record.keep_until, float(written) if written else 0.0)
-        return max(1, int(self.retention_seconds), int(until - now) + 1)
+    def keep_until(self, flow_id: str, until: float, *, now: float) -> int:
+        """Keep a finished flow at least until ``until`` (a renewed link its customer can pay): written
+        to the record as ``keep_until`` (the packing pass gives record and lookups their end from it), and
+        a record that has its end already (packed) kept as long now. Returns the record's time to live in
+        seconds then (0: it has no end, or is gone), what its lookups must have too (``keep_until.lua``)."""
+        seconds = max(1, int(until - now) + 1)
+        answer = self._keep_until(keys=[self.keys.flow(flow_id), self.keys.log(flow_id)], args=[repr(until), seconds * 1000])
+        return -(-int(answer) // 1000)
 
     def _transition_call(self, record: FlowRecord, change: Change, *, now: float, by: str) -> _TransitionCall:
         if not can_move(record.state, change.state):
             raise IllegalTransition(record.state, change.state, record.id)
         partition = self.keys.partition(record.id)
         fields = dict(change.fields)
-        ttl = ""
-        keep = str(self.keep_seconds(record, fields, now))
-        if change.state in TERMINAL:
-            ttl = keep
         step = change.step or fields.get("step") or record.step
         clean = scrub(record.input)
         scrubbed = compact_json(clean) if clean != record.input else ""
@@ -594,9 +585,7 @@ class FlowStore:
             "" if change.due is None else repr(change.due),
             entry,
             repr(now),
-            ttl,
             compact_json(list(change.awaited)),
-            keep,
             scrubbed,
             self.events,
             compact_json(dict(change.paid)) if change.paid else "",
@@ -638,13 +627,13 @@ class FlowStore:
             data["due"] = repr(change.due)
         return FlowRecord.from_fields(data)
 
-    def _unpack(self, record: FlowRecord) -> bool:
-        """Make a packed record plain again (same version) before a change that may delete fields; False
-        when it changed meanwhile."""
+    def _unpack(self, record: FlowRecord, *, now: float) -> bool:
+        """Make a packed record plain again (same version) before a change that may delete fields, and
+        list it for the packing pass again (``expand.lua``); False when it changed meanwhile."""
         fields = {name: value for name, value in record.fields.items() if not is_chunk(name)}
         answer = self._expand(
-            keys=[self.keys.flow(record.id), self.keys.log(record.id)],
-            args=[str(record.version), compact_json(fields), compact_json(record.packed_log)],
+            keys=[self.keys.flow(record.id), self.keys.log(record.id), self.keys.finished(self.keys.partition(record.id))],
+            args=[str(record.version), compact_json(fields), compact_json(record.packed_log), record.id, repr(now)],
         )
         if not answer:
             return False
@@ -788,7 +777,7 @@ class FlowStore:
             # signals and their numbering, its order id and step for the events) as written.
             record = self.get(flow_id)
             if record is not None and record.packed:
-                self._unpack(record)
+                self._unpack(record, now=now)
         raise RuntimeError(f"flow {flow_id}: the signal found the record packed again and again")
 
     def take_due(self, partition: int, *, now: float, batch: int, grace: float) -> list[str]:

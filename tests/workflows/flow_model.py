@@ -278,6 +278,8 @@ class FlowWorld:
         time are as long as that, or longer (``release`` False: never)."""
         if release:
             self.sim.admin.release_late()
+        if seconds >= AGES_REDIS:
+            self.compact()  # the dispatcher's pass, a second after each flow ends, gives finished flows their end
         self.clock.advance(seconds)
         self.sim.admin.advance_clock(seconds)
         if seconds >= AGES_REDIS:

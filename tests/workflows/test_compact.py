@@ -7,16 +7,20 @@ from typing import Any
 import pytest
 
 from durapay.gateway import GatewayModel
-from durapay.tasks.outcomes import Advance
+from durapay.tasks.outcomes import Advance, Finish
 from durapay.workflows.clock import ManualClock
 from durapay.workflows.compact import DICTIONARY_VERSION, Compactor, pack, unpack
 from durapay.workflows.flows._common import summarize
 from durapay.workflows.states import FlowState
 from durapay.workflows.steps import FlowDefinition, WaitStep
-from durapay.workflows.store import StartConflict
+from durapay.workflows.store import Change, FlowRecord, StartConflict
 from tests.workflows.engine_support import DemoInput, HeldGateway, ScriptedStep, flow, wait_step
 
 PAID = {"operation": {"operationId": "op-9", "orderId": "ord-1", "operationResult": "AUTHORIZED", "operationAmount": "500"}}
+
+
+class OrderInput(GatewayModel):
+    orderId: str
 
 
 def compactor(engine: Any) -> Compactor:
@@ -32,13 +36,14 @@ def test_a_finished_flow_reads_the_same_once_packed_and_takes_less_memory(make_e
     size = int(engine.redis.memory_usage(engine.keys.flow(record.id))) + int(
         engine.redis.memory_usage(engine.keys.log(record.id))
     )
-    ttl = engine.redis.ttl(engine.keys.flow(record.id))
+    assert engine.redis.ttl(engine.keys.flow(record.id)) == -1, "no end before the packing pass gives it"
     assert compactor(engine).run(now=clock.now()) == 1
     after = engine.get(record.id)
-    assert after.summary() == before.summary() and engine.history(record.id) == history
+    assert after.version == before.version + 1, "packing is a change: writers that read before read again"
+    assert {**after.summary(), "version": before.version} == before.summary() and engine.history(record.id) == history
     assert engine.redis.exists(engine.keys.log(record.id)) == 0
     assert int(engine.redis.memory_usage(engine.keys.flow(record.id))) < size
-    assert 0 < engine.redis.ttl(engine.keys.flow(record.id)) <= ttl
+    assert 0 < engine.redis.ttl(engine.keys.flow(record.id)) <= engine.store.retention_seconds
     assert compactor(engine).run(now=clock.now()) == 0, "packed once"
 
 
@@ -52,10 +57,9 @@ def test_a_packed_record_is_a_compact_listpack_even_when_it_was_not(make_engine:
     engine.run_step(record.id, "second")
     key = engine.keys.flow(record.id)
     assert engine.redis.object("encoding", key) == b"hashtable"
-    ttl = engine.redis.ttl(key)
     assert compactor(engine).run(now=clock.now()) == 1
     assert engine.redis.object("encoding", key) == b"listpack"
-    assert 0 < engine.redis.ttl(key) <= ttl
+    assert 0 < engine.redis.ttl(key) <= engine.store.retention_seconds
     assert engine.get(record.id).outputs["first"]["detail"] == "x" * 200
 
 
@@ -189,3 +193,52 @@ def test_a_flow_that_finished_again_while_a_pass_read_it_is_packed_by_the_next(
     monkeypatch.undo()
     assert not engine.get(record.id).packed
     assert compactor(engine).run(now=clock.now() + 2) == 1, "still listed as finished: the next pass packs it"
+
+
+def test_a_change_read_before_the_packing_pass_is_never_written_on_the_packed_record(
+    make_engine: Any, clock: ManualClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 29 review: an operator's retry read a failed flow plain; the dispatcher's pass packed it
+    before the retry's compare-and-set, which passed on the packed hash (packing kept the version):
+    the retry's deletions (the failed generation's outputs, outcome, error) found nothing plain to
+    delete, and the flow went on packed, carrying them, with lookups about to expire. Packing is a
+    write like any other (it moves the version): a change read before is refused as stale, and the
+    retry reads the flow again, unpacks it, then writes."""
+    declined = {"operation": {"operationId": "op-r1", "operationResult": "DECLINED"}}
+    pay = ScriptedStep("pay", outcomes=[Advance(declined), Advance(declined), Advance({})])
+    then = ScriptedStep("then", outcomes=[Finish(False, "declined"), Finish(False, "declined"), Advance({})])
+    engine, _ = make_engine(FlowDefinition("demo", OrderInput, (pay, then), summarize, order_id=lambda data: data.orderId))
+
+    def failed(order_id: str) -> FlowRecord:
+        record = engine.start("demo", {"orderId": order_id})
+        assert engine.run_step(record.id, "pay") == "ready"
+        assert engine.run_step(record.id, "then") == "failed"
+        return engine.get(record.id)
+
+    read = failed("ord-r0")
+    assert compactor(engine).run(now=clock.now() + 5) == 1
+    assert engine.store.transition(read, Change(FlowState.READY, "read before"), now=clock.now(), by="test") is None
+    assert engine.get(read.id).packed and engine.get(read.id).state is FlowState.FAILED
+
+    record = failed("ord-r1")
+    real = engine.store.transition
+    passes = []
+
+    def pass_then_transition(*args: Any, **kwargs: Any) -> Any:
+        if not passes:
+            passes.append(compactor(engine).run(now=clock.now() + 5))  # the dispatcher's pass lands here
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(engine.store, "transition", pass_then_transition)
+    engine.retry(record.id)
+    monkeypatch.undo()
+    assert passes == [1]
+    again = engine.get(record.id)
+    assert again.state is FlowState.READY and not again.packed
+    assert "pay" not in again.outputs and again.outcome is None and again.error is None, "the failed run's results"
+    k = engine.keys
+    kept = [k.flow(record.id), k.order("ord-r1"), k.operation(k.partition(record.id), "op-r1")]
+    assert [engine.redis.ttl(key) for key in kept] == [-1, -1, -1], "going again: nothing of it expires"
+    clock.advance(5)
+    assert engine.run_step(record.id, "pay") == "ready"
+    assert engine.run_step(record.id, "then") == "succeeded"

@@ -38,6 +38,8 @@ def test_steps_run_in_order_and_the_flow_succeeds(make_engine: Any) -> None:
     assert done.outcome == {"steps": ["first", "second"], "result": "succeeded"}
     assert done.outputs["first"]["key"] == f"{record.id}.first"
     assert [entry["to"] for entry in engine.history(record.id)] == ["ready", "running", "ready", "running", "succeeded"]
+    assert engine.redis.ttl(engine.keys.flow(record.id)) == -1, "its end is the packing pass's to give"
+    Compactor(engine.redis, engine.keys, engine.orders).run(now=engine.clock.now() + 5)  # the dispatcher's pass
     assert engine.redis.ttl(engine.keys.flow(record.id)) > 0, "finished flows expire after the retention time"
     assert len(sent.chains) == 1, "the chain carried the second step: nothing more was sent"
 

@@ -301,9 +301,9 @@ def test_the_compactor_does_not_expire_the_lookups_of_a_flow_a_late_payment_brou
     compactor = world.compactor()
     expire = compactor.orders.expire
 
-    def signal_then_expire(lookups: Any, **kept: Any) -> None:
+    def signal_then_expire(lookups: Any, seconds: int) -> None:
         world.engine.signal(flow.flow_id, "notification", {"operation": late}, by=RECEIVER)
-        expire(lookups, **kept)
+        expire(lookups, seconds)
 
     monkeypatch.setattr(compactor.orders, "expire", signal_then_expire)
     compactor.run(now=world.clock.now() + 10)

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
+
+import pytest
 
 from durapay.gateway import Card, GatewayModel
 from durapay.tasks.outcomes import Advance, Finish, NewOrder
 from durapay.workflows.clock import ManualClock
 from durapay.workflows.compact import Compactor
+from durapay.workflows.states import FlowState
 from durapay.workflows.steps import FlowDefinition
 from tests.workflows.engine_support import DemoInput, ScriptedStep, summary
 
@@ -117,3 +121,90 @@ def test_an_operation_lookup_lives_as_long_as_its_flow(make_engine: Any, clock: 
     assert "pay" not in engine.get(record.id).outputs
     assert lifetimes(engine, record.id, "op-31") == (-1, -1)
     assert engine.store.flow_for_operation("op-31") == record.id
+
+
+# -- issue 29 review: a live flow's lookups never expire; a gone flow's always do -----------------------
+
+
+class OrderOnly(GatewayModel):
+    orderId: str
+
+
+def failed_flow(make_engine: Any, order_id: str, operation_id: str) -> tuple[Any, Any]:
+    paid = {"operation": {"operationId": operation_id, "orderId": order_id, "operationResult": "DECLINED"}}
+    pay = ScriptedStep("pay", outcomes=[Advance(paid), Advance({})])
+    then = ScriptedStep("then", outcomes=[Finish(False, "declined"), Advance({})])
+    engine, _ = make_engine(FlowDefinition("demo", OrderOnly, (pay, then), summary, order_id=lambda data: data.orderId))
+    record = engine.start("demo", {"orderId": order_id})
+    assert engine.run_step(record.id, "pay") == "ready"
+    assert engine.run_step(record.id, "then") == "failed"
+    return engine, record
+
+
+def ttls(engine: Any, flow_id: str, order_id: str, operation_id: str) -> dict[str, int]:
+    k = engine.keys
+    return {
+        "record": engine.redis.ttl(k.flow(flow_id)),
+        "order": engine.redis.ttl(k.order(order_id)),
+        "tokens": engine.redis.ttl(k.tokens(order_id)),
+        "op": engine.redis.ttl(k.operation(k.partition(flow_id), operation_id)),
+    }
+
+
+def test_a_late_payment_whose_lookups_a_crash_left_expiring_gets_them_kept_by_the_next_pass(
+    make_engine: Any, clock: ManualClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A late payment brings a packed failed flow back (needs_attention, record persisted by signal.lua);
+    its lookups, in other slots, are kept by a second round trip, and a crash between the two left a
+    live flow whose lookups expired (its later notifications: unknown order). A flow that leaves a
+    packed end is unpacked first, which lists it for the dispatcher's pass again: the pass keeps the
+    lookups of every listed flow it finds going."""
+    engine, record = failed_flow(make_engine, "ord-c1", "op-c1")
+    engine.redis.sadd(engine.keys.tokens("ord-c1"), "tok-1")
+    assert Compactor(engine.redis, engine.keys, engine.orders).run(now=clock.now() + 5) == 1
+    assert all(ttl > 0 for ttl in ttls(engine, record.id, "ord-c1", "op-c1").values())
+
+    def crash(*args: Any, **kwargs: Any) -> None:
+        raise SystemExit("receiver killed")
+
+    monkeypatch.setattr(engine.orders, "keep", crash)
+    late = {"operation": {"operationId": "op-late", "orderId": "ord-c1", "operationResult": "EXECUTED", "operationAmount": "5"}}
+    with pytest.raises(SystemExit):
+        engine.signal(record.id, "notification", late, by="notification")
+    monkeypatch.undo()
+    assert engine.get(record.id).state is FlowState.NEEDS_ATTENTION
+    clock.advance(5)
+    Compactor(engine.redis, engine.keys, engine.orders).run(now=clock.now() + 5)  # the dispatcher's next pass
+    assert ttls(engine, record.id, "ord-c1", "op-c1") == {"record": -1, "order": -1, "tokens": -1, "op": -1}
+
+
+def test_a_renewed_link_keeps_the_lookups_of_a_finished_flow_past_its_packing_pass(make_engine: Any, clock: ManualClock) -> None:
+    """Another flow renews the link of an order a finished flow (not yet packed) made: the finished flow
+    is kept until the renewed link's end, lookups with it. The pass that packed it then gave the lookups
+    the plain retention (the record never said how long to keep it), so a payment on the renewed link
+    after the retention found no flow. The record keeps ``keep_until``, the pass gives record and lookups
+    that end, and an end is never shortened."""
+    engine, record = failed_flow(make_engine, "ord-t1", "op-t1")
+    ends = clock.now() + 200 * 86400
+    expiry = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(ends))
+    engine.tell_holder("link_changed", {"orderId": "ord-t1", "paymentLink": {"expirationDate": expiry}})
+    assert engine.get(record.id).keep_until >= ends
+    assert Compactor(engine.redis, engine.keys, engine.orders).run(now=clock.now() + 5) == 1
+    after = ttls(engine, record.id, "ord-t1", "op-t1")
+    assert after["record"] > 199 * 86400, after
+    assert after["order"] >= after["record"] - 5 and after["op"] >= after["record"] - 5, after
+    engine.orders.expire(engine.get(record.id).lookups, 60)  # a shorter end asked later
+    assert engine.redis.ttl(engine.keys.order("ord-t1")) > 199 * 86400, "never shortened"
+
+
+def test_a_finished_flow_is_kept_until_the_packing_pass_gave_its_lookups_their_end(make_engine: Any, clock: ManualClock) -> None:
+    """With no scheduler for longer than the retention, a finished record expired before its packing
+    pass, which then had nothing to read the lookups from: they stayed for ever. A finished record gets
+    its end from the pass, with its lookups: until then it stays, and a pass that comes late gives
+    record and lookups what is left of the retention (here nothing: they go at once)."""
+    engine, record = failed_flow(make_engine, "ord-x1", "op-x1")
+    assert ttls(engine, record.id, "ord-x1", "op-x1") == {"record": -1, "order": -1, "tokens": -2, "op": -1}
+    late = clock.now() + engine.store.retention_seconds + 3600
+    assert Compactor(engine.redis, engine.keys, engine.orders).run(now=late) == 1
+    got = ttls(engine, record.id, "ord-x1", "op-x1")
+    assert got["record"] in (-2, 0, 1) and 0 < got["order"] <= 1 and 0 < got["op"] <= 1, got  # -2: gone already

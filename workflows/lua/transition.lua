@@ -7,15 +7,17 @@
 --       the flow has finished, workflows/orders.py).
 -- ARGV: 1 flow id, 2 expected version, 3 new state, 4 fields (JSON object; JSON null deletes),
 --       5 due score ("" removes the flow from the due set), 6 log entry (JSON), 7 now,
---       8 ttl seconds ("" keeps the record forever), 9 signal names the completing step awaits (JSON
---       list: for a wait, or a wait step ending failed), 10 ttl seconds of a finished flow (used when
---       a cancel request turns this move into a cancel), 11 the input without card secrets ("" when
---       there are none), written when the flow ends, 12 "1" to emit the merchant events of the move
---       (flow.waiting when it starts to wait, flow.succeeded/failed/cancelled/needs_attention,
---       payment.late), 13 the payment this very completion recorded (JSON, or ""): money the gateway
---       took, which no cancel undoes and no failure may hide (kept as a signal when the step stops for
---       a person over it: a LatePayment it found), 14 the state the caller read the flow in, 15 "1" when
---       the caller's record already had a cancel requested (its step ran only to read for it).
+--       8 signal names the completing step awaits (JSON list: for a wait, or a wait step ending
+--       failed), 9 the input without card secrets ("" when there are none), written when the flow
+--       ends, 10 "1" to emit the merchant events of the move (flow.waiting when it starts to wait,
+--       flow.succeeded/failed/cancelled/needs_attention, payment.late), 11 the payment this very
+--       completion recorded (JSON, or ""): money the gateway took, which no cancel undoes and no
+--       failure may hide (kept as a signal when the step stops for a person over it: a LatePayment it
+--       found), 12 the state the caller read the flow in, 13 "1" when the caller's record already had a
+--       cancel requested (its step ran only to read for it).
+-- The record and log never expire after this script: a flow that finishes is listed in the finished set
+-- and the packing pass gives it its end (the retention from its end, or longer while its customer can
+-- pay), together with its lookups.
 -- Returns {new version, final state, rewritten}, {0, current state, 0} when the version or the state did
 -- not match (stale: another writer got there first), or {-1, state, operation id} for a cancel of a flow
 -- whose payment succeeded (refused: money moved, nothing undoes it). The final
@@ -36,7 +38,7 @@ local old_state = redis.call('HGET', KEYS[1], 'state')
 -- The version and the state together: after Redis lost its last writes a version can come round again
 -- (a claim lost, then a cancel of the flow as it was), and a completion of that lost claim must not
 -- move the flow the cancel ended.
-if current ~= ARGV[2] or old_state ~= ARGV[14] then
+if current ~= ARGV[2] or old_state ~= ARGV[12] then
   return {0, old_state or '', 0}
 end
 if ARGV[3] == 'cancelled' then
@@ -50,14 +52,13 @@ end
 local state = ARGV[3]
 local due = ARGV[5]
 local idx = KEYS[5]
-local ttl = ARGV[8]
 local fields = cjson.decode(ARGV[4])
 local log = cjson.decode(ARGV[6])
 local was_waiting = redis.call('HEXISTS', KEYS[1], 'wait') == 1
 local rewritten = false  -- the log entry is re-encoded only when this script changed it
 local paid = nil
-if ARGV[13] ~= '' then
-  paid = cjson.decode(ARGV[13])
+if ARGV[11] ~= '' then
+  paid = cjson.decode(ARGV[11])
 end
 
 -- The value a field has once this change is written (false: absent).
@@ -83,7 +84,7 @@ end
 if state == 'waiting' or state == 'failed' then
   -- A signal that arrived while the step ran must not be slept through, nor failed past: run again.
   local awaited = {}
-  for _, name in ipairs(cjson.decode(ARGV[9])) do awaited[name] = true end
+  for _, name in ipairs(cjson.decode(ARGV[8])) do awaited[name] = true end
   for _, key in ipairs(redis.call('HKEYS', KEYS[1])) do
     -- (a signal this very step consumed is deleted below: it must not wake the flow again)
     if string.sub(key, 1, 4) == 'sig:' and fields[key] ~= cjson.null then
@@ -96,7 +97,6 @@ if state == 'waiting' or state == 'failed' then
           fields['wait'] = nil  -- it never waited: its real wait, once it reads the signal, is announced
         end
         due = ARGV[7]
-        ttl = ''
         move('ready', KEYS[6], ' (a signal was already there: read it first)')
         break
       end
@@ -120,12 +120,11 @@ if unsettled then
     fields['runs'] = cjson.null
     fields['attempt'] = '0'
     due = ARGV[7]
-    ttl = ''
     move('ready', KEYS[6], '; but ' .. what .. ': cancel requested, the gateway is read first')
     if old_state == 'ready' then
       idx = KEYS[4]
     end
-  elseif cancel_requested and ARGV[15] ~= '1' and (state == 'waiting' or state == 'retrying' or state == 'sleeping') then
+  elseif cancel_requested and ARGV[13] ~= '1' and (state == 'waiting' or state == 'retrying' or state == 'sleeping') then
     -- A cancel asked while this step ran (not one its run already read for): read for it now, not at
     -- the wait's deadline (days, for a pay-by-link the customer could pay meanwhile).
     fields['runs'] = cjson.null
@@ -138,7 +137,6 @@ if unsettled then
       error = event_json(after('error')) or cjson.null, reason = log['what']})
     fields['outcome'] = cjson.null
     due = ARGV[7]
-    ttl = ''
     move('retrying', KEYS[11], '; but ' .. what .. ': the gateway is read before the flow fails')
   end
 elseif cancel_requested and (CLAIMABLE[state] or state == 'failed') then
@@ -150,7 +148,6 @@ elseif cancel_requested and (CLAIMABLE[state] or state == 'failed') then
   else
     -- Cancelled while a step ran: keep what the step did, then stop at this step boundary.
     due = ''
-    ttl = ARGV[10]
     move('cancelled', KEYS[7], ' (then cancelled as requested)')
   end
 end
@@ -167,7 +164,6 @@ local ended = state
 if late then
   fields['error'] = late_payment_error(late, state)
   due = ''
-  ttl = ''
   move('needs_attention', KEYS[8], '; but ' .. late_payment_what(late, 'would end ' .. state))
 end
 if state ~= old_state and not may_move(old_state, state) then
@@ -204,22 +200,19 @@ end
 redis.call('ZADD', idx, ARGV[7], ARGV[1])
 redis.call('RPUSH', KEYS[2], rewritten and cjson.encode(log) or ARGV[6])
 if TERMINAL[state] then
-  if ARGV[11] ~= '' then
-    redis.call('HSET', KEYS[1], 'input', ARGV[11])
+  if ARGV[9] ~= '' then
+    redis.call('HSET', KEYS[1], 'input', ARGV[9])
   end
   redis.call('ZADD', KEYS[10], ARGV[7], ARGV[1])
 end
 for i = 12, #KEYS do
   redis.call('SET', KEYS[i], ARGV[1])
 end
-if ttl == '' then
-  redis.call('PERSIST', KEYS[1])
-  redis.call('PERSIST', KEYS[2])
-else
-  redis.call('EXPIRE', KEYS[1], ttl)
-  redis.call('EXPIRE', KEYS[2], ttl)
-end
-if ARGV[12] == '1' then
+-- No end here, finished or not: a finished flow gets its end from the packing pass, with its lookups
+-- (workflows/compact.py), so that a record never expires before its lookups have one.
+redis.call('PERSIST', KEYS[1])
+redis.call('PERSIST', KEYS[2])
+if ARGV[10] == '1' then
   if late then
     emit(KEYS[9], KEYS[1], ARGV[1], 'payment.late', ARGV[7], {operation = late, endedAs = ended})
   end
