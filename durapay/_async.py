@@ -71,9 +71,11 @@ class AsyncClient:
         timeout: float | httpx.Timeout = 10.0,
         retries: int | Retries = 3,
         rng: random.Random | None = None,
+        start_wait: float = calls.START_WAIT,
         transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
         headers, self.timeout, self.retries = settings(api_key, timeout, retries, rng)
+        self.start_wait = start_wait
         self._http = httpx.AsyncClient(base_url=base_url, headers=headers, timeout=self.timeout, transport=transport)
 
     async def aclose(self) -> None:
@@ -92,7 +94,7 @@ class AsyncClient:
             try:
                 try:
                     response = await self._http.send(request(self._http, call, self.timeout))
-                except httpx.TransportError as exc:
+                except httpx.RequestError as exc:  # no answer, or one that cannot be read
                     raise no_answer(call, exc) from exc
                 return answer(call, response)
             except ApiError as error:
@@ -134,7 +136,7 @@ class AsyncClient:
     async def start(
         self, kind: str, input: Body, *, key: str | None = None, run_at: When | None = None, wait: float | None = None
     ) -> FlowView:
-        return await self._run(calls.start(kind, input, key=key, run_at=run_at, wait=wait))
+        return await self._run(calls.start(kind, input, key=key, run_at=run_at, wait=self.start_wait if wait is None else wait))
 
     async def get(self, flow_id: str) -> FlowView:
         return await self._run(calls.get(flow_id))

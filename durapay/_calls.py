@@ -165,9 +165,15 @@ REFUND_LATE_PAYMENT = Route("POST", "/flows/{flow_id}/refund-late-payment", Flow
 KEEP_LATE_PAYMENT = Route("POST", "/flows/{flow_id}/keep-late-payment", FlowView)
 
 
-def start(kind: str, data: Body, *, key: str | None, run_at: When | None, wait: float | None) -> Call[FlowView]:
+#: Seconds a start waits for the customer URL when the caller gives none: the API's own default
+#: (DURAPAY_API__START_WAIT_SECONDS, 5). Always sent: the server's setting may be up to 60, and a wait
+#: the client did not send is one its read timeout does not cover.
+START_WAIT = 5.0
+
+
+def start(kind: str, data: Body, *, key: str | None, run_at: When | None, wait: float) -> Call[FlowView]:
     params = {"run_at": run_at, "wait": wait}
-    return START.call(path={"kind": kind}, params=params, json=body(data), key=key, hold=wait or 0.0)
+    return START.call(path={"kind": kind}, params=params, json=body(data), key=key, hold=wait)
 
 
 def get(flow_id: str) -> Call[FlowView]:
@@ -300,7 +306,7 @@ def wait(flow_id: str, timeout: float, states: Collection[FlowState] = STOPPED) 
             return view
         left = deadline - time.monotonic()
         if left <= 0:
-            raise TimeoutError(f"flow {flow_id} still {view.state.value} at step {view.step} after {timeout:g}s")
+            raise TimeoutError(f"flow {flow_id} still {view.state!s} at step {view.step} after {timeout:g}s")
         yield Pause(min(pause, left))
         pause = min(pause * 1.5, LAST_POLL)
 
@@ -324,7 +330,12 @@ class Feed:
     """The event feed read page after page from a cursor, keeping it: :attr:`cursor` is the position
     after the last event handed out (persist it, and resume with ``after=cursor``). ``wait``: each read
     long-polls up to that many seconds (the API's bound is 30); ``until_idle``: stop at the first empty
-    page (read up to now) instead of following the feed."""
+    page (read up to now) instead of following the feed.
+
+    Following, an empty read is repeated no sooner than a pause after the previous one began (50 ms,
+    growing by half at each empty read to a second; back to 50 ms once events come): a long poll
+    already waited that long and goes on at once, but without one (``wait=0``, or a server or proxy
+    that answers at once) the follower would read as fast as the API answers."""
 
     def __init__(self, after: str | None, types: Collection[str] | None, limit: int, wait: float, until_idle: bool) -> None:
         self.cursor = after
@@ -334,11 +345,18 @@ class Feed:
         self.until_idle = until_idle
 
     def plan(self) -> Generator[Step | EventView, Any, None]:
+        pause = FIRST_POLL
         while True:
+            began = time.monotonic()
             page: EventPage = yield events(after=self.cursor, types=self.types, limit=self.limit, wait=self.wait)
             for event in page.events:
                 self.cursor = event.cursor  # before handing it out: handled, then saved, is past it
                 yield event
             self.cursor = page.next or self.cursor
-            if not page.events and self.until_idle:
+            if page.events:
+                pause = FIRST_POLL
+                continue
+            if self.until_idle:
                 return
+            yield Pause(max(0.0, pause - (time.monotonic() - began)))
+            pause = min(pause * 1.5, LAST_POLL)

@@ -7,6 +7,8 @@ Errors (one class, told apart by ``status`` and ``error``, as the API's own prob
       status 401, 403, 404, 405, 409, 413, 422, 500: the API's refusal (error, reason, field); not retryable
       status 429, 502, 503, 504:                     retryable (the server, or a proxy in front of it, is busy)
       status None, error "transport" or "timeout":   no answer came; retryable
+      status None, error "bad_answer":               an answer whose body could not be decoded; retryable
+      error "bad_answer" with a status:              a success whose body is not the route's model
 
 ``retryable`` says whether the failure may pass if the same call is made again; whether making it again
 is *safe* depends on the call: the client itself retries only idempotent calls (GET, and a start or a
@@ -17,6 +19,7 @@ A start without a key that failed in transport may or may not have started a flo
 from __future__ import annotations
 
 import random
+import re
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -147,15 +150,14 @@ def answer(call: Call[T], response: httpx.Response) -> T:
 
 def refusal(call: Call[Any], response: httpx.Response) -> ApiError:
     """The API's problem body (``{"error", "reason", "field"}``) as an ApiError; any other body (a
-    proxy's page) as its status and its first line."""
+    proxy's page) as what it says: its status and a short excerpt of its text."""
     status = response.status_code
     try:
         problem = response.json()
     except ValueError:  # not JSON (json.JSONDecodeError is a ValueError)
         problem = None
     if not isinstance(problem, dict) or not isinstance(problem.get("error"), str):
-        text = response.text.strip().splitlines()[0][:200] if response.text.strip() else response.reason_phrase
-        problem = {"error": "unavailable" if status in RETRYABLE else "http_error", "reason": text}
+        problem = {"error": "unavailable" if status in RETRYABLE else "http_error", "reason": not_a_problem(response)}
     return ApiError(
         status,
         problem["error"],
@@ -167,9 +169,27 @@ def refusal(call: Call[Any], response: httpx.Response) -> ApiError:
     )
 
 
-def no_answer(call: Call[Any], exc: httpx.TransportError) -> ApiError:
-    """A transport failure (refused, reset, timed out) as a retryable ApiError with no status."""
+#: How much of a body that is not the API's problem a reason quotes.
+EXCERPT = 160
+
+
+def not_a_problem(response: httpx.Response) -> str:
+    """The reason of an answer without the API's problem (a proxy's HTML page, an empty body): its
+    status, that it holds no problem, and its text's first words, markup left out."""
+    kind = response.headers.get("Content-Type", "no content type").split(";")[0]
+    text = " ".join(re.sub(r"<[^>]*>", " ", response.text).split())
+    excerpt = text[:EXCERPT] + ("..." if len(text) > EXCERPT else "")
+    said = f": {excerpt}" if excerpt else " (empty)"
+    return f"HTTP {response.status_code} {response.reason_phrase}, no JSON problem in the answer ({kind}){said}"
+
+
+def no_answer(call: Call[Any], exc: httpx.RequestError) -> ApiError:
+    """No usable answer, as a retryable ApiError with no status: a transport failure (refused, reset,
+    timed out), or a body that could not be decoded (``bad_answer``: a ``Content-Encoding`` the body
+    does not have, a proxy's garbling)."""
     error = "timeout" if isinstance(exc, httpx.TimeoutException) else "transport"
+    if isinstance(exc, httpx.DecodingError):
+        error = "bad_answer"
     reason = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
     return ApiError(None, error, reason, method=call.route.method, path=call.path)
 

@@ -80,7 +80,9 @@ class Client:
     ``timeout``: seconds (or an ``httpx.Timeout``) per try; a long poll (``wait=``) adds its wait to the
     read timeout. ``retries``: tries after the first of an idempotent call failing with a retryable
     error (or a :class:`Retries` for the whole rule); ``rng``: the jitter's randomness when ``retries``
-    is a number (seed it in tests). ``transport``: an ``httpx`` transport (a proxy, a test's fault).
+    is a number (seed it in tests). ``start_wait``: seconds a start waits for the customer URL when its
+    ``wait`` is not given (always sent, so that the read timeout covers what the server holds).
+    ``transport``: an ``httpx`` transport (a proxy, a test's fault).
     """
 
     def __init__(
@@ -91,9 +93,11 @@ class Client:
         timeout: float | httpx.Timeout = 10.0,
         retries: int | Retries = 3,
         rng: random.Random | None = None,
+        start_wait: float = calls.START_WAIT,
         transport: httpx.BaseTransport | None = None,
     ) -> None:
         headers, self.timeout, self.retries = settings(api_key, timeout, retries, rng)
+        self.start_wait = start_wait
         self._http = httpx.Client(base_url=base_url, headers=headers, timeout=self.timeout, transport=transport)
 
     def close(self) -> None:
@@ -114,7 +118,7 @@ class Client:
             try:
                 try:
                     response = self._http.send(request(self._http, call, self.timeout))
-                except httpx.TransportError as exc:
+                except httpx.RequestError as exc:  # no answer, or one that cannot be read
                     raise no_answer(call, exc) from exc
                 return answer(call, response)
             except ApiError as error:
@@ -159,8 +163,9 @@ class Client:
         """Start a ``kind`` flow. ``key`` (the ``Idempotency-Key``): the same key and input give the same
         flow, so a start with a key is retried after a lost answer, one without never is. ``run_at``: a
         future time (POSIX seconds, an aware datetime, ``in 2h``); ``wait``: seconds the API waits for the
-        customer URL (hosted page, link)."""
-        return self._run(calls.start(kind, input, key=key, run_at=run_at, wait=wait))
+        customer URL (hosted page, link; the client's ``start_wait`` when not given), added to the read
+        timeout."""
+        return self._run(calls.start(kind, input, key=key, run_at=run_at, wait=self.start_wait if wait is None else wait))
 
     def get(self, flow_id: str) -> FlowView:
         return self._run(calls.get(flow_id))

@@ -327,7 +327,9 @@ def flows_router(engine: Engine, settings: ApiSettings) -> APIRouter:
     # Last, so that a method a documented path does not take is a 405 naming that path's methods
     # (Starlette's Allow lists the methods of the first route whose path matches).
     @router.post("/{kind}", include_in_schema=False)
-    def start_unknown(kind: str) -> None:
+    def start_unknown(kind: str, wait: str | None = None, run_at: str | None = None) -> None:
+        # It takes a start's query (durapay.Client always sends `wait`): the answer is about the kind.
+        del wait, run_at
         guess = closest(kind, engine.registry)
         hint = f"; did you mean `{guess}`?" if guess else ""
         raise ApiError(404, "not_found", f"no flow kind {kind!r}{hint} (known kinds: {', '.join(sorted(engine.registry))})")

@@ -1,16 +1,23 @@
 """The shapes of the control API's answers, declared so that the OpenAPI document types them.
 
 Why separate models: the routes build their answers from records (``service.views``,
-``ScheduleRecord.summary``); these models say what a client may rely on. Each keeps any further field
-(``extra="allow"``): a field added to a record's summary reaches clients without a change here.
+``ScheduleRecord.summary``); these models say what a client may rely on. They are also what
+``durapay.client`` reads the answers into, so they are lenient as the gateway's models are
+(``durapay.gateway``): each keeps any further field (``extra="allow"``: a field a newer server adds
+reaches ``model_extra``, never an error), and a flow's state this version does not know is kept as
+:class:`~durapay.gateway.Unknown` (a ``str``), never passed off as a known one. The OpenAPI document
+is unchanged by that: it lists the known states.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from enum import Enum
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, GetCoreSchemaHandler, ValidationError
+from pydantic_core import core_schema
 
+from durapay.gateway import Unknown
 from durapay.workflows.states import FlowState
 
 
@@ -18,12 +25,43 @@ class _Answer(BaseModel):
     model_config = ConfigDict(extra="allow")
 
 
+class KeepUnknown:
+    """Field metadata: ``Annotated[FlowState | Unknown, KeepUnknown()]`` reads a known value as the
+    enum's member and any other string as :class:`~durapay.gateway.Unknown`; its JSON schema is the
+    enum's own (the server only ever answers known values)."""
+
+    def __get_pydantic_core_schema__(self, source: Any, handler: GetCoreSchemaHandler) -> core_schema.CoreSchema:
+        return core_schema.no_info_wrap_validator_function(
+            _known_or_kept,
+            handler.generate_schema(FlowState),
+            serialization=core_schema.plain_serializer_function_ser_schema(_plain, when_used="json"),
+        )
+
+
+def _known_or_kept(value: Any, known: core_schema.ValidatorFunctionWrapHandler) -> Any:
+    try:
+        return known(value)
+    except ValidationError:
+        if isinstance(value, str):
+            return Unknown(value)
+        raise
+
+
+def _plain(value: Any) -> Any:
+    return value.value if isinstance(value, Enum) else str(value)
+
+
+#: A flow's state in an answer: a :class:`FlowState`, or :class:`~durapay.gateway.Unknown` when a newer
+#: server answers a state this version does not know.
+AnsweredState = Annotated[FlowState | Unknown, KeepUnknown()]
+
+
 class FlowBrief(_Answer):
     """One flow in a list: no input or outputs."""
 
     id: str
     kind: str
-    state: FlowState
+    state: AnsweredState
     step: str
     order_id: str | None = None
     customer_url: str | None = None
@@ -38,7 +76,7 @@ class FlowView(_Answer):
 
     id: str
     kind: str
-    state: FlowState
+    state: AnsweredState
     step: str
     version: int
     attempt: int
@@ -67,7 +105,7 @@ class FlowView(_Answer):
     )
 
 
-class FlowList(BaseModel):
+class FlowList(_Answer):
     """A page of flows, newest first, and the cursor of the next page (as ``EventPage``)."""
 
     flows: list[FlowBrief]
@@ -75,14 +113,14 @@ class FlowList(BaseModel):
     next: str | None = Field(description="the cursor to pass as after= for the next page (null: this was the last)")
 
 
-class History(BaseModel):
+class History(_Answer):
     """Every transition (flows) or event (schedules), oldest first."""
 
     id: str
     history: list[dict[str, Any]]
 
 
-class SignalAnswer(BaseModel):
+class SignalAnswer(_Answer):
     result: str = Field(description="resumed (the flow was waiting for it) or stored (kept until it waits)")
     flow: FlowView
 
@@ -105,18 +143,18 @@ class ScheduleView(_Answer):
     open: list[dict[str, Any]]
 
 
-class ScheduleList(BaseModel):
+class ScheduleList(_Answer):
     schedules: list[ScheduleView]
     limit: int
     offset: int
     next_offset: int | None
 
 
-class Health(BaseModel):
+class Health(_Answer):
     status: str
 
 
-class Readiness(BaseModel):
+class Readiness(_Answer):
     ready: bool
     checks: dict[str, bool]
 

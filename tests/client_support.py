@@ -8,6 +8,8 @@ events read from a position taken before they act, never assume an empty store.
 ``FlakyProxy``: a TCP proxy in front of the API that fails its first connections for real (closed
 unread, or the request passed on and the answer swallowed), so that retries are tested against
 transport failures the operating system produces, not a mock.
+
+``idle_api``: the API alone (no worker), holding a start's answer for its configured wait.
 """
 
 from __future__ import annotations
@@ -71,6 +73,19 @@ def client_stack(redis_url: str) -> Iterator[ClientStack]:
             server = stack.enter_context(ApiServer(create_app(runtime)))
             yield ClientStack(runtime, simulator, server)
         runtime.close()
+
+
+@pytest.fixture
+def idle_api(redis_url: str) -> Iterator[tuple[ApiServer, Runtime]]:
+    """The real API with no worker (a busy or slow one looks the same to it), set to wait 3 s for a
+    customer URL (``DURAPAY_API__START_WAIT_SECONDS``): a start holds its answer that long."""
+    settings = stack_settings(
+        "t" + uuid.uuid4().hex[:10], "http://127.0.0.1:9/api", api={"key": API_KEY, "start_wait_seconds": 3.0}
+    )
+    runtime = build_runtime(settings, redis_url=redis_url)
+    with ApiServer(create_app(runtime)) as server:
+        yield server, runtime
+    runtime.close()
 
 
 class Recording(httpx.HTTPTransport):

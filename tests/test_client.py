@@ -1,7 +1,10 @@
 """``durapay.client.Client`` against the real API (uvicorn, Valkey, a Celery worker, the simulator):
 every route of the OpenAPI document is a call of the client, and every call is sent by a method;
 idempotent starts, paging by the cursor, the API's problem as an ApiError, retries after real
-transport failures (a proxy that drops or swallows), the event feed resumed from its cursor."""
+transport failures (a proxy that drops or swallows), the event feed resumed from its cursor, a start
+the API holds for its configured wait. What the real API never answers (a proxy's HTML page, a garbled
+body, a newer server's states and fields, an idle feed answered at once) comes from an
+``httpx.MockTransport``."""
 
 from __future__ import annotations
 
@@ -19,10 +22,13 @@ import pytest
 from bench._webhook_receiver import WebhookReceiver
 from durapay import _calls
 from durapay.client import ApiError, Client, Retries
+from durapay.gateway import Unknown
+from durapay.service.runtime import Runtime
+from durapay.service.server import ApiServer
 from durapay.workflows.states import FlowState
-from tests.client_support import API_KEY, ClientStack, FlakyProxy, Recording, client_stack  # noqa: F401
+from tests.client_support import API_KEY, ClientStack, FlakyProxy, Recording, client_stack, idle_api  # noqa: F401
 from tests.waiting import wait_until
-from tests.workflows.integration.test_flows import card, order
+from tests.workflows.integration.test_flows import card, order, session
 
 pytestmark = pytest.mark.integration
 
@@ -267,5 +273,111 @@ def test_retry_pauses_grow_are_jittered_bounded_and_only_for_idempotent_retryabl
     assert rule.pause(get, ApiError(404, "not_found", "no flow"), 1) is None, "a refusal is not retried"
     assert rule.pause(get, ApiError(429, "rate_limited", "slow down", retry_after=0.4), 1) == pytest.approx(0.4)
     assert rule.pause(get, ApiError(429, "rate_limited", "slow down", retry_after=60), 1) == 0.5, "at most cap"
-    keyed = _calls.start("moto", {}, key="k1", run_at=None, wait=None)
-    assert keyed.idempotent and not _calls.start("moto", {}, key=None, run_at=None, wait=None).idempotent
+    keyed = _calls.start("moto", {}, key="k1", run_at=None, wait=_calls.START_WAIT)
+    assert keyed.idempotent and not _calls.start("moto", {}, key=None, run_at=None, wait=_calls.START_WAIT).idempotent
+
+
+def test_a_start_the_api_holds_longer_than_the_read_timeout_is_answered(idle_api: tuple[ApiServer, Runtime]) -> None:  # noqa: F811
+    """The API waits 3 s for a customer URL by its setting (up to 60); the client's read timeout is
+    0.5 s. Without a `wait` of its own the client timed out on a start the API was answering (and, with
+    no key, could not send it again); it sends its `start_wait`, and reads that much longer."""
+    server, runtime = idle_api
+    with quick(server.url, timeout=0.5, start_wait=1.0) as api:
+        began = time.monotonic()
+        started = api.start("hpp", {"order": order(), "paymentSession": session()})
+        took = time.monotonic() - began
+    assert started.customer_url is None and 0.9 < took < 2.9, f"held {took:.2f} s: the client's wait, not the server's"
+    assert [record.id for record in runtime.engine.list(kind="hpp")] == [started.id]
+
+
+def mocked(handler: Any, **options: Any) -> Client:
+    return quick("http://api.test", transport=httpx.MockTransport(handler), **options)
+
+
+FLOW = {
+    "id": "f1",
+    "kind": "moto",
+    "state": "succeeded",
+    "step": "pay",
+    "version": 3,
+    "attempt": 1,
+    "created": 1.0,
+    "updated": 2.0,
+}
+
+
+def test_a_proxys_page_or_a_garbled_body_is_an_api_error_saying_what_came() -> None:
+    page = "<html>\n<head><title>502 Bad Gateway</title></head>\n<body><center>nginx</center></body></html>"
+    calls: list[httpx.Request] = []
+
+    def proxy(request: httpx.Request) -> httpx.Response:
+        calls.append(request)
+        return httpx.Response(502, text=page, headers={"Content-Type": "text/html"})
+
+    with mocked(proxy) as api:
+        error = refused(502, api.get, "f1")
+    assert (error.error, error.field, error.retryable, len(calls)) == ("unavailable", None, True, 3)
+    assert error.reason == "HTTP 502 Bad Gateway, no JSON problem in the answer (text/html): 502 Bad Gateway nginx"
+    with mocked(lambda request: httpx.Response(404)) as api:
+        assert refused(404, api.get, "f1").reason == "HTTP 404 Not Found, no JSON problem in the answer (no content type) (empty)"
+
+    def garbled(request: httpx.Request) -> httpx.Response:
+        headers = {"Content-Encoding": "gzip", "Content-Type": "application/json"}
+        return httpx.Response(200, content=b"not gzip at all", headers=headers)
+
+    with mocked(garbled) as api:
+        broken = refused_transport(api.get, "f1")
+    assert broken.error == "bad_answer" and "DecodingError" in broken.reason
+
+
+def test_a_state_or_a_field_a_newer_server_adds_is_kept_never_read_as_a_known_one() -> None:
+    def newer(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/flows":
+            brief = {key: FLOW[key] for key in ("id", "kind", "step", "created", "updated")}
+            return httpx.Response(200, json={"flows": [{**brief, "state": "on_hold"}], "limit": 50, "next": None, "total": 7})
+        if request.url.path == "/readyz":
+            return httpx.Response(200, json={"ready": True, "checks": {"redis": True}, "region": "eu"})
+        return httpx.Response(200, json={**FLOW, "state": "on_hold", "newField": 1})
+
+    with mocked(newer) as api:
+        view = api.get("f1")
+        assert isinstance(view.state, Unknown) and view.state == "on_hold" and view.state not in set(FlowState)
+        assert view.model_extra == {"newField": 1} and view.model_dump(mode="json")["state"] == "on_hold"
+        page = api.list_flows()
+        assert isinstance(page.flows[0].state, Unknown) and page.model_extra == {"total": 7}
+        assert api.readyz().model_extra == {"region": "eu"}
+        with pytest.raises(TimeoutError, match="still on_hold at step pay"):
+            api.wait("f1", timeout=0.1)
+    with mocked(lambda request: httpx.Response(200, json=FLOW)) as api:
+        assert api.get("f1").state is FlowState.SUCCEEDED
+
+
+class Idle:
+    """An event feed with nothing new, answered at once; it stops the follower (:class:`Idle.Enough`) at
+    its seventh read and notes when each began."""
+
+    class Enough(Exception):
+        pass
+
+    def __init__(self) -> None:
+        self.reads: list[float] = []
+
+    def __call__(self, request: httpx.Request) -> httpx.Response:
+        if len(self.reads) == 6:
+            raise Idle.Enough
+        self.reads.append(time.monotonic())
+        return httpx.Response(200, json={"events": [], "next": "0-0", "limit": 100})
+
+    def check(self) -> None:
+        """Six empty reads spread over at least the pauses between them: 50 ms growing by half (0.66 s;
+        the follower made 691 reads a second)."""
+        gaps = [later - earlier for earlier, later in zip(self.reads, self.reads[1:], strict=False)]
+        assert len(gaps) == 5 and all(gap >= 0.045 for gap in gaps), gaps
+        assert self.reads[-1] - self.reads[0] >= 0.6, gaps
+
+
+def test_following_an_idle_feed_without_a_long_poll_backs_off() -> None:
+    idle = Idle()
+    with mocked(idle) as api, pytest.raises(Idle.Enough):
+        next(api.iter_events(wait=0))
+    idle.check()

@@ -1,6 +1,7 @@
 """``durapay.client.AsyncClient`` against the real API: every call sent by one of its methods, idempotent
 starts, paging by the cursor, the event stream resumed from its cursor, a GET tried again after a real
-transport failure. Each test runs its coroutine with ``asyncio.run`` (no event-loop plugin needed)."""
+transport failure, an idle feed followed without spinning the event loop. Each test runs its coroutine
+with ``asyncio.run`` (no event-loop plugin needed)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import time
 import uuid
 from typing import Any
 
+import httpx
 import pytest
 
 from bench._webhook_receiver import WebhookReceiver
@@ -17,7 +19,7 @@ from durapay import _calls
 from durapay.client import ApiError, AsyncClient, Retries
 from durapay.workflows.states import FlowState
 from tests.client_support import API_KEY, AsyncRecording, ClientStack, FlakyProxy, client_stack  # noqa: F401
-from tests.test_client import SCHEDULE, moto, template_of
+from tests.test_client import SCHEDULE, Idle, moto, template_of
 
 pytestmark = pytest.mark.integration
 
@@ -136,3 +138,27 @@ def test_a_get_is_tried_again_after_a_transport_failure(client_stack: ClientStac
         asyncio.run(cancel(proxy))
         assert proxy.connections == 1, "a cancel is never resent"
     assert client_stack.engine.get(flow.id).state is FlowState.SLEEPING
+
+
+def test_following_an_idle_feed_backs_off_and_lets_the_loop_run() -> None:
+    """The twin of the sync client's test: six empty reads take the pauses between them, and the event
+    loop runs other tasks meanwhile (a ticker every 10 ms)."""
+    idle = Idle()
+    ticks = 0
+
+    async def ticker() -> None:
+        nonlocal ticks
+        while True:
+            await asyncio.sleep(0.01)
+            ticks += 1
+
+    async def follow() -> None:
+        beside = asyncio.create_task(ticker())
+        async with AsyncClient("http://api.test", API_KEY, transport=httpx.MockTransport(idle)) as api:
+            with pytest.raises(Idle.Enough):
+                await anext(api.iter_events(wait=0))
+        beside.cancel()
+
+    asyncio.run(follow())
+    idle.check()
+    assert ticks >= 20, f"the loop ran the ticker {ticks} times while the feed was followed"
