@@ -18,14 +18,15 @@ script on a packed record).
 
 A finished flow's end (when Redis drops its record, its log and every lookup that names it from outside:
 each order the flow made, ``<orderId>``, ``<orderId>-2``..., their tokens, and the operations it recorded)
-is given by the packing pass, one rule for all of them: the retention from the moment it finished, or
-longer while its customer could still pay (``keep_until``: a link's end, written by
+is given by the packing pass, one rule for all of them: the retention from the pass (about a second after
+the flow finished), or longer while its customer could still pay (``keep_until``: a link's end, written by
 ``workflows.inflight`` and ``Engine.tell_holder``). Transitions never give a record an end
 (``transition.lua``); they list a flow that finishes in its partition's ``finished`` set, which the pass
 reads, in batches, one round trip per step of the pass, off every worker's path. So a record is never
 gone before its lookups have an end: a pass that comes late (no scheduler for a while) gives record and
-lookups what is left of the retention, nothing if it has passed. An end is never shortened
-(``OrderIndex.expire``).
+lookups the retention from then. The retention is counted by Redis's clock from the pass, never by a
+process's (the demo moves its clock months ahead: a flow it finished must not vanish at the next pass).
+An end is never shortened (``OrderIndex.expire``).
 
 A flow that leaves a packed end (a late payment, an operator's retry) is unpacked first, which lists it
 again (``expand.lua``): its mover keeps its lookups again (``OrderIndex.keep``) after its change, and
@@ -135,11 +136,9 @@ def is_chunk(name: str) -> bool:
 
 
 def kept_seconds(fields: Mapping[str, str], retention: float, now: float) -> float:
-    """How long a finished flow (its record's ``fields``) is still kept at ``now``: the retention from
-    when it finished (its last change), or until ``keep_until`` when that is later; at least a moment."""
-    finished = float(fields.get("updated") or now)
-    until = max(finished + retention, float(fields.get("keep_until") or 0.0))
-    return max(0.001, until - now)
+    """How long a finished flow (its record's ``fields``) is kept from ``now`` (the pass): the retention,
+    or until ``keep_until`` when that is later; at least a second."""
+    return max(1.0, retention, float(fields.get("keep_until") or 0.0) - now)
 
 
 class Compactor:

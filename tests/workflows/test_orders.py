@@ -201,10 +201,12 @@ def test_a_finished_flow_is_kept_until_the_packing_pass_gave_its_lookups_their_e
     """With no scheduler for longer than the retention, a finished record expired before its packing
     pass, which then had nothing to read the lookups from: they stayed for ever. A finished record gets
     its end from the pass, with its lookups: until then it stays, and a pass that comes late gives
-    record and lookups what is left of the retention (here nothing: they go at once)."""
+    record and lookups the retention from then, by Redis's clock (a process's clock, moved months ahead
+    by the demo, has no say)."""
     engine, record = failed_flow(make_engine, "ord-x1", "op-x1")
     assert ttls(engine, record.id, "ord-x1", "op-x1") == {"record": -1, "order": -1, "tokens": -2, "op": -1}
     late = clock.now() + engine.store.retention_seconds + 3600
     assert Compactor(engine.redis, engine.keys, engine.orders).run(now=late) == 1
     got = ttls(engine, record.id, "ord-x1", "op-x1")
-    assert got["record"] in (-2, 0, 1) and 0 < got["order"] <= 1 and 0 < got["op"] <= 1, got  # -2: gone already
+    retention = engine.store.retention_seconds
+    assert retention - 5 <= got["record"] <= retention and got["order"] == got["op"] == got["record"], got

@@ -3,8 +3,8 @@
 -- going again is taken off the list.
 -- KEYS: flow, log, the partition's finished set, a scratch key in the flow's slot (Keys.packing).
 -- ARGV: 1 flow id, 2 the version it was read at, 3 the fields to keep plain (JSON object of strings),
--- 4 the record's end, milliseconds from now (workflows/compact.py: what is left of its retention, or
--- until its customer can no longer pay), 5.. the packed value in chunks (bytes), stored as fields z, z1,
+-- 4 the record's end, milliseconds from now (workflows/compact.py: its retention, or until its customer
+-- can no longer pay), 5.. the packed value in chunks (bytes), stored as fields z, z1,
 -- z2... (each short enough for Redis to keep the hash as a compact listpack).
 -- Returns the record's time to live in milliseconds when it was packed (never shorter than it had:
 -- its lookups get as long), or 0:

@@ -16,8 +16,8 @@
 --       found), 12 the state the caller read the flow in, 13 "1" when the caller's record already had a
 --       cancel requested (its step ran only to read for it).
 -- The record and log never expire after this script: a flow that finishes is listed in the finished set
--- and the packing pass gives it its end (the retention from its end, or longer while its customer can
--- pay), together with its lookups.
+-- and the packing pass gives it its end (the retention, or longer while its customer can pay), together
+-- with its lookups.
 -- Returns {new version, final state, rewritten}, {0, current state, 0} when the version or the state did
 -- not match (stale: another writer got there first), or {-1, state, operation id} for a cancel of a flow
 -- whose payment succeeded (refused: money moved, nothing undoes it). The final
