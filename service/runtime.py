@@ -61,10 +61,28 @@ class Runtime:
     extras: dict[str, Any] = field(default_factory=dict)
 
     def close(self) -> None:
+        """Release every connection the parts opened (the engine's Redis, Celery's broker connections
+        and producers) and stop an embedded Valkey this runtime started."""
+        close_celery(self.celery)
         self.redis.close()
         if self.embedded is not None:
             stop_embedded(self.embedded)
             self.embedded = None
+
+
+def close_celery(app: Celery) -> None:
+    """Close ``app``'s broker connections: its producers' and its connection pool's. ``Celery.close``
+    only forgets the pool, leaving its sockets open until the process ends (a process that connects
+    and closes over and over, durapay.connect in a loop, kept two connections per round)."""
+    amqp = app.__dict__.get("amqp")  # a cached property: None when nothing was ever sent
+    producers = getattr(amqp, "_producer_pool", None)
+    if producers is not None:
+        producers.force_close_all()
+        amqp._producer_pool = None
+    pool = app._pool
+    if pool is not None:
+        pool.force_close_all()
+    app.close()
 
 
 SERVER_FILE = "server.json"
@@ -165,15 +183,39 @@ def build_runtime(
     flows: dict[str, FlowDefinition] | None = None,
 ) -> Runtime:
     """Build the parts. ``redis_url`` overrides the settings (tests, and children of the demo). Card
-    numbers in the process's log lines are masked from here on (``workflows.sensitive``)."""
+    numbers in the process's log lines are masked from here on (``workflows.sensitive``).
+
+    A build that fails releases what it had opened, and stops the embedded Valkey it started (else it
+    ran on, recorded in ``server.json``, after ``durapay.connect`` raised)."""
     install_log_masking()
-    embedded = None
-    if redis_url is None:
-        redis_url, embedded = resolve_redis(settings)
+    with contextlib.ExitStack() as opened:
+        embedded = None
+        if redis_url is None:
+            redis_url, embedded = resolve_redis(settings)
+            if embedded is not None:
+                opened.callback(stop_embedded, embedded)
+        runtime = _build(settings, redis_url, embedded, opened, clock=clock, rng=rng, flows=flows)
+        opened.pop_all()  # built: the runtime's close releases them
+        return runtime
+
+
+def _build(
+    settings: Settings,
+    redis_url: str,
+    embedded: EmbeddedValkey | None,
+    opened: contextlib.ExitStack,
+    *,
+    clock: Clock | None,
+    rng: random.Random | None,
+    flows: dict[str, FlowDefinition] | None,
+) -> Runtime:
+    """The parts on ``redis_url``; each connection opened is registered in ``opened`` until built."""
     client = open_redis(
         redis_url, cluster=settings.redis_cluster, socket_timeout=10, socket_connect_timeout=5, health_check_interval=30
     )
+    opened.callback(client.close)
     app = make_celery(settings, settings.broker_url or redis_url)
+    opened.callback(close_celery, app)
     registry = dict(REGISTRY)
     registry.update(flows or {})
     sender = CelerySender(app)

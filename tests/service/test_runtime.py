@@ -1,16 +1,21 @@
-"""Process wiring that is not covered through the commands: the start-up heap taken out of the GC, and
-the start check of the server's persistence (a ``WAITAOF`` answered before its fsync is refused)."""
+"""Process wiring that is not covered through the commands: the start-up heap taken out of the GC, the
+start check of the server's persistence (a ``WAITAOF`` answered before its fsync is refused), and
+what ``durapay.connect`` leaves behind: nothing open after close, no Valkey after a failed build."""
 
 from __future__ import annotations
 
 import gc
+import os
+import signal
 import weakref
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+import redis
 
+import durapay
 from durapay.config import load_settings
 from durapay.config.embedded import EmbeddedValkey
 from durapay.service.runtime import Runtime, admit_durability, build_runtime, freeze_startup_heap
@@ -89,3 +94,48 @@ def test_nothing_is_refused_under_appendfsync_always(redis_url: str, key_prefix:
         assert not admit_durability(built).aof
     finally:
         built.close()
+
+
+def running_in(folder: Path) -> list[int]:
+    """Ids of the processes whose command line names ``folder`` (an embedded Valkey's ``--dir``)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            line = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:  # gone meanwhile, or not a process
+            continue
+        if str(folder).encode() in line:
+            found.append(int(entry.name))
+    return found
+
+
+def test_a_build_that_fails_stops_the_embedded_valkey_it_started(tmp_path: Path) -> None:
+    """No Redis URL, so connect() starts the data folder's Valkey; then the build fails (a Redis
+    Cluster asked of a single server). The Valkey ran on, recorded in server.json, after connect raised."""
+    broker = "redis://127.0.0.1:9/0"  # never reached: the build fails first
+    settings = load_settings({"redis_url": "", "data_dir": str(tmp_path), "redis_cluster": True, "broker_url": broker})
+    folder = tmp_path / "valkey"
+    try:
+        with pytest.raises(Exception, match=r"(?i)cluster"):
+            durapay.connect(settings)
+        assert not (folder / "server.json").exists()
+        assert running_in(folder) == [], "the embedded Valkey still runs"
+    finally:
+        for pid in running_in(folder):  # only what this test started, should the assertion fail
+            os.kill(pid, signal.SIGTERM)
+
+
+def test_close_releases_every_connection_connect_opened(redis_url: str, key_prefix: str) -> None:
+    """Five rounds of connect, a start (its first step sent to Celery's broker), close: the server has
+    as many clients as before (Celery's producer and pool kept two a round)."""
+    settings = load_settings({"engine": {"key_prefix": key_prefix}, "gateway": {"base_url": "http://127.0.0.1:9/api"}})
+    watcher = redis.Redis.from_url(redis_url)
+    try:
+        before = len(watcher.client_list())
+        for n in range(5):
+            with durapay.connect(settings, redis_url=redis_url) as engine:
+                engine.start("moto", {**MOTO, "order": {**MOTO["order"], "orderId": f"close{n}{key_prefix[-10:]}"}})
+        names = [client.get("cmd") for client in watcher.client_list()]
+        assert len(names) <= before, f"{len(names) - before} connections left open after 5 connect/close: {names}"
+    finally:
+        watcher.close()
