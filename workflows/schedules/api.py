@@ -72,6 +72,7 @@ class Schedules:
             events=engine.settings.events.enabled,
             retention=self.caps.retention,
             history_entries=self.caps.history_entries,
+            flows_retention=engine.store.retention_seconds,
         )
         self._last_trim = float("-inf")
         self._trim_backlog = False

@@ -516,6 +516,7 @@ def _fire_due(plan: Plan, now: float, flow_kind: str, caps: SchedulesSettings) -
     """Fire the occurrences due by the ``missed`` policy; "" or why the schedule must stop."""
     record = plan.record
     policy = record.spec.missed
+    unfired: dict[str, int] = {}  # occurrences the policy did not fire, by counter
     if policy == "each":
         due, moment, seq = _due_occurrences(record, now, limit=MAX_FIRE)
         fire, count, listed = due, len(due), due
@@ -524,16 +525,17 @@ def _fire_due(plan: Plan, now: float, flow_kind: str, caps: SchedulesSettings) -
         moment, seq, count, listed = gone_by.following, gone_by.seq, gone_by.count, gone_by.listed
         if not count:
             return ""
-        if policy == "once":
-            fire = [gone_by.last] if gone_by.last is not None else []
-            if count > len(fire):
-                plan.bump("coalesced", count - len(fire))
-        else:
-            fire = _late_ones(record, gone_by, now)
-            plan.bump("skipped", count - len(fire))
+        last = [gone_by.last] if gone_by.last is not None else []
+        fire = last if policy == "once" else _late_ones(record, gone_by, now)
+        if count > len(fire):
+            unfired["coalesced" if policy == "once" else "skipped"] = count - len(fire)
+    for counter, by in unfired.items():
+        plan.bump(counter, by)
     if not count:
         return ""
     if count > 1 or any(now - at.timestamp() > MISSED_GRACE for _, at in listed):
+        # It says what it did not fire, as the record counted it: a capped history sums it up from here
+        # (schedules/lua/update.lua).
         plan.event(
             now,
             "missed",
@@ -541,6 +543,7 @@ def _fire_due(plan: Plan, now: float, flow_kind: str, caps: SchedulesSettings) -
             count=count,
             occurrences=[iso(at) for _, at in listed[:LISTED]],
             fired=[iso(at) for _, at in fire[:LISTED]],
+            **unfired,
         )
     if any(index >= MAX_INDEX for index, _ in fire):
         return f"occurrence {max(index for index, _ in fire)} is past the {MAX_INDEX} a schedule's order ids have room for"

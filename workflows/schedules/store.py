@@ -10,6 +10,7 @@ script touches one Redis Cluster slot, and the scheduler visits every partition:
     durapay:{s2}:schedule_state:<s>   sorted set: id -> created, per state (listing)
     durapay:{s2}:schedules            sorted set: id -> created (listing)
     durapay:{s2}:schedule_ended       sorted set: id -> when it ended (final, nothing in flight)
+    durapay:{s2}:schedule_key:<id>    string: when a schedule created with a key ended (its tombstone)
 
 Every change is one Lua script: ``create.lua`` (create unless the id exists: a create key reused with
 another input is refused), ``update.lua`` (compare-and-set on ``version``: the fields that changed, due
@@ -25,6 +26,13 @@ A schedule that has ended (completed or cancelled, nothing in flight) is kept fo
 in ``schedule_ended``, and the scheduler's :meth:`ScheduleStore.trim_ended` then drops the index entries
 of those whose record is gone (only the gone: a moved clock never hides one that still exists). Its
 merchant events go with their stream's retention, like every event.
+
+A create key names one schedule: its id is derived from the key, and its occurrences' flow ids and
+gateway order ids from its id. So a schedule created with a key leaves, when it ends, a tombstone of
+the key (``schedule_key:<id>``) that outlives its record by the flows' retention (``key_kept``): while
+it lives a create with the key is refused (``create.lua``), since a schedule with the same id would
+count its occurrences from 0 again, on the removed one's flow and order ids. Once it is gone, every
+flow the old schedule started is gone too.
 """
 
 from __future__ import annotations
@@ -82,6 +90,10 @@ class ScheduleKeys:
     def ended(self, partition: int) -> str:
         return f"{self.tag(partition)}:schedule_ended"
 
+    def tombstone(self, schedule_id: str, partition: int | None = None) -> str:
+        """When the schedule a create key named ended: that key is refused while this lives."""
+        return f"{self.tag(self.partition(schedule_id) if partition is None else partition)}:schedule_key:{schedule_id}"
+
 
 #: History events of a schedule that are also merchant events (``workflows.events``), and their type.
 MERCHANT_EVENTS = {
@@ -107,14 +119,25 @@ def merchant_events(schedule_id: str, events: Sequence[dict[str, Any]]) -> list[
 
 
 class ScheduleStore:
-    """``retention``: seconds an ended schedule is kept; ``history_entries``: most history entries kept."""
+    """``retention``: seconds an ended schedule is kept; ``history_entries``: most history entries kept;
+    ``flows_retention``: seconds a finished flow is kept (a create key stays refused that much longer
+    than its schedule's record)."""
 
     def __init__(
-        self, client: redis.Redis, keys: Keys, *, events: bool = True, retention: float = 90 * 86400, history_entries: int = 1000
+        self,
+        client: redis.Redis,
+        keys: Keys,
+        *,
+        events: bool = True,
+        retention: float = 90 * 86400,
+        history_entries: int = 1000,
+        flows_retention: float = 30 * 86400,
     ) -> None:
         self.redis: Any = client
         self.events = events
         self.retention = retention
+        #: Seconds the tombstone of an ended schedule's create key lives.
+        self.key_kept = retention + flows_retention
         self.history_entries = history_entries
         self.keys = ScheduleKeys(keys)
         self.partitions = keys.partitions
@@ -184,6 +207,11 @@ class ScheduleStore:
 
     @staticmethod
     def _created(record: ScheduleRecord, digest: str, created: int, stored: bytes) -> bool:
+        if created == 2:
+            raise ValueError(
+                f"key {record.start_key!r} named schedule {record.id}, which ended and was removed; its charges' "
+                "order ids are still known, so the key cannot name a new schedule for now: create it with another key"
+            )
         if not created and stored.decode() != digest:
             raise ValueError(f"key {record.start_key!r} was used to create a different schedule")
         return bool(created)
@@ -200,6 +228,7 @@ class ScheduleStore:
                 self.keys.due(partition),
                 self.keys.by_state(partition, record.state.value),
                 self.keys.all(partition),
+                self.keys.tombstone(record.id, partition),
             ],
             "args": [record.id, _json(fields), digest, "" if due is None else repr(due), _json(entry), repr(record.created)],
         }
@@ -240,6 +269,7 @@ class ScheduleStore:
                 self.keys.by_state(partition, new.state.value),
                 self.keys.events(partition),
                 self.keys.ended(partition),
+                self.keys.tombstone(old.id, partition),
             ],
             "args": [
                 old.id,
@@ -253,6 +283,7 @@ class ScheduleStore:
                 _json(told) if self.events and (told := merchant_events(old.id, events)) else "[]",
                 str(max(1, int(self.retention))) if new.ended() else "",
                 str(self.history_entries),
+                str(max(1, int(self.key_kept))) if new.ended() and new.start_key else "",
             ],
         }
 

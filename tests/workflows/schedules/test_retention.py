@@ -11,6 +11,7 @@ import pytest
 import redis
 
 from durapay.workflows.schedules import ScheduleState
+from durapay.workflows.store import StartConflict
 from tests.workflows.schedules.test_schedules import World, make_world, monthly, rome
 
 
@@ -90,3 +91,73 @@ def test_an_active_schedules_history_is_capped_and_still_counts_every_occurrence
     assert counted["retry scheduled"] == final.counts["retried"] == 1
     assert counted["skipped"] == final.counts["skipped"] >= 4
     assert summary["entries"] >= 60 - 12, "every entry between is summed up once"
+
+
+def told(history: list[dict[str, Any]]) -> dict[str, int]:
+    """What a history says happened, per counter: its summary's counts, then each entry kept (its
+    ``count`` of occurrences under its event, and the occurrences a ``missed`` entry skipped or
+    coalesced)."""
+    counted: dict[str, int] = {}
+    rest = history[1:]
+    if rest and rest[0]["event"] == "earlier entries":
+        counted = dict(rest[0]["counts"])
+        rest = rest[1:]
+    for entry in rest:
+        counted[entry["event"]] = counted.get(entry["event"], 0) + entry.get("count", 1)
+        if entry["event"] == "missed":
+            for counter in ("skipped", "coalesced"):
+                counted[counter] = counted.get(counter, 0) + entry.get(counter, 0)
+    return counted
+
+
+@pytest.mark.parametrize(("policy", "counter"), [("skip", "skipped"), ("once", "coalesced")])
+def test_a_capped_history_still_counts_the_occurrences_a_missed_policy_skipped_or_coalesced(
+    redis_client: redis.Redis, key_prefix: str, policy: str, counter: str
+) -> None:
+    """Issue 29 review: occurrences a scheduler that was down skipped (``missed: skip``) or folded into one
+    charge (``missed: once``) are told in one ``missed`` entry, which the summary counted as one entry:
+    once summed up, the history no longer said how many occurrences were skipped or coalesced. The entry
+    says how many (``skipped``, ``coalesced``), and the summary adds them as the record's counters do."""
+    world = make_world(redis_client, key_prefix, schedules={"retention": "1h", "history_entries": 10})
+    record = world.schedules.create(monthly(missed=policy))
+    world.at(rome(6, 2))  # down from before 1 January to 2 June: six occurrences missed
+    world.tick()
+    for month in range(7, 13):
+        world.at(rome(month, 1, hour=10))
+        world.tick()
+        world.clock.advance(60)
+        world.tick()
+    history = world.schedules.history(record.id)
+    assert history[1]["event"] == "earlier entries" and history[1]["counts"].get("missed") == 6
+    final = world.schedules.get(record.id)
+    assert final.counts[counter] >= 5
+    assert told(history)[counter] == final.counts[counter]
+
+
+def test_a_create_key_of_a_removed_schedule_is_refused_while_its_charges_could_be_known(world: World) -> None:
+    """Issue 29 review: a create key names its schedule (its id is derived from the key), and a schedule
+    is now removed after its retention: a create with the same key made a schedule with the same id,
+    whose occurrences counted from 0 again, so its flow and order ids were the removed schedule's (a
+    flow still kept answered as if charged; the gateway was sent order ids it had seen). A keyed
+    schedule that ends leaves a tombstone of its key for the schedules' retention plus the flows' (by
+    then every flow it started is gone): a create with the key is refused, saying why, until it goes."""
+    redis_ = world.engine.redis
+    keys = world.schedules.store.keys
+    first = world.schedules.create(monthly(count=1), key="contract-42")
+    unkeyed = world.schedules.create(monthly(count=1, contractId="c-2"))
+    world.at(rome(1, 1, hour=10))
+    world.tick()
+    world.clock.advance(60)
+    world.tick()
+    assert world.schedules.get(first.id).state is ScheduleState.COMPLETED
+    tomb = redis_.ttl(keys.tombstone(first.id))
+    flows_retention = world.engine.settings.engine.retention
+    assert 3600 + flows_retention - 5 <= tomb <= 3600 + flows_retention, tomb
+    assert redis_.exists(keys.tombstone(unkeyed.id)) == 0, "only a key can name a schedule again"
+    assert world.schedules.create(monthly(count=1), key="contract-42").id == first.id, "alive: the same schedule"
+    redis_.delete(keys.record(first.id), keys.log(first.id))  # the schedules' retention passed
+    with pytest.raises(StartConflict, match=r"contract-42.*removed.*another key"):
+        world.schedules.create(monthly(count=1), key="contract-42")
+    assert redis_.exists(keys.record(first.id)) == 0, "nothing written"
+    redis_.delete(keys.tombstone(first.id))  # and the flows' retention after it
+    assert world.schedules.create(monthly(count=1), key="contract-42").id == first.id

@@ -1,10 +1,12 @@
 -- Compare-and-set one change of a schedule. KEYS: record, log, due, old-state index, new-state index,
--- the merchant event stream, the ended set (schedules finished, scored by when: ScheduleStore.trim_ended).
+-- the merchant event stream, the ended set (schedules finished, scored by when: ScheduleStore.trim_ended),
+-- the tombstone of its create key (ScheduleKeys.tombstone).
 -- ARGV: 1 id, 2 expected version, 3 new state, 4 the fields that changed (JSON object of strings), 5 due score ("" removes
 -- the schedule from the due set), 6 log entries (JSON list of JSON strings), 7 now, 8 created,
 -- 9 merchant events of the change (JSON list of JSON strings): written here, with it, or not at all,
 -- 10 seconds a schedule that has ended (final, nothing in flight: ScheduleRecord.ended) is kept ("": it has
--- not ended), 11 most history entries kept.
+-- not ended), 11 most history entries kept, 12 seconds the tombstone of an ended schedule's create key
+-- lives ("": it has not ended, or was created without a key).
 -- Returns the new version, or 0 when the version did not match (another writer got there first).
 local current = redis.call('HGET', KEYS[1], 'version')
 if current ~= ARGV[2] then
@@ -35,8 +37,10 @@ end
 
 -- The history keeps its first entry (how the schedule was created) and the newest ones, ARGV[11] in all:
 -- the entries between are summed up in the second, {event = "earlier entries", t, until, entries,
--- counts = {<event> = n}} (a "skipped" entry counts its occurrences), so that the history still says how
--- many occurrences were charged, declined, retried or skipped.
+-- counts = {<event> = n}}, so that the history still says how many occurrences were charged, declined,
+-- retried, skipped or coalesced: an entry counts under its event the occurrences it tells of (its
+-- ``count``, else one), and a "missed" entry adds the occurrences its policy did not fire to "skipped"
+-- (missed: skip) or "coalesced" (missed: once), as the record's counters do (workflows/schedules/policy.py).
 local cap = tonumber(ARGV[11])
 local length = redis.call('LLEN', KEYS[2])
 if length > cap then
@@ -51,10 +55,17 @@ if length > cap then
     local entry = cjson.decode(raw)
     local name = tostring(entry['event'])
     local n = 1
-    if name == 'skipped' and type(entry['count']) == 'number' then
+    if type(entry['count']) == 'number' then
       n = entry['count']
     end
     summary['counts'][name] = (summary['counts'][name] or 0) + n
+    if name == 'missed' then
+      for _, counter in ipairs({'skipped', 'coalesced'}) do
+        if type(entry[counter]) == 'number' then
+          summary['counts'][counter] = (summary['counts'][counter] or 0) + entry[counter]
+        end
+      end
+    end
     summary['entries'] = summary['entries'] + 1
     summary['until'] = entry['t']
   end
@@ -69,5 +80,8 @@ if ARGV[10] ~= '' then
   redis.call('EXPIRE', KEYS[1], ARGV[10])
   redis.call('EXPIRE', KEYS[2], ARGV[10])
   redis.call('ZADD', KEYS[7], ARGV[7], ARGV[1])
+end
+if ARGV[12] ~= '' then
+  redis.call('SET', KEYS[8], ARGV[7], 'EX', ARGV[12])
 end
 return version
