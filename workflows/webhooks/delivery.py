@@ -186,7 +186,9 @@ class Webhooks:
 
         When an attempt fails, the endpoint is taken as failing: the deliveries not tried yet are put
         back due at that attempt's next time (untried, their counts unchanged), not sent into the same
-        outage one by one. The batch also stops at half a lease, putting the rest back due now, so that
+        outage one by one, each no later than the end of its own retry window (its last attempt is made
+        there, while its event is still kept: the settings check the window against the retention). The
+        batch also stops at half a lease, putting the rest back due now, so that
         no delivery of it is taken again while this task still holds it."""
         started = time.monotonic()
         made: list[dict[str, Any]] = []
@@ -204,8 +206,18 @@ class Webhooks:
         return made
 
     def _put_back(self, tag: str, members: list[str], due: float) -> None:
-        if members:
-            self.redis.zadd(self.slots[tag].due, dict.fromkeys(members, due), xx=True)
+        """Make ``members`` due at ``due``, or at the end of its retry window for one whose window ends
+        sooner (one never tried yet has not started its window)."""
+        if not members:
+            return
+        slot = self.slots[tag]
+        window = self.settings.retry_days * 86400
+        states = self.redis.hmget(slot.state, members)
+        dues = {}
+        for member, raw in zip(members, states, strict=True):
+            first = json.loads(raw).get("f") if raw else None
+            dues[member] = min(due, float(first) + window) if first is not None else due
+        self.redis.zadd(slot.due, dues, xx=True)
 
     def deliver(self, tag: str, member: str) -> dict[str, Any] | None:
         """Make one attempt of the delivery ``member`` (``<entry id>|<endpoint id>``) of stream ``tag``

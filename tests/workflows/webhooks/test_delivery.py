@@ -372,3 +372,63 @@ def test_a_kept_connection_the_endpoint_closed_is_replaced(hooks: Any, receiver:
     receiver.down()
     receiver.up()  # back before the next attempt: the kept connection is dead, a new one is made
     assert webhooks.test(endpoint.id)["ok"] and len(receiver.received) == 3
+
+
+def ms_moves(webhooks: Any) -> None:
+    start = now_ms(webhooks)
+    wait_until(lambda: now_ms(webhooks) > start, 5, "the server's clock to move")
+
+
+def test_a_batch_put_back_keeps_each_delivery_within_its_own_retry_window(
+    hooks: Any, receiver: WebhookReceiver, clock: ManualClock
+) -> None:
+    """Issue 29 review: deliver_many put the untried rest of a batch back at the *failed* delivery's next
+    time (its Retry-After, up to its own window's end): an older delivery of the same endpoint and
+    stream, due within its window, was pushed past it and past the events' retention the settings check
+    assumes; when its turn came its event was gone, and it was dropped unattempted. Each is put back no
+    later than its own window's end, where its last attempt is made."""
+    retry_days = 2 / 24  # two hours
+    delays = [0.0, 5.0]
+    engine, webhooks = hooks(retry_days=retry_days, retry_delays=delays)
+    endpoint = webhooks.endpoints.add(receiver.url, ["flow.created"])
+    receiver.secrets = [endpoint.secret]
+    seen: dict[str, int] = {}
+    ids: dict[str, str] = {}
+
+    def answer(body: dict[str, Any]) -> tuple[int, dict[str, str]]:
+        seen[body["id"]] = seen.get(body["id"], 0) + 1
+        if body["id"] == ids.get("B") and seen[body["id"]] == 1:
+            return 429, {"Retry-After": "7000"}  # honoured: within B's window (7,200 s)
+        if body["id"] == ids.get("A"):
+            return 503, {"Retry-After": "3600"}
+        return 200, {}
+
+    receiver.answer = answer
+    b_flow = engine.start("demo", {"amount": 1})
+    partition = engine.keys.partition(b_flow.id)
+    ms_moves(webhooks)
+    slot = webhooks.slots[f"p{partition}"]
+    webhooks.fanout()
+    (b_member,) = [m.decode() for m in webhooks.redis.zrange(slot.due, 0, -1)]
+    ids["B"] = f"evt_p{partition}_{b_member.split('|')[0]}"
+    first_b = clock.now()
+    webhooks.send_due()  # B: 429, retry at first_b + 7000
+    assert float(webhooks.redis.zscore(slot.due, b_member)) == first_b + 7000
+    clock.advance(6990)
+    while True:  # a new event A in B's stream (same endpoint, same slot)
+        a_flow = engine.start("demo", {"amount": 2})
+        if engine.keys.partition(a_flow.id) == partition:
+            break
+    ms_moves(webhooks)
+    webhooks.fanout()
+    a_member = next(m.decode() for m in webhooks.redis.zrange(slot.due, 0, -1) if m.decode() != b_member)
+    ids["A"] = f"evt_p{partition}_{a_member.split('|')[0]}"
+    clock.advance(10)  # B due now, inside its window (which ends at first_b + 7200)
+    webhooks.send_due()  # one batch: A first (due earlier), fails with Retry-After 3600; B put back
+    bound = first_b + retry_days * 86400 + max(delays) * 1.2  # what _check_webhook_retries assumes
+    b_due = float(webhooks.redis.zscore(slot.due, b_member))
+    clock.set(b_due)
+    webhooks.send_due()
+    last = next(a for a in webhooks.attempts(endpoint.id, limit=50) if a["event"] == ids["B"])
+    assert b_due <= first_b + retry_days * 86400 <= bound, "no later than its own window's end"
+    assert last["attempt"] == 2 and seen[ids["B"]] == 2, "its last attempt was made, its event still there"
