@@ -1,9 +1,10 @@
 """durapay as a user installs it: the built wheel, in a fresh virtual environment, beside a project of its own.
 
-The wheel is built with ``python -m build`` from this checkout and installed with pip into a new
-environment. Its dependencies are this test environment's (a path entry to its site-packages, which
-holds durapay only as an editable-install hook that such an entry never runs): installing them from the
-registry again would make the test slow and dependent on the network, and says nothing about durapay.
+The wheel is built with ``python -m build`` from a copy of this checkout's source (never its
+``build/`` folder), holds only files of the source, and is installed with pip into a new environment.
+Its dependencies are this test environment's (a path entry to its site-packages, which holds durapay
+only as an editable-install hook that such an entry never runs): installing them from the registry
+again would make the test slow and dependent on the network, and says nothing about durapay.
 
 The project beside it has ``config/__init__.py`` and ``tasks.py`` on ``sys.path`` first, as
 cookiecutter-django and most Celery projects do. Everything durapay runs there (a worker, the API, and
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
 import sys
 import sysconfig
@@ -34,6 +36,8 @@ pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("config", "gateway", "tasks", "workflows", "service", "simulator")
+#: What a build reads: the project's metadata and the package (durapay/ and the folders it links).
+SOURCE = ("pyproject.toml", "README.md", "durapay", *PACKAGES)
 DATA = (".lua", ".html", ".zdict", ".js", ".css", ".svg")
 API_KEY = "wheel-test-key-0123456789"
 README_API = "http://127.0.0.1:8780"
@@ -49,9 +53,17 @@ class Installed:
 
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Built from a copy of the source alone (SOURCE, caches left out): built in the checkout, setuptools
+    reuses its ``build/lib``, and a module deleted or renamed since the last build shipped still."""
+    source = tmp_path_factory.mktemp("source")
+    for name in SOURCE:
+        if (ROOT / name).is_dir():  # the symlinks in durapay/ stay links, to the copied folders
+            shutil.copytree(ROOT / name, source / name, symlinks=True, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+        else:
+            shutil.copy2(ROOT / name, source / name)
     out = tmp_path_factory.mktemp("dist")
     done = subprocess.run(
-        [sys.executable, "-m", "build", "--wheel", "--no-isolation", "--outdir", str(out), str(ROOT)],
+        [sys.executable, "-m", "build", "--wheel", "--no-isolation", "--outdir", str(out), str(source)],
         capture_output=True, text=True, timeout=300, check=False,
     )  # fmt: skip
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
@@ -83,7 +95,10 @@ def installed(wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Installe
 
 def test_the_wheel_holds_the_package_and_its_data_alone(wheel: Path) -> None:
     names = zipfile.ZipFile(wheel).namelist()
-    assert {name.split("/", 1)[0] for name in names} == {"durapay", wheel.name.split("-py3")[0] + ".dist-info"}
+    dist_info = wheel.name.split("-py3")[0] + ".dist-info"
+    assert {name.split("/", 1)[0] for name in names} == {"durapay", dist_info}
+    shipped = [name for name in names if not name.startswith(f"{dist_info}/")]
+    assert [name for name in shipped if not (ROOT / name).is_file()] == [], "files of no source file (a stale build?)"
     assert not [name for name in names if "/tests/" in name or "/bench/" in name or "__pycache__" in name]
     assert "durapay/py.typed" in names and "durapay/__init__.py" in names
     for package in PACKAGES:
