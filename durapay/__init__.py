@@ -10,8 +10,9 @@ The public API (README, "From Python"):
 * :class:`Client` and :class:`AsyncClient`, the typed client of the HTTP API for a backend that is not
   on the workers' Redis, with :class:`ApiError` (the API's problem) and :class:`Retries`.
 
-Two subpackages are public as well, each by its ``__all__``: ``durapay.gateway`` (the typed client of
-the payment gateway) and ``durapay.simulator`` (its stand-in for tests). Everything else
+Three modules are public as well, each by its ``__all__``: ``durapay.client`` (the HTTP client and the
+answer models it returns: ``FlowView``, ``FlowList``, ``EventView``...), ``durapay.gateway`` (the typed
+client of the payment gateway) and ``durapay.simulator`` (its stand-in for tests). Everything else
 (``durapay.workflows``, ``durapay.service``, ...) is the implementation: importable, documented, not
 promised to stay as it is.
 """
@@ -24,6 +25,7 @@ from durapay.service.runtime import connect
 from durapay.workflows.durability import EarlyWaitaof, NotDurable
 from durapay.workflows.engine import Engine, InputError, NotFound, OrderIdTaken
 from durapay.workflows.errors import OperatorError
+from durapay.workflows.listing import BadCursor
 from durapay.workflows.schedules import Schedules
 from durapay.workflows.states import STOPPED, TERMINAL, FlowState
 from durapay.workflows.store import FlowRecord, StartConflict
@@ -40,6 +42,7 @@ __all__ = [
     "TERMINAL",
     "ApiError",
     "AsyncClient",
+    "BadCursor",
     "Client",
     "EarlyWaitaof",
     "Engine",

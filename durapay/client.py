@@ -4,8 +4,9 @@
 (with an idempotency key), read it, wait for it, list flows page by page, history, signals, cancel,
 retry, the late-payment actions, schedules, webhook endpoints, the event feed with its cursor, replay,
 reconciliation reports, health, readiness and metrics. Answers are the API's own pydantic models
-(``durapay.service.schemas``); a refusal is an :class:`ApiError` carrying the API's problem (status,
-error, field, reason, whether to retry)::
+(declared in ``durapay.service.schemas``, the OpenAPI document's source; exported here, in
+``__all__``: ``FlowView``, ``FlowList``, ``EventView``...); a refusal is an :class:`ApiError` carrying
+the API's problem (status, error, field, reason, whether to retry)::
 
     with Client("https://payments.internal", api_key) as api:
         flow = api.start("moto", {"order": {...}, "card": {...}}, key="ord-42")
@@ -32,6 +33,7 @@ from durapay._http import ApiError, Retries, answer, no_answer, request, setting
 from durapay.service.reconcile_schemas import ReconciliationList, ReconciliationReport
 from durapay.service.schemas import (
     AttemptList,
+    AttemptView,
     EndpointList,
     EndpointView,
     EndpointWithSecret,
@@ -51,7 +53,34 @@ from durapay.service.schemas import (
 )
 from durapay.workflows.states import STOPPED, FlowState
 
-__all__ = ["ApiError", "AsyncClient", "AsyncEventStream", "Client", "EventStream", "Retries"]
+__all__ = [
+    "ApiError",
+    "AsyncClient",
+    "AsyncEventStream",
+    "AttemptList",
+    "AttemptView",
+    "Client",
+    "EndpointList",
+    "EndpointView",
+    "EndpointWithSecret",
+    "EventPage",
+    "EventStream",
+    "EventView",
+    "FlowBrief",
+    "FlowList",
+    "FlowView",
+    "Health",
+    "History",
+    "Readiness",
+    "ReconciliationList",
+    "ReconciliationReport",
+    "ReplayAnswer",
+    "Retries",
+    "ScheduleList",
+    "ScheduleView",
+    "SignalAnswer",
+    "TestAnswer",
+]
 
 T = TypeVar("T")
 Y = TypeVar("Y")

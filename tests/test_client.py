@@ -10,27 +10,35 @@ from __future__ import annotations
 
 import random
 import re
+import subprocess
+import sys
 import threading
 import time
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
+import durapay
+import durapay.client
 from bench._webhook_receiver import WebhookReceiver
 from durapay import _calls
 from durapay.client import ApiError, Client, Retries
 from durapay.gateway import Unknown
 from durapay.service.runtime import Runtime
 from durapay.service.server import ApiServer
+from durapay.workflows.listing import BadCursor
 from durapay.workflows.states import FlowState
 from tests.client_support import API_KEY, ClientStack, FlakyProxy, Recording, client_stack, idle_api  # noqa: F401
 from tests.waiting import wait_until
 from tests.workflows.integration.test_flows import card, order, session
 
 pytestmark = pytest.mark.integration
+
+ROOT = Path(__file__).resolve().parents[1]
 
 SCHEDULE = {
     "contractId": "ct-client-1",
@@ -381,3 +389,15 @@ def test_following_an_idle_feed_without_a_long_poll_backs_off() -> None:
     with mocked(idle) as api, pytest.raises(Idle.Enough):
         next(api.iter_events(wait=0))
     idle.check()
+
+
+def test_the_client_exports_every_answer_model_and_loads_no_web_framework() -> None:
+    """README points at durapay.client for the models its methods answer; they are the API's own
+    (service/schemas.py: pydantic models, no FastAPI, as docs/architecture.md says)."""
+    answers = {route.answer for route in _calls.ROUTES if route.answer is not str}
+    assert {getattr(durapay.client, model.__name__, None) for model in answers} == answers
+    assert {model.__name__ for model in answers} <= set(durapay.client.__all__)
+    assert durapay.BadCursor is BadCursor and "BadCursor" in durapay.__all__, "what Engine.list raises is public"
+    code = "import sys, durapay.client; print(sorted({'fastapi', 'starlette', 'uvicorn'} & set(sys.modules)))"
+    loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True, cwd=ROOT)
+    assert loaded.stdout.strip() == "[]", loaded.stdout + loaded.stderr
