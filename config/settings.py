@@ -11,8 +11,9 @@ naming the variable and the problem, e.g.
 
 from __future__ import annotations
 
+import math
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -46,8 +47,8 @@ _UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": DAY}
 
 
 def parse_duration(value: Any) -> Any:
-    """A duration as seconds: ``30d``, ``12h``, ``90m``, ``120s``, or a number of seconds. Anything else is
-    left to the field's own check (which names it)."""
+    """A duration as seconds: ``30d``, ``12h``, ``90m``, ``120s``, or a number of seconds (a fraction too).
+    What is not one (``3 weeks``, ``nan``, ``inf``) is refused saying so; other types are left to the field."""
     if isinstance(value, str):
         text = value.strip().lower()
         number, unit = (text[:-1], text[-1]) if text[-1:] in _UNITS else (text, "s")
@@ -55,28 +56,76 @@ def parse_duration(value: Any) -> Any:
             seconds = float(number) * _UNITS[unit]
         except ValueError:
             raise ValueError(f"{value!r} is not a duration (e.g. 30d, 12h, 90m, 120s, or seconds)") from None
-        return seconds
-    return value
+    elif isinstance(value, int | float) and not isinstance(value, bool):
+        seconds = float(value)
+    else:
+        return value
+    if not math.isfinite(seconds):
+        raise ValueError(f"{value!r} is not a duration: a finite number of seconds, or one with a unit (e.g. 30d, 12h)")
+    return seconds
 
 
-#: Seconds, written as a duration (``parse_duration``). Every retention is one.
-Duration = Annotated[float, BeforeValidator(parse_duration)]
+def shown(seconds: float) -> str:
+    """A duration in the largest unit that states it whole (``3650d``, ``12h``, ``10s``), as the docs do."""
+    for unit, size in (("d", DAY), ("h", 3600.0), ("m", 60.0)):
+        if seconds >= size and seconds % size == 0:
+            return f"{seconds / size:g}{unit}"
+    return f"{seconds:g}s"
 
 
-def _days_to_duration(name: str) -> Any:
+def _within(seconds: float, low: float, high: float, written: str | None = None) -> float:
+    """``seconds`` if within the range, else the refusal, in the documented units."""
+    if seconds < low:
+        raise ValueError(f"{written or shown(seconds)} is less than {shown(low)} (the range is {shown(low)} to {shown(high)})")
+    if seconds > high:
+        raise ValueError(f"{written or shown(seconds)} is more than {shown(high)} (the range is {shown(low)} to {shown(high)})")
+    return seconds
+
+
+def _in_range(low: float, high: float, *, whole: bool = False) -> Callable[[Any], Any]:
+    """The check of a duration setting from ``low`` to ``high`` seconds (rounded up to whole seconds with
+    ``whole``: a Redis expiry)."""
+
+    def check(value: Any) -> Any:
+        seconds = parse_duration(value)
+        if not isinstance(seconds, float):
+            return seconds  # not a duration's type: the field's own check names it
+        _within(seconds, low, high, value.strip() if isinstance(value, str) else None)
+        return math.ceil(seconds) if whole else seconds
+
+    return check
+
+
+#: Seconds written as a duration (:func:`parse_duration`): the flows' and schedules' retentions (10s to
+#: 3650d), the events' (10s to 90d), the receiver's memory of event ids (10s to 3650d, whole seconds).
+LongDuration = Annotated[float, BeforeValidator(_in_range(10, 3650 * DAY))]
+EventsDuration = Annotated[float, BeforeValidator(_in_range(10, 90 * DAY))]
+WholeSeconds = Annotated[int, BeforeValidator(_in_range(10, 3650 * DAY, whole=True))]
+
+
+def _days_to_duration(name: str, low: float, high: float) -> Any:
     """A group's validator that still reads the older ``<name>_days`` (a number of days, or a duration)
-    into ``<name>``, refusing both at once."""
+    into ``<name>``, refusing both at once; its errors name the older variable, which is the one set."""
+    older_name = f"__{name.upper()}_DAYS"
 
     def convert(cls: type, data: Any) -> Any:
         if isinstance(data, dict) and f"{name}_days" in data:
             data = dict(data)
             older = data.pop(f"{name}_days")
             if name in data:
-                raise ValueError(f"set __{name.upper()} or __{name.upper()}_DAYS (the older form, in days), not both")
+                raise ValueError(f"set __{name.upper()} or {older_name} (the older form, in days), not both")
             try:
-                data[name] = float(older) * DAY
+                days = float(older)
+                seconds, written = days * DAY, f"{older} days"
             except (TypeError, ValueError):
-                data[name] = older  # a duration with its unit: read as such
+                seconds, written = older, None  # a duration with its unit: read as such
+            try:
+                seconds = parse_duration(seconds)
+                if isinstance(seconds, float):
+                    _within(seconds, low, high, written)
+            except ValueError as refused:
+                raise ValueError(f"{older_name}: {refused}") from None
+            data[name] = seconds
         return data
 
     return model_validator(mode="before")(classmethod(convert))  # type: ignore[arg-type]
@@ -126,10 +175,8 @@ class ReceiverSettings(_Group):
         pattern=r"^/[A-Za-z0-9._~/-]*$",
         description="Path the receiver listens on (behind a proxy it may differ from public_url's path).",
     )
-    event_ttl_seconds: Annotated[int, BeforeValidator(parse_duration)] = Field(
+    event_ttl_seconds: WholeSeconds = Field(
         default=7 * 86400,
-        ge=10,
-        le=3650 * 86400,
         description="How long a received eventId is remembered to ignore repeats (a duration, 10s to 3650d).",
     )
     unknown_order_events_per_minute: int = Field(
@@ -161,7 +208,10 @@ class ReconcileSettings(_Group):
     window_hours: float = Field(
         default=24.0, gt=0, le=24 * 31, description="The daily run reads the operations of this many hours before it."
     )
-    retention_days: float = Field(default=90.0, gt=0, le=3650, description="How long reports are kept.")
+    retention: LongDuration = Field(
+        default=90 * DAY,
+        description="How long reports are kept (10s to 3650d; DURAPAY_RECONCILE__RETENTION_DAYS, in days, is still read).",
+    )
     max_records: int = Field(
         default=500, ge=2, le=500, description="maxRecords of each GET /operations (the gateway's limit is 500)."
     )
@@ -185,6 +235,13 @@ class ReconcileSettings(_Group):
         except (ZoneInfoNotFoundError, ValueError):
             raise ValueError(f"{value!r} is not an IANA time zone (e.g. UTC, Europe/Rome)") from None
         return value
+
+    _older = _days_to_duration("retention", 10, 3650 * DAY)
+
+    @property
+    def retention_days(self) -> float:
+        """:attr:`retention` in days (what the reconciliation read before it was a duration)."""
+        return self.retention / DAY
 
 
 class ApiSettings(_Group):
@@ -250,10 +307,8 @@ class EngineSettings(_Group):
     lease_seconds: float = Field(default=60.0, gt=0)
     dispatch_interval: float = Field(default=0.5, gt=0)
     dispatch_batch: int = Field(default=500, ge=1)
-    retention: Duration = Field(
+    retention: LongDuration = Field(
         default=30 * DAY,
-        ge=10,
-        le=3650 * DAY,
         description="How long a finished flow keeps its record, log and lookups (10s to 3650d).",
     )
     wait_deadline_seconds: float = Field(default=1800.0, gt=0)
@@ -282,22 +337,20 @@ class EngineSettings(_Group):
         description="Claims of one step without moving on before the flow stops for a person (the bound under every loop).",
     )
 
-    _older = _days_to_duration("retention")
+    _older = _days_to_duration("retention", 10, 3650 * DAY)
 
 
 class EventsSettings(_Group):
     """Merchant events (``workflows/events.py``): written with each transition, read by the feed and webhooks."""
 
     enabled: bool = Field(default=True, description="Write merchant events with each transition.")
-    retention: Duration = Field(
+    retention: EventsDuration = Field(
         default=7 * DAY,
-        ge=10,
-        le=90 * DAY,
         description="How long events stay readable and deliverable (10s to 90d): the scheduler trims older ones (it "
         "must outlast the webhooks' retries).",
     )
 
-    _older = _days_to_duration("retention")
+    _older = _days_to_duration("retention", 10, 90 * DAY)
 
 
 class ConfiguredEndpoint(_Group):
@@ -360,10 +413,8 @@ class SchedulesSettings(_Group):
         le=20,
         description="No retry after this many declines in the last 24 hours (Mastercard: 10 declines of one card in 24 hours).",
     )
-    retention: Duration = Field(
+    retention: LongDuration = Field(
         default=90 * DAY,
-        ge=10,
-        le=3650 * DAY,
         description="How long a completed or cancelled schedule (nothing left in flight) keeps its record and history "
         "before they are removed (10s to 3650d).",
     )
@@ -436,7 +487,11 @@ def load_settings(overrides: Mapping[str, Any] | None = None) -> Settings:
     except ValidationError as exc:
         first = exc.errors()[0]
         message = first["msg"].removeprefix("Value error, ")
-        raise SettingsError(f"{_variable(first['loc'])}: {message}") from None
+        name = _variable(first["loc"])
+        if message.startswith("__"):  # a group's check naming the variable of its own that was set (a _DAYS form)
+            variable, _, message = message.partition(": ")
+            name += variable
+        raise SettingsError(f"{name}: {message}") from None
     except _SourceError as exc:
         # A group variable (``DURAPAY_GATEWAY``) that is not JSON: pydantic-settings names the field.
         found = re.search(r'field "(\w+)"', str(exc))

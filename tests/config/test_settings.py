@@ -147,3 +147,30 @@ def test_retentions_are_refused_outside_their_documented_range(monkeypatch: pyte
     monkeypatch.setenv("DURAPAY_ENGINE__RETENTION", "3d")
     with pytest.raises(SettingsError, match="DURAPAY_ENGINE: set __RETENTION or __RETENTION_DAYS"):
         load_settings()
+
+
+def test_a_duration_error_names_the_variable_set_and_its_range_in_the_documented_units(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 29 review: the errors named DURAPAY_ENGINE__RETENTION when DURAPAY_ENGINE__RETENTION_DAYS was
+    set, stated the range in seconds ("less than or equal to 315360000"), said the same of nan and inf,
+    refused 10.5s for the receiver's TTL only, and the reconciliation's retention was days only."""
+    quick = {"webhooks": {"retry_days": 0.0001, "retry_delays": [0]}}
+    cases = {
+        ("engine", "retention_days", "4000"): r"DURAPAY_ENGINE__RETENTION_DAYS: 4000 days is more than 3650d",
+        ("engine", "retention_days", "0.0001"): r"DURAPAY_ENGINE__RETENTION_DAYS: 0.0001 days is less than 10s",
+        ("engine", "retention", "5s"): r"DURAPAY_ENGINE__RETENTION: 5s is less than 10s",
+        ("events", "retention", "91d"): r"DURAPAY_EVENTS__RETENTION: 91d is more than 90d",
+        ("schedules", "retention", "nan"): r"DURAPAY_SCHEDULES__RETENTION: 'nan' is not a duration: a finite number",
+        ("engine", "retention", "inf"): r"DURAPAY_ENGINE__RETENTION: 'inf' is not a duration: a finite number",
+        ("engine", "retention", "1e400"): r"DURAPAY_ENGINE__RETENTION: '1e400' is not a duration: a finite number",
+        ("reconcile", "retention_days", "4000"): r"DURAPAY_RECONCILE__RETENTION_DAYS: 4000 days is more than 3650d",
+        ("receiver", "event_ttl_seconds", "5s"): r"DURAPAY_RECEIVER__EVENT_TTL_SECONDS: 5s is less than 10s",
+    }
+    for (group, name, value), message in cases.items():
+        monkeypatch.setenv(f"DURAPAY_{group.upper()}__{name.upper()}", value)
+        with pytest.raises(SettingsError, match=f"^{message}"):
+            load_settings(quick)
+        monkeypatch.delenv(f"DURAPAY_{group.upper()}__{name.upper()}")
+    assert load_settings({"receiver": {"event_ttl_seconds": "10.5s"}}).receiver.event_ttl_seconds == 11, "rounded up"
+    assert load_settings({"reconcile": {"retention": "12h"}}).reconcile.retention == 43200
+    monkeypatch.setenv("DURAPAY_RECONCILE__RETENTION_DAYS", "30d")  # the older name, read as a duration too
+    assert load_settings().reconcile.retention == 30 * 86400 and load_settings().reconcile.retention_days == 30
