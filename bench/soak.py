@@ -12,8 +12,9 @@ workers as processes) with no faults, and:
    their memory (``MEMORY USAGE``), and each process's resident memory;
 2. runs the load for ``--duration``: card payments (MOTO sales, some refunded, authorizations then
    captured), card verifications, wallet, SVS and 3-step payments, two webhook endpoints subscribed to
-   every event, and ``--schedules`` schedules charging a contract every minute ``--charges`` times; it
-   samples the families every ``--sample`` seconds and keeps each one's **peak**;
+   every event, and ``--schedules`` schedules (created with a key) charging a contract every minute
+   ``--charges`` times, cancelled when the load ends if still going; it samples the families every
+   ``--sample`` seconds and keeps each one's **peak**;
 3. waits for every flow to end, then past the retentions until every family is back (or ``--patience``
    runs out), and measures **after retention**.
 
@@ -27,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import base64
+import contextlib
 import json
 import os
 import random
@@ -49,7 +51,6 @@ from durapay.workflows.states import TERMINAL, FlowState
 APPROVE = "4349940199004549"
 #: Families bounded by a count, not by time: name -> the bound (they may stay above the baseline, within it).
 BOUNDED = {
-    "schedule_log": "DURAPAY_SCHEDULES__HISTORY_ENTRIES entries per schedule, removed with the schedule",
     "whk:attempts": "DURAPAY_WEBHOOKS__ATTEMPTS_KEPT attempts per endpoint and partition",
     "whk:cursor": "one fan-out cursor per stream",
     "webhooks:endpoints": "one entry per endpoint",
@@ -254,12 +255,16 @@ def run(args: argparse.Namespace, say: Callable[[str], None]) -> dict[str, Any]:
             time.sleep(0.2)
         baseline, memory0 = measure(engine.redis, prefix), soak.processes()
         say(f"baseline: {sum(s.keys for s in baseline.values())} keys; load for {args.duration:g}s at {args.rate:g}/s")
+        schedules = []
         if args.schedules:
             contract_id = contract(soak, f"sk{args.seed}")
             for n in range(args.schedules):
                 spec = {"contractId": contract_id, "amount": 500 + n, "currency": "EUR", "description": "soak"}
-                soak.schedules.create(
-                    {**spec, "rule": {"cron": "* * * * *"}, "start": "2020-01-01", "count": args.charges, "missed": "skip"}
+                schedules.append(
+                    soak.schedules.create(
+                        {**spec, "rule": {"cron": "* * * * *"}, "start": "2020-01-01", "count": args.charges, "missed": "skip"},
+                        key=f"soak-{args.seed}-{n}-{time.time_ns()}",
+                    ).id
                 )
         peak = {name: Size(**vars(size)) for name, size in baseline.items()}
         began = time.monotonic()
@@ -284,6 +289,9 @@ def run(args: argparse.Namespace, say: Callable[[str], None]) -> dict[str, Any]:
                     )
             time.sleep(0.02)
         flows, memory_end = len(soak.started), soak.processes()
+        for schedule_id in schedules:  # the load is over: a schedule still going ends (then its retention runs)
+            with contextlib.suppress(Exception):
+                soak.schedules.cancel(schedule_id, "the soak's load ended")
         say(f"{flows} flows started; waiting for them to end, then past the retentions ({retention})")
         deadline = time.monotonic() + 120
         while (soak.parents or soak.unfinished()) and time.monotonic() < deadline:

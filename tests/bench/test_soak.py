@@ -8,12 +8,12 @@ from typing import Any
 from bench.soak import BOUNDED, family, parser, run
 
 #: What the short run must have seen grow and come back: flows, their logs and lookups, their indexes and
-#: events, Celery's queue.
-SEEN = ("flow", "op", "order", "kind", "state", "events", "whk:attempts")
+#: events, Celery's queue, schedules and their histories.
+SEEN = ("flow", "op", "order", "kind", "state", "events", "whk:attempts", "schedule", "schedule_log", "schedules")
 
 
 def test_a_short_soak_ends_with_every_family_back_at_its_baseline() -> None:
-    args = parser().parse_args(["--duration", "8", "--rate", "5", "--retention", "10s", "--schedules", "0", "--sample", "3"])
+    args = parser().parse_args(["--duration", "8", "--rate", "5", "--retention", "10s", "--schedules", "2", "--sample", "3"])
     args.patience = 60.0
     result: dict[str, Any] = run(args, lambda _: None)
     families = result["families"]
