@@ -23,6 +23,7 @@ import contextlib
 import fcntl
 import gc
 import json
+import queue
 import random
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -31,6 +32,8 @@ from typing import Any
 
 import redis
 from celery import Celery
+from kombu.connection import ConnectionPool
+from kombu.utils.functional import lazy
 
 from durapay.config.celery import make_celery
 from durapay.config.connect import open_redis
@@ -71,18 +74,35 @@ class Runtime:
 
 
 def close_celery(app: Celery) -> None:
-    """Close ``app``'s broker connections: its producers' and its connection pool's. ``Celery.close``
-    only forgets the pool, leaving its sockets open until the process ends (a process that connects
-    and closes over and over, durapay.connect in a loop, kept two connections per round)."""
-    amqp = app.__dict__.get("amqp")  # a cached property: None when nothing was ever sent
-    producers = getattr(amqp, "_producer_pool", None)
-    if producers is not None:
-        producers.force_close_all()
-        amqp._producer_pool = None
-    pool = app._pool
-    if pool is not None:
-        pool.force_close_all()
+    """Close the broker connections ``app`` holds idle: its producers' and its connection pool's.
+    ``Celery.close`` only forgets the pool, leaving its sockets open until the process ends (a process
+    that connects and closes over and over, durapay.connect in a loop, kept two connections a round).
+
+    Emptied, not closed: kombu keeps one pool per broker address for the whole process
+    (``kombu.pools``), shared by every app on that broker; a pool closed outright fails every other
+    runtime of the process on the same broker ("Acquire on closed pool"), an emptied one builds its
+    connections again when next used. A connection another thread is using is left to it."""
+    amqp = app.__dict__.get("amqp")  # a cached property: absent when nothing was ever sent
+    for pool in (getattr(amqp, "_producer_pool", None), app._pool):
+        if pool is not None:
+            _empty(pool)
     app.close()
+
+
+def _empty(pool: Any) -> None:
+    """Close each idle item of a kombu pool and put an unbuilt one in its place, as the pool's own
+    ``setup`` fills it (an acquire waits on the queue: taken away, the next acquire would wait for ever)."""
+    emptied = 0
+    while True:
+        try:
+            idle = pool._resource.get_nowait()
+        except queue.Empty:
+            break
+        emptied += 1
+        with contextlib.suppress(AttributeError):  # an item never built (kombu's own guard)
+            pool.collect_resource(idle)
+    for _ in range(emptied):
+        pool._resource.put_nowait(lazy(pool.new) if isinstance(pool, ConnectionPool) else pool.new())  # type: ignore[no-untyped-call]
 
 
 SERVER_FILE = "server.json"
