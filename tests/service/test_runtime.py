@@ -5,6 +5,7 @@ what ``durapay.connect`` leaves behind: nothing open after close, no Valkey afte
 from __future__ import annotations
 
 import gc
+import logging
 import os
 import signal
 import weakref
@@ -139,3 +140,22 @@ def test_close_releases_every_connection_connect_opened(redis_url: str, key_pref
         assert len(names) <= before, f"{len(names) - before} connections left open after 5 connect/close: {names}"
     finally:
         watcher.close()
+
+
+def test_closing_one_runtime_leaves_another_on_the_same_broker_sending(
+    redis_url: str, key_prefix: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """kombu shares one pool per broker address across the process: a runtime's close empties it, never
+    closes it (closed, the other runtime's next send failed: Acquire on closed pool)."""
+    settings = load_settings({"engine": {"key_prefix": key_prefix}, "gateway": {"base_url": "http://127.0.0.1:9/api"}})
+    first, second = build_runtime(settings, redis_url=redis_url), build_runtime(settings, redis_url=redis_url)
+    order = MOTO["order"]
+    try:
+        for n, runtime in enumerate((first, second)):  # both have sent: the pools hold their connections
+            runtime.engine.start("moto", {**MOTO, "order": {**order, "orderId": f"two{n}{key_prefix[-10:]}"}})
+        first.close()
+        with caplog.at_level(logging.ERROR):
+            second.engine.start("moto", {**MOTO, "order": {**order, "orderId": f"two2{key_prefix[-10:]}"}})
+        assert [record.getMessage() for record in caplog.records if record.levelno >= logging.ERROR] == []
+    finally:
+        second.close()
