@@ -338,9 +338,9 @@ class Engine:
         limit: int = 50,
         after: str | None = None,
     ) -> FlowPage:
-        """Flows newest first, filtered by state, kind and age (``since`` = POSIX seconds): at most
-        ``limit``, after the cursor ``after`` (a page's ``next``; ``BadCursor``, a ValueError, says why when
-        it is malformed).
+        """Flows newest first, filtered by state, kind and creation (``since`` = POSIX seconds: created
+        since, with a state or without): at most ``limit``, after the cursor ``after`` (a page's ``next``;
+        ``BadCursor``, a ValueError, says why when it is malformed).
 
         Newest by creation (with ``state``: by the flow's last change), then by id. The cursor is a
         position (the last flow's time and id), not a count: flows started after a page was read never

@@ -36,7 +36,7 @@ def test_add_list_show_and_steer_a_schedule(env: dict[str, str]) -> None:
     code, out, _ = run(env, "show", created["id"], "--history", "--json")
     assert [event["event"] for event in json.loads(out)["history"]][:4] == ["created", "paused", "amount changed", "resumed"]
     code, out, _ = run(env, "show", created["id"])
-    assert code == 0 and "next run" in out and "2500" in out
+    assert code == 0 and "next run" in out and "25.00 EUR" in out, "a person reads major units"
     assert run(env, "cancel", created["id"], "--reason", "moved away")[1] == f"schedule {created['id']}: cancelled\n"
 
 
