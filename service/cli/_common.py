@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from enum import IntEnum
 from pathlib import Path
 from types import FrameType
-from typing import Any, NoReturn
+from typing import Annotated, Any, NoReturn
 from urllib.parse import urlsplit, urlunsplit
 
 import redis
@@ -40,6 +40,12 @@ from durapay.workflows.engine import InputError, NotFound, OperatorError
 from durapay.workflows.signals import SignalRefused
 from durapay.workflows.states import FlowState
 from durapay.workflows.store import StartConflict
+
+#: The options the commands that run a stack of their own (demo, dev, chaos) share.
+DataDirOption = Annotated[Path | None, typer.Option(help="Data folder (DURAPAY_DATA_DIR, default .durapay).")]
+ApiPortOption = Annotated[
+    int | None, typer.Option(min=0, max=65535, help="API port if free, else any (0: any; default DURAPAY_API__PORT).")
+]
 
 #: What an embedded Valkey keeps under ``<data dir>/valkey``: its presence means a store exists there.
 AOF_FOLDER = "appendonlydir"

@@ -9,13 +9,12 @@ start).
 from __future__ import annotations
 
 from enum import StrEnum
-from pathlib import Path
 from typing import Annotated
 
 import typer
 from rich.console import Console
 
-from durapay.service.cli._common import ExitCode, Output, interrupt_on_sigterm
+from durapay.service.cli._common import DataDirOption, ExitCode, Output, interrupt_on_sigterm
 from durapay.service.cli._output import console, echo_json
 
 
@@ -50,7 +49,7 @@ def chaos(
         str | None,
         typer.Option(help="Use this Redis (nobody else's: the run writes to it) instead of starting one; no Redis restarts."),
     ] = None,
-    data_dir: Annotated[Path | None, typer.Option(help="Data folder (DURAPAY_DATA_DIR, default .durapay).")] = None,
+    data_dir: DataDirOption = None,
     as_json: Annotated[bool, typer.Option("--json", help="Progress on stderr; the report as JSON on stdout.")] = False,
 ) -> None:
     """Run FLOWS mixed flows for DURATION seconds while SIGKILLing workers and the scheduler, restarting

@@ -6,26 +6,21 @@ Nothing needs to be configured: with no ``DURAPAY_REDIS_URL`` an embedded Valkey
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Annotated
 
 import typer
 
-from durapay.service.cli._common import ExitCode, Output, interrupt_on_sigterm
+from durapay.service.cli._common import ApiPortOption, DataDirOption, ExitCode, Output, interrupt_on_sigterm
 from durapay.service.cli._output import console, echo_json
-from durapay.service.cli.simulator_cmd import DEFAULT_PORT
+from durapay.service.cli.simulator_cmd import DEFAULT_PORT, SimulatorPortOption
 from durapay.service.demo.report import Row
 
 
 def demo(
     keep: Annotated[bool, typer.Option("--keep", help="Leave everything running afterwards (Ctrl-C stops it).")] = False,
-    data_dir: Annotated[Path | None, typer.Option(help="Data folder (DURAPAY_DATA_DIR, default .durapay).")] = None,
-    api_port: Annotated[
-        int | None, typer.Option(min=0, max=65535, help="API port if free, else any (0: any; default DURAPAY_API__PORT).")
-    ] = None,
-    simulator_port: Annotated[
-        int, typer.Option(min=0, max=65535, help="Simulator port if free, else any (0: any).")
-    ] = DEFAULT_PORT,
+    data_dir: DataDirOption = None,
+    api_port: ApiPortOption = None,
+    simulator_port: SimulatorPortOption = DEFAULT_PORT,
     as_json: Annotated[
         bool, typer.Option("--json", help="Progress on stderr; the flows and their outcomes as JSON on stdout.")
     ] = False,

@@ -14,8 +14,8 @@ from typing import Annotated
 
 import typer
 
-from durapay.service.cli._common import ExitCode, Output, interrupt_on_sigterm
-from durapay.service.cli.simulator_cmd import DEFAULT_PORT
+from durapay.service.cli._common import ApiPortOption, DataDirOption, ExitCode, Output, interrupt_on_sigterm
+from durapay.service.cli.simulator_cmd import DEFAULT_PORT, SimulatorPortOption
 from durapay.service.demo.report import cli_command
 from durapay.service.dev import DevStack, Places
 
@@ -24,13 +24,9 @@ NAME_WIDTH = 9
 
 
 def dev(
-    data_dir: Annotated[Path | None, typer.Option(help="Data folder (DURAPAY_DATA_DIR, default .durapay).")] = None,
-    api_port: Annotated[
-        int | None, typer.Option(min=0, max=65535, help="API port if free, else any (0: any; default DURAPAY_API__PORT).")
-    ] = None,
-    simulator_port: Annotated[
-        int, typer.Option(min=0, max=65535, help="Simulator port if free, else any (0: any).")
-    ] = DEFAULT_PORT,
+    data_dir: DataDirOption = None,
+    api_port: ApiPortOption = None,
+    simulator_port: SimulatorPortOption = DEFAULT_PORT,
     as_json: Annotated[
         bool, typer.Option("--json", help="The places (URLs, key) as one JSON line on stdout; the log on stderr.")
     ] = False,

@@ -16,6 +16,8 @@ from durapay.config.settings import SIMULATOR_API_KEY
 from durapay.service.cli._common import Output
 
 DEFAULT_PORT = 8781
+#: The simulator's port as the commands that start one take it.
+SimulatorPortOption = Annotated[int, typer.Option(min=0, max=65535, help="Simulator port if free, else any (0: any).")]
 
 
 def simulator(
