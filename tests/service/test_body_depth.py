@@ -48,8 +48,8 @@ def test_the_limit_itself_is_accepted_and_a_deep_body_is_named_body(served: Serv
     assert text.status_code == 201, text.text
 
 
-def test_readme_states_the_limit() -> None:
+def test_the_api_reference_states_the_limit() -> None:
     from pathlib import Path
 
-    readme = " ".join((Path(__file__).parents[2] / "README.md").read_text().split())
-    assert f"A body may nest at most {MAX_DEPTH} levels of arrays and objects" in readme
+    reference = " ".join((Path(__file__).parents[2] / "docs" / "api.md").read_text().split())
+    assert f"A body may nest at most {MAX_DEPTH} levels of arrays and objects" in reference
