@@ -146,12 +146,17 @@ def one_of(value: str, known: Iterable[str], option: str, what: str = "value") -
 
 
 def interrupt_on_sigterm() -> None:
-    """SIGTERM as Ctrl-C (KeyboardInterrupt): a command that started processes stops them either way."""
+    """SIGTERM as Ctrl-C (KeyboardInterrupt): a command that started processes stops them either way.
+
+    SIGINT is taken too, whatever the process was started with: a shell starts a background job (`cmd &`
+    in a script, CI) with SIGINT ignored, and Python then installs no KeyboardInterrupt for it, so
+    `durapay dev` ignored the Ctrl-C (SIGINT) its contract says stops everything."""
 
     def _interrupt(signum: int, frame: FrameType | None) -> None:
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, _interrupt)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @contextlib.contextmanager
