@@ -17,7 +17,7 @@ printed as ratios against a baseline of the same run (never a timed assertion):
 
 The machine this runs on matters: on 2 shared cores, 4 worker processes, 3 Valkey nodes, a simulator
 and the dispatcher all compete for the same CPUs, so the figures show the overheads, not the capacity
-of a real deployment (README "Scaling out" has the arithmetic for one).
+of a real deployment (docs/performance.md, "Scaling", has the arithmetic for one).
 """
 
 from __future__ import annotations

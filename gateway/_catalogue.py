@@ -1,7 +1,7 @@
 """The catalogue: every method and path of the gateway, declared once, one line each.
 
 The Celery tasks (``durapay.gateway.<name>``), the simulator's routes, ``durapay endpoints`` and the
-README's endpoint table are all derived from :data:`CATALOGUE`; nothing else lists operations.
+the endpoint table of docs/gateway.md are all derived from :data:`CATALOGUE`; nothing else lists operations.
 
 Each entry says how to call the operation (method, path template, version marker, request and response
 models) and what a failure of it means:

@@ -2,7 +2,7 @@
 
 Published shapes are typed field by field (docs/gateway.md). Where nothing is published
 (pay-by-link v2/v3 differences, modify, renewals, ``/v2/svs``, wallet pay, build integrity) durapay
-chooses a shape, documents it here and in README, and its simulator speaks the same; unknown fields
+chooses a shape, documents it here and in docs/gateway.md, and its simulator speaks the same; unknown fields
 are kept either way.
 """
 

@@ -5,8 +5,8 @@
     verify(request.headers, raw_body, "whsec_...")   # raises WebhookVerificationError when it fails
 
 The rules live in ``workflows.webhooks.signing`` (the same code signs what durapay sends); this module
-is the receiver's import, with no dependency on Redis or the rest of durapay's runtime. README
-(Webhooks) has complete FastAPI and Django receivers.
+is the receiver's import, with no dependency on Redis or the rest of durapay's runtime. docs/events.md
+(Receiving: verify first) has complete FastAPI and Django receivers.
 """
 
 from durapay.workflows.webhooks.signing import DEFAULT_TOLERANCE, WebhookVerificationError, sign, verify

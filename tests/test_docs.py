@@ -21,10 +21,13 @@ DOCS = (
     "chaos.md",
     "cli.md",
     "configuration.md",
+    "deployment.md",
     "durability.md",
     "events.md",
+    "flows.md",
     "gateway.md",
     "operations.md",
+    "performance.md",
     "security.md",
     "simulator.md",
 )

@@ -1,5 +1,6 @@
-"""README stays true: the endpoint table is the catalogue's, CI runs the README's test command, and every
-setting is in the settings table (docs/configuration.md)."""
+"""README and the reference stay true: the endpoint table (docs/gateway.md) is the catalogue's, CI runs the
+README's test command, every setting is in the settings table (docs/configuration.md), README's and the
+reference's Python examples use only the public API, and README stays the short door it is meant to be."""
 
 from __future__ import annotations
 
@@ -14,9 +15,9 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_endpoint_table_is_generated_from_the_catalogue() -> None:
-    readme = (ROOT / "README.md").read_text()
-    block = readme.split("<!-- endpoints:start -->\n", 1)[1].split("\n<!-- endpoints:end -->", 1)[0]
-    assert block == markdown_table(), "run `durapay endpoints --markdown` and paste it into README.md"
+    text = (ROOT / "docs" / "gateway.md").read_text()
+    block = text.split("<!-- endpoints:start -->\n", 1)[1].split("\n<!-- endpoints:end -->", 1)[0]
+    assert block == markdown_table(), "run `durapay endpoints --markdown` and paste it into docs/gateway.md"
 
 
 def test_ci_runs_the_readme_test_command() -> None:
@@ -63,13 +64,19 @@ def test_every_setting_is_in_the_readme() -> None:
 PUBLIC = ("durapay", "durapay.gateway", "durapay.simulator")
 
 
+def python_blocks(text: str) -> list[str]:
+    return re.findall(r"```python\n(.*?)\n```", text, re.S)
+
+
 def test_readme_examples_use_only_the_public_api() -> None:
-    """Every ``python`` block of README imports durapay's names only from ``durapay`` (its ``__all__``)
-    or the public subpackages (theirs), and uses ``durapay.<name>`` only for names in ``__all__``."""
-    readme = (ROOT / "README.md").read_text()
-    blocks = re.findall(r"```python\n(.*?)\n```", readme, re.S)
-    assert len(blocks) >= 5
-    for block in blocks:
+    """Every ``python`` block of README and of docs/ imports durapay's names only from ``durapay`` (its
+    ``__all__``) or the public subpackages (theirs), and uses ``durapay.<name>`` only for names in
+    ``__all__``."""
+    readme = python_blocks((ROOT / "README.md").read_text())
+    assert len(readme) >= 2  # From Python, the HTTP client
+    reference = [block for path in sorted((ROOT / "docs").glob("*.md")) for block in python_blocks(path.read_text())]
+    assert len(reference) >= 5  # schedules, the gateway client, receivers...
+    for block in readme + reference:
         for node in ast.walk(ast.parse(block)):
             if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "durapay":
                 assert node.module in PUBLIC, f"README imports from {node.module}: {ast.unparse(node)}"
@@ -80,3 +87,24 @@ def test_readme_examples_use_only_the_public_api() -> None:
                     assert alias.name.split(".")[0] != "durapay" or alias.name in PUBLIC, ast.unparse(node)
             elif isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "durapay":
                 assert node.attr in importlib.import_module("durapay").__all__, f"durapay.{node.attr} is not public"
+
+
+def test_readme_is_the_door_not_the_reference() -> None:
+    """Issue 27: README gets a newcomer from a clone to a running flow in a few hundred lines (quick
+    start, ``durapay dev``, a first flow from curl and from Python, where to go next); the reference
+    (commands, routes, settings, flows, guarantees, deployment, performance) lives in docs/."""
+    readme = (ROOT / "README.md").read_text()
+    assert len(readme.splitlines()) <= 400
+    headings = re.findall(r"^#+ (.*)$", re.sub(r"```.*?```", "", readme, flags=re.S), re.M)
+    for wanted in (
+        "Quick start",
+        "`durapay dev`: everything on your machine",
+        "A first flow",
+        "From curl",
+        "From Python",
+        "From another service: the HTTP client",
+        "Where to go next",
+    ):
+        assert wanted in headings
+    for moved in ("Performance", "Scaling out", "Guarantees", "Deployment with docker-compose", "Endpoints"):
+        assert moved not in headings

@@ -1,4 +1,4 @@
-"""``durapay endpoints``: the gateway catalogue as a table, as JSON, or as the README's Markdown."""
+"""``durapay endpoints``: the gateway catalogue as a table, as JSON, or as docs/gateway.md's Markdown."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from durapay.service.cli._output import print_rows
 
 
 def markdown_table() -> str:
-    """The README's endpoint table, generated from the catalogue (a test keeps README in step)."""
+    """docs/gateway.md's endpoint table, generated from the catalogue (a test keeps README in step)."""
     lines = [
         "| # | Method | Path | Operation (task `durapay.gateway.<operation>`) | Version | Idempotency-Key | Retry safe |",
         "|---|---|---|---|---|---|---|",
@@ -27,7 +27,7 @@ def markdown_table() -> str:
 
 def endpoints(
     as_json: Annotated[bool, typer.Option("--json", help="Print a JSON list of objects.")] = False,
-    markdown: Annotated[bool, typer.Option("--markdown", help="Print the README's Markdown table.")] = False,
+    markdown: Annotated[bool, typer.Option("--markdown", help="Print the Markdown table of docs/gateway.md.")] = False,
 ) -> None:
     """List every operation of the gateway: method, path, version, Idempotency-Key, retry safety."""
     if as_json:

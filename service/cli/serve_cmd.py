@@ -1,6 +1,6 @@
 """``durapay worker``, ``durapay scheduler``, ``durapay api``: the three long-running process types.
 
-Run any number of each, on any machines, against the same Redis (README: scaling out):
+Run any number of each, on any machines, against the same Redis (docs/deployment.md, Scaling out):
 
 * ``worker`` - a Celery worker for the step tasks (prefork by default: the fastest pool measured
   here, and a crashed step takes one child, not the worker).

@@ -292,7 +292,7 @@ def test_a_refunded_late_payment_is_not_reported_again_by_a_replayed_notificatio
 
 def test_a_late_payment_is_closed_only_once_its_refund_is_done(world: FlowWorld) -> None:
     """Moves: a late payment on a failed hosted page flow; the operator refunds it
-    (``refund_late_payment``); the gateway refuses the refund (a 400: the README lists PS0022-PS0029 as
+    (``refund_late_payment``); the gateway refuses the refund (a 400: docs/flows.md lists PS0022-PS0029 as
     a refund's documented failures).
 
     What goes wrong: ``refund_late_payment`` ends the flow ``cancelled`` ("late payment refunded", the

@@ -249,7 +249,7 @@ def _reservation_checked(ctx: StepContext, answer: ReservationLookupResponse) ->
       checks this reservation and the charge lands on another guest's card); omitted, it is the first.
     * A no-show is charged once per reservation: one already taken (or PENDING) refuses a second.
     * The reservation's charges together stay within its amount (the gateway's validation checks each
-      charge alone): durapay's bound, README "Reservation guarantee".
+      charge alone): durapay's bound, docs/flows.md, "Reservation guarantee".
     * A delayed charge runs after the stay: ``runAt`` (or now, without one) not before ``checkOutDate``,
       and never a time already past when the flow started (it would charge at once).
 

@@ -74,7 +74,7 @@ def test_a_server_restart_counts_what_it_loaded_as_durable(tmp_path: Path) -> No
 def test_the_server_check_tells_whether_waitaof_waits_for_the_fsync(tmp_path: Path) -> None:
     """The bundled Valkey answers ``WAITAOF 1 0`` under ``everysec`` before any fsync covers the write
     when the last fsync was under a second ago: the recorder sees it. (When a fixed server ships, this
-    turns True: then the README's everysec row holds again.)"""
+    turns True: then the everysec row of docs/durability.md holds again.)"""
     recorder = FsyncRecorder(tmp_path / "model").build()
     server = crash_model_valkey(tmp_path / "valkey", recorder, "everysec")
     server.start()

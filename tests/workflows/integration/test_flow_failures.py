@@ -1,6 +1,6 @@
 """Every flow kind's documented failures end to end: real Valkey, a real Celery worker, the simulator.
 
-README "## Flows" lists, per kind, how a flow fails: a decline (ISO code, soft or hard), a 3DS failure,
+docs/flows.md lists, per kind, how a flow fails: a decline (ISO code, soft or hard), a 3DS failure,
 an expired link or session, the customer cancelling, no payment by the deadline, a gateway 400/404.
 Each test drives the simulator to that failure and checks both the final state and that the record
 keeps the gateway's word: the decline (``responseCode``, ``decline``, the operation) or the error

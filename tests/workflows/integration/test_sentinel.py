@@ -10,7 +10,7 @@ the same idempotency key, and the gateway answers with the payment it already ma
 ``sync_replicas=1`` (every durable write waits until the replica has it).
 
 With ``sync_replicas=0`` a start acknowledged by the primary alone may itself be lost: the replica
-had not received it when the primary died (the README's Guarantees: a failover loses the writes not
+had not received it when the primary died (docs/durability.md, the guarantees in short: a failover loses the writes not
 yet replicated). That is what ``sync_replicas=1`` is for, so only there must every acknowledged flow
 be found after the failover.
 """
