@@ -196,8 +196,9 @@ class ReconcileSettings(_Group):
     the scheduler's daily run."""
 
     daily: bool = Field(
-        default=False,
-        description="Run a reconciliation every day from durapay scheduler (off by default, and in the demo).",
+        default=True,
+        description="Run a reconciliation every day from durapay scheduler (on by default; off in the demo and "
+        "chaos runs, which set it false for their own processes).",
     )
     daily_at: str = Field(
         default="03:00",

@@ -49,7 +49,7 @@ def settings_env(settings: Settings) -> dict[str, str]:
     env[f"{ENV_PREFIX}REDIS_URL"] = settings.redis_url
     env[f"{ENV_PREFIX}BROKER_URL"] = settings.broker_url
     env[f"{ENV_PREFIX}DATA_DIR"] = str(settings.data_dir)
-    for group in ("gateway", "receiver", "api", "retry", "engine"):
+    for group in ("gateway", "receiver", "api", "retry", "engine", "reconcile"):
         for name, value in getattr(settings, group):
             raw = value.get_secret_value() if hasattr(value, "get_secret_value") else value
             env[f"{ENV_PREFIX}{group.upper()}{ENV_NESTED_DELIMITER}{name.upper()}"] = str(raw)

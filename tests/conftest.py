@@ -38,6 +38,12 @@ class BareNames(importlib.abc.MetaPathFinder):
 
 sys.meta_path.insert(0, BareNames())
 
+# The scheduler's daily reconciliation is on by default (production): every scheduler the tests start
+# (in this process or as a child given this environment) would run one at its first tick past 03:00 UTC,
+# reading the simulator and writing marks and events no test asked for. The tests that mean it turn it
+# on (tests/workflows/reconciliation/test_daily.py); the default is checked there with this unset.
+os.environ["DURAPAY_RECONCILE__DAILY"] = "false"
+
 
 @pytest.fixture(scope="session", autouse=True)
 def quick_worker_stop() -> Iterator[None]:

@@ -108,6 +108,9 @@ class ChaosStack:
             "api": {"host": "127.0.0.1", "port": api_port, "key": f"chaos-{self.seed}"},
             "engine": engine,
             "retry": {"base_seconds": 0.2, "cap_seconds": 2.0},
+            # The run checks the ledger itself at its end (service.chaos.reconcile); a daily run of its
+            # scheduler would add marks and events of its own to what the run judges.
+            "reconcile": {"daily": False},
         }
         for group, values in self.overrides.items():
             config[group] = {**config.get(group, {}), **values}

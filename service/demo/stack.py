@@ -92,22 +92,7 @@ class DemoStack:
         api_port, sim_port = (port_or_free(port) if port else free_port() for port in self.ports)
         say(f"simulator on port {sim_port} (pages and links complete by themselves)")
         self.simulator = SimulatorServer(SimulatorConfig(port=sim_port, auto_complete_ms=AUTO_COMPLETE_MS, seed=1)).start()
-        overrides: dict[str, Any] = {
-            "gateway": {
-                "base_url": self.simulator.base_url,
-                "api_key": SIMULATOR_API_KEY,
-                "timeout": 3.5,
-                "connect_timeout": 2.0,
-            },
-            "receiver": {"public_url": f"http://127.0.0.1:{api_port}{self.base.receiver.path}"},
-            "api": {"host": "127.0.0.1", "port": api_port, "key": self.api_key},
-            "engine": {"lease_seconds": LEASE_SECONDS, "dispatch_interval": 0.1},
-            "retry": {"base_seconds": 0.2, "cap_seconds": 2.0},
-            "data_dir": str(self.data_dir),
-            "redis_url": "",  # its own store, whatever is configured
-            "broker_url": "",
-            "redis_cluster": False,
-        }
+        overrides = self.overrides(api_port, self.simulator.base_url)
         settings = load_settings(overrides)
         redis_url, embedded = resolve_redis(settings)
         assert embedded is not None  # fresh_store made sure none was serving the folder
@@ -129,6 +114,28 @@ class DemoStack:
             self.add_worker()
         self.wait_ready()
         say(f"workers running: {', '.join(self.workers)} (separate processes; logs in {self.log_dir})")
+
+    def overrides(self, api_port: int, simulator_url: str) -> dict[str, Any]:
+        """The demo's settings over the configured ones. The daily reconciliation is off: the demo's clock
+        runs months ahead of the simulator's day, and its scheduler runs no such ticker (production's
+        default is on: docs/configuration.md)."""
+        return {
+            "gateway": {
+                "base_url": simulator_url,
+                "api_key": SIMULATOR_API_KEY,
+                "timeout": 3.5,
+                "connect_timeout": 2.0,
+            },
+            "receiver": {"public_url": f"http://127.0.0.1:{api_port}{self.base.receiver.path}"},
+            "api": {"host": "127.0.0.1", "port": api_port, "key": self.api_key},
+            "engine": {"lease_seconds": LEASE_SECONDS, "dispatch_interval": 0.1},
+            "retry": {"base_seconds": 0.2, "cap_seconds": 2.0},
+            "data_dir": str(self.data_dir),
+            "reconcile": {"daily": False},
+            "redis_url": "",  # its own store, whatever is configured
+            "broker_url": "",
+            "redis_cluster": False,
+        }
 
     def add_worker(self) -> Child:
         self._worker_count += 1

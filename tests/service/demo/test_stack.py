@@ -10,6 +10,7 @@ import pytest
 from durapay.config import load_settings
 from durapay.service.demo import _coverage, _run_id
 from durapay.service.demo.report import Places, Row, next_steps, summary_table
+from durapay.service.demo.stack import DemoStack
 from durapay.service.processes import port_or_free, settings_env
 from durapay.workflows.flows import REGISTRY
 
@@ -21,6 +22,7 @@ def test_settings_env_reproduces_the_settings(monkeypatch: pytest.MonkeyPatch) -
             "gateway": {"base_url": "http://127.0.0.1:9999/api", "api_key": "k-gw", "timeout": 3.0, "connect_timeout": 2.0},
             "api": {"key": "k-api", "port": 1234},
             "engine": {"lease_seconds": 6.0, "key_prefix": "demo"},
+            "reconcile": {"daily": False, "daily_at": "04:15", "time_zone": "Europe/Rome"},
         }
     )
     env = settings_env(settings)
@@ -28,6 +30,16 @@ def test_settings_env_reproduces_the_settings(monkeypatch: pytest.MonkeyPatch) -
         if name.startswith("DURAPAY_"):
             monkeypatch.setenv(name, env[name])
     assert load_settings() == settings
+
+
+def test_the_demo_runs_no_daily_reconciliation(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On by default (production), off in the demo's settings, which its child processes get too."""
+    monkeypatch.delenv("DURAPAY_RECONCILE__DAILY")  # tests/conftest.py turns it off for the tests
+    base = load_settings()
+    assert base.reconcile.daily
+    demo = load_settings(DemoStack(base, "r1").overrides(8780, "http://127.0.0.1:8781/api"))
+    assert not demo.reconcile.daily
+    assert settings_env(demo)["DURAPAY_RECONCILE__DAILY"] == "False"
 
 
 def test_a_taken_port_falls_back_to_a_free_one() -> None:

@@ -1,5 +1,5 @@
 """The scheduler's daily run: due at DAILY_AT in TIME_ZONE, over the WINDOW_HOURS that end then, once a
-day whatever the number of schedulers, and off unless DURAPAY_RECONCILE__DAILY."""
+day whatever the number of schedulers; on by default (off in the tests' settings, the demo and chaos)."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from zoneinfo import ZoneInfo
 import pytest
 import redis
 
+from durapay.config import load_settings
 from durapay.simulator import SimulatorServer
 from durapay.workflows.clock import ManualClock
 from durapay.workflows.engine import Engine
@@ -53,12 +54,19 @@ def test_once_a_day_at_its_time_over_the_hours_before(flows: tuple[Engine, Simul
     assert len(first.reconciler.reports.recent()) == 1  # once a day
 
 
-def test_off_unless_asked(flows: tuple[Engine, SimulatorServer]) -> None:
+def test_on_by_default_off_in_the_test_stacks(flows: tuple[Engine, SimulatorServer], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Production's default is on; the tests' settings turn it off (tests/conftest.py), so a scheduler of
+    a test runs no reconciliation past the day's time."""
     engine, _ = flows
+    assert isinstance(engine.clock, ManualClock)
+    engine.clock.set(datetime(2026, 10, 20, 9, 0, tzinfo=ZoneInfo("UTC")).timestamp())  # past 03:00 UTC
     assert not engine.settings.reconcile.daily
     runner = DailyReconciliation(engine, background=False)
     runner.tick()
     assert runner.reconciler.reports.latest() is None
+    monkeypatch.delenv("DURAPAY_RECONCILE__DAILY")
+    defaults = load_settings().reconcile
+    assert defaults.daily and (defaults.daily_at, defaults.time_zone) == ("03:00", "UTC")
 
 
 def test_days_tile_across_the_autumn_clock_change(flows: tuple[Engine, SimulatorServer]) -> None:
