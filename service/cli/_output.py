@@ -15,6 +15,7 @@ Conventions of ``gh`` and ``kubectl``:
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
@@ -111,7 +112,10 @@ def describe_error(error: Mapping[str, Any] | None) -> str:
     if not error:
         return ""
     kind = str(error.get("type") or "error")
-    parts = [f"{kind}: {error['message']}" if error.get("message") else kind]
+    message = str(error.get("message") or "")
+    # Each fact once: a gateway error's message already says its operation, status and reason phrase
+    # (``get_order: HTTP 401: Unauthorized``), so neither the type nor those fields are said again.
+    parts = [message if kind in message.split(": ") else f"{kind}: {message}" if message else kind]
     gateway_errors = [item for item in error.get("errors") or [] if isinstance(item, Mapping)]
     if gateway_errors:
         parts.append(", ".join(f"{item.get('code') or ''} {item.get('description') or ''}".strip() for item in gateway_errors))
@@ -119,7 +123,11 @@ def describe_error(error: Mapping[str, Any] | None) -> str:
         detail = ", ".join(str(text) for text in (error.get("responseText"), _decline(error.get("decline"))) if text)
         parts.append(f"response code {error['responseCode']}" + (f" ({detail})" if detail else ""))
     shown = {"type", "message", "errors", "responseCode", "responseText", "decline", "calls", "retryable", "ambiguous"}
-    extras = [f"{name} {value}" for name, value in error.items() if name not in shown and _scalar(value)]
+    extras = [
+        f"{name} {value}"
+        for name, value in error.items()
+        if name not in shown and _scalar(value) and not _said_in(value, message)
+    ]
     if isinstance(error.get("operation"), Mapping):  # a late payment names the operation the gateway reported
         operation = error["operation"]
         extras.append(f"operation {operation.get('operationId')} {operation.get('operationResult') or ''}".strip())
@@ -129,6 +137,11 @@ def describe_error(error: Mapping[str, Any] | None) -> str:
 
 def _decline(kind: Any) -> str:
     return f"{kind} decline" if kind else ""
+
+
+def _said_in(value: Any, message: str) -> bool:
+    """``value`` stands in ``message`` as a word of its own (``401`` in ``HTTP 401:``, not in ``4010``)."""
+    return re.search(rf"(?<![\w.-]){re.escape(str(value))}(?![\w.-])", message) is not None
 
 
 def _scalar(value: Any) -> bool:
