@@ -427,6 +427,36 @@ class SchedulesSettings(_Group):
     )
 
 
+class PauseSettings(_Group):
+    """Pauses of a flow kind (``workflows.pauses``): a maintenance window in which its flows run no step."""
+
+    recheck_seconds: float = Field(
+        default=30.0,
+        ge=1,
+        le=3600,
+        description="How far a paused kind's due flow is moved each time it is met (a resume releases the flows "
+        "it held at once; this bounds the wait of any it did not list).",
+    )
+
+
+class BulkSettings(_Group):
+    """Bulk retries and cancels (``workflows.bulk``): how fast, how many, how long their records are kept."""
+
+    rate: float = Field(
+        default=50.0,
+        gt=0,
+        le=10_000,
+        description="Flows acted on per second by one bulk action (its own pace, one runner at a time per action).",
+    )
+    max_flows: int = Field(default=10_000, ge=1, le=1_000_000, description="Most flows one bulk action may match.")
+    retention: LongDuration = Field(
+        default=7 * DAY,
+        description="How long a bulk action's record (progress, skipped flows) is kept after it was posted "
+        "(10s to 3650d).",
+    )
+    kept: int = Field(default=200, ge=1, le=10_000, description="Most bulk actions listed (the newest).")
+
+
 class Settings(BaseSettings):
     """The whole tree. Build it with :func:`load_settings`; pass the parts to constructors."""
 
@@ -455,6 +485,8 @@ class Settings(BaseSettings):
     webhooks: WebhooksSettings = WebhooksSettings()
     schedules: SchedulesSettings = SchedulesSettings()
     reconcile: ReconcileSettings = ReconcileSettings()
+    pause: PauseSettings = PauseSettings()
+    bulk: BulkSettings = BulkSettings()
 
     @field_validator("redis_url", "broker_url")
     @classmethod

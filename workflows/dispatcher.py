@@ -6,8 +6,9 @@ sending, the entry comes due again). What it sends is a chain of the flow's rema
 duplicate delivery is harmless because every step claims before it acts.
 
 Besides the due set, each tick runs the registered *tickers* (the schedules fire their occurrences
-this way), writes a heartbeat for ``/readyz``, packs finished flows (``workflows.compact``), trims the indexes
-of expired flows and the merchant events older than their retention (``workflows.trim``).
+this way), writes a heartbeat for ``/readyz``, packs finished flows (``workflows.compact``), sweeps the pauses of
+flow kinds (``workflows.pauses``), trims the indexes of expired flows and the merchant events older than
+their retention (``workflows.trim``).
 While Redis cannot be reached the loop keeps trying every interval and says so once (``RedisWatch``).
 """
 
@@ -26,6 +27,8 @@ from durapay.workflows.trim import TRIM_INTERVAL, EventTrimmer, IndexTrimmer
 log = logging.getLogger("durapay.dispatcher")
 
 Ticker = Callable[[], int]
+#: Seconds between two of the dispatcher's sweeps of the pauses (``Pauses.sweep``).
+PAUSE_SWEEP_INTERVAL = 5.0
 
 
 class Dispatcher:
@@ -49,6 +52,7 @@ class Dispatcher:
         self.trimmer = IndexTrimmer(engine.redis, engine.keys, engine.store.retention_seconds)
         self.event_trimmer = EventTrimmer(engine.redis, engine.keys, engine.settings.events.retention)
         self.compactor = Compactor(engine.redis, engine.keys, engine.orders)
+        self._last_pause_sweep = float("-inf")
 
     def tick(self) -> int:
         """One pass: fire tickers, send due flows. Returns how many flows were sent."""
@@ -65,6 +69,10 @@ class Dispatcher:
         heartbeat = self.engine.keys.heartbeat("scheduler")
         self.engine.redis.set(heartbeat, repr(now), ex=max(5, int(self.interval * 10)))
         self.compactor.run(now=now)
+        if time.monotonic() - self._last_pause_sweep > PAUSE_SWEEP_INTERVAL:
+            # Partitions' copies of the pauses kept true, and flows a resume left held released (bounded).
+            self._last_pause_sweep = time.monotonic()
+            self.engine.pauses.sweep()
         if self.trimmer.backlog or time.monotonic() - self._last_trim > TRIM_INTERVAL:
             self._last_trim = time.monotonic()
             self.trimmer.run(now=now, kinds=self.engine.registry)

@@ -41,6 +41,7 @@ from durapay.workflows.keys import Keys, derived_id
 from durapay.workflows.late_payments import LatePayments
 from durapay.workflows.listing import FlowListing, FlowPage
 from durapay.workflows.orders import OrderIdsTaken, OrderIndex, gateway_order_id
+from durapay.workflows.pauses import Pauses
 from durapay.workflows.protocol import Claim, StepProtocol
 from durapay.workflows.signals import admit
 from durapay.workflows.states import STOPPED, TERMINAL, FlowState
@@ -132,6 +133,9 @@ class Engine:
         self._client_pid = 0
         self._client_lock = threading.Lock()
         self.orders = OrderIndex(client, self.keys, settings.engine.retention, settings.gateway.order_id_max_length)
+        self.store.pause_recheck = settings.pause.recheck_seconds
+        #: Pauses of flow kinds (maintenance windows): a paused kind's flows run no step (``workflows.pauses``).
+        self.pauses = Pauses(self.store, self.registry, self.clock.now)
         self.protocol = StepProtocol(self)
         self.late = LatePayments(self)
         # What ``close`` releases: set by whoever opened the engine's connections (``durapay.connect``).

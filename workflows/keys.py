@@ -73,6 +73,22 @@ class Keys:
     def event(self, event_id: str) -> str:
         return f"{self.tag(self.partition(event_id))}:event:{event_id}"
 
+    def paused(self, partition: int) -> str:
+        """Hash flow kind -> its pause (JSON), the partition's copy for the scripts (``workflows.pauses``)."""
+        return f"{self.tag(partition)}:paused"
+
+    def held(self, partition: int) -> str:
+        """Sorted set of ``<kind>\\x1f<flow id>`` (scores 0): flows a pause held, per kind by a lex range."""
+        return f"{self.tag(partition)}:held"
+
+    def pauses(self) -> str:
+        """Hash flow kind -> its pause (JSON): the pauses in force, which every partition's copy follows."""
+        return f"{self.prefix}:pauses"
+
+    def pause_log(self) -> str:
+        """List of pauses and resumes (JSON, newest first, capped): who, when, why."""
+        return f"{self.prefix}:pause_log"
+
     def counter(self, name: str) -> str:
         return f"{self.prefix}:count:{name}"
 

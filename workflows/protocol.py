@@ -513,8 +513,10 @@ class StepProtocol:
         sent = 0
         size = batch or engine.settings.engine.dispatch_batch
         ids = engine.store.take_due_all(now=now, batch=size, grace=engine.lease)
-        for record in engine.store.many(ids) if ids else []:
-            if record.state in STOPPED:
+        records = engine.store.many(ids) if ids else []
+        held = engine.pauses.hold(records) if records else set()  # a paused kind's flows wait (workflows.pauses)
+        for record in records:
+            if record.state in STOPPED or record.id in held:
                 continue
             self.send_from(record, record.step)
             sent += 1

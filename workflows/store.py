@@ -352,7 +352,12 @@ class FlowStore:
         self._transition = client.register_script(states + money + outbox + _script("transition.lua"))
         self._signal = client.register_script(states + money + outbox + _script("signal.lua"))
         self._take_due = client.register_script(_script("take_due.lua"))
-        self._claim = client.register_script(states + _script("claim.lua"))
+        pause = _script("pause.lua")  # the one rule of a paused flow kind (workflows.pauses)
+        self._claim = client.register_script(states + pause + _script("claim.lua"))
+        self.hold_script = client.register_script(states + pause + _script("hold.lua"))
+        self.release_script = client.register_script(states + pause + _script("release.lua"))
+        #: How far a paused kind's due flow is moved each time it is met (``DURAPAY_PAUSE__RECHECK_SECONDS``).
+        self.pause_recheck = 30.0
         self._request_cancel = client.register_script(_script("request_cancel.lua"))
         self._renew = client.register_script(_script("renew.lua"))
         self._expand = client.register_script(_script("expand.lua"))
@@ -679,6 +684,7 @@ class FlowStore:
         states = (FlowState.READY, FlowState.RETRYING, FlowState.WAITING, FlowState.SLEEPING, FlowState.RUNNING)
         keys = [self.keys.flow(request.flow_id), self.keys.log(request.flow_id), self.keys.due(partition)]
         keys += [self.keys.by_state(partition, state.value) for state in states]
+        keys += [self.keys.paused(partition), self.keys.held(partition)]
         args = [
             request.flow_id,
             request.step,
@@ -688,6 +694,7 @@ class FlowStore:
             str(request.max_attempts),
             str(request.max_runs),
             request.money_ops,
+            repr(self.pause_recheck),
         ]
         return keys, args
 

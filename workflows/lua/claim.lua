@@ -1,11 +1,13 @@
 -- Claim a flow's step under a lease in one round trip: every claim rule lives here (states.lua is
 -- prepended: the states and their moves).
--- KEYS: flow, log, due, then the state indexes ready, retrying, waiting, sleeping, running.
+-- KEYS: flow, log, due, then the state indexes ready, retrying, waiting, sleeping, running, then the
+--       partition's paused kinds and held flows (pause.lua, prepended: a paused kind's step is not claimed).
 -- ARGV: 1 flow id, 2 step, 3 now, 4 lease until, 5 owner, 6 max attempts, 7 max runs of one step,
 --       8 the gateway operations that a step of this name calls when it moves money or opens what a
 --         customer pays on (workflows/inflight.money_operation), by flow kind
---       (JSON object kind -> operation; "" when no kind has such a step of this name).
--- Returns {reason} when the step is not claimed: missing, not-current, leased, stopped, early;
+--       (JSON object kind -> operation; "" when no kind has such a step of this name),
+--       9 the pause's re-check seconds.
+-- Returns {reason} when the step is not claimed: missing, not-current, leased, stopped, early, paused;
 -- {'ok', previous state, field, value, ...} with the record as written by the claim; or, without
 -- writing anything, {'lost', state, field, value, ...} for a step whose worker was lost max-attempts
 -- times, and {'looping', ...} for a step claimed max-runs times without moving on (the backstop under
@@ -22,7 +24,7 @@ if redis.call('EXISTS', KEYS[1]) == 0 then
   return {'missing'}
 end
 local data = redis.call('HMGET', KEYS[1], 'state', 'step', 'lease_until', 'due', 'attempt', 'cancel_requested', 'version', 'runs',
-  'ending', 'unsettled', 'kind')
+  'ending', 'unsettled', 'kind', 'held')
 local state, step, lease_until, due = data[1], data[2] or '', data[3], data[4]
 local attempt = tonumber(data[5] or '0') or 0
 local now = tonumber(ARGV[3])
@@ -47,6 +49,10 @@ elseif state ~= 'ready' and (not due or tonumber(due) > now) then
   end
   return {'early'}
 end
+if hold_if_paused(KEYS[1], KEYS[2], KEYS[3], KEYS[9], KEYS[10], ARGV[1], data[11], state, step, due, data[12], ARGV[3], ARGV[9]) then
+  return {'paused'}
+end
+release_if_resumed(KEYS[1], KEYS[2], KEYS[10], KEYS[9], ARGV[1], data[11], state, step, data[12], ARGV[3])
 local runs = tonumber(data[8] or '0') or 0
 local verdict = 'ok'
 if reclaim and attempt >= tonumber(ARGV[6]) then

@@ -36,6 +36,7 @@ from durapay.workflows.schedules.model import FINAL, Attempt, Resolution, Schedu
 from durapay.workflows.schedules.policy import MIT_KIND
 from durapay.workflows.schedules.rules import iso
 from durapay.workflows.schedules.store import ScheduleStore, input_hash
+from durapay.workflows.sensitive import CardIdentifier, refuse_card_identifier
 from durapay.workflows.store import FlowRecord, StartConflict
 from durapay.workflows.trim import TRIM_INTERVAL
 
@@ -138,6 +139,11 @@ class Schedules:
     ) -> tuple[ScheduleRecord, dict[str, Any], str]:
         """The record ``create`` writes, its first history entry and its input hash (or InputError)."""
         spec = self.validate(data)
+        if key:
+            try:  # the merchant's key is an identifier, shown whole (its schedule's start_key)
+                refuse_card_identifier("key", key)
+            except CardIdentifier as exc:
+                raise InputError("schedule", exc.field, exc.reason) from None
         record = ScheduleRecord(
             id=_schedule_id(key),
             state=ScheduleState.ACTIVE,
@@ -246,6 +252,10 @@ class Schedules:
         """Look at every due schedule (in batches per partition); returns how many flows were started."""
         now = self.engine.clock.now()
         started = 0
+        if self.flow_kind in self.engine.pauses.paused_recently():
+            # Its flows' kind is paused (workflows.pauses): nothing fires, as if no scheduler ran; at the
+            # resume the occurrences that passed follow each schedule's missed policy.
+            return 0
         for partition in range(self.store.partitions):
             for _ in range(MAX_ROUNDS):
                 ids = self.store.take_due(partition, now=now, batch=self.batch, grace=self.grace)
