@@ -25,7 +25,7 @@ import gc
 import json
 import queue
 import random
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -42,7 +42,8 @@ from durapay.config.settings import Settings, load_settings
 from durapay.gateway import GatewayClient
 from durapay.service.heartbeat import install_worker_heartbeat
 from durapay.service.metrics import StepMetrics
-from durapay.tasks.celery_tasks import CelerySender, register_tasks, register_webhook_task
+from durapay.tasks.celery_tasks import CelerySender, register_bulk_task, register_tasks, register_webhook_task
+from durapay.workflows.bulk import BulkActions
 from durapay.workflows.clock import Clock, ServerClock
 from durapay.workflows.durability import Durability, EarlyWaitaof, early_waitaof_risk
 from durapay.workflows.engine import Engine
@@ -62,6 +63,8 @@ class Runtime:
     webhooks: Webhooks
     embedded: EmbeddedValkey | None = None
     extras: dict[str, Any] = field(default_factory=dict)
+    #: Bulk retries and cancels (``workflows.bulk``), their runner a Celery task.
+    bulk: BulkActions | None = None
 
     def close(self) -> None:
         """Release every connection the parts opened (the engine's Redis, Celery's broker connections
@@ -244,8 +247,19 @@ def _build(
     register_tasks(app, engine.run_step, lambda: GatewayClient(settings.gateway), follow=settings.engine.follow_steps)
     webhooks = Webhooks(client, engine.keys, settings.webhooks, send=sender.send_webhook, now=engine.clock.now, rng=rng)
     register_webhook_task(app, webhooks.deliver_many)
+    bulk = BulkActions(engine, settings.bulk, send=sender.send_bulk)
+    register_bulk_task(app, bulk.run, sender.send_bulk)
     install_worker_heartbeat(app, redis_url, engine.keys, cluster=settings.redis_cluster)
-    return Runtime(settings, redis_url, client, app, engine, webhooks, embedded)
+    return Runtime(settings, redis_url, client, app, engine, webhooks, embedded, bulk=bulk)
+
+
+def bulk_ticker(runtime: Runtime) -> Callable[[], int]:
+    """The scheduler's ticker that sends the runner of each bulk action whose progress stopped."""
+
+    def tick() -> int:
+        return runtime.bulk.revive(now=runtime.engine.clock.now()) if runtime.bulk is not None else 0
+
+    return tick
 
 
 def connect(settings: Settings | None = None, *, redis_url: str | None = None) -> Engine:

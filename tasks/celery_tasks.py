@@ -25,6 +25,7 @@ from durapay.gateway import CATALOGUE, GatewayClient, GatewayOperation
 
 ENGINE_STEP_TASK = "durapay.engine.step"
 WEBHOOK_TASK = "durapay.webhooks.deliver"
+BULK_TASK = "durapay.bulk.run"
 
 
 class StepRunner(Protocol):
@@ -90,6 +91,17 @@ def register_webhook_task(app: Celery, deliver: Callable[[str, list[str]], Any])
         deliver(tag, [members] if isinstance(members, str) else list(members))
 
 
+def register_bulk_task(app: Celery, run: Callable[[str], bool], send: Callable[[str], None]) -> None:
+    """``durapay.bulk.run(bulk id)``: act on a bulk action's flows for a while (``workflows.bulk``), then
+    send itself again while work is left. A lost task only delays the action: the dispatcher sends the
+    runner of an action whose progress stopped."""
+
+    @app.task(name=BULK_TASK, shared=False, acks_late=True, ignore_result=True)  # type: ignore[untyped-decorator]
+    def run_bulk(bulk_id: str) -> None:
+        if run(bulk_id):
+            send(bulk_id)
+
+
 class CelerySender:
     """Sends step tasks by name (the sending process need not have the tasks registered)."""
 
@@ -101,6 +113,9 @@ class CelerySender:
 
     def send_webhook(self, tag: str, members: list[str]) -> None:
         self.app.send_task(WEBHOOK_TASK, args=[tag, members], queue=QUEUE)
+
+    def send_bulk(self, bulk_id: str) -> None:
+        self.app.send_task(BULK_TASK, args=[bulk_id], queue=QUEUE)
 
     def send_chain(self, flow_id: str, links: Sequence[tuple[str, str]]) -> None:
         """``links`` = [(task name, step name), ...] in order."""

@@ -34,7 +34,7 @@ from celery.exceptions import CPendingDeprecationWarning
 
 from durapay.config.celery import QUEUE
 from durapay.service.cli._common import ExitCode, Output, runtime, safe_url
-from durapay.service.runtime import Runtime, admit_durability, freeze_startup_heap
+from durapay.service.runtime import Runtime, admit_durability, bulk_ticker, freeze_startup_heap
 from durapay.workflows.redis_watch import RedisWatch
 
 #: The demo's shared clock (``service.demo.clock``): hidden, not for production use.
@@ -172,7 +172,7 @@ def scheduler(
     out = Output(as_json)
     with runtime(out, clock_key, may_start_store=True) as rt:
         schedules = Schedules(rt.engine)
-        tickers = [schedules.tick, rt.webhooks.tick, DailyReconciliation(rt.engine).tick]
+        tickers = [schedules.tick, rt.webhooks.tick, DailyReconciliation(rt.engine).tick, bulk_ticker(rt)]
         dispatcher = Dispatcher(rt.engine, interval=interval, tickers=tickers, name="scheduler")
         stopping = threading.Event()
 

@@ -1,0 +1,403 @@
+"""Bulk retry and bulk cancel: one operator action on every flow a filter matches, in the background.
+
+An outage leaves thousands of flows ``failed`` or waiting; retrying them one by one is not an option.
+A bulk action is asked in two steps: a dry run (:meth:`BulkActions.plan`: how many flows match, a
+sample, and how many the action would skip and why), then the action itself (:meth:`BulkActions.post`),
+which lists the matching flows once (at most ``DURAPAY_BULK__MAX_FLOWS``), records the action and
+returns at once; a runner (:meth:`BulkActions.run`, the ``durapay.bulk.run`` Celery task, re-sent by
+itself while work is left and by the dispatcher when a runner was lost) acts on each listed flow at
+``DURAPAY_BULK__RATE`` flows a second, recording its progress (done, skipped with reasons) after each.
+
+Per flow the rules are exactly those of the single-flow actions: ``Engine.retry`` and ``Engine.cancel``
+(which ask ``workflows.operator_actions`` and the engine's scripts: a flow with money in flight is asked
+to cancel and ends only as the engine allows). A flow the engine refuses is counted as skipped with the
+engine's reason. Each flow's history names the bulk action (``by``: ``bulk:<id> <who>``).
+
+Idempotent: the id is derived from the action and the filter as given (or from a key the caller
+gives), so posting the same again answers the same record, its progress included, and never acts on a
+flow twice for one action; a runner takes the action's lease before it acts, so two never run one action
+at once. A crash between a flow's action and its progress entry acts on it again, and the engine then
+refuses or repeats harmlessly (a cancel asked twice stands).
+
+Bounded: the walk of the filter reads at most ``max_flows`` matches and :data:`READ_FACTOR` times as
+many index entries (``workflows.listing``'s pages and read budget); a record and its list expire
+``DURAPAY_BULK__RETENTION`` after they were posted; the index keeps the newest ``DURAPAY_BULK__KEPT``;
+the skipped sample keeps :data:`SAMPLE` flows; one run acts for at most :data:`RUN_SECONDS`.
+
+The pace is the action's own (one runner per action at ``rate``), not the gateway's shared limiter:
+a bulk retry's flows then meet the gateway through the engine's steps, as any flow does.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+import uuid
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from durapay.config.settings import BulkSettings
+from durapay.workflows import operator_actions
+from durapay.workflows.engine import Engine, NotFound
+from durapay.workflows.errors import OperatorError
+from durapay.workflows.keys import derived_id
+from durapay.workflows.listing import READ_BUDGET, Cursor, FlowListing
+from durapay.workflows.states import FlowState
+from durapay.workflows.store import FlowRecord, compact_json
+
+Action = Literal["retry", "cancel"]
+ACTIONS: tuple[Action, ...] = ("retry", "cancel")
+#: Flows shown by a dry run, and skipped flows kept with their reason in a record.
+SAMPLE = 20
+#: Index entries a walk may read per flow it may match: past ``max_flows * READ_FACTOR`` it stops.
+READ_FACTOR = 20
+#: Rows a page of the walk asks for.
+PAGE = 500
+#: Seconds one run acts before it hands over to the next (a Celery task is not held for long).
+RUN_SECONDS = 10.0
+#: A running action whose progress has not moved for this long has lost its runner: it is sent again.
+STALE_SECONDS = 30.0
+#: How long a runner's lease lasts (renewed after each flow).
+LEASE_MS = 30_000
+
+
+class TooMany(ValueError):
+    """The filter matches more flows than one bulk action may act on."""
+
+
+class UnknownBulk(KeyError):
+    """No bulk action of that id (never posted, or past its retention)."""
+
+
+@dataclass(frozen=True)
+class BulkFilter:
+    """Which flows: of a kind, in a state, with an error code, created within a window (POSIX seconds)."""
+
+    kind: str | None = None
+    state: FlowState | None = None
+    error: str | None = None
+    since: float | None = None
+    until: float | None = None
+
+    def matches(self, record: FlowRecord) -> bool:
+        if self.kind is not None and record.kind != self.kind:
+            return False
+        if self.state is not None and record.state is not self.state:
+            return False
+        if self.error is not None and self.error not in error_codes(record.error):
+            return False
+        if self.since is not None and record.created < self.since:
+            return False
+        return not (self.until is not None and record.created > self.until)
+
+    def view(self) -> dict[str, Any]:
+        return {
+            "kind": self.kind,
+            "state": self.state.value if self.state is not None else None,
+            "error": self.error,
+            "since": self.since,
+            "until": self.until,
+        }
+
+    @classmethod
+    def parse(cls, data: Mapping[str, Any]) -> BulkFilter:
+        state = data.get("state")
+        return cls(data.get("kind"), FlowState(state) if state else None, data.get("error"), data.get("since"), data.get("until"))
+
+
+def error_codes(error: Mapping[str, Any] | None) -> set[str]:
+    """The codes a flow's error answers to: its type (``PaymentDeclined``, ``GatewayUnavailable``), the
+    ISO response code of a decline, and the gateway's own error codes (``PS0026``)."""
+    if not error:
+        return set()
+    codes = {str(error.get("type") or "")}
+    if error.get("responseCode"):
+        codes.add(str(error["responseCode"]))
+    for item in error.get("errors") or []:
+        if isinstance(item, Mapping) and item.get("code"):
+            codes.add(str(item["code"]))
+    return codes - {""}
+
+
+@dataclass
+class Plan:
+    """A dry run: the flows that match (ids, newest first), a sample of them, and what the action would
+    skip, by reason."""
+
+    action: Action
+    filter: BulkFilter
+    ids: list[str]
+    sample: list[FlowRecord]
+    skips: dict[str, int] = field(default_factory=dict)
+
+    def view(self) -> dict[str, Any]:
+        return {
+            "action": self.action,
+            "filter": self.filter.view(),
+            "count": len(self.ids),
+            "would_skip": sum(self.skips.values()),
+            "skips": dict(self.skips),
+            "sample": [brief(record) for record in self.sample],
+        }
+
+
+def brief(record: FlowRecord) -> dict[str, Any]:
+    return {"id": record.id, "kind": record.kind, "state": record.state.value, "created": record.created, "error": record.error}
+
+
+def reason_class(reason: str, flow_id: str) -> str:
+    """A refusal's reason without its flow id, to count skips by reason."""
+    return re.sub(r"\s+", " ", reason.replace(f"flow {flow_id} ", "flow ").replace(flow_id, "<flow>")).strip()[:200]
+
+
+class BulkActions:
+    """Plan, post, read and run bulk actions. ``send(bulk_id)``: sends the runner's task (None: nothing
+    is sent, the caller runs :meth:`run` itself)."""
+
+    def __init__(self, engine: Engine, settings: BulkSettings, *, send: Callable[[str], None] | None = None) -> None:
+        self.engine = engine
+        self.settings = settings
+        self.redis: Any = engine.redis
+        self.prefix = engine.keys.prefix
+        self.send = send
+        self.max_flows = settings.max_flows
+
+    # -- keys --------------------------------------------------------------------------------------
+
+    def _record_key(self, bulk_id: str) -> str:
+        return f"{self.prefix}:bulk:{bulk_id}"
+
+    def _ids_key(self, bulk_id: str) -> str:
+        return f"{self.prefix}:bulk_ids:{bulk_id}"
+
+    def _lease_key(self, bulk_id: str) -> str:
+        return f"{self.prefix}:bulk_lease:{bulk_id}"
+
+    def _index_key(self) -> str:
+        return f"{self.prefix}:bulks"
+
+    # -- the dry run -------------------------------------------------------------------------------
+
+    def plan(self, action: Action, wanted: BulkFilter) -> Plan:
+        """Walk the filter (``workflows.listing``, bounded) and judge each match as the action would."""
+        if wanted.kind is not None:
+            self.engine.definition(wanted.kind)  # an unknown kind: InputError naming the known ones
+        listing = FlowListing(self.engine.store, self.engine.registry)
+        states = [wanted.state] if wanted.state is not None else []
+        ids: list[str] = []
+        sample: list[FlowRecord] = []
+        skips: dict[str, int] = {}
+        after: Cursor | None = None
+        budget = max(READ_BUDGET, self.max_flows * READ_FACTOR)
+        while True:
+            page = listing.page(
+                states=states,
+                kind=wanted.kind,
+                since=wanted.since,
+                until=wanted.until,
+                limit=PAGE,
+                after=after,
+                budget=READ_BUDGET,
+            )
+            budget -= max(len(page.records), PAGE)
+            for record in page.records:
+                if not wanted.matches(record):
+                    continue
+                ids.append(record.id)
+                if len(ids) > self.max_flows:
+                    raise TooMany(
+                        f"more than {self.max_flows} flows match (DURAPAY_BULK__MAX_FLOWS): narrow the filter "
+                        "(a kind, a state, a time window)"
+                    )
+                if len(sample) < SAMPLE:
+                    sample.append(record)
+                refused = operator_actions.refusal(record, action)
+                if refused is not None:
+                    reason = reason_class(refused, record.id)
+                    skips[reason] = skips.get(reason, 0) + 1
+            if page.next is None:
+                return Plan(action, wanted, ids, sample, skips)
+            if budget <= 0:
+                raise TooMany("the filter steps over too many flows to walk: narrow it (a kind, a state, a time window)")
+            after = page.next
+
+    # -- the action --------------------------------------------------------------------------------
+
+    def bulk_id(self, action: Action, given: Mapping[str, Any], key: str | None) -> str:
+        """Derived from the action and the filter as the caller gave it (its text: ``since=2h`` stays the
+        same action), or from the caller's key."""
+        return derived_id("b", action, "key", key) if key else derived_id("b", action, compact_json(dict(given)))
+
+    def post(
+        self, action: Action, wanted: BulkFilter, *, by: str, given: Mapping[str, Any], key: str | None = None
+    ) -> dict[str, Any]:
+        """Record the action and send its runner; the same action posted again answers its record as it
+        is (progress included) and sends a runner again only if it is still running."""
+        bulk_id = self.bulk_id(action, given, key)
+        if self.get_or_none(bulk_id) is None:
+            plan = self.plan(action, wanted)
+            if self.redis.hsetnx(self._record_key(bulk_id), "id", bulk_id):
+                self._write(bulk_id, action, wanted, plan, by)
+            else:  # another post of the same action is writing it: its record is the one
+                for _ in range(50):
+                    if self.get_or_none(bulk_id) is not None:
+                        break
+                    time.sleep(0.1)
+        current = self.get(bulk_id)
+        if current["status"] == "running" and self.send is not None:
+            self.send(bulk_id)
+        return current
+
+    def _write(self, bulk_id: str, action: Action, wanted: BulkFilter, plan: Plan, by: str) -> None:
+        """The record (its "created" last: the mark that it is whole) and its list of flows, kept for the
+        retention; the index capped to the newest ``kept`` and to the retention."""
+        now = self.engine.clock.now()
+        seconds = int(self.settings.retention)
+        record = {
+            "action": action,
+            "filter": compact_json(wanted.view()),
+            "by": by[:100],
+            "updated": repr(now),
+            "total": str(len(plan.ids)),
+            "position": "0",
+            "done": "0",
+            "skipped": "0",
+            "status": "running" if plan.ids else "done",
+            "skips": "{}",
+            "skipped_sample": "[]",
+        }
+        pipe = self.redis.pipeline(transaction=True)
+        pipe.delete(self._ids_key(bulk_id))
+        for start in range(0, len(plan.ids), 1000):
+            pipe.rpush(self._ids_key(bulk_id), *plan.ids[start : start + 1000])
+        pipe.expire(self._ids_key(bulk_id), seconds)
+        pipe.hset(self._record_key(bulk_id), mapping=record)
+        pipe.hset(self._record_key(bulk_id), "created", repr(now))
+        pipe.expire(self._record_key(bulk_id), seconds)
+        pipe.zadd(self._index_key(), {bulk_id: now})
+        pipe.zremrangebyrank(self._index_key(), 0, -self.settings.kept - 1)
+        pipe.zremrangebyscore(self._index_key(), "-inf", now - seconds)
+        pipe.execute()
+
+    def get_or_none(self, bulk_id: str) -> dict[str, Any] | None:
+        raw = self.redis.hgetall(self._record_key(bulk_id))
+        if not raw or b"created" not in raw:
+            return None
+        fields = {name.decode(): value.decode() for name, value in raw.items()}
+        return {
+            "id": fields["id"],
+            "action": fields["action"],
+            "filter": json.loads(fields["filter"]),
+            "by": fields["by"],
+            "created": float(fields["created"]),
+            "updated": float(fields["updated"]),
+            "status": fields["status"],
+            "total": int(fields["total"]),
+            "done": int(fields["done"]),
+            "skipped": int(fields["skipped"]),
+            "skips": json.loads(fields["skips"]),
+            "skipped_sample": json.loads(fields["skipped_sample"]),
+        }
+
+    def get(self, bulk_id: str) -> dict[str, Any]:
+        found = self.get_or_none(bulk_id)
+        if found is None:
+            raise UnknownBulk(bulk_id)
+        return found
+
+    def list(self, limit: int = 50) -> list[dict[str, Any]]:
+        """The newest bulk actions first (those still kept)."""
+        ids = [raw.decode() for raw in self.redis.zrevrange(self._index_key(), 0, max(0, min(limit, self.settings.kept) - 1))]
+        return [record for bulk_id in ids if (record := self.get_or_none(bulk_id)) is not None]
+
+    # -- the runner --------------------------------------------------------------------------------
+
+    def run(self, bulk_id: str, *, seconds: float = RUN_SECONDS) -> bool:
+        """Act on the listed flows from where the action stands, at the action's pace, for at most
+        ``seconds`` (and only under the action's lease: another runner holding it, this one returns).
+        Returns whether work is left (the caller sends the task again)."""
+        owner = uuid.uuid4().hex
+        lease = self._lease_key(bulk_id)
+        if not self.redis.set(lease, owner, nx=True, px=LEASE_MS):
+            return False
+        try:
+            return self._run(bulk_id, owner, seconds)
+        finally:
+            if self.redis.get(lease) == owner.encode():
+                self.redis.delete(lease)
+
+    def _run(self, bulk_id: str, owner: str, seconds: float) -> bool:
+        record = self.get_or_none(bulk_id)
+        if record is None or record["status"] != "running":
+            return False
+        key = self._record_key(bulk_id)
+        position = int(self.redis.hget(key, "position") or 0)
+        total = record["total"]
+        action: Action = record["action"]
+        by = f"bulk:{bulk_id} {record['by']}"
+        skips: dict[str, int] = dict(record["skips"])
+        sample: list[dict[str, str]] = list(record["skipped_sample"])
+        started = time.monotonic()
+        interval = 1.0 / self.settings.rate
+        acted = 0
+        while position < total and time.monotonic() - started < seconds:
+            ids = [raw.decode() for raw in self.redis.lrange(self._ids_key(bulk_id), position, position + 99)]
+            if not ids:
+                break  # the list expired with the record: nothing more can be known
+            for flow_id in ids:
+                if time.monotonic() - started >= seconds:
+                    break
+                pause = started + acted * interval - time.monotonic()
+                if pause > 0:
+                    time.sleep(pause)  # the action's own pace (DURAPAY_BULK__RATE)
+                refused = self._act(action, flow_id, by)
+                acted += 1
+                position += 1
+                pipe = self.redis.pipeline(transaction=True)
+                pipe.hset(key, mapping={"position": str(position), "updated": repr(self.engine.clock.now())})
+                if refused is None:
+                    pipe.hincrby(key, "done", 1)
+                else:
+                    reason = reason_class(refused, flow_id)
+                    skips[reason] = skips.get(reason, 0) + 1
+                    if len(sample) < SAMPLE:
+                        sample.append({"id": flow_id, "reason": refused[:300]})
+                    pipe.hincrby(key, "skipped", 1)
+                    pipe.hset(key, mapping={"skips": compact_json(skips), "skipped_sample": compact_json(sample)})
+                pipe.pexpire(self._lease_key(bulk_id), LEASE_MS)
+                pipe.execute()
+        if position >= total or not self.redis.exists(self._ids_key(bulk_id)):
+            self.redis.hset(key, mapping={"status": "done", "updated": repr(self.engine.clock.now())})
+            return False
+        return True
+
+    def _act(self, action: Action, flow_id: str, by: str) -> str | None:
+        """The single-flow action, as the engine decides it: None, or why it was not taken."""
+        try:
+            if action == "retry":
+                self.engine.retry(flow_id, by=by)
+            else:
+                self.engine.cancel(flow_id, f"cancelled by {by}", by=by)
+        except OperatorError as exc:
+            return str(exc)
+        except NotFound:
+            return f"flow {flow_id} is gone (past its retention)"
+        return None
+
+    def revive(self, *, now: float) -> int:
+        """The dispatcher's look: send the runner of each running action whose progress stopped (a lost
+        task, a killed worker). Bounded by the index (``DURAPAY_BULK__KEPT``). Returns how many."""
+        if self.send is None:
+            return 0
+        sent = 0
+        for record in self.list(self.settings.kept):
+            if (
+                record["status"] == "running"
+                and now - record["updated"] > STALE_SECONDS
+                and not self.redis.exists(self._lease_key(record["id"]))
+            ):
+                self.send(record["id"])
+                sent += 1
+        return sent
