@@ -14,6 +14,7 @@ disk through a host crash (docs/durability.md).
 from __future__ import annotations
 
 import contextlib
+import json
 import socket
 import subprocess
 import time
@@ -132,3 +133,24 @@ class EmbeddedValkey:
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
         self.stop()
+
+
+#: Where a data folder's embedded Valkey records its address while it runs (``<data dir>/valkey``).
+SERVER_FILE = "server.json"
+
+
+def running_embedded(folder: Path) -> str | None:
+    """The URL of an embedded Valkey serving ``folder`` that answers, if any (here, not in the runtime:
+    the CLI's shell completion finds the store without loading the engine)."""
+    try:
+        url = str(json.loads((folder / SERVER_FILE).read_text())["url"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    client = redis.Redis.from_url(url, socket_timeout=1, socket_connect_timeout=1)
+    try:
+        client.ping()
+        return url
+    except redis.RedisError:
+        return None
+    finally:
+        client.close()

@@ -17,20 +17,60 @@ client of the payment gateway) and ``durapay.simulator`` (its stand-in for tests
 promised to stay as it is.
 """
 
-from importlib.metadata import PackageNotFoundError, version
+from __future__ import annotations
 
-from durapay.client import ApiError, AsyncClient, Client, Retries
-from durapay.config.settings import GatewaySettings, Settings, SettingsError, load_settings
-from durapay.service.runtime import connect
-from durapay.workflows.durability import EarlyWaitaof, NotDurable
-from durapay.workflows.engine import Engine, InputError, NotFound, OrderIdTaken
-from durapay.workflows.errors import OperatorError
-from durapay.workflows.listing import BadCursor
-from durapay.workflows.schedules import Schedules
-from durapay.workflows.states import STOPPED, TERMINAL, FlowState
-from durapay.workflows.store import FlowRecord, StartConflict
-from durapay.workflows.webhooks.signing import WebhookVerificationError
-from durapay.workflows.webhooks.signing import verify as verify_webhook
+from importlib.metadata import PackageNotFoundError, version
+from typing import TYPE_CHECKING
+
+from durapay._lazy import lazy_names
+
+if TYPE_CHECKING:
+    from durapay.client import ApiError, AsyncClient, Client, Retries
+    from durapay.config.settings import GatewaySettings, Settings, SettingsError, load_settings
+    from durapay.service.runtime import connect
+    from durapay.workflows.durability import EarlyWaitaof, NotDurable
+    from durapay.workflows.engine import Engine, InputError, NotFound, OrderIdTaken
+    from durapay.workflows.errors import OperatorError
+    from durapay.workflows.listing import BadCursor
+    from durapay.workflows.schedules import Schedules
+    from durapay.workflows.states import STOPPED, TERMINAL, FlowState
+    from durapay.workflows.store import FlowRecord, StartConflict
+    from durapay.workflows.webhooks.signing import WebhookVerificationError
+    from durapay.workflows.webhooks.signing import verify as verify_webhook
+
+#: Where each public name lives, loaded on first use (PEP 562): ``import durapay`` (and so every
+#: ``durapay.x`` import, the CLI's shell completion among them) loads no engine, Celery or HTTP client
+#: until a name needs it. The ``TYPE_CHECKING`` imports above are the same names, for type checkers.
+_HOMES = {
+    "ApiError": "durapay.client",
+    "AsyncClient": "durapay.client",
+    "Client": "durapay.client",
+    "Retries": "durapay.client",
+    "GatewaySettings": "durapay.config.settings",
+    "Settings": "durapay.config.settings",
+    "SettingsError": "durapay.config.settings",
+    "load_settings": "durapay.config.settings",
+    "connect": "durapay.service.runtime",
+    "EarlyWaitaof": "durapay.workflows.durability",
+    "NotDurable": "durapay.workflows.durability",
+    "Engine": "durapay.workflows.engine",
+    "InputError": "durapay.workflows.engine",
+    "NotFound": "durapay.workflows.engine",
+    "OrderIdTaken": "durapay.workflows.engine",
+    "OperatorError": "durapay.workflows.errors",
+    "BadCursor": "durapay.workflows.listing",
+    "Schedules": "durapay.workflows.schedules",
+    "STOPPED": "durapay.workflows.states",
+    "TERMINAL": "durapay.workflows.states",
+    "FlowState": "durapay.workflows.states",
+    "FlowRecord": "durapay.workflows.store",
+    "StartConflict": "durapay.workflows.store",
+    "WebhookVerificationError": "durapay.workflows.webhooks.signing",
+    "verify_webhook": "durapay.workflows.webhooks.signing:verify",
+}
+
+
+__getattr__, __dir__ = lazy_names(__name__, _HOMES)
 
 try:
     __version__ = version("durapay")

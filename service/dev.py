@@ -35,9 +35,9 @@ from pathlib import Path
 import httpx
 
 from durapay.config import ENV_NESTED_DELIMITER, ENV_PREFIX, SIMULATOR_API_KEY, Settings
-from durapay.config.embedded import EmbeddedValkey, free_port
+from durapay.config.embedded import EmbeddedValkey, free_port, running_embedded
 from durapay.service.processes import Child, Sink, port_or_free
-from durapay.service.runtime import embedded_folder, restart_embedded, running_embedded, start_embedded, stop_embedded
+from durapay.service.runtime import embedded_folder, restart_embedded, start_embedded, stop_embedded
 from durapay.simulator import SimulatorConfig
 
 #: Where dev keeps its logs, the simulator's state and the generated operator key, under the data folder.

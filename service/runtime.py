@@ -30,14 +30,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import redis
 from celery import Celery
 from kombu.connection import ConnectionPool
 from kombu.utils.functional import lazy
 
 from durapay.config.celery import make_celery
 from durapay.config.connect import open_redis
-from durapay.config.embedded import EmbeddedValkey
+from durapay.config.embedded import SERVER_FILE, EmbeddedValkey, running_embedded
 from durapay.config.settings import Settings, load_settings
 from durapay.gateway import GatewayClient
 from durapay.service.heartbeat import install_worker_heartbeat
@@ -108,9 +107,6 @@ def _empty(pool: Any) -> None:
         pool._resource.put_nowait(lazy(pool.new) if isinstance(pool, ConnectionPool) else pool.new())  # type: ignore[no-untyped-call]
 
 
-SERVER_FILE = "server.json"
-
-
 def freeze_startup_heap() -> None:
     """Take what start-up built out of the cyclic garbage collector's reach, once the process's parts
     are built and before its loop begins.
@@ -134,22 +130,6 @@ def _locked(folder: Path) -> Iterator[None]:
             yield
         finally:
             fcntl.flock(handle, fcntl.LOCK_UN)
-
-
-def running_embedded(folder: Path) -> str | None:
-    """The URL of an embedded Valkey serving ``folder`` that answers, if any."""
-    try:
-        url = str(json.loads((folder / SERVER_FILE).read_text())["url"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-    client = redis.Redis.from_url(url, socket_timeout=1, socket_connect_timeout=1)
-    try:
-        client.ping()
-        return url
-    except redis.RedisError:
-        return None
-    finally:
-        client.close()
 
 
 def resolve_redis(settings: Settings) -> tuple[str, EmbeddedValkey | None]:

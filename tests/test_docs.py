@@ -88,13 +88,16 @@ def test_the_state_diagram_is_the_transition_table() -> None:
 def test_the_cli_reference_names_every_command() -> None:
     """docs/cli.md is the CLI's reference: every command and every group's command is in it."""
     import typer.main
+    from typer import _click as click
 
     from durapay.service.cli import build_app
 
     text = (ROOT / "docs" / "cli.md").read_text()
     root = typer.main.get_command(build_app())
+    context = click.Context(root)
     missing = []
-    for name, command in root.commands.items():  # type: ignore[attr-defined]
+    for name in root.list_commands(context):  # type: ignore[attr-defined]
+        command = root.get_command(context, name)  # type: ignore[attr-defined]
         subcommands = getattr(command, "commands", None)
         for sub in subcommands or [None]:
             spelt = f"durapay {name}" + (f" {sub}" if sub else "")

@@ -6,11 +6,36 @@ side (claim, run, complete a step); ``Dispatcher`` sends what the ``due`` set sa
 record's layout.
 """
 
-from durapay.workflows.clock import Clock, ManualClock, OffsetClock, SystemClock
-from durapay.workflows.dispatcher import Dispatcher
-from durapay.workflows.engine import Claim, Engine, InputError, NotFound, OperatorError, StartConflict
-from durapay.workflows.states import STOPPED, TERMINAL, FlowState
-from durapay.workflows.store import FlowRecord
+from typing import TYPE_CHECKING
+
+from durapay._lazy import lazy_names
+
+if TYPE_CHECKING:
+    from durapay.workflows.clock import Clock, ManualClock, OffsetClock, SystemClock
+    from durapay.workflows.dispatcher import Dispatcher
+    from durapay.workflows.engine import Claim, Engine, InputError, NotFound, OperatorError, StartConflict
+    from durapay.workflows.states import STOPPED, TERMINAL, FlowState
+    from durapay.workflows.store import FlowRecord
+
+#: Loaded on first use (durapay/_lazy.py): importing one module of the package loads no other.
+_HOMES = {
+    "Clock": "durapay.workflows.clock",
+    "ManualClock": "durapay.workflows.clock",
+    "OffsetClock": "durapay.workflows.clock",
+    "SystemClock": "durapay.workflows.clock",
+    "Dispatcher": "durapay.workflows.dispatcher",
+    "Claim": "durapay.workflows.engine",
+    "Engine": "durapay.workflows.engine",
+    "InputError": "durapay.workflows.engine",
+    "NotFound": "durapay.workflows.engine",
+    "OperatorError": "durapay.workflows.engine",
+    "StartConflict": "durapay.workflows.engine",
+    "STOPPED": "durapay.workflows.states",
+    "TERMINAL": "durapay.workflows.states",
+    "FlowState": "durapay.workflows.states",
+    "FlowRecord": "durapay.workflows.store",
+}
+__getattr__, __dir__ = lazy_names(__name__, _HOMES)
 
 __all__ = [
     "STOPPED",

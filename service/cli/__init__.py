@@ -1,7 +1,7 @@
 """The ``durapay`` command line: one typer app, one module per group of commands.
 
-Each module under ``service.cli`` exposes ``register(app)``; :data:`COMMAND_MODULES` lists them, so
-adding a command touches its own module and one line here.
+Each module under ``service.cli`` exposes ``register(app)``; :data:`COMMAND_MODULES` lists them with
+the root commands each registers, so adding a command touches its own module and one line here.
 
 Conventions (docs/cli.md), those of ``gh`` and ``kubectl``: every command takes ``--json``; an error
 is one line ``durapay: ...`` on stderr, or with ``--json`` one JSON object ``{"error", "reason",
@@ -13,6 +13,7 @@ a mistyped option or argument included (2). Shell completion installs with ``dur
 
 from __future__ import annotations
 
+import functools
 import importlib
 import json
 import sys
@@ -20,28 +21,60 @@ from collections.abc import Sequence
 from typing import Any
 
 import typer
+import typer.main
+from typer import _click as click  # typer carries its own click: its commands and contexts are these
+from typer._click.shell_completion import CompletionItem
 from typer.core import TyperGroup
 
 from durapay.service.cli._common import ExitCode
 
-COMMAND_MODULES = (
-    "durapay.service.cli.config_cmd",
-    "durapay.service.cli.endpoints",
-    "durapay.service.cli.simulator_cmd",
-    "durapay.service.cli.serve_cmd",
-    "durapay.service.cli.flows_cmd",
-    "durapay.service.cli.schedules_cmd",
-    "durapay.service.cli.webhooks_cmd",
-    "durapay.service.cli.demo_cmd",
-    "durapay.service.cli.dev_cmd",
-    "durapay.service.cli.chaos_cmd",
-    "durapay.service.cli.reconcile_cmd",
-)
+#: Each module under ``service.cli`` and the root commands it registers: a command's module is imported
+#: only when the command is used (or helped, or completed), so that a Tab in the shell loads the one
+#: command it completes, not the engine, the API and the demo. ``tests/service/cli/test_completion.py``
+#: checks that each module registers exactly the names listed here.
+COMMAND_MODULES: dict[str, tuple[str, ...]] = {
+    "durapay.service.cli.config_cmd": ("config",),
+    "durapay.service.cli.endpoints": ("endpoints",),
+    "durapay.service.cli.simulator_cmd": ("simulator",),
+    "durapay.service.cli.serve_cmd": ("alive", "worker", "scheduler", "api"),
+    "durapay.service.cli.flows_cmd": ("start", "flows"),
+    "durapay.service.cli.schedules_cmd": ("schedules",),
+    "durapay.service.cli.webhooks_cmd": ("webhooks", "events"),
+    "durapay.service.cli.demo_cmd": ("demo",),
+    "durapay.service.cli.dev_cmd": ("dev",),
+    "durapay.service.cli.chaos_cmd": ("chaos",),
+    "durapay.service.cli.reconcile_cmd": ("reconcile",),
+}
+_MODULE_OF = {name: module for module, names in COMMAND_MODULES.items() for name in names}
+
+
+@functools.cache
+def module_commands(module_name: str) -> dict[str, click.Command]:
+    """The root commands ``module_name`` registers, built as click commands (imported once)."""
+    holder = typer.Typer()
+    importlib.import_module(module_name).register(holder)
+    return dict(typer.main.get_group(holder).commands)
 
 
 class DurapayGroup(TyperGroup):
     """The root command: a usage error (unknown option, bad value, missing argument) is reported like
-    every other error, as JSON on stderr when ``--json`` was given, and exits 2."""
+    every other error, as JSON on stderr when ``--json`` was given, and exits 2. Its commands are
+    loaded by name (:data:`COMMAND_MODULES`)."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return [*super().list_commands(ctx), *(name for name in _MODULE_OF if name not in self.commands)]
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        found = super().get_command(ctx, cmd_name)
+        if found is None and cmd_name in _MODULE_OF:
+            found = module_commands(_MODULE_OF[cmd_name])[cmd_name]
+        return found
+
+    def shell_complete(self, ctx: click.Context, incomplete: str) -> list[CompletionItem]:
+        """A command's name is completed from :data:`COMMAND_MODULES` without importing its module."""
+        if incomplete.startswith("-"):
+            return super().shell_complete(ctx, incomplete)
+        return [CompletionItem(name) for name in self.list_commands(ctx) if name.startswith(incomplete)]
 
     def main(
         self,
@@ -105,8 +138,6 @@ def build_app() -> typer.Typer:
     def root() -> None:
         """Durable payment flows against the payment gateway: nothing lost, nothing charged twice."""
 
-    for module_name in COMMAND_MODULES:
-        importlib.import_module(module_name).register(app)
     return app
 
 

@@ -26,20 +26,19 @@ from dataclasses import dataclass
 from enum import IntEnum
 from pathlib import Path
 from types import FrameType
-from typing import Annotated, Any, NoReturn
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 from urllib.parse import urlsplit, urlunsplit
 
-import redis
 import typer
 
-from durapay.config.settings import Settings, SettingsError, load_settings
-from durapay.gateway import did_you_mean
-from durapay.service.runtime import Runtime, admit_durability, build_runtime, running_embedded
-from durapay.workflows.durability import EarlyWaitaof
-from durapay.workflows.engine import InputError, NotFound, OperatorError
-from durapay.workflows.signals import SignalRefused
 from durapay.workflows.states import FlowState
-from durapay.workflows.store import StartConflict
+
+if TYPE_CHECKING:
+    from durapay.config.settings import Settings, SettingsError
+    from durapay.service.runtime import Runtime
+
+# The settings, the runtime and the engine's errors are imported where a command runs, not here: every
+# command module imports this one, and the shell's completion of a command must not load the engine.
 
 #: The options the commands that run a stack of their own (demo, dev, chaos) share.
 DataDirOption = Annotated[Path | None, typer.Option(help="Data folder (DURAPAY_DATA_DIR, default .durapay).")]
@@ -100,6 +99,14 @@ class Output:
     @contextlib.contextmanager
     def errors(self) -> Iterator[None]:
         """Turn the errors an operator can act on into one error and exit status 2."""
+        import redis
+
+        from durapay.config.settings import SettingsError
+        from durapay.workflows.durability import EarlyWaitaof
+        from durapay.workflows.engine import InputError, NotFound, OperatorError
+        from durapay.workflows.signals import SignalRefused
+        from durapay.workflows.store import StartConflict
+
         try:
             yield
         except SettingsError as exc:
@@ -129,6 +136,8 @@ class Output:
 
     def settings(self, *, data_dir: Path | None = None) -> Settings:
         """The ``DURAPAY_*`` settings; ``data_dir``: a command's ``--data-dir`` over them."""
+        from durapay.config.settings import SettingsError, load_settings
+
         try:
             settings = load_settings()
         except SettingsError as exc:
@@ -139,6 +148,8 @@ class Output:
 def one_of(value: str, known: Iterable[str], option: str, what: str = "value") -> str:
     """``value`` when it is one of ``known``; else :class:`BadOption` naming the closest (``--state faild``:
     did you mean `failed`?) and the known ones, as the API's strict input does (``gateway.did_you_mean``)."""
+    from durapay.gateway import did_you_mean
+
     names = sorted(known)
     if value in names:
         return value
@@ -173,6 +184,9 @@ def runtime(
     ``writes``: the command writes flows; it refuses (exit 2) a server whose ``WAITAOF`` answers before
     its fsync unless the settings accept it (``service.runtime.admit_durability``), before writing.
     """
+    from durapay.config.embedded import running_embedded
+    from durapay.service.runtime import admit_durability, build_runtime
+
     with out.errors():
         settings = out.settings()
         redis_url = None

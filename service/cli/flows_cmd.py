@@ -13,19 +13,22 @@ from __future__ import annotations
 import json
 import sys
 import time
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
 
-from durapay.service.api_flows import wait_for_customer_url
+from durapay.service.cli import completion
 from durapay.service.cli._common import BadOption, ExitCode, Output, exit_code_for, one_of, read_json_input, runtime
 from durapay.service.cli._output import console, describe_error, echo_json, print_record, print_rows, when
 from durapay.service.timeparse import RUN_AT_FORMS, SINCE_FORMS, parse_run_at, parse_since
-from durapay.service.views import flow_brief, flow_view, money_text
-from durapay.workflows.engine import Engine
-from durapay.workflows.listing import BadCursor
 from durapay.workflows.states import STOPPED, FlowState
+
+if TYPE_CHECKING:
+    from durapay.workflows.engine import Engine
+
+# The engine's views and the API's helpers are imported inside the commands: importing this module is
+# what completing ``durapay flows ...`` in the shell costs (service/cli/completion.py).
 
 JsonFlag = Annotated[bool, typer.Option("--json", help="Print JSON (errors too, on stderr).")]
 
@@ -59,6 +62,8 @@ def _flow_fields(view: dict[str, Any], money: str = "") -> list[tuple[str, str]]
 
 
 def _print_flow(view: dict[str, Any], history: list[dict[str, Any]] | None = None) -> None:
+    from durapay.service.views import money_text
+
     print_record(f"flow {view['id']}", _flow_fields(view, money_text(view.get("outcome"), view.get("input"))))
     if history:
         rows = [
@@ -86,6 +91,8 @@ def _announce_customer_url(out: Output, view: dict[str, Any]) -> None:
 
 def _wait_for_end(out: Output, engine: Engine, flow_id: str, seconds: float, announced: bool) -> dict[str, Any]:
     """Follow the flow until it stops (showing its state on a terminal); None when the wait runs out."""
+    from durapay.service.views import flow_view
+
     deadline = time.monotonic() + seconds
     with Console(stderr=True).status(f"flow {flow_id}: starting") as status:
         while True:
@@ -100,7 +107,7 @@ def _wait_for_end(out: Output, engine: Engine, flow_id: str, seconds: float, ann
 
 
 def start(
-    kind: Annotated[str, typer.Argument(help="Flow kind (durapay flows kinds).")],
+    kind: Annotated[str, typer.Argument(help="Flow kind (durapay flows kinds).", autocompletion=completion.kinds)],
     json_input: Annotated[str, typer.Option("--json-input", help="JSON input: a file, or - for stdin.")] = "-",
     key: Annotated[str | None, typer.Option("--key", help="Start key: the same key and input give the same flow.")] = None,
     run_at: Annotated[str | None, typer.Option("--run-at", help=f"Run later: {RUN_AT_FORMS}.")] = None,
@@ -112,6 +119,9 @@ def start(
     With --wait, exit 0 if the flow succeeded, 1 if it failed or was cancelled, 3 if it needs
     attention, 4 if it was still going when the wait ran out.
     """
+    from durapay.service.api_flows import wait_for_customer_url
+    from durapay.service.views import flow_view
+
     out = Output(as_json)
     with out.errors():
         data = read_json_input(json_input, option="--json-input", expected=f"the {kind} flow's input as a JSON object")
@@ -147,8 +157,15 @@ def start(
 
 @flows_app.command("ls")
 def list_flows(
-    state: Annotated[str | None, typer.Option(help=f"Only flows in this state: {', '.join(s.value for s in FlowState)}.")] = None,
-    kind: Annotated[str | None, typer.Option(help="Only flows of this kind (durapay flows kinds).")] = None,
+    state: Annotated[
+        str | None,
+        typer.Option(
+            help=f"Only flows in this state: {', '.join(s.value for s in FlowState)}.", autocompletion=completion.states
+        ),
+    ] = None,
+    kind: Annotated[
+        str | None, typer.Option(help="Only flows of this kind (durapay flows kinds).", autocompletion=completion.kinds)
+    ] = None,
     since: Annotated[str | None, typer.Option(help=f"Created since: {SINCE_FORMS}.")] = None,
     limit: Annotated[int, typer.Option(min=1, max=10_000)] = 50,
     after: Annotated[str | None, typer.Option("--after", help="A cursor (a page's next): the flows after it.")] = None,
@@ -156,6 +173,9 @@ def list_flows(
 ) -> None:
     """List flows, newest first, a page at a time; prints the cursor of the next page (piped: one
     tab-separated line per flow, no header, and the cursor on stderr)."""
+    from durapay.service.views import flow_brief, money_text
+    from durapay.workflows.listing import BadCursor
+
     out = Output(as_json)
     with out.errors():
         wanted = FlowState(one_of(state, [s.value for s in FlowState], "--state", "state")) if state is not None else None
@@ -194,8 +214,10 @@ def list_flows(
 
 
 @flows_app.command("show")
-def show(flow_id: str, as_json: JsonFlag = False) -> None:
+def show(flow_id: completion.FlowId, as_json: JsonFlag = False) -> None:
     """One flow with its history."""
+    from durapay.service.views import flow_view
+
     out = Output(as_json)
     with runtime(out) as rt, out.errors():
         view = flow_view(rt.engine.get(flow_id), rt.engine.registry)
@@ -208,12 +230,14 @@ def show(flow_id: str, as_json: JsonFlag = False) -> None:
 
 @flows_app.command("signal")
 def signal(
-    flow_id: str,
+    flow_id: completion.FlowId,
     name: Annotated[str, typer.Argument(help="3ds_result or form_completed (notification comes only through the receiver).")],
     payload: Annotated[str | None, typer.Option(help="The payload as a JSON object, a file, or - for stdin.")] = None,
     as_json: JsonFlag = False,
 ) -> None:
     """Deliver a signal to a flow (resumes it if it waits for that signal)."""
+    from durapay.service.views import flow_view
+
     out = Output(as_json)
     data: Any = {}
     if payload is not None:
@@ -234,13 +258,15 @@ def signal(
 
 @flows_app.command("cancel")
 def cancel(
-    flow_id: str,
+    flow_id: completion.FlowId,
     reason: Annotated[str, typer.Option(help="Why; kept in the flow's outcome.")] = "cancelled by operator",
     as_json: JsonFlag = False,
 ) -> None:
     """Cancel a flow now, at the end of the step in flight, or, while money may be in flight at the
     gateway, once a read of the gateway shows none moved (the flow then ends cancelled; succeeded if
     the money moved; needs_attention if the gateway cannot tell)."""
+    from durapay.service.views import flow_view
+
     out = Output(as_json)
     with runtime(out, writes=True) as rt, out.errors():
         view = flow_view(rt.engine.cancel(flow_id, reason, by="cli"), rt.engine.registry)
@@ -259,8 +285,10 @@ def cancel(
 
 
 @flows_app.command("retry")
-def retry(flow_id: str, as_json: JsonFlag = False) -> None:
+def retry(flow_id: completion.FlowId, as_json: JsonFlag = False) -> None:
     """Move a failed or needs_attention flow on."""
+    from durapay.service.views import flow_view
+
     out = Output(as_json)
     with runtime(out, writes=True) as rt, out.errors():
         view = flow_view(rt.engine.retry(flow_id, by="cli"), rt.engine.registry)

@@ -28,11 +28,11 @@ from typing import Any
 import httpx
 
 from durapay.config import SIMULATOR_API_KEY, Settings, load_settings
-from durapay.config.embedded import free_port
+from durapay.config.embedded import free_port, running_embedded
 from durapay.service.app import create_app
 from durapay.service.demo.clock import SharedClock
 from durapay.service.processes import Child, port_or_free, settings_env
-from durapay.service.runtime import Runtime, build_runtime, resolve_redis, running_embedded
+from durapay.service.runtime import Runtime, build_runtime, resolve_redis
 from durapay.service.server import ApiServer
 from durapay.simulator import SimulatorConfig, SimulatorServer
 from durapay.workflows.dispatcher import Dispatcher

@@ -314,15 +314,17 @@ def test_a_flow_error_is_one_readable_line_never_a_python_dict(engine_side: Runt
 
 
 def test_every_command_takes_json() -> None:
+    from typer import _click as click
     from typer.main import get_command
 
     from durapay.service.cli import build_app
 
     def leaves(command: Any, path: str) -> list[tuple[str, Any]]:
-        children = getattr(command, "commands", None)
-        if not children:
+        if not hasattr(command, "list_commands"):
             return [(path, command)]
-        return [leaf for name, child in children.items() for leaf in leaves(child, f"{path} {name}")]
+        context = click.Context(command)  # the root's commands load by name (service.cli.COMMAND_MODULES)
+        children = [(name, command.get_command(context, name)) for name in command.list_commands(context)]
+        return [leaf for name, child in children for leaf in leaves(child, f"{path} {name}")]
 
     missing = [path for path, command in leaves(get_command(build_app()), "durapay")
                if not any("--json" in param.opts for param in command.params)]  # fmt: skip
