@@ -162,6 +162,30 @@ class GatewaySettings(_Group):
     _url = field_validator("base_url")(_check_url)
 
 
+class GatewayHealthSettings(_Group):
+    """The gateway's health shared by every worker (``workflows.gate``): a circuit breaker that stops calls
+    after ``failures`` timeouts, 5xx or connection errors in a row within ``window_seconds``, and a rate
+    limiter every worker draws from (with the hold of a 429's Retry-After)."""
+
+    failures: int = Field(default=5, ge=1, le=1000, description="Timeouts, 5xx or connection errors in a row that open the breaker.")
+    window_seconds: float = Field(default=30.0, gt=0, le=3600, description="The failures must fall within this window.")
+    open_seconds: float = Field(
+        default=15.0, gt=0, le=3600, description="How long the breaker stays open before one probe call is let through."
+    )
+    limiter: bool = Field(default=True, description="Share one rate limit (and a 429's Retry-After) across every worker.")
+    rate_per_second: float = Field(default=200.0, gt=0, le=100000, description="Gateway calls per second, every worker together.")
+    burst: int = Field(default=100, ge=1, le=100000, description="Calls allowed at once above the rate.")
+    wait_seconds: float = Field(
+        default=1.0, ge=0, le=30, description="A call whose slot is this near waits in the worker; a later one defers its flow."
+    )
+    outage_seconds: float = Field(
+        default=3600.0,
+        ge=10,
+        le=30 * 86400,
+        description="A flow that met the breaker open this long ends failed (needs_attention if money may have moved).",
+    )
+
+
 class ReceiverSettings(_Group):
     """Where the gateway sends notifications: the public URL of durapay's receiver."""
 
@@ -477,6 +501,7 @@ class Settings(BaseSettings):
     )
     data_dir: Path = Field(default=Path(".durapay"), description="Embedded Valkey data and demo files.")
     gateway: GatewaySettings = GatewaySettings()
+    gateway_health: GatewayHealthSettings = GatewayHealthSettings()
     receiver: ReceiverSettings = ReceiverSettings()
     api: ApiSettings = ApiSettings()
     retry: RetrySettings = RetrySettings()

@@ -24,6 +24,11 @@ Series:
 * ``durapay_reconciliation_mismatches{category}``, ``durapay_reconciliation_ok`` - the standing
   reconciliation (``Reports.standing``: a newer run clears a mismatch only by reading its window again);
   ``durapay_reconciliation_finished_seconds`` - when the newest finished (none kept: no series)
+* ``durapay_gateway_breaker{terminal,state}`` - 1 for the gate's breaker state (closed, open, half_open),
+  ``durapay_gateway_deferred_total`` (calls not sent: breaker open or another probing),
+  ``durapay_gateway_rate_limited_total`` (429s seen), ``durapay_gateway_limiter_waits_total`` (calls given
+  a later slot), ``durapay_gateway_breaker_opened_total``, ``durapay_gateway_probes_total``
+  (``workflows.gate``)
 """
 
 from __future__ import annotations
@@ -264,6 +269,36 @@ def _auth_series(engine: Engine) -> list[str]:
     ]
 
 
+#: The gate's counters and their series (``workflows.gate.GateStatus.counters``).
+GATE_COUNTERS = (
+    ("deferred", "durapay_gateway_deferred_total", "Gateway calls not sent: the breaker was open (or another call probed)."),
+    ("limited", "durapay_gateway_rate_limited_total", "429 answers seen from the gateway."),
+    ("waits", "durapay_gateway_limiter_waits_total", "Gateway calls the shared rate limiter gave a later slot."),
+    ("opened_total", "durapay_gateway_breaker_opened_total", "Times the gateway's circuit breaker opened."),
+    ("probes", "durapay_gateway_probes_total", "Probe calls sent while the breaker was half open."),
+)
+
+
+def _gate_series(engine: Engine) -> list[str]:
+    status = engine.gate.status()
+    terminal = _escape(status.terminal)
+    lines = [
+        "# HELP durapay_gateway_breaker The gateway's circuit breaker: 1 for its state (closed, open, half_open).",
+        "# TYPE durapay_gateway_breaker gauge",
+        *(
+            f'durapay_gateway_breaker{{terminal="{terminal}",state="{state}"}} {int(status.state == state)}'
+            for state in ("closed", "open", "half_open")
+        ),
+    ]
+    for name, series, text in GATE_COUNTERS:
+        lines += [
+            f"# HELP {series} {text}",
+            f"# TYPE {series} counter",
+            f'{series}{{terminal="{terminal}"}} {status.counters[name]}',
+        ]
+    return lines
+
+
 def render(engine: Engine) -> str:
     """The whole ``/metrics`` page."""
     lines = (
@@ -273,5 +308,6 @@ def render(engine: Engine) -> str:
         + _auth_series(engine)
         + _up_series(engine, ("worker", "scheduler"))
         + _reconciliation_series(engine)
+        + _gate_series(engine)
     )
     return "\n".join(lines) + "\n"

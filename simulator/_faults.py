@@ -18,6 +18,8 @@ Rule modes (``{"mode": ..., "operation": ..., "count": ..., "rate": ...}``):
                      request that reached the gateway after its client gave up; a key it carries is
                      claimed only then, so a retry that came first is not repeated by it)
 ``latency``          add ``latency_ms`` (+ random ``jitter_ms``) to matching requests
+``throttle``         the gateway's own rate limit: matching requests beyond ``per_second`` (a bucket of
+                     ``burst``) are answered 429 with ``Retry-After: retry_after``, without acting
 ``notify_drop``      never deliver the notification
 ``notify_delay``     deliver it ``delay_ms`` late
 ``notify_duplicate`` deliver it twice (same ``eventId``)
@@ -29,6 +31,7 @@ from __future__ import annotations
 
 import random
 import threading
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -45,6 +48,7 @@ Mode = Literal[
     "commit_then_fail",
     "late",
     "latency",
+    "throttle",
     "notify_drop",
     "notify_delay",
     "notify_duplicate",
@@ -71,6 +75,8 @@ class FaultRule(BaseModel):
     latency_ms: int = Field(default=0, ge=0)
     jitter_ms: int = Field(default=0, ge=0)
     delay_ms: int = Field(default=1000, ge=0)
+    per_second: float = Field(default=10.0, gt=0)
+    burst: int = Field(default=10, ge=1)
 
     @model_validator(mode="after")
     def _check(self) -> FaultRule:
@@ -92,6 +98,25 @@ class _Active:
     rule: FaultRule
     remaining: int | None
     fired: int = 0
+    #: A ``throttle`` rule's bucket: tokens left, and when they were counted (monotonic seconds).
+    tokens: float | None = None
+    counted: float = 0.0
+
+    def over_rate(self) -> bool:
+        """A ``throttle`` rule: whether this request finds the bucket empty (else it takes a token)."""
+        now = time.monotonic()
+        rule = self.rule
+        tokens = (
+            float(rule.burst)
+            if self.tokens is None
+            else min(float(rule.burst), self.tokens + (now - self.counted) * rule.per_second)
+        )
+        self.counted = now
+        if tokens >= 1.0:
+            self.tokens = tokens - 1.0
+            return False
+        self.tokens = tokens
+        return True
 
     def describe(self) -> dict[str, Any]:
         return {**self.rule.model_dump(exclude_defaults=True), "remaining": self.remaining, "fired": self.fired}
@@ -211,6 +236,13 @@ class Faults:
                     latency_ms += active.rule.latency_ms
                     if active.rule.jitter_ms:
                         latency_ms += self._rng.uniform(0, active.rule.jitter_ms)
+                elif mode == "throttle" and action is None and self._fires(active, operation):
+                    if active.over_rate():
+                        action = active.rule.model_copy(update={"mode": "error", "status": 429})
+                    else:
+                        active.fired -= 1  # within the rate: not a fault, and no use of its count
+                        if active.remaining is not None:
+                            active.remaining += 1
                 elif mode in REQUEST_MODES and action is None and self._fires(active, operation):
                     action = active.rule
             return RequestFaults(latency_seconds=latency_ms / 1000.0, action=action)

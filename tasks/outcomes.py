@@ -13,6 +13,10 @@ A step returns (or the runner derives from an error) exactly one of these:
 * :class:`NewOrder` - the gateway holds an order whose answer was lost before the customer could use
   it (nothing can have been charged); start this step again on a fresh gateway order id.
 * :class:`Attention` - only a person can decide; the flow stops in ``needs_attention``.
+* :class:`Defer` - the gateway is not to be called now (its breaker is open, or the shared rate limit
+  gives this call a later slot): run this step again after ``after`` seconds, using no attempt and no
+  run (``workflows.gate``). ``slot`` is the limiter slot reserved for it; ``reconcile`` as for Retry
+  (the call that opened the breaker may have reached the gateway).
 """
 
 from __future__ import annotations
@@ -71,4 +75,13 @@ class Attention:
     error: dict[str, Any] | None = None
 
 
-Outcome = Advance | Finish | Retry | Poll | Wait | Sleep | NewOrder | Attention
+@dataclass(frozen=True)
+class Defer:
+    after: float
+    reason: str
+    error: dict[str, Any]
+    reconcile: bool = False
+    slot: float | None = None
+
+
+Outcome = Advance | Finish | Retry | Poll | Wait | Sleep | NewOrder | Attention | Defer

@@ -15,14 +15,26 @@ the :class:`~tasks.outcomes.Outcome` returned. This module owns what happens in 
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
 from pydantic import BaseModel
 
-from durapay.gateway import BY_NAME, Area, BadRequest, GatewayClient, GatewayError, GatewayModel, GatewayOperation
-from durapay.tasks.outcomes import Attention, Finish, Outcome, Retry
+from durapay.gateway import (
+    BY_NAME,
+    Area,
+    BadRequest,
+    GatewayClient,
+    GatewayError,
+    GatewayModel,
+    GatewayOperation,
+    RateLimited,
+    ServerError,
+    TransportError,
+)
+from durapay.tasks.outcomes import Attention, Defer, Finish, Outcome, Retry
 from durapay.tasks.retry import RetryPolicy
 
 log = logging.getLogger("durapay.runner")
@@ -35,6 +47,51 @@ class LeaseLost(Exception):
 
     Raised by :meth:`StepContext.call` before a call when renewing the lease fails; the engine then
     drops the step's result (the completion would be refused as stale anyway)."""
+
+
+class Deferred(Exception):
+    """The gate (``workflows.gate``) said not now: the breaker is open, or this call's slot is later. Not a
+    GatewayError, so that no step body mistakes it for the gateway's answer; the runner turns it into
+    its ``outcome`` wherever a step's call may raise it."""
+
+    def __init__(self, outcome: Defer) -> None:
+        super().__init__(outcome.reason)
+        self.outcome = outcome
+
+
+class Admission(Protocol):
+    """The gate's answer (``workflows.gate.Admission``): go, wait ``after`` for ``slot``, or open."""
+
+    @property
+    def verdict(self) -> str: ...
+
+    @property
+    def after(self) -> float: ...
+
+    @property
+    def report(self) -> bool: ...
+
+    @property
+    def slot(self) -> float | None: ...
+
+
+class Gate(Protocol):
+    """What the runner needs of the shared gateway gate (``workflows.gate.Gate``)."""
+
+    @property
+    def wait_seconds(self) -> float: ...
+
+    def take(self, reservation: float | None = None) -> Admission: ...
+
+    def failed(self, error: GatewayError) -> float | None: ...
+
+    def succeeded(self) -> None: ...
+
+    def limited(self, error: RateLimited) -> Admission | None: ...
+
+
+#: The reason a flow waits while the breaker is open (docs/durability.md, "Gateway health").
+UNAVAILABLE = "gateway unavailable"
 
 
 class NotCommitted:
@@ -88,6 +145,10 @@ class StepContext:
     #: prove that what an order holds is its own (``workflows.flows._adopt``).
     order_holder: Callable[[str], str | None] | None = None
     retry: RetryPolicy = field(default_factory=RetryPolicy)
+    #: The gateway's shared gate (None: calls go straight out, as in unit tests of step bodies).
+    gate: Gate | None = None
+    #: The limiter slot reserved for this step when it was deferred to it (used by its first call).
+    slot: float | None = None
 
     def call(
         self,
@@ -102,9 +163,59 @@ class StepContext:
         it still calls, and a step whose claim is gone calls no more (LeaseLost)."""
         if self.calls and self.renew_lease is not None:
             self.renew_lease()
-        self.calls.append(op.name)
         key = self.idempotency_key if op.idempotency_key else None
-        return self.client.call(op, *path_args, request=request, idempotency_key=key)
+        gate = self.gate
+        if gate is None:
+            self.calls.append(op.name)
+            return self.client.call(op, *path_args, request=request, idempotency_key=key)
+        report = self._admit(gate, op)
+        self.calls.append(op.name)
+        try:
+            answer = self.client.call(op, *path_args, request=request, idempotency_key=key)
+        except GatewayError as error:
+            self._judge(gate, op, error, report)
+            raise
+        if report:
+            gate.succeeded()
+        return answer
+
+    def _admit(self, gate: Gate, op: GatewayOperation[Any]) -> bool:
+        """Pass the gate or raise Deferred: wait in this worker for a slot that near, defer the flow to a
+        later one (reserved for it), or to the breaker's end. Returns whether to report the outcome."""
+        reservation, self.slot = self.slot, None
+        admission = gate.take(reservation)
+        if admission.verdict == "wait" and admission.after <= gate.wait_seconds:
+            time.sleep(admission.after)
+        elif admission.verdict == "wait":
+            error = {
+                "type": "RateLimit",
+                "operation": op.name,
+                "message": f"the shared rate limit's slot is in {admission.after:.2f}s",
+            }
+            raise Deferred(Defer(admission.after, "gateway rate limit", error, slot=admission.slot))
+        elif admission.verdict == "open":
+            error = {"type": "GatewayUnavailable", "operation": op.name, "message": "the gateway's circuit breaker is open"}
+            raise Deferred(Defer(admission.after, UNAVAILABLE, error))
+        return admission.report
+
+    def _judge(self, gate: Gate, op: GatewayOperation[Any], error: GatewayError, report: bool) -> None:
+        """Tell the gate what the call's error says of the gateway; raise Deferred when every flow is to
+        wait (the breaker open, or a 429's hold), so that this error uses no attempt of the flow's."""
+        if isinstance(error, TransportError | ServerError):
+            # No answer (a timeout, a connection refused or dropped) or a 5xx: against the gateway's
+            # health. A 4xx or an answer we cannot read is the gateway answering.
+            until = gate.failed(error)
+            if until is not None:
+                record = {**error.to_dict(), "breaker": "open"}
+                raise Deferred(Defer(until, UNAVAILABLE, record, reconcile=error.ambiguous and not op.retry_safe)) from error
+            return
+        if isinstance(error, RateLimited):
+            fresh = gate.limited(error)
+            if fresh is not None:
+                raise Deferred(Defer(fresh.after, "gateway rate limit (429)", error.to_dict(), slot=fresh.slot)) from error
+            return
+        if report:
+            gate.succeeded()  # any other answer: the gateway is up
 
     def output(self, step: str) -> dict[str, Any]:
         """The output of an earlier step ({} when it was skipped)."""
@@ -141,6 +252,8 @@ def run_step(step: Step, ctx: StepContext, *, must_reconcile: bool, resend: bool
         return step.execute(ctx)
     except LeaseLost:
         raise
+    except Deferred as deferred:
+        return deferred.outcome
     except GatewayError as error:
         failing = _operation_of(error, op, ctx)
         if failing is None:
@@ -201,6 +314,8 @@ def settle(
             waited = settle_wait(ctx, cancelling=cancelling)
         except LeaseLost:
             raise
+        except Deferred as deferred:
+            return deferred.outcome
         except GatewayError as failed:
             return _unclear(ctx, "the read of the customer's payment", {**failed.to_dict(), "during": "settle"})
         return NOTHING_MOVED if waited is None else waited
@@ -238,6 +353,8 @@ def _reconcile(step: Step, ctx: StepContext, operation: str) -> Outcome | NotCom
         found = step.reconcile(ctx)
     except LeaseLost:
         raise
+    except Deferred as deferred:
+        return deferred.outcome
     except GatewayError as error:
         log.info("flow %s step %s: reconcile read failed: %s", ctx.flow_id, ctx.step, error)
         return _unclear(ctx, operation, {**error.to_dict(), "during": "reconcile"})

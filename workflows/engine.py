@@ -32,11 +32,12 @@ from durapay.gateway import GatewayClient, customer_payment, describe_validation
 from durapay.tasks.outcomes import Outcome
 from durapay.tasks.retry import RetryPolicy
 from durapay.workflows import operator_actions
-from durapay.workflows.clock import Clock, SystemClock
+from durapay.workflows.clock import Clock, ManualClock, SystemClock
 from durapay.workflows.durability import Durability, NotDurable
 from durapay.workflows.errors import OperatorError
 from durapay.workflows.events import Cursor, Event, EventFeed
 from durapay.workflows.flows.waits import keep_until
+from durapay.workflows.gate import Gate
 from durapay.workflows.keys import Keys, derived_id
 from durapay.workflows.late_payments import LatePayments
 from durapay.workflows.listing import FlowListing, FlowPage
@@ -133,6 +134,12 @@ class Engine:
         self._client_pid = 0
         self._client_lock = threading.Lock()
         self.orders = OrderIndex(client, self.keys, settings.engine.retention, settings.gateway.order_id_max_length)
+        #: The gateway's health shared by every worker: breaker, rate limiter, 429 hold (``workflows.gate``).
+        #: On Redis's clock (one for every worker); an engine on a ManualClock (tests) keeps it on that one.
+        gate_now = self.clock.now if isinstance(self.clock, ManualClock) else None
+        self.gate = Gate(client, self.keys, settings.gateway_health, settings.gateway, now=gate_now)
+        #: Jitters the dues of flows deferred while the breaker is open (seeded with the retry policy's).
+        self.gate_rng = rng or random.Random()
         self.store.pause_recheck = settings.pause.recheck_seconds
         #: Pauses of flow kinds (maintenance windows): a paused kind's flows run no step (``workflows.pauses``).
         self.pauses = Pauses(self.store, self.registry, self.clock.now)

@@ -34,6 +34,10 @@ Types and their ``data`` (JSON; card data never appears):
                             unchecked)
 ``reconciliation.mismatch`` ``category``, ``what``, ``report``, ``state``, ``operation`` (the gateway's),
                             ``named`` (the operation the flow names): ``workflows.reconciliation``
+``gateway.unavailable``     ``terminal``, ``failures``, ``until`` (when one probe call may go), ``error``
+                            (type, status, message of the failure that opened the breaker):
+                            ``workflows.gate``, written by ``lua/gate.lua``
+``gateway.recovered``       ``terminal``, ``since`` (when the breaker opened), ``seconds`` (how long)
 ==========================  =========================================================================
 
 Every event also carries ``flow`` and ``kind`` (or ``schedule``), ``orderId`` and ``operationId``
@@ -76,7 +80,9 @@ SCHEDULE_TYPES = (
 NOTIFICATION_TYPES = ("notification.unknown_order",)
 #: A reconciliation's mismatch (``workflows.reconciliation.report``): with its flow, or none for money no flow claims.
 RECONCILIATION_TYPES = ("reconciliation.mismatch",)
-EVENT_TYPES = FLOW_TYPES + SCHEDULE_TYPES + NOTIFICATION_TYPES + RECONCILIATION_TYPES
+#: The gateway's breaker opened or closed (``workflows.gate``): no flow, no schedule.
+GATEWAY_TYPES = ("gateway.unavailable", "gateway.recovered")
+EVENT_TYPES = FLOW_TYPES + SCHEDULE_TYPES + NOTIFICATION_TYPES + RECONCILIATION_TYPES + GATEWAY_TYPES
 
 
 @dataclass(frozen=True)

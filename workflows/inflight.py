@@ -15,7 +15,8 @@ moving at the gateway for this flow" (docs/durability.md, "Money in flight"):
   after an earlier try whose answer was lost, a person's stop;
 * **settled** (deleted) only by a completion that reports the gateway's answer: a final result of the
   operation (success, decline, failure, refund...), a refusal of the call itself when no earlier try is
-  unanswered, a wait's end where the gateway says the customer can no longer pay (``CLOSED``), or a
+  unanswered (a 429, a 503, or the gateway's breaker that let no call out: ``Defer``), a wait's end
+  where the gateway says the customer can no longer pay (``CLOSED``), or a
   read that found nothing after the call could no longer arrive (``tasks.runner.settle``).
 
 ``transition.lua`` reads it and nothing else to decide whether a flow may end ``cancelled`` or
@@ -28,7 +29,7 @@ from __future__ import annotations
 from typing import Any
 
 from durapay.gateway import OperationResult
-from durapay.tasks.outcomes import Advance, Finish, Outcome, Retry, Wait
+from durapay.tasks.outcomes import Advance, Defer, Finish, Outcome, Retry, Wait
 from durapay.workflows.flows._common import operation_of
 from durapay.workflows.flows.waits import CLOSED, KEEP_MARGIN_SECONDS, PAGE_SECONDS, keep_until
 from durapay.workflows.steps import Step
@@ -104,7 +105,7 @@ def _money(step: Step, record: FlowRecord, outcome: Outcome) -> dict[str, str | 
             if not _earlier_unanswered(record) and not _may_have_acted(outcome.error) and not outcome.error.get("retryable"):
                 return dict(SETTLED)  # the gateway refused the call, and no earlier try is unanswered
         return {}
-    refused = isinstance(outcome, Retry) and not outcome.reconcile and not _may_have_acted(outcome.error)
+    refused = isinstance(outcome, Retry | Defer) and not outcome.reconcile and not _may_have_acted(outcome.error)
     if refused and _own_call(step, unsettled) and not _earlier_unanswered(record):
         return dict(SETTLED)  # refused before acting (a 429, a 503): the next claim marks it again
     return {}

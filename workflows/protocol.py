@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 from pydantic import ValidationError
 
 from durapay.gateway import BY_NAME, describe_validation_error, reported_payment
-from durapay.tasks.outcomes import Advance, Attention, Finish, NewOrder, Outcome, Poll, Retry, Sleep, Wait
+from durapay.tasks.outcomes import Advance, Attention, Defer, Finish, NewOrder, Outcome, Poll, Retry, Sleep, Wait
 from durapay.tasks.runner import LeaseLost, NothingMoved, StepContext, run_step, settle
 from durapay.workflows import inflight
 from durapay.workflows.durability import NotDurable
@@ -272,6 +272,8 @@ class StepProtocol:
             retry=engine.retry_policy,
             maybe_sent_at=_maybe_sent_at(record) if record else now,
             order_holder=engine.orders.flow_for,
+            gate=engine.gate if record else None,
+            slot=_number(record.fields.get("gate_slot")) if record else None,
         )
 
     # -- run and complete -------------------------------------------------------------------------
@@ -374,8 +376,15 @@ class StepProtocol:
         now = engine.clock.now()
         done: dict[str, str | None] = {"lease_until": None, "lease_owner": None, "uncertain": None}
         done |= {signal_field: None for signal_field in ctx.consumed}
+        if isinstance(outcome, Defer):
+            outcome = self._outage_bound(claim, outcome, now)
+        if not isinstance(outcome, Defer):
+            # The gateway answered (or the bound was reached): the outage is over for this flow.
+            done |= {name: None for name in ("gateway_since", "gate_slot") if claimed.fields.get(name)}
         change: Change
-        if isinstance(outcome, Advance):
+        if isinstance(outcome, Defer):
+            change = self._deferred(claim, outcome, done, now)
+        elif isinstance(outcome, Advance):
             engine.orders.keep_token(ctx.order_id, claimed.id, outcome.output)
             ctx.outputs = {**ctx.outputs, step.name: outcome.output}
             following = definition.next_step(step.name, ctx)
@@ -493,6 +502,48 @@ class StepProtocol:
             self.send_from(written, written.step)
         return str(written.state), written, following_claim
 
+    def _deferred(self, claim: Claim, outcome: Defer, done: dict[str, str | None], now: float) -> Change:
+        """The flow waits in ``retrying`` for the gate (``workflows.gate``): the breaker's end, jittered so
+        that the backlog does not come back at once, or its own reserved limiter slot. The attempt and the
+        run its claim counted (claim.lua) are given back: the gateway's state is no fault of the flow's.
+        Kept on the flow: when it first met the gate (``gateway_since``, for ``outage_seconds``)."""
+        claimed, step, ctx = claim.record, claim.step, claim.ctx
+        reconcile = outcome.reconcile or claimed.reconcile or claimed.uncertain
+        runs = int(claimed.fields.get("runs") or "0")
+        done |= {
+            "error": compact_json({**outcome.error, "reason": outcome.reason}),
+            "reconcile": "1" if reconcile else None,
+            "attempt": str(max(0, claimed.attempt - 1)),
+            "runs": str(max(0, runs - 1)) if runs > 1 else None,
+            "gate_slot": repr(outcome.slot) if outcome.slot is not None else None,
+        }
+        if not claimed.fields.get("gateway_since"):
+            done["gateway_since"] = repr(now)
+        if outcome.reconcile and _wrote(ctx):
+            done["maybe_sent"] = repr(now)  # the call that opened the breaker may still arrive
+        after = outcome.after
+        if outcome.slot is None:
+            after += self.engine.gate_rng.uniform(0.0, 1.0 + 0.25 * self.engine.settings.gateway_health.open_seconds)
+        what = f"{step.name}: {outcome.reason}; tried again in {after:.1f}s (no attempt used)"
+        return Change(FlowState.RETRYING, what, done, due=now + after)
+
+    def _outage_bound(self, claim: Claim, outcome: Defer, now: float) -> Outcome:
+        """A flow kept from the gateway longer than ``outage_seconds`` (from when it first met the gate)
+        ends: ``failed`` with the reason, or ``needs_attention`` where money may have moved (an earlier
+        call unanswered, money in flight still marked: workflows.inflight, never declared failed)."""
+        claimed = claim.record
+        since = _number(claimed.fields.get("gateway_since"))
+        bound = self.engine.settings.gateway_health.outage_seconds
+        if since is None or now - since < bound:
+            return outcome
+        reason = f"{outcome.reason} for more than {bound:.0f}s"
+        error = {**outcome.error, "reason": outcome.reason, "since": since}
+        money = inflight.after(claim.step, claimed, outcome)
+        unsettled = money["unsettled"] if "unsettled" in money else claimed.fields.get("unsettled")
+        if unsettled or outcome.reconcile or claimed.reconcile or claimed.uncertain:
+            return Attention(f"{reason}; money may have moved", error)
+        return Finish(False, reason, error=error)
+
     def _new_order(self, definition: FlowDefinition, claimed: FlowRecord, ctx: StepContext) -> tuple[int, str] | None:
         """The flow's next gateway order id, held by it in the order index (None: none is free, or the flow's
         order is the merchant object's own, ``FlowDefinition.order_fixed``)."""
@@ -587,6 +638,13 @@ def _call_made(step: Step, claimed: FlowRecord, outcome: Outcome, now: float, *,
     if reconcile:
         call["reconcile"] = True
     return call
+
+
+def _number(text: str | None) -> float | None:
+    try:
+        return float(text) if text else None
+    except ValueError:
+        return None
 
 
 def _maybe_sent_at(record: FlowRecord) -> float:

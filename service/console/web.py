@@ -11,6 +11,7 @@ address of a console page is sent to another site (``Referrer-Policy: same-origi
 from __future__ import annotations
 
 import json
+import logging
 import time
 from collections.abc import Mapping
 from datetime import UTC, datetime
@@ -25,6 +26,9 @@ from jinja2 import Environment, FileSystemLoader, select_autoescape
 from durapay.gateway import format_money
 from durapay.service.console.session import COOKIE, PATH, Session, Sessions
 from durapay.service.views import rule_text
+from durapay.workflows.gate import GateStatus
+
+log = logging.getLogger("durapay.console")
 
 CSP = (
     "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; connect-src 'self'; "
@@ -72,6 +76,17 @@ def environment() -> Environment:
     return env
 
 
+def gateway_status(request: Request) -> GateStatus | None:
+    """The gateway's breaker (``workflows.gate``) for the banner every page shows while it is not closed;
+    None when it cannot be read (the page still renders: the banner is news, not the page's content)."""
+    runtime = getattr(request.app.state, "runtime", None)
+    try:
+        return runtime.engine.gate.status() if runtime is not None else None
+    except Exception:
+        log.warning("the gateway's breaker could not be read for the console's banner", exc_info=True)
+        return None
+
+
 class Console:
     """The shared parts of the console's routes: sessions, templates, the engine's runtime."""
 
@@ -88,6 +103,7 @@ class Console:
             csrf=session.csrf if session else "",
             path=request.url.path,
             now=time.time(),
+            gateway=gateway_status(request) if session else None,
             **context,
         )
         response = HTMLResponse(html, status_code=status)

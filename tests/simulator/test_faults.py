@@ -254,3 +254,17 @@ def test_an_invalid_fault_rule_is_refused_with_the_reason(sim: SimulatorServer, 
         sim.admin.set_faults(**rule)
     assert refused.value.status == 400 and "rule 0" in str(refused.value)
     assert sim.admin.faults()["rules"] == []
+
+
+def test_throttle_answers_429_beyond_its_rate_and_counts_them(client: GatewayClient, sim: SimulatorServer) -> None:
+    sim.admin.set_faults(mode="throttle", per_second=1, burst=3, retry_after=2)
+    answers = []
+    for _ in range(6):
+        try:
+            client.call(Catalogue.list_payment_methods)
+            answers.append("ok")
+        except RateLimited as limited:
+            answers.append(f"429 after {limited.retry_after}")
+    assert answers[:3] == ["ok"] * 3  # the burst
+    assert answers[3:] == ["429 after 2.0"] * 3  # within a second, beyond the rate
+    assert sim.admin.faults()["rules"][0]["fired"] == 3

@@ -113,6 +113,8 @@ class FlowWorld:
                 "engine": {"key_prefix": "m", "lease_seconds": 30, "partitions": 2},
                 "retry": {"base_seconds": 1, "cap_seconds": 10, "max_attempts": 3, "reconcile_attempts": 3},
                 "receiver": {"public_url": "http://127.0.0.1:9/notifications"},
+                # Each flow meets a 429 alone, as the model's retries expect (the breaker stays on).
+                "gateway_health": {"limiter": False},
             }
         )
         self.clock = ManualClock(self.sim.admin.now().timestamp())

@@ -1,0 +1,151 @@
+"""The gateway gate's decisions (``lua/gate.lua`` through ``workflows.gate.Gate``) on the session's Valkey,
+with an injected time: breaker closed / open / half open with one probe, the limiter's reserved slots,
+and the hold of a 429's Retry-After."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import redis
+
+from durapay.config import load_settings
+from durapay.gateway import GatewayTimeout, RateLimited, ServerError
+from durapay.workflows.events import EventFeed
+from durapay.workflows.gate import Gate
+from durapay.workflows.keys import Keys
+
+T0 = 1_800_000_000.0
+
+
+class Time:
+    def __init__(self) -> None:
+        self.t = T0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def make_gate(client: redis.Redis, prefix: str, time: Time, **health: object) -> Gate:
+    settings = load_settings(
+        {"gateway_health": {"failures": 3, "window_seconds": 10, "open_seconds": 20, "rate_per_second": 10, "burst": 5, **health}}
+    )
+    return Gate(client, Keys(prefix=prefix, partitions=3), settings.gateway_health, settings.gateway, now=time)
+
+
+def server_error() -> ServerError:
+    return ServerError("create_moto_order: HTTP 503: down", status_code=503)
+
+
+def stream_events(client: redis.Redis, gate: Gate) -> list[dict[str, object]]:
+    return [json.loads(fields[b"e"]) for _, fields in client.xrange(gate.stream)]
+
+
+def test_breaker_opens_after_consecutive_failures_then_one_probe_closes_it(redis_client: redis.Redis, key_prefix: str) -> None:
+    time = Time()
+    gate = make_gate(redis_client, key_prefix, time)
+    assert gate.take().verdict == "go"
+    assert gate.failed(server_error()) is None
+    assert gate.failed(GatewayTimeout("no answer", sent=True)) is None
+    assert gate.take().report  # failures counted: the next success is reported
+    opened = gate.failed(server_error())
+    assert opened == pytest.approx(20)
+    assert gate.status().state == "open"
+    assert [e["type"] for e in stream_events(redis_client, gate)] == ["gateway.unavailable"]
+
+    time.t += 5
+    refused = gate.take()
+    assert (refused.verdict, refused.after) == ("open", pytest.approx(15))
+    time.t += 15  # half open: one probe, the others look again within a second
+    probe = gate.take()
+    assert (probe.verdict, probe.report) == ("go", True)
+    other = gate.take()
+    assert other.verdict == "open" and other.after <= 1.0
+    assert gate.status().state == "half_open"
+    gate.succeeded()
+    assert gate.status().state == "closed"
+    after = gate.take()
+    assert (after.verdict, after.report) == ("go", False)  # the happy path reports nothing: one round trip
+    recovered = stream_events(redis_client, gate)[-1]
+    assert recovered["type"] == "gateway.recovered"
+    assert recovered["data"] == {"terminal": "default", "since": pytest.approx(T0), "seconds": pytest.approx(20)}
+    assert gate.status().counters["deferred"] == 2
+
+
+def test_a_failed_probe_opens_the_breaker_again_and_a_dead_probe_lease_lets_another_probe(
+    redis_client: redis.Redis, key_prefix: str
+) -> None:
+    time = Time()
+    gate = make_gate(redis_client, key_prefix, time, failures=1)
+    assert gate.failed(server_error()) == pytest.approx(20)
+    time.t += 20
+    assert gate.take().verdict == "go"  # the probe
+    assert gate.failed(server_error()) == pytest.approx(20)  # failed: open again for open_seconds
+    time.t += 20
+    assert gate.take().verdict == "go"  # a probe whose worker dies...
+    time.t += gate.probe_lease + 0.1
+    assert gate.take().verdict == "go"  # ...lets another probe once its lease ends
+    assert gate.status().counters["opened_total"] == 1  # one outage, one gateway.unavailable
+
+
+def test_failures_outside_the_window_do_not_add_up(redis_client: redis.Redis, key_prefix: str) -> None:
+    time = Time()
+    gate = make_gate(redis_client, key_prefix, time)
+    gate.failed(server_error())
+    gate.failed(server_error())
+    time.t += 11
+    assert gate.failed(server_error()) is None  # a new run of failures starts
+    assert gate.status().failures == 1
+
+
+def test_limiter_reserves_slots_at_the_rate_after_the_burst(redis_client: redis.Redis, key_prefix: str) -> None:
+    time = Time()
+    gate = make_gate(redis_client, key_prefix, time)
+    assert [gate.take().verdict for _ in range(5)] == ["go"] * 5  # the burst
+    slots = [gate.take() for _ in range(3)]
+    assert [s.verdict for s in slots] == ["wait"] * 3
+    assert [s.after for s in slots] == [pytest.approx(0.1, abs=1e-3), pytest.approx(0.2, abs=1e-3), pytest.approx(0.3, abs=1e-3)]
+    time.t += 0.3
+    # The third comes back at its slot with its reservation: it goes, and takes no second slot.
+    assert gate.take(slots[2].slot).verdict == "go"
+    nxt = gate.take()
+    assert nxt.verdict == "wait" and nxt.after == pytest.approx(0.1, abs=1e-3)
+
+
+def test_a_429_holds_every_caller_and_spreads_them_after_it(redis_client: redis.Redis, key_prefix: str) -> None:
+    time = Time()
+    gate = make_gate(redis_client, key_prefix, time)
+    reserved = [gate.take() for _ in range(6)][-1]  # a slot reserved before the 429
+    fresh = gate.limited(RateLimited("HTTP 429", retry_after=3, status_code=429))
+    assert fresh is not None and fresh.after >= 3.0
+    time.t += 3.0
+    # The reservation made before the hold is void: it queues again, after the hold, one by one.
+    again = gate.take(reserved.slot)
+    assert again.verdict == "wait"
+    later = [gate.take().after for _ in range(3)]
+    assert later == sorted(later) and later[1] - later[0] == pytest.approx(0.1, abs=1e-3)
+    assert gate.status().counters["limited"] == 1
+
+
+def test_limiter_off_lets_every_call_go_and_keeps_the_breaker(redis_client: redis.Redis, key_prefix: str) -> None:
+    time = Time()
+    gate = make_gate(redis_client, key_prefix, time, limiter=False, failures=1)
+    assert all(gate.take().verdict == "go" for _ in range(50))
+    assert gate.limited(RateLimited("HTTP 429", retry_after=30, status_code=429)) is None
+    assert gate.take().verdict == "go"
+    gate.failed(server_error())
+    assert gate.take().verdict == "open"
+
+
+def test_gateway_events_are_read_by_the_feed(redis_client: redis.Redis, key_prefix: str) -> None:
+    time = Time()
+    gate = make_gate(redis_client, key_prefix, time, failures=1)
+    gate.failed(server_error())
+    time.t += 20
+    gate.take()
+    gate.succeeded()
+    feed = EventFeed(redis_client, Keys(prefix=key_prefix, partitions=3))
+    events, _ = feed.read(None, limit=10)
+    wire = [event.wire() for event in events]
+    assert [w["type"] for w in wire] == ["gateway.unavailable", "gateway.recovered"]
+    assert wire[0]["data"]["error"]["status"] == 503

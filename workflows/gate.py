@@ -1,0 +1,170 @@
+"""The gateway's health, shared by every worker: circuit breaker, rate limiter and 429 hold in Redis.
+
+Why shared: each worker meeting the gateway alone (its own backoff, its own rate) sent the whole backlog
+of an outage into a gateway that was down, burned every flow's attempts on it, and after it, or at
+09:00 when many charges fall due, arrived as one burst and came back as 429s. One gate per gateway
+*terminal* (today one, ``default``; a later issue gives each merchant terminal its own) decides, for
+every call of every worker, in ONE round trip (``lua/gate.lua``, with Redis's clock, so that all
+workers share one):
+
+* **breaker**: closed; open until T after ``failures`` timeouts, 5xx answers or connection errors in a
+  row within ``window_seconds`` (no call is sent: the step ends as ``Defer`` and its flow waits in
+  ``retrying``, "gateway unavailable", without using an attempt); then half open: ONE probe call at a
+  time (its lease bounded by the gateway's timeouts), whose success closes the breaker and whose
+  failure opens it again;
+* **limiter** (GCRA, ``rate_per_second`` with a ``burst``): the script answers the time of the
+  caller's slot and reserves it; a slot within ``wait_seconds`` is waited for in the worker, a later
+  one defers the flow to exactly that slot, which it then uses without queueing again (a deferred
+  backlog comes back spread at the rate, not as a herd);
+* **hold**: a 429's ``Retry-After`` holds every worker (no slot before it ends, the bucket empty then).
+
+The happy path is one ``EVALSHA`` per gateway call: a success is reported (a second call) only when
+the breaker had counted failures or the call was the probe. Keys of one terminal share one hash slot
+(a partition's tag), the same as the partition's merchant event stream, where the script writes
+``gateway.unavailable`` and ``gateway.recovered`` with the change that causes them (Redis Cluster).
+
+Why not the ``limits`` library: its Redis strategies (moving/fixed window, sliding window) answer
+"allowed or not" (plus a reset time) from their own scripts, one round trip each; the breaker and the
+hold would be a second and third round trip per call, and a refusal says nothing about *when* this
+caller's turn is (no reservation), so a deferred backlog would come back together.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from durapay.config.settings import GatewayHealthSettings, GatewaySettings
+from durapay.gateway import GatewayError, RateLimited
+from durapay.workflows.keys import Keys
+from durapay.workflows.scripts import source
+
+#: The one terminal there is today.
+DEFAULT_TERMINAL = "default"
+#: Seconds past the gateway's own timeouts a probe keeps its lease (then another caller may probe).
+PROBE_MARGIN_SECONDS = 5.0
+
+
+@dataclass(frozen=True)
+class Admission:
+    """The gate's answer to "may I call now": ``go``; or not before ``after`` seconds, because the breaker
+    is open (``open``) or the caller's reserved slot is then (``wait``, ``slot`` to pass back)."""
+
+    verdict: str
+    after: float = 0.0
+    report: bool = False
+    slot: float | None = None
+
+
+@dataclass(frozen=True)
+class GateStatus:
+    """What the console and ``/metrics`` show: the breaker's state and the gate's counters."""
+
+    terminal: str
+    state: str  # closed, open, half_open
+    open_until: float | None
+    opened: float | None
+    failures: int
+    counters: dict[str, int]
+
+
+class Gate:
+    """One terminal's gate. Thread safe (one script call per method)."""
+
+    def __init__(
+        self,
+        client: Any,
+        keys: Keys,
+        settings: GatewayHealthSettings,
+        gateway: GatewaySettings,
+        *,
+        terminal: str = DEFAULT_TERMINAL,
+        now: Callable[[], float] | None = None,
+    ) -> None:
+        self.redis = client
+        self.settings = settings
+        self.terminal = terminal
+        partition = keys.partition(f"gate:{terminal}")
+        self.key = f"{keys.tag(partition)}:gate:{terminal}"
+        self.stream = keys.events(partition)
+        self.probe_lease = gateway.timeout + gateway.connect_timeout + PROBE_MARGIN_SECONDS
+        #: Tests inject a time; otherwise the script reads Redis's TIME.
+        self._now = now
+        self._script = client.register_script(source("lua/gate.lua"))
+
+    @property
+    def wait_seconds(self) -> float:
+        return self.settings.wait_seconds
+
+    def _call(self, what: str, extra: str = "") -> list[str]:
+        s = self.settings
+        rate = s.rate_per_second if s.limiter else 0
+        now = repr(self._now()) if self._now is not None else ""
+        args = [what, s.failures, s.window_seconds, s.open_seconds, rate, s.burst, self.probe_lease, self.terminal, extra, now]
+        reply = self._script(keys=[self.key, self.stream], args=args)
+        return [item.decode() if isinstance(item, bytes) else str(item) for item in reply]
+
+    def take(self, reservation: float | None = None) -> Admission:
+        """May a call go now? Takes a limiter slot (or uses ``reservation``, the slot reserved earlier)."""
+        reply = self._call("take", "" if reservation is None else f"{reservation:.6f}")
+        verdict = reply[0]
+        if verdict == "go":
+            return Admission("go", report=reply[3] == "1")
+        until = float(reply[1])
+        after = max(0.0, until - float(reply[2]))
+        if verdict == "open":
+            return Admission("open", min(after, self.settings.open_seconds + self.probe_lease))
+        return Admission("wait", after, slot=until)
+
+    def _script_now(self) -> float:
+        if self._now is not None:
+            return self._now()
+        seconds, micros = self.redis.time()
+        return float(seconds) + float(micros) / 1_000_000
+
+    def failed(self, error: GatewayError) -> float | None:
+        """Count a health failure; seconds until the breaker lets a call through if it is now open."""
+        reply = self._call("fail", json.dumps(_summary(error), separators=(",", ":")))
+        if reply[0] != "open":
+            return None
+        return max(0.0, float(reply[1]) - float(reply[2]))
+
+    def succeeded(self) -> None:
+        """The gateway answered: failures forgotten, the breaker closed (``gateway.recovered`` if it was open)."""
+        self._call("ok")
+
+    def limited(self, error: RateLimited) -> Admission | None:
+        """A 429: hold every worker for its Retry-After; the limited caller's fresh slot (None: no limiter)."""
+        retry_after = error.retry_after
+        reply = self._call("limited", "" if retry_after is None else repr(float(retry_after)))
+        if not self.settings.limiter:
+            return None
+        until = float(reply[1])
+        return Admission("wait", max(0.0, until - float(reply[2])), slot=until)
+
+    def status(self) -> GateStatus:
+        """The breaker's state by Redis's clock, and the counters (deferred calls, 429s, limiter waits...)."""
+        raw = {
+            k.decode() if isinstance(k, bytes) else k: v.decode() if isinstance(v, bytes) else v
+            for k, v in self.redis.hgetall(self.key).items()
+        }
+        now = self._script_now()
+        open_until = float(raw["open_until"]) if raw.get("open_until") else None
+        state = "closed" if open_until is None else "open" if now < open_until else "half_open"
+        counters = {name: int(raw.get(name, 0)) for name in ("deferred", "limited", "waits", "opened_total", "probes")}
+        return GateStatus(
+            self.terminal,
+            state,
+            open_until,
+            float(raw["opened"]) if raw.get("opened") else None,
+            int(raw.get("fails", 0)),
+            counters,
+        )
+
+
+def _summary(error: GatewayError) -> dict[str, Any]:
+    """What ``gateway.unavailable`` tells of the error that opened the breaker (no body, no card)."""
+    return {"type": type(error).__name__, "status": error.status_code, "message": str(error)[:200], "at": time.time()}
