@@ -18,7 +18,7 @@ from collections.abc import Awaitable, Callable, Iterator
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Body, Header, Path, Query, Response
-from pydantic import BaseModel, Field
+from pydantic import AfterValidator, BaseModel, Field
 from starlette.concurrency import run_in_threadpool
 
 from durapay.config.settings import ApiSettings
@@ -29,6 +29,7 @@ from durapay.service.timeparse import RUN_AT_FORMS, RUN_AT_PATTERN, SINCE_FORMS,
 from durapay.service.views import flow_brief, flow_view
 from durapay.workflows.engine import Engine, InputError, NotFound, OperatorError, OrderIdTaken, StartConflict
 from durapay.workflows.listing import CURSOR_PATTERN, BadCursor
+from durapay.workflows.sensitive import merchant_identifier
 from durapay.workflows.signals import RULES, SignalRefused, accepted, may_send
 from durapay.workflows.states import FlowState
 from durapay.workflows.steps import FlowDefinition
@@ -36,7 +37,13 @@ from durapay.workflows.store import FlowRecord
 
 IdempotencyKey = Annotated[
     str | None,
-    Header(alias="Idempotency-Key", min_length=1, max_length=200, description="Same key and body: the same flow."),
+    Header(
+        alias="Idempotency-Key",
+        min_length=1,
+        max_length=200,
+        description="Same key and body: the same flow. Shown whole, so never one that looks like a card number.",
+    ),
+    AfterValidator(merchant_identifier),
 ]
 FlowId = Annotated[str, Path(min_length=1, max_length=100, pattern=r"^[A-Za-z0-9._:-]+$")]
 

@@ -13,13 +13,14 @@ from collections.abc import Callable
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Body, Header, Path, Query
-from pydantic import Field
+from pydantic import AfterValidator, Field
 
 from durapay.gateway import Amount, StrictInput, StrictModel
 from durapay.service.errors import ERRORS, conflict, invalid, not_found
 from durapay.service.schemas import History, ScheduleList, ScheduleView
 from durapay.workflows.engine import InputError, NotFound, OperatorError
 from durapay.workflows.schedules import Resolution, ScheduleInput, ScheduleRecord, Schedules, ScheduleState
+from durapay.workflows.sensitive import merchant_identifier
 from durapay.workflows.store import StartConflict
 
 ScheduleId = Annotated[str, Path(min_length=1, max_length=100, pattern=r"^[A-Za-z0-9._:-]+$")]
@@ -50,7 +51,9 @@ def schedules_router(schedules: Schedules) -> APIRouter:
     @router.post("", status_code=201, response_model=ScheduleView, summary="Create a schedule")
     def create_schedule(
         body: Annotated[ScheduleInput, StrictInput(), Body()],
-        idempotency_key: Annotated[str | None, Header(alias="Idempotency-Key", min_length=1, max_length=200)] = None,
+        idempotency_key: Annotated[
+            str | None, Header(alias="Idempotency-Key", min_length=1, max_length=200), AfterValidator(merchant_identifier)
+        ] = None,
     ) -> dict[str, Any]:
         try:
             return schedules.create(body, key=idempotency_key).summary()

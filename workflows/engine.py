@@ -44,6 +44,7 @@ from durapay.workflows.listing import FlowListing, FlowPage
 from durapay.workflows.orders import OrderIdsTaken, OrderIndex, gateway_order_id
 from durapay.workflows.pauses import Pauses
 from durapay.workflows.protocol import Claim, StepProtocol
+from durapay.workflows.sensitive import CardIdentifier, refuse_card_identifier, refuse_card_identifiers
 from durapay.workflows.signals import admit
 from durapay.workflows.states import STOPPED, TERMINAL, FlowState
 from durapay.workflows.steps import FlowDefinition
@@ -182,10 +183,15 @@ class Engine:
                 data = data.model_dump(mode="json", by_alias=True, exclude_none=True)
             if not strict:
                 return definition.input_model.model_validate(data)
-            return validate_strict(definition.input_model, data)
+            model = validate_strict(definition.input_model, data)
+            # A merchant's identifiers are shown whole (sensitive.identifier): none may be a card number.
+            refuse_card_identifiers(model.model_dump(mode="json", by_alias=True, exclude_none=True))
+            return model
         except ValidationError as exc:
             field, reason = describe_validation_error(exc)
             raise InputError(kind, field, reason) from None
+        except CardIdentifier as exc:
+            raise InputError(kind, exc.field, exc.reason) from None
 
     def start(
         self,
@@ -195,9 +201,13 @@ class Engine:
         *,
         run_at: float | None = None,
         run_at_asked: str = "",
+        derived_key: bool = False,
     ) -> FlowRecord:
         """Start a flow; with ``key``, a second start with the same key, input and start time returns the
-        first flow (a different one is a StartConflict: a key names one whole request).
+        first flow (a different one is a StartConflict: a key names one whole request). A merchant's key,
+        like the input's identifiers, must not look like a card number (InputError, field ``key``);
+        ``derived_key``: durapay made the key itself (a late payment's refund names the gateway's
+        operation id in it), so it is not a merchant's and that rule does not apply.
 
         With ``run_at`` (POSIX seconds, future) the flow sleeps on the due set until then: a durable
         timer, never a Celery ETA. ``run_at_asked``: how the caller wrote it (the API's ``?run_at``, say
@@ -208,7 +218,7 @@ class Engine:
         gateway order id is another flow's.
         """
         now = self.clock.now()
-        new = self._new_flow(kind, data, key, run_at, now)
+        new = self._new_flow(kind, data, key, run_at, now, derived_key=derived_key)
         if run_at is not None:
             new = dataclasses.replace(new, when=run_at_asked or repr(run_at))
         self._order_free(new)
@@ -306,11 +316,18 @@ class Engine:
         now: float,
         *,
         trusted: bool = False,
+        derived_key: bool = False,
     ) -> NewFlow:
         """The flow ``start`` would create (its input read strictly, or with ``trusted`` as ``start_many``
-        says), or InputError."""
+        says), or InputError. A merchant's ``key`` (neither ``trusted`` nor ``derived_key``) is read as the
+        identifier it is (``sensitive.refuse_card_identifier``)."""
         definition = self.definition(kind)
         model = self.validate(kind, data, strict=not trusted)
+        if key and not (trusted or derived_key):
+            try:
+                refuse_card_identifier("key", key)
+            except CardIdentifier as exc:
+                raise InputError(kind, exc.field, exc.reason) from None
         if run_at is not None and run_at <= now:
             # A time in the past would run the payment at once: the mistake of an age for a time.
             raise InputError(kind, "run_at", f"must be in the future (it is {now - run_at:.0f}s in the past)")

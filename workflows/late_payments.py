@@ -77,7 +77,7 @@ class LatePayments:
             given = self.undone(flow_id, operation_id)
             if given.whole and not given.doubt:
                 return self._close_refunded(record, operation_id, {"undone": given.whole}, reason, by=by)
-        refund = self.engine.start("refund", {"operationId": operation_id}, key)
+        refund = self.engine.start("refund", {"operationId": operation_id}, key, derived_key=True)
         if refund.state is FlowState.SUCCEEDED:
             return self._close_refunded(record, operation_id, {"flow": refund.id}, reason, by=by)
         if refund.state in GAVE_UP:

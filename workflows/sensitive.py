@@ -17,12 +17,25 @@ ended. The exception is identifiers (:func:`identifier`: the gateway's operation
 numbers, one in ten of them Luhn-valid by chance, and order ids may be numbers too): the values under
 their keys are kept whole, so that a flow stays findable by them and a finished flow's outcome still
 names its operations. (An operation id quoted in free text, a history entry's words, may be masked.)
+
+An identifier kept whole must then never be a card number, so a merchant's identifiers are refused at
+the door when they look like one (:func:`refuse_card_identifier`, :func:`refuse_card_identifiers`): an
+order id, customer id, contract id, start or schedule key, any value the merchant gives under an
+identifier's key, passThrough's included. "Looks like" is narrower than the mask's rule, so that ordinary
+numeric ids are taken: the Luhn-valid stretch must also begin with a card scheme's first digit, 2 to 6
+(:data:`SCHEME_DIGITS`); a millisecond timestamp (1732660000000, 13 digits from 1) never is one, and
+of random ids only those from 2 to 6 that pass the check (one in ten) are. The ids the gateway assigns
+(:data:`GATEWAY_IDS`: operation, link and session ids...) are not the merchant's to choose and are
+taken as they are; ids durapay derives (flow ids, schedule ids, ``-2`` order ids, its own keys) never
+pass through the door. Every entry asks this one rule: the engine's start (the Python API, the CLI and
+the API), the schedules' input and key, the API's ``Idempotency-Key``.
 """
 
 from __future__ import annotations
 
 import logging
 import re
+from collections.abc import Iterator
 from typing import Any
 
 REDACTED = "redacted"
@@ -84,11 +97,11 @@ def mask_pan(pan: str) -> str:
     return digits[:6] + "*" * (len(digits) - 10) + digits[-4:]
 
 
-def _mask_run(run: str) -> str:
-    """A run of digit groups with every Luhn-valid stretch of whole groups (13-19 digits) masked to its
-    first six and last four digits; separators kept."""
+def _stretches(run: str) -> Iterator[list[int]]:
+    """The positions in ``run`` (digit groups, single spaces or dashes between them) of the digits of
+    each Luhn-valid stretch of whole groups with 13 to 19 digits: the card numbers the run may hold.
+    At most 19 groups are joined from each: linear in the run's length."""
     groups = [(match.start(), match.end()) for match in re.finditer(r"\d+", run)]
-    hidden: set[int] = set()  # positions in ``run`` of digits to hide
     for first in range(len(groups)):
         digits = ""
         for last in range(first, len(groups)):
@@ -96,8 +109,15 @@ def _mask_run(run: str) -> str:
             if len(digits) > LONGEST:
                 break
             if len(digits) >= SHORTEST and luhn(digits):
-                places = [p for start, end in groups[first : last + 1] for p in range(start, end)]
-                hidden.update(places[6:-4])
+                yield [p for start, end in groups[first : last + 1] for p in range(start, end)]
+
+
+def _mask_run(run: str) -> str:
+    """A run of digit groups with every Luhn-valid stretch of whole groups (13-19 digits) masked to its
+    first six and last four digits; separators kept."""
+    hidden: set[int] = set()  # positions in ``run`` of digits to hide
+    for places in _stretches(run):
+        hidden.update(places[6:-4])
     if not hidden:
         return run
     return "".join("*" if index in hidden else char for index, char in enumerate(run))
@@ -117,6 +137,107 @@ def mask_text(text: str) -> str:
         return _mask_run(run)
 
     return _RUN.sub(masked, text)
+
+
+#: The first digits of the card schemes' numbers: Mastercard's 2-series (2221-2720), Amex, Diners and
+#: JCB (3), Visa (4), Mastercard (5), Discover, UnionPay and Maestro (6). An identifier's Luhn-valid
+#: stretch from any other digit (a millisecond timestamp's 1) is not taken for a card number.
+SCHEME_DIGITS = frozenset("23456")
+#: Why a merchant's identifier is refused (the refusal names the field).
+CARD_IDENTIFIER = "looks like a card number; card data must not be used as an identifier"
+#: Identifier keys whose values the gateway assigns (a merchant copies them from its answers: an
+#: operation to refund or capture, a link, a 3DS challenge's ``paymentId``): not merchant fields. One in
+#: ten of the 18-digit operation ids passes the Luhn check; refusing one would refuse a real refund.
+GATEWAY_IDS = frozenset(
+    {
+        "operationId",
+        "originalOperationId",
+        "cancelledOperationId",
+        "paidByOperationId",
+        "parentOperationId",
+        "paymentId",
+        "paymentEndToEndId",
+        "linkId",
+        "paymentLinkId",
+        "sessionId",
+        "terminalId",
+        "termsAndConditionsId",
+        "termsAndConditionsIds",
+        "structureConditionId",
+        "agencyConditionId",
+        "customFieldId",
+        "serviceTecId",
+        "tecGuaranteedPenaltyId",
+        "tecGuaranteedNoShowId",
+        "tecRefundableId",
+        "tecNotRefundableId",
+        "eventId",
+        "correlationId",
+    }
+)
+#: Keys under which every field is the merchant's own whatever its name: no gateway id is exempt there.
+OPEN_KEYS = frozenset({"passThrough"})
+
+
+class CardIdentifier(ValueError):
+    """A merchant's identifier that looks like a card number: ``field`` names it, ``reason`` says why
+    (with the number masked, never whole). ``str()`` is the reason: where a validator's location names
+    the field (an API header), the message is the reason alone."""
+
+    def __init__(self, field: str, reason: str) -> None:
+        super().__init__(reason)
+        self.field = field
+        self.reason = reason
+
+
+def card_like(text: str) -> str | None:
+    """The first stretch of ``text`` that looks like a card number as an identifier's rule reads it (a
+    Luhn-valid run of 13-19 digits, spaces or dashes between them allowed, from a digit of
+    :data:`SCHEME_DIGITS`), masked to first six and last four; None when there is none."""
+    if len(text) < SHORTEST:
+        return None
+    for match in _RUN.finditer(text):
+        run = match.group(0)
+        for places in _stretches(run):
+            if run[places[0]] in SCHEME_DIGITS:
+                return mask_pan("".join(run[place] for place in places))
+    return None
+
+
+def refuse_card_identifier(field: str, value: Any) -> None:
+    """Raise :class:`CardIdentifier` when ``value`` (a merchant's identifier: text or a number) looks like
+    a card number (:func:`card_like`)."""
+    if isinstance(value, bool) or not isinstance(value, str | int):
+        return
+    found = card_like(str(value))
+    if found is not None:
+        raise CardIdentifier(field, f"{CARD_IDENTIFIER} (it holds {found}, which passes the Luhn check)")
+
+
+def merchant_identifier(value: Any) -> Any:
+    """:func:`refuse_card_identifier` as a pydantic validator (``AfterValidator``) of a field or header
+    that is one identifier: its location names the field."""
+    refuse_card_identifier("", value)
+    return value
+
+
+def refuse_card_identifiers(data: Any, path: str = "", *, exempt: frozenset[str] = GATEWAY_IDS) -> None:
+    """Raise :class:`CardIdentifier` (naming the field by its dotted path) for the first identifier of a
+    merchant's input ``data`` (the JSON form) that looks like a card number: every value under a key
+    :func:`identifier` names, at any depth, but the gateway's (``exempt``, none under passThrough)."""
+    if isinstance(data, dict):
+        for key, value in data.items():
+            where = f"{path}.{key}" if path else str(key)
+            if identifier(key) and str(key) not in exempt:
+                if isinstance(value, list):
+                    for index, item in enumerate(value):
+                        refuse_card_identifier(f"{where}.{index}", item)
+                else:
+                    refuse_card_identifier(where, value)
+            refuse_card_identifiers(value, where, exempt=frozenset() if key in OPEN_KEYS else exempt)
+    elif isinstance(data, list):
+        for index, item in enumerate(data):
+            refuse_card_identifiers(item, f"{path}.{index}", exempt=exempt)
 
 
 def mask(value: Any) -> Any:

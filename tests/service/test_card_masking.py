@@ -2,7 +2,9 @@
 cancel reason) never appear whole on any surface: a whole stack (Valkey, a Celery worker, the
 dispatcher, the simulator over HTTP, the API with the console, a webhook receiver) runs flows carrying
 them, then every surface is read and searched: API answers (flow, list, history, events), console pages,
-the CLI, webhook bodies, every log line, and the finished flow's record and history in Redis."""
+the CLI, webhook bodies, every log line, and the finished flow's record and history in Redis. Card numbers
+planted in identifiers (order and customer ids, keys, a passThrough id, a schedule's contract and key),
+which are shown whole, are refused at the door: the refusals are searched too, and Redis keeps none."""
 
 from __future__ import annotations
 
@@ -44,10 +46,34 @@ PLANTED = {
     "number": "4012888888881881",
     "reason": "378282246310005",
 }
+#: Luhn-valid numbers planted in identifiers (shown whole, so refused at the door: never stored or shown).
+PLANTED_IDS = {
+    "orderId": "6011111111111117",
+    "customerId": "3530111333300000",
+    "Idempotency-Key": "2221000000000009",
+    "passThrough id": "5105105105105100",
+    "contractId": "4000056655665556",
+    "schedule key": "4242424242424242",
+    "cli key": "5200828282828210",
+}
 
 
 def digits(value: str) -> str:
     return re.sub(r"\D", "", value)
+
+
+def stored(client: Any, key: bytes) -> Any:
+    """What Redis holds under ``key``, whatever its type."""
+    kind = client.type(key).decode()
+    readers = {
+        "string": client.get,
+        "hash": client.hgetall,
+        "list": lambda k: client.lrange(k, 0, -1),
+        "set": client.smembers,
+        "zset": lambda k: client.zrange(k, 0, -1),
+        "stream": client.xrange,
+    }
+    return readers[kind](key) if kind in readers else None
 
 
 def test_the_rule_masks_luhn_runs_anywhere_and_keeps_identifiers() -> None:
@@ -123,6 +149,26 @@ def test_a_planted_card_number_never_appears_whole(
     wait_until(lambda: set(receiver.applied) >= expected, 30, "every event delivered")
 
     surfaces: dict[str, str] = {}
+    # Identifiers: each door refuses the planted number (its answer is a surface too, searched below).
+    schedule = {"contractId": "ct-1", "amount": 100, "currency": "EUR", "description": "d", "rule": {"every": "days"}}
+    schedule |= {"start": "2031-01-01"}
+    refusals = {
+        "orderId": api.post("/flows/moto", json={"order": {**order(), "orderId": PLANTED_IDS["orderId"]}, "card": card()}),
+        "customerId": api.post(
+            "/flows/moto", json={"order": {**order(), "customerId": PLANTED_IDS["customerId"]}, "card": card()}
+        ),
+        "Idempotency-Key": api.post(
+            "/flows/moto", json={"order": order(), "card": card()}, headers={"Idempotency-Key": PLANTED_IDS["Idempotency-Key"]}
+        ),
+        "passThrough id": api.post(
+            "/flows/moto", json={"order": order(), "card": card(), "passThrough": {"basketId": PLANTED_IDS["passThrough id"]}}
+        ),
+        "contractId": api.post("/schedules", json={**schedule, "contractId": PLANTED_IDS["contractId"]}),
+        "schedule key": api.post("/schedules", json=schedule, headers={"Idempotency-Key": PLANTED_IDS["schedule key"]}),
+    }
+    for where, answer in refusals.items():
+        assert answer.status_code == 422, (where, answer.text)
+        surfaces[f"the refusal of a card number as {where}"] = answer.text
     for flow_id in (paid, cancelled):
         surfaces[f"GET /flows/{flow_id}"] = api.get(f"/flows/{flow_id}").text
         surfaces[f"history {flow_id}"] = api.get(f"/flows/{flow_id}/history").text
@@ -148,6 +194,10 @@ def test_a_planted_card_number_never_appears_whole(
     for flow_id in (paid, cancelled):
         surfaces[f"cli show {flow_id}"] = invoke("flows", "show", flow_id, "--json").stdout
         surfaces[f"cli history {flow_id}"] = invoke("flows", "history", flow_id).stdout
+    refused = invoke("start", "moto", "--key", PLANTED_IDS["cli key"], stdin=json.dumps({"order": order(), "card": card()}))
+    assert refused.exit_code == 2, refused.output
+    surfaces["the CLI's refusal of a card number as a key"] = refused.output
+    surfaces["GET /flows after the refusals"] = api.get("/flows").text
     surfaces["logs"] = "\n".join(record.getMessage() + (record.exc_text or "") for record in caplog.records)
     kept = []
     for flow_id in (paid, cancelled):
@@ -156,6 +206,12 @@ def test_a_planted_card_number_never_appears_whole(
     surfaces["the finished records in Redis"] = "\n".join(kept)
 
     assert PLANTED["description"][:6] in surfaces[f"GET /flows/{paid}"], "shown masked, not dropped"
+    everything = [
+        key.decode() + "\n" + repr(stored(runtime.redis, key))
+        for key in runtime.redis.scan_iter(match=runtime.engine.keys.prefix + "*")
+    ]
+    for where, planted in PLANTED_IDS.items():
+        assert not any(planted in text for text in everything), f"the refused {where} was written to Redis"
     for surface, text in surfaces.items():
-        for where, planted in PLANTED.items():
+        for where, planted in (PLANTED | PLANTED_IDS).items():
             assert planted not in text and digits(planted) not in text, f"{where}'s card number whole in {surface}"

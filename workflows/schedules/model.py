@@ -20,11 +20,12 @@ from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import AfterValidator, BeforeValidator, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 from pydantic.config import JsonDict
+from pydantic_core import PydanticCustomError
 
 from durapay.gateway import GATEWAY_ZONE, Amount, CaptureType, Currency, StrictModel, check_amount
 from durapay.gateway._strict import unknown_value
 from durapay.workflows.schedules.rules import ZONES, Calendar, Rule, first_closer, instant, iso, zone
-from durapay.workflows.sensitive import mask_text
+from durapay.workflows.sensitive import CardIdentifier, mask_text, refuse_card_identifiers
 
 DEFAULT_DUNNING = (1, 3, 7)
 _T = TypeVar("_T")
@@ -148,6 +149,10 @@ class ScheduleInput(StrictModel):
     def _window(self, info: ValidationInfo) -> ScheduleInput:
         if info.context and info.context.get("stored"):
             return self  # read back from Redis: checked when it was created
+        try:  # its contractId and customerId are shown whole: neither may be a card number
+            refuse_card_identifiers(self.model_dump(mode="json"))
+        except CardIdentifier as exc:
+            raise PydanticCustomError("card_identifier", "{reason}", {"reason": exc.reason, "field": exc.field}) from None
         try:
             check_amount(self.amount, self.currency)
         except ValueError as exc:

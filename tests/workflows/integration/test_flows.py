@@ -28,7 +28,9 @@ _ids = itertools.count()
 
 
 def order(amount: int = 1500, currency: str = "EUR") -> dict[str, Any]:
-    return {"orderId": f"ord{time.time_ns() % 10**10}{next(_ids)}", "amount": str(amount), "currency": currency}
+    # A letter between the clock and the count: one digit run of 13 or more would be refused one time in twenty
+    # as looking like a card number (workflows.sensitive.card_like).
+    return {"orderId": f"ord{time.time_ns() % 10**9}n{next(_ids)}", "amount": str(amount), "currency": currency}
 
 
 def card(pan: str = APPROVE) -> dict[str, str]:

@@ -1,0 +1,95 @@
+"""The identifier rule of ``workflows.sensitive``: a merchant's identifier that looks like a card number
+(a Luhn-valid run of 13-19 digits whose first digit is a card scheme's, 2 to 6) is refused, naming the
+field; ordinary numeric ids (a millisecond timestamp, ids from 1, 7, 8 or 9) are taken; the refusal never
+repeats the number whole; ids the gateway assigns are not the merchant's, except inside passThrough."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from durapay.workflows.sensitive import (
+    CARD_IDENTIFIER,
+    CardIdentifier,
+    card_like,
+    luhn,
+    refuse_card_identifier,
+    refuse_card_identifiers,
+)
+
+#: Published test numbers of each scheme the rule names, as a person types them.
+PANS = [
+    "4349940199004549",  # Visa
+    "5186 1516 5000 5008",  # Mastercard
+    "2221-0000-0000-0009",  # Mastercard 2-series
+    "378282246310005",  # Amex
+    "3530111333300000",  # JCB
+    "6011111111111117",  # Discover
+    "4111-1111-1111-1111",
+]
+
+
+def with_check_digit(body: str) -> str:
+    """``body`` and the digit that makes it pass the Luhn check."""
+    return next(body + digit for digit in "0123456789" if luhn(body + digit))
+
+
+@pytest.mark.parametrize("pan", PANS)
+@pytest.mark.parametrize("form", ["{}", "ORD-{}", "x{}y", "order {}", "{}-2"])
+def test_a_card_number_in_an_identifier_is_refused(pan: str, form: str) -> None:
+    value = form.format(pan)
+    assert card_like(value) is not None, value
+    with pytest.raises(CardIdentifier) as refused:
+        refuse_card_identifier("order.orderId", value)
+    assert refused.value.field == "order.orderId"
+    assert CARD_IDENTIFIER in refused.value.reason
+    digits = pan.replace(" ", "").replace("-", "")
+    assert digits not in str(refused.value) and pan not in str(refused.value), "the refusal never repeats it whole"
+
+
+def test_a_number_too_is_read_as_its_digits() -> None:
+    with pytest.raises(CardIdentifier):
+        refuse_card_identifier("n", 4349940199004549)
+
+
+def test_ordinary_numeric_ids_are_taken() -> None:
+    rng = random.Random(26)
+    taken = ["1732660000000", "1732660000000123", "ord-20261126-7", "4349940199004548", "434994019900454", "12345678901234567890"]
+    for first in "1789":
+        for length in range(13, 20):
+            for _ in range(25):
+                body = first + "".join(rng.choice("0123456789") for _ in range(length - 2))
+                taken.append(with_check_digit(body))  # Luhn-valid, every one
+    for value in taken:
+        refuse_card_identifier("orderId", value)
+        assert card_like(value) is None, value
+
+
+def test_a_luhn_valid_id_from_a_card_schemes_digit_is_refused() -> None:
+    rng = random.Random(27)
+    for first in "23456":
+        for length in range(13, 20):
+            value = with_check_digit(first + "".join(rng.choice("0123456789") for _ in range(length - 2)))
+            assert card_like(value) is not None, value
+
+
+def test_the_walk_names_the_field_of_every_merchant_identifier() -> None:
+    def refused(data: object) -> str:
+        with pytest.raises(CardIdentifier) as caught:
+            refuse_card_identifiers(data)
+        return caught.value.field
+
+    pan = PANS[0]
+    assert refused({"order": {"orderId": pan}}) == "order.orderId"
+    assert refused({"order": {"orderId": "o1", "customerId": pan}}) == "order.customerId"
+    assert refused({"recurrence": {"contractId": pan}}) == "recurrence.contractId"
+    assert refused({"reservation": {"termsAndConditionsIds": ["t1"], "structureId": pan}}) == "reservation.structureId"
+    assert refused({"structures": [{"structureId": "a"}, {"structureId": pan}]}) == "structures.1.structureId"
+    assert refused({"invoiceIds": ["i1", int(pan)]}) == "invoiceIds.1"
+    assert refused({"passThrough": {"deep": [{"merchantRef_id": pan}]}}) == "passThrough.deep.0.merchantRef_id"
+    assert refused({"passThrough": {"operationId": pan}}) == "passThrough.operationId", "passThrough is the merchant's own"
+    refuse_card_identifiers({"order": {"orderId": "o1", "description": f"card {pan}"}})  # free text: masked, not refused
+    # Ids the gateway assigns: a merchant copies them from the gateway's answers (18-digit operation ids
+    # pass the check one time in ten); refusing one would refuse a real payment's refund.
+    refuse_card_identifiers({"operationId": pan, "originalOperationId": pan, "linkId": pan, "sessionId": pan, "paymentId": pan})
