@@ -22,6 +22,18 @@ class SystemClock:
         return time.time()
 
 
+def server_time(client: Any) -> float:
+    """The Redis server's time now (``TIME``), in POSIX seconds: the one way every part reads it.
+
+    Asked on its own, never queued in a pipeline: a Redis Cluster client refuses a command without a
+    key in a pipeline (it cannot route it), so a ``TIME`` next to key commands worked on one server
+    and failed every time on a cluster (issue 28: no webhook was ever delivered there). On a cluster
+    the client's default node answers; the nodes' clocks are taken to agree as NTP keeps them (every
+    process already judges leases by one node's clock, :class:`ServerClock`)."""
+    seconds, micros = client.time()
+    return int(seconds) + int(micros) / 1e6
+
+
 class ServerClock:
     """Real time as the Redis server tells it: the one clock of every process that judges leases and
     due times, so that hosts whose clocks drift apart still agree.
@@ -57,9 +69,9 @@ class ServerClock:
         try:
             for _ in range(self.SAMPLES):
                 before = time.time()
-                seconds, micros = self._client.time()
+                server = server_time(self._client)
                 after = time.time()
-                samples.append((after - before, seconds + micros / 1e6 - (before + after) / 2))
+                samples.append((after - before, server - (before + after) / 2))
         except Exception:  # noqa: BLE001 - Redis restarting: keep the last offset, try again soon
             self._measured = time.monotonic() - self.refresh + 1.0
             return

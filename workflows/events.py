@@ -57,6 +57,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+from durapay.workflows.clock import server_time
 from durapay.workflows.keys import Keys
 from durapay.workflows.sensitive import mask
 
@@ -247,8 +248,7 @@ class EventFeed:
         ``limit`` entries; where it stopped well short of that, only the node holding the horizon is left,
         and an exact ``XTRIM MINID`` drops its old entries (one node's at most). A stream whose first step
         came near the limit is left for the next pass."""
-        seconds, micros = self.redis.time()
-        horizon = f"{int(seconds) * 1000 + int(micros) // 1000 - int(older_than_seconds * 1000)}-0"
+        horizon = f"{int(server_time(self.redis) * 1000) - int(older_than_seconds * 1000)}-0"
         streams = list(self.streams().values())
         pipe = self.redis.pipeline(transaction=False)
         for key in streams:

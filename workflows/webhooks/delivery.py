@@ -36,6 +36,7 @@ from email.utils import parsedate_to_datetime
 from typing import Any
 
 from durapay.config.settings import WEBHOOK_JITTER, WEBHOOK_RETRY_AFTER_CAP_SECONDS, WebhooksSettings
+from durapay.workflows.clock import server_time
 from durapay.workflows.events import Cursor, EventFeed, decode_entry, iso
 from durapay.workflows.keys import Keys
 from durapay.workflows.scripts import ScriptPipeline, source
@@ -141,11 +142,9 @@ class Webhooks:
 
     def fanout(self) -> int:
         """Fan every stream's new events out to the enabled endpoints; returns deliveries added."""
-        pipe = self.redis.pipeline(transaction=False)
-        pipe.time()
-        pipe.hvals(self.endpoints.key)
-        (seconds, micros), raw = pipe.execute()
-        read_at = int(seconds) * 1000 + int(micros) // 1000
+        # The time first, then the endpoints (two round trips: a cluster takes no TIME in a pipeline).
+        read_at = int(server_time(self.redis) * 1000)
+        raw = self.redis.hvals(self.endpoints.key)
         wanted = [endpoint.fanout() for endpoint in self.endpoints.all() if endpoint.enabled] if raw else []
         now = self.now()
         pipe = ScriptPipeline(self.redis)

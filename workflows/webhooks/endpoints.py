@@ -50,6 +50,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from durapay.config.settings import WebhooksSettings
+from durapay.workflows.clock import server_time
 from durapay.workflows.events import EVENT_TYPES
 from durapay.workflows.keys import Keys, derived_id
 from durapay.workflows.webhooks.signing import new_secret, secret_key
@@ -289,8 +290,7 @@ class EndpointStore:
         self._failed = client.register_script(_FAILED)
 
     def now(self) -> float:
-        seconds, micros = self.redis.time()
-        return float(seconds) + float(micros) / 1e6
+        return server_time(self.redis)
 
     def add(
         self,
