@@ -7,9 +7,11 @@ run to ``succeeded`` from ``--threads`` threads through the real engine (start, 
 completion); then one of each mismatch is planted as the acceptance test does (a payment no flow
 claims, a record naming an operation the gateway does not have, a flow marked failed whose payment
 executed, a second payment on one flow), and ``Reconciler.run`` reads the whole window back and
-judges it, timed. Printed: the time of the run and of its parts (the gateway's pages, the lookups and
-judging, the mismatches' events and moves), the gateway calls and pages, the operations and flows, and
-whether exactly the four planted mismatches were found. Not a test: machines are noisy.
+judges it page by page, timed. Printed: the time of the run and of its parts (the gateway's pages and
+single reads, the flows' lookups and records, judging, the mismatches' events and moves), the gateway
+calls and pages, the operations and flows, the run's peak of traced memory (``--memory``: tracemalloc,
+which slows the run), and whether exactly the four planted mismatches were found. Not a test: machines
+are noisy.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
+import tracemalloc
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -27,7 +30,8 @@ from durapay.gateway import Catalogue
 from durapay.workflows.engine import Engine
 from durapay.workflows.flows import REGISTRY
 from durapay.workflows.reconciliation import Reconciler
-from durapay.workflows.reconciliation import run as run_module
+from durapay.workflows.reconciliation import judge as judge_module
+from durapay.workflows.reconciliation import window as window_module
 
 APPROVE = "4349940199004549"
 
@@ -63,7 +67,8 @@ def plant(engine: Engine, client: redis.Redis, ids: list[str]) -> None:
 
 
 class Timed:
-    """Wall time spent in the functions a run calls (read_window, judge), wrapped for the bench."""
+    """Wall time spent in the functions a run calls (the gateway's pages, the flows' lookups, judging),
+    wrapped for the bench."""
 
     def __init__(self) -> None:
         self.seconds: dict[str, float] = {}
@@ -83,6 +88,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--flows", type=int, default=10_000)
     parser.add_argument("--threads", type=int, default=8)
+    parser.add_argument("--memory", action="store_true", help="Trace the run's memory (tracemalloc; slower).")
     args = parser.parse_args()
     procs = Processes()
     server = valkey("everysec")
@@ -99,13 +105,20 @@ def main() -> None:
         plant(engine, client, ids)
 
         timed = Timed()
-        run_module.read_window = timed.wrap("gateway pages", run_module.read_window)  # type: ignore[assignment]
-        run_module.judge = timed.wrap("judging (with single reads)", run_module.judge)  # type: ignore[assignment]
+        reads = window_module.GatewayReads
+        reads.list_operations = timed.wrap("gateway pages", reads.list_operations)  # type: ignore[method-assign]
+        reads.get_operation = timed.wrap("single reads", reads.get_operation)  # type: ignore[method-assign]
+        judge_module.Judge.page = timed.wrap("judging pages", judge_module.Judge.page)  # type: ignore[method-assign]
         reconciler = Reconciler(engine)
+        reconciler.owners = timed.wrap("flow lookups and records", reconciler.owners)  # type: ignore[method-assign]
         reconciler.act = timed.wrap("events and moves of mismatches", reconciler.act)  # type: ignore[method-assign]
+        if args.memory:
+            tracemalloc.start()
         started = time.perf_counter()
         report = reconciler.run(since, engine.clock.now() + 1)
         took = time.perf_counter() - started
+        peak = tracemalloc.get_traced_memory()[1] if args.memory else None
+        tracemalloc.stop()
         found = sorted((finding.category, finding.flow or "") for finding in report.mismatches)
         result = {
             "flows": args.flows,
@@ -119,6 +132,7 @@ def main() -> None:
             "mismatches": len(report.mismatches),
             "exactly_the_four_planted": len(found) == 4 and not report.gaps and report.error is None,
             "per_flow_ms": round(took / args.flows * 1000, 3),
+            "peak_traced_mib": round(peak / 2**20, 1) if peak is not None else None,
         }
         print(json.dumps(result, indent=2))
         print(

@@ -249,6 +249,13 @@ class ReconcileSettings(_Group):
     max_calls: int = Field(
         default=5000, ge=1, le=1_000_000, description="Gateway calls one run may make (pages and single reads)."
     )
+    lease_seconds: float = Field(
+        default=60.0,
+        ge=1,
+        le=3600,
+        description="A running report's lease, renewed by its run every third of it; a report whose lease ran out "
+        "(its process died) reads as interrupted, and a new run may start.",
+    )
 
     @field_validator("time_zone")
     @classmethod

@@ -1,10 +1,12 @@
 """``/reconciliation``: the gateway's operations against the flows (docs/operations.md, Reconciliation).
 
 ``POST /reconciliation/reports`` starts a run in the background and answers 202 with the report as it
-stands (``running``); while a run goes in this process another is refused, 409 naming the running
-report (a run reads a whole window from the gateway: minutes for a busy day, too long for one request;
-answering the other run's report would pass it off as the window asked for). The kept reports are read
-with ``GET``; ``/reconciliation/reports/latest`` is the newest.
+stands (``running``); while a run goes (in this process, or in another whose run holds its lease:
+``workflows.reconciliation.lease``) another is refused, 409 naming the running report (a run reads a
+whole window from the gateway: minutes for a busy day, too long for one request; answering the other
+run's report would pass it off as the window asked for). A run whose process died reads as interrupted
+once its lease runs out, and no longer refuses one. The kept reports are read with ``GET``;
+``/reconciliation/reports/latest`` is the newest.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from durapay.service.reconcile_schemas import ReconciliationList, Reconciliation
 from durapay.service.timeparse import parse_since
 from durapay.workflows.engine import Engine
 from durapay.workflows.reconciliation import Reconciler, Report
+from durapay.workflows.reconciliation.lease import Lease
 
 log = logging.getLogger("durapay.reconcile")
 
@@ -37,18 +40,22 @@ class Background:
         self.current: Report | None = None
 
     def start(self, report: Report) -> Report:
-        """Start ``report``'s run; the report already running (not started) when there is one."""
+        """Start ``report``'s run; the report already running (not started) when there is one, in this
+        process or another (one whose run holds its lease: a dead run's report reads as interrupted)."""
         with self.lock:
             if self.current is not None:
                 return self.current
+            elsewhere = self.reconciler.reports.live()
+            if elsewhere is not None:
+                return elsewhere
             self.current = report
-        self.reconciler.reports.save(report, now=report.started)
-        threading.Thread(target=self._run, args=(report,), name="reconcile", daemon=True).start()
+        lease = self.reconciler.reports.hold(report)  # kept as running before the answer names it
+        threading.Thread(target=self._run, args=(report, lease), name="reconcile", daemon=True).start()
         return report
 
-    def _run(self, report: Report) -> None:
+    def _run(self, report: Report, lease: Lease) -> None:
         try:
-            self.reconciler.complete(report)
+            self.reconciler.complete(report, lease)
         except Exception:
             log.exception("reconciliation %s failed", report.id)
         finally:
@@ -102,7 +109,7 @@ def reconcile_router(engine: Engine) -> APIRouter:
         started = background.start(report)
         if started is not report:
             raise conflict(
-                f"reconciliation {started.id} is running in this process (since {started.since:.0f}, until {started.until:.0f}): "
+                f"reconciliation {started.id} is running (since {started.since:.0f}, until {started.until:.0f}): "
                 f"wait for it (GET /reconciliation/reports/{started.id}) and ask again"
             )
         return JSONResponse(started.wire(), status_code=202, headers={"Location": f"/reconciliation/reports/{started.id}"})

@@ -47,6 +47,9 @@ class ReconciliationSummary(_Answer):
     pages: int
     gaps: list[str]
     error: str | None = None
+    interrupted: str | None = Field(
+        default=None, description="why the run stopped before it finished (its process died: its lease ran out)"
+    )
     counts: dict[str, int]
 
 

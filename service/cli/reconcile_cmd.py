@@ -34,10 +34,16 @@ def _when(moment: float) -> str:
 def text_lines(report: Report) -> list[str]:
     """The report for a person: a summary line, then each category with its findings."""
     verdict = "nothing wrong" if report.ok else f"{len(report.mismatches)} mismatch(es)"
+    if report.interrupted:
+        verdict = "interrupted"
+    elif report.running:
+        verdict = "running"
     lines = [
         f"reconciliation {report.id}: {_when(report.since)} to {_when(report.until)}: {report.operations} operations, "
         f"{report.flows} flows, {report.calls} gateway calls: {verdict}"
     ]
+    if report.interrupted:
+        lines.append(f"interrupted: {report.interrupted}")
     if report.error:
         lines.append(f"not read: {report.error}")
     lines += [f"not read: {gap}" for gap in report.gaps]

@@ -11,6 +11,7 @@ from durapay.gateway import Catalogue
 from durapay.service.app import create_app
 from durapay.service.runtime import Runtime, build_runtime
 from durapay.simulator import SimulatorConfig, SimulatorServer
+from durapay.workflows.reconciliation import Reconciler
 from tests.service.conftest import API_KEY, service_settings
 from tests.waiting import wait_until
 from tests.workflows.reconciliation.test_run import moto_input
@@ -78,3 +79,32 @@ def test_a_second_run_while_one_goes_is_refused(gateway_runtime: tuple[Runtime, 
     assert first.status_code == 202, first.text
     second = client.post("/reconciliation/reports", json={"since": "2h"}, headers=HEADERS)
     assert second.status_code == 409 and first.json()["id"] in second.json()["reason"], second.text
+
+
+def test_a_run_of_a_dead_process_refuses_a_new_one_only_while_its_lease_lasts(
+    gateway_runtime: tuple[Runtime, SimulatorServer],
+) -> None:
+    """Another process's run refuses one here (409 naming it) while it renews its lease; once the process
+    is gone (the lease lapses: 3 s here), its report reads interrupted and a new run starts."""
+    runtime, _ = gateway_runtime
+    client = TestClient(create_app(runtime))
+    elsewhere = Reconciler(runtime.engine)
+    report = elsewhere.begin(runtime.engine.clock.now() - 600)
+    elsewhere.reports.save(report, now=report.started)  # kept as running by a process that dies now:
+    runtime.engine.redis.set(elsewhere.reports.lease_key(report.id), "1", px=3000)  # its last lease, 3 s
+
+    refused = client.post("/reconciliation/reports", json={"since": "1h"}, headers=HEADERS)
+    assert refused.status_code == 409 and report.id in refused.json()["reason"], refused.text
+    assert client.get(f"/reconciliation/reports/{report.id}", headers=HEADERS).json()["running"] is True
+
+    started = wait_until(
+        lambda: (
+            (answer := client.post("/reconciliation/reports", json={"since": "1h"}, headers=HEADERS)).status_code == 202
+            and answer
+        ),
+        timeout=10,
+        what="a new run once the dead one's lease ran out",
+    )
+    assert started.json()["id"] != report.id
+    dead = client.get(f"/reconciliation/reports/{report.id}", headers=HEADERS).json()
+    assert dead["running"] is False and dead["ok"] is False and "lease" in dead["interrupted"], dead

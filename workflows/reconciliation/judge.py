@@ -101,6 +101,8 @@ class Finding:
         )
 
 
+#: Orders read by id (``Lookups.read_orders``) kept at once, at most.
+MAX_ORDERS_READ = 1_000
 #: The operations of one order as the gateway lists them (``GET /orders/{orderId}``), as JSON.
 OrderCall = Callable[[str], list[dict[str, Any]]]
 #: The flows of durapay that may have made a post-operation and not read it back (money in flight, a
@@ -125,11 +127,15 @@ class Lookups:
     operation: GetCall
     order: OrderCall
     makers: Makers
+    #: The records of flows by id (those still kept).
+    flows: Callable[[list[str]], list[FlowRecord]]
     #: The orders read so far, by id.
     read_orders: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
     _makers: Mapping[str, list[FlowRecord]] | None = None
 
     def order_operations(self, order_id: str) -> list[dict[str, Any]]:
+        if len(self.read_orders) >= MAX_ORDERS_READ:
+            self.read_orders.clear()  # bounded: an order is read again if a later page needs it
         if order_id not in self.read_orders:
             self.read_orders[order_id] = self.order(order_id) if order_id else []
         return self.read_orders[order_id]
@@ -151,62 +157,189 @@ def _label(record: FlowRecord) -> str:
     return f"{record.kind} flow {record.id} ({record.state.value})"
 
 
-def judge(
-    operations: Mapping[str, Mapping[str, Any]],
-    owners: Owners,
-    ended: Iterable[FlowRecord],
-    lookups: Lookups,
-) -> list[Finding]:
-    """The findings of a window: ``operations`` (by id) read from the gateway, ``owners`` looked up for
-    them, ``ended`` the flows that succeeded in the window; ``lookups`` reads what else a finding needs."""
-    findings: list[Finding] = []
-    unshown: dict[str, list[Mapping[str, Any]]] = defaultdict(list)
-    judged: dict[str, FlowRecord] = {record.id: record for record in ended if record.state is FlowState.SUCCEEDED}
-    of_order: dict[str, list[Mapping[str, Any]]] = defaultdict(list)
-    for op in operations.values():
-        of_order[str(op.get("orderId") or "")].append(op)
-    for operation_id, op in sorted(operations.items(), key=lambda item: str(item[1].get("operationTime") or "")):
-        pending, moved = money.in_flight(op), money.is_money(op)
-        if not (pending or moved):
-            continue
-        flow_id = owners.by_operation.get(operation_id)
-        by_order = flow_id is None
-        if flow_id is None:
-            flow_id = owners.by_order.get(str(op.get("orderId") or ""))
-        record = owners.records.get(flow_id) if flow_id else None
-        if pending:
-            findings.append(_in_flight(op, record, "still PENDING at the gateway"))
-        elif record is None:
-            gone = f"; its order's flow {flow_id} is gone (past its retention)" if flow_id else ""
-            findings.append(Finding(MONEY_WITHOUT_FLOW, f"{_money_word(op)} that no flow claims{gone}", operation=brief(op)))
-        elif by_order and money.post_operation(op, _order_operations(op, record, of_order, lookups)):
-            findings.append(_post_operation(op, record, of_order, lookups))
-        elif record.state not in STOPPED:
-            findings.append(_in_flight(op, record, f"its flow is still {record.state.value} at step {record.step}"))
-        else:
-            if record.state is FlowState.SUCCEEDED:
-                judged.setdefault(record.id, record)
-            how = money.shown(record, op)
-            if how == "attention":
-                findings.append(_in_flight(op, record, "its flow needs attention naming it: a person has it"))
-            elif how is None:
-                unshown[record.id].append(op)
-    for record in judged.values():
-        findings.extend(_named(record, operations, lookups.operation, unshown[record.id]))
-    for flow_id, ops in unshown.items():
-        record = owners.records[flow_id]
-        for op in ops:
-            findings.append(
-                Finding(
-                    MONEY_NOT_SHOWN,
-                    f"{_money_word(op)} of {_label(record)} that the flow does not show{_why(record)}",
-                    flow=record.id,
-                    kind=record.kind,
-                    state=record.state.value,
-                    operation=brief(op),
-                )
-            )
-    return findings
+@dataclass
+class Named:
+    """A succeeded flow whose named operations are still to be found: what their check needs, not the
+    flow's record (a few hundred bytes against about 12 KB)."""
+
+    flow: str
+    kind: str
+    state: str
+    #: When it ended (its state index's time) or, for one met through an operation, that page's time.
+    end: float
+    #: The operation ids its outcome names that the window has not shown yet.
+    names: list[str]
+    #: The operation its outcome reports (``brief``), to compare amount and currency.
+    recorded: dict[str, Any]
+    #: Payments of it the flow does not show, met so far (one may be what the gateway holds instead).
+    unshown: list[dict[str, Any]] = field(default_factory=list)
+
+    @classmethod
+    def of(cls, record: FlowRecord, end: float) -> Named:
+        recorded = _recorded(record)
+        return cls(
+            record.id,
+            record.kind,
+            record.state.value,
+            end,
+            money.named_operations(record),
+            brief(recorded[0]) if recorded else {},
+        )
+
+    @property
+    def label(self) -> str:
+        return f"{self.kind} flow {self.flow} ({self.state})"
+
+
+#: Succeeded flows held for their check (met and not, together), at most; past it the newest-ended
+#: are checked at once (by id).
+MAX_PENDING = 50_000
+#: A flow's payment is looked for this long before the flow's end: one not met by then is read by id
+#: (a payment long before its flow's end, a notification lost and read back at a deadline, costs a call).
+HORIZON_SECONDS = 3600.0
+
+
+class Judge:
+    """The findings of a window given page by page, newest first (module docstring), holding only what
+    is still open: the flows that succeeded in the window and were not met yet (``waiting``: their id and
+    end), the succeeded flows met whose named operations the pages have not all shown (``pending``, each
+    a :class:`Named`) with the payments of theirs they do not show. Each is checked by id once the pages
+    are :data:`HORIZON_SECONDS` older than its end (together at most :data:`MAX_PENDING`)."""
+
+    def __init__(self, lookups: Lookups) -> None:
+        self.lookups = lookups
+        self.pending: dict[str, Named] = {}
+        self.waiting: dict[str, float] = {}
+
+    def ended(self, flow_id: str, end: float) -> list[Finding]:
+        """A flow that succeeded in the window, at ``end``: its named operations are checked once its
+        operations are met, or read by id; the findings of flows checked early (:data:`MAX_PENDING`)."""
+        if flow_id not in self.pending:
+            self.waiting.setdefault(flow_id, end)
+        return self._bounded()
+
+    def expect(self, record: FlowRecord, end: float, *, seen: str = "") -> list[Finding]:
+        """Check a succeeded flow met through an operation (its named operations but ``seen``) as the
+        pages come."""
+        named = self.pending.get(record.id)
+        if named is None:
+            named = Named.of(record, self.waiting.pop(record.id, end))
+            self.pending[record.id] = named
+        if seen in named.names:
+            named.names.remove(seen)
+        if not (named.names or named.unshown):
+            del self.pending[record.id]  # all it names is shown: nothing left to hold
+        return self._bounded()
+
+    def page(self, operations: Mapping[str, Mapping[str, Any]], owners: Owners, moment: float) -> list[Finding]:
+        """The findings of one page (``operations`` by id, ``owners`` looked up for them, ``moment`` its
+        oldest time); the succeeded flows met are checked as the pages go on (:meth:`resolve`)."""
+        findings: list[Finding] = []
+        of_order: dict[str, list[Mapping[str, Any]]] = defaultdict(list)
+        for op in operations.values():
+            of_order[str(op.get("orderId") or "")].append(op)
+        for operation_id, op in sorted(operations.items(), key=lambda item: str(item[1].get("operationTime") or "")):
+            pending, moved = money.in_flight(op), money.is_money(op)
+            if not (pending or moved):
+                continue
+            flow_id = owners.by_operation.get(operation_id)
+            by_order = flow_id is None
+            if flow_id is None:
+                flow_id = owners.by_order.get(str(op.get("orderId") or ""))
+            record = owners.records.get(flow_id) if flow_id else None
+            if pending:
+                findings.append(_in_flight(op, record, "still PENDING at the gateway"))
+            elif record is None:
+                gone = f"; its order's flow {flow_id} is gone (past its retention)" if flow_id else ""
+                findings.append(Finding(MONEY_WITHOUT_FLOW, f"{_money_word(op)} that no flow claims{gone}", operation=brief(op)))
+            elif by_order and money.post_operation(op, _order_operations(op, record, of_order, self.lookups)):
+                findings.append(_post_operation(op, record, of_order, self.lookups))
+            elif record.state not in STOPPED:
+                findings.append(_in_flight(op, record, f"its flow is still {record.state.value} at step {record.step}"))
+            else:
+                findings += self._stopped(record, op, moment)
+        return findings
+
+    def _stopped(self, record: FlowRecord, op: Mapping[str, Any], moment: float) -> list[Finding]:
+        how = money.shown(record, op)
+        if how == "attention":
+            return [_in_flight(op, record, "its flow needs attention naming it: a person has it")]
+        if record.state is not FlowState.SUCCEEDED:
+            return [] if how else [_unshown(record.id, record.kind, record.state.value, _why(record), op)]
+        found: list[Finding] = []
+        operation_id = str(op.get("operationId") or "")
+        if how == "outcome":
+            wrong = money.differs(_recorded_as(record, operation_id), op)
+            if wrong:
+                found.append(_wrong(record.id, record.kind, record.state.value, _label(record), operation_id, wrong, op))
+        found += self.expect(record, moment, seen=operation_id if how == "outcome" else "")
+        if how is None:
+            named = self.pending.get(record.id)
+            if named is None:  # every operation it names is shown: the payment is a second one
+                found.append(_unshown(record.id, record.kind, record.state.value, _why(record), op))
+            else:
+                named.unshown.append(brief(op))
+        return found
+
+    def resolve(self, below: float | None = None) -> list[Finding]:
+        """Check by id the named operations of the flows held that ended more than
+        :data:`HORIZON_SECONDS` after ``below`` (the pages' oldest time so far; None: every one)."""
+        late = None if below is None else below + HORIZON_SECONDS
+        met = [named for named in self.pending.values() if late is None or named.end > late]
+        unmet = [flow_id for flow_id, end in self.waiting.items() if late is None or end > late]
+        return self._check(met, unmet)
+
+    def _bounded(self) -> list[Finding]:
+        over = len(self.pending) + len(self.waiting) - MAX_PENDING
+        if over <= 0:
+            return []
+        held = sorted(
+            [(named.end, named.flow, True) for named in self.pending.values()]
+            + [(end, flow_id, False) for flow_id, end in self.waiting.items()],
+            reverse=True,
+        )[: over + MAX_PENDING // 10]  # a tenth more: not a sort for every flow past the bound
+        return self._check([self.pending[flow] for _, flow, met in held if met], [flow for _, flow, met in held if not met])
+
+    def _check(self, met: Iterable[Named], unmet: list[str]) -> list[Finding]:
+        found: list[Finding] = []
+        for named in list(met):
+            del self.pending[named.flow]
+            found += _named(named, self.lookups.operation)
+        for flow_id in unmet:
+            del self.waiting[flow_id]
+        for start in range(0, len(unmet), 1000):
+            for record in self.lookups.flows(unmet[start : start + 1000]):
+                if record.state is FlowState.SUCCEEDED:  # not moved since
+                    found += _named(Named.of(record, 0.0), self.lookups.operation)
+        return found
+
+
+def _recorded_as(record: FlowRecord, operation_id: str) -> Mapping[str, Any]:
+    recorded = _recorded(record)
+    return recorded[0] if recorded and str(recorded[0].get("operationId")) == operation_id else {}
+
+
+def _unshown(flow: str, kind: str, state: str, why: str, op: Mapping[str, Any]) -> Finding:
+    return Finding(
+        MONEY_NOT_SHOWN,
+        f"{_money_word(op)} of {kind} flow {flow} ({state}) that the flow does not show{why}",
+        flow=flow,
+        kind=kind,
+        state=state,
+        operation=brief(op),
+    )
+
+
+def _wrong(flow: str, kind: str, state: str, label: str, named: str, wrong: str, held: Mapping[str, Any]) -> Finding:
+    return Finding(
+        FLOW_WITHOUT_MONEY,
+        f"{label} names operation {named}: {wrong}",
+        flow=flow,
+        kind=kind,
+        state=state,
+        operation=brief(held),
+        named=named,
+    )
 
 
 def _order_operations(
@@ -253,21 +386,17 @@ def _post_operation(
     )
 
 
-def _named(
-    record: FlowRecord, operations: Mapping[str, Mapping[str, Any]], fetch: GetCall, unshown: list[Mapping[str, Any]]
-) -> list[Finding]:
-    """``flow_without_money`` of one succeeded flow; a payment of it the flow does not show, taken as what
-    the gateway holds instead of a missing one, is removed from ``unshown``."""
+def _named(named: Named, fetch: GetCall) -> list[Finding]:
+    """``flow_without_money`` of one succeeded flow's named operations the window did not show, each
+    read by id; a payment of it the flow does not show, taken as what the gateway holds instead of a
+    missing one, is named in that finding, and the others are ``money_not_shown``."""
     found: list[Finding] = []
-    recorded = (record.outcome or {}).get("operation")
-    recorded = recorded if isinstance(recorded, Mapping) else {}
-    for named in money.named_operations(record):
-        held = operations.get(named)
-        if held is None:
-            held = fetch(named)
+    unshown = list(named.unshown)
+    for name in named.names:
+        held = fetch(name)
         if held is None:
             instead = next((op for op in unshown if money.is_payment(op)), None)
-            what = f"{_label(record)} names operation {named}, which the gateway does not have"
+            what = f"{named.label} names operation {name}, which the gateway does not have"
             if instead is not None:
                 unshown.remove(instead)
                 what += f"; the gateway holds {_money_word(instead)} of it instead"
@@ -275,27 +404,20 @@ def _named(
                 Finding(
                     FLOW_WITHOUT_MONEY,
                     what,
-                    flow=record.id,
-                    kind=record.kind,
-                    state=record.state.value,
+                    flow=named.flow,
+                    kind=named.kind,
+                    state=named.state,
                     operation=brief(instead) if instead is not None else None,
-                    named=named,
+                    named=name,
                 )
             )
             continue
-        wrong = money.differs(recorded if str(recorded.get("operationId")) == named else {}, held)
+        recorded = named.recorded if str(named.recorded.get("operationId")) == name else {}
+        wrong = money.differs(recorded, held)
         if wrong:
-            found.append(
-                Finding(
-                    FLOW_WITHOUT_MONEY,
-                    f"{_label(record)} names operation {named}: {wrong}",
-                    flow=record.id,
-                    kind=record.kind,
-                    state=record.state.value,
-                    operation=brief(held),
-                    named=named,
-                )
-            )
+            found.append(_wrong(named.flow, named.kind, named.state, named.label, name, wrong, held))
+    why = ": a second payment beside the one its outcome names"
+    found += [_unshown(named.flow, named.kind, named.state, why, op) for op in unshown]
     return found
 
 

@@ -5,6 +5,9 @@ Keys (``Keys.prefix``; the reports are few and small, so they need no partition)
 
 * ``<prefix>:reconcile:report:<id>`` - the report as JSON, expiring with the retention;
 * ``<prefix>:reconcile:reports`` - sorted set of report ids by start time (trimmed to the retention);
+* ``<prefix>:reconcile:lease:<id>`` - the lease of a running report, kept alive by its run
+  (:class:`Lease`, every third of ``DURAPAY_RECONCILE__LEASE_SECONDS``); a running report whose lease
+  ran out is read as *interrupted* (its process died or lost Redis mid-run) and stored so;
 * ``<prefix>:reconcile:carried`` - hash, operation id -> when it was first found in flight: what the next
   run reads again by id (``Reconciler.complete``), at most :data:`MAX_CARRIED`; one older than the
   retention is dropped, and its report says so;
@@ -22,13 +25,14 @@ from __future__ import annotations
 import hashlib
 import json
 import secrets
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from durapay.workflows.events import RECONCILIATION_TYPES
 from durapay.workflows.keys import Keys
 from durapay.workflows.reconciliation.judge import CATEGORIES, IN_FLIGHT, Finding
+from durapay.workflows.reconciliation.lease import Lease
 
 EVENT_TYPE = RECONCILIATION_TYPES[0]
 
@@ -41,6 +45,16 @@ end
 return 0
 """
 
+
+# KEYS: 1 the report. ARGV: 1 the running report as read, 2 the same interrupted. Only over what was read:
+# a run that finished meanwhile (a process that stalled past its lease, then came back) keeps its report.
+_INTERRUPT = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  redis.call('SET', KEYS[1], ARGV[2], 'KEEPTTL')
+  return 1
+end
+return 0
+"""
 
 #: Operations in flight one run hands to the next, at most (the oldest are dropped past it, and said).
 MAX_CARRIED = 10_000
@@ -80,8 +94,30 @@ class Report:
     findings: list[Finding] = field(default_factory=list)
     #: Operations of earlier runs' in-flight findings read again by id (outside this window).
     carried: int = 0
+    #: Why the run ended without finishing (its lease ran out: the process died; or it failed), or None.
+    interrupted: str | None = None
     #: Counts by category as found (the stored findings may be fewer: :data:`MAX_FINDINGS`).
     found: dict[str, int] = field(default_factory=dict, compare=False)
+    _kept: set[str] = field(default_factory=set, compare=False, repr=False)
+
+    def add(self, findings: Iterable[Finding], in_flight: set[str]) -> None:
+        """Count ``findings`` and keep what the run needs: every mismatch once (by its key, for its event,
+        mark and move), the first :data:`MAX_FINDINGS` in flight; the in-flight operation ids go to
+        ``in_flight`` (for the next runs), at most :data:`MAX_CARRIED`."""
+        for finding in findings:
+            if finding.category != IN_FLIGHT:
+                if finding.key in self._kept:
+                    continue
+                self._kept.add(finding.key)
+            self.found[finding.category] = self.found.get(finding.category, 0) + 1
+            if finding.category != IN_FLIGHT:
+                self.findings.append(finding)
+                continue
+            if self.found[finding.category] <= MAX_FINDINGS:
+                self.findings.append(finding)
+            operation_id = (finding.operation or {}).get("operationId")
+            if operation_id and len(in_flight) < MAX_CARRIED:
+                in_flight.add(str(operation_id))
 
     @property
     def mismatches(self) -> list[Finding]:
@@ -93,13 +129,13 @@ class Report:
 
     @property
     def running(self) -> bool:
-        """Started and not finished (a run in the background: ``POST /reconciliation/reports``)."""
-        return not self.finished
+        """Started, not finished, not interrupted (a run whose process holds its lease)."""
+        return not self.finished and self.interrupted is None
 
     @property
     def ok(self) -> bool:
         """Nothing wrong: finished, no mismatch, and the whole window was read."""
-        return not self.running and not self.mismatched and not self.gaps and self.error is None
+        return bool(self.finished) and self.interrupted is None and not self.mismatched and not self.gaps and self.error is None
 
     def counts(self) -> dict[str, int]:
         listed = {category: sum(1 for f in self.findings if f.category == category) for category in CATEGORIES}
@@ -135,10 +171,11 @@ class Report:
             "pages": self.pages,
             "gaps": list(self.gaps),
             "error": self.error,
+            "interrupted": self.interrupted,
             "counts": self.counts(),
             "carried": self.carried,
             "findings": [finding.wire() for finding in self.bounded()],
-            "left_out": len(self.findings) - len(self.bounded()) if self.findings else 0,
+            "left_out": max(0, sum(self.counts().values()) - len(self.bounded())),
         }
 
     @classmethod
@@ -158,6 +195,7 @@ class Report:
             error=data.get("error"),
             findings=[Finding.from_wire(item) for item in data.get("findings") or []],
             carried=int(data.get("carried") or 0),
+            interrupted=data.get("interrupted"),
             found={str(k): int(v) for k, v in (data.get("counts") or {}).items()},
         )
 
@@ -170,11 +208,31 @@ def new_report_id(now: float) -> str:
 class Reports:
     """Keeps reports and the marks and events of their mismatches. Give it a Redis client and the keys."""
 
-    def __init__(self, client: Any, keys: Keys, retention_seconds: float) -> None:
+    def __init__(self, client: Any, keys: Keys, retention_seconds: float, *, lease_seconds: float = 60.0) -> None:
         self.redis = client
         self.keys = keys
         self.retention_seconds = max(1, int(retention_seconds))
+        self.lease_seconds = lease_seconds
         self._announce = client.register_script(_ANNOUNCE)
+        self._interrupt = client.register_script(_INTERRUPT)
+
+    def lease_key(self, report_id: str) -> str:
+        return f"{self.keys.prefix}:reconcile:lease:{report_id}"
+
+    def hold(self, report: Report) -> Lease:
+        """Keep ``report`` as running, under a lease its run renews until :meth:`Lease.end`."""
+        lease = Lease(self.redis, self.lease_key(report.id), self.lease_seconds)
+        self.save(report, now=report.started)
+        return lease
+
+    def live(self) -> Report | None:
+        """The newest report whose run holds its lease (any process), among the newest
+        :data:`STANDING_LOOKBACK`; one whose lease ran out is interrupted, and none."""
+        for member in self.redis.zrevrange(self._index, 0, STANDING_LOOKBACK - 1):
+            report = self.get(member.decode())
+            if report is not None and report.running:
+                return report
+        return None
 
     def _report_key(self, report_id: str) -> str:
         return f"{self.keys.prefix}:reconcile:report:{report_id}"
@@ -192,8 +250,20 @@ class Reports:
         self.redis.zremrangebyscore(self._index, "-inf", now - self.retention_seconds)
 
     def get(self, report_id: str) -> Report | None:
+        """The report; a running one whose lease ran out is interrupted (and stored so)."""
         raw = self.redis.get(self._report_key(report_id))
-        return Report.from_wire(json.loads(raw)) if raw else None
+        if not raw:
+            return None
+        report = Report.from_wire(json.loads(raw))
+        if report.running and not self.redis.exists(self.lease_key(report_id)):
+            report.interrupted = (
+                "its run stopped before it finished: its process no longer renewed the run's lease "
+                "(it died, or lost Redis); the window was not judged, run it again"
+            )
+            interrupted = json.dumps(report.wire(), separators=(",", ":"))
+            if not self._interrupt(keys=[self._report_key(report_id)], args=[raw, interrupted]):
+                return self.get(report_id)  # it finished meanwhile: its own report
+        return report
 
     @property
     def _carried(self) -> str:

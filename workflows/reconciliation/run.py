@@ -16,19 +16,23 @@ to read. Then, for each mismatch (docs/operations.md, Reconciliation):
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
+
+from redis.exceptions import RedisError
 
 from durapay.config.settings import ReconcileSettings
 from durapay.gateway import GatewayError, reported_payment
 from durapay.workflows.engine import Engine
 from durapay.workflows.reconciliation import money
-from durapay.workflows.reconciliation.judge import IN_FLIGHT, MONEY_NOT_SHOWN, Finding, Lookups, Owners, judge
+from durapay.workflows.reconciliation.judge import MONEY_NOT_SHOWN, Finding, Judge, Lookups, Owners
+from durapay.workflows.reconciliation.lease import Lease
 from durapay.workflows.reconciliation.report import Report, Reports, new_report_id
-from durapay.workflows.reconciliation.window import CallBudgetSpent, GatewayReads, read_window
+from durapay.workflows.reconciliation.window import CallBudgetSpent, GatewayReads, WindowRead, oldest_of, pages
 from durapay.workflows.states import STOPPED, FlowState
 from durapay.workflows.store import FlowRecord
 
@@ -39,6 +43,9 @@ BATCH = 1000
 #: The newest flows in each state that may hold a post-operation in flight, read when a post-operation
 #: no flow recorded is found (``makers``); past it they are not looked at (the finding says no flow).
 MAKERS_LIMIT = 10_000
+#: The flows that succeeded are read this far below the window's pages: a payment's time (the gateway's
+#: clock) may be this much after its flow's end (durapay's clock) and still be matched without a read.
+SKEW_SECONDS = 300.0
 
 T = TypeVar("T")
 
@@ -56,7 +63,9 @@ class Reconciler:
         self.engine = engine
         self.settings = settings or engine.settings.reconcile
         self.sleep = sleep
-        self.reports = Reports(engine.redis, engine.keys, self.settings.retention_days * 86400)
+        self.reports = Reports(
+            engine.redis, engine.keys, self.settings.retention_days * 86400, lease_seconds=self.settings.lease_seconds
+        )
 
     def begin(self, since: float, until: float | None = None, *, by: str = "cli") -> Report:
         """The report of a run of ``[since, until]`` (POSIX seconds; ``until`` None: now), not yet run.
@@ -84,8 +93,30 @@ class Reconciler:
         """Reconcile the operations of ``[since, until]`` (:meth:`begin`, then :meth:`complete`)."""
         return self.complete(self.begin(since, until, by=by))
 
-    def complete(self, report: Report) -> Report:
+    def complete(self, report: Report, lease: Lease | None = None) -> Report:
+        """:meth:`judged` under the report's lease (``lease``: taken already, by ``Reports.hold``): kept as
+        running while it goes, read as interrupted if this process dies; a run that raises is kept
+        interrupted with its error."""
+        lease = lease or self.reports.hold(report)
+        try:
+            return self.judged(report)
+        except Exception as exc:
+            report.interrupted = f"its run failed: {type(exc).__name__}: {exc}"
+            with contextlib.suppress(RedisError):
+                self.reports.save(report, now=self.engine.clock.now())
+            raise
+        finally:
+            lease.end()
+
+    def judged(self, report: Report) -> Report:
         """Run ``report``'s window: read, judge, act; the report kept and returned.
+
+        The window is read a page at a time (``window.pages``: at most ``MAX_RECORDS`` operations) and
+        each page judged with the flows its operations name, read for it; the flows that succeeded in
+        the window are read from their state index a time slice at a time, just ahead of the pages
+        (``Ended``), and held only as the little their check needs until the pages show what they name
+        (``judge.Judge``). A run holds a page, its flows, and what is still open (mismatches, the
+        in-flight items it hands on, checks waiting): its memory does not grow with the window.
 
         The operations the previous runs left in flight (``Reports.carried``) are read again by id and
         judged with the window's, so an operation PENDING on its day, or of a flow still going then, is
@@ -93,43 +124,71 @@ class Reconciler:
         since, until = report.since, report.until
         reads = GatewayReads(self.engine.gateway, self.engine.retry_policy, max_calls=self.settings.max_calls, sleep=self.sleep)
         carried = self.reports.carried(now=report.started)
+        judge = Judge(Lookups(reads.get_operation, reads.get_order, self.makers, self.engine.store.many))
+        ended = Ended(self.engine, since, until)
+        in_flight: set[str] = set()
+        read = WindowRead()
+        unread = set(carried.ids)
         try:
-            window = read_window(
+            lowest = until
+            for page in pages(
                 reads.list_operations,
                 datetime.fromtimestamp(since, UTC),
                 datetime.fromtimestamp(until, UTC),
                 max_records=self.settings.max_records,
                 span=timedelta(days=self.settings.span_days),
-            )
-            report.pages, report.gaps, report.operations = window.pages, window.gaps, len(window.operations)
-            operations = dict(window.operations)
+                read=read,
+            ):
+                unread -= {str(op["operationId"]) for op in page}
+                oldest = oldest_of(page)
+                lowest = min(lowest, oldest[0].timestamp() if oldest else lowest)
+                report.operations += len(page)
+                self._page(page, judge, ended.down_to(lowest - SKEW_SECONDS), lowest, report, in_flight)
+            report.pages, report.gaps = read.pages, read.gaps
             for operation_id in sorted(carried.expired):
                 since_then = _iso(carried.expired[operation_id])
                 report.gaps.append(
                     f"operation {operation_id}, in flight since {since_then}, is no longer followed (past the retention)"
                 )
-            for operation_id in sorted(set(carried.ids) - set(operations)):
-                found = reads.get_operation(operation_id)
-                if found is not None:
-                    operations[operation_id] = found
-                    report.carried += 1
-            owners = self.owners(operations.values())
-            ended = self.ended(since, until, owners)
-            report.flows = len(owners.records)
-            lookups = Lookups(reads.get_operation, reads.get_order, self.makers)
-            report.findings = judge(operations, owners, ended, lookups)
+            rest = ended.down_to(since)
+            for chunk in _chunks(sorted(unread)):
+                found = [op for op in (reads.get_operation(operation_id) for operation_id in chunk) if op is not None]
+                report.carried += len(found)
+                self._page(found, judge, rest, lowest, report, in_flight)
+                rest = iter(())
+            self._page([], judge, rest, lowest, report, in_flight)
+            report.add(judge.resolve(), in_flight)
         except (GatewayError, CallBudgetSpent) as exc:
+            report.pages, report.gaps = read.pages, read.gaps
             report.error = f"the gateway could not be read completely: {exc}"
         report.calls = reads.calls
         for finding in report.mismatches:
             self.act(finding, report.id)
         if report.error is None:
-            in_flight = {str((f.operation or {}).get("operationId")) for f in report.findings if f.category == IN_FLIGHT}
-            in_flight.discard("None")
             self.reports.carry(in_flight, done=set(carried.ids) | set(carried.expired), now=report.started)
         report.finished = self.engine.clock.now()
         self.reports.save(report, now=report.finished)
         return report
+
+    def _page(
+        self,
+        page: list[dict[str, Any]],
+        judge: Judge,
+        ended: Iterable[list[tuple[float, str]]],
+        moment: float,
+        report: Report,
+        in_flight: set[str],
+    ) -> None:
+        """Judge one page: first the flows that succeeded down to its time (to be checked), then its
+        operations with the flows they name, then the checks the pages have gone past."""
+        for chunk in ended:
+            for end, flow_id in chunk:
+                report.add(judge.ended(flow_id, end), in_flight)
+        operations = {str(op["operationId"]): op for op in page}
+        owners = self.owners(operations.values())
+        report.flows += len(owners.records)
+        report.add(judge.page(operations, owners, moment), in_flight)
+        report.add(judge.resolve(moment), in_flight)
 
     def owners(self, operations: Iterable[Mapping[str, Any]]) -> Owners:
         """The flows the engine's lookups name for these operations (by operation id, then order id), and
@@ -167,12 +226,6 @@ class Reconciler:
         for name, *arguments in commands:
             getattr(pipe, name)(*arguments)
         return list(pipe.execute())
-
-    def ended(self, since: float, until: float, owners: Owners) -> list[FlowRecord]:
-        """The flows that succeeded in the window (the state index's time is the flow's last change)."""
-        ids = [flow_id for _, flow_id in self.engine.store.ids(state=FlowState.SUCCEEDED, since=since, until=until)]
-        self._load(owners, ids)
-        return [owners.records[flow_id] for flow_id in ids if flow_id in owners.records]
 
     def _load(self, owners: Owners, flow_ids: Iterable[str]) -> None:
         wanted = sorted(set(flow_ids) - set(owners.records))
@@ -220,6 +273,37 @@ class Reconciler:
         record = engine.store.get(flow_id) if result == "late_payment" else None
         if record is not None:
             engine.orders.keep([record.lookups])  # alive again: its lookups live until it ends (Engine.signal)
+
+
+class Ended:
+    """The flows that succeeded in ``[since, until]`` (their state index's time is their last change),
+    newest first, read a time slice at a time just ahead of the window's pages (:meth:`down_to`): ids and
+    times only, :data:`BATCH` per partition and round trip."""
+
+    def __init__(self, engine: Engine, since: float, until: float) -> None:
+        self.engine = engine
+        self.since = since
+        self.upper: float | str = until  # inclusive at first, then exclusive: "(<time>"
+        self.left = since < until
+
+    def down_to(self, low: float) -> Iterator[list[tuple[float, str]]]:
+        """The flows that succeeded from ``low`` (at least ``since``) up to where the last slice ended."""
+        low = max(low, self.since)
+        upper = self.upper
+        if not self.left or (isinstance(upper, float | int) and low > upper):
+            return
+        self.upper = f"({low}"
+        self.left = low > self.since
+        keys = self.engine.keys
+        offsets = {partition: 0 for partition in range(keys.partitions)}
+        while offsets:
+            pipe = self.engine.redis.pipeline(transaction=False)
+            for partition, offset in offsets.items():
+                index = keys.by_state(partition, FlowState.SUCCEEDED.value)
+                pipe.zrevrangebyscore(index, upper, low, start=offset, num=BATCH, withscores=True)
+            answers = dict(zip(offsets, pipe.execute(), strict=True))
+            yield [(float(score), member.decode()) for found in answers.values() for member, score in found]
+            offsets = {partition: offsets[partition] + BATCH for partition, found in answers.items() if len(found) == BATCH}
 
 
 def exit_status(report: Report) -> int:

@@ -25,7 +25,7 @@ step's call is; reads are safe to repeat. A call that still fails ends the read 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -117,30 +117,45 @@ class GatewayReads:
 
 
 def read_window(list_call: ListCall, since: datetime, until: datetime, *, max_records: int, span: timedelta) -> WindowRead:
-    """Every operation with ``since <= operationTime <= until`` (module docstring)."""
+    """Every operation with ``since <= operationTime <= until``, held together (module docstring): for a
+    short window and the tests; a run reads :func:`pages` and holds one at a time."""
     read = WindowRead()
-    end = until
-    while end > since:
-        start = max(since, end - span)
-        _read_span(list_call, start, end, max_records, read)
-        end = start
+    for page in pages(list_call, since, until, max_records=max_records, span=span, read=read):
+        for op in page:
+            read.operations[str(op.get("operationId") or "")] = op
     return read
 
 
-def _read_span(list_call: ListCall, start: datetime, end: datetime, max_records: int, read: WindowRead) -> None:
+def pages(
+    list_call: ListCall, since: datetime, until: datetime, *, max_records: int, span: timedelta, read: WindowRead
+) -> Iterator[list[dict[str, Any]]]:
+    """The window's operations page by page, newest first, each operation once (module docstring); what
+    was read and what could not be is counted in ``read`` (its ``operations`` are left empty).
+
+    The bounds of consecutive queries are inclusive, so an operation at a boundary comes in two pages
+    that follow each other (never further apart: a page all at one instant is stepped past), and is
+    dropped from the second by the ids of the page before: what a read holds is one page, not the window."""
+    before: set[str] = set()
+    end = until
+    while end > since:
+        start = max(since, end - span)
+        for page in _read_span(list_call, start, end, max_records, read):
+            fresh = [op for op in page if str(op.get("operationId") or "") not in before]
+            before = {str(op.get("operationId") or "") for op in page}
+            yield [op for op in fresh if op.get("operationId")]
+        end = start
+
+
+def _read_span(
+    list_call: ListCall, start: datetime, end: datetime, max_records: int, read: WindowRead
+) -> Iterator[list[dict[str, Any]]]:
     to_time = gateway_iso(end)
     to_moment = end
     while True:
         page = list_call({"fromTime": gateway_iso(start), "toTime": to_time, "maxRecords": max_records})
         read.pages += 1
-        oldest: tuple[datetime, str] | None = None
-        for op in page:
-            operation_id = str(op.get("operationId") or "")
-            moment = moment_of(op)
-            if moment is not None and (oldest is None or moment < oldest[0]):
-                oldest = (moment, str(op.get("operationTime")))
-            if operation_id and operation_id not in read.operations:
-                read.operations[operation_id] = op
+        yield page
+        oldest = oldest_of(page)
         if len(page) < max_records:
             return
         if oldest is None:
@@ -156,3 +171,13 @@ def _read_span(list_call: ListCall, start: datetime, end: datetime, max_records:
         if step < start:
             return
         to_time, to_moment = gateway_iso(step), step
+
+
+def oldest_of(page: list[dict[str, Any]]) -> tuple[datetime, str] | None:
+    """The oldest readable ``operationTime`` of a page, and the text the gateway wrote for it."""
+    oldest: tuple[datetime, str] | None = None
+    for op in page:
+        moment = moment_of(op)
+        if moment is not None and (oldest is None or moment < oldest[0]):
+            oldest = (moment, str(op.get("operationTime")))
+    return oldest

@@ -39,6 +39,7 @@ def cli_env(monkeypatch: pytest.MonkeyPatch, redis_url: str, key_prefix: str, tm
         "DURAPAY_ENGINE__PARTITIONS": "2",
         "DURAPAY_DATA_DIR": str(tmp_path / "data"),
         "DURAPAY_API__KEY": API_KEY,
+        "DURAPAY_RECONCILE__DAILY": "false",  # a scheduler started here runs no reconciliation (tests/conftest.py)
     }
     for name, value in values.items():
         monkeypatch.setenv(name, value)

@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 from collections.abc import Iterator
 
 import pytest
@@ -11,7 +13,9 @@ import pytest
 from durapay.gateway import Catalogue
 from durapay.service.runtime import Runtime
 from durapay.simulator import SimulatorConfig, SimulatorServer
-from tests.service.cli.conftest import invoke
+from durapay.workflows.reconciliation import Reconciler
+from tests.service.cli.conftest import DURAPAY, invoke
+from tests.waiting import wait_until
 from tests.workflows.reconciliation.test_run import moto_input
 
 
@@ -43,3 +47,29 @@ def test_a_window_it_cannot_read_is_a_usage_error(gateway: SimulatorServer, engi
     assert result.exit_code == 2 and json.loads(result.stderr)["field"] == "--since"
     result = invoke("reconcile", "--since", "1h", "--until", "2h")
     assert result.exit_code == 2 and "before it starts" in result.stderr
+
+
+def test_a_run_killed_mid_window_reads_interrupted_and_another_runs(gateway: SimulatorServer, engine_side: Runtime) -> None:
+    """A ``durapay reconcile`` SIGKILLed while it reads the gateway leaves its report running only as
+    long as its lease (1 s here): then the report says interrupted and why, and a new run goes."""
+    reports = Reconciler(engine_side.engine).reports
+    gateway.admin.set_faults(mode="latency", operation="list_operations", latency_ms=4000, count=1)
+    env = {**os.environ, "DURAPAY_RECONCILE__LEASE_SECONDS": "1"}
+    run = subprocess.Popen(
+        [*DURAPAY, "reconcile", "--since", "1h"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    try:
+        running = wait_until(lambda: reports.latest(), timeout=30, what="the run's report kept as running")
+        assert running.running and running.interrupted is None
+    finally:
+        run.kill()
+        run.wait(timeout=10)
+    dead = wait_until(lambda: (found := reports.get(running.id)) and not found.running and found, timeout=10, what="interrupted")
+    assert dead.interrupted and "lease" in dead.interrupted and not dead.ok and not dead.finished
+    assert json.loads(invoke("reconcile", "--latest", "--json").stdout)["interrupted"] == dead.interrupted
+    text = invoke("reconcile", "--latest")
+    assert text.exit_code == 1 and "interrupted: its run stopped before it finished" in text.stdout, text.stdout
+
+    again = invoke("reconcile", "--since", "1h", "--json")
+    assert again.exit_code == 0, again.output
+    assert json.loads(again.stdout)["id"] != running.id and reports.get(running.id) == dead
