@@ -17,6 +17,7 @@ import httpx
 from durapay import _calls as calls
 from durapay._calls import Body, Call, Feed, Pause, Step, When
 from durapay._http import ApiError, Retries, answer, no_answer, request, settings
+from durapay.service.ops_schemas import BulkList, BulkPlan, BulkView, KindList, KindView, PauseLog
 from durapay.service.reconcile_schemas import ReconciliationList, ReconciliationReport
 from durapay.service.schemas import (
     AttemptList,
@@ -269,6 +270,40 @@ class AsyncClient:
         types: Collection[str] | None = None,
     ) -> ReplayAnswer:
         return await self._run(calls.replay(after=after, until=until, endpoint=endpoint, types=types))
+
+    # -- flow kinds (pauses) and bulk actions --------------------------------------------------------
+
+    async def kinds(self) -> KindList:
+        """Every flow kind, with its pause when paused."""
+        return await self._run(calls.LIST_KINDS.call())
+
+    async def pause_kind(self, kind: str, reason: str, *, by: str | None = None) -> KindView:
+        """Pause a flow kind: none of its flows runs a step until it is resumed (a pause in force stands)."""
+        return await self._run(calls.pause_kind(kind, reason, by))
+
+    async def resume_kind(self, kind: str, *, by: str | None = None) -> KindView:
+        """Resume a paused flow kind; ``released``: the flows it held that go on now."""
+        return await self._run(calls.resume_kind(kind, by))
+
+    async def pauses(self, *, limit: int = 100) -> PauseLog:
+        """The audit list of pauses and resumes, newest first."""
+        return await self._run(calls.PAUSES.call(params={"limit": limit}))
+
+    async def bulk_dry_run(self, action: str, **filters: Any) -> BulkPlan:
+        """What a bulk ``retry`` or ``cancel`` of the flows matching ``filters`` (kind, state, error, since,
+        until) would do: the count, a sample, what it would skip and why. Changes nothing."""
+        return await self._run(calls.bulk(calls.BULK_DRY_RUN, action, filters))
+
+    async def bulk(self, action: str, *, key: str | None = None, **filters: Any) -> BulkView:
+        """Retry or cancel every flow matching ``filters``, in the background: the action with its progress.
+        The same action and filters again (or ``key``) answer the same action."""
+        return await self._run(calls.bulk(calls.POST_BULK, action, filters, key=key))
+
+    async def bulk_actions(self, *, limit: int = 50) -> BulkList:
+        return await self._run(calls.LIST_BULK.call(params={"limit": limit}))
+
+    async def get_bulk(self, bulk_id: str) -> BulkView:
+        return await self._run(calls.GET_BULK.call(path={"bulk_id": bulk_id}))
 
     # -- reconciliation and operations ----------------------------------------------------------
 

@@ -25,6 +25,7 @@ from urllib.parse import quote
 
 from pydantic import BaseModel
 
+from durapay.service.ops_schemas import BulkList, BulkPlan, BulkView, KindList, KindView, PauseLog
 from durapay.service.reconcile_schemas import ReconciliationList, ReconciliationReport
 from durapay.service.schemas import (
     AttemptList,
@@ -267,6 +268,32 @@ def events(*, after: str | None, types: Collection[str] | None, limit: int, wait
 
 def replay(*, after: str | None, until: float | None, endpoint: str | None, types: Collection[str] | None) -> Call[ReplayAnswer]:
     return REPLAY.call(json=some(after=after, until=until, endpoint=endpoint, types=list(types or ()) or None))
+
+
+# -- flow kinds (pauses) and bulk actions ------------------------------------------------------------
+
+LIST_KINDS = Route("GET", "/kinds", KindList)
+PAUSE_KIND = Route("POST", "/kinds/{kind}/pause", KindView)
+RESUME_KIND = Route("POST", "/kinds/{kind}/resume", KindView)
+PAUSES = Route("GET", "/pauses", PauseLog)
+BULK_DRY_RUN = Route("POST", "/bulk/dry-run", BulkPlan)
+POST_BULK = Route("POST", "/bulk", BulkView, keyed=True)
+LIST_BULK = Route("GET", "/bulk", BulkList)
+GET_BULK = Route("GET", "/bulk/{bulk_id}", BulkView)
+
+
+def pause_kind(kind: str, reason: str, by: str | None) -> Call[KindView]:
+    return PAUSE_KIND.call(path={"kind": kind}, json=some(reason=reason, by=by))
+
+
+def resume_kind(kind: str, by: str | None) -> Call[KindView]:
+    return RESUME_KIND.call(path={"kind": kind}, json=some(by=by))
+
+
+def bulk(route: Route[T], action: str, filters: Mapping[str, Any], *, key: str | None = None) -> Call[T]:
+    """A bulk action's dry run or post: ``filters`` = kind, state, error, since, until, by (None: left out)."""
+    times = {name: wire(value) for name in ("since", "until") if (value := filters.get(name)) is not None}
+    return route.call(json=some(action=action, **{**dict(filters), **times}), key=key)
 
 
 # -- reconciliation and operations ---------------------------------------------------------------

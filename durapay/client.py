@@ -30,6 +30,7 @@ from durapay import _calls as calls
 from durapay._async import AsyncClient, AsyncEventStream
 from durapay._calls import Body, Call, Feed, Pause, Step, When
 from durapay._http import ApiError, Retries, answer, no_answer, request, settings
+from durapay.service.ops_schemas import BulkList, BulkPlan, BulkView, KindList, KindView, PauseLog
 from durapay.service.reconcile_schemas import ReconciliationList, ReconciliationReport
 from durapay.service.schemas import (
     AttemptList,
@@ -59,6 +60,9 @@ __all__ = [
     "AsyncEventStream",
     "AttemptList",
     "AttemptView",
+    "BulkList",
+    "BulkPlan",
+    "BulkView",
     "Client",
     "EndpointList",
     "EndpointView",
@@ -71,6 +75,9 @@ __all__ = [
     "FlowView",
     "Health",
     "History",
+    "KindList",
+    "KindView",
+    "PauseLog",
     "Readiness",
     "ReconciliationList",
     "ReconciliationReport",
@@ -334,6 +341,40 @@ class Client:
         types: Collection[str] | None = None,
     ) -> ReplayAnswer:
         return self._run(calls.replay(after=after, until=until, endpoint=endpoint, types=types))
+
+    # -- flow kinds (pauses) and bulk actions --------------------------------------------------------
+
+    def kinds(self) -> KindList:
+        """Every flow kind, with its pause when paused."""
+        return self._run(calls.LIST_KINDS.call())
+
+    def pause_kind(self, kind: str, reason: str, *, by: str | None = None) -> KindView:
+        """Pause a flow kind: none of its flows runs a step until it is resumed (a pause in force stands)."""
+        return self._run(calls.pause_kind(kind, reason, by))
+
+    def resume_kind(self, kind: str, *, by: str | None = None) -> KindView:
+        """Resume a paused flow kind; ``released``: the flows it held that go on now."""
+        return self._run(calls.resume_kind(kind, by))
+
+    def pauses(self, *, limit: int = 100) -> PauseLog:
+        """The audit list of pauses and resumes, newest first."""
+        return self._run(calls.PAUSES.call(params={"limit": limit}))
+
+    def bulk_dry_run(self, action: str, **filters: Any) -> BulkPlan:
+        """What a bulk ``retry`` or ``cancel`` of the flows matching ``filters`` (kind, state, error, since,
+        until) would do: the count, a sample, what it would skip and why. Changes nothing."""
+        return self._run(calls.bulk(calls.BULK_DRY_RUN, action, filters))
+
+    def bulk(self, action: str, *, key: str | None = None, **filters: Any) -> BulkView:
+        """Retry or cancel every flow matching ``filters``, in the background: the action with its progress.
+        The same action and filters again (or ``key``) answer the same action."""
+        return self._run(calls.bulk(calls.POST_BULK, action, filters, key=key))
+
+    def bulk_actions(self, *, limit: int = 50) -> BulkList:
+        return self._run(calls.LIST_BULK.call(params={"limit": limit}))
+
+    def get_bulk(self, bulk_id: str) -> BulkView:
+        return self._run(calls.GET_BULK.call(path={"bulk_id": bulk_id}))
 
     # -- reconciliation and operations ----------------------------------------------------------
 

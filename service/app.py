@@ -25,7 +25,9 @@ from fastapi.openapi.docs import get_swagger_ui_html, get_swagger_ui_oauth2_redi
 from fastapi.responses import HTMLResponse
 from fastapi.staticfiles import StaticFiles
 
+from durapay.service.api_bulk import bulk_router
 from durapay.service.api_flows import flows_router
+from durapay.service.api_kinds import kinds_router
 from durapay.service.api_ops import ops_router
 from durapay.service.api_receiver import receiver_router
 from durapay.service.api_reconcile import reconcile_router
@@ -39,6 +41,8 @@ from durapay.service.query import refuse_unknown_query
 from durapay.service.receiver import NotificationReceiver
 from durapay.service.runtime import Runtime
 from durapay.service.throttle import Limits, Throttle
+from durapay.tasks.celery_tasks import CelerySender
+from durapay.workflows.bulk import BulkActions
 
 DESCRIPTION = """\
 Durable payment flows against the payment gateway.
@@ -50,6 +54,8 @@ Durable payment flows against the payment gateway.
 * **Schedules**: recurring MIT payments; create, read, list, pause, resume, change the amount, cancel.
 * **Webhooks**: endpoints (Standard Webhooks signatures, `whsec_` secrets, rotation), their attempts,
   test sends. **Events**: the pull feed (`GET /events?after=<cursor>`, long-polling with `wait`), replay.
+* **Kinds**: pause and resume a flow kind (a maintenance window: its flows wait), the audit list of pauses.
+  **Bulk**: retry or cancel every flow a filter matches (a dry run first; the action runs in the background).
 * **Operations**: `/healthz`, `/readyz`, `/metrics` (Prometheus text).
 
 Every route but the receiver, `/healthz` and these docs needs `X-Api-Key` (or `Authorization: Bearer`),
@@ -84,6 +90,8 @@ def create_app(runtime: Runtime, *, insecure: bool = False, schedules: Any = Non
             {"name": "webhooks", "description": "Webhook endpoints, their attempts, test sends."},
             {"name": "events", "description": "Merchant events: the pull feed (long-polling) and replay."},
             {"name": "reconciliation", "description": "The gateway's operations against the flows: reports."},
+            {"name": "kinds", "description": "Flow kinds: pause and resume one (a maintenance window), the audit list."},
+            {"name": "bulk", "description": "Retry or cancel every flow a filter matches: a dry run, then in the background."},
             {"name": "operations", "description": "Health, readiness, metrics."},
         ],
     )
@@ -105,6 +113,8 @@ def create_app(runtime: Runtime, *, insecure: bool = False, schedules: Any = Non
     app.include_router(webhooks_router(runtime.webhooks), dependencies=protected)
     app.include_router(events_router(runtime.webhooks, runtime.webhooks.feed), dependencies=protected)
     app.include_router(reconcile_router(runtime.engine), dependencies=protected)
+    app.include_router(kinds_router(runtime.engine), dependencies=protected)
+    app.include_router(bulk_router(runtime.engine, bulk_actions(runtime)), dependencies=protected)
     app.include_router(ops_router(runtime.engine, protected))
     _offline_docs(app)
     install_console(
@@ -151,6 +161,11 @@ def _offline_docs(app: FastAPI) -> None:
     @app.get("/docs/oauth2-redirect", include_in_schema=False)
     def oauth2_redirect() -> HTMLResponse:
         return get_swagger_ui_oauth2_redirect_html()
+
+
+def bulk_actions(runtime: Runtime) -> BulkActions:
+    """The runtime's bulk actions (one built on its Celery app for a runtime assembled by hand)."""
+    return runtime.bulk or BulkActions(runtime.engine, runtime.settings.bulk, send=CelerySender(runtime.celery).send_bulk)
 
 
 def default_schedules(runtime: Runtime) -> Any:

@@ -162,6 +162,19 @@ def tour(api: Client, receiver: WebhookReceiver) -> None:
     assert api.replay_events(endpoint=endpoint.id, types=["flow.succeeded"]).scheduled >= 1
     assert api.delete_endpoint(endpoint.id).id == endpoint.id
 
+    paused = api.pause_kind("wallet", "tour", by="tourist")
+    assert paused.paused and paused.pause is not None and paused.pause.by == "api:tourist"
+    assert next(kind for kind in api.kinds().kinds if kind.kind == "wallet").paused
+    assert api.resume_kind("wallet").released == 0 and api.pauses(limit=2).pauses[0].action == "resume"
+    assert refused(404, api.pause_kind, "walet", "typo").reason.count("did you mean `wallet`")
+    # a bulk retry of cancelled flows: each is skipped with the engine's reason (a cancelled flow is not retried)
+    filters = {"kind": "moto", "state": "cancelled", "since": "1h"}
+    plan = api.bulk_dry_run("retry", **filters)
+    assert plan.count >= 1 and plan.would_skip == plan.count
+    action = api.bulk("retry", key=f"tour-{uuid.uuid4().hex}", **filters)
+    wait_until(lambda: api.get_bulk(action.id).status == "done", 30, "the bulk action to finish")
+    assert api.get_bulk(action.id).skipped == action.total and api.bulk_actions().bulk[0].id == action.id
+
     report = api.reconcile(since="1h")
     wait_until(lambda: not api.reconciliation_report(report.id).running, 30, "the reconciliation to finish")
     assert api.latest_reconciliation().id == report.id

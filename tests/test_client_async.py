@@ -76,6 +76,13 @@ async def tour(client: AsyncClient, receiver: WebhookReceiver) -> None:
         assert (await api.replay_events(endpoint=endpoint.id)).scheduled >= 0
         assert (await api.delete_endpoint(endpoint.id)).id == endpoint.id
 
+        assert (await api.pause_kind("svs", "atour")).paused and (await api.kinds()).kinds
+        assert (await api.resume_kind("svs", by="atour")).pause is None and (await api.pauses()).pauses
+        plan = await api.bulk_dry_run("retry", kind="moto", state="cancelled")
+        action = await api.bulk("retry", kind="moto", state="cancelled", by="atour")
+        assert plan.count >= 1 and action.total == plan.count and (await api.get_bulk(action.id)).id == action.id
+        assert (await api.bulk_actions(limit=5)).bulk
+
         report = await api.reconcile(since="1h")
         for _ in range(300):  # bounded: 30 s at most
             if not (await api.reconciliation_report(report.id)).running:
