@@ -14,7 +14,11 @@ runs them twice): the engine's ``due`` set and dispatcher carry every delay.
 A worker rides out a Redis outage (docs/operations.md): it retries the broker for as long as it takes
 (``broker_connection_max_retries = None``; Celery's default gave up after 100 tries), lets the steps in
 flight finish (their own Redis writes fail and the dispatcher sends them again), and uses
-:class:`RedisTransport`, which closes a lost connection's channels without the crash described there.
+:class:`RedisTransport` (:class:`SentinelTransport` through Sentinel), which closes a lost connection's
+channels without the crash described there. Through Sentinel a worker follows any number of failovers:
+kombu moves to the next Sentinel address at each connection failure, and :class:`BrokerConnection`
+keeps durapay's transport across those moves (kombu's own switch put its stock transport back, and a
+worker died at the second or third failover; tests/workflows/integration/test_sentinel.py).
 """
 
 from __future__ import annotations
@@ -24,6 +28,9 @@ from urllib.parse import quote, urlsplit
 
 import redis
 from celery import Celery
+from celery.app.amqp import AMQP
+from kombu.connection import Connection, ConnectionPool, PooledConnection
+from kombu.transport import TRANSPORT_ALIASES
 from kombu.transport import redis as kombu_redis
 
 from durapay.config.connect import SENTINEL_SCHEME, parse_sentinel_url
@@ -76,6 +83,45 @@ class SentinelTransport(kombu_redis.SentinelTransport):
     Channel = _GuardedSentinelChannel
 
 
+class BrokerConnection(Connection):
+    """kombu's connection, keeping the transport it was given across its failover switches.
+
+    With several broker addresses (kombu's ``a;b;c`` form: here, the Sentinels) kombu moves to the next
+    one on a connection failure (``maybe_switch_next`` -> ``switch``), and ``switch`` takes the transport
+    from the new URL's scheme, dropping the one named at construction: durapay's guarded Sentinel
+    transport became kombu's stock one at the first failover, and a later failover crashed the worker
+    with the ``AttributeError`` the guard exists for (issue 28). Here a transport named at construction
+    (an import path, as ``broker_transport`` gives it) stays; a transport kombu took from a scheme
+    itself (RabbitMQ's ``amqp``) is left to kombu as before. Copies (``clone``) are of this class, and
+    so are the connections of its pool (the producers' pool that sends every step)."""
+
+    def switch(self, conn_str: str) -> None:
+        named = self._initial_params.get("transport")
+        super().switch(conn_str)  # type: ignore[no-untyped-call]
+        if named and not (isinstance(named, str) and named in TRANSPORT_ALIASES):
+            self.transport_cls = named
+
+    def Pool(self, limit: int | None = None, **kwargs: Any) -> ConnectionPool:  # kombu's name
+        return _BrokerPool(self, limit=limit, **kwargs)  # type: ignore[no-untyped-call]
+
+
+class _PooledBrokerConnection(PooledConnection, BrokerConnection):
+    """A pool's connection (kombu's wrapper) that keeps its transport like :class:`BrokerConnection`."""
+
+
+class _BrokerPool(ConnectionPool):
+    """kombu's connection pool, making :class:`_PooledBrokerConnection`."""
+
+    def new(self) -> PooledConnection:
+        return _PooledBrokerConnection(self, **dict(self.connection._info(resolve=False)))  # type: ignore[no-untyped-call]
+
+
+class _AMQP(AMQP):  # type: ignore[misc]
+    """Celery's broker plumbing, its connections being :class:`BrokerConnection`."""
+
+    Connection = BrokerConnection
+
+
 def kombu_broker(broker_url: str) -> tuple[str, dict[str, Any]]:
     """kombu's URL and transport options for ``broker_url``: a ``redis+sentinel://h1:p1,h2:p2/<master>/<db>``
     URL becomes kombu's ``sentinel://h1:p1/<db>;sentinel://h2:p2/<db>`` with the master's name as an
@@ -92,7 +138,7 @@ def kombu_broker(broker_url: str) -> tuple[str, dict[str, Any]]:
 def make_celery(settings: Settings, broker_url: str) -> Celery:
     """A Celery app on ``broker_url`` (the configured broker, else the Redis in use)."""
     broker, options = kombu_broker(broker_url)
-    app = Celery("durapay", broker=broker, set_as_current=False)
+    app = Celery("durapay", broker=broker, set_as_current=False, amqp=_AMQP)
     visibility = max(3600, int(settings.engine.lease_seconds * 3))
     scheme = urlsplit(broker).scheme
     transport = {"redis": RedisTransport, "rediss": RedisTransport, "sentinel": SentinelTransport}.get(scheme)

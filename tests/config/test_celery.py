@@ -21,7 +21,7 @@ import redis
 from kombu import Exchange, Queue
 from kombu.common import ignore_errors
 
-from durapay.config.celery import RedisTransport, make_celery
+from durapay.config.celery import BrokerConnection, RedisTransport, SentinelTransport, make_celery
 from durapay.config.embedded import EmbeddedValkey
 from durapay.config.settings import Settings
 
@@ -76,3 +76,23 @@ def test_closing_after_redis_died_is_a_connection_error_not_an_attribute_error(d
     ignore_errors(connection, received[0].ack)
     with pytest.raises(redis.ConnectionError, match="broker connection"):
         received[1].ack()
+
+
+def test_the_sentinel_transport_stays_durapay_s_across_address_switches() -> None:
+    """Issue 28: on a connection failure kombu moves to the next Sentinel address (``maybe_switch_next``),
+    and its ``switch`` took the transport from that URL's scheme: kombu's stock SentinelTransport
+    replaced durapay's guarded one, and the next failover crashed the worker with the AttributeError
+    the guard exists for. However many switches, the transport stays durapay's (no server needed:
+    switching does not connect)."""
+    app = make_celery(Settings(), "redis+sentinel://127.0.0.1:26391,127.0.0.1:26392,127.0.0.1:26393/durapay/0")
+    pooled = app.pool.acquire(block=False)  # the producers' pool, which sends every step
+    for connection in (app.connection_for_read(), app.connection_for_write(), pooled):
+        assert isinstance(connection, BrokerConnection)
+        seen = set()
+        for _ in range(7):
+            assert connection.get_transport_cls() is SentinelTransport
+            seen.add(connection.port)
+            connection.maybe_switch_next()
+        assert len(seen) == 3, "each Sentinel address was tried in turn"
+        assert app.connection_for_write().clone().get_transport_cls() is SentinelTransport
+        connection.release()

@@ -25,10 +25,15 @@ from collections.abc import Iterator
 from contextlib import ExitStack
 from pathlib import Path
 
+import httpx
 import pytest
 import redis
 from celery.contrib.testing.worker import start_worker
 
+from durapay._http import ApiError
+from durapay.client import Client
+from durapay.config.embedded import free_port
+from durapay.service.processes import Child, settings_env
 from durapay.service.runtime import build_runtime
 from durapay.simulator import SimulatorServer
 from durapay.workflows.dispatcher import Dispatcher
@@ -44,6 +49,8 @@ from tests.workflows.integration.topology import SentinelGroup
 pytestmark = pytest.mark.integration
 
 BATCH = 200
+#: Consecutive failovers of the riding-out test (issue 28: workers died at the second or third).
+FAILOVERS = 5
 
 
 @pytest.fixture
@@ -123,3 +130,94 @@ def test_200_flows_survive_a_primary_killed_mid_batch(
             if record.state is FlowState.FAILED:
                 assert not charged, (record.id, record.summary())
         assert ends == [FlowState.SUCCEEDED] * len(done), {state: ends.count(state) for state in set(ends)}
+
+
+def test_workers_scheduler_and_api_ride_out_five_failovers(
+    group: SentinelGroup, key_prefix: str, simulator: SimulatorServer, tmp_path: Path
+) -> None:
+    """Issue 28: kombu's switch to the next Sentinel address dropped durapay's guarded transport, and a
+    worker then died at the second or third failover ("Unrecoverable error: AttributeError"). Here
+    ``durapay worker`` (two), ``durapay scheduler`` and ``durapay api`` run as the processes they are,
+    store and broker through the Sentinels, while flows are started through the API and the primary is
+    SIGKILLed five times in a row (each time the killed node comes back as the new primary's replica).
+    No process exits; with ``sync_replicas=1`` every flow the API acknowledged is found, succeeds, and
+    is charged once."""
+    simulator.admin.set_faults(latency_ms=150)  # steps in flight at each kill, as under real load
+    api_key, port = "failover-operator-key", free_port()
+    settings = stack_settings(
+        key_prefix,
+        simulator.base_url,
+        redis_url=group.url,
+        broker_url=group.url,
+        data_dir=str(tmp_path / "data"),
+        engine={"sync_aof": "yes", "sync_replicas": 1, "sync_timeout": 1.0},
+        api={"port": port, "key": api_key},
+    )
+    env, logs = settings_env(settings), tmp_path / "logs"
+    logs.mkdir()
+    worker_args = ["--pool", "threads", "--concurrency", "4", "--quiet"]
+    children = [Child("worker", f"w{index}", env, logs, [*worker_args, "--hostname", f"w{index}@%h"]) for index in range(2)]
+    children += [Child("scheduler", "scheduler", env, logs, []), Child("api", "api", env, logs, [])]
+    started: list[str] = []
+    refused: list[BaseException] = []
+    loading = threading.Event()
+    with ExitStack() as stack:
+        for child in children:
+            child.start()
+            stack.callback(child.stop)
+        api = stack.enter_context(Client(f"http://127.0.0.1:{port}", api_key, timeout=10.0, rng=random.Random(5)))
+        wait_until(lambda: _ready(api), 60, "the api to answer")
+
+        def load() -> None:  # about ten starts a second, each retried (same key: one flow) through a failover
+            index = 0
+            while loading.is_set() and index < 400:
+                order = {"orderId": f"{key_prefix}-{index}", "amount": "1500", "currency": "EUR"}
+                deadline = time.monotonic() + 60
+                while True:
+                    try:
+                        started.append(api.start("moto", {"order": order, "card": flows.card()}, key=f"fo-{index}").id)
+                        break
+                    except (ApiError, httpx.HTTPError) as exc:
+                        if (isinstance(exc, ApiError) and not exc.retryable) or time.monotonic() > deadline:
+                            refused.append(exc)
+                            return
+                        time.sleep(0.1)
+                index += 1
+                time.sleep(0.1)
+
+        loading.set()
+        starter = threading.Thread(target=load)
+        starter.start()
+        stack.callback(starter.join, 90)
+        stack.callback(loading.clear)
+        for round_ in range(FAILOVERS):
+            wait_until(lambda round_=round_: refused or len(started) >= 20 * (round_ + 1), 60, "more flows to start")
+            assert not refused, refused
+            group.fail_over()
+            exited = {child.name: child.returncode for child in children if not child.alive}
+            assert not exited, f"after failover {round_ + 1}: {exited}"
+        loading.clear()
+        starter.join(90)
+        assert not refused, refused
+
+        runtime = build_runtime(settings, redis_url=group.url)
+        stack.callback(runtime.close)
+        done = [runtime.engine.wait(flow_id, 90) for flow_id in started]
+        states = [record.state for record in done]
+        assert states == [FlowState.SUCCEEDED] * len(done), {state: states.count(state) for state in set(states)}
+        for record in done:
+            charged = payments(simulator, record.orders)
+            assert len(charged) == 1, (record.id, charged)
+        exited = {child.name: child.returncode for child in children if not child.alive}
+        assert not exited, exited
+    simulator.admin.clear_faults()
+    crashes = [child.name for child in children if "Unrecoverable error" in child.log_path.read_text(errors="replace")]
+    assert not crashes, crashes
+
+
+def _ready(api: Client) -> bool:
+    try:
+        api.healthz()
+    except (ApiError, httpx.HTTPError):
+        return False
+    return True
