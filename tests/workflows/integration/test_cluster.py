@@ -11,6 +11,7 @@ node to another (keys moved a few at a time, so scripts meet ``ASK`` and ``TRYAG
 from __future__ import annotations
 
 import random
+import re
 import threading
 import time
 from collections.abc import Iterator
@@ -18,20 +19,25 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 import redis
 from celery.contrib.testing.worker import start_worker
 from redis.cluster import key_slot
 
 from durapay.config.connect import ClusterClient, is_cluster
+from durapay.service.app import create_app
 from durapay.service.runtime import build_runtime
+from durapay.service.server import ApiServer
 from durapay.simulator import SimulatorServer
 from durapay.workflows.dispatcher import Dispatcher
-from durapay.workflows.schedules import occurrences
+from durapay.workflows.reconciliation.daily import DailyReconciliation
+from durapay.workflows.schedules import Schedules, occurrences
 from durapay.workflows.states import FlowState
 from tests.waiting import wait_until
 from tests.workflows.flows import test_reservations as reservations
 from tests.workflows.integration import test_flows as flows
+from tests.workflows.integration import test_webhooks as webhooks
 from tests.workflows.integration.conftest import Stack, stack_settings
 from tests.workflows.integration.test_exactly_once import payments
 from tests.workflows.integration.topology import ValkeyCluster
@@ -263,3 +269,81 @@ def test_a_schedule_charges_each_occurrence_once_on_a_cluster(
             assert len(payments_made) == 3 and len({p["idempotencyKey"] for p in payments_made}) == 3
         finally:
             stack.close()
+
+
+API_KEY = "cluster-operator-key-0123456789"
+#: The read pages of the API and the console, ``{flow}``, ``{schedule}`` and ``{endpoint}`` filled in.
+PAGES = (
+    "/flows",
+    "/flows/{flow}",
+    "/flows/{flow}/history",
+    "/schedules",
+    "/schedules/{schedule}",
+    "/schedules/{schedule}/history",
+    "/webhooks",
+    "/webhooks/{endpoint}",
+    "/webhooks/{endpoint}/attempts",
+    "/events?limit=50",
+    "/reconciliation/reports",
+    "/kinds",
+    "/metrics",
+    "/readyz",
+    "/console",
+    "/console/flows",
+    "/console/flows?state=succeeded",
+    "/console/flows/{flow}",
+    "/console/schedules",
+    "/console/schedules/{schedule}",
+    "/console/reconciliation",
+)
+
+
+def test_every_part_of_a_single_server_runs_on_a_cluster(
+    cluster: ValkeyCluster, redis_url: str, key_prefix: str, simulator: SimulatorServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Issue 28: the fan-out read the server's time in a pipeline with the endpoints, which redis-py
+    refuses on a cluster ("Calling pipelined function time is blocked"): the scheduler's webhook ticker
+    failed on every tick and no webhook was ever delivered, while the cluster tests checked flows only.
+    Here the scheduler's every ticker (schedules, webhooks, the daily reconciliation) runs on the
+    cluster beside the worker: the webhook test of a single server passes (every event of real flows
+    delivered, signed, read back from the event feed), no ticker fails, and every read page of the API
+    and the console answers."""
+    simulator.admin.clear_faults()
+    settings = stack_settings(
+        key_prefix,
+        simulator.base_url,
+        redis_cluster=True,
+        broker_url=redis_url,
+        engine={"partitions": 16},
+        webhooks={"allow_private": True, "lease_seconds": 3.0},
+        api={"key": API_KEY},
+    )
+    runtime = build_runtime(settings, redis_url=cluster.url, rng=random.Random(3))
+    schedules = Schedules(runtime.engine)
+    tickers = [schedules.tick, runtime.webhooks.tick, DailyReconciliation(runtime.engine).tick]
+    with ExitStack() as stack:
+        stack.callback(runtime.close)
+        stack.enter_context(start_worker(runtime.celery, pool="threads", concurrency=4, perform_ping_check=False))
+        dispatcher = Dispatcher(runtime.engine, interval=0.05, tickers=tickers, name="scheduler").start()
+        stack.callback(dispatcher.stop)
+        webhooks.test_a_worker_delivers_each_event_of_real_flows_signed(runtime)
+        assert "ticker failed" not in caplog.text
+
+        server = stack.enter_context(ApiServer(create_app(runtime, schedules=schedules)))
+        http = stack.enter_context(httpx.Client(base_url=server.url, timeout=10.0, headers={"X-Api-Key": API_KEY}))
+        schedule = schedules.create(scheduled.monthly("ctr-cluster", count=2, start="2030-01-01T09:00:00"))
+        flow = runtime.engine.start("moto", {"order": flows.order(), "card": flows.card()}).id
+        runtime.engine.wait(flow, 30)
+        endpoint = runtime.webhooks.endpoints.all()[0].id
+        login = http.get("/console/login")
+        token = re.search(r'name="csrf" value="([^"]+)"', login.text)
+        assert token, login.text[:300]
+        signed = http.post("/console/login", data={"key": API_KEY, "csrf": token.group(1), "next": "/console"})
+        assert signed.status_code == 303, signed.text
+        failed = {}
+        for page in PAGES:
+            path = page.format(flow=flow, schedule=schedule.id, endpoint=endpoint)
+            answer = http.get(path)
+            if answer.status_code >= 500 or (answer.status_code >= 400 and path != "/readyz"):
+                failed[path] = (answer.status_code, answer.text[:200])
+        assert not failed, failed
