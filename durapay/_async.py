@@ -37,6 +37,7 @@ from durapay.service.schemas import (
     ScheduleView,
     SignalAnswer,
     TestAnswer,
+    WebhookDueNow,
 )
 from durapay.workflows.states import STOPPED, FlowState
 
@@ -242,6 +243,9 @@ class AsyncClient:
 
     async def endpoint_attempts(self, endpoint_id: str, *, limit: int = 50) -> AttemptList:
         return await self._run(calls.endpoint(calls.ENDPOINT_ATTEMPTS, endpoint_id, {"limit": limit}))
+
+    async def deliver_now(self, endpoint_id: str) -> WebhookDueNow:
+        return await self._run(calls.endpoint(calls.DELIVER_NOW, endpoint_id))
 
     # -- events ---------------------------------------------------------------------------------
 

@@ -45,6 +45,7 @@ from durapay.service.schemas import (
     ScheduleView,
     SignalAnswer,
     TestAnswer,
+    WebhookDueNow,
 )
 from durapay.workflows.states import STOPPED, FlowState
 
@@ -248,6 +249,7 @@ ROTATE_SECRET = Route("POST", "/webhooks/{endpoint_id}/rotate", EndpointWithSecr
 ENABLE_ENDPOINT = Route("POST", "/webhooks/{endpoint_id}/enable", EndpointView)
 TEST_ENDPOINT = Route("POST", "/webhooks/{endpoint_id}/test", TestAnswer)
 ENDPOINT_ATTEMPTS = Route("GET", "/webhooks/{endpoint_id}/attempts", AttemptList)
+DELIVER_NOW = Route("POST", "/webhooks/{endpoint_id}/deliver-now", WebhookDueNow)
 EVENTS = Route("GET", "/events", EventPage)
 REPLAY = Route("POST", "/events/replay", ReplayAnswer)
 
@@ -257,7 +259,7 @@ def create_endpoint(url: str, events: Iterable[str], description: str | None) ->
 
 
 def endpoint(route: Route[T], endpoint_id: str, params: Mapping[str, Any] | None = None) -> Call[T]:
-    """A call of one of the routes of one endpoint (get, delete, rotate, enable, test, attempts)."""
+    """A call of one of the routes of one endpoint (get, delete, rotate, enable, test, attempts, deliver now)."""
     return route.call(path={"endpoint_id": endpoint_id}, params=params)
 
 

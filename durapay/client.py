@@ -51,6 +51,7 @@ from durapay.service.schemas import (
     ScheduleView,
     SignalAnswer,
     TestAnswer,
+    WebhookDueNow,
 )
 from durapay.workflows.states import STOPPED, FlowState
 
@@ -87,6 +88,7 @@ __all__ = [
     "ScheduleView",
     "SignalAnswer",
     "TestAnswer",
+    "WebhookDueNow",
 ]
 
 T = TypeVar("T")
@@ -310,6 +312,10 @@ class Client:
 
     def endpoint_attempts(self, endpoint_id: str, *, limit: int = 50) -> AttemptList:
         return self._run(calls.endpoint(calls.ENDPOINT_ATTEMPTS, endpoint_id, {"limit": limit}))
+
+    def deliver_now(self, endpoint_id: str) -> WebhookDueNow:
+        """Make the endpoint's pending deliveries that wait for a later retry due now (after its outage)."""
+        return self._run(calls.endpoint(calls.DELIVER_NOW, endpoint_id))
 
     # -- events ---------------------------------------------------------------------------------
 

@@ -28,6 +28,7 @@ from durapay.service.schemas import (
     EventPage,
     ReplayAnswer,
     TestAnswer,
+    WebhookDueNow,
 )
 from durapay.workflows.events import EVENT_TYPES, Cursor, EventFeed
 from durapay.workflows.webhooks import EndpointError, Webhooks
@@ -115,6 +116,15 @@ def webhooks_router(webhooks: Webhooks) -> APIRouter:
     def endpoint_attempts(endpoint_id: EndpointId, limit: Annotated[int, Query(ge=1, le=1000)] = 50) -> dict[str, Any]:
         found(store.get(endpoint_id), endpoint_id)
         return {"attempts": webhooks.attempts(endpoint_id, limit=limit)}
+
+    @router.post(
+        "/{endpoint_id}/deliver-now",
+        response_model=WebhookDueNow,
+        summary="Deliver what is pending now: the endpoint's deliveries waiting for a later retry are made due (at most 10,000)",
+    )
+    def deliver_now(endpoint_id: EndpointId) -> dict[str, Any]:
+        found(store.get(endpoint_id), endpoint_id)
+        return {"due_now": webhooks.deliver_now(endpoint_id)}
 
     return router
 

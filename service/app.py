@@ -123,6 +123,7 @@ def create_app(runtime: Runtime, *, insecure: bool = False, schedules: Any = Non
         key_ok,
         hours=settings.api.console_session_hours,
         schedules=schedules,
+        webhooks=runtime.webhooks,
         throttle=None if key_ok.open else throttle,
     )
 

@@ -210,6 +210,13 @@ class TestAnswer(AttemptView):
     """The attempt of a ``webhook.test`` send."""
 
 
+class WebhookDueNow(_Answer):
+    """What ``POST /webhooks/{id}/deliver-now`` made due: the endpoint's pending deliveries that were
+    waiting for a later retry (those due within a lease are left: one may be in flight)."""
+
+    due_now: int = Field(ge=0, description="deliveries made due now (at most 10,000); the workers send them within a tick")
+
+
 class EventView(_Answer):
     """A merchant event (docs/events.md has each type's ``data``), with the cursor to resume after it."""
 

@@ -155,6 +155,7 @@ def tour(api: Client, receiver: WebhookReceiver) -> None:
     assert any(item.id == endpoint.id for item in api.list_endpoints().endpoints)
     assert api.get_endpoint(endpoint.id).url == receiver.url
     assert api.test_endpoint(endpoint.id).ok and api.endpoint_attempts(endpoint.id, limit=5).attempts
+    assert api.deliver_now(endpoint.id).due_now == 0  # nothing of it waits for a retry
     assert api.rotate_endpoint_secret(endpoint.id).secret != endpoint.secret
     assert api.enable_endpoint(endpoint.id).enabled
     page = api.events(types=["flow.succeeded"], limit=1)

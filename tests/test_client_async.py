@@ -70,6 +70,7 @@ async def tour(client: AsyncClient, receiver: WebhookReceiver) -> None:
         receiver.secrets = [endpoint.secret]
         assert (await api.list_endpoints()).endpoints and (await api.get_endpoint(endpoint.id)).id == endpoint.id
         assert (await api.test_endpoint(endpoint.id)).ok and (await api.endpoint_attempts(endpoint.id)).attempts
+        assert (await api.deliver_now(endpoint.id)).due_now == 0
         assert (await api.rotate_endpoint_secret(endpoint.id)).rotating and (await api.enable_endpoint(endpoint.id)).enabled
         page = await api.events(limit=1)
         assert page.events[0].id not in [event.id async for event in api.iter_events(after=page.next, until_idle=True, wait=0)]

@@ -5,7 +5,7 @@ Why server-rendered: no build step, nothing to install in a browser, nothing fet
 polling a small JSON endpoint, and the timeline's hover text) and one stylesheet ship in the package.
 
 Pieces: ``session`` (sign-in cookie, CSRF), ``web`` (templates, security headers), ``flow_pages``
-(home, list, flow, actions), ``schedule_pages``, ``timeline`` (the SVG), ``overview`` (home figures),
+(home, list, flow, actions), ``schedule_pages``, ``webhook_pages``, ``timeline`` (the SVG), ``overview`` (home figures),
 ``flow_facts`` (outcome and actions in words). The console's paths are open in the API's key gate
 (``service.guard``): the console checks its own session instead, with the same keys and roles.
 """
@@ -33,7 +33,14 @@ STATIC = f"{PATH}/static"
 
 
 def install_console(
-    app: FastAPI, engine: Engine, keyring: Keyring, *, hours: float, schedules: Any = None, throttle: Throttle | None = None
+    app: FastAPI,
+    engine: Engine,
+    keyring: Keyring,
+    *,
+    hours: float,
+    schedules: Any = None,
+    webhooks: Any = None,
+    throttle: Throttle | None = None,
 ) -> None:
     """Add the console's routes and files to ``app``; its sessions live in the engine's Redis."""
     console = Console(Sessions(keyring, hours, engine.redis, engine.keys.prefix))
@@ -46,6 +53,10 @@ def install_console(
         from durapay.service.console.schedule_pages import schedule_router
 
         app.include_router(schedule_router(console, schedules))
+    if webhooks is not None:
+        from durapay.service.console.webhook_pages import webhook_router
+
+        app.include_router(webhook_router(console, webhooks))
 
 
 def _sign_in_router(console: Console, throttle: Throttle | None) -> APIRouter:

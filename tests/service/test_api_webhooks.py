@@ -137,3 +137,31 @@ def test_an_odd_url_is_registered_or_refused_and_tested_never_a_500(api: tuple[h
             assert tested.status_code == 200 and not tested.json()["ok"], (url, tested.text)
         else:
             assert made.json()["field"] == "url", (url, made.text)
+
+
+def test_deliver_now_makes_an_endpoints_backing_off_deliveries_due(api: tuple[httpx.Client, Any]) -> None:
+    """Issue 27: after a receiver's outage nothing but waiting delivered what was pending; the CLI had
+    ``webhooks deliver``, the API (and so the console and the client) nothing."""
+    http, built = api
+    with WebhookReceiver() as receiver:
+        receiver.answer = lambda body: (503, {})
+        endpoint = http.post("/webhooks", json={"url": receiver.url, "events": ["flow.created"]}).json()
+        other = http.post("/webhooks", json={"url": receiver.url, "events": ["flow.created"]}).json()
+        start(built, 1)
+        webhooks = built.webhooks
+        assert webhooks.fanout() == 2
+        backing_off = []
+        for tag, slot in webhooks.slots.items():
+            for member in [m.decode() for m in built.engine.redis.zrange(slot.due, 0, -1)]:
+                webhooks.deliver(tag, member)  # the first retry comes 5 s later: too soon to move (a lease)
+                failed = webhooks.deliver(tag, member)
+                assert failed is not None and failed["nextAt"] > webhooks.now() + 200, failed
+                backing_off.append((slot.due, member))
+        moved = http.post(f"/webhooks/{endpoint['id']}/deliver-now")
+        assert moved.status_code == 200 and moved.json() == {"due_now": 1}, moved.text
+        due = {member.partition("|")[2]: float(built.engine.redis.zscore(key, member)) for key, member in backing_off}
+        assert due[endpoint["id"]] <= webhooks.now() < due[other["id"]], "only this endpoint's, and made due now"
+        assert http.post(f"/webhooks/{endpoint['id']}/deliver-now").json() == {"due_now": 0}
+        assert http.post("/webhooks/we_nope/deliver-now").status_code == 404
+        attempts = http.get(f"/webhooks/{other['id']}/attempts").json()["attempts"]
+        assert attempts[0]["nextAttempt"], "attempts say when the next one comes"
