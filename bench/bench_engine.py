@@ -107,7 +107,8 @@ def tree_cpu(pid: int) -> float:
 
 
 class Bench:
-    def __init__(self, pool: str, concurrency: int, appendfsync: str = "always") -> None:
+    def __init__(self, pool: str, concurrency: int, appendfsync: str = "always", limiter_rate: float = 2000.0) -> None:
+        self.limiter_rate = limiter_rate
         self.procs = Processes()
         self.server = valkey(appendfsync)
         self.sim = start_simulator(self.procs)
@@ -140,6 +141,11 @@ class Bench:
         self.pool, self.concurrency, self.events = pool, concurrency, events
         env = child_env(self.settings) | {"DURAPAY_EVENTS__ENABLED": "true" if events else "false"}
         env["DURAPAY_WEBHOOKS__ALLOW_PRIVATE"] = "true"
+        # The gateway's shared limiter (workflows.gate) on, at a rate above what the rounds reach: its cost,
+        # not its throttling, is measured (0: the limiter off).
+        env["DURAPAY_GATEWAY_HEALTH__LIMITER"] = "true" if self.limiter_rate > 0 else "false"
+        env["DURAPAY_GATEWAY_HEALTH__RATE_PER_SECOND"] = str(self.limiter_rate or 1)
+        env["DURAPAY_GATEWAY_HEALTH__BURST"] = str(max(1, int(self.limiter_rate)))
         self.durable = self.procs.spawn("durable-worker", DURABLE_WORKER, env, pool, str(concurrency))
         self.bare_worker = self.procs.spawn("bare-worker", BARE_WORKER, env, pool, str(concurrency))
         # Both workers answer before timing starts: one flow and one chain each.
@@ -419,9 +425,13 @@ def main() -> None:
     parser.add_argument("--throughput-pool", default="threads")
     parser.add_argument("--throughput-concurrency", type=int, default=32)
     parser.add_argument("--appendfsync", choices=("always", "everysec"), default="always", help="the Valkey's AOF fsync")
+    parser.add_argument(
+        "--limiter-rate", type=float, default=2000.0, help="the durable worker's shared gateway rate limit, calls/s (0: off)"
+    )
     args = parser.parse_args()
 
-    bench = Bench(args.latency_pool, args.latency_concurrency, args.appendfsync)
+    bench = Bench(args.latency_pool, args.latency_concurrency, args.appendfsync, args.limiter_rate)
+    print(f"gateway limiter: {f'{args.limiter_rate:g} calls/s' if args.limiter_rate > 0 else 'off'}")
     print(f"Valkey appendfsync {args.appendfsync}")
     try:
         for gateway_ms in args.latency_gateway_ms:

@@ -29,7 +29,7 @@ from durapay.service.runtime import build_runtime
 from durapay.simulator import SimulatorServer
 from durapay.workflows.clock import OffsetClock
 from durapay.workflows.dispatcher import Dispatcher
-from durapay.workflows.states import FlowState
+from durapay.workflows.states import STOPPED, FlowState
 from tests.waiting import wait_until
 from tests.workflows.integration.conftest import Stack, stack_settings
 from tests.workflows.integration.test_flows import APPROVE, card, order
@@ -96,7 +96,9 @@ def test_an_outage_among_100_flows_fails_none_and_every_flow_finishes_after_it(h
     admin.clear_faults()
     outage = time.monotonic() - began
     flows = before + during
-    finished = wait_until(lambda: all(engine.get(f).finished for f in flows) or None, timeout=120, what="every flow to finish")
+    finished = wait_until(
+        lambda: all(engine.get(f).state in STOPPED for f in flows) or None, timeout=120, what="every flow to finish"
+    )
     assert finished
     assert outage >= 14
     records = [engine.get(f) for f in flows]
@@ -129,6 +131,10 @@ def test_an_outage_longer_than_the_bound_ends_flows_failed_or_with_a_person(boun
     never = start(bounded, 3)  # started while the breaker is open: its call never leaves
     for flow in (sent, never):
         wait_until(lambda f=flow: engine.get(f).fields.get("gateway_since"), timeout=20, what="the flow to meet the breaker")
+    waiting = engine.get(never)
+    assert waiting.state is FlowState.RETRYING and waiting.error is not None
+    assert waiting.error["reason"] == "gateway unavailable"
+    assert waiting.attempt == 0 and not waiting.fields.get("runs")  # the claim's attempt and run given back
     assert bounded.clock is not None
     # Past outage_seconds and past their dues (the breaker's end plus jitter); the breaker itself stays
     # open by Redis's clock.
