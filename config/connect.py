@@ -4,11 +4,16 @@ Why one place: every process (worker, scheduler, API, heartbeat, CLI) must reach
 same way, and the three topologies need different clients:
 
 * a plain ``redis://`` URL: ``redis.Redis``;
-* ``DURAPAY_REDIS_CLUSTER=true`` with ``DURAPAY_REDIS_URL`` naming any node: :class:`ClusterClient`, redis-py's
-  ``RedisCluster`` (it learns the slot map from that node and follows ``MOVED``/``ASK``), which also
+* ``DURAPAY_REDIS_CLUSTER=true`` with ``DURAPAY_REDIS_URL`` naming one node or several
+  (``redis://[:password@]host:port[,host:port...]/0``, the startup nodes: any reachable one will do,
+  so a process starts while the first is down): :class:`ClusterClient`, redis-py's ``RedisCluster``
+  (it learns the slot map from a startup node and follows ``MOVED``/``ASK``), which also
   waits out a slot migration: a script whose keys are half moved is answered ``TRYAGAIN`` until the
   move ends, and redis-py gives up after 16 quick tries; here a command is tried again for up to
-  ``MIGRATION_WAIT`` seconds;
+  ``MIGRATION_WAIT`` seconds. It also waits out a failover: a node killed, its replica promoted some
+  seconds later (``cluster-node-timeout`` and an election), and meanwhile redis-py's three quick tries
+  on a fresh connection fail; here a command that may be sent again (:func:`resendable`) is tried
+  again on a fresh connection, the slot map read anew, for up to ``FAILOVER_WAIT`` seconds;
 * ``redis+sentinel://[:password@]host:port[,host:port...]/<master name>[/<db>]``: the primary that the
   Sentinels name, asked again after every lost connection, so a failover is followed by itself.
 
@@ -18,20 +23,41 @@ node): it is a plain Redis, a Sentinel-watched one or RabbitMQ (``config.celery`
 
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
 import redis
-from redis.cluster import ClusterPipeline, RedisCluster
-from redis.exceptions import ClusterError, RedisClusterException, TryAgainError
+from redis.cluster import ClusterNode, ClusterPipeline, RedisCluster
+from redis.commands.cluster import READ_COMMANDS
+from redis.exceptions import ClusterDownError, ClusterError, RedisClusterException, SlotNotCoveredError, TryAgainError
 from redis.sentinel import Sentinel
 
 SENTINEL_SCHEME = "redis+sentinel"
 
 #: Seconds a command is tried again while its slot is being migrated (``TRYAGAIN``).
 MIGRATION_WAIT = 15.0
+#: Seconds a command is tried again on a fresh connection while a cluster node fails over (its replica
+#: is promoted after ``cluster-node-timeout``, 15 s by default, plus an election of a second or two).
+FAILOVER_WAIT = 30.0
+#: What a cluster says while a node is lost and not yet replaced: nothing answers on its address, or
+#: the others answer CLUSTERDOWN (its slots are not served). redis-py sends the command again after
+#: these, three times in quick succession.
+LOST_NODE = (redis.ConnectionError, redis.TimeoutError, ClusterDownError, SlotNotCoveredError)
+
+
+def resendable(command: str) -> bool:
+    """Whether ``command`` may be sent again after its connection was lost, when it may have run: a read,
+    or a script. Every durapay script checks before it writes, so a second run of one that ran changes
+    nothing: a completion, signal or cancel is a compare-and-set on the flow's version (the second finds
+    the version moved and is refused as stale), a start on its key (the second finds the flow), a claim
+    on the step's lease (the second finds it leased), a marker or a due set's take is a plain overwrite
+    or take (what the first took comes back after its grace). A bare write (``XADD``, ``INCR``...)
+    is not resent beyond redis-py's own quick tries."""
+    name = command.upper()
+    return name in ("EVALSHA", "EVAL") or name in READ_COMMANDS
 
 
 @dataclass(frozen=True)
@@ -65,6 +91,28 @@ def parse_sentinel_url(url: str) -> SentinelTarget:
     return SentinelTarget(tuple(sentinels), path[0], int(path[1]) if len(path) == 2 else 0, password or None)
 
 
+def split_addresses(url: str) -> tuple[str, tuple[tuple[str, int], ...]]:
+    """``redis://[auth@]h1:p1,h2:p2,.../<db>`` as the URL of its first address (auth, db and options
+    kept) and every address; a URL of one address is itself, and no list. ValueError names a bad address."""
+    parts = urlsplit(url)
+    auth, at, hosts = parts.netloc.rpartition("@")
+    if "," not in hosts:
+        return url, ()
+    addresses = []
+    for item in hosts.split(","):
+        host, _, port = item.strip().rpartition(":")
+        if not host or not (port.isascii() and port.isdigit()):
+            raise ValueError(f"address {item.strip()!r} must be host:port (several are separated by commas)")
+        addresses.append((host, int(port)))
+    first = parts._replace(netloc=f"{auth}{at}{addresses[0][0]}:{addresses[0][1]}").geturl()
+    return first, tuple(addresses)
+
+
+def several_addresses(url: str) -> bool:
+    """Whether a ``redis://`` URL names several addresses (a cluster's startup nodes)."""
+    return not url.startswith(SENTINEL_SCHEME + "://") and "," in urlsplit(url).netloc
+
+
 def _unreachable(exc: RedisClusterException) -> Exception:
     """redis-py says a cluster "cannot be connected" with RedisClusterException, which is not a
     RedisError: everything that rides out a Redis outage (heartbeats, the receiver, the API's 503, the
@@ -95,24 +143,39 @@ class _ClusterPipeline(ClusterPipeline):
 
 
 class ClusterClient(RedisCluster):
-    """redis-py's cluster client, waiting out slot migrations."""
+    """redis-py's cluster client, waiting out slot migrations and failovers."""
 
     def execute_command(self, *args: Any, **kwargs: Any) -> Any:
-        deadline = time.monotonic() + MIGRATION_WAIT
+        started = time.monotonic()
         pause = 0.01
         while True:
             try:
                 return super().execute_command(*args, **kwargs)  # type: ignore[no-untyped-call]
+            except LOST_NODE as exc:
+                # CLUSTERDOWN and an uncovered slot are refusals (nothing ran); a lost connection may
+                # have lost the answer of a command that ran.
+                refused = isinstance(exc, ClusterDownError | SlotNotCoveredError)
+                if not (refused or resendable(str(args[0]))) or time.monotonic() - started > FAILOVER_WAIT:
+                    raise
+                self.lost_node()
             except RedisClusterException as exc:
-                raise _unreachable(exc) from exc
+                lost = _unreachable(exc)
+                if lost is exc or not resendable(str(args[0])) or time.monotonic() - started > FAILOVER_WAIT:
+                    raise lost from exc
+                self.lost_node()
             except (TryAgainError, ClusterError) as exc:
                 # TRYAGAIN: a multi-key command (a script) met a slot whose keys are half migrated;
                 # redis-py's own tries end with "TTL exhausted". Both end when the migration does.
                 migrating = isinstance(exc, TryAgainError) or "TTL exhausted" in str(exc)
-                if not migrating or time.monotonic() > deadline:
+                if not migrating or time.monotonic() - started > MIGRATION_WAIT:
                     raise
-                time.sleep(pause)
-                pause = min(pause * 2, 0.2)
+            time.sleep(pause)
+            pause = min(pause * 2, 0.5)
+
+    def lost_node(self) -> None:
+        """After a lost node: read the slot map anew (from any node that answers; none may, for now)."""
+        with contextlib.suppress(redis.RedisError, RedisClusterException):  # the next try reads it again
+            self.nodes_manager.initialize()
 
     def pipeline(self, transaction: Any = None, shard_hint: Any = None) -> Any:
         if transaction or shard_hint:
@@ -132,8 +195,9 @@ class ClusterClient(RedisCluster):
 
 
 def open_redis(url: str, *, cluster: bool = False, **options: Any) -> Any:
-    """A client for ``url``: plain, a cluster (``cluster``: ``url`` names any node), or the primary of a
-    ``redis+sentinel://`` URL. ``options``: socket timeouts and the like, as redis-py takes them."""
+    """A client for ``url``: plain, a cluster (``cluster``: ``url`` names one node or several, the startup
+    nodes: the first that answers gives the slot map), or the primary of a ``redis+sentinel://`` URL.
+    ``options``: socket timeouts and the like, as redis-py takes them."""
     if url.startswith(SENTINEL_SCHEME + "://"):
         if cluster:
             raise ValueError("a Redis Cluster is not reached through Sentinel: name one of its nodes")
@@ -143,7 +207,11 @@ def open_redis(url: str, *, cluster: bool = False, **options: Any) -> Any:
         return sentinel.master_for(target.master, db=target.db, password=target.password, **options)  # type: ignore[no-untyped-call]
     if cluster:
         options.pop("health_check_interval", None)
-        return ClusterClient.from_url(url, **options)
+        first, addresses = split_addresses(url)
+        others = [ClusterNode(host, port) for host, port in addresses[1:]]  # type: ignore[no-untyped-call]  # the first is the URL's
+        return ClusterClient.from_url(first, startup_nodes=others, **options)
+    if several_addresses(url):
+        raise ValueError("several addresses are a Redis Cluster's startup nodes: set DURAPAY_REDIS_CLUSTER=true")
     return redis.Redis.from_url(url, **options)
 
 

@@ -21,7 +21,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, SecretStr, V
 from pydantic_settings import BaseSettings, SettingsConfigDict
 from pydantic_settings import SettingsError as _SourceError
 
-from durapay.config.connect import parse_sentinel_url
+from durapay.config.connect import parse_sentinel_url, several_addresses, split_addresses
 
 ENV_PREFIX = "DURAPAY_"
 ENV_NESTED_DELIMITER = "__"
@@ -502,7 +502,11 @@ class Settings(BaseSettings):
         default="",
         description="Redis for flow records (redis:// or redis+sentinel://host:port,.../<master>[/<db>]); empty = embedded.",
     )
-    redis_cluster: bool = Field(default=False, description="DURAPAY_REDIS_URL names a node of a Redis Cluster.")
+    redis_cluster: bool = Field(
+        default=False,
+        description="DURAPAY_REDIS_URL names a Redis Cluster's startup nodes: one, or several "
+        "(redis://host:port,host:port.../0), any reachable one will do.",
+    )
     broker_url: str = Field(
         default="", description="Celery broker (redis://, redis+sentinel://, amqp://); empty = the Redis URL."
     )
@@ -535,6 +539,8 @@ class Settings(BaseSettings):
     def _redis_only(cls, value: str) -> str:
         if value.startswith(("amqp", "pyamqp")):
             raise ValueError("flow records live in Redis: use redis://, rediss:// or unix://")
+        if several_addresses(value):
+            split_addresses(value)  # a cluster's startup nodes: a ValueError names a bad address
         return value
 
 
@@ -566,6 +572,11 @@ def load_settings(overrides: Mapping[str, Any] | None = None) -> Settings:
         raise SettingsError(
             f"{ENV_PREFIX}BROKER_URL: required with {ENV_PREFIX}REDIS_CLUSTER=true (the Celery broker cannot run on a "
             "cluster: give a plain Redis, a redis+sentinel:// URL or RabbitMQ)"
+        )
+    if not settings.redis_cluster and several_addresses(settings.redis_url):
+        raise SettingsError(
+            f"{ENV_PREFIX}REDIS_URL: several addresses are a Redis Cluster's startup nodes: set "
+            f"{ENV_PREFIX}REDIS_CLUSTER=true (one server takes one address; Sentinel: redis+sentinel://)"
         )
     if settings.redis_cluster and settings.redis_url.startswith("redis+sentinel://"):
         raise SettingsError(f"{ENV_PREFIX}REDIS_URL: a Redis Cluster is reached through one of its nodes, not Sentinel")

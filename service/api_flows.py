@@ -220,7 +220,7 @@ def flows_router(engine: Engine, settings: ApiSettings) -> APIRouter:
 
     @router.get("/{flow_id}", response_model=FlowView, summary="One flow: state, step, outputs, outcome, error")
     def get_flow(flow_id: FlowId) -> dict[str, Any]:
-        return flow_view(_get(engine, flow_id), engine.registry)
+        return flow_view(_get(engine, flow_id), engine.registry, engine.store.marks(flow_id))
 
     @router.get("/{flow_id}/history", response_model=History, summary="Every transition of the flow, oldest first")
     def flow_history(flow_id: FlowId) -> dict[str, Any]:

@@ -98,6 +98,11 @@ class FlowView(_Answer):
     )
     start_key: str | None = None
     steps_done: list[str] = []
+    attention: list[dict[str, Any]] = Field(
+        default=[],
+        description="the reconciliation's marks on this flow (GET /flows/{id}; docs/operations.md, Reconciliation): "
+        "a mismatch for a person, with its category, report and operation; the flow's state is its own",
+    )
     actions: list[str] = Field(
         default=[],
         description="what an operator may do now (retry, cancel, accept, refund, keep: the engine's own rule, "

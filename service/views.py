@@ -10,7 +10,7 @@ and last four digits, a CVV and a token become ``***`` (``workflows.sensitive.ma
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from durapay.gateway import format_money
@@ -30,11 +30,15 @@ def steps_done(record: FlowRecord, registry: Mapping[str, FlowDefinition]) -> li
     return sorted(record.outputs, key=lambda name: (order.get(name, len(order)), name))
 
 
-def flow_view(record: FlowRecord, registry: Mapping[str, FlowDefinition]) -> dict[str, Any]:
-    """The full view (``GET /flows/{id}``, ``durapay flows show``)."""
+def flow_view(
+    record: FlowRecord, registry: Mapping[str, FlowDefinition], marks: Sequence[Mapping[str, Any]] = ()
+) -> dict[str, Any]:
+    """The full view (``GET /flows/{id}``, ``durapay flows show``), with the flow's reconciliation marks
+    when given (``FlowStore.marks``: the answers of actions on the flow leave them out)."""
     view: dict[str, Any] = redact(record.summary())
     view["steps_done"] = steps_done(record, registry)
     view["actions"] = allowed(record)
+    view["attention"] = [dict(mark) for mark in marks]  # the report's lines: no card data (FlowStore.marks)
     return view
 
 

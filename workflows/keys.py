@@ -31,6 +31,11 @@ class Keys:
     def log(self, flow_id: str) -> str:
         return f"{self.tag(self.partition(flow_id))}:log:{flow_id}"
 
+    def attention(self, flow_id: str) -> str:
+        """The flow's reconciliation marks (``workflows.reconciliation.report``): a hash beside its record,
+        never part of it (a mark is for a person and changes nothing of the flow)."""
+        return f"{self.tag(self.partition(flow_id))}:attention:{flow_id}"
+
     def due(self, partition: int) -> str:
         return f"{self.tag(partition)}:due"
 

@@ -10,6 +10,14 @@ and the write goes to the new owner), ``ASK`` (this key already moved: ``ASKING`
 the importing node, and so does the wait) or ``TRYAGAIN`` (a script's keys are split between the two
 nodes for an instant: tried again shortly). Either way the wait goes to the node whose answer said the
 write was done.
+
+A node may also fail (killed, its replica promoted after ``cluster-node-timeout``): the pinned
+connection to it breaks, and until the promotion nothing answers for its slots. A lost connection is
+taken like a redirection: the pinned client is dropped, the slot map read anew, and the command sent
+again on a fresh connection to whichever node owns the key then, for up to ``FAILOVER_WAIT`` seconds;
+so a failover costs a step the seconds of the promotion, not a lease. The commands sent here may be
+sent again although the first one may have run (its answer lost with the connection): they are
+scripts that check before they write (``config.connect.resendable`` says why each kind is safe).
 """
 
 from __future__ import annotations
@@ -22,7 +30,7 @@ from typing import Any, TypeVar
 import redis
 from redis.exceptions import AskError, MovedError, NoScriptError, TryAgainError
 
-from durapay.config.connect import MIGRATION_WAIT, is_cluster
+from durapay.config.connect import FAILOVER_WAIT, LOST_NODE, MIGRATION_WAIT, is_cluster
 
 T = TypeVar("T")
 
@@ -47,6 +55,12 @@ class Pins:
             found = pinned[name] = redis.Redis(connection_pool=pool, single_connection_client=True)
         return found
 
+    def _drop(self, pinned: Any) -> None:
+        clients: dict[str, Any] = getattr(self._local, "clients", {})
+        for name, found in list(clients.items()):
+            if found is pinned:
+                del clients[name]
+
     def plain(self) -> Any:
         """The pinned client of a single server (not a cluster)."""
         return self._pinned("", self.client.connection_pool)
@@ -64,10 +78,12 @@ class Pins:
     def run(self, key: str, command: Callable[[Any], T]) -> tuple[T, Any]:
         """``command(pinned)`` on the connection to the server that owns ``key``; returns its answer and
         that pinned client (for the durability wait). ``command`` must be safe to repeat after a
-        redirection (it was refused, so nothing of it ran)."""
+        redirection (it was refused, so nothing of it ran) and after a lost connection (it may have run:
+        a script that checks before it writes, ``config.connect.resendable``)."""
         if not self.cluster:
             return command(self.plain()), self.plain()
-        deadline = time.monotonic() + MIGRATION_WAIT
+        started = time.monotonic()
+        deadline = started + MIGRATION_WAIT
         node = self.client.get_node_from_key(key)
         pinned = self._pinned(node.name, node.redis_connection.connection_pool)
         asking = False
@@ -87,6 +103,18 @@ class Pins:
                 pinned, asking = self._pinned(node.name, node.redis_connection.connection_pool), False
                 time.sleep(pause)
                 pause = min(pause * 2, 0.2)
+            except LOST_NODE:
+                if time.monotonic() - started > FAILOVER_WAIT:
+                    raise
+                pinned.close()  # back to its pool, disconnected: the next one connects afresh
+                self._drop(pinned)
+                time.sleep(pause)
+                pause = min(pause * 2, 0.5)
+                self.client.lost_node()  # the slot map anew: the promoted replica, once it is
+                node = self.client.get_node_from_key(key)
+                pinned, asking = self._pinned(node.name, node.redis_connection.connection_pool), False
+                deadline = max(deadline, time.monotonic() + MIGRATION_WAIT)
+                continue
             if time.monotonic() > deadline:
                 raise redis.ConnectionError(f"the slot of {key} kept moving for {MIGRATION_WAIT}s; try again")
 

@@ -371,15 +371,27 @@ class FlowStore:
         return FlowRecord.parse(raw) if raw else None
 
     def history(self, flow_id: str) -> list[dict[str, Any]]:
-        """Every transition, oldest first (a packed record's log, then what was logged since)."""
+        """Every transition, oldest first (a packed record's log, then what was logged since), with the
+        flow's reconciliation marks among them by time (``attention_entry``: not transitions)."""
         pipe = self.redis.pipeline(transaction=False)
         pipe.hgetall(self.keys.flow(flow_id))
         pipe.lrange(self.keys.log(flow_id), 0, -1)
-        raw, entries = pipe.execute()
+        pipe.hgetall(self.keys.attention(flow_id))
+        raw, entries, marks = pipe.execute()
         blob = joined(raw)
         packed = unpack(blob)[1] if blob else []
         # Masked again on reading: entries logged before card numbers in free text were masked.
-        return [mask(json.loads(item)) for item in [*packed, *entries]]
+        logged = [mask(json.loads(item)) for item in [*packed, *entries]]
+        if not marks:
+            return logged
+        noted = [attention_entry(mark) for mark in attention_marks(marks)]
+        return sorted([*logged, *noted], key=lambda entry: float(entry.get("t") or 0.0))
+
+    def marks(self, flow_id: str) -> list[dict[str, Any]]:
+        """The flow's reconciliation marks, oldest first (``attention_marks``). Shown as the report shows
+        them, not masked: a mark holds the gateway's operation fields (``judge.OPERATION_FIELDS``: no card
+        data) and sentences about them; its operation ids (``named`` too) are identifiers, shown whole."""
+        return attention_marks(self.redis.hgetall(self.keys.attention(flow_id)))
 
     def ids(
         self,
@@ -838,6 +850,24 @@ class FlowStore:
         if call:
             entry["call"] = mask(dict(call))
         return compact_json(entry)
+
+
+def attention_marks(raw: Mapping[bytes, bytes]) -> list[dict[str, Any]]:
+    """A flow's reconciliation marks (the hash at ``Keys.attention``, written by
+    ``workflows.reconciliation.report.Reports.mark``), oldest first."""
+    return sorted((json.loads(value) for value in raw.values()), key=lambda mark: float(mark.get("time") or 0.0))
+
+
+def attention_entry(mark: Mapping[str, Any]) -> dict[str, Any]:
+    """A mark as its flow's history shows it: by ``reconcile``, when it was found, and no ``from``/``to``:
+    it is not a transition (the flow's state and money are as they were; docs/operations.md)."""
+    title = mark.get("title") or str(mark.get("category") or "").replace("_", " ")
+    return {
+        "t": float(mark.get("time") or 0.0),
+        "by": "reconcile",
+        "what": f"reconciliation {mark.get('report')}: {title}: {mark.get('what')}",
+        "attention": dict(mark),
+    }
 
 
 def _scrubbed_results(fields: Mapping[str, str | None]) -> dict[str, str]:

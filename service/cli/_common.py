@@ -223,11 +223,10 @@ def safe_url(url: str) -> str:
     parts = urlsplit(url)
     if parts.password is None:
         return url
-    host = parts.hostname or ""
-    if parts.port:
-        host = f"{host}:{parts.port}"
+    # The addresses as written (a cluster's startup nodes are several: host:port,host:port).
+    hosts = parts.netloc.rpartition("@")[2]
     user = parts.username or ""
-    return urlunsplit((parts.scheme, f"{user}:***@{host}", parts.path, parts.query, parts.fragment))
+    return urlunsplit((parts.scheme, f"{user}:***@{hosts}", parts.path, parts.query, parts.fragment))
 
 
 def read_json_input(source: str, *, option: str, expected: str) -> Any:

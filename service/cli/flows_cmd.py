@@ -58,6 +58,8 @@ def _flow_fields(view: dict[str, Any], money: str = "") -> list[tuple[str, str]]
         fields.append(("amount", money))
     if view.get("error"):
         fields.append(("error", describe_error(view["error"])))
+    for mark in view.get("attention") or []:  # a reconciliation's mark: for a person, the state is as it was
+        fields.append(("attention", f"{mark.get('category')}: {mark.get('what')} (report {mark.get('report')})"))
     return fields
 
 
@@ -220,7 +222,7 @@ def show(flow_id: completion.FlowId, as_json: JsonFlag = False) -> None:
 
     out = Output(as_json)
     with runtime(out) as rt, out.errors():
-        view = flow_view(rt.engine.get(flow_id), rt.engine.registry)
+        view = flow_view(rt.engine.get(flow_id), rt.engine.registry, rt.engine.store.marks(flow_id))
         history = rt.engine.history(flow_id)
     if as_json:
         echo_json({**view, "history": history})

@@ -18,13 +18,7 @@ from durapay.service.cli._common import BadOption, Output, runtime
 from durapay.service.cli._output import echo_json
 from durapay.service.timeparse import SINCE_FORMS, parse_since
 from durapay.workflows.reconciliation import CATEGORIES, IN_FLIGHT, Reconciler, Report, exit_status
-
-TITLES = {
-    "money_without_flow": "money without a flow",
-    "flow_without_money": "a flow without its money",
-    "money_not_shown": "money the flow does not show",
-    "in_flight": "in flight (not errors)",
-}
+from durapay.workflows.reconciliation.judge import TITLES
 
 
 def _when(moment: float) -> str:

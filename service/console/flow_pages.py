@@ -27,6 +27,7 @@ from durapay.workflows.engine import Engine, NotFound, OperatorError
 from durapay.workflows.listing import Cursor, FlowListing
 from durapay.workflows.operator_actions import ACTIONS, allowed, explain, refusal
 from durapay.workflows.reconciliation import Reconciler
+from durapay.workflows.reconciliation.judge import TITLES
 from durapay.workflows.states import STOPPED, FlowState
 from durapay.workflows.store import FlowRecord
 
@@ -155,6 +156,8 @@ def flow_router(console: Console, engine: Engine, listing: FlowListing) -> APIRo
             input_json=json.dumps(redact(record.input), indent=2, sort_keys=True),
             record_json=json.dumps(redact(record.summary()), indent=2, sort_keys=True, default=str),
             history_json=json.dumps(history, indent=2, sort_keys=True),
+            marks=engine.store.marks(flow_id),
+            titles=TITLES,
             actions=allowed(record) if session.operator else [],
             done=request.query_params.get("done", ""),
         )

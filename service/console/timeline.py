@@ -69,7 +69,8 @@ class Timeline:
 def build(history: Sequence[Mapping[str, Any]], *, now: float, steps: Sequence[str] = ()) -> Timeline:
     """The timeline of ``history`` (oldest first). ``steps``: the flow kind's steps, for the lane order;
     ``now`` ends a span still open (a step running, a wait going on)."""
-    entries = sorted(history, key=lambda entry: float(entry.get("t") or 0))
+    # A reconciliation's mark (FlowStore.history's ``attention`` entries) is no transition: not drawn.
+    entries = sorted((entry for entry in history if "attention" not in entry), key=lambda entry: float(entry.get("t") or 0))
     if not entries:
         return Timeline(now, now, list(steps), [], [])
     spans: list[Span] = []

@@ -8,8 +8,9 @@ import pytest
 import redis
 
 from durapay.config.celery import kombu_broker, make_celery
-from durapay.config.connect import ClusterClient, open_redis, parse_sentinel_url
+from durapay.config.connect import ClusterClient, open_redis, parse_sentinel_url, split_addresses
 from durapay.config.settings import Settings, SettingsError, load_settings
+from durapay.service.cli._common import safe_url
 from tests.workflows.integration.topology import ValkeyCluster
 
 
@@ -78,3 +79,27 @@ def test_a_cluster_that_cannot_be_reached_raises_a_redis_connection_error(tmp_pa
             pipe.get("{t}:k")
             pipe.execute()
         client.close()
+
+
+def test_a_cluster_url_may_name_several_startup_nodes() -> None:
+    """Issue 28: with one startup node, no process started while that node was down. A URL names
+    several (any reachable one will do); the first keeps the URL's password, db and options."""
+    first, addresses = split_addresses("redis://:p%40ss@10.0.0.1:7000,10.0.0.2:7001, 10.0.0.3:7002/0?ssl_cert_reqs=none")
+    assert first == "redis://:p%40ss@10.0.0.1:7000/0?ssl_cert_reqs=none"
+    assert addresses == (("10.0.0.1", 7000), ("10.0.0.2", 7001), ("10.0.0.3", 7002))
+    assert split_addresses("redis://node-a/0") == ("redis://node-a/0", ())  # one address: as it is
+    settings = load_settings({"redis_url": "redis://a:7000,b:7001/0", "redis_cluster": True, "broker_url": "redis://q:6379/0"})
+    assert settings.redis_url == "redis://a:7000,b:7001/0"
+    assert safe_url("redis://:secret@a:7000,b:7001/0") == "redis://:***@a:7000,b:7001/0"
+
+
+@pytest.mark.parametrize(
+    ("values", "reason"),
+    [
+        ({"redis_url": "redis://a:7000,b:7001/0"}, "set DURAPAY_REDIS_CLUSTER=true"),
+        ({"redis_url": "redis://a:7000,b/0", "redis_cluster": True, "broker_url": "redis://q:6379/0"}, "'b' must be host:port"),
+    ],
+)
+def test_several_addresses_are_refused_outside_a_cluster_or_without_ports(values: dict[str, object], reason: str) -> None:
+    with pytest.raises(SettingsError, match=reason):
+        load_settings(values)

@@ -14,7 +14,7 @@ from durapay.simulator import SimulatorConfig, SimulatorServer
 from durapay.workflows.reconciliation import Reconciler
 from tests.service.conftest import API_KEY, service_settings
 from tests.waiting import wait_until
-from tests.workflows.reconciliation.test_run import moto_input
+from tests.workflows.reconciliation.test_run import a_flow_without_its_money, moto_input
 
 HEADERS = {"X-Api-Key": API_KEY}
 
@@ -108,3 +108,30 @@ def test_a_run_of_a_dead_process_refuses_a_new_one_only_while_its_lease_lasts(
     assert started.json()["id"] != report.id
     dead = client.get(f"/reconciliation/reports/{report.id}", headers=HEADERS).json()
     assert dead["running"] is False and dead["ok"] is False and "lease" in dead["interrupted"], dead
+
+
+def test_a_flow_without_its_money_shows_the_mark_on_the_flow(gateway_runtime: tuple[Runtime, SimulatorServer]) -> None:
+    """The mark is on the flow itself (its view and its history), for a person: the flow keeps its
+    state and version (no money state moves but on the gateway's word), and a second run marks it once."""
+    runtime, _ = gateway_runtime
+    engine = runtime.engine
+    client = TestClient(create_app(runtime))
+    since = engine.clock.now() - 60
+    flow_id, named = a_flow_without_its_money(engine, "mark-api-")
+    before = client.get(f"/flows/{flow_id}", headers=HEADERS).json()
+    logged = client.get(f"/flows/{flow_id}/history", headers=HEADERS).json()["history"]
+    assert before["attention"] == []
+
+    for _ in range(2):
+        report = Reconciler(engine).run(since)
+    view = client.get(f"/flows/{flow_id}", headers=HEADERS).json()
+    assert (view["state"], view["version"], view["outcome"]) == ("succeeded", before["version"], before["outcome"])
+    [mark] = view["attention"]
+    assert (mark["category"], mark["named"], mark["report"]) == ("flow_without_money", named, report.id)
+    assert f"names operation {named}, which the gateway does not have" in mark["what"]
+
+    history = client.get(f"/flows/{flow_id}/history", headers=HEADERS).json()["history"]
+    assert history[: len(logged)] == logged  # no transition added
+    [entry] = history[len(logged) :]
+    assert entry["by"] == "reconcile" and "to" not in entry and entry["attention"]["category"] == "flow_without_money"
+    assert entry["what"].startswith(f"reconciliation {report.id}: a flow without its money:"), entry

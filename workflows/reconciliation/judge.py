@@ -41,6 +41,13 @@ MONEY_NOT_SHOWN = "money_not_shown"
 IN_FLIGHT = "in_flight"
 #: The categories in the report's order; all but the last are mismatches.
 CATEGORIES = (MONEY_WITHOUT_FLOW, FLOW_WITHOUT_MONEY, MONEY_NOT_SHOWN, IN_FLIGHT)
+#: Each category in words (a flow's history, the CLI).
+TITLES = {
+    MONEY_WITHOUT_FLOW: "money without a flow",
+    FLOW_WITHOUT_MONEY: "a flow without its money",
+    MONEY_NOT_SHOWN: "money the flow does not show",
+    IN_FLIGHT: "in flight (not errors)",
+}
 MISMATCHES = CATEGORIES[:3]
 
 #: The operation fields a finding repeats (no card data).

@@ -31,8 +31,9 @@ from typing import Any
 
 from durapay.workflows.events import RECONCILIATION_TYPES
 from durapay.workflows.keys import Keys
-from durapay.workflows.reconciliation.judge import CATEGORIES, IN_FLIGHT, Finding
+from durapay.workflows.reconciliation.judge import CATEGORIES, IN_FLIGHT, TITLES, Finding
 from durapay.workflows.reconciliation.lease import Lease
+from durapay.workflows.store import attention_marks
 
 EVENT_TYPE = RECONCILIATION_TYPES[0]
 
@@ -242,7 +243,7 @@ class Reports:
         return f"{self.keys.prefix}:reconcile:reports"
 
     def attention_key(self, flow_id: str) -> str:
-        return f"{self.keys.tag(self.keys.partition(flow_id))}:attention:{flow_id}"
+        return self.keys.attention(flow_id)
 
     def save(self, report: Report, *, now: float) -> None:
         self.redis.set(self._report_key(report.id), json.dumps(report.wire(), separators=(",", ":")), ex=self.retention_seconds)
@@ -329,16 +330,16 @@ class Reports:
         if not finding.flow:
             return
         key = self.attention_key(finding.flow)
-        entry = {"report": report_id, "time": now, **finding.wire()}
+        entry = {"report": report_id, "time": now, "title": TITLES[finding.category], **finding.wire()}
         pipe = self.redis.pipeline(transaction=False)
         pipe.hset(key, finding.key, json.dumps(entry, separators=(",", ":")))
         pipe.expire(key, self.retention_seconds)
         pipe.execute()
 
     def marks(self, flow_id: str) -> list[dict[str, Any]]:
-        """The flow's attention marks, oldest first."""
-        raw = self.redis.hgetall(self.attention_key(flow_id))
-        return sorted((json.loads(value) for value in raw.values()), key=lambda entry: entry.get("time", 0.0))
+        """The flow's attention marks, oldest first (``store.attention_marks``: what the flow's own views
+        and history show)."""
+        return attention_marks(self.redis.hgetall(self.attention_key(flow_id)))
 
     def announce(self, finding: Finding, report_id: str, *, now: float) -> bool:
         """Write the finding's ``reconciliation.mismatch`` event, unless this mismatch was announced within

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 from collections.abc import Iterator
 
@@ -16,7 +17,7 @@ from durapay.simulator import SimulatorConfig, SimulatorServer
 from durapay.workflows.reconciliation import Reconciler
 from tests.service.cli.conftest import DURAPAY, invoke
 from tests.waiting import wait_until
-from tests.workflows.reconciliation.test_run import moto_input
+from tests.workflows.reconciliation.test_run import a_flow_without_its_money, moto_input
 
 
 @pytest.fixture
@@ -73,3 +74,17 @@ def test_a_run_killed_mid_window_reads_interrupted_and_another_runs(gateway: Sim
     again = invoke("reconcile", "--since", "1h", "--json")
     assert again.exit_code == 0, again.output
     assert json.loads(again.stdout)["id"] != running.id and reports.get(running.id) == dead
+
+
+def test_flows_show_has_the_flow_s_mark(gateway: SimulatorServer, engine_side: Runtime) -> None:
+    engine = engine_side.engine
+    flow_id, named = a_flow_without_its_money(engine, "mark-cli-")
+    assert invoke("reconcile", "--since", "1h").exit_code == 1
+
+    shown = invoke("flows", "show", flow_id)
+    assert shown.exit_code == 0, shown.output
+    assert re.search(rf"attention\s+flow_without_money: .*names operation {named}", shown.stdout), shown.stdout
+    assert "reconciliation rec_" in shown.stdout  # its history line
+    view = json.loads(invoke("flows", "show", flow_id, "--json").stdout)
+    assert view["state"] == "succeeded" and [mark["named"] for mark in view["attention"]] == [named]
+    assert view["history"][-1]["attention"]["named"] == named

@@ -16,7 +16,7 @@ from durapay.service.runtime import Runtime, build_runtime
 from durapay.simulator import SimulatorConfig, SimulatorServer
 from durapay.workflows.reconciliation import Reconciler
 from tests.service.conftest import API_KEY, service_settings
-from tests.workflows.reconciliation.test_run import moto_input
+from tests.workflows.reconciliation.test_run import a_flow_without_its_money, moto_input
 
 
 @pytest.fixture
@@ -60,3 +60,18 @@ def test_the_newest_report_and_the_home_line(runtime: Runtime) -> None:
     home = client.get("/console")
     assert 'data-reconciliation="wrong"' in home.text and "1 mismatch(es)" in text(home)
     assert client.get("/console/reconciliation?id=rec_0_none").status_code == 404
+
+
+def test_the_flow_s_page_shows_its_mark(runtime: Runtime) -> None:
+    client = signed_in(runtime)
+    engine = runtime.engine
+    flow_id, named = a_flow_without_its_money(engine, "mark-console-")
+    assert 'id="attention"' not in client.get(f"/console/flows/{flow_id}").text
+    report = Reconciler(engine).run(engine.clock.now() - 3600)
+
+    page = client.get(f"/console/flows/{flow_id}")
+    assert page.status_code == 200 and 'id="attention"' in page.text
+    shown = text(page)
+    assert f"A flow without its money (report {report.id}" in shown and f"names operation {named}" in shown, shown
+    assert f'href="/console/reconciliation?id={report.id}"' in page.text
+    assert "state-succeeded" in page.text  # its state is the flow's own

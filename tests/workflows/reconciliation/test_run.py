@@ -36,6 +36,8 @@ from tests.workflows.flows.session_engine import session_engine
 
 APPROVE = "4349940199004549"
 ORDINARY = 200
+#: An operation id the gateway does not have.
+MISSING = "899999999999999999"
 
 
 def moto_input(order_id: str, amount: int = 1500) -> dict[str, Any]:
@@ -204,3 +206,13 @@ def test_a_run_holds_a_page_not_the_window(flows: tuple[Engine, SimulatorServer]
     assert report.error is None and not report.gaps and report.operations == 302 and report.pages >= 30, report.wire()
     assert found_in(report) == planted_four, [f.what for f in report.mismatches]
     assert peak < window / 3, f"the run's peak {peak} B; the window's records {window} B"
+
+
+def a_flow_without_its_money(engine: Engine, prefix: str) -> tuple[str, str]:
+    """A moto flow that succeeded, its record then edited to name an operation the gateway does not
+    have (the acceptance's plant 2): its id and the operation id it names."""
+    flow_id = run_flows(engine, 1, prefix)[0]
+    record = engine.get(flow_id)
+    real = str((record.outcome or {})["operation"]["operationId"])
+    engine.redis.hset(engine.keys.flow(flow_id), "outcome", json.dumps(record.outcome).replace(real, MISSING))
+    return flow_id, MISSING
