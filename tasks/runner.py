@@ -210,6 +210,8 @@ class StepContext:
                 raise Deferred(Defer(until, UNAVAILABLE, record, reconcile=error.ambiguous and not op.retry_safe)) from error
             return
         if isinstance(error, RateLimited):
+            if report:
+                gate.succeeded()  # an answer: the gateway is up, only busy
             fresh = gate.limited(error)
             if fresh is not None:
                 raise Deferred(Defer(fresh.after, "gateway rate limit (429)", error.to_dict(), slot=fresh.slot)) from error
