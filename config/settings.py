@@ -11,7 +11,9 @@ naming the variable and the problem, e.g.
 
 from __future__ import annotations
 
+import difflib
 import math
+import os
 import re
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -324,6 +326,13 @@ class RetrySettings(_Group):
         description="How long after a call whose answer was lost the gateway may still act on it: a cancel "
         "whose read-back finds nothing before then reads again at its end.",
     )
+    read_pace_seconds: float = Field(
+        default=300.0,
+        ge=1,
+        le=21600,
+        description="The shortest pause between two reads of something still open after its deadline (a tenth "
+        "of the flow's age, up to 6 hours); a link adopted after a lost answer is first read this soon.",
+    )
 
 
 class EngineSettings(_Group):
@@ -456,6 +465,13 @@ class SchedulesSettings(_Group):
         le=100_000,
         description="Most history entries kept per schedule: older ones are summed up in one entry (counts per event).",
     )
+    check_seconds: float = Field(
+        default=30.0,
+        ge=1,
+        le=3600,
+        description="The scheduler first looks at a charge's flow this long after starting it, then at doubling "
+        "intervals (up to an hour) until the flow has ended.",
+    )
 
 
 class PauseSettings(_Group):
@@ -548,11 +564,71 @@ def _variable(loc: tuple[int | str, ...]) -> str:
     return ENV_PREFIX + ENV_NESTED_DELIMITER.join(str(part).upper() for part in loc)
 
 
+#: ``DURAPAY_*`` variables that are not settings but knobs of durapay's own tests and tools, read where
+#: they are used (docs/configuration.md, Variables that are not settings). Every other ``DURAPAY_*``
+#: variable that names no setting is refused (:func:`check_variables`).
+TOOL_VARIABLES = frozenset(
+    {
+        "DURAPAY_MODEL_EXAMPLES",  # tests/workflows/test_flow_model.py: a longer hunt
+        "DURAPAY_MODEL_STEPS",
+        "DURAPAY_WAIT_MODEL_EXAMPLES",  # tests/workflows/test_wait_model.py
+        "DURAPAY_WAIT_MODEL_STEPS",
+        "DURAPAY_PROPERTY_EXAMPLES",  # tests/workflows/test_store_properties.py
+        "DURAPAY_SPEC_FILE",  # tests/gateway/test_catalogue.py: the gateway's interface description
+        "DURAPAY_CHAOS_FSYNC_LOG",  # durapay chaos: the fsync log its Valkey's preload writes (service/chaos/aof.py)
+    }
+)
+#: Any variable with this prefix is a test's (``DURAPAY_TEST_AMQP_URL``: the RabbitMQ tests' broker).
+TOOL_PREFIX = ENV_PREFIX + "TEST_"
+
+
+def _setting_names() -> dict[str, str]:
+    """Every variable a setting is read from, by the part after ``DURAPAY_``: each top-level setting
+    (a group as JSON too) and each field of a group (``GATEWAY__TIMEOUT``)."""
+    names: dict[str, str] = {}
+    for name, field in Settings.model_fields.items():
+        names[name.upper()] = ENV_PREFIX + name.upper()
+        group = field.annotation
+        if isinstance(group, type) and issubclass(group, BaseModel):
+            for inner in group.model_fields:
+                names[f"{name.upper()}{ENV_NESTED_DELIMITER}{inner.upper()}"] = _variable((name, inner))
+    return names
+
+
+def check_variables(environ: Mapping[str, str]) -> None:
+    """Refuse a ``DURAPAY_*`` variable that names no setting (and is no test or tool knob,
+    :data:`TOOL_VARIABLES`): ``DURAPAY_REDIS_URLL`` was ignored, and the embedded Valkey used unsaid.
+    A group's own fields are checked by the group (``extra="forbid"``: the older names they still read
+    stay theirs); here the part before ``__`` must name a setting, a group when ``__`` follows."""
+    names = _setting_names()
+    for variable in sorted(environ):
+        upper = variable.upper()
+        if not upper.startswith(ENV_PREFIX) or upper in TOOL_VARIABLES or upper.startswith(TOOL_PREFIX):
+            continue
+        rest = upper.removeprefix(ENV_PREFIX)
+        top, nested, _ = rest.partition(ENV_NESTED_DELIMITER)
+        field = Settings.model_fields.get(top.lower())
+        group = field is not None and isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel)
+        if field is not None and (group or not nested):
+            continue
+        guess = difflib.get_close_matches(rest, list(names), n=1, cutoff=0.75)
+        if not guess and field is not None:  # a setting with a nested part (DURAPAY_REDIS_URL__HOST)
+            guess = [top]
+        hint = (
+            f"; did you mean {names[guess[0]]}?"
+            if guess
+            else f" (docs/configuration.md lists them; a variable of your own needs a prefix other than {ENV_PREFIX})"
+        )
+        raise SettingsError(f"{variable}: not a durapay setting{hint}")
+
+
 def load_settings(overrides: Mapping[str, Any] | None = None) -> Settings:
     """Read the settings from the environment (and ``overrides``), or raise a one-line SettingsError.
 
-    The first problem is reported; that is the one the operator fixes next.
+    The first problem is reported; that is the one the operator fixes next. A ``DURAPAY_*`` variable
+    that names no setting is one (:func:`check_variables`).
     """
+    check_variables(os.environ)
     try:
         settings = Settings(**dict(overrides or {}))
     except ValidationError as exc:

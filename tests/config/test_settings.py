@@ -174,3 +174,71 @@ def test_a_duration_error_names_the_variable_set_and_its_range_in_the_documented
     assert load_settings({"reconcile": {"retention": "12h"}}).reconcile.retention == 43200
     monkeypatch.setenv("DURAPAY_RECONCILE__RETENTION_DAYS", "30d")  # the older name, read as a duration too
     assert load_settings().reconcile.retention == 30 * 86400 and load_settings().reconcile.retention_days == 30
+
+
+@pytest.mark.parametrize(
+    ("name", "message"),
+    [
+        ("DURAPAY_REDIS_URLL", "DURAPAY_REDIS_URLL: not a durapay setting; did you mean DURAPAY_REDIS_URL?"),
+        ("DURAPAY_BROKERURL", "DURAPAY_BROKERURL: not a durapay setting; did you mean DURAPAY_BROKER_URL?"),
+        ("DURAPAY_GATEWAY_TIMEOUT", "DURAPAY_GATEWAY_TIMEOUT: not a durapay setting; did you mean DURAPAY_GATEWAY__TIMEOUT?"),
+        ("DURAPAY_GATEWAYS__TIMEOUT", "DURAPAY_GATEWAYS__TIMEOUT: not a durapay setting; did you mean DURAPAY_GATEWAY__TIMEOUT?"),
+        ("durapay_data_dirr", "durapay_data_dirr: not a durapay setting; did you mean DURAPAY_DATA_DIR?"),
+        ("DURAPAY_REDIS_URL__HOST", "DURAPAY_REDIS_URL__HOST: not a durapay setting; did you mean DURAPAY_REDIS_URL?"),
+        ("DURAPAY_SHOP_SECRET", "DURAPAY_SHOP_SECRET: not a durapay setting (docs/configuration.md lists them"),
+    ],
+)
+def test_an_unknown_variable_is_refused_naming_the_setting_meant(
+    monkeypatch: pytest.MonkeyPatch, name: str, message: str
+) -> None:
+    """A misspelt variable was ignored: DURAPAY_REDIS_URLL left the embedded Valkey in use, unsaid."""
+    monkeypatch.setenv(name, "redis://127.0.0.1:7000/2")
+    with pytest.raises(SettingsError) as caught:
+        load_settings()
+    assert str(caught.value).startswith(message), str(caught.value)
+    assert "\n" not in str(caught.value)
+
+
+def test_the_test_and_tool_variables_are_taken(monkeypatch: pytest.MonkeyPatch) -> None:
+    from durapay.config.settings import TOOL_VARIABLES
+
+    assert "DURAPAY_MODEL_EXAMPLES" in TOOL_VARIABLES and "DURAPAY_CHAOS_FSYNC_LOG" in TOOL_VARIABLES
+    for name in [*TOOL_VARIABLES, "DURAPAY_TEST_AMQP_URL", "DURAPAY_TEST_ANYTHING_NEW"]:
+        monkeypatch.setenv(name, "1")
+    monkeypatch.setenv("DURAPAY_REDIS_URL", "redis://127.0.0.1:7000/2")
+    monkeypatch.setenv("DURAPAY_GATEWAY", '{"timeout": 4}')
+    settings = load_settings()
+    assert settings.redis_url == "redis://127.0.0.1:7000/2" and settings.gateway.timeout == 4
+
+
+def test_the_cli_refuses_an_unknown_variable_in_one_line() -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", "from durapay.service.cli import main; main()", "config"],
+        capture_output=True,
+        text=True,
+        env={"DURAPAY_REDIS_URLL": "redis://127.0.0.1:7000/2", "PATH": ""},
+        check=False,
+    )
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines()[0].startswith(
+        "durapay: configuration error: DURAPAY_REDIS_URLL: not a durapay setting; did you mean DURAPAY_REDIS_URL?"
+    )
+
+
+def test_every_durapay_variable_the_code_reads_is_a_setting_or_a_documented_tool_variable() -> None:
+    """A test or tool that reads a new ``DURAPAY_*`` knob must list it in TOOL_VARIABLES (or name it
+    ``DURAPAY_TEST_*``), or every process it runs in would refuse to start; each one is documented."""
+    import re
+    from pathlib import Path
+
+    from durapay.config.settings import TOOL_PREFIX, TOOL_VARIABLES, check_variables
+
+    root = Path(__file__).resolve().parents[2]
+    read = re.compile(r"""(?:getenv|environ\.get|environ\[|LOG_VARIABLE =)\(?\s*["'](DURAPAY_[A-Z0-9_]+)["']""")
+    sources = [path for folder in ("config", "gateway", "service", "simulator", "tasks", "workflows", "tests", "bench")
+               for path in (root / folder).rglob("*.py")]  # fmt: skip
+    names = {name for path in sources for name in read.findall(path.read_text())}
+    assert {"DURAPAY_MODEL_EXAMPLES", "DURAPAY_SPEC_FILE", "DURAPAY_CHAOS_FSYNC_LOG", "DURAPAY_REDIS_URL"} <= names
+    check_variables(dict.fromkeys(names, "1"))  # raises for a knob that is neither
+    documented = (root / "docs" / "configuration.md").read_text()
+    assert all(f"`{name}`" in documented for name in TOOL_VARIABLES) and f"`{TOOL_PREFIX}*`" in documented
