@@ -220,8 +220,10 @@ def test_the_cli_refuses_an_unknown_variable_in_one_line() -> None:
         check=False,
     )
     assert done.returncode == 2
-    assert done.stderr.strip().splitlines()[0].startswith(
-        "durapay: configuration error: DURAPAY_REDIS_URLL: not a durapay setting; did you mean DURAPAY_REDIS_URL?"
+    assert (
+        done.stderr.strip()
+        .splitlines()[0]
+        .startswith("durapay: configuration error: DURAPAY_REDIS_URLL: not a durapay setting; did you mean DURAPAY_REDIS_URL?")
     )
 
 
