@@ -18,7 +18,7 @@ from durapay.service.cli._common import BadOption, Output, runtime
 from durapay.service.cli._output import echo_json
 from durapay.service.timeparse import SINCE_FORMS, parse_since
 from durapay.workflows.reconciliation import CATEGORIES, IN_FLIGHT, Reconciler, Report, exit_status
-from durapay.workflows.reconciliation.judge import TITLES
+from durapay.workflows.reconciliation.findings import TITLES
 
 
 def _when(moment: float) -> str:

@@ -25,9 +25,9 @@ from durapay.service.timeparse import parse_since
 from durapay.service.views import flow_brief, money_text, redact
 from durapay.workflows.engine import Engine, NotFound, OperatorError
 from durapay.workflows.listing import Cursor, FlowListing
-from durapay.workflows.operator_actions import ACTIONS, allowed, explain, refusal
+from durapay.workflows.operator_actions import ACTIONS, explain, refusal
 from durapay.workflows.reconciliation import Reconciler
-from durapay.workflows.reconciliation.judge import TITLES
+from durapay.workflows.reconciliation.findings import TITLES
 from durapay.workflows.states import STOPPED, FlowState
 from durapay.workflows.store import FlowRecord
 
@@ -137,6 +137,7 @@ def flow_router(console: Console, engine: Engine, listing: FlowListing) -> APIRo
         if found is None:
             return console.refuse(request, session, 404, "No such flow", f"no flow {flow_id!r} (or it expired)")
         record = found.shown()  # card numbers masked wherever a merchant put them
+        refunding = engine.refund_under_way(found)  # its late payment's refund, under way: linked, and no accept
         history = engine.store.history(flow_id)
         definition = engine.registry.get(record.kind)
         steps = [step.name for step in definition.steps] if definition else []
@@ -148,7 +149,7 @@ def flow_router(console: Console, engine: Engine, listing: FlowListing) -> APIRo
             session,
             title=f"Flow {record.id}",
             flow=record,
-            facts=facts(record),
+            facts=facts(record, refunding),
             reason=reason_of(record),
             timeline_svg=svg(timeline),
             calls=timeline.calls,
@@ -158,7 +159,7 @@ def flow_router(console: Console, engine: Engine, listing: FlowListing) -> APIRo
             history_json=json.dumps(history, indent=2, sort_keys=True),
             marks=engine.store.marks(flow_id),
             titles=TITLES,
-            actions=allowed(record) if session.operator else [],
+            actions=engine.actions(found) if session.operator else [],
             done=request.query_params.get("done", ""),
         )
 

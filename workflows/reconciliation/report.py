@@ -31,7 +31,7 @@ from typing import Any
 
 from durapay.workflows.events import RECONCILIATION_TYPES
 from durapay.workflows.keys import Keys
-from durapay.workflows.reconciliation.judge import CATEGORIES, IN_FLIGHT, TITLES, Finding
+from durapay.workflows.reconciliation.findings import CATEGORIES, IN_FLIGHT, TITLES, Finding
 from durapay.workflows.reconciliation.lease import Lease
 from durapay.workflows.store import attention_marks
 

@@ -29,7 +29,8 @@ from durapay.config.settings import ReconcileSettings
 from durapay.gateway import GatewayError, reported_payment
 from durapay.workflows.engine import Engine
 from durapay.workflows.reconciliation import money
-from durapay.workflows.reconciliation.judge import MONEY_NOT_SHOWN, Finding, Judge, Lookups, Owners
+from durapay.workflows.reconciliation.findings import MONEY_NOT_SHOWN, Finding, Lookups, Owners
+from durapay.workflows.reconciliation.judge import Judge
 from durapay.workflows.reconciliation.lease import Lease
 from durapay.workflows.reconciliation.report import Report, Reports, new_report_id
 from durapay.workflows.reconciliation.window import CallBudgetSpent, GatewayReads, WindowRead, oldest_of, pages
