@@ -27,6 +27,8 @@ class RetryPolicy:
     #: Seconds after a call whose answer was lost during which the gateway may still act on it (a
     #: request still queued or in flight there when its client gave up).
     late_seconds: float = 120.0
+    #: The shortest pause between two reads of something still open after its deadline (``workflows.flows.waits.pace``).
+    read_pace_seconds: float = 300.0
     rng: random.Random = field(default_factory=random.Random)
 
     @classmethod
@@ -37,6 +39,7 @@ class RetryPolicy:
             max_attempts=settings.max_attempts,
             reconcile_attempts=settings.reconcile_attempts,
             late_seconds=settings.late_seconds,
+            read_pace_seconds=settings.read_pace_seconds,
             rng=rng or random.Random(),
         )
 

@@ -47,8 +47,16 @@ from durapay.tasks.outcomes import Advance, Finish, Outcome
 from durapay.tasks.runner import NOT_COMMITTED, UNCLEAR, ReconcileResult, StepContext
 from durapay.workflows.flows._adopt import PAYMENT_TYPES, adopt_made
 from durapay.workflows.flows._common import read_until_final, summarize
-from durapay.workflows.flows.sessions import ADOPTED_READ_SECONDS
-from durapay.workflows.flows.waits import GRACE_SECONDS, adopted_read, cancel_link, judge_wait, link_end, notified, read_later
+from durapay.workflows.flows.waits import (
+    GRACE_SECONDS,
+    adopted_first_read,
+    adopted_read,
+    cancel_link,
+    judge_wait,
+    link_end,
+    notified,
+    read_later,
+)
 from durapay.workflows.steps import Call, CallStep, FlowDefinition, SleepStep, WaitStep
 
 Form = Literal["current", "earlier"]
@@ -108,7 +116,7 @@ def _link_deadline(ctx: StepContext) -> float:
         return float(ctx.input.waitSeconds)
     expiry = (ctx.output("link").get("paymentLink") or {}).get("expirationDate") or ctx.input.linkExpirationDate
     seconds = max(60.0, link_end(str(expiry)) - ctx.now) if expiry else 30 * 86400.0
-    return min(seconds, ADOPTED_READ_SECONDS) if ctx.output("link").get("adopted") else seconds
+    return min(seconds, adopted_first_read(ctx)) if ctx.output("link").get("adopted") else seconds
 
 
 def _notified(ctx: StepContext, name: str, payload: dict[str, Any]) -> Outcome:

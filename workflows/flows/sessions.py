@@ -39,7 +39,7 @@ from durapay.workflows.flows._common import (
 from durapay.workflows.flows.waits import (
     CLOSED,
     GRACE_SECONDS,
-    PACE_MIN_SECONDS,
+    adopted_first_read,
     adopted_read,
     cancel_link,
     earlier_order_paid,
@@ -52,10 +52,6 @@ from durapay.workflows.flows.waits import (
     read_later,
 )
 from durapay.workflows.steps import Call, CallStep, FlowDefinition, WaitStep
-
-#: The first read of a link the flow adopted (it cannot verify that link's notifications); later reads
-#: come at the pace of every wait (``workflows.flows.waits.adopted_read``).
-ADOPTED_READ_SECONDS = PACE_MIN_SECONDS
 
 
 def session_body(ctx: StepContext, drop: tuple[str, ...] = ()) -> dict[str, Any]:
@@ -228,7 +224,7 @@ def _link_deadline(ctx: StepContext) -> float:
     created = ctx.output("create").get("paymentLink") or {}
     end = link_end(str(created.get("expirationDate") or ctx.input.expirationDate))
     seconds = max(ctx.now + 60.0, end) - ctx.now
-    return min(seconds, ADOPTED_READ_SECONDS) if ctx.output("create").get("adopted") else seconds
+    return min(seconds, adopted_first_read(ctx)) if ctx.output("create").get("adopted") else seconds
 
 
 def _adopt_link(ctx: StepContext) -> ReconcileResult:

@@ -46,8 +46,8 @@ from durapay.workflows.flows._common import judge_operation, read_order
 #: carrying it settles the flow's money in flight (``workflows.inflight``).
 CLOSED = "closed"
 #: Reads after a deadline, while something is still open: every tenth of the flow's age, at least every
-#: 5 minutes, at most every 6 hours (so a bounded number of reads over any life).
-PACE_MIN_SECONDS = 300.0
+#: ``DURAPAY_RETRY__READ_PACE_SECONDS`` (5 minutes), at most every 6 hours (so a bounded number of reads
+#: over any life).
 PACE_MAX_SECONDS = 21600.0
 #: How long after its instrument's expiry a flow goes on reading a PENDING payment, or a link the
 #: gateway still shows ACTIVE, before it stops for a person.
@@ -77,7 +77,7 @@ def link_end(expiration_date: str) -> float:
 
 def pace(ctx: StepContext) -> float:
     """Seconds to the next read of something still open after a deadline."""
-    return min(max(PACE_MIN_SECONDS, (ctx.now - ctx.created) / 10), PACE_MAX_SECONDS)
+    return min(max(ctx.retry.read_pace_seconds, (ctx.now - ctx.created) / 10), PACE_MAX_SECONDS)
 
 
 def keep_until(output: dict[str, Any]) -> float | None:
@@ -169,6 +169,12 @@ def _end_of(link: PaymentLink) -> float | None:
         return link_end(link.expirationDate) if link.expirationDate else None
     except ValueError:
         return None
+
+
+def adopted_first_read(ctx: StepContext) -> float:
+    """Seconds to the first read of a link the flow adopted (it cannot verify that link's notifications):
+    the shortest pace; later reads come at the pace of every wait (:func:`adopted_read`)."""
+    return ctx.retry.read_pace_seconds
 
 
 def adopted_read(

@@ -27,11 +27,10 @@ from durapay.workflows.schedules.model import (
     ScheduleRecord,
     ScheduleState,
 )
-from durapay.workflows.schedules.policy import CHECK_FIRST, MISSED_GRACE, MIT_KIND, occurrence_key, order_id, order_parts
+from durapay.workflows.schedules.policy import MISSED_GRACE, MIT_KIND, occurrence_key, order_id, order_parts
 from durapay.workflows.schedules.rules import Calendar, Cron, EveryDays, Monthly, Rule, Weekly, occurrences, upcoming
 
 __all__ = [
-    "CHECK_FIRST",
     "COUNTERS",
     "DEFAULT_DUNNING",
     "MISSED_GRACE",

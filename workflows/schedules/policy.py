@@ -65,8 +65,8 @@ from durapay.workflows.store import FlowRecord
 #: The flow kind every occurrence starts (``workflows.flows.direct.MIT``).
 MIT_KIND = "mit"
 DAY = 86400.0
-#: First look at a started flow after this many seconds, then doubling up to CHECK_MAX.
-CHECK_FIRST = 30.0
+#: Looks at a started flow: the first ``DURAPAY_SCHEDULES__CHECK_SECONDS`` after its start, then at
+#: doubling intervals up to this.
 CHECK_MAX = 3600.0
 #: With ``missed: skip``, an occurrence later than this is skipped rather than fired.
 MISSED_GRACE = 3600.0
@@ -240,11 +240,11 @@ def _capped(record: ScheduleRecord, now: float, caps: SchedulesSettings) -> str:
     return ""
 
 
-def _start(plan: Plan, attempt: Attempt, now: float) -> None:
+def _start(plan: Plan, attempt: Attempt, now: float, caps: SchedulesSettings) -> None:
     attempt.started = True
     attempt.started_at = now
     attempt.checks = 0
-    attempt.due = now + CHECK_FIRST
+    attempt.due = now + caps.check_seconds
     plan.starts.append(attempt)
     if attempt.first_decline is not None:
         _note(plan.record, "retries", now, 30 * DAY)
@@ -276,7 +276,7 @@ def _begin(plan: Plan, attempt: Attempt, now: float, caps: SchedulesSettings) ->
     if capped:
         plan.event(now, "dunning capped", occurrence=attempt.occurrence, attempt=attempt.attempt, reason=capped)
         return capped
-    _start(plan, attempt, now)
+    _start(plan, attempt, now, caps)
     return ""
 
 
@@ -365,7 +365,7 @@ def _look(
         attempt.created |= flow is not None
         if attempt.due <= now:
             attempt.checks += 1
-            attempt.due = now + min(CHECK_FIRST * 2**attempt.checks, CHECK_MAX)
+            attempt.due = now + min(caps.check_seconds * 2**attempt.checks, CHECK_MAX)
             if flow is None and not cancelled:
                 plan.starts.append(attempt)  # written but never started (the starter died): start it now
         return [attempt], "open"

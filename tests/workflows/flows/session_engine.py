@@ -21,14 +21,18 @@ from durapay.workflows.states import FlowState
 
 
 @contextmanager
-def session_engine(redis_client: redis.Redis, key_prefix: str, **engine: Any) -> Iterator[tuple[Engine, SimulatorServer]]:
-    """The engine of every flow kind on a manual clock at the simulator's time, with ``engine`` settings."""
+def session_engine(
+    redis_client: redis.Redis, key_prefix: str, *, retry: dict[str, Any] | None = None, **engine: Any
+) -> Iterator[tuple[Engine, SimulatorServer]]:
+    """The engine of every flow kind on a manual clock at the simulator's time, with ``engine`` (and
+    ``retry``) settings."""
     with SimulatorServer(SimulatorConfig(seed=3)) as sim:
         settings = load_settings(
             {
                 "gateway": {"base_url": sim.base_url, "timeout": 3.0, "connect_timeout": 1.0},
                 "engine": {"key_prefix": key_prefix, "partitions": 2, **engine},
                 "receiver": {"public_url": "http://127.0.0.1:9/notifications"},
+                "retry": retry or {},
             }
         )
         yield Engine(settings, redis_client, REGISTRY, clock=ManualClock(sim.admin.now().timestamp())), sim

@@ -228,7 +228,7 @@ def stop_on_a_gone_flow(schedules: Schedules, schedule_id: str) -> Attempt:
     fired = policy.advance(record, record.next_at, {}, schedules.flow_kind, schedules.caps)
     for attempt in fired.record.open:
         attempt.created = True
-    looked = policy.advance(fired.record, record.next_at + policy.CHECK_FIRST, {}, schedules.flow_kind, schedules.caps)
+    looked = policy.advance(fired.record, record.next_at + schedules.caps.check_seconds, {}, schedules.flow_kind, schedules.caps)
     assert looked.record.state is ScheduleState.NEEDS_ATTENTION, looked.record.reason
     assert schedules.store.update(record, looked.record, [*fired.events, *looked.events], schedules.engine.clock.now())
     (attempt,) = looked.record.open

@@ -201,6 +201,29 @@ def test_each_occurrence_starts_one_mit_keyed_by_schedule_and_occurrence(world: 
     assert flow.input["captureType"] == "EXPLICIT" and flow.state is FlowState.SUCCEEDED
 
 
+@pytest.mark.parametrize("check", [None, 2.0], ids=["default", "check-2s"])
+def test_a_started_charge_is_looked_at_after_check_seconds_then_at_doubling_intervals(
+    redis_client: redis.Redis, key_prefix: str, check: float | None
+) -> None:
+    """DURAPAY_SCHEDULES__CHECK_SECONDS (30 s): when the scheduler first reads a charge's flow. It was a
+    constant: a chaos run, whose one occurrence fires near its end, waited 30 s past the flows for it."""
+    world = make_world(redis_client, key_prefix, **({"schedules": {"check_seconds": check}} if check else {}))
+    first = check or 30.0
+    record = world.schedules.create(monthly())
+    world.at(rome(1, 1))
+    assert world.schedules.tick() == 1  # started; no worker ran it: its flow is still ready
+    (attempt,) = world.schedules.get(record.id).open
+    assert attempt.due == pytest.approx(world.clock.now() + first)
+    world.clock.advance(first)
+    assert world.schedules.tick() == 0
+    (attempt,) = world.schedules.get(record.id).open
+    assert attempt.due == pytest.approx(world.clock.now() + 2 * first), "still running: looked at later"
+    world.tick()  # the worker runs it; the next look finds it charged
+    world.clock.advance(2 * first)
+    world.tick()
+    assert world.schedules.get(record.id).counts["charged"] == 1
+
+
 def test_occurrences_start_on_the_trusted_path_which_still_checks_what_the_occurrence_adds(
     world: World, monkeypatch: pytest.MonkeyPatch
 ) -> None:
