@@ -373,6 +373,9 @@ def test_a_deadline_read_the_gateway_keeps_refusing_stops_for_a_person_not_faile
     assert waiting.due is not None
     advance(flows, sim, waiting.due - flows.clock.now() + 1)
     sim.admin.set_faults(mode="error", status=429, operation="get_order", count=1000)
+    # 429s hold the flow without using its attempts (workflows.gate), up to the outage bound: a short one here.
+    health = flows.settings.gateway_health.model_copy(update={"outage_seconds": 10.0})
+    flows.settings = flows.settings.model_copy(update={"gateway_health": health})
     stopped = step_until(flows, started.id, ENDED, limit=60)
     assert stopped.state is FlowState.NEEDS_ATTENTION, stopped.summary()
     assert stopped.unsettled is not None, "the link is still money in flight"
