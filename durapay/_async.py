@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import time
 from collections.abc import AsyncIterator, Collection, Generator
 from typing import Any, TypeVar
 
@@ -75,9 +76,11 @@ class AsyncClient:
         rng: random.Random | None = None,
         start_wait: float = calls.START_WAIT,
         transport: httpx.AsyncBaseTransport | None = None,
+        clock: calls.Clock = time.monotonic,
     ) -> None:
         headers, self.timeout, self.retries = settings(api_key, timeout, retries, rng)
         self.start_wait = start_wait
+        self.clock = clock
         self._http = httpx.AsyncClient(base_url=base_url, headers=headers, timeout=self.timeout, transport=transport)
 
     async def aclose(self) -> None:
@@ -144,7 +147,7 @@ class AsyncClient:
         return await self._run(calls.get(flow_id))
 
     async def wait(self, flow_id: str, timeout: float = 30.0, *, states: Collection[FlowState] = STOPPED) -> FlowView:
-        return await self._finish(calls.wait(flow_id, timeout, states))
+        return await self._finish(calls.wait(flow_id, timeout, states, self.clock))
 
     async def list_flows(
         self,
@@ -263,7 +266,7 @@ class AsyncClient:
         wait: float = 25.0,
         until_idle: bool = False,
     ) -> AsyncEventStream:
-        return AsyncEventStream(self, Feed(after, types, limit, wait, until_idle))
+        return AsyncEventStream(self, Feed(after, types, limit, wait, until_idle, self.clock))
 
     async def replay_events(
         self,

@@ -16,7 +16,7 @@ with no I/O of their own, so that the sync and the async client drive the same p
 from __future__ import annotations
 
 import time
-from collections.abc import Collection, Generator, Iterable, Mapping
+from collections.abc import Callable, Collection, Generator, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from enum import Enum
@@ -324,16 +324,22 @@ def report(report_id: str) -> Call[ReconciliationReport]:
 FIRST_POLL, LAST_POLL = 0.05, 1.0
 
 
-def wait(flow_id: str, timeout: float, states: Collection[FlowState] = STOPPED) -> Generator[Step, Any, FlowView]:
+#: A monotonic clock in seconds; the clients pass theirs (``clock=``) to the plans.
+Clock = Callable[[], float]
+
+
+def wait(
+    flow_id: str, timeout: float, states: Collection[FlowState] = STOPPED, clock: Clock = time.monotonic
+) -> Generator[Step, Any, FlowView]:
     """Read the flow until it is in one of ``states`` (by default stopped: finished or waiting for a
-    person, as ``Engine.wait``); TimeoutError after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
+    person, as ``Engine.wait``); TimeoutError after ``timeout`` seconds (of ``clock``)."""
+    deadline = clock() + timeout
     pause = FIRST_POLL
     while True:
         view: FlowView = yield get(flow_id)
         if view.state in states:
             return view
-        left = deadline - time.monotonic()
+        left = deadline - clock()
         if left <= 0:
             raise TimeoutError(f"flow {flow_id} still {view.state!s} at step {view.step} after {timeout:g}s")
         yield Pause(min(pause, left))
@@ -364,10 +370,20 @@ class Feed:
     Following, an empty read is repeated no sooner than a pause after the previous one began (50 ms,
     growing by half at each empty read to a second; back to 50 ms once events come): a long poll
     already waited that long and goes on at once, but without one (``wait=0``, or a server or proxy
-    that answers at once) the follower would read as fast as the API answers."""
+    that answers at once) the follower would read as fast as the API answers. The pauses are counted on
+    ``clock`` (the client's), so that a test given its own clock knows each pause asked for exactly."""
 
-    def __init__(self, after: str | None, types: Collection[str] | None, limit: int, wait: float, until_idle: bool) -> None:
+    def __init__(
+        self,
+        after: str | None,
+        types: Collection[str] | None,
+        limit: int,
+        wait: float,
+        until_idle: bool,
+        clock: Clock = time.monotonic,
+    ) -> None:
         self.cursor = after
+        self.clock = clock
         self.types = list(types or ())
         self.limit = limit
         self.wait = wait
@@ -376,7 +392,7 @@ class Feed:
     def plan(self) -> Generator[Step | EventView, Any, None]:
         pause = FIRST_POLL
         while True:
-            began = time.monotonic()
+            began = self.clock()
             page: EventPage = yield events(after=self.cursor, types=self.types, limit=self.limit, wait=self.wait)
             for event in page.events:
                 self.cursor = event.cursor  # before handing it out: handled, then saved, is past it
@@ -387,5 +403,5 @@ class Feed:
                 continue
             if self.until_idle:
                 return
-            yield Pause(max(0.0, pause - (time.monotonic() - began)))
+            yield Pause(max(0.0, pause - (self.clock() - began)))
             pause = min(pause * 1.5, LAST_POLL)

@@ -120,7 +120,8 @@ class Client:
     error (or a :class:`Retries` for the whole rule); ``rng``: the jitter's randomness when ``retries``
     is a number (seed it in tests). ``start_wait``: seconds a start waits for the customer URL when its
     ``wait`` is not given (always sent, so that the read timeout covers what the server holds).
-    ``transport``: an ``httpx`` transport (a proxy, a test's fault).
+    ``transport``: an ``httpx`` transport (a proxy, a test's fault). ``clock``: the monotonic clock
+    :meth:`wait` and :meth:`iter_events` count their pauses on (a test's, to know each pause exactly).
     """
 
     def __init__(
@@ -133,9 +134,11 @@ class Client:
         rng: random.Random | None = None,
         start_wait: float = calls.START_WAIT,
         transport: httpx.BaseTransport | None = None,
+        clock: calls.Clock = time.monotonic,
     ) -> None:
         headers, self.timeout, self.retries = settings(api_key, timeout, retries, rng)
         self.start_wait = start_wait
+        self.clock = clock
         self._http = httpx.Client(base_url=base_url, headers=headers, timeout=self.timeout, transport=transport)
 
     def close(self) -> None:
@@ -211,7 +214,7 @@ class Client:
     def wait(self, flow_id: str, timeout: float = 30.0, *, states: Collection[FlowState] = STOPPED) -> FlowView:
         """Poll the flow (50 ms growing to 1 s) until it is in ``states`` (stopped: finished or needing a
         person, as ``Engine.wait``); TimeoutError after ``timeout`` seconds."""
-        return self._finish(calls.wait(flow_id, timeout, states))
+        return self._finish(calls.wait(flow_id, timeout, states, self.clock))
 
     def list_flows(
         self,
@@ -336,7 +339,7 @@ class Client:
     ) -> EventStream:
         """The feed from ``after`` on, event by event, long-polling ``wait`` seconds per read; it follows
         the feed until you stop, or (``until_idle``) up to the first empty read. Its ``cursor`` resumes it."""
-        return EventStream(self, Feed(after, types, limit, wait, until_idle))
+        return EventStream(self, Feed(after, types, limit, wait, until_idle, self.clock))
 
     def replay_events(
         self,

@@ -15,7 +15,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +26,7 @@ import durapay
 import durapay.client
 from bench._webhook_receiver import WebhookReceiver
 from durapay import _calls
-from durapay.client import ApiError, Client, Retries
+from durapay.client import ApiError, Client, EventPage, EventView, Retries
 from durapay.gateway import Unknown
 from durapay.service.runtime import Runtime
 from durapay.service.server import ApiServer
@@ -376,34 +376,85 @@ def test_a_state_or_a_field_a_newer_server_adds_is_kept_never_read_as_a_known_on
 
 class Idle:
     """An event feed with nothing new, answered at once; it stops the follower (:class:`Idle.Enough`) at
-    its seventh read and notes when each began."""
+    its seventh read. The follower counts its pauses on :meth:`clock`, the test's, which only a read moves
+    (by ``READ``, as a long poll's wait would): each pause it asks for is then known exactly, however
+    loaded the machine. Each read notes when it began and ``ticker`` (the async twin's count of
+    its other task's turns)."""
+
+    #: What one read takes on the follower's clock.
+    READ = 0.01
 
     class Enough(Exception):
         pass
 
     def __init__(self) -> None:
+        self.now = 0.0
         self.reads: list[float] = []
+        self.ticks: list[int] = []
+        self.ticker = 0
+
+    def clock(self) -> float:
+        return self.now
 
     def __call__(self, request: httpx.Request) -> httpx.Response:
         if len(self.reads) == 6:
             raise Idle.Enough
         self.reads.append(time.monotonic())
+        self.ticks.append(self.ticker)
+        self.now += Idle.READ
         return httpx.Response(200, json={"events": [], "next": "0-0", "limit": 100})
 
     def check(self) -> None:
-        """Six empty reads spread over the pauses between them: 50 ms growing by half (0.66 s; the
-        follower made 691 reads a second). A pause is counted from the start of the read before it, which
-        the transport sees a little later: each gap is bounded below with room for that, never above."""
+        """The follower slept each pause it asked for: a sleep lasts at least what it is given (time.sleep
+        and asyncio's timers alike, to the clock's resolution: the microsecond), so each gap between two
+        reads is at least its pause. Sized on the machine's clock instead, a pause was shortened by the
+        moments between the follower's reading of that clock and the transport's, which a loaded machine
+        stretches (27 ms of a 50 ms pause once)."""
+        asked = [0.05 * 1.5**n - Idle.READ for n in range(5)]  # 50 ms growing by half, less the read before
         gaps = [later - earlier for earlier, later in zip(self.reads, self.reads[1:], strict=False)]
-        assert len(gaps) == 5 and all(gap >= 0.025 for gap in gaps), gaps
-        assert self.reads[-1] - self.reads[0] >= 0.5, gaps
+        assert len(gaps) == 5, gaps
+        assert all(gap >= pause - 1e-6 for gap, pause in zip(gaps, asked, strict=True)), (gaps, asked)
 
 
 def test_following_an_idle_feed_without_a_long_poll_backs_off() -> None:
     idle = Idle()
-    with mocked(idle) as api, pytest.raises(Idle.Enough):
+    with mocked(idle, clock=idle.clock) as api, pytest.raises(Idle.Enough):
         next(api.iter_events(wait=0))
     idle.check()
+
+
+def test_the_feed_pauses_after_an_empty_read_from_its_start_growing_by_half_to_a_second() -> None:
+    """The follower's plan on the test's clock: after an empty read, a pause of 50 ms growing by half at
+    each empty read up to a second, less what the read itself took (a long poll has waited already);
+    back to 50 ms once events come; with ``until_idle``, no pause: the first empty read ends it."""
+    now = 0.0
+    empty = EventPage(events=[], next="0-0")
+    event = EventView(id="e1", type="flow.created", timestamp="2026-11-26T00:00:00Z", data={}, cursor="1-0")
+
+    def read(plan: Generator[Any, Any, None], took: float, page: EventPage) -> Any:
+        """Answer the read the plan asked for, ``took`` seconds after it began; what the plan does next."""
+        nonlocal now
+        assert isinstance(plan.send(None), _calls.Call), "a read"
+        now += took
+        return plan.send(page)
+
+    def pauses(plan: Generator[Any, Any, None], took: list[float]) -> list[float]:
+        asked = []
+        for seconds in took:
+            pause = read(plan, seconds, empty)
+            assert isinstance(pause, _calls.Pause), pause
+            asked.append(pause.seconds)
+        return asked
+
+    following = _calls.Feed(None, None, 100, 0, until_idle=False, clock=lambda: now).plan()
+    schedule = [min(0.05 * 1.5**n, 1.0) for n in range(10)]
+    assert pauses(following, [0.0] * 10) == pytest.approx(schedule)
+    assert pauses(following, [0.4, 2.0]) == pytest.approx([0.6, 0.0]), "a read's own time counts, never below 0"
+    assert read(following, 0.0, EventPage(events=[event], next="1-0")) == event
+    assert pauses(following, [0.0, 0.02]) == pytest.approx([0.05, 0.055]), "events came: 50 ms again"
+    idle = _calls.Feed(None, None, 100, 0, until_idle=True, clock=lambda: now).plan()
+    with pytest.raises(StopIteration):
+        read(idle, 0.0, empty)
 
 
 def test_the_client_exports_every_answer_model_and_loads_no_web_framework() -> None:

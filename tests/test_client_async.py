@@ -149,24 +149,26 @@ def test_a_get_is_tried_again_after_a_transport_failure(client_stack: ClientStac
 
 
 def test_following_an_idle_feed_backs_off_and_lets_the_loop_run() -> None:
-    """The twin of the sync client's test: six empty reads take the pauses between them, and the event
-    loop runs other tasks meanwhile (a ticker every 10 ms)."""
+    """The twin of the sync client's test: six empty reads take the pauses asked between them (on the
+    test's clock: exact), and the event loop runs another task in each pause. The ticker wakes every
+    millisecond and its timer is always set before a pause begins (it ran once before the first read), so
+    asyncio, firing timers in the order of their deadlines, runs it before any pause of at least 40 ms
+    ends: a tick in every gap, on any machine, unless a pause blocks the loop."""
     idle = Idle()
-    ticks = 0
 
     async def ticker() -> None:
-        nonlocal ticks
         while True:
-            await asyncio.sleep(0.01)
-            ticks += 1
+            await asyncio.sleep(0.001)
+            idle.ticker += 1
 
     async def follow() -> None:
         beside = asyncio.create_task(ticker())
-        async with AsyncClient("http://api.test", API_KEY, transport=httpx.MockTransport(idle)) as api:
+        await asyncio.sleep(0)  # the ticker's first timer is set
+        async with AsyncClient("http://api.test", API_KEY, transport=httpx.MockTransport(idle), clock=idle.clock) as api:
             with pytest.raises(Idle.Enough):
                 await anext(api.iter_events(wait=0))
         beside.cancel()
 
     asyncio.run(follow())
     idle.check()
-    assert ticks >= 20, f"the loop ran the ticker {ticks} times while the feed was followed"
+    assert all(later > earlier for earlier, later in zip(idle.ticks, idle.ticks[1:], strict=False)), idle.ticks
