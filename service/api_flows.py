@@ -220,7 +220,8 @@ def flows_router(engine: Engine, settings: ApiSettings) -> APIRouter:
 
     @router.get("/{flow_id}", response_model=FlowView, summary="One flow: state, step, outputs, outcome, error")
     def get_flow(flow_id: FlowId) -> dict[str, Any]:
-        return flow_view(_get(engine, flow_id), engine.registry, engine.store.marks(flow_id))
+        record = _get(engine, flow_id)
+        return flow_view(record, engine.registry, engine.store.marks(flow_id), refunding=engine.refund_under_way(record))
 
     @router.get("/{flow_id}/history", response_model=History, summary="Every transition of the flow, oldest first")
     def flow_history(flow_id: FlowId) -> dict[str, Any]:
@@ -308,7 +309,7 @@ def flows_router(engine: Engine, settings: ApiSettings) -> APIRouter:
             record = engine.refund_late_payment(flow_id, reason, by="api")
             if record.state is FlowState.NEEDS_ATTENTION:
                 response.status_code = 202  # the refund is under way: its success closes the flow
-            return flow_view(record, engine.registry)
+            return flow_view(record, engine.registry, refunding=engine.refund_under_way(record))
         except NotFound:
             raise not_found(f"no flow {flow_id!r}") from None
         except OperatorError as exc:

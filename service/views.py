@@ -31,13 +31,17 @@ def steps_done(record: FlowRecord, registry: Mapping[str, FlowDefinition]) -> li
 
 
 def flow_view(
-    record: FlowRecord, registry: Mapping[str, FlowDefinition], marks: Sequence[Mapping[str, Any]] = ()
+    record: FlowRecord,
+    registry: Mapping[str, FlowDefinition],
+    marks: Sequence[Mapping[str, Any]] = (),
+    *,
+    refunding: FlowRecord | None = None,
 ) -> dict[str, Any]:
     """The full view (``GET /flows/{id}``, ``durapay flows show``), with the flow's reconciliation marks
     when given (``FlowStore.marks``: the answers of actions on the flow leave them out)."""
     view: dict[str, Any] = redact(record.summary())
     view["steps_done"] = steps_done(record, registry)
-    view["actions"] = allowed(record)
+    view["actions"] = allowed(record, refunding=refunding)  # refunding: Engine.refund_under_way's
     view["attention"] = [dict(mark) for mark in marks]  # the report's lines: no card data (FlowStore.marks)
     return view
 

@@ -591,6 +591,16 @@ class Engine:
         (``workflows.late_payments``)."""
         return self.late.refund(flow_id, reason, by=by)
 
+    def refund_under_way(self, record: FlowRecord) -> FlowRecord | None:
+        """The refund flow of the flow's late payment while it is being refunded (the flow is closed when
+        it succeeded), to link to; None when the flow is no ``LatePayment`` or none is under way."""
+        return self.late.under_way(record)
+
+    def actions(self, record: FlowRecord) -> builtins.list[str]:
+        """The operator actions the engine accepts on the flow now (``operator_actions.allowed``, told of a
+        refund under way): what the console offers and ``durapay flows show`` lists."""
+        return operator_actions.allowed(record, refunding=self.late.under_way(record))
+
     def keep_late_payment(self, flow_id: str, *, by: str = "api") -> FlowRecord:
         """Keep a ``LatePayment``: beside a succeeded flow's payment, listed; otherwise the flow's outcome
         (``workflows.late_payments``)."""

@@ -39,6 +39,7 @@ from durapay.gateway import FAILURE_RESULTS, FINAL_RESULTS, SUCCESS_RESULTS, Cat
 from durapay.workflows.errors import OperatorError
 from durapay.workflows.flows._adopt import PAYMENT_TYPES
 from durapay.workflows.keys import derived_id
+from durapay.workflows.operator_actions import late_payment
 from durapay.workflows.states import TERMINAL, FlowState
 from durapay.workflows.store import Change, FlowRecord, MoneyTaken, compact_json
 
@@ -130,6 +131,11 @@ class LatePayments:
         if record.state is not FlowState.NEEDS_ATTENTION or error.get("type") != "LatePayment" or not operation_id:
             raise OperatorError(f"flow {flow_id} has no late payment to close (it is {record.state})")
         return record, operation_id, str(error.get("endedAs") or "")
+
+    def under_way(self, record: FlowRecord) -> FlowRecord | None:
+        """The refund flow of ``record``'s late payment, if the flow is a ``LatePayment`` being refunded."""
+        late = late_payment(record)
+        return None if late is None else self.refunding(record.id, str(late.get("operationId") or ""))
 
     def refunding(self, flow_id: str, operation_id: str) -> FlowRecord | None:
         """The refund flow of the flow's late payment, unless there is none or it gave up."""

@@ -35,9 +35,17 @@ def late_payment(record: FlowRecord) -> dict[str, Any] | None:
     return None
 
 
-def allowed(record: FlowRecord) -> list[str]:
-    """The actions a person may take on the flow now (the console's buttons, ``durapay flows show``)."""
+def allowed(record: FlowRecord, *, refunding: FlowRecord | None = None) -> list[str]:
+    """The actions a person may take on the flow now (the console's buttons, ``durapay flows show``).
+
+    ``refunding``: the refund flow of its late payment, under way (``LatePayments.refunding``): ask
+    :meth:`Engine.actions <durapay.workflows.engine.Engine.actions>`, which looks it up. Meanwhile the payment
+    is neither accepted nor kept (the engine refuses both) and the refund's end closes the flow: nothing is
+    offered, but once that refund succeeded (its worker lost before it closed the flow) asking to refund
+    again closes it."""
     late = late_payment(record)
+    if late is not None and refunding is not None:
+        return ["refund"] if refunding.state is FlowState.SUCCEEDED else []
     if late is not None:
         # Beside a succeeded flow's payment, the first stays the outcome whatever is done with the second
         # (a retry would not account for the second, and a flow whose payment succeeded is never cancelled: no cancel).

@@ -222,7 +222,8 @@ def show(flow_id: completion.FlowId, as_json: JsonFlag = False) -> None:
 
     out = Output(as_json)
     with runtime(out) as rt, out.errors():
-        view = flow_view(rt.engine.get(flow_id), rt.engine.registry, rt.engine.store.marks(flow_id))
+        record = rt.engine.get(flow_id)
+        view = flow_view(record, rt.engine.registry, rt.engine.store.marks(flow_id), refunding=rt.engine.refund_under_way(record))
         history = rt.engine.history(flow_id)
     if as_json:
         echo_json({**view, "history": history})

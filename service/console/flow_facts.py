@@ -15,8 +15,9 @@ from durapay.workflows.states import TERMINAL
 from durapay.workflows.store import FlowRecord
 
 
-def facts(record: FlowRecord) -> dict[str, Any]:
-    """The outcome in a payment's terms: operation id, result, amount, ISO response code, soft/hard."""
+def facts(record: FlowRecord, refunding: FlowRecord | None = None) -> dict[str, Any]:
+    """The outcome in a payment's terms: operation id, result, amount, ISO response code, soft/hard;
+    ``refunding``: the refund flow of its late payment under way (``Engine.refund_under_way``), linked."""
     outcome = record.outcome or {}
     error = record.error or {}
     operation = outcome.get("operation") if isinstance(outcome.get("operation"), dict) else {}
@@ -35,6 +36,7 @@ def facts(record: FlowRecord) -> dict[str, Any]:
         "operation_ids": outcome.get("operationIds") or [],
         "late": late_payment(record),
         "refund_flows": refund_flows(outcome),
+        "refunding": {"id": refunding.id, "state": refunding.state.value} if refunding is not None else None,
     }
 
 

@@ -647,3 +647,27 @@ def test_a_late_payment_refunded_elsewhere_is_closed_by_refund_late_payment_with
     assert closed.state is FlowState.CANCELLED
     assert [op["operationId"] for op in refunds_of(world, paid["operationId"])] == [refund_id], "no second refund"
     assert world.record(refund) is not None
+
+
+def test_a_payment_being_refunded_is_offered_no_accept_nor_keep(world: FlowWorld, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 27: after "Refund" the flow stays in needs_attention until its refund flow succeeded, and the
+    console still offered "Accept late payment", which the engine refuses while the refund is under way
+    (``LatePayments.accepting``); nor did it name the refund flow. The actions are asked of the engine."""
+    flow, _ = _hpp_failed_then_paid(world)
+    record = world.engine.get(flow.flow_id)
+    assert world.engine.actions(record) == ["accept", "refund"] and world.engine.refund_under_way(record) is None
+    world.engine.refund_late_payment(flow.flow_id)
+    record = world.engine.get(flow.flow_id)
+    refund = world.engine.refund_under_way(record)
+    assert record.state is FlowState.NEEDS_ATTENTION and refund is not None and refund.kind == "refund"
+    assert world.engine.actions(record) == [], "nothing to do but wait for the refund (linked, not offered)"
+    with pytest.raises(OperatorError, match="being refunded"):
+        world.engine.retry(flow.flow_id)
+
+    monkeypatch.setattr(world.engine.late, "refund_ended", lambda refund: None)  # its worker lost at the end
+    world.settle()
+    monkeypatch.undo()
+    record = world.engine.get(flow.flow_id)
+    assert record.state is FlowState.NEEDS_ATTENTION
+    assert world.engine.actions(record) == ["refund"], "asking again closes it, the refund done"
+    assert world.engine.refund_late_payment(flow.flow_id).state is FlowState.CANCELLED

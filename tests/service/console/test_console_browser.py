@@ -316,3 +316,49 @@ def test_amounts_possible_actions_and_whole_ids_at_1400_px(console_stack: Consol
         assert [a.get_attribute("id") for a in browser.find_elements(By.CSS_SELECTOR, "#h-actions ~ p a")] == ["action-cancel"]
     finally:
         browser.set_window_size(1280, 900)
+
+
+def test_a_late_payment_being_refunded_links_its_refund_and_offers_nothing(console_stack: ConsoleStack, browser: Any) -> None:
+    """Issue 27: after "Refund" (the flow stays in needs_attention until its refund succeeded) the page
+    still offered "Accept late payment", which the engine refuses while the refund is under way, and did
+    not name the refund flow; the "waiting for a person" bar sits on the lane of the step the flow stopped
+    at. The refund kind is paused so that the refund stays under way while the page is read."""
+    from selenium.webdriver.common.by import By
+
+    from durapay.gateway import Catalogue
+
+    engine = console_stack.engine
+    flow = engine.start("hpp", {"order": order(4200), "paymentSession": session(4200), "waitSeconds": 2})
+    failed = engine.wait(flow.id, 60)
+    assert failed.state is FlowState.FAILED, failed.summary()
+    paid = console_stack.simulator.admin.complete_hpp(failed.order_id)
+    operation = engine.gateway().call(Catalogue.get_operation, paid["operationId"]).wire()
+    assert engine.signal(flow.id, "notification", {"operation": operation}, by="notification") == "late_payment"
+    engine.pauses.pause("refund", "the refund stays under way while the page is read", by="test")
+    try:
+        browser.set_window_size(1400, 900)
+        sign_in(browser, console_stack, OPERATOR_KEY)
+        browser.get(f"{console_stack.url}/console/flows/{flow.id}")
+        assert [a.get_attribute("id") for a in browser.find_elements(By.CSS_SELECTOR, "p.actions a")] == [
+            "action-accept",
+            "action-refund",
+        ]
+        navigate_by(browser, browser.find_element(By.ID, "action-refund"))
+        browser.find_element(By.ID, "reason").send_keys("the customer asked")
+        browser.find_element(By.ID, "confirm").click()
+        wait_until(lambda: "done=refund" in browser.current_url, 15, "the flow page after the refund")
+        refund = engine.refund_under_way(engine.get(flow.id))
+        assert refund is not None and engine.get(flow.id).state is FlowState.NEEDS_ATTENTION
+        assert browser.find_elements(By.CSS_SELECTOR, "p.actions a") == [], "no Accept the engine would refuse"
+        link = browser.find_element(By.CSS_SELECTOR, "a.refund-flow")
+        assert link.text == refund.id and link.get_attribute("href").endswith(f"/console/flows/{refund.id}")
+        person = browser.find_element(By.CSS_SELECTOR, "svg.timeline rect[data-kind=person]")
+        lane = browser.find_element(By.CSS_SELECTOR, f"svg.timeline g.tl-lane[data-step={failed.step}] rect")
+        assert person.get_attribute("data-step") == failed.step
+        top = float(lane.get_attribute("y"))
+        assert top <= float(person.get_attribute("y")) < top + float(lane.get_attribute("height"))
+        screenshot(browser, "late-payment-being-refunded")
+    finally:
+        engine.pauses.resume("refund", by="test")
+    closed = engine.wait(flow.id, 30, states=frozenset({FlowState.CANCELLED}))
+    assert closed.outcome is not None and closed.outcome["refund"]["flow"] == refund.id
