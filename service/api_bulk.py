@@ -22,11 +22,10 @@ from durapay.service.api_kinds import who
 from durapay.service.errors import ERRORS, ApiError, invalid, not_found
 from durapay.service.ops_schemas import BulkList, BulkPlan, BulkRequest, BulkView
 from durapay.service.timeparse import parse_since
-from durapay.workflows.bulk import BulkActions, BulkFilter, TooMany, UnknownBulk
+from durapay.workflows.bulk import FILTERS, BulkActions, BulkFilter, TooMany, UnknownBulk
 from durapay.workflows.engine import Engine
 
 BulkId = Annotated[str, Path(min_length=1, max_length=100, pattern=r"^[A-Za-z0-9._:-]+$")]
-FILTERS = ("kind", "state", "error", "since", "until")
 
 
 def request_model(engine: Engine) -> type[BulkRequest]:

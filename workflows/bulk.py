@@ -49,6 +49,8 @@ from durapay.workflows.store import FlowRecord, compact_json
 
 Action = Literal["retry", "cancel"]
 ACTIONS: tuple[Action, ...] = ("retry", "cancel")
+#: The filter's names, in the order the action's id is derived from the filter as given.
+FILTERS = ("kind", "state", "error", "since", "until")
 #: Flows shown by a dry run, and skipped flows kept with their reason in a record.
 SAMPLE = 20
 #: Index entries a walk may read per flow it may match: past ``max_flows * READ_FACTOR`` it stops.

@@ -44,6 +44,8 @@ COMMAND_MODULES: dict[str, tuple[str, ...]] = {
     "durapay.service.cli.dev_cmd": ("dev",),
     "durapay.service.cli.chaos_cmd": ("chaos",),
     "durapay.service.cli.reconcile_cmd": ("reconcile",),
+    "durapay.service.cli.kinds_cmd": ("kinds",),
+    "durapay.service.cli.bulk_cmd": ("bulk",),
 }
 _MODULE_OF = {name: module for module, names in COMMAND_MODULES.items() for name in names}
 

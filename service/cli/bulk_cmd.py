@@ -1,0 +1,240 @@
+"""``durapay bulk retry|cancel|ls|show``: retry or cancel every flow a filter matches.
+
+``--dry-run`` prints what the action would do (how many flows match, how many it would skip and why,
+a sample) and changes nothing. Without it the dry run is shown and the action asked for confirmation
+(``--yes`` skips the question): it is then recorded and acted on in the background by the workers
+(``workflows.bulk``, at ``DURAPAY_BULK__RATE`` flows a second); ``--wait`` follows its progress to the
+end. The same action and filter again (or the same ``--key``) is the same action: its progress is shown,
+nothing is done twice. Each flow's history names the action (``bulk:<id> cli:<name>``).
+"""
+
+from __future__ import annotations
+
+import getpass
+import time
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+
+from durapay.service.cli import completion
+from durapay.service.cli._common import BadOption, ExitCode, Output, one_of, runtime
+from durapay.service.cli._output import echo_json, print_rows, when
+from durapay.service.timeparse import SINCE_FORMS, parse_since
+from durapay.workflows.states import FlowState
+
+if TYPE_CHECKING:
+    from durapay.service.runtime import Runtime
+    from durapay.workflows.bulk import Action, BulkActions, BulkFilter, Plan
+
+# The engine's parts are imported inside the commands: importing this module is what completing
+# ``durapay bulk ...`` in the shell costs (service/cli/completion.py).
+
+JsonFlag = Annotated[bool, typer.Option("--json", help="Print JSON (errors too, on stderr).")]
+#: How long ``--wait`` follows an action at most, and how often it reads its progress.
+WAIT_LIMIT = 3600.0
+POLL = 0.5
+
+bulk_app = typer.Typer(help="Retry or cancel every flow a filter matches (a dry run first).", no_args_is_help=True)
+
+
+def _bulk(rt: Runtime) -> BulkActions:
+    from durapay.workflows.bulk import BulkActions
+
+    return rt.bulk or BulkActions(rt.engine, rt.settings.bulk)
+
+
+def _filter(
+    engine: Any, kind: str | None, state: str | None, since: str | None, until: str | None, error: str | None
+) -> BulkFilter:
+    if kind is not None:
+        one_of(kind, engine.registry, "--kind", "flow kind")
+    chosen = FlowState(one_of(state, [s.value for s in FlowState], "--state", "state")) if state is not None else None
+    now = engine.clock.now()
+    times: dict[str, float | None] = {}
+    for name, text in (("since", since), ("until", until)):
+        try:
+            times[name] = parse_since(text, now=now) if text is not None else None
+        except ValueError as exc:
+            raise BadOption(f"--{name}", str(exc)) from None
+    from durapay.workflows.bulk import BulkFilter
+
+    return BulkFilter(kind, chosen, error, times["since"], times["until"])
+
+
+def _print_plan(plan: Plan) -> None:
+    view = plan.view()
+    typer.echo(f"{plan.action}: {view['count']} flow(s) match; {view['would_skip']} would be skipped")
+    for reason, count in sorted(view["skips"].items(), key=lambda item: -item[1]):
+        typer.echo(f"  skipped {count}: {reason}")
+    rows = [[flow["id"], flow["kind"], flow["state"], when(flow["created"])] for flow in view["sample"]]
+    if rows:
+        print_rows("sample", ("id", "kind", "state", "created"), rows, ids=frozenset({"id"}))
+
+
+def _progress(record: dict[str, Any]) -> str:
+    handled = record["done"] + record["skipped"]
+    return (
+        f"bulk {record['id']} ({record['action']}): {record['status']}, {handled}/{record['total']} "
+        f"({record['done']} done, {record['skipped']} skipped)"
+    )
+
+
+def _act(
+    action: Action,
+    kind: str | None,
+    state: str | None,
+    error: str | None,
+    since: str | None,
+    until: str | None,
+    *,
+    dry_run: bool,
+    yes: bool,
+    wait: bool,
+    key: str | None,
+    by: str | None,
+    as_json: bool,
+) -> None:
+    from durapay.workflows.bulk import FILTERS, TooMany
+
+    out = Output(as_json)
+    with runtime(out, writes=True) as rt, out.errors():
+        bulk = _bulk(rt)
+        wanted = _filter(rt.engine, kind, state, since, until, error)
+        try:
+            plan = bulk.plan(action, wanted)
+        except TooMany as exc:
+            out.fail("invalid_input", str(exc), field="--since")
+        if dry_run:
+            echo_json(plan.view()) if as_json else _print_plan(plan)
+            return
+        if not yes:
+            if as_json:
+                out.fail("invalid_input", "pass --yes to act (or --dry-run to look first)", field="--yes")
+            _print_plan(plan)
+            typer.confirm(f"{action} {len(plan.ids)} flow(s)?", abort=True)
+        given = {
+            name: value for name, value in zip(FILTERS, (kind, state, error, since, until), strict=True) if value is not None
+        }
+        try:
+            record = bulk.post(action, wanted, by=_who(by), given=given, key=key)
+        except TooMany as exc:
+            out.fail("invalid_input", str(exc), field="--since")
+        deadline = time.monotonic() + WAIT_LIMIT
+        while wait and record["status"] == "running" and time.monotonic() < deadline:
+            if not as_json:
+                typer.echo(_progress(record), err=True)
+            time.sleep(POLL)
+            record = bulk.get(record["id"])
+    if as_json:
+        echo_json(record)
+    else:
+        typer.echo(_progress(record))
+    if wait and record["status"] == "running":
+        raise typer.Exit(ExitCode.TIMED_OUT)
+
+
+def _who(name: str | None) -> str:
+    try:
+        return f"cli:{name or getpass.getuser()}"
+    except OSError:
+        return f"cli:{name}" if name else "cli"
+
+
+KindOption = Annotated[str | None, typer.Option("--kind", help="Flows of this kind.", autocompletion=completion.kinds)]
+StateOption = Annotated[
+    str | None, typer.Option("--state", help="Flows in this state (failed, waiting...).", autocompletion=completion.states)
+]
+ErrorOption = Annotated[str | None, typer.Option("--error", help="Flows whose error has this type or code.")]
+SinceOption = Annotated[str | None, typer.Option("--since", help=f"Created since: {SINCE_FORMS}.")]
+UntilOption = Annotated[str | None, typer.Option("--until", help=f"Created until: {SINCE_FORMS}.")]
+DryRun = Annotated[bool, typer.Option("--dry-run", help="Show what would be done; change nothing.")]
+Yes = Annotated[bool, typer.Option("--yes", help="Act without asking (after a dry run of your own).")]
+Wait = Annotated[bool, typer.Option("--wait", help="Follow the progress to the end.")]
+Key = Annotated[str | None, typer.Option("--key", help="The action's key: the same key is the same action.")]
+By = Annotated[str | None, typer.Option("--by", help="Who asks (recorded as cli:<name>; default: the login name).")]
+
+
+@bulk_app.command("retry")
+def retry(
+    kind: KindOption = None,
+    state: StateOption = None,
+    error: ErrorOption = None,
+    since: SinceOption = None,
+    until: UntilOption = None,
+    dry_run: DryRun = False,
+    yes: Yes = False,
+    wait: Wait = False,
+    key: Key = None,
+    by: By = None,
+    as_json: JsonFlag = False,
+) -> None:
+    """Retry every matching flow (a needs_attention flow moves on, a failed one starts again), exactly as
+    `durapay flows retry` would; the others are skipped with the reason."""
+    _act("retry", kind, state, error, since, until, dry_run=dry_run, yes=yes, wait=wait, key=key, by=by, as_json=as_json)
+
+
+@bulk_app.command("cancel")
+def cancel(
+    kind: KindOption = None,
+    state: StateOption = None,
+    error: ErrorOption = None,
+    since: SinceOption = None,
+    until: UntilOption = None,
+    dry_run: DryRun = False,
+    yes: Yes = False,
+    wait: Wait = False,
+    key: Key = None,
+    by: By = None,
+    as_json: JsonFlag = False,
+) -> None:
+    """Cancel every matching flow, exactly as `durapay flows cancel` would (money in flight: asked to
+    cancel, ended as the engine allows)."""
+    _act("cancel", kind, state, error, since, until, dry_run=dry_run, yes=yes, wait=wait, key=key, by=by, as_json=as_json)
+
+
+@bulk_app.command("ls")
+def list_actions(as_json: JsonFlag = False) -> None:
+    """The newest bulk actions with their progress."""
+    out = Output(as_json)
+    with runtime(out) as rt, out.errors():
+        records = _bulk(rt).list(rt.settings.bulk.kept)
+    if as_json:
+        echo_json(records)
+        return
+    rows = [
+        [
+            r["id"],
+            r["action"],
+            r["status"],
+            f"{r['done'] + r['skipped']}/{r['total']}",
+            str(r["skipped"]),
+            r["by"],
+            when(r["created"]),
+        ]
+        for r in records
+    ]
+    print_rows("bulk actions", ("id", "action", "status", "progress", "skipped", "by", "created"), rows, ids=frozenset({"id"}))
+
+
+@bulk_app.command("show")
+def show(bulk_id: Annotated[str, typer.Argument(help="The bulk action's id.")], as_json: JsonFlag = False) -> None:
+    """One bulk action: its filter, progress, and the flows it skipped with the reasons."""
+    from durapay.workflows.bulk import UnknownBulk
+
+    out = Output(as_json)
+    with runtime(out) as rt, out.errors():
+        try:
+            record = _bulk(rt).get(bulk_id)
+        except UnknownBulk:
+            out.fail("not_found", f"no bulk action {bulk_id!r}", code=ExitCode.FAILED)
+    if as_json:
+        echo_json(record)
+        return
+    typer.echo(_progress(record))
+    typer.echo(f"filter: {', '.join(f'{k}={v}' for k, v in record['filter'].items() if v is not None)}")
+    for reason, count in record["skips"].items():
+        typer.echo(f"  skipped {count}: {reason}")
+
+
+def register(app: typer.Typer) -> None:
+    app.add_typer(bulk_app, name="bulk")

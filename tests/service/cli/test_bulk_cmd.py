@@ -1,0 +1,122 @@
+"""``durapay bulk`` and ``durapay kinds`` against the test Valkey, the action run by a real Celery worker.
+
+1,000 flows are made quickly: started in one batch (``Engine.start_many``), then each claimed and moved
+to ``failed`` or ``waiting`` through the engine's own scripts (claim, then a compare-and-set), as a step
+would have left it. ``mit`` flows: their input holds no card data, so a failed one may start again.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from celery.contrib.testing.worker import start_worker
+
+from durapay.config import load_settings
+from durapay.service.runtime import Runtime, build_runtime
+from durapay.workflows.states import FlowState
+from durapay.workflows.store import Change, compact_json
+from tests.service.cli.conftest import invoke
+from tests.waiting import wait_until
+
+COUNT = 1000
+
+
+def make_flows(rt: Runtime, count: int, state: FlowState) -> list[str]:
+    engine = rt.engine
+    tag = uuid.uuid4().hex[:6]
+    starts = [
+        ("mit", {"order": {"orderId": f"b{tag}n{index}", "amount": "700", "currency": "EUR"}, "contractId": "ct-bulk"}, None)
+        for index in range(count)
+    ]
+    sender, engine.sender = engine.sender, None  # made here, not sent
+    ids = [str(flow_id) for flow_id in engine.start_many(starts)]
+    now = engine.clock.now()
+    for flow_id in ids:
+        taken = engine.store.claim(
+            flow_id, "pay", now=now, lease_until=now + 60, owner="test", max_attempts=5, max_runs=50
+        )
+        assert not isinstance(taken, str), taken
+        _, record = taken
+        fields: dict[str, str | None] = {"lease_until": None, "lease_owner": None}
+        if state is FlowState.FAILED:
+            fields["error"] = compact_json({"type": "GatewayUnavailable", "message": "the gateway was down"})
+            change = Change(FlowState.FAILED, "charge: gateway unavailable", fields)
+        else:
+            change = Change(FlowState.WAITING, "charge: waiting", fields, due=now + 3600)
+        assert engine.store.transition(record, change, now=now, by="test") is not None
+    engine.sender = sender
+    return ids
+
+
+@pytest.fixture
+def worker(cli_env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> Iterator[Runtime]:
+    """A real worker on the commands' broker, its bulk actions paced at 5,000 flows a second (the
+    commands' setting too)."""
+    monkeypatch.setenv("DURAPAY_BULK__RATE", "5000")
+    built = build_runtime(load_settings(), redis_url=cli_env["DURAPAY_REDIS_URL"], rng=random.Random(43))
+    with start_worker(built.celery, pool="threads", concurrency=2, perform_ping_check=False, shutdown_timeout=10):
+        yield built
+    built.close()
+
+
+def run_json(*args: str) -> Any:
+    result = invoke(*args, "--json")
+    assert result.exit_code == 0, result.output
+    return json.loads(result.stdout)
+
+
+def test_bulk_retry_of_1000_failed_flows_from_the_cli(worker: Runtime) -> None:
+    engine = worker.engine
+    failed = make_flows(worker, COUNT, FlowState.FAILED)
+    # mit paused: the retried flows wait instead of calling a gateway this test does not run (the
+    # retry itself is what is shown here; tests/workflows/test_pauses.py shows the resume)
+    engine.pauses.pause("mit", "the gateway's maintenance", by="test")
+    plan = run_json("bulk", "retry", "--kind", "mit", "--state", "failed", "--dry-run")
+    assert (plan["count"], plan["would_skip"]) == (COUNT, 0) and len(plan["sample"]) == 20
+    assert engine.get(failed[0]).state is FlowState.FAILED, "a dry run changes nothing"
+    posted = run_json("bulk", "retry", "--kind", "mit", "--state", "failed", "--yes", "--by", "ops")
+    assert posted["total"] == COUNT
+    wait_until(lambda: engine.get(failed[-1]).state is not FlowState.FAILED and worker.bulk.get(posted["id"])["status"] == "done", 60, "the bulk retry")
+    done = run_json("bulk", "retry", "--kind", "mit", "--state", "failed", "--yes")
+    assert done["id"] == posted["id"] and (done["done"], done["skipped"]) == (COUNT, 0), "posted again: the same action"
+    assert all(record.state is FlowState.READY for record in engine.store.many(failed))
+    # each retried flow's step was sent and met the pause on the worker: held, once each (and the
+    # broker left empty for the next test)
+    wait_until(lambda: engine.pauses.held_counts(["mit"])["mit"] == COUNT, 60, "every retried flow's step to be held")
+    assert f"bulk:{posted['id']} cli:ops" in {entry.get("by") for entry in engine.history(failed[0])}
+    show = invoke("bulk", "show", posted["id"])
+    assert f"done, {COUNT}/{COUNT} ({COUNT} done, 0 skipped)" in show.stdout
+
+
+def test_bulk_cancel_of_1000_waiting_flows_from_the_cli(worker: Runtime) -> None:
+    engine = worker.engine
+    waiting = make_flows(worker, COUNT, FlowState.WAITING)
+    engine.cancel(waiting[0], "by hand")  # ended before the action: the engine refuses it, the action skips it
+    plan = run_json("bulk", "cancel", "--kind", "mit", "--state", "waiting", "--since", "1h", "--dry-run")
+    assert plan["count"] == COUNT - 1
+    posted = run_json("bulk", "cancel", "--kind", "mit", "--state", "waiting", "--since", "1h", "--yes", "--key", "maint-1")
+    again = run_json("bulk", "cancel", "--kind", "mit", "--state", "waiting", "--since", "1h", "--yes", "--key", "maint-1")
+    assert again["id"] == posted["id"], "the same key: the same action"
+    wait_until(lambda: worker.bulk.get(posted["id"])["status"] == "done", 60, "the bulk cancel")
+    record = worker.bulk.get(posted["id"])
+    assert (record["total"], record["done"], record["skipped"]) == (COUNT - 1, COUNT - 1, 0)
+    assert all(flow.state is FlowState.CANCELLED for flow in engine.store.many(waiting))
+    listed = invoke("bulk", "ls")
+    assert posted["id"] in listed.stdout
+
+
+def test_kinds_pause_and_resume_from_the_cli(engine_side: Runtime) -> None:
+    paused = run_json("kinds", "pause", "moto", "--reason", "acquirer maintenance", "--by", "ops")
+    assert paused["paused"] and paused["pause"]["by"] == "cli:ops"
+    assert "moto" in {view["kind"] for view in run_json("kinds", "ls") if view["paused"]}
+    typo = invoke("kinds", "pause", "mtoo", "--reason", "x")
+    assert typo.exit_code == 2 and "did you mean `moto`" in typo.output
+    assert run_json("kinds", "resume", "moto")["released"] == 0
+    refused = invoke("kinds", "resume", "moto")
+    assert refused.exit_code == 1 and "not paused" in refused.output
+    assert [entry["action"] for entry in run_json("kinds", "log")][:2] == ["resume", "pause"]
