@@ -10,6 +10,7 @@ from durapay.workflows.clock import ManualClock
 from durapay.workflows.pauses import NotPaused, UnknownKind
 from durapay.workflows.states import FlowState
 from tests.workflows.engine_support import ScriptedStep, flow, wait_step
+from tests.workflows.schedules.test_schedules import make_world, monthly, rome
 
 
 def whats(engine: Any, flow_id: str) -> list[str]:
@@ -84,3 +85,25 @@ def test_an_unknown_kind_is_refused_naming_the_closest(make_engine: Any) -> None
     first = engine.pauses.pause("demo", "one", by="api")
     assert engine.pauses.pause("demo", "two", by="api") == first, "a pause in force stands"
     assert [entry["action"] for entry in engine.pauses.log()] == ["pause"]
+
+
+@pytest.mark.parametrize(("policy", "fired", "skipped", "coalesced"), [("each", 2, 0, 0), ("once", 1, 0, 1), ("skip", 0, 2, 0)])
+def test_a_schedule_holds_its_occurrences_by_its_missed_policy(
+    redis_client: Any, key_prefix: str, policy: str, fired: int, skipped: int, coalesced: int
+) -> None:
+    """Paused from January to March: as if no scheduler had run, February's and March's occurrences
+    follow the schedule's ``missed`` policy at the resume."""
+    world = make_world(redis_client, key_prefix)
+    record = world.schedules.create(monthly(missed=policy))
+    world.at(rome(1, 1))
+    assert world.tick() == 1
+    world.engine.pauses.pause("mit", "acquirer maintenance", by="api")
+    for month in (2, 3):
+        world.at(rome(month, 2))
+        assert world.tick() == 0, "a paused kind's schedule fires nothing"
+    world.engine.pauses.resume("mit", by="api")
+    assert world.tick() == fired
+    counts = world.schedules.get(record.id).counts
+    assert (counts.get("fired", 0), counts.get("skipped", 0), counts.get("coalesced", 0)) == (1 + fired, skipped, coalesced)
+    (missed,) = world.events(record.id, "missed")
+    assert missed["occurrences"] == ["2026-02-01T08:00:00Z", "2026-03-01T08:00:00Z"]
