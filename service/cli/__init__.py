@@ -13,6 +13,7 @@ a mistyped option or argument included (2). Shell completion installs with ``dur
 
 from __future__ import annotations
 
+import difflib
 import functools
 import importlib
 import json
@@ -71,6 +72,16 @@ class DurapayGroup(TyperGroup):
         if found is None and cmd_name in _MODULE_OF:
             found = module_commands(_MODULE_OF[cmd_name])[cmd_name]
         return found
+
+    def resolve_command(self, ctx: click.Context, args: list[str]) -> tuple[str | None, click.Command | None, list[str]]:
+        """A mistyped command gets "did you mean" from every name (typer's own looks at the loaded ones)."""
+        try:
+            return super().resolve_command(ctx, args)
+        except click.exceptions.UsageError as exc:
+            close = difflib.get_close_matches(args[0], self.list_commands(ctx)) if args else []
+            if close and "Did you mean" not in exc.message:
+                exc.message = f"{exc.message.rstrip('.')}. Did you mean {', '.join(repr(name) for name in close)}?"
+            raise
 
     def shell_complete(self, ctx: click.Context, incomplete: str) -> list[CompletionItem]:
         """A command's name is completed from :data:`COMMAND_MODULES` without importing its module."""

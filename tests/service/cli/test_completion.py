@@ -80,3 +80,12 @@ def test_no_store_offers_nothing_and_says_nothing(tmp_path: Path) -> None:
     env["DURAPAY_DATA_DIR"] = str(tmp_path / "nothing-here")
     offered, _ = tab("durapay flows cancel ", tmp_path, env)
     assert offered == []
+
+
+def test_a_mistyped_command_still_gets_did_you_mean() -> None:
+    """The root's commands load by name: its "did you mean" must still know every name."""
+    from tests.service.cli.conftest import invoke
+
+    result = invoke("flow", "--json")
+    assert result.exit_code == 2
+    assert "Did you mean 'flows'?" in result.stderr, result.stderr
