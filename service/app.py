@@ -125,6 +125,7 @@ def create_app(runtime: Runtime, *, insecure: bool = False, schedules: Any = Non
         schedules=schedules,
         webhooks=runtime.webhooks,
         throttle=None if key_ok.open else throttle,
+        bulk=bulk_actions(runtime),
     )
 
     def is_open(path: str) -> bool:

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from durapay.service.chaos.aof import Cut
-from durapay.service.chaos.stack import GATEWAY_TIMEOUT, ChaosStack
+from durapay.service.chaos.stack import GATEWAY_TIMEOUT, LATEST_ACT_SECONDS, ChaosStack
 from durapay.service.chaos.workload import OPERATIONS
 from durapay.simulator import SimulatorAdminError
 
@@ -80,7 +80,7 @@ def fault_rule(rng: random.Random) -> dict[str, Any]:
     elif kind == "429":
         rule = {"mode": "error", "status": 429, "retry_after": rng.randint(1, 3)}
     else:
-        rule = {"mode": "latency", "latency_ms": int(GATEWAY_TIMEOUT * 1000) + 1000}
+        rule = {"mode": "latency", "latency_ms": int(LATEST_ACT_SECONDS * 1000)}
     if operation is not None:
         rule["operation"] = operation
     return {**rule, "count": count}

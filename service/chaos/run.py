@@ -42,6 +42,8 @@ from durapay.workflows.states import STOPPED, FlowState
 
 FINAL_SCHEDULE = frozenset({ScheduleState.COMPLETED, ScheduleState.CANCELLED, ScheduleState.NEEDS_ATTENTION})
 TRANSIENT = (redis.RedisError, NotDurable, OSError)
+#: While the run waits for the flows: a line this often naming what it waits for (a flow or the schedule).
+DRAIN_SAY_SECONDS = 10.0
 
 
 @dataclass(frozen=True)
@@ -237,7 +239,7 @@ class Run:
     # -- the end -------------------------------------------------------------------------------------------
 
     def _drain(self, deadline: float) -> bool:
-        self._finished_at = time.monotonic()
+        self._finished_at = said = time.monotonic()
         while True:
             self._follow_ups()
             self._customers()
@@ -249,6 +251,9 @@ class Run:
                 return True
             if time.monotonic() > deadline:
                 return False
+            if time.monotonic() >= said + DRAIN_SAY_SECONDS:
+                said = time.monotonic()
+                self.say(f"still waiting after {said - self._finished_at:.0f}s, for {self.report.slowest.get('finished')}")
             time.sleep(0.5)
 
     def _times(self) -> None:

@@ -14,6 +14,7 @@ import contextlib
 import json
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +40,21 @@ from durapay.simulator import SimulatorConfig, SimulatorServer
 GATEWAY_TIMEOUT = 2.0
 #: Short leases: a killed worker's step is taken over within seconds.
 LEASE_SECONDS = 5.0
+#: The latest a request acts here after it was sent: a latency fault holds it GATEWAY_TIMEOUT + 1 s before
+#: it acts (``campaign.fault_rule``; a hang acts first, or never).
+LATEST_ACT_SECONDS = GATEWAY_TIMEOUT + 1.0
+#: The engine's late window (``DURAPAY_RETRY__LATE_SECONDS``): five times the latest act of this gateway, so
+#: "never acted" is still believed only once the call can no longer arrive (were it shorter, a cancelled
+#: flow's late payment would show as a finding). 120 s is for a real gateway's queues: a cancel that met a
+#: lost answer held a run two minutes past its flows.
+LATE_SECONDS = 5 * LATEST_ACT_SECONDS
+#: Reads of what is still open after a deadline (``DURAPAY_RETRY__READ_PACE_SECONDS``), the first read of a
+#: link adopted after a lost answer among them (its notifications cannot be verified): 300 s held a run
+#: five minutes past its flows; here the simulator answers at once.
+READ_PACE_SECONDS = 5.0
+#: The scheduler's first look at a charge's flow (``DURAPAY_SCHEDULES__CHECK_SECONDS``; then doubling): a
+#: short run's one occurrence fires near its end, and 30 s held the run that long past its flows.
+CHECK_SECONDS = 2.0
 
 
 class ChaosStack:
@@ -107,17 +123,25 @@ class ChaosStack:
             "receiver": {"public_url": f"http://127.0.0.1:{api_port}{self.base.receiver.path}"},
             "api": {"host": "127.0.0.1", "port": api_port, "key": f"chaos-{self.seed}"},
             "engine": engine,
-            "retry": {"base_seconds": 0.2, "cap_seconds": 2.0},
+            "retry": {
+                "base_seconds": 0.2,
+                "cap_seconds": 2.0,
+                "late_seconds": LATE_SECONDS,
+                "read_pace_seconds": READ_PACE_SECONDS,
+            },
             # The run checks the ledger itself at its end (service.chaos.reconcile); a daily run of its
             # scheduler would add marks and events of its own to what the run judges.
             "reconcile": {"daily": False},
         }
-        for group, values in self.overrides.items():
+        # Groups the children are not given by settings_env are written to their environment here too.
+        own = {"schedules": {"check_seconds": CHECK_SECONDS}}
+        extra = {group: {**own.get(group, {}), **self.overrides.get(group, {})} for group in [*own, *self.overrides]}
+        for group, values in extra.items():
             config[group] = {**config.get(group, {}), **values}
         settings = load_settings(config)
         self.runtime = build_runtime(settings, redis_url=redis_url)
         self.env = settings_env(settings)
-        for group, values in self.overrides.items():
+        for group, values in extra.items():
             for name, value in values.items():
                 text = value if isinstance(value, str) else json.dumps(value)
                 self.env[f"DURAPAY_{group.upper()}__{name.upper()}"] = text
@@ -203,9 +227,12 @@ class ChaosStack:
                 self.add_worker()
 
     def stop(self) -> None:
-        for child in [*self.workers, *([self.scheduler] if self.scheduler else [])]:
-            with contextlib.suppress(Exception):
-                child.stop()
+        # The children stop at once, side by side: one after another, each a few seconds of Celery's
+        # warm shutdown, they took 14 s of a short run.
+        children = [*self.workers, *([self.scheduler] if self.scheduler else [])]
+        with ThreadPoolExecutor(max_workers=max(1, len(children)), thread_name_prefix="chaos-stop") as pool:
+            for child in children:
+                pool.submit(_quietly, child.stop)
         self.workers, self.scheduler = [], None
         for part in (self.api, self.simulator):
             if part is not None:
@@ -230,3 +257,8 @@ class ChaosStack:
             rules: list[dict[str, Any]] = sim.pending.describe()["rules"]
             sim.pending.clear()
         return rules, self.simulator.admin.settle_pending()
+
+
+def _quietly(stop: Callable[[], None]) -> None:
+    with contextlib.suppress(Exception):
+        stop()

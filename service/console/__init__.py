@@ -5,7 +5,8 @@ Why server-rendered: no build step, nothing to install in a browser, nothing fet
 polling a small JSON endpoint, and the timeline's hover text) and one stylesheet ship in the package.
 
 Pieces: ``session`` (sign-in cookie, CSRF), ``web`` (templates, security headers), ``flow_pages``
-(home, list, flow, actions), ``schedule_pages``, ``webhook_pages``, ``timeline`` (the SVG), ``overview`` (home figures),
+(home, list, flow, actions), ``schedule_pages``, ``ops_pages`` (flow kinds: pause and resume; bulk retry
+and cancel), ``webhook_pages``, ``timeline`` (the SVG), ``overview`` (home figures),
 ``flow_facts`` (outcome and actions in words). The console's paths are open in the API's key gate
 (``service.guard``): the console checks its own session instead, with the same keys and roles.
 """
@@ -20,12 +21,15 @@ from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import Response
 from fastapi.staticfiles import StaticFiles
 
+from durapay.config.settings import BulkSettings
 from durapay.service.auth import Keyring
 from durapay.service.console.flow_pages import flow_router
+from durapay.service.console.ops_pages import ops_router
 from durapay.service.console.reconcile_pages import reconcile_router
 from durapay.service.console.session import COOKIE, LOGIN_COOKIE, LOGIN_SECONDS, PATH, Sessions
 from durapay.service.console.web import Console, read_form, redirect, safe_next, secured
 from durapay.service.throttle import Throttle
+from durapay.workflows.bulk import BulkActions
 from durapay.workflows.engine import Engine
 from durapay.workflows.listing import FlowListing
 
@@ -41,6 +45,7 @@ def install_console(
     schedules: Any = None,
     webhooks: Any = None,
     throttle: Throttle | None = None,
+    bulk: BulkActions | None = None,
 ) -> None:
     """Add the console's routes and files to ``app``; its sessions live in the engine's Redis."""
     console = Console(Sessions(keyring, hours, engine.redis, engine.keys.prefix))
@@ -49,6 +54,7 @@ def install_console(
     app.include_router(_sign_in_router(console, throttle))
     app.include_router(flow_router(console, engine, listing))
     app.include_router(reconcile_router(console, engine))
+    app.include_router(ops_router(console, engine, bulk or BulkActions(engine, BulkSettings())))
     if schedules is not None:
         from durapay.service.console.schedule_pages import schedule_router
 

@@ -27,6 +27,7 @@ from durapay.gateway import format_money
 from durapay.service.console.session import COOKIE, PATH, Session, Sessions
 from durapay.service.views import rule_text
 from durapay.workflows.gate import GateStatus
+from durapay.workflows.pauses import Pause
 
 log = logging.getLogger("durapay.console")
 
@@ -87,6 +88,17 @@ def gateway_status(request: Request) -> GateStatus | None:
         return None
 
 
+def paused_kinds(request: Request) -> list[Pause]:
+    """The flow kinds paused now (``workflows.pauses``), for the banner every page shows while any is;
+    nothing when they cannot be read (the banner is news, not the page's content)."""
+    runtime = getattr(request.app.state, "runtime", None)
+    try:
+        return sorted(runtime.engine.pauses.paused_recently().values(), key=lambda p: p.kind) if runtime is not None else []
+    except Exception:
+        log.warning("the pauses could not be read for the console's banner", exc_info=True)
+        return []
+
+
 class Console:
     """The shared parts of the console's routes: sessions, templates, the engine's runtime."""
 
@@ -104,6 +116,7 @@ class Console:
             path=request.url.path,
             now=time.time(),
             gateway=gateway_status(request) if session else None,
+            paused=paused_kinds(request) if session else [],
             **context,
         )
         response = HTMLResponse(html, status_code=status)

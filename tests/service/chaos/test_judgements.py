@@ -8,10 +8,11 @@ from typing import Any
 
 import pytest
 
-from durapay.service.chaos.campaign import APPROVED_ONLY, BACKSTOP, PEND, PENDING_OPERATIONS, SETTLE, plan_pending
+from durapay.service.chaos.campaign import APPROVED_ONLY, BACKSTOP, PEND, PENDING_OPERATIONS, SETTLE, fault_rule, plan_pending
 from durapay.service.chaos.operator import CANCEL, RESOLVE, plan_operator
 from durapay.service.chaos.reconcile import Findings, Ledger, check_money
 from durapay.service.chaos.report import ChaosReport, flow_times, recovery
+from durapay.service.chaos.stack import GATEWAY_TIMEOUT, LATE_SECONDS, LATEST_ACT_SECONDS
 from durapay.service.chaos.workload import OPERATIONS
 from durapay.simulator._pending import PENDABLE
 from durapay.workflows.states import FlowState
@@ -204,3 +205,15 @@ def test_operator_actions_are_drawn_in_the_window_from_their_own_generator() -> 
     assert actions == plan_operator(random.Random("7:operator"), 240)
     short = plan_operator(random.Random("11:operator"), 30)
     assert {action.what for action in short} == {CANCEL, RESOLVE}
+
+
+def test_the_runs_late_window_outlasts_every_act_its_faults_can_delay() -> None:
+    """The chaos stack's late window (15 s, not production's 120 s) is sound only while no fault makes its
+    gateway act later: a request acts at most LATEST_ACT_SECONDS after it was sent (a latency fault; a
+    hang acts first or never), past the client's timeout, and the window is five times that."""
+    rules = [fault_rule(random.Random(n)) for n in range(400)]
+    latencies = {rule["latency_ms"] / 1000 for rule in rules if rule["mode"] == "latency"}
+    hangs = [rule for rule in rules if rule["mode"] == "hang"]
+    assert latencies == {LATEST_ACT_SECONDS} and LATEST_ACT_SECONDS > GATEWAY_TIMEOUT, latencies
+    assert hangs and all(rule["seconds"] > GATEWAY_TIMEOUT for rule in hangs), "a hang outlasts the client"
+    assert LATE_SECONDS >= 5 * LATEST_ACT_SECONDS

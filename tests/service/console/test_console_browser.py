@@ -210,6 +210,8 @@ PAGES = (
     "/console/schedules/{schedule}/confirm/amount",
     "/console/schedules/{gone}",
     "/console/schedules/{gone}/confirm/resolve",
+    "/console/kinds",
+    "/console/bulk?action=cancel&kind=moto&state=sleeping",
 )
 SCHEDULE = {
     "contractId": "contract-browser-1",

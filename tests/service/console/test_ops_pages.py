@@ -1,0 +1,67 @@
+"""The console's kinds and bulk pages in a real browser (headless Chromium) against a whole stack:
+pause a flow kind by typing a reason and clicking (the banner on every page), resume it; a bulk cancel's
+dry run, its confirmation, and its progress bar filling to the end, as the worker acts."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from durapay.workflows.states import FlowState
+from tests.service.cli.test_bulk_cmd import make_flows
+from tests.service.console.conftest import OPERATOR_KEY, ConsoleStack, screenshot
+from tests.service.console.test_console_browser import navigate_by, sign_in
+from tests.waiting import wait_until
+
+pytestmark = pytest.mark.integration
+
+
+def test_pause_a_kind_and_see_the_banner_then_resume(console_stack: ConsoleStack, browser: Any) -> None:
+    from selenium.webdriver.common.by import By
+
+    sign_in(browser, console_stack, OPERATOR_KEY)
+    browser.get(f"{console_stack.url}/console/kinds")
+    browser.find_element(By.ID, "reason-wallet").send_keys("acquirer maintenance")
+    navigate_by(browser, browser.find_element(By.ID, "pause-wallet"))
+    banner = browser.find_element(By.ID, "paused-banner").text
+    assert "wallet" in banner and "acquirer maintenance" in banner and "by console" in banner
+    assert console_stack.engine.pauses.paused()["wallet"].by == "console"
+    browser.get(f"{console_stack.url}/console/flows")
+    assert browser.find_elements(By.ID, "paused-banner"), "the banner is on every page while a kind is paused"
+    screenshot(browser, "kinds-paused-banner")
+    browser.get(f"{console_stack.url}/console/kinds")
+    navigate_by(browser, browser.find_element(By.ID, "resume-wallet"))
+    assert not browser.find_elements(By.ID, "paused-banner")
+    assert "wallet" not in console_stack.engine.pauses.paused()
+    assert [entry["action"] for entry in console_stack.engine.pauses.log(2)] == ["resume", "pause"]
+
+
+def test_a_bulk_cancel_dry_run_then_the_action_and_its_progress(console_stack: ConsoleStack, browser: Any) -> None:
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import Select
+
+    waiting = make_flows(console_stack.runtime, 60, FlowState.WAITING)
+    sign_in(browser, console_stack, OPERATOR_KEY)
+    browser.get(f"{console_stack.url}/console/bulk")
+    Select(browser.find_element(By.ID, "action")).select_by_value("cancel")
+    Select(browser.find_element(By.ID, "kind")).select_by_value("mit")
+    Select(browser.find_element(By.ID, "state")).select_by_value("waiting")
+    navigate_by(browser, browser.find_element(By.ID, "dry-run"))
+    assert "60 flow(s) match; 0 would be skipped" in browser.find_element(By.ID, "plan-count").text
+    assert console_stack.engine.get(waiting[0]).state is FlowState.WAITING, "a dry run changes nothing"
+    screenshot(browser, "bulk-dry-run")
+    navigate_by(browser, browser.find_element(By.ID, "confirm"))
+    assert "/console/bulk/" in browser.current_url
+
+    def finished() -> bool:
+        browser.refresh()  # the page reloads itself each second while it runs; this does not wait for that
+        status = browser.find_element(By.ID, "bulk-status")
+        return status.get_attribute("data-status") == "done"
+
+    wait_until(finished, 60, "the bulk cancel to finish")
+    progress = browser.find_element(By.ID, "progress")
+    assert (progress.get_attribute("value"), progress.get_attribute("max")) == ("60", "60")
+    assert "done: 60 cancelled" in browser.find_element(By.ID, "bulk-status").text
+    screenshot(browser, "bulk-progress")
+    assert all(flow.state is FlowState.CANCELLED for flow in console_stack.engine.store.many(waiting))
