@@ -79,8 +79,10 @@ class DailyReconciliation:
         return start.timestamp(), at
 
     def claim_key(self, at: float) -> str:
+        """The day's claim; its attempts counter is this plus ``:attempts``. The hash tag keeps both in one
+        slot: the claim's script names both, which a Redis Cluster refused (CROSSSLOT) without it."""
         day = datetime.fromtimestamp(at, self.zone).date().isoformat()
-        return f"{self.engine.keys.prefix}:reconcile:daily:{day}"
+        return f"{self.engine.keys.prefix}:reconcile:{{daily:{day}}}"
 
     def tick(self) -> int:
         """Start the day's run if it is due and no scheduler holds or finished it. Returns 0 (it sends no flows)."""

@@ -317,6 +317,7 @@ def test_every_part_of_a_single_server_runs_on_a_cluster(
         engine={"partitions": 16},
         webhooks={"allow_private": True, "lease_seconds": 3.0},
         api={"key": API_KEY},
+        reconcile={"daily": True, "daily_at": "00:00"},  # due at once: today's run claims its day
     )
     runtime = build_runtime(settings, redis_url=cluster.url, rng=random.Random(3))
     schedules = Schedules(runtime.engine)
