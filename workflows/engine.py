@@ -202,12 +202,15 @@ class Engine:
         run_at: float | None = None,
         run_at_asked: str = "",
         derived_key: bool = False,
+        note: Mapping[str, str] | None = None,
     ) -> FlowRecord:
         """Start a flow; with ``key``, a second start with the same key, input and start time returns the
         first flow (a different one is a StartConflict: a key names one whole request). A merchant's key,
         like the input's identifiers, must not look like a card number (InputError, field ``key``);
         ``derived_key``: durapay made the key itself (a late payment's refund names the gateway's
-        operation id in it), so it is not a merchant's and that rule does not apply.
+        operation id in it), so it is not a merchant's and that rule does not apply. ``note``: why the flow
+        was started, kept in its record (a late payment's refund: who asked, and why); not part of what a
+        start key must match.
 
         With ``run_at`` (POSIX seconds, future) the flow sleeps on the due set until then: a durable
         timer, never a Celery ETA. ``run_at_asked``: how the caller wrote it (the API's ``?run_at``, say
@@ -219,6 +222,8 @@ class Engine:
         """
         now = self.clock.now()
         new = self._new_flow(kind, data, key, run_at, now, derived_key=derived_key)
+        if note:
+            new = dataclasses.replace(new, note=compact_json(dict(note)))
         if run_at is not None:
             new = dataclasses.replace(new, when=run_at_asked or repr(run_at))
         self._order_free(new)

@@ -32,6 +32,7 @@ Two rules hold for every close:
 
 from __future__ import annotations
 
+import json
 import logging
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -40,6 +41,7 @@ from durapay.workflows.errors import OperatorError
 from durapay.workflows.flows._adopt import PAYMENT_TYPES
 from durapay.workflows.keys import derived_id
 from durapay.workflows.operator_actions import late_payment
+from durapay.workflows.sensitive import mask_text
 from durapay.workflows.states import TERMINAL, FlowState
 from durapay.workflows.store import Change, FlowRecord, MoneyTaken, compact_json
 
@@ -78,7 +80,9 @@ class LatePayments:
             given = self.undone(flow_id, operation_id)
             if given.whole and not given.doubt:
                 return self._close_refunded(record, operation_id, {"undone": given.whole}, reason, by=by)
-        refund = self.engine.start("refund", {"operationId": operation_id}, key, derived_key=True)
+        # The refund's end closes this flow saying who asked, and why (a card number in the words masked).
+        asked = {"by": by, "reason": mask_text(reason)}
+        refund = self.engine.start("refund", {"operationId": operation_id}, key, derived_key=True, note=asked)
         if refund.state is FlowState.SUCCEEDED:
             return self._close_refunded(record, operation_id, {"flow": refund.id}, reason, by=by)
         if refund.state in GAVE_UP:
@@ -99,7 +103,8 @@ class LatePayments:
         if record is None or record.state is not FlowState.NEEDS_ATTENTION or late.get("type") != "LatePayment":
             return
         if str((late.get("operation") or {}).get("operationId")) == operation_id:
-            self._close_refunded(record, operation_id, {"flow": refund.id}, "late payment refunded", by="refund")
+            reason, asker = asked_for(refund)
+            self._close_refunded(record, operation_id, {"flow": refund.id}, reason, by="refund", asker=asker)
 
     def keep(self, flow_id: str, *, by: str = "api") -> FlowRecord:
         """The merchant keeps the reported payment (see the module docstring)."""
@@ -175,10 +180,11 @@ class LatePayments:
         return undone_by(payment, order.operations if order is not None else [])
 
     def _close_refunded(
-        self, record: FlowRecord, operation_id: str, by_what: dict[str, str], reason: str, *, by: str
+        self, record: FlowRecord, operation_id: str, by_what: dict[str, str], reason: str, *, by: str, asker: str = ""
     ) -> FlowRecord:
         """Close a late payment given back: ``by_what`` is ``{"flow": <refund flow>}`` (durapay refunded it) or
-        ``{"undone": <what the gateway shows>}`` (given back elsewhere)."""
+        ``{"undone": <what the gateway shows>}`` (given back elsewhere); ``asker``: who asked for the refund,
+        when another closes it (the refund flow's end)."""
         ended_as = str((record.error or {}).get("endedAs") or "")
         if ended_as == FlowState.SUCCEEDED.value:
             return self._close(record, operation_id, {"refund": by_what}, by=by)
@@ -187,7 +193,7 @@ class LatePayments:
         refunded = {**by_what, "operationId": operation_id}
         fields["outcome"] = compact_json({"reason": reason, "refund": refunded, "latePayments": late})
         how = f"by flow {by_what['flow']}" if "flow" in by_what else f"at the gateway already ({by_what['undone']})"
-        what = f"late payment {operation_id} refunded {how}; cancelled: {reason}"
+        what = f"late payment {operation_id} refunded {how}; cancelled{f' (asked by {asker})' if asker else ''}: {reason}"
         return self._write(record, Change(FlowState.CANCELLED, what, fields), by=by)
 
     def _close(self, record: FlowRecord, operation_id: str, how: dict[str, Any], *, by: str) -> FlowRecord:
@@ -294,3 +300,15 @@ def without_signals_of(record: FlowRecord, operation_id: str) -> dict[str, str |
     fields: dict[str, str | None] = dict.fromkeys(kept)
     fields["error"] = None
     return fields
+
+
+def asked_for(refund: FlowRecord) -> tuple[str, str]:
+    """Why a late payment's refund was asked, and who asked (its ``note``), for the refunded flow's close
+    by the refund's end; the refund's own words when it carries no note."""
+    try:
+        note = json.loads(refund.fields.get("note") or "{}")
+    except ValueError:
+        note = {}
+    if not isinstance(note, dict) or not note.get("reason"):
+        return "late payment refunded", ""
+    return str(note["reason"]), str(note.get("by") or "")

@@ -263,6 +263,9 @@ class NewFlow:
     when: str = ""
     #: What started the flow and owns its retries (a schedule's id): an operator's restart is refused.
     owner: str = ""
+    #: Why the flow was started, kept as the record's ``note`` (JSON): a late payment's refund keeps who
+    #: asked for it and why, which its end writes into the refunded flow's history (``late_payments``).
+    note: str = ""
 
 
 class Created(NamedTuple):
@@ -497,6 +500,8 @@ class FlowStore:
             fields["start_key"] = new.start_key
         if new.owner:
             fields["owner"] = new.owner
+        if new.note:
+            fields["note"] = new.note
         digest = input_hash(new.kind, new.data, new.when)
         what = "created" if state is FlowState.READY else "created to run later"
         entry = self._entry(now, None, state, new.first_step, by, what)

@@ -671,3 +671,16 @@ def test_a_payment_being_refunded_is_offered_no_accept_nor_keep(world: FlowWorld
     assert record.state is FlowState.NEEDS_ATTENTION
     assert world.engine.actions(record) == ["refund"], "asking again closes it, the refund done"
     assert world.engine.refund_late_payment(flow.flow_id).state is FlowState.CANCELLED
+
+
+def test_the_operators_reason_for_a_refund_is_kept_in_the_flows_history(world: FlowWorld) -> None:
+    """Issue 27: the console's refund asks for a reason "kept in the flow's history", but the refund
+    flow's end closed the flow with "late payment refunded", by "refund": who asked, and why, were lost."""
+    flow, _ = _hpp_failed_then_paid(world)
+    world.engine.refund_late_payment(flow.flow_id, "the customer asked", by="console")
+    world.settle()
+    closed = world.record(flow)
+    assert closed is not None and closed.state is FlowState.CANCELLED, world.describe(flow)
+    assert closed.outcome is not None and closed.outcome["reason"] == "the customer asked"
+    last = world.engine.history(flow.flow_id)[-1]
+    assert last["what"].endswith("cancelled (asked by console): the customer asked"), last
