@@ -70,3 +70,18 @@ def test_a_filter_matching_too_many_is_refused(make_engine: Any) -> None:
         engine.start("demo", {"amount": 5 + index})
     with pytest.raises(TooMany, match="more than 2 flows match"):
         BulkActions(engine, BulkSettings(max_flows=2)).plan("cancel", BulkFilter(kind="demo"))
+
+
+def test_a_cancel_with_money_in_flight_is_a_request_the_engine_ends(make_engine: Any) -> None:
+    """A flow whose step is at the gateway (money may move): the bulk cancel asks, as a cancel by hand
+    would; the flow ends only as the engine allows (after its step reads the gateway)."""
+    engine, _ = make_engine(flow(ScriptedStep("first"), wait_step()))
+    record = engine.start("demo", {"amount": 5})
+    claim = engine.claim(record.id, "first")
+    assert not isinstance(claim, str) and claim.record.unsettled, "the step's call may move money"
+    bulk = BulkActions(engine, BulkSettings(rate=1000))
+    posted = bulk.post("cancel", BulkFilter(kind="demo"), by="api", given={"kind": "demo"})
+    bulk.run(posted["id"])
+    assert bulk.get(posted["id"])["done"] == 1
+    asked = engine.get(record.id)
+    assert asked.cancel_requested and asked.state is FlowState.RUNNING, "asked to cancel, not ended"

@@ -37,9 +37,7 @@ def make_flows(rt: Runtime, count: int, state: FlowState) -> list[str]:
     ids = [str(flow_id) for flow_id in engine.start_many(starts)]
     now = engine.clock.now()
     for flow_id in ids:
-        taken = engine.store.claim(
-            flow_id, "pay", now=now, lease_until=now + 60, owner="test", max_attempts=5, max_runs=50
-        )
+        taken = engine.store.claim(flow_id, "pay", now=now, lease_until=now + 60, owner="test", max_attempts=5, max_runs=50)
         assert not isinstance(taken, str), taken
         _, record = taken
         fields: dict[str, str | None] = {"lease_until": None, "lease_owner": None}
@@ -81,7 +79,9 @@ def test_bulk_retry_of_1000_failed_flows_from_the_cli(worker: Runtime) -> None:
     assert engine.get(failed[0]).state is FlowState.FAILED, "a dry run changes nothing"
     posted = run_json("bulk", "retry", "--kind", "mit", "--state", "failed", "--yes", "--by", "ops")
     assert posted["total"] == COUNT
-    wait_until(lambda: engine.get(failed[-1]).state is not FlowState.FAILED and worker.bulk.get(posted["id"])["status"] == "done", 60, "the bulk retry")
+    assert worker.bulk is not None
+    bulk = worker.bulk
+    wait_until(lambda: bulk.get(posted["id"])["status"] == "done", 60, "the bulk retry")
     done = run_json("bulk", "retry", "--kind", "mit", "--state", "failed", "--yes")
     assert done["id"] == posted["id"] and (done["done"], done["skipped"]) == (COUNT, 0), "posted again: the same action"
     assert all(record.state is FlowState.READY for record in engine.store.many(failed))
@@ -102,8 +102,10 @@ def test_bulk_cancel_of_1000_waiting_flows_from_the_cli(worker: Runtime) -> None
     posted = run_json("bulk", "cancel", "--kind", "mit", "--state", "waiting", "--since", "1h", "--yes", "--key", "maint-1")
     again = run_json("bulk", "cancel", "--kind", "mit", "--state", "waiting", "--since", "1h", "--yes", "--key", "maint-1")
     assert again["id"] == posted["id"], "the same key: the same action"
-    wait_until(lambda: worker.bulk.get(posted["id"])["status"] == "done", 60, "the bulk cancel")
-    record = worker.bulk.get(posted["id"])
+    assert worker.bulk is not None
+    bulk = worker.bulk
+    wait_until(lambda: bulk.get(posted["id"])["status"] == "done", 60, "the bulk cancel")
+    record = bulk.get(posted["id"])
     assert (record["total"], record["done"], record["skipped"]) == (COUNT - 1, COUNT - 1, 0)
     assert all(flow.state is FlowState.CANCELLED for flow in engine.store.many(waiting))
     listed = invoke("bulk", "ls")

@@ -1,0 +1,36 @@
+"""``/bulk`` over HTTP: the dry run's count and refusals (a misspelt kind names the closest, a state or
+time that is not one names its field). The action itself, run by a real worker, is in the client's tours
+(tests/test_client.py) and the CLI's (tests/service/cli/test_bulk_cmd.py)."""
+
+from __future__ import annotations
+
+import time
+
+from tests.service.conftest import API_KEY, Served
+
+HEADERS = {"X-Api-Key": API_KEY}
+
+
+def test_a_dry_run_counts_and_changes_nothing(served: Served) -> None:
+    later = time.time() + 3600
+    ids = [served.engine.start("notified", {"orderId": f"ord-bulk-{n}", "token": "t" * 20}, run_at=later).id for n in range(3)]
+    body = {"action": "cancel", "kind": "notified", "state": "sleeping"}
+    answer = served.http.post("/bulk/dry-run", json=body, headers=HEADERS)
+    assert answer.status_code == 200, answer.text
+    plan = answer.json()
+    assert (plan["count"], plan["would_skip"]) == (3, 0) and {flow["id"] for flow in plan["sample"]} == set(ids)
+    assert all(served.engine.get(flow_id).state.value == "sleeping" for flow_id in ids)
+    retry = served.http.post("/bulk/dry-run", json={"action": "retry", "kind": "notified"}, headers=HEADERS).json()
+    assert retry["would_skip"] == 3 and retry["skips"], "a sleeping flow is not retried: the engine's reason is given"
+
+
+def test_refusals_name_the_field(served: Served) -> None:
+    typo = served.http.post("/bulk/dry-run", json={"action": "cancel", "kind": "notifed"}, headers=HEADERS)
+    assert typo.status_code == 422 and typo.json()["field"] == "kind" and "did you mean `notified`" in typo.json()["reason"]
+    state = served.http.post("/bulk/dry-run", json={"action": "cancel", "state": "faild"}, headers=HEADERS)
+    assert state.status_code == 422 and state.json()["field"] == "state" and "did you mean `failed`" in state.json()["reason"]
+    action = served.http.post("/bulk", json={"action": "delete", "kind": "notified"}, headers=HEADERS)
+    assert action.status_code == 422 and action.json()["field"] == "action"
+    since = served.http.post("/bulk/dry-run", json={"action": "cancel", "since": "yesterday"}, headers=HEADERS)
+    assert since.status_code == 422 and since.json()["field"] == "since"
+    assert served.http.get("/bulk/no-such-action", headers=HEADERS).status_code == 404
