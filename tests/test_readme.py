@@ -108,3 +108,12 @@ def test_readme_is_the_door_not_the_reference() -> None:
         assert wanted in headings
     for moved in ("Performance", "Scaling out", "Guarantees", "Deployment with docker-compose", "Endpoints"):
         assert moved not in headings
+
+
+def test_the_kinds_readme_names_are_the_registry() -> None:
+    """README's "What a flow is" names every flow kind, and only those (the registry is the one list)."""
+    from durapay.workflows.flows import REGISTRY
+
+    readme = (ROOT / "README.md").read_text()
+    sentence = readme.split("The kinds: ", 1)[1].split("; schedules", 1)[0]
+    assert set(re.findall(r"`(\w+)`", sentence)) == set(REGISTRY)
