@@ -22,9 +22,10 @@ An identifier kept whole must then never be a card number, so a merchant's ident
 the door when they look like one (:func:`refuse_card_identifier`, :func:`refuse_card_identifiers`): an
 order id, customer id, contract id, start or schedule key, any value the merchant gives under an
 identifier's key, passThrough's included. "Looks like" is narrower than the mask's rule, so that ordinary
-numeric ids are taken: the Luhn-valid stretch must also begin with a card scheme's first digit, 2 to 6
-(:data:`SCHEME_DIGITS`); a millisecond timestamp (1732660000000, 13 digits from 1) never is one, and
-of random ids only those from 2 to 6 that pass the check (one in ten) are. The ids the gateway assigns
+numeric ids are taken: the Luhn-valid stretch must also begin with a card scheme's prefix, 3 to 6 or
+Mastercard's 2221-2720 (:data:`SCHEME_DIGITS`, :data:`SERIES_2`); a millisecond timestamp
+(1732660000000, 13 digits from 1) or an order number that begins with a date (20261126000123) never is
+one, and of random ids only those from such a prefix that pass the check (one in ten) are. The ids the gateway assigns
 (:data:`GATEWAY_IDS`: operation, link and session ids...) are not the merchant's to choose and are
 taken as they are; ids durapay derives (flow ids, schedule ids, ``-2`` order ids, its own keys) never
 pass through the door. Every entry asks this one rule: the engine's start (the Python API, the CLI and
@@ -139,10 +140,12 @@ def mask_text(text: str) -> str:
     return _RUN.sub(masked, text)
 
 
-#: The first digits of the card schemes' numbers: Mastercard's 2-series (2221-2720), Amex, Diners and
-#: JCB (3), Visa (4), Mastercard (5), Discover, UnionPay and Maestro (6). An identifier's Luhn-valid
-#: stretch from any other digit (a millisecond timestamp's 1) is not taken for a card number.
-SCHEME_DIGITS = frozenset("23456")
+#: The first digits of the card schemes' numbers: Amex, Diners and JCB (3), Visa (4), Mastercard (5),
+#: Discover, UnionPay and Maestro (6); and Mastercard's 2-series, whose numbers begin 2221 to 2720
+#: (:data:`SERIES_2`). An identifier's Luhn-valid stretch from any other prefix (a millisecond timestamp's
+#: 1, an order number that begins with a date from 2000 to 2220) is not taken for a card number.
+SCHEME_DIGITS = frozenset("3456")
+SERIES_2 = range(2221, 2721)
 #: Why a merchant's identifier is refused (the refusal names the field).
 CARD_IDENTIFIER = "looks like a card number; card data must not be used as an identifier"
 #: Identifier keys whose values the gateway assigns (a merchant copies them from its answers: an
@@ -199,8 +202,9 @@ def card_like(text: str) -> str | None:
     for match in _RUN.finditer(text):
         run = match.group(0)
         for places in _stretches(run):
-            if run[places[0]] in SCHEME_DIGITS:
-                return mask_pan("".join(run[place] for place in places))
+            digits = "".join(run[place] for place in places)
+            if digits[0] in SCHEME_DIGITS or int(digits[:4]) in SERIES_2:
+                return mask_pan(digits)
     return None
 
 

@@ -103,7 +103,7 @@ def test_the_python_api_refuses_a_card_number_as_an_identifier(redis_url: str, k
 # -- identifiers durapay derives never meet the rule ---------------------------------------------------------------
 # Flow ids (a hash of the key), schedule ids and their occurrences' order ids, the -2 order ids of a retry
 # and durapay's own keys are made by durapay, not given by a merchant: the rule is asked at the doors only,
-# so one that happens to hold a Luhn-valid run from 2-6 is still taken. Each test plants such an id.
+# so one that happens to hold a Luhn-valid run from a scheme's prefix is still taken. Each test plants such an id.
 
 
 def test_a_flow_id_derived_from_a_key_is_never_refused(served: Served) -> None:

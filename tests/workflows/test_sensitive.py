@@ -1,6 +1,7 @@
 """The identifier rule of ``workflows.sensitive``: a merchant's identifier that looks like a card number
-(a Luhn-valid run of 13-19 digits whose first digit is a card scheme's, 2 to 6) is refused, naming the
-field; ordinary numeric ids (a millisecond timestamp, ids from 1, 7, 8 or 9) are taken; the refusal never
+(a Luhn-valid run of 13-19 digits from a card scheme's prefix: 3 to 6, or Mastercard's 2221-2720) is
+refused, naming the field; ordinary numeric ids (a millisecond timestamp, ids from 1, 7, 8 or 9, ids
+that begin with a date of this century) are taken; the refusal never
 repeats the number whole; ids the gateway assigns are not the merchant's, except inside passThrough."""
 
 from __future__ import annotations
@@ -66,11 +67,25 @@ def test_ordinary_numeric_ids_are_taken() -> None:
         assert card_like(value) is None, value
 
 
-def test_a_luhn_valid_id_from_a_card_schemes_digit_is_refused() -> None:
-    rng = random.Random(27)
-    for first in "23456":
+def test_ids_that_begin_with_a_date_are_taken() -> None:
+    """Order numbers made of a date and a counter (20261126000123) are common; a leading 2 is a card
+    scheme's only in Mastercard's 2-series, 2221-2720, which no date from 2000 to 2220 begins."""
+    rng = random.Random(28)
+    for year in (2000, 2019, 2024, 2026, 2099, 2220):
         for length in range(13, 20):
-            value = with_check_digit(first + "".join(rng.choice("0123456789") for _ in range(length - 2)))
+            for _ in range(10):
+                body = f"{year}{rng.randint(1, 12):02d}{rng.randint(1, 28):02d}"
+                body += "".join(rng.choice("0123456789") for _ in range(length - len(body) - 1))
+                value = with_check_digit(body)
+                refuse_card_identifier("orderId", value)
+                assert card_like(value) is None, value
+
+
+def test_a_luhn_valid_id_from_a_card_schemes_prefix_is_refused() -> None:
+    rng = random.Random(27)
+    for prefix in ["2221", "2500", "2720", "3", "4", "5", "6"]:
+        for length in range(13, 20):
+            value = with_check_digit(prefix + "".join(rng.choice("0123456789") for _ in range(length - len(prefix) - 1)))
             assert card_like(value) is not None, value
 
 
