@@ -34,6 +34,7 @@ from durapay.workflows.dispatcher import Dispatcher
 from durapay.workflows.reconciliation.daily import DailyReconciliation
 from durapay.workflows.schedules import Schedules, occurrences
 from durapay.workflows.states import FlowState
+from tests.service.conftest import notification
 from tests.waiting import wait_until
 from tests.workflows.flows import test_reservations as reservations
 from tests.workflows.integration import test_flows as flows
@@ -347,4 +348,11 @@ def test_every_part_of_a_single_server_runs_on_a_cluster(
             answer = http.get(path)
             if answer.status_code >= 500 or (answer.status_code >= 400 and path != "/readyz"):
                 failed[path] = (answer.status_code, answer.text[:200])
+        # The receiver: a notification for an order of a finished flow, and one for an unknown order.
+        receiver = settings.receiver.path
+        for order_id in (runtime.engine.get(flow).orders[0], f"{key_prefix}-unknown"):
+            body = notification(order_id, "no-such-token", event_id=f"ev-{order_id}")
+            answer = http.post(receiver, json=body)
+            if answer.status_code >= 500:
+                failed[f"POST {receiver} {order_id}"] = (answer.status_code, answer.text[:200])
         assert not failed, failed
