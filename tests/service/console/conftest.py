@@ -76,6 +76,7 @@ def console_stack(redis_url: str, key_prefix: str, console_simulator: SimulatorS
         key_prefix,
         console_simulator.base_url,
         api={"key": OPERATOR_KEY, "keys": {READ_KEY: "read"}, "start_wait_seconds": 2.0},
+        bulk={"rate": 5000},  # a bulk action of 1,000 flows in a second or so (test_ops_pages.py)
     )
     runtime = build_runtime(settings, redis_url=redis_url, rng=random.Random(5))
     dispatcher = Dispatcher(runtime.engine, interval=0.05)

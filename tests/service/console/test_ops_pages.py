@@ -15,6 +15,7 @@ from tests.service.console.test_console_browser import navigate_by, sign_in
 from tests.waiting import wait_until
 
 pytestmark = pytest.mark.integration
+COUNT = 1000
 
 
 def test_pause_a_kind_and_see_the_banner_then_resume(console_stack: ConsoleStack, browser: Any) -> None:
@@ -41,14 +42,14 @@ def test_a_bulk_cancel_dry_run_then_the_action_and_its_progress(console_stack: C
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import Select
 
-    waiting = make_flows(console_stack.runtime, 60, FlowState.WAITING)
+    waiting = make_flows(console_stack.runtime, COUNT, FlowState.WAITING)
     sign_in(browser, console_stack, OPERATOR_KEY)
     browser.get(f"{console_stack.url}/console/bulk")
     Select(browser.find_element(By.ID, "action")).select_by_value("cancel")
     Select(browser.find_element(By.ID, "kind")).select_by_value("mit")
     Select(browser.find_element(By.ID, "state")).select_by_value("waiting")
     navigate_by(browser, browser.find_element(By.ID, "dry-run"))
-    assert "60 flow(s) match; 0 would be skipped" in browser.find_element(By.ID, "plan-count").text
+    assert f"{COUNT} flow(s) match; 0 would be skipped" in browser.find_element(By.ID, "plan-count").text
     assert console_stack.engine.get(waiting[0]).state is FlowState.WAITING, "a dry run changes nothing"
     screenshot(browser, "bulk-dry-run")
     navigate_by(browser, browser.find_element(By.ID, "confirm"))
@@ -61,7 +62,7 @@ def test_a_bulk_cancel_dry_run_then_the_action_and_its_progress(console_stack: C
 
     wait_until(finished, 60, "the bulk cancel to finish")
     progress = browser.find_element(By.ID, "progress")
-    assert (progress.get_attribute("value"), progress.get_attribute("max")) == ("60", "60")
-    assert "done: 60 cancelled" in browser.find_element(By.ID, "bulk-status").text
+    assert (progress.get_attribute("value"), progress.get_attribute("max")) == (str(COUNT), str(COUNT))
+    assert f"done: {COUNT} cancelled" in browser.find_element(By.ID, "bulk-status").text
     screenshot(browser, "bulk-progress")
     assert all(flow.state is FlowState.CANCELLED for flow in console_stack.engine.store.many(waiting))
