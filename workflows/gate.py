@@ -19,7 +19,12 @@ workers share one):
 * **hold**: a 429's ``Retry-After`` holds every worker (no slot before it ends, the bucket empty then).
 
 The happy path is one ``EVALSHA`` per gateway call: a success is reported (a second call) only when
-the breaker had counted failures or the call was the probe. Keys of one terminal share one hash slot
+the breaker had counted failures or the call was the probe. Most of those calls only read: a process
+takes its slots in shares (``share``: up to a twentieth of a second's rate, a quarter of the burst) and
+spends them for up to ``SHARE_SECONDS``, asking the script only whether the breaker lets it call and no
+429 hold came since; a write, which Redis makes durable before it answers (an fsync with ``appendfsync
+always``, about 2 ms on this project's machine), comes once per share. A share not spent in time is
+given up (the rate errs low, never high). Keys of one terminal share one hash slot
 (a partition's tag), the same as the partition's merchant event stream, where the script writes
 ``gateway.unavailable`` and ``gateway.recovered`` with the change that causes them (Redis Cluster).
 
@@ -32,6 +37,8 @@ caller's turn is (no reservation), so a deferred backlog would come back togethe
 from __future__ import annotations
 
 import json
+import os
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -46,6 +53,8 @@ from durapay.workflows.scripts import source
 DEFAULT_TERMINAL = "default"
 #: Seconds past the gateway's own timeouts a probe keeps its lease (then another caller may probe).
 PROBE_MARGIN_SECONDS = 5.0
+#: Seconds a process may spend the share of slots it took (then what is left is given up).
+SHARE_SECONDS = 1.0
 
 
 @dataclass(frozen=True)
@@ -91,27 +100,69 @@ class Gate:
         self.key = f"{keys.tag(partition)}:gate:{terminal}"
         self.stream = keys.events(partition)
         self.probe_lease = gateway.timeout + gateway.connect_timeout + PROBE_MARGIN_SECONDS
+        #: Slots a process takes at once: a twentieth of a second's rate, at most a quarter of the burst.
+        self.share = max(1, min(settings.burst // 4, int(settings.rate_per_second / 20)))
         #: Tests inject a time; otherwise the script reads Redis's TIME.
         self._now = now
         self._script = client.register_script(source("lua/gate.lua"))
+        self._lock = threading.Lock()
+        self._held = 0  # slots of this process's share not spent yet
+        self._held_until = 0.0  # (monotonic) when they are given up
+        self._pid = os.getpid()
 
     @property
     def wait_seconds(self) -> float:
         return self.settings.wait_seconds
 
-    def _call(self, what: str, extra: str = "") -> list[str]:
+    def _call(self, what: str, extra: str = "", want: int = 0) -> list[str]:
         s = self.settings
         rate = s.rate_per_second if s.limiter else 0
         now = repr(self._now()) if self._now is not None else ""
-        args = [what, s.failures, s.window_seconds, s.open_seconds, rate, s.burst, self.probe_lease, self.terminal, extra, now]
+        args = [
+            what,
+            s.failures,
+            s.window_seconds,
+            s.open_seconds,
+            rate,
+            s.burst,
+            self.probe_lease,
+            self.terminal,
+            extra,
+            now,
+            want,
+        ]
         reply = self._script(keys=[self.key, self.stream], args=args)
         return [item.decode() if isinstance(item, bytes) else str(item) for item in reply]
 
+    def _spend(self) -> bool:
+        """Spend one slot of this process's share, if it holds one still in time."""
+        with self._lock:
+            if self._pid != os.getpid():  # a forked child does not spend its parent's share
+                self._pid, self._held = os.getpid(), 0
+            if self._held > 0 and time.monotonic() < self._held_until:
+                self._held -= 1
+                return True
+            self._held = 0
+            return False
+
+    def _keep(self, granted: int) -> None:
+        with self._lock:
+            self._held = max(0, granted - 1)  # the first is this call's
+            self._held_until = time.monotonic() + SHARE_SECONDS
+
     def take(self, reservation: float | None = None) -> Admission:
         """May a call go now? Takes a limiter slot (or uses ``reservation``, the slot reserved earlier)."""
-        reply = self._call("take", "" if reservation is None else f"{reservation:.6f}")
+        extra = "" if reservation is None else f"{reservation:.6f}"
+        holding = reservation is None and self._spend()
+        reply = self._call("take", extra, 0 if holding else self.share)
+        if reply[0] == "void":  # a 429's hold came since the share was taken
+            with self._lock:
+                self._held = 0
+            reply = self._call("take", "", self.share)
         verdict = reply[0]
         if verdict == "go":
+            if int(reply[4]) > 0:
+                self._keep(int(reply[4]))
             return Admission("go", report=reply[3] == "1")
         until = float(reply[1])
         after = max(0.0, until - float(reply[2]))

@@ -149,3 +149,21 @@ def test_gateway_events_are_read_by_the_feed(redis_client: redis.Redis, key_pref
     wire = [event.wire() for event in events]
     assert [w["type"] for w in wire] == ["gateway.unavailable", "gateway.recovered"]
     assert wire[0]["data"]["error"]["status"] == 503
+
+
+def test_a_process_takes_its_slots_in_shares_and_most_calls_write_nothing(redis_client: redis.Redis, key_prefix: str) -> None:
+    """A write is made durable before Redis answers (an fsync with appendfsync always): a process takes a
+    share of slots at once and spends it with read-only calls; a 429's hold voids what is left."""
+    time = Time()
+    gate = make_gate(redis_client, key_prefix, time, rate_per_second=400, burst=100)
+    assert gate.share == 20
+    assert gate.take().verdict == "go"
+    tat = redis_client.hget(gate.key, "tat")
+    assert float(tat or 0) == pytest.approx(T0 + 20 / 400)  # twenty slots taken at once
+    assert all(gate.take().verdict == "go" for _ in range(19))
+    assert redis_client.hget(gate.key, "tat") == tat  # spent without a write
+    gate.take()
+    assert float(redis_client.hget(gate.key, "tat") or 0) == pytest.approx(T0 + 40 / 400)  # the next share
+    gate.limited(RateLimited("HTTP 429", retry_after=2, status_code=429))
+    held = gate.take()  # the share's slots are void: a fresh slot after the hold
+    assert held.verdict == "wait" and held.after >= 2.0

@@ -8,9 +8,15 @@
 --       5 rate (calls per second; 0: no limiter, no shared hold), 6 burst, 7 the probe's lease (seconds),
 --       8 the terminal's name, 9 take: the slot this caller reserved earlier ("" none);
 --       fail: the error (JSON); limited: the Retry-After (seconds, "" when none),
---       10 "now" for tests ("": Redis TIME).
--- Replies {verdict, time, now, report} (times as strings: Lua numbers would be cut to integers):
---   take    -> {'go', now, now, report}  call now; report "1": tell the outcome (failures counted, or probe)
+--       10 "now" for tests ("": Redis TIME),
+--       11 take: slots wanted at once (the process's share, workflows/gate.py; 0: it holds slots granted
+--          before and only asks the breaker, a read: no write, so no fsync, on most calls).
+-- Replies {verdict, time, now, report, granted} (times as strings: Lua numbers would be cut to integers):
+--   take    -> {'go', now, now, report, n} call now; report "1": tell the outcome (failures counted, or
+--                                          probe); n slots taken for the caller's process (this call's
+--                                          included)
+--              {'void', now, now, report}  the slots the caller holds are void (a 429's hold came since):
+--                                          ask again for fresh ones
 --              {'wait', slot, now}        the caller's slot (reserved: pass it back as ARGV 9 at that time)
 --              {'open', until, now}       the breaker is open (or another caller probes): not before until
 --   fail    -> {'open', until, now} | {'closed', failures, now}
@@ -34,8 +40,8 @@ end
 local function str(x)
   return string.format('%.6f', x)
 end
-local function reply(verdict, t, report)
-  return {verdict, type(t) == 'number' and str(t) or t, str(now), report or '0'}
+local function reply(verdict, t, report, granted)
+  return {verdict, type(t) == 'number' and str(t) or t, str(now), report or '0', tostring(granted or 0)}
 end
 local h = redis.call('HMGET', gate, 'open_until', 'probe_until', 'fails', 'fail_since', 'tat', 'hold_until', 'opened')
 local open_until = tonumber(h[1])
@@ -89,12 +95,27 @@ if what == 'take' then
       return reply('go', now, report)
     end
   end
-  local at = slot()
-  if at <= now then
+  local want = tonumber(ARGV[11]) or 1
+  if want <= 0 then
+    -- The caller's process holds slots granted before: void only if a 429's hold came since.
+    if hold_until > now then
+      return reply('void', now, report)
+    end
     return reply('go', now, report)
   end
-  redis.call('HINCRBY', gate, 'waits', 1)
-  return reply('wait', at)
+  local interval = 1 / rate
+  local base = math.max(tat, now)
+  local first = base - (burst - 1) * interval
+  if first > now then
+    local at = slot()
+    redis.call('HINCRBY', gate, 'waits', 1)
+    return reply('wait', at)
+  end
+  -- The slots free now (the bucket's tokens), at most the share asked for.
+  local free = math.floor((now - first) / interval + 1e-9) + 1
+  local granted = math.max(1, math.min(want, free))
+  redis.call('HSET', gate, 'tat', str(base + granted * interval))
+  return reply('go', now, report, granted)
 end
 
 if what == 'fail' then
