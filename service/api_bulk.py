@@ -19,10 +19,10 @@ from pydantic import Field, create_model
 from durapay.gateway import StrictInput
 from durapay.gateway._strict import did_you_mean
 from durapay.service.api_kinds import who
-from durapay.service.errors import ERRORS, ApiError, invalid, not_found
+from durapay.service.errors import ERRORS, ApiError, conflict, invalid, not_found
 from durapay.service.ops_schemas import BulkList, BulkPlan, BulkRequest, BulkView
 from durapay.service.timeparse import parse_since
-from durapay.workflows.bulk import FILTERS, BulkActions, BulkFilter, TooMany, UnknownBulk
+from durapay.workflows.bulk import FILTERS, BulkActions, BulkFilter, KeyReused, TooMany, UnknownBulk
 from durapay.workflows.engine import Engine
 
 BulkId = Annotated[str, Path(min_length=1, max_length=100, pattern=r"^[A-Za-z0-9._:-]+$")]
@@ -97,6 +97,8 @@ def bulk_router(engine: Engine, bulk: BulkActions) -> APIRouter:
         try:
             wanted = bulk_filter(engine, request)
             return bulk.post(request.action, wanted, by=who("api", request.by), given=given(request), key=idempotency_key)
+        except KeyReused as exc:
+            raise conflict(str(exc)) from None
         except TooMany as exc:
             raise invalid("(body)", str(exc)) from None
         except ValueError as exc:
@@ -116,7 +118,7 @@ def bulk_router(engine: Engine, bulk: BulkActions) -> APIRouter:
         description="Answers at once with the action's progress (`done` + `skipped` of `total`); each flow is retried "
         "or cancelled exactly as its own route would (a flow with money in flight is asked to cancel and ends as the "
         "engine allows), at DURAPAY_BULK__RATE flows a second, its history naming the action. The same action and "
-        "filter again (or the same Idempotency-Key) answer the same action.",
+        "filter again (or the same Idempotency-Key) answer the same action; a key reused for another action is a 409.",
     )(_with_body(post, model))
 
     @router.get("", response_model=BulkList, summary="Bulk actions, newest first")

@@ -69,6 +69,10 @@ class TooMany(ValueError):
     """The filter matches more flows than one bulk action may act on."""
 
 
+class KeyReused(ValueError):
+    """A key given with another action or filter than the action first posted under it."""
+
+
 class UnknownBulk(KeyError):
     """No bulk action of that id (never posted, or past its retention)."""
 
@@ -230,7 +234,7 @@ class BulkActions:
     def bulk_id(self, action: Action, given: Mapping[str, Any], key: str | None) -> str:
         """Derived from the action and the filter as the caller gave it (its text: ``since=2h`` stays the
         same action), or from the caller's key."""
-        return derived_id("b", action, "key", key) if key else derived_id("b", action, compact_json(dict(given)))
+        return derived_id("b", "key", key) if key else derived_id("b", action, compact_json(dict(given)))
 
     def post(
         self, action: Action, wanted: BulkFilter, *, by: str, given: Mapping[str, Any], key: str | None = None
@@ -238,21 +242,24 @@ class BulkActions:
         """Record the action and send its runner; the same action posted again answers its record as it
         is (progress included) and sends a runner again only if it is still running."""
         bulk_id = self.bulk_id(action, given, key)
+        asked = compact_json({"action": action, **given})
         if self.get_or_none(bulk_id) is None:
             plan = self.plan(action, wanted)
             if self.redis.hsetnx(self._record_key(bulk_id), "id", bulk_id):
-                self._write(bulk_id, action, wanted, plan, by)
+                self._write(bulk_id, action, wanted, plan, by, asked)
             else:  # another post of the same action is writing it: its record is the one
                 for _ in range(50):
                     if self.get_or_none(bulk_id) is not None:
                         break
                     time.sleep(0.1)
         current = self.get(bulk_id)
+        if key and self.redis.hget(self._record_key(bulk_id), "asked") not in (None, asked.encode()):
+            raise KeyReused(f"key {key!r} was used for another bulk action ({current['action']} of other flows): use a new key")
         if current["status"] == "running" and self.send is not None:
             self.send(bulk_id)
         return current
 
-    def _write(self, bulk_id: str, action: Action, wanted: BulkFilter, plan: Plan, by: str) -> None:
+    def _write(self, bulk_id: str, action: Action, wanted: BulkFilter, plan: Plan, by: str, asked: str) -> None:
         """The record (its "created" last: the mark that it is whole) and its list of flows, kept for the
         retention; the index capped to the newest ``kept`` and to the retention."""
         now = self.engine.clock.now()
@@ -269,6 +276,7 @@ class BulkActions:
             "status": "running" if plan.ids else "done",
             "skips": "{}",
             "skipped_sample": "[]",
+            "asked": asked,  # the action and filter as given: a key reused for another is refused
         }
         pipe = self.redis.pipeline(transaction=True)
         pipe.delete(self._ids_key(bulk_id))

@@ -94,7 +94,7 @@ def _act(
     by: str | None,
     as_json: bool,
 ) -> None:
-    from durapay.workflows.bulk import FILTERS, TooMany
+    from durapay.workflows.bulk import FILTERS, KeyReused, TooMany
 
     out = Output(as_json)
     with runtime(out, writes=True) as rt, out.errors():
@@ -119,6 +119,8 @@ def _act(
             record = bulk.post(action, wanted, by=_who(by), given=given, key=key)
         except TooMany as exc:
             out.fail("invalid_input", str(exc), field="--since")
+        except KeyReused as exc:
+            out.fail("conflict", str(exc), field="--key", code=ExitCode.FAILED)
         deadline = time.monotonic() + WAIT_LIMIT
         while wait and record["status"] == "running" and time.monotonic() < deadline:
             if not as_json:

@@ -9,7 +9,7 @@ import pytest
 
 from durapay.config.settings import BulkSettings
 from durapay.tasks.outcomes import Finish
-from durapay.workflows.bulk import BulkActions, BulkFilter, TooMany
+from durapay.workflows.bulk import BulkActions, BulkFilter, KeyReused, TooMany
 from durapay.workflows.states import FlowState
 from tests.workflows.engine_support import ScriptedStep, flow, wait_step
 
@@ -62,6 +62,16 @@ def test_flows_the_engine_refuses_are_skipped_with_its_reason(make_engine: Any) 
     assert done["skipped_sample"][0]["id"] == ids[0]
     assert "already ended" in done["skipped_sample"][0]["reason"]
     assert all(engine.get(flow_id).state is FlowState.CANCELLED for flow_id in ids)
+
+
+def test_a_key_names_one_action_and_is_refused_for_another(make_engine: Any) -> None:
+    engine, _ = make_engine(flow(wait_step()))
+    engine.start("demo", {"amount": 5})
+    bulk = BulkActions(engine, BulkSettings(rate=1000))
+    first = bulk.post("cancel", BulkFilter(kind="demo"), by="api", given={"kind": "demo"}, key="k-1")
+    assert bulk.post("cancel", BulkFilter(kind="demo"), by="cli", given={"kind": "demo"}, key="k-1")["id"] == first["id"]
+    with pytest.raises(KeyReused, match="was used for another bulk action"):
+        bulk.post("retry", BulkFilter(kind="demo"), by="api", given={"kind": "demo"}, key="k-1")
 
 
 def test_a_filter_matching_too_many_is_refused(make_engine: Any) -> None:
