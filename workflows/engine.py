@@ -601,6 +601,11 @@ class Engine:
         it succeeded), to link to; None when the flow is no ``LatePayment`` or none is under way."""
         return self.late.under_way(record)
 
+    def refusal(self, record: FlowRecord, action: str) -> str | None:
+        """Why the engine would refuse ``action`` on the flow now (None: it would take it), told of a
+        refund under way as :meth:`actions` is: what the console's confirmation page says."""
+        return operator_actions.refusal(record, action, refunding=self.late.under_way(record))
+
     def actions(self, record: FlowRecord) -> builtins.list[str]:
         """The operator actions the engine accepts on the flow now (``operator_actions.allowed``, told of a
         refund under way): what the console offers and ``durapay flows show`` lists."""

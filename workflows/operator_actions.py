@@ -58,11 +58,18 @@ def allowed(record: FlowRecord, *, refunding: FlowRecord | None = None) -> list[
     return actions
 
 
-def refusal(record: FlowRecord, action: str) -> str | None:
+def refusal(record: FlowRecord, action: str, *, refunding: FlowRecord | None = None) -> str | None:
     """Why ``action`` is not possible on the flow now (None: it is). ``accept`` is checked as ``retry``;
     ``refund`` and ``keep`` close any late payment (``workflows.late_payments``), though the console offers
-    ``keep`` only beside a succeeded flow's payment (elsewhere ``accept`` is what a person means)."""
-    if action in {"refund", "keep"} and late_payment(record) is not None:
+    ``keep`` only beside a succeeded flow's payment (elsewhere ``accept`` is what a person means).
+    ``refunding``: as for :func:`allowed` (what ``LatePayments.accepting`` refuses, said the same way)."""
+    late = late_payment(record)
+    if late is not None and refunding is not None and action in {"accept", "keep", "retry"}:
+        return (
+            f"flow {record.id}: payment {late.get('operationId', '?')} is being refunded by flow {refunding.id} "
+            f"({refunding.state}): its success closes this flow"
+        )
+    if action in {"refund", "keep"} and late is not None:
         return None
     if action in allowed(record) or (action == "retry" and "accept" in allowed(record)):
         return None

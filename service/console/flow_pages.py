@@ -25,7 +25,7 @@ from durapay.service.timeparse import parse_since
 from durapay.service.views import flow_brief, money_text, redact
 from durapay.workflows.engine import Engine, NotFound, OperatorError
 from durapay.workflows.listing import Cursor, FlowListing
-from durapay.workflows.operator_actions import ACTIONS, explain, refusal
+from durapay.workflows.operator_actions import ACTIONS, explain
 from durapay.workflows.reconciliation import Reconciler
 from durapay.workflows.reconciliation.findings import TITLES
 from durapay.workflows.states import STOPPED, FlowState
@@ -182,7 +182,7 @@ def flow_router(console: Console, engine: Engine, listing: FlowListing) -> APIRo
         record = load(flow_id)
         if record is None:
             return console.refuse(request, session, 404, "No such flow", f"no flow {flow_id!r}")
-        why = refusal(record, action) if action in ACTIONS else f"no action {action!r}"
+        why = engine.refusal(record, action) if action in ACTIONS else f"no action {action!r}"
         if why is not None:
             return console.refuse(request, session, 409, "Not possible now", why)
         return console.page(

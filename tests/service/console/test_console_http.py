@@ -266,3 +266,20 @@ def test_the_api_refunds_a_late_payment_for_operators_only(console_stack: Consol
     assert done.outcome is not None and done.outcome["refund"]["operationId"] == operation_id
     again = console_stack.http.post(f"/flows/{flow_id}/refund-late-payment")
     assert again.status_code == 409 and again.json()["error"] == "conflict"
+
+
+def test_a_late_payment_being_refunded_has_no_accept_to_confirm(console_stack: ConsoleStack, operator: httpx.Client) -> None:
+    """Not offered is not confirmable either: the confirmation page of an accept (or keep) while the
+    payment is being refunded says why not, as the engine would, and shows the refund's flow."""
+    flow_id, _ = late_payment(console_stack)
+    console_stack.engine.pauses.pause("refund", "the refund stays under way", by="test")
+    try:
+        confirm = operator.get(f"/console/flows/{flow_id}/confirm/refund")
+        operator.post(f"/console/flows/{flow_id}/refund", data={"csrf": csrf_of(confirm), "reason": "customer asked"})
+        refund = console_stack.engine.refund_under_way(console_stack.engine.get(flow_id))
+        assert refund is not None
+        for action in ("accept", "keep"):
+            page = operator.get(f"/console/flows/{flow_id}/confirm/{action}")
+            assert page.status_code == 409 and f"being refunded by flow {refund.id}" in page.text, page.text
+    finally:
+        console_stack.engine.pauses.resume("refund", by="test")
