@@ -13,7 +13,8 @@ same way, and the three topologies need different clients:
   ``MIGRATION_WAIT`` seconds. It also waits out a failover: a node killed, its replica promoted some
   seconds later (``cluster-node-timeout`` and an election), and meanwhile redis-py's three quick tries
   on a fresh connection fail; here a command that may be sent again (:func:`resendable`) is tried
-  again on a fresh connection, the slot map read anew, for up to ``FAILOVER_WAIT`` seconds;
+  again on a fresh connection, the slot map read anew, for up to ``FAILOVER_WAIT`` seconds while some
+  node answers (when none does, the whole cluster is out: the error is raised at once, as before);
 * ``redis+sentinel://[:password@]host:port[,host:port...]/<master name>[/<db>]``: the primary that the
   Sentinels name, asked again after every lost connection, so a failover is followed by itself.
 
@@ -23,7 +24,6 @@ node): it is a plain Redis, a Sentinel-watched one or RabbitMQ (``config.celery`
 
 from __future__ import annotations
 
-import contextlib
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -157,12 +157,14 @@ class ClusterClient(RedisCluster):
                 refused = isinstance(exc, ClusterDownError | SlotNotCoveredError)
                 if not (refused or resendable(str(args[0]))) or time.monotonic() - started > FAILOVER_WAIT:
                     raise
-                self.lost_node()
+                if not self.lost_node():
+                    raise
             except RedisClusterException as exc:
                 lost = _unreachable(exc)
                 if lost is exc or not resendable(str(args[0])) or time.monotonic() - started > FAILOVER_WAIT:
                     raise lost from exc
-                self.lost_node()
+                if not self.lost_node():
+                    raise lost from exc
             except (TryAgainError, ClusterError) as exc:
                 # TRYAGAIN: a multi-key command (a script) met a slot whose keys are half migrated;
                 # redis-py's own tries end with "TTL exhausted". Both end when the migration does.
@@ -172,10 +174,15 @@ class ClusterClient(RedisCluster):
             time.sleep(pause)
             pause = min(pause * 2, 0.5)
 
-    def lost_node(self) -> None:
-        """After a lost node: read the slot map anew (from any node that answers; none may, for now)."""
-        with contextlib.suppress(redis.RedisError, RedisClusterException):  # the next try reads it again
+    def lost_node(self) -> bool:
+        """After a lost node: read the slot map anew from any node that answers. False when none does: the
+        whole cluster is unreachable, an outage that callers ride out as such (the API's 503, the
+        workers' and schedulers' retries), not a failover to wait for here."""
+        try:
             self.nodes_manager.initialize()
+        except (redis.RedisError, RedisClusterException):
+            return False
+        return True
 
     def pipeline(self, transaction: Any = None, shard_hint: Any = None) -> Any:
         if transaction or shard_hint:

@@ -110,7 +110,8 @@ class Pins:
                 self._drop(pinned)
                 time.sleep(pause)
                 pause = min(pause * 2, 0.5)
-                self.client.lost_node()  # the slot map anew: the promoted replica, once it is
+                if not self.client.lost_node():  # the slot map anew: the promoted replica, once it is
+                    raise  # no node answers: an outage, not a failover
                 node = self.client.get_node_from_key(key)
                 pinned, asking = self._pinned(node.name, node.redis_connection.connection_pool), False
                 deadline = max(deadline, time.monotonic() + MIGRATION_WAIT)

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
 import redis
 
 from durapay.config.celery import kombu_broker, make_celery
-from durapay.config.connect import ClusterClient, open_redis, parse_sentinel_url, split_addresses
+from durapay.config.connect import FAILOVER_WAIT, ClusterClient, open_redis, parse_sentinel_url, split_addresses
 from durapay.config.settings import Settings, SettingsError, load_settings
 from durapay.service.cli._common import safe_url
 from tests.workflows.integration.topology import ValkeyCluster
@@ -66,14 +67,21 @@ def test_open_redis_picks_the_client_for_the_topology(redis_url: str) -> None:
 def test_a_cluster_that_cannot_be_reached_raises_a_redis_connection_error(tmp_path: Path) -> None:
     """redis-py's cluster client says "cannot be connected" with its own RedisClusterException, which is
     not a RedisError: the heartbeat's thread, the receiver and the API (which all ride out a Redis
-    outage by catching RedisError) took it for a defect. durapay's client raises a ConnectionError."""
+    outage by catching RedisError) took it for a defect. durapay's client raises a ConnectionError, at
+    once: a read or a script is waited for through a failover (FAILOVER_WAIT) only while some node
+    answers, not when none does."""
     with ValkeyCluster(tmp_path, 3) as cluster:
         client = open_redis(cluster.url, cluster=True, socket_timeout=1, socket_connect_timeout=0.5)
         client.set("{t}:k", "1")
+        script = client.register_script("return redis.call('GET', KEYS[1])")
         for node in cluster.nodes:
             node.kill()
+        began = time.monotonic()
         with pytest.raises(redis.ConnectionError):
             client.get("{t}:k")
+        with pytest.raises(redis.ConnectionError):
+            script(keys=["{t}:k"])
+        assert time.monotonic() - began < FAILOVER_WAIT / 3
         with pytest.raises(redis.ConnectionError):
             pipe = client.pipeline(transaction=False)
             pipe.get("{t}:k")
