@@ -13,6 +13,8 @@ thread or prefork worker beats ``AsyncClient`` by a wide margin (docs/architectu
 
 from __future__ import annotations
 
+import functools
+import ssl
 import uuid
 from collections.abc import Mapping
 from types import TracebackType
@@ -99,6 +101,14 @@ def _query_params(model: GatewayModel) -> dict[str, str]:
     return params
 
 
+@functools.cache
+def tls_context() -> ssl.SSLContext:
+    """The TLS context every gateway client of this process shares, as httpx would build it (certifi's CA
+    bundle, or SSL_CERT_FILE / SSL_CERT_DIR). httpx builds one per client, parsing the CA bundle each
+    time: 50 ms per engine (more on a busy machine), and the tests build engines by the hundred."""
+    return httpx.create_ssl_context()
+
+
 class GatewayClient:
     """Calls gateway operations. Give it the gateway settings; pass ``transport`` in tests."""
 
@@ -121,6 +131,7 @@ class GatewayClient:
             headers=headers,
             timeout=httpx.Timeout(settings.timeout, connect=settings.connect_timeout),
             transport=transport,
+            verify=tls_context(),
         )
 
     def __enter__(self) -> GatewayClient:

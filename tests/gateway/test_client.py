@@ -7,6 +7,7 @@ exactly what a real dropped connection or timeout looks like to the client.
 from __future__ import annotations
 
 import json
+import ssl
 import uuid
 from collections.abc import Callable
 from typing import Any
@@ -33,6 +34,7 @@ from durapay.gateway import (
     ServerError,
     Unauthorized,
     Unknown,
+    _client,
 )
 
 BASE = "https://gateway.test/api/phoenix-0.0/psp/api/v1"
@@ -276,3 +278,17 @@ def test_plugin_name_header_when_configured() -> None:
 
 def _mit() -> dict[str, Any]:
     return {"order": HPP_BODY["order"], "contractId": "c-1"}
+
+
+def test_every_gateway_client_of_a_process_shares_one_tls_context(monkeypatch: pytest.MonkeyPatch) -> None:
+    """httpx builds a TLS context per client, parsing the CA bundle each time (50 ms per engine, and the
+    tests build engines by the hundred): the gateway clients of a process build none of their own, and
+    the one they share verifies certificates as httpx's default does."""
+    shared = _client.tls_context()
+    made: list[object] = []
+    real = ssl.create_default_context
+    monkeypatch.setattr(ssl, "create_default_context", lambda *args, **kwargs: made.append(args) or real(*args, **kwargs))
+    for _ in range(3):
+        GatewayClient(GatewaySettings(base_url=BASE, api_key="key-123")).close()
+    assert made == [], "a client built a TLS context of its own"
+    assert shared.verify_mode is ssl.CERT_REQUIRED and shared.check_hostname
