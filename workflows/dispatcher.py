@@ -72,7 +72,12 @@ class Dispatcher:
         if time.monotonic() - self._last_pause_sweep > PAUSE_SWEEP_INTERVAL:
             # Partitions' copies of the pauses kept true, and flows a resume left held released (bounded).
             self._last_pause_sweep = time.monotonic()
-            self.engine.pauses.sweep()
+            try:
+                self.engine.pauses.sweep()
+            except Exception as exc:  # the next sweep repairs as much; dispatching goes on meanwhile
+                if is_redis_down(exc):
+                    raise
+                log.exception("%s: the sweep of the pauses failed", self.name)
         if self.trimmer.backlog or time.monotonic() - self._last_trim > TRIM_INTERVAL:
             self._last_trim = time.monotonic()
             self.trimmer.run(now=now, kinds=self.engine.registry)
