@@ -1,8 +1,8 @@
 """Bulk retry and bulk cancel: one operator action on every flow a filter matches, in the background.
 
 An outage leaves thousands of flows ``failed`` or waiting; retrying them one by one is not an option.
-A bulk action is asked in two steps: a dry run (:meth:`BulkActions.plan`: how many flows match, a
-sample, and how many the action would skip and why), then the action itself (:meth:`BulkActions.post`),
+A bulk action is asked in two steps: a dry run (:meth:`BulkActions.plan`, ``workflows.bulk_plan``: how
+many flows match, a sample, and how many the action would skip and why), then the action itself (:meth:`BulkActions.post`),
 which lists the matching flows once (at most ``DURAPAY_BULK__MAX_FLOWS``), records the action and
 returns at once; a runner (:meth:`BulkActions.run`, the ``durapay.bulk.run`` Celery task, re-sent by
 itself while work is left and by the dispatcher when a runner was lost) acts on each listed flow at
@@ -14,13 +14,14 @@ to cancel and ends only as the engine allows). A flow the engine refuses is coun
 engine's reason. Each flow's history names the bulk action (``by``: ``bulk:<id> <who>``).
 
 Idempotent: the id is derived from the action and the filter as given (or from a key the caller
-gives), so posting the same again answers the same record, its progress included, and never acts on a
-flow twice for one action; a runner takes the action's lease before it acts, so two never run one action
-at once. A crash between a flow's action and its progress entry acts on it again, and the engine then
-refuses or repeats harmlessly (a cancel asked twice stands).
+gives; a key reused for another action or filter is refused), so posting the same again answers the
+same record, its progress included, and never acts on a flow twice for one action; a runner takes the
+action's lease before it acts, so two never run one action at once. A crash between a flow's action
+and its progress entry acts on it again, and the engine then refuses or repeats harmlessly (a cancel
+asked twice stands).
 
-Bounded: the walk of the filter reads at most ``max_flows`` matches and :data:`READ_FACTOR` times as
-many index entries (``workflows.listing``'s pages and read budget); a record and its list expire
+Bounded: the walk of the filter is ``workflows.bulk_plan``'s (at most ``max_flows`` matches, a read
+budget of index entries); a record and its list expire
 ``DURAPAY_BULK__RETENTION`` after they were posted; the index keeps the newest ``DURAPAY_BULK__KEPT``;
 the skipped sample keeps :data:`SAMPLE` flows; one run acts for at most :data:`RUN_SECONDS`.
 
@@ -31,32 +32,44 @@ a bulk retry's flows then meet the gateway through the engine's steps, as any fl
 from __future__ import annotations
 
 import json
-import re
 import time
 import uuid
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 from durapay.config.settings import BulkSettings
-from durapay.workflows import operator_actions
+from durapay.workflows.bulk_plan import (
+    ACTIONS,
+    FILTERS,
+    SAMPLE,
+    Action,
+    BulkFilter,
+    Plan,
+    TooMany,
+    brief,
+    error_codes,
+    plan_flows,
+    reason_class,
+)
 from durapay.workflows.engine import Engine, NotFound
 from durapay.workflows.errors import OperatorError
 from durapay.workflows.keys import derived_id
-from durapay.workflows.listing import READ_BUDGET, Cursor, FlowListing
-from durapay.workflows.states import FlowState
-from durapay.workflows.store import FlowRecord, compact_json
+from durapay.workflows.store import compact_json
 
-Action = Literal["retry", "cancel"]
-ACTIONS: tuple[Action, ...] = ("retry", "cancel")
-#: The filter's names, in the order the action's id is derived from the filter as given.
-FILTERS = ("kind", "state", "error", "since", "until")
-#: Flows shown by a dry run, and skipped flows kept with their reason in a record.
-SAMPLE = 20
-#: Index entries a walk may read per flow it may match: past ``max_flows * READ_FACTOR`` it stops.
-READ_FACTOR = 20
-#: Rows a page of the walk asks for.
-PAGE = 500
+__all__ = [
+    "ACTIONS",
+    "FILTERS",
+    "Action",
+    "BulkActions",
+    "BulkFilter",
+    "KeyReused",
+    "Plan",
+    "TooMany",
+    "UnknownBulk",
+    "brief",
+    "error_codes",
+]
+
 #: Seconds one run acts before it hands over to the next (a Celery task is not held for long).
 RUN_SECONDS = 10.0
 #: A running action whose progress has not moved for this long has lost its runner: it is sent again.
@@ -65,97 +78,12 @@ STALE_SECONDS = 30.0
 LEASE_MS = 30_000
 
 
-class TooMany(ValueError):
-    """The filter matches more flows than one bulk action may act on."""
-
-
 class KeyReused(ValueError):
     """A key given with another action or filter than the action first posted under it."""
 
 
 class UnknownBulk(KeyError):
     """No bulk action of that id (never posted, or past its retention)."""
-
-
-@dataclass(frozen=True)
-class BulkFilter:
-    """Which flows: of a kind, in a state, with an error code, created within a window (POSIX seconds)."""
-
-    kind: str | None = None
-    state: FlowState | None = None
-    error: str | None = None
-    since: float | None = None
-    until: float | None = None
-
-    def matches(self, record: FlowRecord) -> bool:
-        if self.kind is not None and record.kind != self.kind:
-            return False
-        if self.state is not None and record.state is not self.state:
-            return False
-        if self.error is not None and self.error not in error_codes(record.error):
-            return False
-        if self.since is not None and record.created < self.since:
-            return False
-        return not (self.until is not None and record.created > self.until)
-
-    def view(self) -> dict[str, Any]:
-        return {
-            "kind": self.kind,
-            "state": self.state.value if self.state is not None else None,
-            "error": self.error,
-            "since": self.since,
-            "until": self.until,
-        }
-
-    @classmethod
-    def parse(cls, data: Mapping[str, Any]) -> BulkFilter:
-        state = data.get("state")
-        return cls(data.get("kind"), FlowState(state) if state else None, data.get("error"), data.get("since"), data.get("until"))
-
-
-def error_codes(error: Mapping[str, Any] | None) -> set[str]:
-    """The codes a flow's error answers to: its type (``PaymentDeclined``, ``GatewayUnavailable``), the
-    ISO response code of a decline, and the gateway's own error codes (``PS0026``)."""
-    if not error:
-        return set()
-    codes = {str(error.get("type") or "")}
-    if error.get("responseCode"):
-        codes.add(str(error["responseCode"]))
-    for item in error.get("errors") or []:
-        if isinstance(item, Mapping) and item.get("code"):
-            codes.add(str(item["code"]))
-    return codes - {""}
-
-
-@dataclass
-class Plan:
-    """A dry run: the flows that match (ids, newest first), a sample of them, and what the action would
-    skip, by reason."""
-
-    action: Action
-    filter: BulkFilter
-    ids: list[str]
-    sample: list[FlowRecord]
-    skips: dict[str, int] = field(default_factory=dict)
-
-    def view(self) -> dict[str, Any]:
-        return {
-            "action": self.action,
-            "filter": self.filter.view(),
-            "count": len(self.ids),
-            "would_skip": sum(self.skips.values()),
-            "skips": dict(self.skips),
-            "sample": [brief(record) for record in self.sample],
-        }
-
-
-def brief(record: FlowRecord) -> dict[str, Any]:
-    return {"id": record.id, "kind": record.kind, "state": record.state.value, "created": record.created, "error": record.error}
-
-
-def reason_class(reason: str, flow_id: str) -> str:
-    """A refusal's reason without its flow id, to count skips by reason."""
-    return re.sub(r"\s+", " ", reason.replace(f"flow {flow_id} ", "flow ").replace(flow_id, "<flow>")).strip()[:200]
 
 
 class BulkActions:
@@ -187,47 +115,8 @@ class BulkActions:
     # -- the dry run -------------------------------------------------------------------------------
 
     def plan(self, action: Action, wanted: BulkFilter) -> Plan:
-        """Walk the filter (``workflows.listing``, bounded) and judge each match as the action would."""
-        if wanted.kind is not None:
-            self.engine.definition(wanted.kind)  # an unknown kind: InputError naming the known ones
-        listing = FlowListing(self.engine.store, self.engine.registry)
-        states = [wanted.state] if wanted.state is not None else []
-        ids: list[str] = []
-        sample: list[FlowRecord] = []
-        skips: dict[str, int] = {}
-        after: Cursor | None = None
-        budget = max(READ_BUDGET, self.max_flows * READ_FACTOR)
-        while True:
-            page = listing.page(
-                states=states,
-                kind=wanted.kind,
-                since=wanted.since,
-                until=wanted.until,
-                limit=PAGE,
-                after=after,
-                budget=READ_BUDGET,
-            )
-            budget -= max(len(page.records), PAGE)
-            for record in page.records:
-                if not wanted.matches(record):
-                    continue
-                ids.append(record.id)
-                if len(ids) > self.max_flows:
-                    raise TooMany(
-                        f"more than {self.max_flows} flows match (DURAPAY_BULK__MAX_FLOWS): narrow the filter "
-                        "(a kind, a state, a time window)"
-                    )
-                if len(sample) < SAMPLE:
-                    sample.append(record)
-                refused = operator_actions.refusal(record, action)
-                if refused is not None:
-                    reason = reason_class(refused, record.id)
-                    skips[reason] = skips.get(reason, 0) + 1
-            if page.next is None:
-                return Plan(action, wanted, ids, sample, skips)
-            if budget <= 0:
-                raise TooMany("the filter steps over too many flows to walk: narrow it (a kind, a state, a time window)")
-            after = page.next
+        """The dry run (``workflows.bulk_plan``): the flows the filter matches, bounded by ``max_flows``."""
+        return plan_flows(self.engine, action, wanted, self.max_flows)
 
     # -- the action --------------------------------------------------------------------------------
 

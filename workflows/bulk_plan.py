@@ -1,0 +1,164 @@
+"""A bulk action's dry run: which flows a filter matches, and what the action would do to each.
+
+The filter (kind, state, error code, creation window) is walked through the flow listing
+(``workflows.listing``: cursor pages, each within its read budget), at most ``max_flows`` matches and
+:data:`READ_FACTOR` times as many index entries read; each match is judged by the rule the engine asks
+before it acts (``workflows.operator_actions``), so the dry run's skips are the action's. The action
+itself, its record and runner, are ``workflows.bulk``'s.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal
+
+from durapay.workflows import operator_actions
+from durapay.workflows.listing import READ_BUDGET, Cursor, FlowListing
+from durapay.workflows.states import FlowState
+from durapay.workflows.store import FlowRecord
+
+if TYPE_CHECKING:
+    from durapay.workflows.engine import Engine
+
+Action = Literal["retry", "cancel"]
+ACTIONS: tuple[Action, ...] = ("retry", "cancel")
+#: The filter's names, in the order the action's id is derived from the filter as given.
+FILTERS = ("kind", "state", "error", "since", "until")
+#: Flows shown by a dry run, and skipped flows kept with their reason in a record.
+SAMPLE = 20
+#: Index entries a walk may read per flow it may match: past ``max_flows * READ_FACTOR`` it stops.
+READ_FACTOR = 20
+#: Rows a page of the walk asks for.
+PAGE = 500
+
+
+class TooMany(ValueError):
+    """The filter matches more flows than one bulk action may act on."""
+
+
+@dataclass(frozen=True)
+class BulkFilter:
+    """Which flows: of a kind, in a state, with an error code, created within a window (POSIX seconds)."""
+
+    kind: str | None = None
+    state: FlowState | None = None
+    error: str | None = None
+    since: float | None = None
+    until: float | None = None
+
+    def matches(self, record: FlowRecord) -> bool:
+        if self.kind is not None and record.kind != self.kind:
+            return False
+        if self.state is not None and record.state is not self.state:
+            return False
+        if self.error is not None and self.error not in error_codes(record.error):
+            return False
+        if self.since is not None and record.created < self.since:
+            return False
+        return not (self.until is not None and record.created > self.until)
+
+    def view(self) -> dict[str, Any]:
+        return {
+            "kind": self.kind,
+            "state": self.state.value if self.state is not None else None,
+            "error": self.error,
+            "since": self.since,
+            "until": self.until,
+        }
+
+    @classmethod
+    def parse(cls, data: Mapping[str, Any]) -> BulkFilter:
+        state = data.get("state")
+        return cls(data.get("kind"), FlowState(state) if state else None, data.get("error"), data.get("since"), data.get("until"))
+
+
+def error_codes(error: Mapping[str, Any] | None) -> set[str]:
+    """The codes a flow's error answers to: its type (``PaymentDeclined``, ``GatewayUnavailable``), the
+    ISO response code of a decline, and the gateway's own error codes (``PS0026``)."""
+    if not error:
+        return set()
+    codes = {str(error.get("type") or "")}
+    if error.get("responseCode"):
+        codes.add(str(error["responseCode"]))
+    for item in error.get("errors") or []:
+        if isinstance(item, Mapping) and item.get("code"):
+            codes.add(str(item["code"]))
+    return codes - {""}
+
+
+@dataclass
+class Plan:
+    """A dry run: the flows that match (ids, newest first), a sample of them, and what the action would
+    skip, by reason."""
+
+    action: Action
+    filter: BulkFilter
+    ids: list[str]
+    sample: list[FlowRecord]
+    skips: dict[str, int] = field(default_factory=dict)
+
+    def view(self) -> dict[str, Any]:
+        return {
+            "action": self.action,
+            "filter": self.filter.view(),
+            "count": len(self.ids),
+            "would_skip": sum(self.skips.values()),
+            "skips": dict(self.skips),
+            "sample": [brief(record) for record in self.sample],
+        }
+
+
+def brief(record: FlowRecord) -> dict[str, Any]:
+    return {"id": record.id, "kind": record.kind, "state": record.state.value, "created": record.created, "error": record.error}
+
+
+def reason_class(reason: str, flow_id: str) -> str:
+    """A refusal's reason without its flow id, to count skips by reason."""
+    return re.sub(r"\s+", " ", reason.replace(f"flow {flow_id} ", "flow ").replace(flow_id, "<flow>")).strip()[:200]
+
+
+def plan_flows(engine: Engine, action: Action, wanted: BulkFilter, max_flows: int) -> Plan:
+    """Walk the filter (``workflows.listing``, bounded) and judge each match as the action would
+    (``workflows.operator_actions``, the rule the engine asks): :class:`TooMany` past ``max_flows``."""
+    if wanted.kind is not None:
+        engine.definition(wanted.kind)  # an unknown kind: InputError naming the known ones
+    listing = FlowListing(engine.store, engine.registry)
+    states = [wanted.state] if wanted.state is not None else []
+    ids: list[str] = []
+    sample: list[FlowRecord] = []
+    skips: dict[str, int] = {}
+    after: Cursor | None = None
+    budget = max(READ_BUDGET, max_flows * READ_FACTOR)
+    while True:
+        page = listing.page(
+            states=states,
+            kind=wanted.kind,
+            since=wanted.since,
+            until=wanted.until,
+            limit=PAGE,
+            after=after,
+            budget=READ_BUDGET,
+        )
+        budget -= max(len(page.records), PAGE)
+        for record in page.records:
+            if not wanted.matches(record):
+                continue
+            ids.append(record.id)
+            if len(ids) > max_flows:
+                raise TooMany(
+                    f"more than {max_flows} flows match (DURAPAY_BULK__MAX_FLOWS): narrow the filter "
+                    "(a kind, a state, a time window)"
+                )
+            if len(sample) < SAMPLE:
+                sample.append(record)
+            refused = operator_actions.refusal(record, action)
+            if refused is not None:
+                reason = reason_class(refused, record.id)
+                skips[reason] = skips.get(reason, 0) + 1
+        if page.next is None:
+            return Plan(action, wanted, ids, sample, skips)
+        if budget <= 0:
+            raise TooMany("the filter steps over too many flows to walk: narrow it (a kind, a state, a time window)")
+        after = page.next
