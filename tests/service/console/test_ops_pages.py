@@ -66,3 +66,23 @@ def test_a_bulk_cancel_dry_run_then_the_action_and_its_progress(console_stack: C
     assert f"done: {COUNT} cancelled" in browser.find_element(By.ID, "bulk-status").text
     screenshot(browser, "bulk-progress")
     assert all(flow.state is FlowState.CANCELLED for flow in console_stack.engine.store.many(waiting))
+
+
+def test_a_read_only_key_sees_no_button_and_cannot_pause_or_act(console_stack: ConsoleStack) -> None:
+    from tests.service.console.conftest import READ_KEY
+    from tests.service.console.test_console_http import csrf_of, signed_in
+
+    with signed_in(console_stack, READ_KEY) as reader:
+        page = reader.get("/console/kinds")
+        assert page.status_code == 200 and 'id="pause-moto"' not in page.text
+        token = csrf_of(page)
+        assert reader.post("/console/kinds/moto/pause", data={"csrf": token, "reason": "x"}).status_code == 403
+        plan = reader.get("/console/bulk", params={"action": "cancel", "kind": "moto", "state": "sleeping"})
+        assert plan.status_code == 200 and 'id="confirm"' not in plan.text, "a dry run to look at, no action"
+        assert reader.post("/console/bulk", data={"csrf": token, "action": "cancel", "kind": "moto"}).status_code == 403
+    with signed_in(console_stack, OPERATOR_KEY) as operator:
+        assert operator.post("/console/kinds/moto/pause", data={"reason": "x"}).status_code == 403, "no CSRF token"
+        token = csrf_of(operator.get("/console/kinds"))
+        typo = operator.post("/console/kinds/mtoo/pause", data={"csrf": token, "reason": "x"})
+        assert typo.status_code == 404 and "did you mean `moto`" in typo.text
+    assert "moto" not in console_stack.engine.pauses.paused()
