@@ -17,8 +17,10 @@ dispatcher's next sweeps (:meth:`Pauses.sweep`).
 
 The pauses in force are one hash (kind -> who, when, why): the truth, which this module answers
 (:meth:`Pauses.paused`). A script can only read keys of its own partition, so every partition holds a
-copy (``Keys.paused``), written at each pause and resume (rare) and brought back to the truth by the
-dispatcher (:meth:`Pauses.sweep`) should a pause or resume have stopped half way. Every pause and resume
+copy (``Keys.paused``), written at each pause and resume (rare: the truth first, then the copies) and
+brought back to the truth by the dispatcher (:meth:`Pauses.sweep`) should a pause or resume have stopped
+half way. (A sweep that read the truth just before a resume may write the copy back once; the next
+sweep, 5 s later, removes it, and a flow held meanwhile is released then.) Every pause and resume
 is also added to an audit list (newest first, :data:`LOG_KEPT` entries).
 """
 
@@ -155,18 +157,18 @@ class Pauses:
         raise RuntimeError(f"flow kind {kind!r}: its pause kept changing")
 
     def resume(self, kind: str, *, by: str) -> int:
-        """Resume ``kind``: every partition's copy first, then the truth, then release the flows the pause
-        held (up to :data:`RESUME_BUDGET`; the sweeps and the re-check release any beyond). Returns how
-        many were released. :class:`NotPaused` when it is not paused."""
+        """Resume ``kind``: the truth first, then every partition's copy (a resume stopped between them is
+        completed by the next sweep, which makes the copies follow the truth), then release the flows the
+        pause held (up to :data:`RESUME_BUDGET`; the sweeps and the re-check release any beyond). Returns
+        how many were released. :class:`NotPaused` when it is not paused (or another resume won)."""
         self.check(kind)
         found = self.paused().get(kind)
-        if found is None:
+        if found is None or not self.redis.hdel(self.keys.pauses(), kind):
             raise NotPaused(f"flow kind {kind!r} is not paused")
         pipe = self.redis.pipeline(transaction=False)
         for partition in range(self.keys.partitions):
             pipe.hdel(self.keys.paused(partition), kind)
         pipe.execute()
-        self.redis.hdel(self.keys.pauses(), kind)
         self._cached = (float("-inf"), {})
         released = self.release(kind, budget=RESUME_BUDGET)
         who = by[:WHO_MAX]

@@ -64,13 +64,17 @@ def test_a_signal_during_the_pause_is_kept_and_read_after_the_resume(make_engine
     assert engine.get(record.id).outputs["customer"] == {"signal": "paid", "by": "card"}
 
 
-def test_a_flow_the_resume_did_not_reach_is_released_when_it_comes_due(make_engine: Any, clock: ManualClock) -> None:
+def test_a_pause_or_resume_stopped_half_way_is_completed_by_the_sweep(make_engine: Any, clock: ManualClock) -> None:
     only = ScriptedStep("only")
     engine, _ = make_engine(flow(only))
     record = engine.start("demo", {"amount": 5})
-    engine.pauses.pause("demo", "window", by="api")
-    assert engine.run_step(record.id, "only") == "paused"
-    engine.redis.hdel(engine.keys.pauses(), "demo")  # a resume that stopped half way: the truth says resumed
+    pause = engine.pauses.pause("demo", "window", by="api")
+    for partition in range(engine.keys.partitions):  # a pause that stopped after the truth: no copy yet
+        engine.redis.hdel(engine.keys.paused(partition), "demo")
+    assert engine.pauses.sweep() == 0
+    assert engine.run_step(record.id, "only") == "paused", "the sweep copied the pause to every partition"
+    assert engine.pauses.paused() == {"demo": pause}
+    engine.redis.hdel(engine.keys.pauses(), "demo")  # a resume that stopped after the truth: copies left
     assert engine.pauses.sweep() == 1, "the dispatcher's sweep copies the truth to every partition and releases"
     assert engine.run_step(record.id, "only") == "succeeded"
     assert whats(engine, record.id).count("released: flow kind demo resumed") == 1
