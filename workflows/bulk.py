@@ -100,14 +100,17 @@ class BulkActions:
 
     # -- keys --------------------------------------------------------------------------------------
 
+    # One hash tag per action: its record, list and lease sit in one slot (a transaction may hold them
+    # on a cluster); the index is a key of its own, written apart.
+
     def _record_key(self, bulk_id: str) -> str:
-        return f"{self.prefix}:bulk:{bulk_id}"
+        return f"{self.prefix}:{{b:{bulk_id}}}:bulk"
 
     def _ids_key(self, bulk_id: str) -> str:
-        return f"{self.prefix}:bulk_ids:{bulk_id}"
+        return f"{self.prefix}:{{b:{bulk_id}}}:bulk_ids"
 
     def _lease_key(self, bulk_id: str) -> str:
-        return f"{self.prefix}:bulk_lease:{bulk_id}"
+        return f"{self.prefix}:{{b:{bulk_id}}}:bulk_lease"
 
     def _index_key(self) -> str:
         return f"{self.prefix}:bulks"
@@ -175,6 +178,8 @@ class BulkActions:
         pipe.hset(self._record_key(bulk_id), mapping=record)
         pipe.hset(self._record_key(bulk_id), "created", repr(now))
         pipe.expire(self._record_key(bulk_id), seconds)
+        pipe.execute()
+        pipe = self.redis.pipeline(transaction=False)
         pipe.zadd(self._index_key(), {bulk_id: now})
         pipe.zremrangebyrank(self._index_key(), 0, -self.settings.kept - 1)
         pipe.zremrangebyscore(self._index_key(), "-inf", now - seconds)
