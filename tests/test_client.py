@@ -14,7 +14,6 @@ import subprocess
 import sys
 import threading
 import time
-import uuid
 from collections.abc import Generator, Iterator
 from pathlib import Path
 from typing import Any
@@ -33,6 +32,7 @@ from durapay.service.server import ApiServer
 from durapay.workflows.listing import BadCursor
 from durapay.workflows.states import FlowState
 from tests.client_support import API_KEY, ClientStack, FlakyProxy, Recording, client_stack, idle_api  # noqa: F401
+from tests.ids import unique
 from tests.waiting import wait_until
 from tests.workflows.integration.test_flows import card, order, session
 
@@ -128,7 +128,7 @@ def refused(status: int, call: Any, *args: Any, **kwargs: Any) -> ApiError:
 
 
 def tour(api: Client, receiver: WebhookReceiver) -> None:
-    flow = api.start("moto", moto(), key=f"tour-{uuid.uuid4().hex}")
+    flow = api.start("moto", moto(), key=unique("tour"))
     done = api.wait(flow.id, timeout=30)
     assert done.state is FlowState.SUCCEEDED, done
     assert api.get(flow.id).id == flow.id and api.history(flow.id).history
@@ -141,7 +141,7 @@ def tour(api: Client, receiver: WebhookReceiver) -> None:
     refused(409, api.refund_late_payment, later.id)
     refused(409, api.keep_late_payment, later.id)
 
-    schedule = api.create_schedule(SCHEDULE, key=f"tour-{uuid.uuid4().hex}")
+    schedule = api.create_schedule(SCHEDULE, key=unique("tour"))
     assert api.get_schedule(schedule.id).amount == 1500 and api.schedule_history(schedule.id).history
     assert any(item.id == schedule.id for item in api.list_schedules(limit=500).schedules)
     assert api.change_schedule_amount(schedule.id, 1990).amount == 1990
@@ -172,7 +172,7 @@ def tour(api: Client, receiver: WebhookReceiver) -> None:
     filters = {"kind": "moto", "state": "cancelled", "since": "1h"}
     plan = api.bulk_dry_run("retry", **filters)
     assert plan.count >= 1 and plan.would_skip == plan.count
-    action = api.bulk("retry", key=f"tour-{uuid.uuid4().hex}", **filters)
+    action = api.bulk("retry", key=unique("tour"), **filters)
     wait_until(lambda: api.get_bulk(action.id).status == "done", 30, "the bulk action to finish")
     assert api.get_bulk(action.id).skipped == action.total and api.bulk_actions().bulk[0].id == action.id
 
@@ -186,7 +186,7 @@ def tour(api: Client, receiver: WebhookReceiver) -> None:
 
 def test_a_start_with_a_key_twice_is_one_flow(api: Client) -> None:
     data = moto()
-    key = f"twice-{uuid.uuid4().hex}"
+    key = unique("twice")
     first = api.start("moto", data, key=key)
     again = api.start("moto", data, key=key)
     assert again.id == first.id and again.start_key == key
@@ -238,7 +238,7 @@ def test_a_get_is_tried_again_after_a_transport_failure_and_a_post_without_key_n
 
 
 def test_a_keyed_start_whose_answer_was_lost_is_sent_again_and_starts_one_flow(client_stack: ClientStack) -> None:  # noqa: F811
-    key = f"lost-{uuid.uuid4().hex}"
+    key = unique("lost")
     data = moto()
     with FlakyProxy(client_stack.url, ["swallow"]) as proxy, quick(proxy.url) as api:
         started = api.start("moto", data, key=key, run_at=time.time() + 3600)

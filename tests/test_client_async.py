@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import random
 import time
-import uuid
 from typing import Any
 
 import httpx
@@ -19,6 +18,7 @@ from durapay import _calls
 from durapay.client import ApiError, AsyncClient, Retries
 from durapay.workflows.states import FlowState
 from tests.client_support import API_KEY, AsyncRecording, ClientStack, FlakyProxy, client_stack  # noqa: F401
+from tests.ids import unique
 from tests.test_client import SCHEDULE, Idle, moto, template_of
 
 pytestmark = pytest.mark.integration
@@ -45,7 +45,7 @@ def test_every_call_is_sent_by_a_method_of_the_async_client(client_stack: Client
 
 async def tour(client: AsyncClient, receiver: WebhookReceiver) -> None:
     async with client as api:
-        flow = await api.start("moto", moto(), key=f"atour-{uuid.uuid4().hex}")
+        flow = await api.start("moto", moto(), key=unique("atour"))
         assert (await api.wait(flow.id, timeout=30)).state is FlowState.SUCCEEDED
         assert (await api.get(flow.id)).id == flow.id and (await api.history(flow.id)).history
         assert [brief.id async for brief in api.iter_flows(kind="moto", page=50) if brief.id == flow.id] == [flow.id]
@@ -56,7 +56,7 @@ async def tour(client: AsyncClient, receiver: WebhookReceiver) -> None:
         for action in (api.retry, api.refund_late_payment, api.keep_late_payment):
             await refused(409, action, later.id)
 
-        schedule = await api.create_schedule(SCHEDULE | {"contractId": "ct-client-async"}, key=f"atour-{uuid.uuid4().hex}")
+        schedule = await api.create_schedule(SCHEDULE | {"contractId": "ct-client-async"}, key=unique("atour"))
         assert (await api.get_schedule(schedule.id)).id == schedule.id and (await api.schedule_history(schedule.id)).history
         assert (await api.list_schedules(state="active", limit=500)).schedules
         assert (await api.change_schedule_amount(schedule.id, 990)).amount == 990
@@ -97,7 +97,7 @@ async def tour(client: AsyncClient, receiver: WebhookReceiver) -> None:
 def test_a_start_with_a_key_twice_is_one_flow(client_stack: ClientStack) -> None:  # noqa: F811
     async def twice() -> None:
         async with quick(client_stack.url) as api:
-            data, key = moto(), f"atwice-{uuid.uuid4().hex}"
+            data, key = moto(), unique("atwice")
             first, again = await asyncio.gather(api.start("moto", data, key=key), api.start("moto", data, key=key))
             assert first.id == again.id
             assert (await refused(409, api.start, "moto", moto(), key=key)).error == "conflict"

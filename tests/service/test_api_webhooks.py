@@ -35,7 +35,7 @@ def api(redis_url: str, key_prefix: str) -> Iterator[tuple[httpx.Client, Any]]:
 def start(built: Any, n: int) -> None:
     for number in range(n):
         # A fresh order id each time: an object's id() comes round again, and an order id is one flow's.
-        built.engine.start("notified", {"orderId": f"o{number}-{uuid.uuid4().hex[:12]}", "token": "t"})
+        built.engine.start("notified", {"orderId": f"o{number}n{uuid.uuid4().hex[:12]}", "token": "t"})
 
 
 def test_endpoints_are_managed_and_the_secret_is_shown_once(api: tuple[httpx.Client, Any]) -> None:
