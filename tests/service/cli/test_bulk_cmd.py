@@ -132,3 +132,22 @@ def test_kinds_pause_and_resume_from_the_cli(engine_side: Runtime) -> None:
     refused = invoke("kinds", "resume", "moto")
     assert refused.exit_code == 1 and "not paused" in refused.output
     assert [entry["action"] for entry in run_json("kinds", "log")][:2] == ["resume", "pause"]
+    paused_again = invoke("kinds", "pause", "moto", "--reason", "window")
+    assert paused_again.exit_code == 0 and "paused moto (by cli:" in paused_again.stdout
+    table = invoke("kinds", "ls")
+    assert table.exit_code == 0 and any(line.split()[:2] == ["moto", "paused"] for line in table.stdout.splitlines())
+    log = invoke("kinds", "log")
+    assert log.exit_code == 0 and "window" in log.stdout
+    resumed = invoke("kinds", "resume", "moto")
+    assert resumed.exit_code == 0 and "resumed moto: 0 flow(s) released" in resumed.stdout
+
+
+def test_a_human_dry_run_and_a_question_before_acting(engine_side: Runtime) -> None:
+    ids = make_flows(engine_side, 3, FlowState.WAITING)
+    look = invoke("bulk", "cancel", "--kind", "mit", "--state", "waiting", "--dry-run")
+    assert look.exit_code == 0 and "cancel: 3 flow(s) match; 0 would be skipped" in look.stdout
+    declined = invoke("bulk", "cancel", "--kind", "mit", "--state", "waiting", stdin="n\n")
+    assert declined.exit_code != 0 and "cancel 3 flow(s)?" in declined.stdout
+    assert all(flow.state is FlowState.WAITING for flow in engine_side.engine.store.many(ids)), "nothing done"
+    wrong = invoke("bulk", "cancel", "--kind", "mtoo", "--dry-run")
+    assert wrong.exit_code == 2 and "did you mean `moto`" in wrong.output
