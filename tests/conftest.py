@@ -10,7 +10,6 @@ import importlib.abc
 import importlib.machinery
 import os
 import sys
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,6 +18,7 @@ import pytest
 import redis
 
 from durapay.config.embedded import EmbeddedValkey
+from tests.ids import unique
 
 #: The repository's top-level folders: installed as ``durapay.<name>`` only.
 BARE = frozenset({"config", "gateway", "tasks", "workflows", "service", "simulator"})
@@ -77,4 +77,6 @@ def redis_client(redis_url: str) -> Iterator[redis.Redis]:
 
 @pytest.fixture
 def key_prefix() -> str:
-    return "t" + uuid.uuid4().hex[:10]
+    """A fresh key prefix of letters only: tests build order ids from it (``{key_prefix}-{n}``), and ten
+    digits of a hex prefix joined to an index across the dash could look like a card number."""
+    return "t" + unique("")[1:11]
