@@ -169,7 +169,9 @@ class GatewayHealthSettings(_Group):
     after ``failures`` timeouts, 5xx or connection errors in a row within ``window_seconds``, and a rate
     limiter every worker draws from (with the hold of a 429's Retry-After)."""
 
-    failures: int = Field(default=5, ge=1, le=1000, description="Timeouts, 5xx or connection errors in a row that open the breaker.")
+    failures: int = Field(
+        default=5, ge=1, le=1000, description="Timeouts, 5xx or connection errors in a row that open the breaker."
+    )
     window_seconds: float = Field(default=30.0, gt=0, le=3600, description="The failures must fall within this window.")
     open_seconds: float = Field(
         default=15.0, gt=0, le=3600, description="How long the breaker stays open before one probe call is let through."
