@@ -29,6 +29,8 @@ Series:
   ``durapay_gateway_rate_limited_total`` (429s seen), ``durapay_gateway_limiter_waits_total`` (calls given
   a later slot), ``durapay_gateway_breaker_opened_total``, ``durapay_gateway_probes_total``
   (``workflows.gate``)
+* ``durapay_kind_paused_since_seconds{kind}`` - when each paused flow kind's pause began (POSIX
+  seconds; no series for a kind that runs: alert on ``time() - x`` past the maintenance window)
 """
 
 from __future__ import annotations
@@ -299,6 +301,15 @@ def _gate_series(engine: Engine) -> list[str]:
     return lines
 
 
+def _pause_series(engine: Engine) -> list[str]:
+    series = "durapay_kind_paused_since_seconds"
+    return [
+        f"# HELP {series} When the pause of a paused flow kind began (workflows.pauses); none for a kind that runs.",
+        f"# TYPE {series} gauge",
+        *(f'{series}{{kind="{_escape(kind)}"}} {_number(pause.at)}' for kind, pause in sorted(engine.pauses.paused().items())),
+    ]
+
+
 def render(engine: Engine) -> str:
     """The whole ``/metrics`` page."""
     lines = (
@@ -309,5 +320,6 @@ def render(engine: Engine) -> str:
         + _up_series(engine, ("worker", "scheduler"))
         + _reconciliation_series(engine)
         + _gate_series(engine)
+        + _pause_series(engine)
     )
     return "\n".join(lines) + "\n"

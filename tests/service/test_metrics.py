@@ -66,3 +66,12 @@ def test_the_flusher_outlives_a_failure_that_is_not_a_redis_error(runtime: Runti
     metrics.record("notified", "create", 0.02, FlowState.READY.value)
     count = 'durapay_step_duration_seconds_count{kind="notified",step="create"} 1'
     wait_until(lambda: count in render(engine).splitlines(), 10, "the next second's timings recorded")
+
+
+def test_a_paused_kind_has_a_series_of_when_its_pause_began(runtime: Runtime) -> None:
+    engine = runtime.engine
+    assert "durapay_kind_paused_since_seconds{" not in render(engine), "no series while every kind runs"
+    pause = engine.pauses.pause("notified", "window", by="api")
+    assert f'durapay_kind_paused_since_seconds{{kind="notified"}} {pause.at!r}' in render(engine).splitlines()
+    engine.pauses.resume("notified", by="api")
+    assert "durapay_kind_paused_since_seconds{" not in render(engine)
