@@ -38,8 +38,9 @@ def readme_first_curl() -> str:
 
 
 def test_dev_runs_everything_readme_s_first_flow_the_console_and_survives_valkey(tmp_path: Path, browser: Any) -> None:  # noqa: F811
+    # A newcomer's shell: no durapay setting at all (dev's daily reconciliation stays on, as theirs would;
+    # should its hour come during the test, it reads the dev store and changes no flow).
     env = {name: value for name, value in os.environ.items() if not name.startswith("DURAPAY_")}
-    env["DURAPAY_RECONCILE__DAILY"] = "false"  # dev's scheduler reconciles daily, as production's: not in a test
     log_path = tmp_path / "dev.log"
     with log_path.open("wb") as log:
         dev = subprocess.Popen([*DURAPAY, "dev"], cwd=tmp_path, env=env, stdout=log, stderr=subprocess.STDOUT)
