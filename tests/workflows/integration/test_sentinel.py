@@ -168,9 +168,9 @@ def test_workers_scheduler_and_api_ride_out_five_failovers(
         api = stack.enter_context(Client(f"http://127.0.0.1:{port}", api_key, timeout=10.0, rng=random.Random(5)))
         wait_until(lambda: _ready(api), 60, "the api to answer")
 
-        def load() -> None:  # about ten starts a second, each retried (same key: one flow) through a failover
+        def load() -> None:  # about five starts a second, each retried (same key: one flow) through a failover
             index = 0
-            while loading.is_set() and index < 400:
+            while loading.is_set() and index < 250:
                 order = {"orderId": f"{key_prefix}-{index}", "amount": "1500", "currency": "EUR"}
                 deadline = time.monotonic() + 60
                 while True:
@@ -183,7 +183,7 @@ def test_workers_scheduler_and_api_ride_out_five_failovers(
                             return
                         time.sleep(0.1)
                 index += 1
-                time.sleep(0.1)
+                time.sleep(0.2)
 
         loading.set()
         starter = threading.Thread(target=load)
