@@ -170,14 +170,14 @@ class Pauses:
             pipe.hdel(self.keys.paused(partition), kind)
         pipe.execute()
         self._cached = (float("-inf"), {})
-        released = self.release(kind, budget=RESUME_BUDGET)
+        released = self.release(kind, budget=RESUME_BUDGET, by=by[:WHO_MAX])
         who = by[:WHO_MAX]
         self._audit(
             {"action": "resume", "kind": kind, "by": who, "at": self._now(), "reason": found.reason, "released": released}
         )
         return released
 
-    def release(self, kind: str, *, budget: int) -> int:
+    def release(self, kind: str, *, budget: int, by: str = "resume") -> int:
         """Release up to ``budget`` flows of ``kind`` that a pause held (``release.lua`` each: a kind paused
         again keeps them held). Returns how many were released."""
         released = 0
@@ -194,7 +194,7 @@ class Pauses:
                     flow_id = member.decode().split(SEP, 1)[1]
                     keys = [self.keys.flow(flow_id), self.keys.log(flow_id), self.keys.due(partition)]
                     keys += [self.keys.paused(partition), held]
-                    pipe.call(self.store.release_script, keys, [flow_id, kind, repr(self._now())])
+                    pipe.call(self.store.release_script, keys, [flow_id, kind, repr(self._now()), by])
                 answers = [answer.decode() for answer in pipe.execute()]
                 released += answers.count("released")
                 skipped += answers.count("paused")  # paused again: stays listed, step over it
@@ -245,7 +245,7 @@ class Pauses:
         for kind in [kind for kind, count in counts.items() if count]:
             if released >= SWEEP_BUDGET:
                 break
-            released += self.release(kind, budget=SWEEP_BUDGET - released)
+            released += self.release(kind, budget=SWEEP_BUDGET - released, by="scheduler")
         return released
 
     def _copy(self, pause: Pause) -> None:

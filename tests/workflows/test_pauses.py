@@ -42,6 +42,8 @@ def test_a_paused_kinds_flows_run_no_step_and_finish_after_the_resume(make_engin
         assert engine.run_step(flow_id, "first") == "ready"
         assert engine.run_step(flow_id, "second") == "succeeded"
         assert whats(engine, flow_id).count("released: flow kind demo resumed") == 1
+        released = [entry for entry in engine.history(flow_id) if entry.get("what", "").startswith("released:")]
+        assert released[0]["by"] == "cli:ops", "the history names who resumed"
     assert [entry["action"] for entry in engine.pauses.log()] == ["resume", "pause"]
     assert engine.pauses.log()[1]["by"] == "cli:ops" and engine.pauses.log()[1]["reason"] == "gateway maintenance"
 

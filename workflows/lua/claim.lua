@@ -52,7 +52,7 @@ end
 if hold_if_paused(KEYS[1], KEYS[2], KEYS[3], KEYS[9], KEYS[10], ARGV[1], data[11], state, step, due, data[12], ARGV[3], ARGV[9]) then
   return {'paused'}
 end
-release_if_resumed(KEYS[1], KEYS[2], KEYS[10], KEYS[9], ARGV[1], data[11], state, step, data[12], ARGV[3])
+release_if_resumed(KEYS[1], KEYS[2], KEYS[10], KEYS[9], ARGV[1], data[11], state, step, data[12], ARGV[3], ARGV[5])
 local runs = tonumber(data[8] or '0') or 0
 local verdict = 'ok'
 if reclaim and attempt >= tonumber(ARGV[6]) then

@@ -38,8 +38,9 @@ local function hold_if_paused(flow, log, due, paused, held, id, kind, state, ste
 end
 
 -- Log the resume once for a flow held under a pause that has ended (its kind no longer paused, or
--- paused again since: then the new pause holds it anew), and take it off the held set.
-local function release_if_resumed(flow, log, held, paused, id, kind, state, step, held_by, now)
+-- paused again since: then the new pause holds it anew), and take it off the held set. ``who``: the
+-- resume's (release.lua), or the claim's owner when a worker meets the flow first.
+local function release_if_resumed(flow, log, held, paused, id, kind, state, step, held_by, now, who)
   if not held_by or not kind then
     return false
   end
@@ -49,6 +50,6 @@ local function release_if_resumed(flow, log, held, paused, id, kind, state, step
   end
   redis.call('HDEL', flow, 'held')
   redis.call('ZREM', held, kind .. '\31' .. id)
-  redis.call('RPUSH', log, paused_entry('resume', state, step or '', now, 'released: flow kind ' .. kind .. ' resumed'))
+  redis.call('RPUSH', log, paused_entry(who, state, step or '', now, 'released: flow kind ' .. kind .. ' resumed'))
   return true
 end
