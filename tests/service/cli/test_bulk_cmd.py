@@ -1,15 +1,12 @@
 """``durapay bulk`` and ``durapay kinds`` against the test Valkey, the action run by a real Celery worker.
 
-1,000 flows are made quickly: started in one batch (``Engine.start_many``), then each claimed and moved
-to ``failed`` or ``waiting`` through the engine's own scripts (claim, then a compare-and-set; each batch
-in one pipeline), as a step would have left it. ``mit`` flows: their input holds no card data, so a failed one may start again.
+1,000 flows are made quickly (``tests.service.bulk_support.make_flows``).
 """
 
 from __future__ import annotations
 
 import json
 import random
-import uuid
 from collections.abc import Iterator
 from typing import Any
 
@@ -18,47 +15,12 @@ from celery.contrib.testing.worker import start_worker
 
 from durapay.config import load_settings
 from durapay.service.runtime import Runtime, build_runtime
-from durapay.workflows.scripts import ScriptPipeline
 from durapay.workflows.states import FlowState
-from durapay.workflows.store import Change, ClaimRequest, _taken, compact_json
+from tests.service.bulk_support import make_flows
 from tests.service.cli.conftest import invoke
 from tests.waiting import wait_until
 
 COUNT = 1000
-
-
-def make_flows(rt: Runtime, count: int, state: FlowState) -> list[str]:
-    engine = rt.engine
-    tag = uuid.uuid4().hex[:6]
-    starts = [
-        ("mit", {"order": {"orderId": f"b{tag}n{index}", "amount": "700", "currency": "EUR"}, "contractId": "ct-bulk"}, None)
-        for index in range(count)
-    ]
-    sender, engine.sender = engine.sender, None  # made here, not sent
-    ids = [str(flow_id) for flow_id in engine.start_many(starts)]
-    now = engine.clock.now()
-    store = engine.store
-    # Claims, then compare-and-sets, each batch in one pipeline (the store's own scripts and calls).
-    claims = ScriptPipeline(engine.redis)
-    for flow_id in ids:
-        keys, args = store._claim_call(ClaimRequest(flow_id, "pay", now, now + 60, "test", 5, 50))
-        claims.call(store._claim, keys, args)
-    moves = ScriptPipeline(engine.redis)
-    for answer in claims.execute():
-        taken = _taken(answer)
-        assert not isinstance(taken, str), taken
-        record = taken[1]
-        fields: dict[str, str | None] = {"lease_until": None, "lease_owner": None}
-        if state is FlowState.FAILED:
-            fields["error"] = compact_json({"type": "GatewayUnavailable", "message": "the gateway was down"})
-            change = Change(FlowState.FAILED, "pay: gateway unavailable", fields)
-        else:
-            change = Change(FlowState.WAITING, "pay: waiting", fields, due=now + 3600)
-        call = store._transition_call(record, change, now=now, by="test")
-        moves.call(store._transition, call.keys, call.args)
-    moves.execute()
-    engine.sender = sender
-    return ids
 
 
 @pytest.fixture

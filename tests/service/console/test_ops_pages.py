@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from durapay.workflows.states import FlowState
-from tests.service.cli.test_bulk_cmd import make_flows
+from tests.service.bulk_support import make_flows
 from tests.service.console.conftest import OPERATOR_KEY, ConsoleStack, screenshot
 from tests.service.console.test_console_browser import navigate_by, sign_in
 from tests.waiting import wait_until
