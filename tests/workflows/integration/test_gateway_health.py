@@ -9,6 +9,8 @@ worker, the simulator over HTTP with its faults.
 * An outage longer than ``outage_seconds``: a flow whose money call may have reached the gateway ends
   in ``needs_attention``, one whose call never left ends ``failed``, both with the reason.
 
+* On a Redis Cluster the gate opens and closes, its events written in its own slot.
+
 The full acceptance run (500 flows, 150 s) is ``bench/outage.py``.
 """
 
@@ -19,20 +21,27 @@ import time
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import ExitStack
+from pathlib import Path
 from typing import Any
 
 import pytest
 from celery.contrib.testing.worker import start_worker
+from redis.cluster import RedisCluster
 
+from durapay.gateway import ServerError
 from durapay.service.metrics import render
 from durapay.service.runtime import build_runtime
 from durapay.simulator import SimulatorServer
 from durapay.workflows.clock import OffsetClock
 from durapay.workflows.dispatcher import Dispatcher
+from durapay.workflows.events import EventFeed
+from durapay.workflows.keys import Keys
 from durapay.workflows.states import STOPPED, FlowState
 from tests.waiting import wait_until
 from tests.workflows.integration.conftest import Stack, stack_settings
 from tests.workflows.integration.test_flows import APPROVE, card, order
+from tests.workflows.integration.topology import ValkeyCluster
+from tests.workflows.test_gate import Time, make_gate
 
 pytestmark = pytest.mark.integration
 
@@ -146,3 +155,22 @@ def test_an_outage_longer_than_the_bound_ends_flows_failed_or_with_a_person(boun
         assert "gateway unavailable for more than 10s" in (record.outcome or {}).get("reason", "") + str(
             engine.history(record.id)[-1].get("what")
         )
+
+
+def test_the_gate_opens_and_closes_on_a_redis_cluster(tmp_path: Path, key_prefix: str) -> None:
+    """The gate's keys and its partition's event stream share one hash slot: the script that opens and
+    closes the breaker writes its events on a cluster too (a cross-slot script would be refused)."""
+    with ValkeyCluster(tmp_path / "cluster", 3) as cluster:
+        client = RedisCluster.from_url(cluster.url)
+        time_now = Time()
+        gate = make_gate(client, key_prefix, time_now, failures=2)
+        for _ in range(2):
+            gate.failed(ServerError("create_moto_order: HTTP 503", status_code=503))
+        assert gate.take().verdict == "open"
+        time_now.t += 20
+        assert gate.take().verdict == "go"  # the probe
+        gate.succeeded()
+        assert gate.status().state == "closed"
+        kinds = [event.type for event in EventFeed(client, Keys(prefix=key_prefix, partitions=3)).read(None)[0]]
+        assert kinds == ["gateway.unavailable", "gateway.recovered"]
+        client.close()
