@@ -567,7 +567,7 @@ def _variable(loc: tuple[int | str, ...]) -> str:
 
 
 #: ``DURAPAY_*`` variables that are not settings but knobs of durapay's own tests and tools, read where
-#: they are used (docs/configuration.md, Variables that are not settings). Every other ``DURAPAY_*``
+#: they are used (docs/configuration.md, "The prefix is durapay's"). Every other ``DURAPAY_*``
 #: variable that names no setting is refused (:func:`check_variables`).
 TOOL_VARIABLES = frozenset(
     {

@@ -68,11 +68,40 @@ def test_docs_exist_and_readme_maps_them(name: str) -> None:
     assert f"](docs/{name})" in (ROOT / "README.md").read_text()
 
 
-@pytest.mark.parametrize("name", DOCS)
-def test_relative_links_in_docs_resolve(name: str) -> None:
-    text = (ROOT / "docs" / name).read_text()
-    for target in re.findall(r"\]\(([^)#:]+)(?:#[^)]*)?\)", text):
-        assert (ROOT / "docs" / target).resolve().exists(), f"{name} links to {target}"
+def anchors(path: Path) -> set[str]:
+    """The #fragments GitHub makes of a Markdown file's headings: lower case, punctuation but ``-`` and
+    ``_`` dropped, spaces made dashes; a repeated heading gets ``-1``, ``-2``... (fenced code skipped)."""
+    found: set[str] = set()
+    counts: dict[str, int] = {}
+    fenced = False
+    for line in path.read_text().splitlines():
+        if line.startswith("```"):
+            fenced = not fenced
+        heading = None if fenced else re.match(r"^#{1,6}\s+(.*?)\s*#*\s*$", line)
+        if heading:
+            slug = re.sub(r"[^\w\- ]", "", heading.group(1).strip().lower()).replace(" ", "-")
+            counts[slug] = counts.get(slug, -1) + 1
+            found.add(slug if counts[slug] == 0 else f"{slug}-{counts[slug]}")
+    return found
+
+
+@pytest.mark.parametrize("name", ["README.md", *(f"docs/{name}" for name in DOCS)])
+def test_relative_links_and_their_headings_resolve(name: str) -> None:
+    """Every relative link of README.md and docs/ names a file that exists and, with a #fragment into a
+    Markdown file, one of its headings (a renamed heading breaks its links silently on GitHub)."""
+    path = ROOT / name
+    text = re.sub(r"```.*?```", "", path.read_text(), flags=re.S)
+    broken = []
+    for link in re.findall(r"\]\(([^)\s]+)\)", text):
+        if re.match(r"^[a-z][a-z0-9+.-]*:", link):
+            continue  # http:, mailto: ...
+        target, _, fragment = link.partition("#")
+        file = (path.parent / target).resolve() if target else path
+        if not file.exists():
+            broken.append(f"{link} (no such file)")
+        elif fragment and file.suffix == ".md" and fragment not in anchors(file):
+            broken.append(f"{link} (no such heading)")
+    assert broken == [], f"{name} links to"
 
 
 def test_the_state_diagram_is_the_transition_table() -> None:

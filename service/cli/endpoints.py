@@ -12,7 +12,7 @@ from durapay.service.cli._output import print_rows
 
 
 def markdown_table() -> str:
-    """docs/gateway.md's endpoint table, generated from the catalogue (a test keeps README in step)."""
+    """docs/gateway.md's endpoint table, generated from the catalogue (tests/test_readme.py keeps that page in step)."""
     lines = [
         "| # | Method | Path | Operation (task `durapay.gateway.<operation>`) | Version | Idempotency-Key | Retry safe |",
         "|---|---|---|---|---|---|---|",
