@@ -35,21 +35,23 @@ def late_payment(record: FlowRecord) -> dict[str, Any] | None:
     return None
 
 
-def allowed(record: FlowRecord, *, refunding: FlowRecord | None = None) -> list[str]:
-    """The actions a person may take on the flow now (the console's buttons, ``durapay flows show``).
+def taken(record: FlowRecord, *, refunding: FlowRecord | None = None) -> list[str]:
+    """The actions the engine takes on the flow now: the one rule :func:`allowed` (what is offered) and
+    :func:`refusal` (what is refused, and why) are both read from.
 
     ``refunding``: the refund flow of its late payment, under way (``LatePayments.refunding``): ask
     :meth:`Engine.actions <durapay.workflows.engine.Engine.actions>`, which looks it up. Meanwhile the payment
     is neither accepted nor kept (the engine refuses both) and the refund's end closes the flow: nothing is
-    offered, but once that refund succeeded (its worker lost before it closed the flow) asking to refund
-    again closes it."""
+    taken, but once that refund succeeded (its worker lost before it closed the flow) asking to refund
+    again closes it. ``accept`` is a retry that takes the late payment; ``refund`` and ``keep`` close any
+    late payment (``workflows.late_payments``)."""
     late = late_payment(record)
     if late is not None and refunding is not None:
         return ["refund"] if refunding.state is FlowState.SUCCEEDED else []
     if late is not None:
         # Beside a succeeded flow's payment, the first stays the outcome whatever is done with the second
         # (a retry would not account for the second, and a flow whose payment succeeded is never cancelled: no cancel).
-        return ["accept", "refund"] if _takes(record) else ["keep", "refund"]
+        return ["accept", "retry", "refund", "keep"] if _takes(record) else ["keep", "refund"]
     actions: list[str] = []
     if record.state is FlowState.NEEDS_ATTENTION or (record.state is FlowState.FAILED and _restartable(record)):
         actions.append("retry")
@@ -58,22 +60,28 @@ def allowed(record: FlowRecord, *, refunding: FlowRecord | None = None) -> list[
     return actions
 
 
+def allowed(record: FlowRecord, *, refunding: FlowRecord | None = None) -> list[str]:
+    """The actions a person is offered on the flow now (the console's buttons, ``durapay flows show``):
+    those :func:`taken`, but where ``accept`` is, neither ``retry`` (the same move, in its right name) nor
+    ``keep`` (after a flow failed or was cancelled, accepting is what a person means; ``keep`` stays the
+    CLI's ``keep-late-payment``)."""
+    actions = taken(record, refunding=refunding)
+    if "accept" in actions:
+        return [action for action in actions if action not in {"retry", "keep"}]
+    return actions
+
+
 def refusal(record: FlowRecord, action: str, *, refunding: FlowRecord | None = None) -> str | None:
-    """Why ``action`` is not possible on the flow now (None: it is). ``accept`` is checked as ``retry``;
-    ``refund`` and ``keep`` close any late payment (``workflows.late_payments``), though the console offers
-    ``keep`` only beside a succeeded flow's payment (elsewhere ``accept`` is what a person means).
-    ``refunding``: as for :func:`allowed` (what ``LatePayments.accepting`` refuses, said the same way)."""
+    """Why ``action`` is not possible on the flow now (None: it is, :func:`taken`). ``refunding``: as for
+    :func:`taken` (what ``LatePayments.accepting`` refuses, said the same way)."""
+    if action in taken(record, refunding=refunding):
+        return None
     late = late_payment(record)
-    if late is not None and refunding is not None and action in {"accept", "keep", "retry"}:
+    if late is not None and refunding is not None:
         return (
             f"flow {record.id}: payment {late.get('operationId', '?')} is being refunded by flow {refunding.id} "
             f"({refunding.state}): its success closes this flow"
         )
-    if action in {"refund", "keep"} and late is not None:
-        return None
-    if action in allowed(record) or (action == "retry" and "accept" in allowed(record)):
-        return None
-    late = late_payment(record)
     if late is not None:
         operation = late.get("operationId", "?")
         if not _takes(record):

@@ -160,6 +160,7 @@ def flow_router(console: Console, engine: Engine, listing: FlowListing) -> APIRo
             marks=engine.store.marks(flow_id),
             titles=TITLES,
             actions=engine.actions(found) if session.operator else [],
+            labels=ACTIONS,  # the buttons say what the confirmation page's title says
             done=request.query_params.get("done", ""),
         )
 

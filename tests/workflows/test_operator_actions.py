@@ -18,6 +18,7 @@ from durapay.workflows import operator_actions
 from durapay.workflows.engine import Engine, OperatorError
 from durapay.workflows.states import FlowState
 from durapay.workflows.steps import FlowDefinition
+from durapay.workflows.store import FlowRecord
 from tests.workflows.engine_support import DemoInput, ScriptedStep, summary
 
 
@@ -118,3 +119,24 @@ def test_a_restart_is_said_to_take_the_order_id_the_engine_takes(make_engine: An
     said = " ".join(operator_actions.explain(engine.get(record.id), "retry"))
     assert "suffix -2" in said and "cannot" not in said, said
     assert engine.retry(record.id).order_id == "ord-7-2"
+
+
+def _late(flow_id: str, kind: str, state: FlowState, **fields: Any) -> FlowRecord:
+    return FlowRecord(
+        id=flow_id, kind=kind, state=state, step="pay", version=3, attempt=0, created=0.0, updated=0.0, input={}, **fields
+    )
+
+
+@pytest.mark.parametrize("refund_state", [FlowState.RUNNING, FlowState.SUCCEEDED])
+def test_while_a_late_payments_refund_is_under_way_what_is_offered_is_what_is_taken(refund_state: FlowState) -> None:
+    """Review of issue 27: with the refund running, nothing was offered but a refund was taken (its
+    confirmation page, reached by URL, accepted it); both are now read from ``taken``. Once the refund
+    succeeded (its worker lost before it closed the flow), refund is offered and taken: it closes the flow."""
+    late = {"type": "LatePayment", "endedAs": "failed", "operation": {"operationId": "op-1", "operationResult": "EXECUTED"}}
+    record = _late("f-late", "moto", FlowState.NEEDS_ATTENTION, error=late)
+    refunding = _late("f-refund", "refund", refund_state)
+    offered = operator_actions.allowed(record, refunding=refunding)
+    accepted = [a for a in operator_actions.ACTIONS if operator_actions.refusal(record, a, refunding=refunding) is None]
+    assert offered == accepted == (["refund"] if refund_state is FlowState.SUCCEEDED else [])
+    if refund_state is FlowState.RUNNING:
+        assert "is being refunded by flow f-refund" in (operator_actions.refusal(record, "refund", refunding=refunding) or "")

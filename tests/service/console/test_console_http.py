@@ -13,6 +13,7 @@ import httpx
 import pytest
 
 from durapay.gateway import Catalogue
+from durapay.workflows.operator_actions import ACTIONS
 from durapay.workflows.schedules import Schedules
 from durapay.workflows.states import FlowState
 from tests.service.console.conftest import OPERATOR_KEY, READ_KEY, ConsoleStack
@@ -113,7 +114,10 @@ def test_refund_a_late_payment_and_cancel(console_stack: ConsoleStack, operator:
     flow_id, operation_id = late_payment(console_stack)
     page = operator.get(f"/console/flows/{flow_id}")
     assert "LatePayment" in page.text and 'id="action-refund"' in page.text and 'id="action-accept"' in page.text
+    for action in ("refund", "accept"):  # each button says what its confirmation page's title says
+        assert re.search(rf'id="action-{action}"[^>]*>{re.escape(ACTIONS[action])}</a>', page.text), action
     confirm = operator.get(f"/console/flows/{flow_id}/confirm/refund")
+    assert f"Confirm: {ACTIONS['refund']}" in confirm.text
     assert f"refund operation {operation_id}" in confirm.text
     answer = operator.post(f"/console/flows/{flow_id}/refund", data={"csrf": csrf_of(confirm), "reason": "customer asked"})
     assert answer.status_code == 303, answer.text
