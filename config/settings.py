@@ -500,8 +500,7 @@ class BulkSettings(_Group):
     max_flows: int = Field(default=10_000, ge=1, le=1_000_000, description="Most flows one bulk action may match.")
     retention: LongDuration = Field(
         default=7 * DAY,
-        description="How long a bulk action's record (progress, skipped flows) is kept after it was posted "
-        "(10s to 3650d).",
+        description="How long a bulk action's record (progress, skipped flows) is kept after it was posted (10s to 3650d).",
     )
     kept: int = Field(default=200, ge=1, le=10_000, description="Most bulk actions listed (the newest).")
 
@@ -666,7 +665,30 @@ def load_settings(overrides: Mapping[str, Any] | None = None) -> Settings:
             f"(DURAPAY_GATEWAY__TIMEOUT + DURAPAY_GATEWAY__CONNECT_TIMEOUT = {call:g}s)"
         )
     _check_webhook_retries(settings)
+    _check_daily_window(settings)
     return settings
+
+
+#: What a daily reconciliation may read back beyond its window, in hours: the day's run may start late or
+#: be run again until that day ends (``reconciliation.daily``), and a daylight-saving day is an hour longer.
+DAILY_SLACK_HOURS = 24 + 1
+
+
+def _check_daily_window(settings: Settings) -> None:
+    """With the daily reconciliation on, the finished flows must be kept longer than its window reaches
+    back: a window starting before the engine's retention is refused (``Reconciler.begin``: the flows of
+    older payments are gone, each would read as money without a flow), so every daily run would fail."""
+    if not settings.reconcile.daily:
+        return
+    reach = (settings.reconcile.window_hours + DAILY_SLACK_HOURS) * 3600
+    if settings.engine.retention < reach:
+        window = _variable(("reconcile", "window_hours"))
+        raise SettingsError(
+            f"{_variable(('engine', 'retention'))}: {settings.engine.retention / 3600:g}h keeps finished flows for less than "
+            f"the daily reconciliation reads back ({window}={settings.reconcile.window_hours:g}, plus up to "
+            f"{DAILY_SLACK_HOURS}h for a late or repeated run and daylight saving: {reach / 3600:g}h): set it to at least "
+            f"{reach / 3600:g}h, lower {window}, or set {_variable(('reconcile', 'daily'))}=false"
+        )
 
 
 def _check_webhook_retries(settings: Settings) -> None:

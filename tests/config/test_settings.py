@@ -125,6 +125,7 @@ def test_retentions_read_as_durations(written: object, seconds: float) -> None:
     loaded = load_settings(
         {"engine": {"retention": written}, "events": {"retention": written}, "schedules": {"retention": written}}
         | ({"webhooks": {"retry_days": 0.001, "retry_delays": [0, 10]}} if seconds < 86400 * 4 else {})
+        | {"reconcile": {"daily": False}}  # a retention shorter than its reach is refused with it on (below)
     )
     assert loaded.engine.retention == loaded.events.retention == loaded.schedules.retention == seconds
 
@@ -132,7 +133,7 @@ def test_retentions_read_as_durations(written: object, seconds: float) -> None:
 def test_retentions_are_refused_outside_their_documented_range(monkeypatch: pytest.MonkeyPatch) -> None:
     """The ranges README states (10s to 3650d; the events' to 90d), the older ``_DAYS`` form still read in
     days, and a clear message for what is not a duration or names both forms."""
-    quick = {"webhooks": {"retry_days": 0.0001, "retry_delays": [0]}}
+    quick = {"webhooks": {"retry_days": 0.0001, "retry_delays": [0]}, "reconcile": {"daily": False}}
     for group, highest in (("engine", "3650d"), ("events", "90d"), ("schedules", "3650d")):
         assert load_settings({group: {"retention": "10s"}, **quick}).model_dump()[group]["retention"] == 10
         assert load_settings({group: {"retention": highest}}).model_dump()[group]["retention"] == float(highest[:-1]) * 86400
@@ -141,9 +142,9 @@ def test_retentions_are_refused_outside_their_documented_range(monkeypatch: pyte
                 load_settings({group: {"retention": wrong}, **quick})
     with pytest.raises(SettingsError, match=r"DURAPAY_ENGINE__RETENTION: '3 weeks' is not a duration \(e.g. 30d, 12h"):
         load_settings({"engine": {"retention": "3 weeks"}})
-    monkeypatch.setenv("DURAPAY_ENGINE__RETENTION_DAYS", "2")
+    monkeypatch.setenv("DURAPAY_ENGINE__RETENTION_DAYS", "3")
     monkeypatch.setenv("DURAPAY_RECEIVER__EVENT_TTL_SECONDS", "2h")
-    assert load_settings().engine.retention == 2 * 86400 and load_settings().receiver.event_ttl_seconds == 7200
+    assert load_settings().engine.retention == 3 * 86400 and load_settings().receiver.event_ttl_seconds == 7200
     monkeypatch.setenv("DURAPAY_ENGINE__RETENTION", "3d")
     with pytest.raises(SettingsError, match="DURAPAY_ENGINE: set __RETENTION or __RETENTION_DAYS"):
         load_settings()
@@ -244,3 +245,18 @@ def test_every_durapay_variable_the_code_reads_is_a_setting_or_a_documented_tool
     check_variables(dict.fromkeys(names, "1"))  # raises for a knob that is neither
     documented = (root / "docs" / "configuration.md").read_text()
     assert all(f"`{name}`" in documented for name in TOOL_VARIABLES) and f"`{TOOL_PREFIX}*`" in documented
+
+
+def test_a_retention_shorter_than_the_daily_reconciliations_reach_is_refused() -> None:
+    """Review of issue 25: with the daily run on by default, DURAPAY_ENGINE__RETENTION=12h (valid alone)
+    made every daily run fail (its window starts before the kept flows); the start now refuses it, naming
+    both settings and what to set. With the daily run off, or a retention that reaches, it is taken."""
+    with pytest.raises(SettingsError) as refused:
+        load_settings({"engine": {"retention": "12h"}, "reconcile": {"daily": True}})
+    said = str(refused.value)
+    assert said.startswith("DURAPAY_ENGINE__RETENTION: 12h ") and "DURAPAY_RECONCILE__WINDOW_HOURS=24" in said
+    assert "at least 49h" in said and "DURAPAY_RECONCILE__DAILY=false" in said
+    with pytest.raises(SettingsError, match="at least 31h"):
+        load_settings({"engine": {"retention": "30h"}, "reconcile": {"daily": True, "window_hours": 6}})
+    assert load_settings({"engine": {"retention": "49h"}, "reconcile": {"daily": True}}).engine.retention == 49 * 3600
+    assert load_settings({"engine": {"retention": "12h"}, "reconcile": {"daily": False}}).engine.retention == 12 * 3600
