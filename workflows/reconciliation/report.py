@@ -99,6 +99,8 @@ class Report:
     interrupted: str | None = None
     #: Counts by category as found (the stored findings may be fewer: :data:`MAX_FINDINGS`).
     found: dict[str, int] = field(default_factory=dict, compare=False)
+    #: Operations found in flight past :data:`MAX_CARRIED`: not handed on (said in :attr:`gaps`, :meth:`not_followed`).
+    not_carried: int = field(default=0, compare=False)
     _kept: set[str] = field(default_factory=set, compare=False, repr=False)
 
     def add(self, findings: Iterable[Finding], in_flight: set[str]) -> None:
@@ -117,8 +119,24 @@ class Report:
             if self.found[finding.category] <= MAX_FINDINGS:
                 self.findings.append(finding)
             operation_id = (finding.operation or {}).get("operationId")
-            if operation_id and len(in_flight) < MAX_CARRIED:
+            if not operation_id or str(operation_id) in in_flight:
+                continue
+            if len(in_flight) < MAX_CARRIED:
                 in_flight.add(str(operation_id))
+            else:
+                self.not_carried += 1
+
+    def not_followed(self, dropped: list[str]) -> None:
+        """Say in :attr:`gaps` the operations in flight no later run will read again: those past
+        :data:`MAX_CARRIED` in this run (``not_carried``) and ``dropped`` by ``Reports.carry`` (the
+        oldest carried). The report is then not ok: their money is judged by no report."""
+        count = self.not_carried + len(dropped)
+        if count:
+            named = f": {', '.join(dropped[:10])}{', ...' if len(dropped) > 10 else ''}" if dropped else ""
+            self.gaps.append(
+                f"{count} operation(s) in flight are not followed by the next runs (more than {MAX_CARRIED} in flight"
+                f"{named}): reconcile their days again once they settle"
+            )
 
     @property
     def mismatches(self) -> list[Finding]:
@@ -278,18 +296,22 @@ class Reports:
             (found.expired if first < now - self.retention_seconds else found.ids)[member.decode()] = first
         return found
 
-    def carry(self, in_flight: set[str], *, done: set[str], now: float) -> None:
+    def carry(self, in_flight: set[str], *, done: set[str], now: float) -> list[str]:
         """Hand ``in_flight`` to the next run (keeping when each was first found), and forget ``done``
-        (read again by this run) unless it is still in flight; at most :data:`MAX_CARRIED` kept."""
+        (read again by this run) unless it is still in flight; at most :data:`MAX_CARRIED` kept. Returns
+        the operations dropped past it (the oldest), for the report to say (:meth:`Report.not_followed`)."""
         finished = sorted(done - in_flight)
         if finished:
             self.redis.hdel(self._carried, *finished)
         for operation_id in sorted(in_flight):
             self.redis.hsetnx(self._carried, operation_id, repr(now))
         size = int(self.redis.hlen(self._carried))
-        if size > MAX_CARRIED:
-            entries = sorted(((float(v), k) for k, v in self.redis.hgetall(self._carried).items()), reverse=True)
-            self.redis.hdel(self._carried, *[key for _, key in entries[MAX_CARRIED:]])
+        if size <= MAX_CARRIED:
+            return []
+        entries = sorted(((float(v), k) for k, v in self.redis.hgetall(self._carried).items()), reverse=True)
+        dropped = [key for _, key in entries[MAX_CARRIED:]]
+        self.redis.hdel(self._carried, *dropped)
+        return sorted(key.decode() for key in dropped)
 
     def standing(self) -> Report | None:
         """The report the console's home page and the metrics follow: the newest finished one that found

@@ -130,6 +130,7 @@ class Reconciler:
         in_flight: set[str] = set()
         read = WindowRead()
         unread = set(carried.ids)
+        judged: set[str] = set()  # the carried operations this run read again and judged
         try:
             lowest = until
             for page in pages(
@@ -140,22 +141,20 @@ class Reconciler:
                 span=timedelta(days=self.settings.span_days),
                 read=read,
             ):
-                unread -= {str(op["operationId"]) for op in page}
+                listed = {str(op["operationId"]) for op in page}
+                unread -= listed
                 oldest = oldest_of(page)
                 lowest = min(lowest, oldest[0].timestamp() if oldest else lowest)
                 report.operations += len(page)
                 self._page(page, judge, ended.down_to(lowest - SKEW_SECONDS), lowest, report, in_flight)
+                judged |= listed & set(carried.ids)
             report.pages, report.gaps = read.pages, read.gaps
-            for operation_id in sorted(carried.expired):
-                since_then = _iso(carried.expired[operation_id])
-                report.gaps.append(
-                    f"operation {operation_id}, in flight since {since_then}, is no longer followed (past the retention)"
-                )
             rest = ended.down_to(since)
             for chunk in _chunks(sorted(unread)):
                 found = [op for op in (reads.get_operation(operation_id) for operation_id in chunk) if op is not None]
                 report.carried += len(found)
                 self._page(found, judge, rest, lowest, report, in_flight)
+                judged |= set(chunk)
                 rest = iter(())
             self._page([], judge, rest, lowest, report, in_flight)
             report.add(judge.resolve(), in_flight)
@@ -165,8 +164,18 @@ class Reconciler:
         report.calls = reads.calls
         for finding in report.mismatches:
             self.act(finding, report.id)
+        # What was found in flight is handed on even when the run stopped part way: nothing met on its
+        # day may escape every later report. Forgotten are only the carried operations this run judged
+        # (a stopped run leaves the rest, and those past the retention, to the next).
+        done = judged if report.error else set(carried.ids) | set(carried.expired)
+        dropped = self.reports.carry(in_flight, done=done, now=report.started)
         if report.error is None:
-            self.reports.carry(in_flight, done=set(carried.ids) | set(carried.expired), now=report.started)
+            for operation_id in sorted(carried.expired):
+                since_then = _iso(carried.expired[operation_id])
+                report.gaps.append(
+                    f"operation {operation_id}, in flight since {since_then}, is no longer followed (past the retention)"
+                )
+        report.not_followed(dropped)
         report.finished = self.engine.clock.now()
         self.reports.save(report, now=report.finished)
         return report

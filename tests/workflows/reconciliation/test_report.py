@@ -72,3 +72,22 @@ def test_a_flow_names_an_operation_by_its_whole_id() -> None:
     assert money.names(record, "800000000000000123") and money.names(record, "800000000000000456")
     assert not money.names(record, "123") and not money.names(record, "80000000000000012")
     assert money.shown(record, {"operationId": "123", "operationType": "CAPTURE"}) is None
+
+
+def test_in_flight_past_the_carried_bound_is_said_and_the_report_is_not_clean(
+    flows: tuple[Engine, SimulatorServer], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Review of issue 25: past MAX_CARRIED in-flight operations of one run, the rest were neither handed
+    on nor said, and the report read ok. Now a gap line counts them (the report is not clean)."""
+    from durapay.workflows.reconciliation import report as report_module
+
+    engine, sim = flows
+    monkeypatch.setattr(report_module, "MAX_CARRIED", 1)
+    since = engine.clock.now() - 60
+    sim.admin.pend("create_moto_order", count=2, final="000")
+    strays = [pay_directly(engine, f"stray-pend-{letter}") for letter in "ab"]
+    assert all(op["operationResult"] == "PENDING" for op in strays)
+    report = Reconciler(engine).run(since, catch_up(engine, sim))
+    carried = Reconciler(engine).reports.carried(now=engine.clock.now())
+    assert len({op["operationId"] for op in strays} & set(carried.ids)) == 1
+    assert not report.ok and any("1 operation(s) in flight are not followed" in gap for gap in report.gaps), report.gaps

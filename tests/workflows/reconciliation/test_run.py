@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 import redis
 
+from durapay.config.settings import ReconcileSettings
 from durapay.gateway import Catalogue
 from durapay.simulator import SimulatorServer
 from durapay.workflows.clock import ManualClock
@@ -24,6 +25,7 @@ from durapay.workflows.engine import Engine
 from durapay.workflows.reconciliation import (
     EVENT_TYPE,
     FLOW_WITHOUT_MONEY,
+    IN_FLIGHT,
     MONEY_NOT_SHOWN,
     MONEY_WITHOUT_FLOW,
     Reconciler,
@@ -216,3 +218,27 @@ def a_flow_without_its_money(engine: Engine, prefix: str) -> tuple[str, str]:
     real = str((record.outcome or {})["operation"]["operationId"])
     engine.redis.hset(engine.keys.flow(flow_id), "outcome", json.dumps(record.outcome).replace(real, MISSING))
     return flow_id, MISSING
+
+
+def test_a_pending_operation_read_before_a_gateway_error_is_handed_on(flows: tuple[Engine, SimulatorServer]) -> None:
+    """Review of issue 25: a run the gateway stopped part way (here its call budget, after the first page)
+    handed nothing to the next run: the PENDING payment it had read was in no later window, never judged.
+    What a stopped run found in flight is now carried; of what earlier runs carried, it lets go only what
+    it read again and judged."""
+    engine, sim = flows
+    since = engine.clock.now() - 60
+    for name in ("older-a", "older-b", "older-c"):
+        pay_directly(engine, name)
+    sim.admin.advance_clock(5)
+    sim.admin.pend("create_moto_order", count=1, final="000")
+    stray = pay_directly(engine, "stray-pending")
+    assert stray["operationResult"] == "PENDING"
+    until = catch_up(engine, sim)
+    earlier = "700000000000000001"  # handed on by an earlier run: read by id only after the pages
+    Reconciler(engine).reports.carry({earlier}, done=set(), now=engine.clock.now())
+    report = Reconciler(engine, ReconcileSettings(max_records=2, max_calls=1)).run(since, until)  # one page read
+    assert report.error is not None and not report.ok
+    assert (IN_FLIGHT, stray["operationId"]) in [(f.category, (f.operation or {}).get("operationId")) for f in report.findings]
+    carried = Reconciler(engine).reports.carried(now=engine.clock.now())
+    assert stray["operationId"] in carried.ids, "the PENDING payment the run read is handed to the next run"
+    assert earlier in carried.ids, "what the stopped run did not read again stays handed on"
