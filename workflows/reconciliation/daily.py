@@ -8,8 +8,12 @@ time, so consecutive days' windows tile without gap or overlap even across a day
 Any number of schedulers may run: the day is claimed in Redis and only the one that claims it runs it,
 in a thread of its own so that dispatching goes on meanwhile. The claim is a lease
 (:data:`LEASE_SECONDS`) while the run goes, made the day's *done* mark (kept three days) only once its
-report is saved; a run that raises gives the lease back, and a scheduler killed mid-run lets it lapse,
-so another scheduler (or this one) runs the day again, up to :data:`ATTEMPTS` times a day. A scheduler
+report is saved, and only for a run that read its whole window. A run that raises, or that the gateway
+stopped part way (its report's ``error``: an outage, the call budget), hands the day back to be run again
+:data:`RETRY_SECONDS` later; a scheduler killed mid-run lets its lease lapse. Another scheduler (or this
+one) then runs the day again, up to :data:`ATTEMPTS` times a day. The gaps of a window read whole (more
+operations in one millisecond than a page) are said in its report and not run again: a rerun meets the
+same. A scheduler
 that starts after the day's time runs the day's reconciliation then (same window); a day with no
 scheduler up at all is not run later (run ``durapay reconcile --since ... --until ...``).
 """
@@ -34,20 +38,28 @@ CLAIM_SECONDS = 3 * 86400
 LEASE_SECONDS = 3600
 #: Runs of one day at most (a day whose runs keep failing is left to a person: the log says each failure).
 ATTEMPTS = 3
+#: How long after a failed run the day may be run again (a gateway outage is not met three times in a row
+#: within seconds of each other: the scheduler ticks every second).
+RETRY_SECONDS = 600
 
-# KEYS: 1 the day's claim, 2 its attempts. ARGV: 1 this run's token, 2 lease seconds, 3 keep seconds, 4 attempts.
+# KEYS: 1 the day's claim, 2 its attempts. ARGV: 1 this run's token, 2 lease seconds, 3 keep seconds, 4 attempts,
+# 5 now (the engine's clock). A claim reading 'after:<time>' is a failed run's: the day is free from that time.
 _CLAIM = """
-if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
+local held = redis.call('GET', KEYS[1])
+if held then
+  local after = string.match(held, '^after:(.+)$')
+  if not after or tonumber(ARGV[5]) < tonumber(after) then return 0 end
+end
 if tonumber(redis.call('GET', KEYS[2]) or '0') >= tonumber(ARGV[4]) then return 0 end
 redis.call('INCR', KEYS[2])
 redis.call('EXPIRE', KEYS[2], ARGV[3])
 redis.call('SET', KEYS[1], ARGV[1], 'EX', ARGV[2])
 return 1
 """
-# KEYS: 1 the day's claim. ARGV: 1 this run's token, 2 "done" or "release", 3 keep seconds.
+# KEYS: 1 the day's claim. ARGV: 1 this run's token, 2 "done" or "after:<time>" (free again then), 3 keep seconds.
 _SETTLE = """
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
-if ARGV[2] == 'done' then redis.call('SET', KEYS[1], 'done', 'EX', ARGV[3]) else redis.call('DEL', KEYS[1]) end
+redis.call('SET', KEYS[1], ARGV[2], 'EX', ARGV[3])
 return 1
 """
 
@@ -92,7 +104,8 @@ class DailyReconciliation:
         if at is None:
             return 0
         key, token = self.claim_key(at), secrets.token_hex(8)
-        if not self._claim(keys=[key, f"{key}:attempts"], args=[token, LEASE_SECONDS, CLAIM_SECONDS, ATTEMPTS]):
+        now = repr(self.engine.clock.now())
+        if not self._claim(keys=[key, f"{key}:attempts"], args=[token, LEASE_SECONDS, CLAIM_SECONDS, ATTEMPTS, now]):
             return 0
         since, until = self.window(at)
         if self.background:
@@ -105,20 +118,30 @@ class DailyReconciliation:
         return 0
 
     def _run(self, since: float, until: float, key: str, token: str) -> None:
+        again = f"the day is run again in {RETRY_SECONDS} s, {ATTEMPTS} runs a day at most"
         try:
             report = self.reconciler.run(since, until, by="scheduler")
         except Exception:
-            log.exception("daily reconciliation failed (the day is run again at the next tick, %d runs a day at most)", ATTEMPTS)
-            self._settle(keys=[key], args=[token, "release", CLAIM_SECONDS])
+            log.exception("daily reconciliation failed (%s)", again)
+            self._release(key, token)
+            return
+        if report.error is not None:
+            # The window was not read whole: what it did not read is in no later window (each day reads its own).
+            log.error("daily reconciliation %s stopped part way (%s): %s", report.id, again, report.error)
+            self._release(key, token)
             return
         self._settle(keys=[key], args=[token, "done", CLAIM_SECONDS])
         if report.ok:
             log.info("daily reconciliation %s: nothing wrong (%d operations)", report.id, report.operations)
         else:
             log.error(
-                "daily reconciliation %s: %d mismatch(es), %d part(s) not read%s",
+                "daily reconciliation %s: %d mismatch(es), %d gap(s): %s",
                 report.id,
                 len(report.mismatches),
                 len(report.gaps),
-                f"; {report.error}" if report.error else "",
+                "; ".join(report.gaps[:3]) or "none",
             )
+
+    def _release(self, key: str, token: str) -> None:
+        """Hand the day back: another run may claim it :data:`RETRY_SECONDS` from now (``_CLAIM``)."""
+        self._settle(keys=[key], args=[token, f"after:{self.engine.clock.now() + RETRY_SECONDS!r}", CLAIM_SECONDS])

@@ -106,3 +106,28 @@ def test_a_run_that_fails_is_run_again_by_a_scheduler(
     second.tick()
     first.tick()
     assert len(second.reconciler.reports.recent()) == 1
+
+
+def test_a_day_the_gateway_stopped_part_way_is_run_again(flows: tuple[Engine, SimulatorServer]) -> None:
+    """Review of issue 25: a gateway error ends a run with a report (its ``error``), not an exception, and
+    the day was then marked done though its window was not read. It is handed back, run again ten
+    minutes later (not at the next second's tick: an outage would spend the day's runs at once)."""
+    engine, sim = flows
+    assert isinstance(engine.clock, ManualClock)
+    engine.clock.set(datetime(2026, 11, 20, 3, 31, tzinfo=ROME).timestamp())
+    sim.admin.set_faults(mode="error", operation="list_operations", status=401, count=1000)
+    scheduler = daily(engine)
+    scheduler.tick()
+    first = scheduler.reconciler.reports.latest()
+    assert first is not None and first.error is not None, first
+    sim.admin.clear_faults()  # the gateway answers again
+    engine.clock.advance(60)
+    scheduler.tick()
+    assert len(scheduler.reconciler.reports.recent()) == 1, "not again within RETRY_SECONDS"
+    engine.clock.advance(600)
+    scheduler.tick()
+    again = scheduler.reconciler.reports.latest()
+    assert len(scheduler.reconciler.reports.recent()) == 2 and again is not None and again.error is None, again
+    engine.clock.advance(600)
+    scheduler.tick()
+    assert len(scheduler.reconciler.reports.recent()) == 2, "a day read whole is done"
