@@ -73,6 +73,11 @@ class SimulatorAdmin:
         result: dict[str, Any] = self._json("GET", "/_sim/health")
         return result
 
+    def serving(self, operation: str) -> int:
+        """How many requests to ``operation`` the simulator is serving now: arrived, not yet answered (a
+        latency or hang fault holds them), so a test can act between a call's arrival and its effect."""
+        return int(self.health()["serving"].get(operation, 0))
+
     def reset(self) -> None:
         self._json("POST", "/_sim/reset")
 

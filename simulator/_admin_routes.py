@@ -1,7 +1,8 @@
 """``/_sim/``: the simulator's own JSON endpoints for tests, demos and people (no API key needed).
 
 ============================================  ==========================================================
-``GET /_sim/health``                          ``{"status": "ok", "inFlight": N}`` (gateway requests now served)
+``GET /_sim/health``                          ``{"status": "ok", "inFlight": N, "serving": {op: n}}``
+                                              (gateway requests now served, all and per operation)
 ``POST /_sim/reset``                          forget everything (records, keys, scripts, notifications,
                                               faults back to the start-up settings, clock offset 0)
 ``GET|POST|DELETE /_sim/faults``              read, add to (a rule, ``rules``, ``latency_ms``...), clear
@@ -82,7 +83,7 @@ def _guarded(handler: Callable[[Request], Awaitable[Any]]) -> Callable[[Request]
 
 def admin_routes(sim: Simulator) -> list[BaseRoute]:
     async def health(request: Request) -> dict[str, Any]:
-        return {"status": "ok", "inFlight": sim.in_flight}
+        return {"status": "ok", "inFlight": sim.in_flight, "serving": dict(sim.serving)}
 
     async def reset(request: Request) -> dict[str, Any]:
         sim.reset()

@@ -111,10 +111,14 @@ class GatewayPipeline:
 
     async def serve(self, op: GatewayOperation[Any], handler: Handler, request: Request) -> Response:
         self.sim.in_flight += 1
+        self.sim.serving[op.name] += 1
         try:
             return await self._serve(op, handler, request)
         finally:
             self.sim.in_flight -= 1
+            self.sim.serving[op.name] -= 1
+            if not self.sim.serving[op.name]:
+                del self.sim.serving[op.name]
 
     async def _serve(self, op: GatewayOperation[Any], handler: Handler, request: Request) -> Response:
         if request.headers.get("x-api-key") != self.sim.config.api_key:

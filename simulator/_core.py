@@ -8,6 +8,7 @@ that the ASGI app (``_app``) stays a pure protocol layer and ``SimulatorServer``
 from __future__ import annotations
 
 import logging
+from collections import Counter
 from collections.abc import Callable
 
 from durapay.simulator import _build, _direct, _links
@@ -37,8 +38,11 @@ class Simulator:
         #: ``pend`` rules, and the settling of the operations they answered PENDING.
         self.pending = Pending(self)
         self.auto_complete_ms = config.auto_complete_ms
-        #: Gateway requests being served now (changed only on the event loop; ``/_sim/health`` shows it).
+        #: Gateway requests being served now (changed only on the event loop; ``/_sim/health`` shows it),
+        #: and how many of them per operation name: a test sees that a call reached the gateway (and is
+        #: held there by a latency or hang fault) before it has acted.
         self.in_flight = 0
+        self.serving: Counter[str] = Counter()
         self._running = False
 
     def start(self) -> None:

@@ -92,6 +92,8 @@ class Gate(Protocol):
 
 #: The reason a flow waits while the breaker is open (docs/durability.md, "Gateway health").
 UNAVAILABLE = "gateway unavailable"
+#: The reason a flow waits when the gate could not be asked (Redis lost, or its writes paused): no call.
+GATE_UNREACHABLE = "Redis unreachable before the gateway call"
 
 
 class NotCommitted:
@@ -196,6 +198,10 @@ class StepContext:
         elif admission.verdict == "open":
             error = {"type": "GatewayUnavailable", "operation": op.name, "message": "the gateway's circuit breaker is open"}
             raise Deferred(Defer(admission.after, UNAVAILABLE, error))
+        elif admission.verdict == "unreachable":
+            # Fail closed: a call whose answer Redis could not take is not made (docs/durability.md).
+            error = {"type": "RedisUnreachable", "operation": op.name, "message": "the gate could not be asked; no call was sent"}
+            raise Deferred(Defer(admission.after, GATE_UNREACHABLE, error))
         return admission.report
 
     def _judge(self, gate: Gate, op: GatewayOperation[Any], error: GatewayError, report: bool) -> None:

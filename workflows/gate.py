@@ -37,6 +37,7 @@ caller's turn is (no reservation), so a deferred backlog would come back togethe
 from __future__ import annotations
 
 import json
+import logging
 import os
 import threading
 import time
@@ -47,7 +48,10 @@ from typing import Any
 from durapay.config.settings import GatewayHealthSettings, GatewaySettings
 from durapay.gateway import GatewayError, RateLimited
 from durapay.workflows.keys import Keys
+from durapay.workflows.redis_watch import REDIS_DOWN
 from durapay.workflows.scripts import source
+
+log = logging.getLogger("durapay.gate")
 
 #: The one terminal there is today.
 DEFAULT_TERMINAL = "default"
@@ -55,12 +59,15 @@ DEFAULT_TERMINAL = "default"
 PROBE_MARGIN_SECONDS = 5.0
 #: Seconds a process may spend the share of slots it took (then what is left is given up).
 SHARE_SECONDS = 1.0
+#: Seconds a flow waits (before the engine's jitter) when Redis could not be asked before a call.
+UNREACHABLE_SECONDS = 1.0
 
 
 @dataclass(frozen=True)
 class Admission:
     """The gate's answer to "may I call now": ``go``; or not before ``after`` seconds, because the breaker
-    is open (``open``) or the caller's reserved slot is then (``wait``, ``slot`` to pass back)."""
+    is open (``open``), the caller's reserved slot is then (``wait``, ``slot`` to pass back), or Redis
+    could not be asked (``unreachable``: fail closed, no call)."""
 
     verdict: str
     after: float = 0.0
@@ -151,7 +158,19 @@ class Gate:
             self._held_until = time.monotonic() + SHARE_SECONDS
 
     def take(self, reservation: float | None = None) -> Admission:
-        """May a call go now? Takes a limiter slot (or uses ``reservation``, the slot reserved earlier)."""
+        """May a call go now? Takes a limiter slot (or uses ``reservation``, the slot reserved earlier).
+
+        Fails closed: when Redis cannot be asked (lost, or its writes paused: ``CLIENT PAUSE WRITE`` is
+        how a failover stops the old primary, and the script may write), the answer is ``unreachable``
+        and no call goes: an answer then could not be recorded either (docs/durability.md, "Gateway
+        health"). Never an exception, which a step would take for a defect of its own."""
+        try:
+            return self._take(reservation)
+        except REDIS_DOWN as exc:
+            log.warning("gateway gate %s: Redis unreachable before a call, none sent: %s", self.terminal, exc)
+            return Admission("unreachable", UNREACHABLE_SECONDS)
+
+    def _take(self, reservation: float | None) -> Admission:
         extra = "" if reservation is None else f"{reservation:.6f}"
         holding = reservation is None and self._spend()
         reply = self._call("take", extra, 0 if holding else self.share)
@@ -178,23 +197,33 @@ class Gate:
 
     def failed(self, error: GatewayError) -> float | None:
         """Count a health failure; seconds until the breaker lets a call through if it is now open."""
-        reply = self._call("fail", json.dumps(_summary(error), separators=(",", ":")))
-        if reply[0] != "open":
+        reply = self._told("fail", json.dumps(_summary(error), separators=(",", ":")))
+        if reply is None or reply[0] != "open":
             return None
         return max(0.0, float(reply[1]) - float(reply[2]))
 
     def succeeded(self) -> None:
         """The gateway answered: failures forgotten, the breaker closed (``gateway.recovered`` if it was open)."""
-        self._call("ok")
+        self._told("ok")
 
     def limited(self, error: RateLimited) -> Admission | None:
         """A 429: hold every worker for its Retry-After; the limited caller's fresh slot (None: no limiter)."""
         retry_after = error.retry_after
-        reply = self._call("limited", "" if retry_after is None else repr(float(retry_after)))
-        if not self.settings.limiter:
+        reply = self._told("limited", "" if retry_after is None else repr(float(retry_after)))
+        if reply is None or not self.settings.limiter:
             return None
         until = float(reply[1])
         return Admission("wait", max(0.0, until - float(reply[2])), slot=until)
+
+    def _told(self, what: str, extra: str = "") -> list[str] | None:
+        """Tell the gate what a call met; None when Redis could not be told. The call's answer matters more
+        than the breaker's bookkeeping: losing it to a Redis error would stop a flow whose gateway answered
+        for a person (an unexpected error), so the report is dropped (logged) and the step goes on."""
+        try:
+            return self._call(what, extra)
+        except REDIS_DOWN as exc:
+            log.warning("gateway gate %s: Redis unreachable, %r not counted: %s", self.terminal, what, exc)
+            return None
 
     def status(self) -> GateStatus:
         """The breaker's state by Redis's clock, and the counters (deferred calls, 429s, limiter waits...)."""

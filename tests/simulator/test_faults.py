@@ -268,3 +268,17 @@ def test_throttle_answers_429_beyond_its_rate_and_counts_them(client: GatewayCli
     assert answers[:3] == ["ok"] * 3  # the burst
     assert answers[3:] == ["429 after 2.0"] * 3  # within a second, beyond the rate
     assert sim.admin.faults()["rules"][0]["fired"] == 3
+
+
+def test_a_request_held_by_a_fault_shows_as_served_by_its_operation_before_it_acts(
+    client: GatewayClient, sim: SimulatorServer
+) -> None:
+    """``/_sim/health``'s ``serving``: a test can act between a call's arrival and its effect."""
+    sim.admin.set_faults(mode="latency", operation="create_moto_order", latency_ms=1500, count=1)
+    thread = threading.Thread(target=_moto, args=(client, "o-served"))
+    thread.start()
+    wait_until(lambda: sim.admin.serving("create_moto_order") == 1, what="the payment to arrive")
+    assert sim.admin.health()["serving"] == {"create_moto_order": 1}
+    assert not sim.admin.operations(orderId="o-served"), "arrived, not acted yet"
+    thread.join(timeout=30)
+    assert sim.admin.operations(orderId="o-served") and sim.admin.health()["serving"] == {}

@@ -4,11 +4,13 @@ makes of the step's outcome."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import redis
 
-from durapay.gateway import RateLimited, ServerError
+from durapay.gateway import GatewayOperation, RateLimited, ServerError
 from durapay.tasks.outcomes import Advance, Defer, Outcome, Retry
-from durapay.tasks.runner import UNAVAILABLE, run_step
+from durapay.tasks.runner import GATE_UNREACHABLE, UNAVAILABLE, run_step
 from durapay.workflows.gate import Gate
 from tests.tasks.test_runner import Client, Step, context
 from tests.workflows.test_gate import Time, make_gate
@@ -57,3 +59,36 @@ def test_a_deferred_step_uses_its_reserved_slot(redis_client: redis.Redis, key_p
     assert isinstance(later, Defer) and later.slot is not None and later.after == 2.0
     time.t += 2.0
     assert isinstance(run(Client(), gate, slot=later.slot), Advance)
+
+
+class PausingClient(Client):
+    """Pauses Redis's writes while the call is at the gateway: the answer comes, the gate cannot be told."""
+
+    def __init__(self, admin: redis.Redis) -> None:
+        super().__init__()
+        self.admin = admin
+
+    def call(self, op: GatewayOperation[Any], *path: str, request: Any = None, idempotency_key: str | None = None) -> Any:
+        self.admin.execute_command("CLIENT", "PAUSE", "5000", "WRITE")
+        return super().call(op, *path, request=request, idempotency_key=idempotency_key)
+
+
+def test_with_redis_writes_paused_no_call_leaves_and_no_answer_is_lost(
+    redis_url: str, redis_client: redis.Redis, key_prefix: str
+) -> None:
+    """Fail closed before the call: the step is deferred (no attempt used), nothing sent. After the call, a
+    gate that cannot be told what the call met does not turn the gateway's answer into an error."""
+    gate = make_gate(redis.Redis.from_url(redis_url, socket_timeout=0.3), key_prefix, Time(), failures=2)
+    assert isinstance(run(Client(down()), gate), Retry)  # a failure counted: the next call reports its outcome
+    redis_client.execute_command("CLIENT", "PAUSE", "5000", "WRITE")
+    try:
+        client = Client()
+        kept = run(client, gate)
+        assert isinstance(kept, Defer) and kept.reason == GATE_UNREACHABLE and kept.error["type"] == "RedisUnreachable"
+        assert client.keys == []  # no call was sent
+    finally:
+        redis_client.execute_command("CLIENT", "UNPAUSE")
+    try:
+        assert isinstance(run(PausingClient(redis_client), gate), Advance)  # the answer, though the report was lost
+    finally:
+        redis_client.execute_command("CLIENT", "UNPAUSE")

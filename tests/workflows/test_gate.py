@@ -167,3 +167,20 @@ def test_a_process_takes_its_slots_in_shares_and_most_calls_write_nothing(redis_
     gate.limited(RateLimited("HTTP 429", retry_after=2, status_code=429))
     held = gate.take()  # the share's slots are void: a fresh slot after the hold
     assert held.verdict == "wait" and held.after >= 2.0
+
+
+def test_a_redis_that_cannot_take_the_gates_write_fails_closed(
+    redis_url: str, redis_client: redis.Redis, key_prefix: str
+) -> None:
+    """Writes paused (``CLIENT PAUSE WRITE``: how a failover stops the old primary): no call may go, said as
+    ``unreachable``, never as an exception a step would take for a defect; what a call met and could not
+    be counted is dropped, so the call's answer is not lost to the breaker's bookkeeping."""
+    gate = make_gate(redis.Redis.from_url(redis_url, socket_timeout=0.3), key_prefix, Time(), failures=1)
+    assert gate.take().verdict == "go"  # the script loaded, a share taken
+    redis_client.execute_command("CLIENT", "PAUSE", "5000", "WRITE")
+    try:
+        assert gate.take(reservation=T0).verdict == "unreachable"  # a reserved slot is asked of the script too
+        assert gate.failed(server_error()) is None
+        gate.succeeded()
+    finally:
+        redis_client.execute_command("CLIENT", "UNPAUSE")

@@ -122,13 +122,18 @@ def test_worker_killed_mid_payment_step(procs: ProcessStack, point: str, fault: 
 @pytest.mark.integration
 @pytest.mark.chaos
 def test_worker_killed_after_the_answer_while_the_record_write_is_blocked(procs: ProcessStack, redis_url: str) -> None:
-    """The answer reaches the worker, its write to Redis cannot happen (writes paused), it dies."""
+    """The answer reaches the worker, its write to Redis cannot happen (writes paused), it dies.
+
+    Writes are paused once the call has reached the gateway (the simulator holds it 1.5 s): before it,
+    the gateway gate, which may write, would keep the call from leaving at all (fail closed: a call whose
+    answer Redis cannot take is not made; docs/durability.md, "Gateway health")."""
     first = procs.worker()
     procs.simulator.admin.set_faults(
         rules=[{"mode": "latency", "operation": "create_moto_order", "latency_ms": 1500, "count": 1}]
     )
     flow = procs.engine.start("moto", {"order": order(), "card": card(APPROVE)})
-    wait_until(lambda: running_at(procs.engine, flow.id, "pay"), what="the pay step to be claimed")
+    wait_until(lambda: procs.simulator.admin.serving("create_moto_order"), what="the pay call to reach the gateway")
+    assert not charges(procs.simulator, flow.order_id), "paused in time: the gateway has not acted yet"
     admin = redis.Redis.from_url(redis_url)
     admin.execute_command("CLIENT", "PAUSE", "15000", "WRITE")
     try:
@@ -137,6 +142,7 @@ def test_worker_killed_after_the_answer_while_the_record_write_is_blocked(procs:
     finally:
         admin.execute_command("CLIENT", "UNPAUSE")
         admin.close()
+    assert running_at(procs.engine, flow.id, "pay"), "the answer was never written"
     procs.worker()
     done = procs.engine.wait(flow.id, 60)
     assert done.state is FlowState.SUCCEEDED, done.summary()
