@@ -64,8 +64,9 @@ class Finding:
 
     @property
     def key(self) -> str:
-        """The same mismatch found again has the same key (one event, one mark)."""
-        operation = (self.operation or {}).get("operationId") or ""
+        """The same mismatch found again has the same key (one event, one mark). A flow without its money
+        is its flow and the operation it names, whatever the gateway holds instead (or in its place)."""
+        operation = "" if self.category == FLOW_WITHOUT_MONEY else (self.operation or {}).get("operationId") or ""
         return f"{self.category}:{self.flow or ''}:{operation}:{self.named or ''}"
 
     @property

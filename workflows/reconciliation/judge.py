@@ -20,7 +20,8 @@ the step that recorded it) first, then by the order id (``workflows.orders``: ev
 derived ``<orderId>-2``... included). A succeeded flow whose named operation is missing from the window
 is read by id (it may lie just outside it) before it is called missing. When a flow names an operation
 the gateway lacks and holds another payment of it, that payment is named in the same finding ("the
-gateway holds ... instead"), not reported a second time.
+gateway holds ... instead"), not reported a second time; a flow checked before the pages reached that
+payment (its end an hour after it) has its orders read for it, and is not judged again when they do.
 
 The window comes page by page, newest first (``run.Reconciler``), and is never held whole: each page's
 operations are judged with the flows they name and let go. What a page cannot settle is held, small,
@@ -47,7 +48,6 @@ from durapay.workflows.reconciliation.findings import (
     Owners,
     brief,
 )
-from durapay.workflows.reconciliation.window import GetCall
 from durapay.workflows.states import STOPPED, FlowState
 from durapay.workflows.store import FlowRecord
 
@@ -72,17 +72,24 @@ class Named:
     recorded: dict[str, Any]
     #: Payments of it the flow does not show, met so far (one may be what the gateway holds instead).
     unshown: list[dict[str, Any]] = field(default_factory=list)
+    #: Its gateway orders, read for the payment held instead of a missing one that no page showed yet.
+    orders: list[str] = field(default_factory=list)
+    #: Every operation id its outcome names (``names`` shrinks as the pages show them).
+    every: list[str] = field(default_factory=list)
 
     @classmethod
     def of(cls, record: FlowRecord, end: float) -> Named:
         recorded = _recorded(record)
+        names = money.named_operations(record)
         return cls(
             record.id,
             record.kind,
             record.state.value,
             end,
-            money.named_operations(record),
+            list(names),
             brief(recorded[0]) if recorded else {},
+            orders=list(record.orders or ([record.order_id] if record.order_id else [])),
+            every=names,
         )
 
     @property
@@ -93,6 +100,9 @@ class Named:
 #: Succeeded flows held for their check (met and not, together), at most; past it the newest-ended
 #: are checked at once (by id).
 MAX_PENDING = 50_000
+#: Flows already checked remembered, at most (the oldest forgotten first): an older page that shows a
+#: payment of one adds nothing to its verdict (``Judge.judged``).
+MAX_JUDGED = 50_000
 #: A flow's payment is looked for this long before the flow's end: one not met by then is read by id
 #: (a payment long before its flow's end, a notification lost and read back at a deadline, costs a call).
 HORIZON_SECONDS = 3600.0
@@ -109,6 +119,10 @@ class Judge:
         self.lookups = lookups
         self.pending: dict[str, Named] = {}
         self.waiting: dict[str, float] = {}
+        #: The succeeded flows checked, each with the payments its verdict named as held instead: a flow
+        #: checked by id before the pages reached its payment is not judged again when they do (it was
+        #: reported twice: once missing, once "holds ... instead"). At most :data:`MAX_JUDGED`.
+        self.judged: dict[str, set[str]] = {}
 
     def ended(self, flow_id: str, end: float) -> list[Finding]:
         """A flow that succeeded in the window, at ``end``: its named operations are checked once its
@@ -167,6 +181,10 @@ class Judge:
             return [] if how else [_unshown(record.id, record.kind, record.state.value, _why(record), op)]
         found: list[Finding] = []
         operation_id = str(op.get("operationId") or "")
+        if record.id in self.judged:  # checked already (its named operations read by id, its orders read)
+            if how == "outcome" or operation_id in self.judged[record.id]:
+                return []
+            return [_unshown(record.id, record.kind, record.state.value, _why(record), op)]
         if how == "outcome":
             wrong = money.differs(_recorded_as(record, operation_id), op)
             if wrong:
@@ -203,13 +221,25 @@ class Judge:
         found: list[Finding] = []
         for named in list(met):
             del self.pending[named.flow]
-            found += _named(named, self.lookups.operation)
+            found += self._verdict(named)
         for flow_id in unmet:
             del self.waiting[flow_id]
         for start in range(0, len(unmet), 1000):
             for record in self.lookups.flows(unmet[start : start + 1000]):
                 if record.state is FlowState.SUCCEEDED:  # not moved since
-                    found += _named(Named.of(record, 0.0), self.lookups.operation)
+                    found += self._verdict(Named.of(record, 0.0))
+        return found
+
+    def _verdict(self, named: Named) -> list[Finding]:
+        """The findings of one flow's check (:func:`_named`), remembered in :attr:`judged`."""
+        found = _named(named, self.lookups)
+        if len(self.judged) >= MAX_JUDGED:
+            del self.judged[next(iter(self.judged))]  # the oldest checked (dicts keep insertion order)
+        self.judged[named.flow] = {
+            str(finding.operation["operationId"])
+            for finding in found
+            if finding.category == FLOW_WITHOUT_MONEY and finding.operation and finding.named
+        }
         return found
 
 
@@ -285,19 +315,24 @@ def _post_operation(
     )
 
 
-def _named(named: Named, fetch: GetCall) -> list[Finding]:
+def _named(named: Named, lookups: Lookups) -> list[Finding]:
     """``flow_without_money`` of one succeeded flow's named operations the window did not show, each
     read by id; a payment of it the flow does not show, taken as what the gateway holds instead of a
-    missing one, is named in that finding, and the others are ``money_not_shown``."""
+    missing one, is named in that finding, and the others are ``money_not_shown``. With no such payment
+    met yet (the flow checked before the pages reached its payment: they go newest first), its orders
+    are read for one, so that the verdict is the one the whole window gives."""
     found: list[Finding] = []
     unshown = list(named.unshown)
     for name in named.names:
-        held = fetch(name)
+        held = lookups.operation(name)
         if held is None:
             instead = next((op for op in unshown if money.is_payment(op)), None)
-            what = f"{named.label} names operation {name}, which the gateway does not have"
             if instead is not None:
                 unshown.remove(instead)
+            else:
+                instead = _held_instead(named, lookups, {str(f.operation["operationId"]) for f in found if f.operation})
+            what = f"{named.label} names operation {name}, which the gateway does not have"
+            if instead is not None:
                 what += f"; the gateway holds {_money_word(instead)} of it instead"
             found.append(
                 Finding(
@@ -318,6 +353,17 @@ def _named(named: Named, fetch: GetCall) -> list[Finding]:
     why = ": a second payment beside the one its outcome names"
     found += [_unshown(named.flow, named.kind, named.state, why, op) for op in unshown]
     return found
+
+
+def _held_instead(named: Named, lookups: Lookups, taken: set[str]) -> dict[str, Any] | None:
+    """A payment on the flow's orders that it does not name (nor a finding of its already names), as the
+    gateway lists them (``Lookups.order_operations``): what it holds instead of a missing operation."""
+    for order_id in named.orders:
+        for op in lookups.order_operations(order_id):
+            operation_id = str(op.get("operationId") or "")
+            if money.is_payment(op) and operation_id not in named.every and operation_id not in taken:
+                return brief(op)
+    return None
 
 
 def _in_flight(op: Mapping[str, Any], record: FlowRecord | None, why: str) -> Finding:
