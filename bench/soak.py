@@ -59,6 +59,9 @@ BOUNDED = {
     "metrics": "one field per metric and label",
     "alive": "one heartbeat per role",
     "celery:_kombu": "Celery's bindings: one per queue",
+    # Kept, not expired once clean: its counters are the totals /metrics shows (deferred, 429s, waits,
+    # breaker openings, probes), which an expiry would reset; the limiter's slot and a 429's hold are in it.
+    "gate": "one hash per gateway terminal, its fields a fixed set (breaker, limiter slot, 429 hold, counters)",
 }
 #: Families of one key per partition (a stream, a due set, an index): judged by their entries only.
 PER_PARTITION = frozenset(
