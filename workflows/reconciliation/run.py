@@ -123,7 +123,13 @@ class Reconciler:
         judged with the window's, so an operation PENDING on its day, or of a flow still going then, is
         judged once it settles, whatever later window holds it."""
         since, until = report.since, report.until
-        reads = GatewayReads(self.engine.gateway, self.engine.retry_policy, max_calls=self.settings.max_calls, sleep=self.sleep)
+        reads = GatewayReads(
+            self.engine.gateway,
+            self.engine.retry_policy,
+            max_calls=self.settings.max_calls,
+            sleep=self.sleep,
+            gate=self.engine.gate,
+        )
         carried = self.reports.carried(now=report.started)
         judge = Judge(Lookups(reads.get_operation, reads.get_order, self.makers, self.engine.store.many))
         ended = Ended(self.engine, since, until)

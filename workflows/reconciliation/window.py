@@ -20,6 +20,14 @@ reader steps one millisecond back and says so in :attr:`WindowRead.gaps`, so tha
 a window it did not read. A call that fails with a retryable error (a timeout, 429, 5xx) is tried again
 after the engine's technical backoff (``RetryPolicy``, honouring the gateway's ``Retry-After``), as a
 step's call is; reads are safe to repeat. A call that still fails ends the read with that error.
+
+Every call passes the gateway's gate first (``workflows.gate``), like any step's: the shared rate limit,
+a 429's hold, the circuit breaker. What a call meets is told to the gate (a timeout or 5xx counts toward
+opening the breaker, a 429 holds every worker), as the runner does for steps. A run is not a flow with a
+due time to come back at, so it waits where it is: for its slot, the hold, or the breaker's end, using
+no attempt and no call of its budget, for at most ``held_seconds`` in all (``HELD_SECONDS``); past that
+it ends with :class:`GatewayHeld`, a gateway error, so the report says the window was not read and why
+(never a silently partial report).
 """
 
 from __future__ import annotations
@@ -30,8 +38,9 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from durapay.gateway import Catalogue, GatewayError, NotFound, parse_gateway_time
+from durapay.gateway import Catalogue, GatewayError, NotFound, RateLimited, ServerError, TransportError, parse_gateway_time
 from durapay.tasks.retry import RetryPolicy
+from durapay.workflows.gate import Gate
 
 #: One GET /operations: the query (the gateway's names) -> the operations of the answer, as JSON.
 ListCall = Callable[[Mapping[str, Any]], list[dict[str, Any]]]
@@ -39,8 +48,19 @@ ListCall = Callable[[Mapping[str, Any]], list[dict[str, Any]]]
 GetCall = Callable[[str], dict[str, Any] | None]
 
 
+#: The longest a run waits in all while the gate keeps its reads from the gateway (an outage past it
+#: ends the run naming it: the next run reads the window again).
+HELD_SECONDS = 300.0
+
+
 class CallBudgetSpent(Exception):
     """The run used up its ``max_calls`` gateway calls."""
+
+
+class GatewayHeld(GatewayError):
+    """The gateway's gate kept the run's reads from the gateway past ``held_seconds`` (the breaker open, or a
+    429's hold): no call was sent. A gateway error, so that the run ends with it, as with a read that
+    failed: its report is not clean and says why."""
 
 
 def gateway_iso(moment: datetime) -> str:
@@ -75,26 +95,90 @@ class GatewayReads:
         *,
         max_calls: int,
         sleep: Callable[[float], None] = time.sleep,
+        gate: Gate | None = None,
+        held_seconds: float = HELD_SECONDS,
     ) -> None:
         self.client = client
         self.policy = policy
         self.max_calls = max_calls
         self.sleep = sleep
+        self.gate = gate
+        self.held_seconds = held_seconds
         self.calls = 0
+        #: Seconds the gate kept this run's reads waiting so far (bounded by ``held_seconds``).
+        self.held = 0.0
+        self._slot: float | None = None  # the limiter slot reserved for the next call
+        self._slot_after = 0.0  # seconds until it, when a 429 reserved it (waited before asking again)
 
     def _retried(self, action: Callable[[], Any]) -> Any:
         attempt = 0
         while True:
             if self.calls >= self.max_calls:
                 raise CallBudgetSpent(f"the run used its {self.max_calls} gateway calls (DURAPAY_RECONCILE__MAX_CALLS)")
+            report = self._admit()
             self.calls += 1
             attempt += 1
             try:
-                return action()
+                answer = action()
             except GatewayError as exc:
+                held = self._judge(exc, report)
+                if held:
+                    attempt -= 1  # the gate holds every caller: the gateway's state, not this read's try
                 if not exc.retryable or attempt >= self.policy.max_attempts:
                     raise
-                self.sleep(self.policy.delay(attempt, getattr(exc, "retry_after", None)))
+                if not held:
+                    self.sleep(self.policy.delay(attempt, getattr(exc, "retry_after", None)))
+                continue
+            if report and self.gate is not None:
+                self.gate.succeeded()
+            return answer
+
+    def _admit(self) -> bool:
+        """Wait until the gate lets a call go (module docstring); whether to tell it the outcome. Raises
+        GatewayHeld once the run has waited ``held_seconds`` in all."""
+        if self.gate is None:
+            return False
+        limited = "a 429's Retry-After (or the gateway's rate limit) holds every caller"
+        if self._slot_after > 0:
+            self._wait(self._slot_after, limited)
+            self._slot_after = 0.0
+        while True:
+            reservation, self._slot = self._slot, None
+            admission = self.gate.take(reservation)
+            if admission.verdict == "go":
+                return admission.report
+            if admission.verdict == "open":
+                why = "the gateway's circuit breaker is open (gateway unavailable)"
+            elif admission.verdict == "unreachable":
+                why = "Redis could not be asked before the call"
+            else:
+                why = limited
+                self._slot = admission.slot
+            self._wait(admission.after, why)
+
+    def _wait(self, seconds: float, why: str) -> None:
+        pause = max(seconds, 0.05)  # the loop's bound: every turn counts toward held_seconds
+        if self.held + pause > self.held_seconds:
+            raise GatewayHeld(f"{why}; no read sent after waiting {self.held:.0f}s of {self.held_seconds:.0f}s")
+        self.held += pause
+        self.sleep(pause)
+
+    def _judge(self, error: GatewayError, report: bool) -> bool:
+        """Tell the gate what a call met (as ``tasks.runner`` does for steps); True when the gate now holds
+        every caller (the breaker opened, or a 429's hold), so the next turn waits for it instead."""
+        gate = self.gate
+        if gate is None:
+            return False
+        if isinstance(error, TransportError | ServerError):
+            return gate.failed(error) is not None
+        if report:
+            gate.succeeded()  # an answer: the gateway is up
+        if isinstance(error, RateLimited):
+            fresh = gate.limited(error)
+            if fresh is not None:
+                self._slot, self._slot_after = fresh.slot, fresh.after
+                return True
+        return False
 
     def list_operations(self, query: Mapping[str, Any]) -> list[dict[str, Any]]:
         answer = self._retried(lambda: self.client().call(Catalogue.list_operations, request=dict(query)))

@@ -4,19 +4,25 @@ within the limits, every operation once; and what the reader says when it cannot
 
 from __future__ import annotations
 
+import random
 from collections.abc import Callable, Iterator, Mapping
 from datetime import UTC, datetime, timedelta, timezone
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 import redis
 
-from durapay.gateway import parse_gateway_time
+from durapay.gateway import RateLimited, ServerError, parse_gateway_time
 from durapay.simulator import SimulatorServer
+from durapay.tasks.retry import RetryPolicy
 from durapay.workflows.engine import Engine
-from durapay.workflows.reconciliation.window import GatewayReads, read_window
+from durapay.workflows.gate import Gate
+from durapay.workflows.reconciliation import Reconciler
+from durapay.workflows.reconciliation.window import GatewayHeld, GatewayReads, read_window
 from tests.workflows.flows.session_engine import session_engine
 from tests.workflows.reconciliation.test_run import pay_directly
+from tests.workflows.test_gate import T0, Time, make_gate
 
 
 @pytest.fixture
@@ -95,3 +101,74 @@ def test_a_full_page_without_readable_times_is_a_gap() -> None:
     start = datetime(2026, 3, 1, tzinfo=UTC)
     read = read_window(lambda query: ops, start, start + timedelta(hours=1), max_records=3, span=timedelta(days=28))
     assert len(read.operations) == 3 and len(read.gaps) == 1 and "readable operationTime" in read.gaps[0]
+
+
+class Answers:
+    """A gateway client for the reads: raises the errors it is given, in order, then answers an operation."""
+
+    def __init__(self, *errors: Exception) -> None:
+        self.errors = list(errors)
+        self.calls = 0
+
+    def call(self, op: Any, *path: str, request: Any = None) -> Any:
+        self.calls += 1
+        if self.errors:
+            raise self.errors.pop(0)
+        return SimpleNamespace(model_dump=lambda mode: {"operationId": path[0]})
+
+
+def gated(client: Answers, gate: Gate, time: Time, **options: Any) -> GatewayReads:
+    def sleep(seconds: float) -> None:
+        time.t += seconds
+
+    return GatewayReads(
+        lambda: client, RetryPolicy(base_seconds=0.1, rng=random.Random(1)), max_calls=20, sleep=sleep, gate=gate, **options
+    )
+
+
+def unavailable() -> ServerError:
+    return ServerError("get_operation: HTTP 503", status_code=503, operation="get_operation")
+
+
+def test_a_reads_5xx_opens_the_shared_breaker_and_the_read_waits_it_out(redis_client: redis.Redis, key_prefix: str) -> None:
+    """Issue 25: the reconciliation's reads pass the gateway's gate like any call (the breaker, the limiter,
+    a 429's hold), and what they meet counts there: a run neither hammers a gateway that is down nor
+    leaves the flows' breaker blind to it."""
+    time = Time()
+    gate = make_gate(redis_client, key_prefix, time, failures=2, open_seconds=20)
+    client = Answers(unavailable(), unavailable())
+    reads = gated(client, gate, time)
+    assert reads.get_operation("op-1") == {"operationId": "op-1"}
+    assert client.calls == 3  # two 503s (the second opened the breaker), then the probe, after its end
+    assert gate.status().counters["opened_total"] == 1 and gate.status().state == "closed"  # the probe's success
+    assert reads.held >= 20 and time.t - T0 >= 20
+
+
+def test_a_reads_429_holds_every_caller(redis_client: redis.Redis, key_prefix: str) -> None:
+    time = Time()
+    gate = make_gate(redis_client, key_prefix, time)
+    client = Answers(RateLimited("HTTP 429", retry_after=3, status_code=429, operation="get_operation"))
+    assert gated(client, gate, time).get_operation("op-1") == {"operationId": "op-1"}
+    assert client.calls == 2 and time.t - T0 >= 3
+    assert gate.status().counters["limited"] == 1
+
+
+def test_a_read_held_past_its_bound_ends_the_run_naming_the_outage(redis_client: redis.Redis, key_prefix: str) -> None:
+    time = Time()
+    gate = make_gate(redis_client, key_prefix, time, failures=1, open_seconds=20)
+    gate.failed(unavailable())
+    client = Answers(*[unavailable()] * 10)
+    with pytest.raises(GatewayHeld, match="circuit breaker is open"):
+        gated(client, gate, time, held_seconds=50).get_operation("op-1")
+    assert client.calls == 2  # only the probes the breaker let through, each failing
+
+
+def test_a_run_whose_reads_the_breaker_holds_ends_saying_so(flows: tuple[Engine, SimulatorServer]) -> None:
+    """Not a silently partial report: the run stops with the reason, its report not clean."""
+    engine, _ = flows
+    for _ in range(engine.settings.gateway_health.failures):
+        engine.gate.failed(unavailable())
+    now = engine.clock.now()
+    report = Reconciler(engine, sleep=lambda seconds: None).run(now - 3600, now)
+    assert report.error is not None and "circuit breaker is open" in report.error, report.error
+    assert report.calls == 0 and not report.ok
