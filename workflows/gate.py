@@ -19,12 +19,17 @@ workers share one):
 * **hold**: a 429's ``Retry-After`` holds every worker (no slot before it ends, the bucket empty then).
 
 The happy path is one ``EVALSHA`` per gateway call: a success is reported (a second call) only when
-the breaker had counted failures or the call was the probe. Most of those calls only read: a process
-takes its slots in shares (``share``: up to a twentieth of a second's rate, a quarter of the burst) and
-spends them for up to ``SHARE_SECONDS``, asking the script only whether the breaker lets it call and no
-429 hold came since; a write, which Redis makes durable before it answers (an fsync with ``appendfsync
-always``, about 2 ms on this project's machine), comes once per share. A share not spent in time is
-given up (the rate errs low, never high). Keys of one terminal share one hash slot
+the breaker had counted failures or the call was the probe. Most of a busy process's calls only read: it
+takes its slots in shares and spends them for up to ``SHARE_SECONDS``, asking the script only whether the
+breaker lets it call and no 429 hold came since; a write, which Redis makes durable before it answers (an
+fsync with ``appendfsync always``, about 2 ms on this project's machine), comes once per share. A share
+not spent in time is given up (the rate errs low, never high), so its size follows the process's own
+recent spend (:class:`ShareSize`): one slot at first, doubled each time the share is spent within its
+time (up to ``share``: a twentieth of a second's rate, a quarter of the burst), halved for each share's
+time it was not. A fixed share of ten made every process take ten slots for its first call and throw
+nine away: thirty processes making one call each emptied a burst of a hundred after the tenth, and a
+fleet of twenty processes making one call a second held the gateway to twenty calls a second under a
+limit of two hundred. Keys of one terminal share one hash slot
 (a partition's tag), the same as the partition's merchant event stream, where the script writes
 ``gateway.unavailable`` and ``gateway.recovered`` with the change that causes them (Redis Cluster).
 
@@ -113,6 +118,7 @@ class Gate:
         self._now = now
         self._script = client.register_script(source("lua/gate.lua"))
         self._lock = threading.Lock()
+        self._size = ShareSize(self.share)
         self._held = 0  # slots of this process's share not spent yet
         self._held_until = 0.0  # (monotonic) when they are given up
         self._pid = os.getpid()
@@ -141,16 +147,18 @@ class Gate:
         reply = self._script(keys=[self.key, self.stream], args=args)
         return [item.decode() if isinstance(item, bytes) else str(item) for item in reply]
 
-    def _spend(self) -> bool:
-        """Spend one slot of this process's share, if it holds one still in time."""
+    def _spend(self) -> int:
+        """Spend one slot of this process's share if it holds one still in time (0); else the number of
+        slots to ask the script for, the share's size after what the last share showed of the spend."""
         with self._lock:
             if self._pid != os.getpid():  # a forked child does not spend its parent's share
-                self._pid, self._held = os.getpid(), 0
-            if self._held > 0 and time.monotonic() < self._held_until:
+                self._pid, self._held, self._size = os.getpid(), 0, ShareSize(self.share)
+            now = time.monotonic()
+            if self._held > 0 and now < self._held_until:
                 self._held -= 1
-                return True
+                return 0
             self._held = 0
-            return False
+            return self._size.next(now, self._held_until)
 
     def _keep(self, granted: int) -> None:
         with self._lock:
@@ -172,12 +180,12 @@ class Gate:
 
     def _take(self, reservation: float | None) -> Admission:
         extra = "" if reservation is None else f"{reservation:.6f}"
-        holding = reservation is None and self._spend()
-        reply = self._call("take", extra, 0 if holding else self.share)
+        want = self._spend() if reservation is None else 1
+        reply = self._call("take", extra, want)
         if reply[0] == "void":  # a 429's hold came since the share was taken
             with self._lock:
                 self._held = 0
-            reply = self._call("take", "", self.share)
+            reply = self._call("take", "", 1)
         verdict = reply[0]
         if verdict == "go":
             if int(reply[4]) > 0:
@@ -243,6 +251,28 @@ class Gate:
             int(raw.get("fails", 0)),
             counters,
         )
+
+
+class ShareSize:
+    """How many slots a process takes at once, from its own recent spend (not thread safe: the gate's lock).
+
+    A quiet process takes one slot per call (a write each, nothing thrown away); a busy one that spends its
+    share before the share's time ends takes twice as many the next time, up to ``most``, so its writes are
+    amortised; each share's time that ends with the process not asking again halves it (a share given up
+    unspent, or a pause in its calls), so a process gone quiet soon takes one slot again."""
+
+    def __init__(self, most: int) -> None:
+        self.most = max(1, most)
+        self.size = 1
+
+    def next(self, now: float, until: float) -> int:
+        """The size of the share to take at ``now`` (monotonic), the last one's time ending at ``until``."""
+        if now < until:  # the last share was spent within its time: the process spends faster than it takes
+            self.size = min(self.most, self.size * 2)
+        elif until > 0:
+            idle = 1 + min(32, int((now - until) / SHARE_SECONDS))  # shares' times it did not need one
+            self.size = max(1, self.size >> idle)
+        return self.size
 
 
 def _summary(error: GatewayError) -> dict[str, Any]:

@@ -12,7 +12,7 @@ import redis
 from durapay.config import load_settings
 from durapay.gateway import GatewayTimeout, RateLimited, ServerError
 from durapay.workflows.events import EventFeed
-from durapay.workflows.gate import Gate
+from durapay.workflows.gate import Gate, ShareSize
 from durapay.workflows.keys import Keys
 
 T0 = 1_800_000_000.0
@@ -152,21 +152,46 @@ def test_gateway_events_are_read_by_the_feed(redis_client: redis.Redis, key_pref
 
 
 def test_a_process_takes_its_slots_in_shares_and_most_calls_write_nothing(redis_client: redis.Redis, key_prefix: str) -> None:
-    """A write is made durable before Redis answers (an fsync with appendfsync always): a process takes a
-    share of slots at once and spends it with read-only calls; a 429's hold voids what is left."""
+    """A write is made durable before Redis answers (an fsync with appendfsync always): a busy process takes
+    shares of slots, doubled each time it spends one within its time (up to ``share``), and spends them with
+    read-only calls; a 429's hold voids what is left."""
     time = Time()
     gate = make_gate(redis_client, key_prefix, time, rate_per_second=400, burst=100)
     assert gate.share == 20
-    assert gate.take().verdict == "go"
-    tat = redis_client.hget(gate.key, "tat")
-    assert float(tat or 0) == pytest.approx(T0 + 20 / 400)  # twenty slots taken at once
-    assert all(gate.take().verdict == "go" for _ in range(19))
-    assert redis_client.hget(gate.key, "tat") == tat  # spent without a write
-    gate.take()
-    assert float(redis_client.hget(gate.key, "tat") or 0) == pytest.approx(T0 + 40 / 400)  # the next share
+    tats = []
+    for _ in range(1 + 2 + 4 + 8 + 16 + 20):
+        assert gate.take().verdict == "go"
+        tats.append(redis_client.hget(gate.key, "tat"))
+    assert float(tats[-1] or 0) == pytest.approx(T0 + 51 / 400)  # every slot taken was this process's call
+    assert len(set(tats)) == 6  # six writes for 51 calls: shares of 1, 2, 4, 8, 16, then at most 20
+    assert all(gate.take().verdict == "go" for _ in range(20))
+    assert float(redis_client.hget(gate.key, "tat") or 0) == pytest.approx(T0 + 71 / 400)  # one share of 20
     gate.limited(RateLimited("HTTP 429", retry_after=2, status_code=429))
     held = gate.take()  # the share's slots are void: a fresh slot after the hold
     assert held.verdict == "wait" and held.after >= 2.0
+
+
+def test_thirty_processes_making_one_call_each_within_the_burst_all_go(redis_client: redis.Redis, key_prefix: str) -> None:
+    """A process's first call takes one slot, not a share it would throw away: thirty processes (one Gate
+    each, one gate in Redis) making one call at one instant against a burst of 100 all go (with a fixed
+    share of ten, only ten went and the rest waited: a fleet of quiet processes starved far below the rate)."""
+    settings = load_settings({"gateway_health": {"rate_per_second": 200, "burst": 100}})
+    keys = Keys(prefix=key_prefix, partitions=3)
+    gates = [Gate(redis_client, keys, settings.gateway_health, settings.gateway, now=lambda: T0) for _ in range(30)]
+    verdicts = [gate.take().verdict for gate in gates]
+    assert verdicts.count("go") == 30, f"30 calls within a burst of 100: {verdicts.count('go')} go"
+    assert float(redis_client.hget(gates[0].key, "tat") or 0) == pytest.approx(T0 + 30 / 200)  # thirty slots, no more
+
+
+def test_a_share_grows_with_the_spend_and_shrinks_when_a_process_goes_quiet() -> None:
+    """The share's size (monotonic seconds): doubled when the last share was spent within its time, halved
+    for each share's time without a call, never past ``most`` nor under one."""
+    size = ShareSize(20)
+    assert size.next(100.0, 0.0) == 1  # the first share: one slot
+    assert [size.next(100.0 + i, 100.5 + i) for i in range(6)] == [2, 4, 8, 16, 20, 20]  # spent in time
+    assert size.next(110.0, 109.5) == 10  # its time ended before it asked again
+    assert size.next(120.0, 110.5) == 1  # quiet for nine shares' times: one slot again
+    assert size.next(121.0, 121.5) == 2
 
 
 def test_a_redis_that_cannot_take_the_gates_write_fails_closed(
