@@ -15,10 +15,16 @@ engine's reason. Each flow's history names the bulk action (``by``: ``bulk:<id> 
 
 Idempotent: the id is derived from the action and the filter as given (or from a key the caller
 gives; a key reused for another action or filter is refused), so posting the same again answers the
-same record, its progress included, and never acts on a flow twice for one action; a runner takes the
-action's lease before it acts, so two never run one action at once. A crash between a flow's action
-and its progress entry acts on it again, and the engine then refuses or repeats harmlessly (a cancel
-asked twice stands).
+same record, its progress included, and never acts on a flow twice for one action. The record is
+claimed (HSETNX) before it is written whole; the claim lives :data:`CLAIM_SECONDS` until then, so a post
+cut between the two (its process killed, a Redis error) leaves nothing that blocks the action for ever.
+A runner takes the action's lease before it acts, so two never run one action at once: it renews the
+lease and moves the position on only while the lease is still its own and the position the one it read
+(``lua/bulk_progress.lua``, one compare-and-set), checks so before each flow, and stops when either
+fails (a runner stalled past its lease and replaced by the dispatcher's revive acts on nothing more);
+while it paces itself it renews the lease, and it never sleeps past its run's end. A crash (or a stall)
+between a flow's action and its progress entry acts on it again, and the engine then refuses or repeats
+harmlessly (a cancel asked twice stands).
 
 Bounded: the walk of the filter is ``workflows.bulk_plan``'s (at most ``max_flows`` matches, a read
 budget of index entries); a record and its list expire
@@ -35,6 +41,7 @@ import json
 import time
 import uuid
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from durapay.config.settings import BulkSettings
@@ -54,6 +61,7 @@ from durapay.workflows.bulk_plan import (
 from durapay.workflows.engine import Engine, NotFound
 from durapay.workflows.errors import OperatorError
 from durapay.workflows.keys import derived_id
+from durapay.workflows.scripts import source
 from durapay.workflows.store import compact_json
 
 __all__ = [
@@ -74,8 +82,20 @@ __all__ = [
 RUN_SECONDS = 10.0
 #: A running action whose progress has not moved for this long has lost its runner: it is sent again.
 STALE_SECONDS = 30.0
-#: How long a runner's lease lasts (renewed after each flow).
+#: How long a runner's lease lasts (renewed before and after each flow, and while the runner paces itself).
 LEASE_MS = 30_000
+#: Seconds a post's claim of the record lives until the record is written whole (then it is the record's).
+CLAIM_SECONDS = 10
+
+
+@dataclass
+class _Runner:
+    """One run of one action: its lease's token and where it stands (the record's position when read)."""
+
+    bulk_id: str
+    owner: str
+    position: int
+    total: int
 
 
 class KeyReused(ValueError):
@@ -97,6 +117,7 @@ class BulkActions:
         self.prefix = engine.keys.prefix
         self.send = send
         self.max_flows = settings.max_flows
+        self._progress = self.redis.register_script(source("lua/bulk_progress.lua"))
 
     # -- keys --------------------------------------------------------------------------------------
 
@@ -137,19 +158,30 @@ class BulkActions:
         asked = compact_json({"action": action, **given})
         if self.get_or_none(bulk_id) is None:
             plan = self.plan(action, wanted)
-            if self.redis.hsetnx(self._record_key(bulk_id), "id", bulk_id):
-                self._write(bulk_id, action, wanted, plan, by, asked)
-            else:  # another post of the same action is writing it: its record is the one
-                for _ in range(50):
-                    if self.get_or_none(bulk_id) is not None:
-                        break
-                    time.sleep(0.1)
+            # Another post of the same action writing it: its record is the one. A claim whose post was
+            # cut goes after CLAIM_SECONDS, and this post claims it then.
+            deadline = time.monotonic() + 2 * CLAIM_SECONDS + 1
+            while self.get_or_none(bulk_id) is None and time.monotonic() < deadline:
+                if self._claim(bulk_id):
+                    self._write(bulk_id, action, wanted, plan, by, asked)
+                    break
+                time.sleep(0.1)
         current = self.get(bulk_id)
         if key and self.redis.hget(self._record_key(bulk_id), "asked") not in (None, asked.encode()):
             raise KeyReused(f"key {key!r} was used for another bulk action ({current['action']} of other flows): use a new key")
         if current["status"] == "running" and self.send is not None:
             self.send(bulk_id)
         return current
+
+    def _claim(self, bulk_id: str) -> bool:
+        """Claim the record (its ``id`` only) for CLAIM_SECONDS. The expiry is set only on a key without
+        one (a whole record has the retention's), so a claim left without an expiry (a post cut before
+        claims had one) gets it too, and goes."""
+        pipe = self.redis.pipeline(transaction=True)
+        pipe.hsetnx(self._record_key(bulk_id), "id", bulk_id)
+        pipe.expire(self._record_key(bulk_id), CLAIM_SECONDS, nx=True)
+        claimed, _ = pipe.execute()
+        return bool(claimed)
 
     def _write(self, bulk_id: str, action: Action, wanted: BulkFilter, plan: Plan, by: str, asked: str) -> None:
         """The record (its "created" last: the mark that it is whole) and its list of flows, kept for the
@@ -237,45 +269,62 @@ class BulkActions:
         if record is None or record["status"] != "running":
             return False
         key = self._record_key(bulk_id)
-        position = int(self.redis.hget(key, "position") or 0)
-        total = record["total"]
+        runner = _Runner(bulk_id, owner, int(self.redis.hget(key, "position") or 0), record["total"])
         action: Action = record["action"]
         by = f"bulk:{bulk_id} {record['by']}"
         skips: dict[str, int] = dict(record["skips"])
         sample: list[dict[str, str]] = list(record["skipped_sample"])
         started = time.monotonic()
+        end = started + seconds
         interval = 1.0 / self.settings.rate
         acted = 0
-        while position < total and time.monotonic() - started < seconds:
-            ids = [raw.decode() for raw in self.redis.lrange(self._ids_key(bulk_id), position, position + 99)]
+        while runner.position < runner.total and time.monotonic() < end:
+            ids = [raw.decode() for raw in self.redis.lrange(self._ids_key(bulk_id), runner.position, runner.position + 99)]
             if not ids:
                 break  # the list expired with the record: nothing more can be known
             for flow_id in ids:
-                if time.monotonic() - started >= seconds:
+                # The action's own pace (DURAPAY_BULK__RATE), within the run's time, under its lease.
+                if not self._wait(runner, min(started + acted * interval, end)):
+                    return False  # the lease is lost: the runner that holds it goes on
+                if time.monotonic() >= end:
                     break
-                pause = started + acted * interval - time.monotonic()
-                if pause > 0:
-                    time.sleep(pause)  # the action's own pace (DURAPAY_BULK__RATE)
                 refused = self._act(action, flow_id, by)
                 acted += 1
-                position += 1
-                pipe = self.redis.pipeline(transaction=True)
-                pipe.hset(key, mapping={"position": str(position), "updated": repr(self.engine.clock.now())})
-                if refused is None:
-                    pipe.hincrby(key, "done", 1)
-                else:
+                counter, changed = "done", ("", "")
+                if refused is not None:
+                    counter = "skipped"
                     reason = reason_class(refused, flow_id)
                     skips[reason] = skips.get(reason, 0) + 1
                     if len(sample) < SAMPLE:
                         sample.append({"id": flow_id, "reason": refused[:300]})
-                    pipe.hincrby(key, "skipped", 1)
-                    pipe.hset(key, mapping={"skips": compact_json(skips), "skipped_sample": compact_json(sample)})
-                pipe.pexpire(self._lease_key(bulk_id), LEASE_MS)
-                pipe.execute()
-        if position >= total or not self.redis.exists(self._ids_key(bulk_id)):
-            self.redis.hset(key, mapping={"status": "done", "updated": repr(self.engine.clock.now())})
+                    changed = (compact_json(skips), compact_json(sample))
+                if not self._step(runner, "advance", counter, *changed):
+                    return False  # lost while acting: this flow is the new runner's to count
+                runner.position += 1
+        if runner.position >= runner.total:
+            return False
+        if not self.redis.exists(self._ids_key(bulk_id)):
+            if self._step(runner, "renew"):
+                self.redis.hset(key, mapping={"status": "done", "updated": repr(self.engine.clock.now())})
             return False
         return True
+
+    def _step(self, runner: _Runner, what: str, counter: str = "", skips: str = "", sample: str = "") -> bool:
+        """Renew the lease (``renew``) or also move the position on by one (``advance``), only if the lease
+        is still the runner's and the position the one it stands at (``lua/bulk_progress.lua``)."""
+        args = [what, runner.owner, runner.position, LEASE_MS, counter, repr(self.engine.clock.now()), runner.total]
+        keys = [self._lease_key(runner.bulk_id), self._record_key(runner.bulk_id)]
+        return bool(self._progress(keys=keys, args=[*args, skips, sample]))
+
+    def _wait(self, runner: _Runner, until: float) -> bool:
+        """Sleep until ``until`` (monotonic), renewing the lease at least three times a lease; False as soon
+        as the lease is found lost. Bounded: ``until`` is within the run's time."""
+        while self._step(runner, "renew"):
+            left = until - time.monotonic()
+            if left <= 0:
+                return True
+            time.sleep(min(left, LEASE_MS / 3000))
+        return False
 
     def _act(self, action: Action, flow_id: str, by: str) -> str | None:
         """The single-flow action, as the engine decides it: None, or why it was not taken."""

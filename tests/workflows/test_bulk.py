@@ -3,12 +3,16 @@ is called here as its Celery task would (tests/service/cli/test_bulk_cmd.py runs
 
 from __future__ import annotations
 
+import threading
+import time
 from typing import Any
 
 import pytest
+import redis
 
 from durapay.config.settings import BulkSettings
 from durapay.tasks.outcomes import Finish
+from durapay.workflows import bulk as bulk_module
 from durapay.workflows.bulk import BulkActions, BulkFilter, KeyReused, TooMany
 from durapay.workflows.states import FlowState
 from tests.workflows.engine_support import ScriptedStep, flow, wait_step
@@ -95,3 +99,91 @@ def test_a_cancel_with_money_in_flight_is_a_request_the_engine_ends(make_engine:
     assert bulk.get(posted["id"])["done"] == 1
     asked = engine.get(record.id)
     assert asked.cancel_requested and asked.state is FlowState.RUNNING, "asked to cancel, not ended"
+
+
+def test_a_runner_that_lost_its_lease_acts_on_nothing_more(make_engine: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A runner stalled past its lease (a Redis failover waited out, a slow flow) while the dispatcher's
+    revive sent another: the stalled one, back, finds the lease not its own and stops, counting nothing;
+    the other acts on each flow once (before, both acted on every flow, each counting its own progress)."""
+    first = ScriptedStep("first", outcomes=[Finish(False, "declined")] * 4)
+    engine, _ = make_engine(flow(first, wait_step()))
+    failed_flows(engine, 4)
+    monkeypatch.setattr(bulk_module, "LEASE_MS", 300)
+    bulk = BulkActions(engine, BulkSettings(rate=1000))
+    posted = bulk.post("retry", BulkFilter(kind="demo", state=FlowState.FAILED), by="ops", given={"kind": "demo"})
+    stalled, release = threading.Event(), threading.Event()
+    act = bulk._act
+
+    def stall_first_runner(action: Any, flow_id: str, by: str) -> str | None:
+        if threading.current_thread().name == "stalled" and not stalled.is_set():
+            stalled.set()
+            assert release.wait(10)
+        return act(action, flow_id, by)
+
+    monkeypatch.setattr(bulk, "_act", stall_first_runner)
+    runner = threading.Thread(target=bulk.run, args=(posted["id"],), name="stalled")
+    runner.start()
+    assert stalled.wait(10)
+    lease = bulk._lease_key(posted["id"])
+    deadline = time.monotonic() + 10
+    while engine.redis.exists(lease) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert bulk.run(posted["id"]) is False, "the revived runner ends the action"
+    release.set()
+    runner.join(10)
+    done = bulk.get(posted["id"])
+    assert (done["done"], done["skipped"], done["total"], done["status"]) == (4, 0, 4, "done"), done
+
+
+def test_a_runner_paces_itself_within_its_run_and_keeps_its_lease(make_engine: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """At a slow rate the pause before the next flow is cut at the run's end (the task hands over), and the
+    lease is renewed while the runner waits (a pause longer than the lease does not give the action away)."""
+    first = ScriptedStep("first", outcomes=[Finish(False, "declined")] * 2)
+    engine, _ = make_engine(flow(first, wait_step()))
+    failed_flows(engine, 2)
+    monkeypatch.setattr(bulk_module, "LEASE_MS", 300)
+    bulk = BulkActions(engine, BulkSettings(rate=1))
+    posted = bulk.post("retry", BulkFilter(kind="demo", state=FlowState.FAILED), by="ops", given={"kind": "demo"})
+    started = time.monotonic()
+    assert bulk.run(posted["id"], seconds=0.5) is True, "work left after one flow"
+    assert time.monotonic() - started < 0.9, "the pause of a second was cut at the run's end"
+    assert bulk.get(posted["id"])["done"] == 1
+    assert bulk.run(posted["id"], seconds=5) is False  # paced a second, past the lease of 0.3 s
+    assert bulk.get(posted["id"])["done"] == 2
+
+
+def test_a_post_cut_after_its_claim_does_not_block_the_action(make_engine: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A post cut between its claim of the record and the record written whole (its process killed, a
+    Redis error): the claim goes after CLAIM_SECONDS and the action can be posted again (before, a record
+    with only its id and no expiry made every later post wait and fail with UnknownBulk, for ever)."""
+    engine, _ = make_engine(flow(wait_step()))
+    engine.start("demo", {"amount": 5})
+    monkeypatch.setattr(bulk_module, "CLAIM_SECONDS", 1)
+    bulk = BulkActions(engine, BulkSettings(rate=1000))
+    given = {"kind": "demo"}
+
+    def cut(*args: Any) -> None:
+        raise redis.ConnectionError("the post's process is gone")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(bulk, "_write", cut)
+        with pytest.raises(redis.ConnectionError):
+            bulk.post("cancel", BulkFilter(kind="demo"), by="ops", given=given, key="k1")
+    record = bulk._record_key(bulk.bulk_id("cancel", given, "k1"))
+    assert 0 < engine.redis.ttl(record) <= 1, "the claim is short-lived"
+    posted = bulk.post("cancel", BulkFilter(kind="demo"), by="ops", given=given, key="k1")
+    assert posted["status"] in ("running", "done") and posted["total"] == 1
+    assert engine.redis.ttl(record) > 3600, "the whole record is kept for the retention"
+
+
+def test_a_claim_left_without_an_expiry_is_taken_over(make_engine: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A claim left by a post before claims expired (only ``id``, no expiry) gets one from the next post."""
+    engine, _ = make_engine(flow(wait_step()))
+    engine.start("demo", {"amount": 5})
+    monkeypatch.setattr(bulk_module, "CLAIM_SECONDS", 1)
+    bulk = BulkActions(engine, BulkSettings(rate=1000))
+    given = {"kind": "demo"}
+    bulk_id = bulk.bulk_id("cancel", given, "k2")
+    engine.redis.hsetnx(bulk._record_key(bulk_id), "id", bulk_id)
+    posted = bulk.post("cancel", BulkFilter(kind="demo"), by="ops", given=given, key="k2")
+    assert posted["id"] == bulk_id and posted["total"] == 1
