@@ -478,6 +478,9 @@ class StepProtocol:
         paid = _payment_recorded(outcome)
         if paid:
             change = dataclasses.replace(change, paid=paid)
+            if not isinstance(outcome, Attention) and not claimed.fields.get("money_moved"):
+                # Kept for the rest of the flow: transition.lua ends no flow failed once its money moved.
+                change = dataclasses.replace(change, fields={**change.fields, "money_moved": compact_json(paid)})
         call = _call_made(step, claimed, outcome, now, reconcile=claim.resend or claimed.reconcile)
         if call:
             change = dataclasses.replace(change, call=call)

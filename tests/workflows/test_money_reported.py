@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from durapay.gateway import Catalogue, GatewayUnreachable
 from durapay.tasks.outcomes import Advance, Attention, Finish, Outcome
 from durapay.tasks.runner import StepContext
 from durapay.workflows.clock import ManualClock
@@ -164,3 +165,28 @@ def test_a_late_payment_is_closed_by_a_refund_flow_not_by_a_plain_cancel(make_en
     assert len(engine.list(kind="refund")) == 1, "asked twice, one refund"
     with pytest.raises(OperatorError, match="being refunded"):
         engine.retry(record.id)
+
+
+def test_a_read_that_fails_every_attempt_after_the_charge_moved_money_stops_for_a_person(make_engine: Any) -> None:
+    """A charge answered EXECUTED (its money in flight settled by that answer), then its read-back fails
+    until ``max_attempts``: the retry policy's verdict is ``failed`` (``RetryPolicy.on_error``), which the
+    flow used to take although the gateway had taken the money. transition.lua keeps such a flow
+    (``money_moved``) for a person, whose retry reads the gateway and ends it by its word."""
+    executed = {**PAID["operation"], "operationType": "DELAY_CHARGE", "operationResult": "EXECUTED"}
+    charge = ScriptedStep("charge", outcomes=[Advance({"operation": executed})], op=Catalogue.create_delay_charge)
+    result = ScriptedStep("result", op=Catalogue.get_operation)
+    engine, _ = make_engine(flow(charge, result))
+    policy = engine.retry_policy
+    refused = GatewayUnreachable("get_operation: connection refused")
+    gave_up = policy.on_error(refused, Catalogue.get_operation, policy.max_attempts, resend=False)
+    assert isinstance(gave_up, Finish) and not gave_up.succeeded, "the policy gives up on the read"
+    result.outcomes.append(gave_up)
+    record = engine.start("demo", {"amount": 5})
+    assert engine.run_step(record.id, "charge") == "ready"
+    assert engine.run_step(record.id, "result") == "needs_attention"
+    stopped = engine.get(record.id)
+    assert stopped.error is not None and stopped.error["type"] == "MoneyMoved"
+    assert stopped.error["operation"]["operationId"] == "op-9" and "failed 3 times" in stopped.error["reason"]
+    assert not (stopped.outcome or {}).get("result"), "no outcome says failed"
+    engine.retry(record.id)
+    assert engine.run_step(record.id, "result") == "succeeded", "the read, answered now, ends it"

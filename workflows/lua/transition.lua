@@ -166,6 +166,20 @@ if late then
   due = ''
   move('needs_attention', KEYS[8], '; but ' .. late_payment_what(late, 'would end ' .. state))
 end
+-- The one home of "a flow whose money moved never ends failed": ``money_moved`` (the payment, refund,
+-- capture or charge an earlier completion recorded taken, written by workflows/protocol.py) turns any
+-- failure (an outage past its bound, attempts used up, a read that keeps failing) into needs_attention
+-- saying so: only the gateway's word, read by a person's retry, ends such a flow.
+local money_moved = not late and state == 'failed' and after('money_moved')
+if money_moved then
+  local ok, taken = pcall(cjson.decode, money_moved)
+  taken = (ok and type(taken) == 'table') and taken or {}
+  fields['error'] = cjson.encode({type = 'MoneyMoved', endedAs = 'failed', operation = taken, reason = log['what']})
+  fields['outcome'] = cjson.null
+  due = ''
+  move('needs_attention', KEYS[8], '; but money moved: the gateway took ' .. tostring(taken['operationId']) ..
+    ' (' .. tostring(taken['operationResult']) .. '), so the flow does not end failed')
+end
 if state ~= old_state and not may_move(old_state, state) then
   return redis.error_reply('flow ' .. ARGV[1] .. ': cannot go from ' .. tostring(old_state) .. ' to ' .. state)
 end

@@ -14,7 +14,7 @@ import pytest
 import redis
 
 from durapay.config import load_settings
-from durapay.gateway import GatewayOperation, NotFound
+from durapay.gateway import GatewayOperation, GatewayUnreachable, NotFound
 from durapay.workflows.clock import ManualClock
 from durapay.workflows.engine import Engine, InputError
 from durapay.workflows.flows import REGISTRY
@@ -150,3 +150,39 @@ def test_the_earlier_form_refuses_agency_sections(run: Callable[..., tuple[Any, 
     with pytest.raises(InputError) as raised:
         run("reservation_setup", {"form": "earlier", "agencies": [{"agencyId": "a-1"}]})
     assert raised.value.field == "agencies" and "no agency endpoints" in raised.value.reason
+
+
+def test_a_charge_executed_then_an_outage_past_the_bound_stops_for_a_person_not_failed(
+    redis_client: redis.Redis, key_prefix: str
+) -> None:
+    """The real ``incremental`` flow with the engine's real gate: the charge is answered EXECUTED (the money
+    in flight settled by that final answer), then its read-back meets a gateway that cannot be reached,
+    the breaker opens and the flow waits past the outage bound. It was ended ``failed`` although the
+    guest was charged (issue 28 review); the record's ``money_moved`` keeps it for a person instead."""
+
+    def unreachable(path: tuple[str, ...]) -> Any:
+        raise GatewayUnreachable("get_operation: connection refused")
+
+    clock = ManualClock(T0)
+    client = RecordingClient({**ANSWERS, "get_operation": unreachable})
+    health = {"failures": 1, "open_seconds": 30, "outage_seconds": 600}
+    settings = load_settings({"engine": {"key_prefix": key_prefix, "partitions": 2}, "gateway_health": health})
+    engine = Engine(settings, redis_client, REGISTRY, clock=clock, client_factory=lambda: client)  # type: ignore[arg-type,return-value]
+    data = {"reservationId": "res-1", "amount": 900, "currency": "EUR", "form": "current", "description": "minibar"}
+    record = engine.start("incremental", data)
+    deferred = 0
+    for _ in range(40):
+        record = engine.get(record.id)
+        if record.state in (FlowState.SUCCEEDED, FlowState.FAILED, FlowState.NEEDS_ATTENTION):
+            break
+        if record.state is FlowState.RETRYING:
+            deferred += 1
+            clock.advance(60)  # each time past the breaker's end: one unbroken outage
+        engine.run_step(record.id, record.step)
+    assert [name for name, _, _ in client.calls].count("create_incremental") == 1
+    assert deferred >= 600 // 60, "the flow waited out the whole bound"
+    assert record.state is FlowState.NEEDS_ATTENTION, record.summary()
+    assert record.error is not None and record.error["type"] == "MoneyMoved"
+    assert record.error["operation"]["operationId"] == "op-9"
+    assert "gateway unavailable for more than 600s" in record.error["reason"]
+    assert "money moved" in str(engine.history(record.id)[-1]["what"])
