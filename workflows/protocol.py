@@ -380,7 +380,7 @@ class StepProtocol:
             outcome = self._outage_bound(claim, outcome, now)
         if not isinstance(outcome, Defer):
             # The gateway answered (or the bound was reached): the outage is over for this flow.
-            done |= {name: None for name in ("gateway_since", "gate_slot") if claimed.fields.get(name)}
+            done |= {name: None for name in ("gateway_since", "gateway_due", "gate_slot") if claimed.fields.get(name)}
         change: Change
         if isinstance(outcome, Defer):
             change = self._deferred(claim, outcome, done, now)
@@ -509,7 +509,8 @@ class StepProtocol:
         """The flow waits in ``retrying`` for the gate (``workflows.gate``): the breaker's end, jittered so
         that the backlog does not come back at once, or its own reserved limiter slot. The attempt and the
         run its claim counted (claim.lua) are given back: the gateway's state is no fault of the flow's.
-        Kept on the flow: when it first met the gate (``gateway_since``, for ``outage_seconds``)."""
+        Kept on the flow, for ``outage_seconds``: when this outage began for it (``gateway_since``, see
+        :meth:`_outage_since`) and when the gate told it to come back (``gateway_due``)."""
         claimed, step, ctx = claim.record, claim.step, claim.ctx
         reconcile = outcome.reconcile or claimed.reconcile or claimed.uncertain
         runs = int(claimed.fields.get("runs") or "0")
@@ -520,22 +521,38 @@ class StepProtocol:
             "runs": str(max(0, runs - 1)) if runs > 1 else None,
             "gate_slot": repr(outcome.slot) if outcome.slot is not None else None,
         }
-        if not claimed.fields.get("gateway_since"):
+        if self._outage_since(claimed, now) is None:
             done["gateway_since"] = repr(now)
         if outcome.reconcile and _wrote(ctx):
             done["maybe_sent"] = repr(now)  # the call that opened the breaker may still arrive
         after = outcome.after
         if outcome.slot is None:
             after += self.engine.gate_rng.uniform(0.0, 1.0 + 0.25 * self.engine.settings.gateway_health.open_seconds)
+        done["gateway_due"] = repr(now + after)
         what = f"{step.name}: {outcome.reason}; tried again in {after:.1f}s (no attempt used)"
         return Change(FlowState.RETRYING, what, done, due=now + after)
 
-    def _outage_bound(self, claim: Claim, outcome: Defer, now: float) -> Outcome:
-        """A flow kept from the gateway longer than ``outage_seconds`` (from when it first met the gate)
-        ends: ``failed`` with the reason, or ``needs_attention`` where money may have moved (an earlier
-        call unanswered, money in flight still marked: workflows.inflight, never declared failed)."""
-        claimed = claim.record
+    def _outage_since(self, claimed: FlowRecord, now: float) -> float | None:
+        """When the outage the flow meets now began for it (None: it begins now): the first of an unbroken
+        run of Defers, each taken up again within a lease and a breaker period (``open_seconds``: the
+        jitter that spreads a backlog, the dispatcher's lag) of when the gate told it to come back
+        (``gateway_due``). A flow taken up later than that was kept by something other than the gateway
+        meanwhile (a pause of its kind, a stopped dispatcher, a person), and that time is no outage: the
+        count starts again. (A record deferred before ``gateway_due`` was kept counts from its ``since``.)"""
         since = _number(claimed.fields.get("gateway_since"))
+        due = _number(claimed.fields.get("gateway_due"))
+        gap = self.engine.lease + self.engine.settings.gateway_health.open_seconds
+        if since is None or (due is not None and now > due + gap):
+            return None
+        return since
+
+    def _outage_bound(self, claim: Claim, outcome: Defer, now: float) -> Outcome:
+        """A flow kept from the gateway longer than ``outage_seconds`` (:meth:`_outage_since`) ends:
+        ``failed`` with the reason, or ``needs_attention`` where money may have moved (an earlier call
+        unanswered, money in flight still marked: workflows.inflight, never declared failed; money the
+        gateway took: transition.lua turns the failure into needs_attention)."""
+        claimed = claim.record
+        since = self._outage_since(claimed, now)
         bound = self.engine.settings.gateway_health.outage_seconds
         if since is None or now - since < bound:
             return outcome

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from durapay.gateway import Catalogue, GatewayOperation, ServerError
-from durapay.tasks.outcomes import Advance, Outcome, Retry, Wait
+from durapay.tasks.outcomes import Advance, Defer, Outcome, Retry, Wait
 from durapay.tasks.runner import NOT_COMMITTED, ReconcileResult, StepContext
 from durapay.workflows.clock import ManualClock
 from durapay.workflows.engine import Claim
@@ -156,3 +156,52 @@ def test_a_step_that_lost_its_lease_makes_no_further_call(make_engine: Any, cloc
     assert engine.run_step(record.id, "setup", worker="first") == "stale"
     assert isinstance(taken[0], Claim)
     assert client.calls == 1, "the write was not sent once another worker held the step"
+
+
+def gateway_unavailable(after: float) -> Defer:
+    return Defer(after, "gateway unavailable", {"type": "GatewayUnavailable", "message": "the gateway's circuit breaker is open"})
+
+
+def test_unbroken_gateway_refusals_past_the_outage_bound_end_the_flow_failed(make_engine: Any, clock: ManualClock) -> None:
+    """Each Defer taken up when the gate said: one outage, from the first; past ``outage_seconds`` (one
+    hour) the next Defer ends the flow (nothing was sent, no money moved: failed)."""
+    engine, _ = make_engine(flow(ScriptedStep("first", outcomes=[gateway_unavailable(600.0) for _ in range(20)])))
+    record = engine.start("demo", {"amount": 5})
+    runs = drive(engine, clock, record.id)
+    ended = engine.get(record.id)
+    assert ended.state is FlowState.FAILED, ended.summary()
+    assert "gateway unavailable for more than 3600s" in (ended.outcome or {})["reason"]
+    assert 3600 <= clock.now() - T0 < 3600 + 2 * 600 + 200 and runs <= 9
+
+
+def test_a_pause_between_gateway_refusals_does_not_count_toward_the_outage_bound(make_engine: Any, clock: ManualClock) -> None:
+    """A 5 s breaker blip, a two-hour pause of the kind (longer than the one-hour bound), then the breaker
+    open a few seconds again: the flow ended ``failed`` "for more than 3600s" (issue 28 review), its
+    ``gateway_since`` kept from the blip. A flow taken up later than a lease and a breaker period after the
+    gate's due was kept by something else: its outage counts afresh (``StepProtocol._outage_since``)."""
+    first = ScriptedStep("first", outcomes=[gateway_unavailable(5.0), gateway_unavailable(5.0)])
+    engine, _ = make_engine(flow(first, ScriptedStep("second")))
+    record = engine.start("demo", {"amount": 5})
+    assert engine.run_step(record.id, "first") == "retrying"
+    engine.pauses.pause("demo", "maintenance window", by="ops")
+    clock.advance(2 * 3600)
+    assert engine.run_step(record.id, "first") == "paused"
+    engine.pauses.resume("demo", by="ops")
+    clock.advance(1)
+    assert engine.run_step(record.id, "first") == "retrying", "the breaker again: the flow waits"
+    after = engine.get(record.id)
+    assert after.fields["gateway_since"] == repr(clock.now()), "the outage counts from this Defer"
+    assert len(first.runs) == 2
+
+
+def test_a_stopped_dispatcher_between_gateway_refusals_does_not_count_toward_the_outage_bound(
+    make_engine: Any, clock: ManualClock
+) -> None:
+    """The same with no pause: nothing took the flow up for two hours (every dispatcher stopped)."""
+    first = ScriptedStep("first", outcomes=[gateway_unavailable(5.0), gateway_unavailable(5.0)])
+    engine, _ = make_engine(flow(first, ScriptedStep("second")))
+    record = engine.start("demo", {"amount": 5})
+    assert engine.run_step(record.id, "first") == "retrying"
+    clock.advance(2 * 3600)
+    assert engine.run_step(record.id, "first") == "retrying"
+    assert engine.get(record.id).fields["gateway_since"] == repr(clock.now()), "the outage counts from this Defer"
