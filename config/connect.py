@@ -3,7 +3,8 @@
 Why one place: every process (worker, scheduler, API, heartbeat, CLI) must reach the same store the
 same way, and the three topologies need different clients:
 
-* a plain ``redis://`` URL: ``redis.Redis``;
+* a plain ``redis://`` URL: ``redis.Redis`` (it sends a command once: a lost connection is raised, never
+  resent, since the command may have run; tests/config/test_connect.py holds redis-py to that);
 * ``DURAPAY_REDIS_CLUSTER=true`` with ``DURAPAY_REDIS_URL`` naming one node or several
   (``redis://[:password@]host:port[,host:port...]/0``, the startup nodes: any reachable one will do,
   so a process starts while the first is down): :class:`ClusterClient`, redis-py's ``RedisCluster``
@@ -12,7 +13,8 @@ same way, and the three topologies need different clients:
   move ends, and redis-py gives up after 16 quick tries; here a command is tried again for up to
   ``MIGRATION_WAIT`` seconds. It also waits out a failover: a node killed, its replica promoted some
   seconds later (``cluster-node-timeout`` and an election), and meanwhile redis-py's three quick tries
-  on a fresh connection fail; here a command that may be sent again (:func:`resendable`) is tried
+  on a fresh connection fail; here a command that may be sent again (:func:`resendable`: a read or a
+  script declared resend-safe) is tried
   again on a fresh connection, the slot map read anew, for up to ``FAILOVER_WAIT`` seconds while some
   node answers (when none does, the whole cluster is out: the error is raised at once, as before);
 * ``redis+sentinel://[:password@]host:port[,host:port...]/<master name>[/<db>]``: the primary that the
@@ -25,14 +27,17 @@ node): it is a plain Redis, a Sentinel-watched one or RabbitMQ (``config.celery`
 from __future__ import annotations
 
 import time
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
 import redis
+from redis.backoff import NoBackoff
 from redis.cluster import ClusterNode, ClusterPipeline, RedisCluster
 from redis.commands.cluster import READ_COMMANDS
 from redis.exceptions import ClusterDownError, ClusterError, RedisClusterException, SlotNotCoveredError, TryAgainError
+from redis.retry import Retry
 from redis.sentinel import Sentinel
 
 SENTINEL_SCHEME = "redis+sentinel"
@@ -48,16 +53,32 @@ FAILOVER_WAIT = 30.0
 LOST_NODE = (redis.ConnectionError, redis.TimeoutError, ClusterDownError, SlotNotCoveredError)
 
 
-def resendable(command: str) -> bool:
-    """Whether ``command`` may be sent again after its connection was lost, when it may have run: a read,
-    or a script. Every durapay script checks before it writes, so a second run of one that ran changes
-    nothing: a completion, signal or cancel is a compare-and-set on the flow's version (the second finds
-    the version moved and is refused as stale), a start on its key (the second finds the flow), a claim
-    on the step's lease (the second finds it leased), a marker or a due set's take is a plain overwrite
-    or take (what the first took comes back after its grace). A bare write (``XADD``, ``INCR``...)
-    is not resent beyond redis-py's own quick tries."""
-    name = command.upper()
-    return name in ("EVALSHA", "EVAL") or name in READ_COMMANDS
+def resendable(args: Sequence[Any], safe: Collection[Any]) -> bool:
+    """Whether the command ``args`` may be sent again after its connection was lost, when it may have run
+    (its answer lost with the connection): a read, or a script whose SHA is in ``safe``, the scripts
+    declared resend-safe (``workflows.scripts.RESEND_SAFE``: a second run after a lost answer changes
+    nothing and answers as the first did). Any other script, and a bare write (``XADD``, ``INCR``...),
+    is not resent: its caller's own recovery applies (a step's lease, a tick that comes again, the
+    merchant's retry), since a second run would count, keep or log twice."""
+    name = str(args[0]).upper()
+    if name in ("EVALSHA", "EVAL"):
+        sha = args[1] if len(args) > 1 else None
+        return (sha.decode() if isinstance(sha, bytes) else sha) in safe
+    return name in READ_COMMANDS
+
+
+def resend_safe(client: Any) -> set[str]:
+    """The SHAs of the scripts ``client`` may send again after a lost connection (filled by
+    ``workflows.scripts.register``; empty: no script is resent)."""
+    safe: set[str] | None = getattr(client, "resend_safe_scripts", None)
+    if safe is None:
+        safe = set()
+        client.resend_safe_scripts = safe
+    return safe
+
+
+def _script(args: Sequence[Any]) -> bool:
+    return str(args[0]).upper() in ("EVALSHA", "EVAL")
 
 
 @dataclass(frozen=True)
@@ -128,18 +149,47 @@ class _ClusterPipeline(ClusterPipeline):
     ConnectionError. A node that lost its scripts (restarted, promoted) answers NOSCRIPT: the store's
     pipelines load them and run those calls again (``workflows/scripts.py``)."""
 
+    #: Set while a script not declared resend-safe is queued: the pipeline is then sent once.
+    _once = False
+    #: The client's resend-safe scripts (:func:`resend_safe`).
+    resend_safe_scripts: set[str]
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        parent = self.parent_execute_command
+
+        def one_at_a_time(*command: Any, **options: Any) -> Any:
+            # redis-py sends a pipeline's failed commands again one at a time (a redirection, or a lost
+            # connection): a script that is not resend-safe whose connection was lost is not.
+            if _script(command) and not resendable(command, resend_safe(self)):
+                for queued in self._execution_strategy.command_queue:
+                    if queued.args == command and isinstance(queued.result, redis.ConnectionError | redis.TimeoutError):
+                        raise queued.result
+            return parent(*command, **options)  # type: ignore[no-untyped-call]
+
+        self.parent_execute_command = one_at_a_time
+
     def evalsha(self, sha: str, numkeys: int, *keys_and_args: Any) -> Any:
         """Queue a script: redis-py refuses ``EVALSHA`` in a cluster pipeline because it cannot route a
         script whose keys span slots; every durapay script keeps its keys in one slot (``workflows.keys``),
         so it is routed by its first key like any other command (a script with keys in two slots is
         refused by the server with ``CROSSSLOT``)."""
+        if not resendable(("EVALSHA", sha), resend_safe(self)):
+            self._once = True
         return self.pipeline_execute_command("EVALSHA", sha, numkeys, *keys_and_args)  # type: ignore[no-untyped-call]
 
     def execute(self, raise_on_error: bool = True) -> list[Any]:
+        """redis-py sends the whole pipeline again after a lost connection (its quick tries): not when it
+        holds a script that is not resend-safe (its first run may have counted, kept or logged)."""
+        retry = self.retry
+        if self._once:
+            self.retry = Retry(NoBackoff(), 0)
         try:
             return list(super().execute(raise_on_error))
         except RedisClusterException as exc:
             raise _unreachable(exc) from exc
+        finally:
+            self.retry, self._once = retry, False
 
 
 class ClusterClient(RedisCluster):
@@ -148,20 +198,26 @@ class ClusterClient(RedisCluster):
     def execute_command(self, *args: Any, **kwargs: Any) -> Any:
         started = time.monotonic()
         pause = 0.01
+        # A script not declared resend-safe is sent to its key's node with redis-py's own quick tries
+        # off (it sends a command again after a lost connection, when it may have run); a refusal
+        # (CLUSTERDOWN, an uncovered slot: nothing ran) is still waited out below.
+        once = _script(args) and "target_nodes" not in kwargs and not resendable(args, resend_safe(self))
         while True:
             try:
+                if once and int(args[2]) > 0:
+                    kwargs["target_nodes"] = self.get_node_from_key(args[3])  # type: ignore[no-untyped-call]
                 return super().execute_command(*args, **kwargs)  # type: ignore[no-untyped-call]
             except LOST_NODE as exc:
                 # CLUSTERDOWN and an uncovered slot are refusals (nothing ran); a lost connection may
                 # have lost the answer of a command that ran.
                 refused = isinstance(exc, ClusterDownError | SlotNotCoveredError)
-                if not (refused or resendable(str(args[0]))) or time.monotonic() - started > FAILOVER_WAIT:
+                if not (refused or resendable(args, resend_safe(self))) or time.monotonic() - started > FAILOVER_WAIT:
                     raise
                 if not self.lost_node():
                     raise
             except RedisClusterException as exc:
                 lost = _unreachable(exc)
-                if lost is exc or not resendable(str(args[0])) or time.monotonic() - started > FAILOVER_WAIT:
+                if lost is exc or not resendable(args, resend_safe(self)) or time.monotonic() - started > FAILOVER_WAIT:
                     raise lost from exc
                 if not self.lost_node():
                     raise lost from exc
@@ -187,10 +243,10 @@ class ClusterClient(RedisCluster):
     def pipeline(self, transaction: Any = None, shard_hint: Any = None) -> Any:
         if transaction or shard_hint:
             return super().pipeline(transaction, shard_hint)  # type: ignore[no-untyped-call]
-        return _ClusterPipeline(
+        pipe = _ClusterPipeline(
             nodes_manager=self.nodes_manager,
             commands_parser=self.commands_parser,
-            startup_nodes=self.nodes_manager.startup_nodes,  # type: ignore[arg-type]  # as redis-py's own pipeline()
+            startup_nodes=self.nodes_manager.startup_nodes,  # as redis-py's own pipeline()
             result_callbacks=self.result_callbacks,
             cluster_response_callbacks=self.cluster_response_callbacks,
             read_from_replicas=self.read_from_replicas,
@@ -199,6 +255,8 @@ class ClusterClient(RedisCluster):
             retry=self.retry,
             lock=self._lock,
         )
+        pipe.resend_safe_scripts = resend_safe(self)
+        return pipe
 
 
 def open_redis(url: str, *, cluster: bool = False, **options: Any) -> Any:

@@ -11,6 +11,7 @@ be in flight is transition.lua's, which reads the same field (``unsettled``) as 
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from durapay.workflows.sensitive import erased
@@ -55,7 +56,8 @@ def taken(record: FlowRecord, *, refunding: FlowRecord | None = None) -> list[st
     actions: list[str] = []
     if record.state is FlowState.NEEDS_ATTENTION or (record.state is FlowState.FAILED and _restartable(record)):
         actions.append("retry")
-    if record.state not in TERMINAL and not record.cancel_requested:
+    if record.state not in TERMINAL and not record.cancel_requested and not record.fields.get("money_moved"):
+        # A flow whose money an earlier step took (``money_moved``) is never cancelled (transition.lua).
         actions.append("cancel")
     return actions
 
@@ -95,6 +97,11 @@ def refusal(record: FlowRecord, action: str, *, refunding: FlowRecord | None = N
             "it (retry), refund it (refund-late-payment) or keep it (keep-late-payment)"
         )
     if action == "cancel":
+        if record.state not in TERMINAL and record.fields.get("money_moved"):
+            return (
+                f"flow {record.id}: the gateway took payment {_money_moved(record)}, which a cancel cannot undo; "
+                "let the flow finish (or retry it), then refund it if it must be undone"
+            )
         if record.state in TERMINAL:
             return f"flow {record.id} already ended ({record.state}); nothing to cancel"
         return f"flow {record.id}: a cancel is already requested"
@@ -224,3 +231,12 @@ def _first(record: FlowRecord) -> str:
     """The payment a succeeded flow's outcome names (it stays the outcome whatever is done with a second)."""
     operation = (record.outcome or {}).get("operation") or {}
     return f"succeeded with payment {operation.get('operationId', '?')}"
+
+
+def _money_moved(record: FlowRecord) -> str:
+    """The operation id an earlier step recorded taken (``money_moved``), or "?"."""
+    try:
+        taken = json.loads(record.fields.get("money_moved") or "{}")
+    except ValueError:
+        return "?"
+    return str(taken.get("operationId", "?")) if isinstance(taken, dict) else "?"

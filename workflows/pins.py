@@ -15,9 +15,11 @@ A node may also fail (killed, its replica promoted after ``cluster-node-timeout`
 connection to it breaks, and until the promotion nothing answers for its slots. A lost connection is
 taken like a redirection: the pinned client is dropped, the slot map read anew, and the command sent
 again on a fresh connection to whichever node owns the key then, for up to ``FAILOVER_WAIT`` seconds;
-so a failover costs a step the seconds of the promotion, not a lease. The commands sent here may be
-sent again although the first one may have run (its answer lost with the connection): they are
-scripts that check before they write (``config.connect.resendable`` says why each kind is safe).
+so a failover costs a step the seconds of the promotion, not a lease. The first one may have run (its
+answer lost with the connection), so only a command its caller says is resend-safe is sent again: a
+script that ``workflows/scripts.py`` declares so (a claim, a completion: they recognise their own
+effect and answer as the first run did) or a plain overwrite. Any other is sent once: a lost connection
+is raised, and its caller's own recovery applies.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from typing import Any, TypeVar
 import redis
 from redis.exceptions import AskError, MovedError, NoScriptError, TryAgainError
 
-from durapay.config.connect import FAILOVER_WAIT, LOST_NODE, MIGRATION_WAIT, is_cluster
+from durapay.config.connect import FAILOVER_WAIT, LOST_NODE, MIGRATION_WAIT, is_cluster, resend_safe
 
 T = TypeVar("T")
 
@@ -75,11 +77,11 @@ class Pins:
             raise redis.ConnectionError(f"cluster node {host}:{port} is not in the slot map")
         return self._pinned(node.name, node.redis_connection.connection_pool)
 
-    def run(self, key: str, command: Callable[[Any], T]) -> tuple[T, Any]:
+    def run(self, key: str, command: Callable[[Any], T], *, resend: bool) -> tuple[T, Any]:
         """``command(pinned)`` on the connection to the server that owns ``key``; returns its answer and
-        that pinned client (for the durability wait). ``command`` must be safe to repeat after a
-        redirection (it was refused, so nothing of it ran) and after a lost connection (it may have run:
-        a script that checks before it writes, ``config.connect.resendable``)."""
+        that pinned client (for the durability wait). ``command`` is repeated after a redirection (it was
+        refused, so nothing of it ran); after a lost connection (it may have run) only when ``resend``
+        says a second run is harmless (``workflows.scripts.RESEND_SAFE``), else the error is raised."""
         if not self.cluster:
             return command(self.plain()), self.plain()
         started = time.monotonic()
@@ -104,7 +106,7 @@ class Pins:
                 time.sleep(pause)
                 pause = min(pause * 2, 0.2)
             except LOST_NODE:
-                if time.monotonic() - started > FAILOVER_WAIT:
+                if not resend or time.monotonic() - started > FAILOVER_WAIT:
                     raise
                 pinned.close()  # back to its pool, disconnected: the next one connects afresh
                 self._drop(pinned)
@@ -121,7 +123,8 @@ class Pins:
 
     def script(self, script: Any, keys: list[str], args: list[Any]) -> tuple[Any, Any]:
         """Run a registered ``script`` on the pinned connection of its keys' node (loading it there if that
-        node lacks it); returns the answer and the pinned client."""
+        node lacks it); returns the answer and the pinned client. Sent again after a lost connection only
+        when ``script`` is declared resend-safe (``workflows.scripts.register``)."""
 
         def call(pinned: Any) -> Any:
             try:
@@ -130,7 +133,7 @@ class Pins:
                 pinned.script_load(script.script)
                 return pinned.evalsha(script.sha, len(keys), *keys, *args)
 
-        return self.run(keys[0], call)
+        return self.run(keys[0], call, resend=script.sha in resend_safe(self.client))
 
 
 def _lost(pinned: Any) -> bool:

@@ -14,12 +14,69 @@ its completion was run late: the first claim found the step not yet ready).
 
 from __future__ import annotations
 
+import secrets
 from collections.abc import Sequence
 from importlib import resources
 from typing import Any
 
 from redis.commands.core import Script
 from redis.exceptions import NoScriptError
+
+from durapay.config.connect import resend_safe
+
+#: The marker that a durability wait counts (``FlowStore.sync``): a plain overwrite.
+MARKER = "redis.call('SET', KEYS[1], '1') return 1"
+
+#: Whether each script may be sent again after its connection was lost, when it may have run (its answer
+#: lost with the connection, as when a Redis node fails over): True only where a second run after a
+#: lost answer changes nothing and answers as the first did. ``config.connect`` resends those for up to
+#: FAILOVER_WAIT; the others are sent once, and their caller's own recovery applies. Every Lua file of
+#: this package is listed (tests/workflows/test_scripts.py checks it), and :func:`register` refuses a
+#: name that is not.
+RESEND_SAFE: dict[str, tuple[bool, str]] = {
+    "lua/claim.lua": (True, "its own claim (lease owner and lease end) is answered ok with the record"),
+    "lua/transition.lua": (True, "its own change (the request token 'treq') is answered with the record"),
+    "lua/signal.lua": (True, "its own signal (the request token 'sreq') is answered as at first, kept once"),
+    "lua/renew.lua": (True, "sets the same lease end again: the same answer"),
+    "lua/request_cancel.lua": (True, "sets the same flag again: the same answer"),
+    "marker": (True, "a plain overwrite of the same value"),
+    "reconciliation/daily.py:_CLAIM": (True, "its own claim (the run's token) is answered 1 as at first"),
+    "lua/gate.lua": (False, "a failure would count twice, a probe's take answer 'open'; Gate fails closed"),
+    "lua/create.lua": (False, "a second run finds the flow it created and answers otherwise; the start is retried"),
+    "lua/take_due.lua": (False, "a second run takes nothing (the first's ids come back after the grace)"),
+    "lua/hold.lua": (False, "not checked for a second run; the next claim or sweep holds the flow"),
+    "lua/release.lua": (False, "logs the release again; the next claim or sweep releases"),
+    "lua/expand.lua": (False, "a second run finds the record plain and answers 'changed'"),
+    "lua/keep_until.lua": (False, "moves the version again"),
+    "lua/compact.lua": (False, "a second run finds the record packed; the next packing pass goes on"),
+    "lua/bulk_progress.lua": (False, "a second advance finds the position moved and answers 0: the runner stops"),
+    "lua/events.lua": (False, "prepended (the outbox), never run alone"),
+    "lua/money.lua": (False, "prepended (payments reported), never run alone"),
+    "lua/pause.lua": (False, "prepended (paused kinds), never run alone"),
+    "schedules/lua/create.lua": (False, "not checked for a second run; the caller retries"),
+    "schedules/lua/update.lua": (False, "not checked for a second run; the caller retries"),
+    "schedules/lua/mark.lua": (False, "not checked for a second run; the next tick marks"),
+    "webhooks/lua/fanout.lua": (False, "a second run would queue the deliveries twice"),
+    "webhooks/lua/record.lua": (False, "pushes its attempt-log entry before its guard: a second run logs twice"),
+    "webhooks/lua/replay.lua": (False, "a second run would queue the replay twice"),
+}
+
+
+def register(client: Any, name: str, text: str) -> Script:
+    """``client.register_script(text)`` for the script ``name`` (its path in this package, or a name in
+    :data:`RESEND_SAFE`), declared to ``client`` as resend-safe when it is (``config.connect.resendable``).
+    KeyError for a script not classified: every script states whether a second run is harmless."""
+    safe, _why = RESEND_SAFE[name]
+    script: Script = client.register_script(text)
+    if safe:
+        resend_safe(client).add(script.sha)
+    return script
+
+
+def request_token() -> str:
+    """A token for one request of a resend-safe script: written with its effect, so that the same request
+    sent again after a lost answer recognises it (12 characters: a few bytes per flow)."""
+    return secrets.token_hex(6)
 
 
 def source(path: str) -> str:

@@ -33,7 +33,7 @@ from durapay.workflows.durability import Durability
 from durapay.workflows.keys import Keys
 from durapay.workflows.orders import Lookups
 from durapay.workflows.pins import Pins
-from durapay.workflows.scripts import ScriptPipeline, source
+from durapay.workflows.scripts import MARKER, ScriptPipeline, register, request_token, source
 from durapay.workflows.sensitive import mask, mask_text, scrub
 from durapay.workflows.states import TERMINAL, FlowState, IllegalTransition, can_move, lua_prelude
 
@@ -230,10 +230,11 @@ class StartConflict(Exception):
 
 
 class MoneyTaken(Exception):
-    """A cancel of a flow whose payment succeeded, refused by ``transition.lua``: its money moved."""
+    """A cancel of a flow whose payment succeeded, or whose money a step recorded taken (``money_moved``),
+    refused by ``transition.lua``: its money moved."""
 
     def __init__(self, flow_id: str, operation_id: str) -> None:
-        super().__init__(f"flow {flow_id} succeeded with payment {operation_id}: a cancel cannot undo money taken")
+        super().__init__(f"flow {flow_id}: the gateway took payment {operation_id}: a cancel cannot undo money taken")
         self.flow_id = flow_id
         self.operation_id = operation_id
 
@@ -351,21 +352,22 @@ class FlowStore:
         # Shared code is prepended: the states and their moves (generated from workflows/states.py),
         # money.lua (one rule for payments reported), events.lua (the outbox).
         states, money, outbox = lua_prelude(), _script("money.lua"), _script("events.lua")
-        self._create = client.register_script(outbox + _script("create.lua"))
-        self._transition = client.register_script(states + money + outbox + _script("transition.lua"))
-        self._signal = client.register_script(states + money + outbox + _script("signal.lua"))
-        self._take_due = client.register_script(_script("take_due.lua"))
+        # Each registered as workflows/scripts.py classifies it: resent after a lost connection or not.
+        self._create = register(client, "lua/create.lua", outbox + _script("create.lua"))
+        self._transition = register(client, "lua/transition.lua", states + money + outbox + _script("transition.lua"))
+        self._signal = register(client, "lua/signal.lua", states + money + outbox + _script("signal.lua"))
+        self._take_due = register(client, "lua/take_due.lua", _script("take_due.lua"))
         pause = _script("pause.lua")  # the one rule of a paused flow kind (workflows.pauses)
-        self._claim = client.register_script(states + pause + _script("claim.lua"))
-        self.hold_script = client.register_script(states + pause + _script("hold.lua"))
-        self.release_script = client.register_script(states + pause + _script("release.lua"))
+        self._claim = register(client, "lua/claim.lua", states + pause + _script("claim.lua"))
+        self.hold_script = register(client, "lua/hold.lua", states + pause + _script("hold.lua"))
+        self.release_script = register(client, "lua/release.lua", states + pause + _script("release.lua"))
         #: How far a paused kind's due flow is moved each time it is met (``DURAPAY_PAUSE__RECHECK_SECONDS``).
         self.pause_recheck = 30.0
-        self._request_cancel = client.register_script(_script("request_cancel.lua"))
-        self._renew = client.register_script(_script("renew.lua"))
-        self._expand = client.register_script(_script("expand.lua"))
-        self._keep_until = client.register_script(states + _script("keep_until.lua"))
-        self._marker = client.register_script("redis.call('SET', KEYS[1], '1') return 1")
+        self._request_cancel = register(client, "lua/request_cancel.lua", _script("request_cancel.lua"))
+        self._renew = register(client, "lua/renew.lua", _script("renew.lua"))
+        self._expand = register(client, "lua/expand.lua", _script("expand.lua"))
+        self._keep_until = register(client, "lua/keep_until.lua", states + _script("keep_until.lua"))
+        self._marker = register(client, "marker", MARKER)
 
     # -- reading -------------------------------------------------------------------------------
 
@@ -521,7 +523,7 @@ class FlowStore:
 
     def transition(self, record: FlowRecord, change: Change, *, now: float, by: str) -> FlowRecord | None:
         """Write ``change`` if ``record`` is still current; None when another writer got there first.
-        Raises MoneyTaken for a cancel of a flow whose payment succeeded."""
+        Raises MoneyTaken for a cancel of a flow whose money moved (its payment succeeded, or ``money_moved``)."""
         if record.packed and not self._unpack(record, now=now):
             return None
         call = self._transition_call(record, change, now=now, by=by)
@@ -572,6 +574,9 @@ class FlowStore:
             raise IllegalTransition(record.state, change.state, record.id)
         partition = self.keys.partition(record.id)
         fields = dict(change.fields)
+        # The request's token, written with the change: sent again after its answer was lost (a
+        # failover), transition.lua recognises its own change by it instead of refusing it as stale.
+        fields["treq"] = request_token()
         step = change.step or fields.get("step") or record.step
         clean = scrub(record.input)
         scrubbed = compact_json(clean) if clean != record.input else ""
@@ -742,7 +747,7 @@ class FlowStore:
             return
         if not self.pins.cluster:
             marker = f"{self.keys.prefix}:sync"
-            _, pinned = self.pins.run(marker, _marker_write(marker))
+            _, pinned = self.pins.run(marker, _marker_write(marker), resend=True)  # a plain overwrite
             self.durability.wait(pinned, what)
             return
         by_slot = {f"{self.keys.tag(partition)}:sync": anchor for partition, anchor in anchors}
@@ -791,7 +796,8 @@ class FlowStore:
         keys = [self.keys.flow(flow_id), self.keys.log(flow_id), self.keys.due(partition)]
         keys += [self.keys.by_state(partition, state.value) for state in (*states, FlowState.NEEDS_ATTENTION)]
         keys += [self.keys.events(partition)]
-        args = [flow_id, name, compact_json(signal), repr(now), entry, repr(now + safety), by, self.events]
+        # The request's token: sent again after its answer was lost, signal.lua answers as it did first.
+        args = [flow_id, name, compact_json(signal), repr(now), entry, repr(now + safety), by, self.events, request_token()]
         for _ in range(3):
             answer = self._signal(keys=keys, args=args)
             result = answer.decode() if isinstance(answer, bytes) else str(answer)

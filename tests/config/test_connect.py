@@ -9,9 +9,18 @@ import pytest
 import redis
 
 from durapay.config.celery import kombu_broker, make_celery
-from durapay.config.connect import FAILOVER_WAIT, ClusterClient, open_redis, parse_sentinel_url, split_addresses
+from durapay.config.connect import (
+    FAILOVER_WAIT,
+    ClusterClient,
+    open_redis,
+    parse_sentinel_url,
+    resend_safe,
+    resendable,
+    split_addresses,
+)
 from durapay.config.settings import Settings, SettingsError, load_settings
 from durapay.service.cli._common import safe_url
+from tests.config.lost_answer import LostAnswers, lose_answer  # noqa: F401
 from tests.workflows.integration.topology import ValkeyCluster
 
 
@@ -111,3 +120,34 @@ def test_a_cluster_url_may_name_several_startup_nodes() -> None:
 def test_several_addresses_are_refused_outside_a_cluster_or_without_ports(values: dict[str, object], reason: str) -> None:
     with pytest.raises(SettingsError, match=reason):
         load_settings(values)
+
+
+def test_only_reads_and_scripts_declared_resend_safe_are_sent_again_after_a_lost_connection() -> None:
+    """A command whose connection was lost may have run: a read may be sent again, a script only when it
+    is declared resend-safe (workflows/scripts.py), a bare write never."""
+    assert resendable(("GET", "k"), set()) and resendable(("HGETALL", "k"), set())
+    assert resendable(("EVALSHA", "abc", 1, "k"), {"abc"}) and resendable(("EVALSHA", b"abc", 1, "k"), {"abc"})
+    assert not resendable(("EVALSHA", "abc", 1, "k"), set())
+    assert not resendable(("EVAL", "return 1", 0), {"abc"})
+    assert not resendable(("INCR", "k"), {"abc"})
+
+
+def test_on_one_server_a_script_whose_answer_is_lost_is_not_sent_again(
+    redis_url: str,
+    key_prefix: str,
+    lose_answer: LostAnswers,  # noqa: F811
+) -> None:
+    """A counting script whose answer was lost counts once: the plain client raises the lost connection
+    and sends nothing again (redis-py's connections retry nothing), whatever the script; its caller's
+    own recovery applies."""
+    client = open_redis(redis_url, socket_timeout=2, socket_connect_timeout=1)
+    count = client.register_script("return redis.call('INCR', KEYS[1])")
+    resend_safe(client).add(count.sha)  # even one declared resend-safe
+    key = f"{key_prefix}:count"
+    count(keys=[key])  # loaded: the lost answer is the script's own
+    lose_answer.sha = count.sha
+    with pytest.raises(redis.ConnectionError):
+        count(keys=[key])
+    assert (lose_answer.lost, lose_answer.sent, client.get(key)) == (1, ["EVALSHA"], b"2")
+    assert count(keys=[key]) == 3  # the connection made afresh
+    client.close()

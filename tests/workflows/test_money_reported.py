@@ -17,9 +17,11 @@ from durapay.tasks.outcomes import Advance, Attention, Finish, Outcome
 from durapay.tasks.runner import StepContext
 from durapay.workflows.clock import ManualClock
 from durapay.workflows.engine import Claim
+from durapay.workflows.errors import OperatorError
 from durapay.workflows.flows._common import summarize
 from durapay.workflows.states import FlowState
 from durapay.workflows.steps import FlowDefinition, WaitStep
+from durapay.workflows.store import Change, MoneyTaken
 from tests.workflows.engine_support import DemoInput, HeldGateway, ScriptedStep, flow, wait_step
 
 PAID = {"operation": {"operationId": "op-9", "orderId": "ord-1", "operationResult": "AUTHORIZED", "amount": "500"}}
@@ -190,3 +192,31 @@ def test_a_read_that_fails_every_attempt_after_the_charge_moved_money_stops_for_
     assert not (stopped.outcome or {}).get("result"), "no outcome says failed"
     engine.retry(record.id)
     assert engine.run_step(record.id, "result") == "succeeded", "the read, answered now, ends it"
+
+
+def test_a_flow_whose_charge_moved_money_is_not_cancelled_while_its_read_back_retries(
+    make_engine: Any, clock: ManualClock
+) -> None:
+    """The charge answered EXECUTED (money in flight settled by that answer); its read-back is retrying.
+    A cancel now would end the flow ``cancelled`` over money the gateway took: refused, by the one rule
+    of transition.lua (``money_moved``), whether asked directly or met as a request at the step's end."""
+    executed = {**PAID["operation"], "operationType": "DELAY_CHARGE", "operationResult": "EXECUTED"}
+    charge = ScriptedStep("charge", outcomes=[Advance({"operation": executed})], op=Catalogue.create_delay_charge)
+    result = ScriptedStep("result", op=Catalogue.get_operation)
+    engine, _ = make_engine(flow(charge, result))
+    refused = GatewayUnreachable("get_operation: connection refused")
+    result.outcomes.append(engine.retry_policy.on_error(refused, Catalogue.get_operation, 1, resend=False))
+    record = engine.start("demo", {"amount": 5})
+    assert engine.run_step(record.id, "charge") == "ready"
+    assert engine.run_step(record.id, "result") == "retrying"
+    assert "cancel" not in engine.actions(engine.get(record.id)), "not offered"
+    with pytest.raises(OperatorError, match="op-9"):
+        engine.cancel(record.id, "changed my mind")
+    assert engine.get(record.id).state is FlowState.RETRYING
+    # The store's own rule, under the operator's check (a cancel that raced the charge's answer):
+    with pytest.raises(MoneyTaken):
+        engine.store.transition(
+            engine.get(record.id), Change(FlowState.CANCELLED, "cancelled: race", {}), now=engine.clock.now(), by="test"
+        )
+    clock.advance(engine.retry_policy.cap_seconds + 1)
+    assert engine.run_step(record.id, "result") == "succeeded", "the read ends it by the gateway's word"

@@ -4,12 +4,14 @@ exactly once all the same."""
 from __future__ import annotations
 
 import uuid
+from pathlib import Path
 from typing import Any
 
 import pytest
 import redis
 
-from durapay.workflows.scripts import ScriptPipeline
+from durapay.config.connect import resend_safe
+from durapay.workflows.scripts import RESEND_SAFE, ScriptPipeline, package_file, register
 
 COUNT = "return redis.call('INCR', KEYS[1])"
 
@@ -82,3 +84,21 @@ def test_a_batch_refused_after_a_restart_loads_each_script_once_and_runs_again_i
     assert pipe.execute() == [1] * 50 and pipe.rerun == list(range(50))
     assert calls(redis_client, "script|load") - loads == 1
     assert calls(redis_client, "evalsha") - evals == 100
+
+
+def test_every_script_states_whether_a_second_run_after_a_lost_answer_is_harmless() -> None:
+    """A script is sent again after a lost connection (a failover) only when declared resend-safe
+    (config/connect.py): every Lua file of the package is classified, and a name that is not is refused."""
+    root = package_file("")
+    found = {str(path.relative_to(root)) for path in Path(str(root)).rglob("*.lua")}
+    assert found and found <= set(RESEND_SAFE), f"not classified in workflows/scripts.py RESEND_SAFE: {found - set(RESEND_SAFE)}"
+    assert {"lua/claim.lua", "lua/transition.lua", "lua/signal.lua"} <= {name for name, (safe, _) in RESEND_SAFE.items() if safe}
+    assert not RESEND_SAFE["lua/gate.lua"][0] and not RESEND_SAFE["webhooks/lua/record.lua"][0]
+    with pytest.raises(KeyError):
+        register(redis.Redis(), "lua/unknown.lua", "return 1")
+
+
+def test_a_script_is_declared_resend_safe_to_its_client_only_when_it_is(redis_client: redis.Redis) -> None:
+    claim = register(redis_client, "lua/claim.lua", f"-- {uuid.uuid4().hex}\nreturn 1")
+    gate = register(redis_client, "lua/gate.lua", f"-- {uuid.uuid4().hex}\nreturn 1")
+    assert claim.sha in resend_safe(redis_client) and gate.sha not in resend_safe(redis_client)

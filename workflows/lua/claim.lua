@@ -7,6 +7,7 @@
 --         customer pays on (workflows/inflight.money_operation), by flow kind
 --       (JSON object kind -> operation; "" when no kind has such a step of this name),
 --       9 the pause's re-check seconds.
+-- Resend-safe (workflows/scripts.py): a second run of a claim that ran answers ok with the record.
 -- Returns {reason} when the step is not claimed: missing, not-current, leased, stopped, early, paused;
 -- {'ok', previous state, field, value, ...} with the record as written by the claim; or, without
 -- writing anything, {'lost', state, field, value, ...} for a step whose worker was lost max-attempts
@@ -38,6 +39,15 @@ if step ~= ARGV[2] then
 end
 local reclaim = false
 if state == 'running' then
+  if lease_until == ARGV[4] and redis.call('HGET', KEYS[1], 'lease_owner') == ARGV[5] then
+    -- This very claim, sent again after its answer was lost (a failover): the lease it wrote (its owner
+    -- and lease end, a per-claim token) is recognised and answered as the first was, not 'leased'.
+    local result = {'ok', state}
+    for _, item in ipairs(redis.call('HGETALL', KEYS[1])) do
+      table.insert(result, item)
+    end
+    return result
+  end
   if lease_until and tonumber(lease_until) > now then
     redis.call('ZADD', KEYS[3], lease_until, ARGV[1])
     return {'leased'}

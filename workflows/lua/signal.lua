@@ -3,7 +3,10 @@
 -- ARGV: 1 flow id, 2 signal name, 3 signal (JSON object with name, payload, t and, when it reports a
 --       payment taken, paid), 4 now, 5 log entry of a resume (JSON), 6 due time of the resumed flow
 --       (now, or later when the caller sends the step itself), 7 who delivers it, 8 "1" to emit the
---       merchant events of a late payment (payment.late, flow.needs_attention).
+--       merchant events of a late payment (payment.late, flow.needs_attention), 9 the request's token
+--       ("" none): kept with the answer in the record's 'sreq' (token and answer), so that this signal
+--       sent again after its answer was lost (a failover) answers as the first did and is not kept twice
+--       (resend-safe, workflows/scripts.py).
 -- Returns "missing"; "packed" (a finished flow compacted by workflows/compact.py: the caller expands it
 -- and asks again, so that this script reads every field as written); "finished" (ended, nothing to do);
 -- "late_payment" (ended without this payment:
@@ -17,6 +20,18 @@ if redis.call('EXISTS', KEYS[1]) == 0 then
 end
 if redis.call('HEXISTS', KEYS[1], 'z') == 1 then
   return 'packed'
+end
+if ARGV[9] ~= '' then
+  local sent = redis.call('HGET', KEYS[1], 'sreq')
+  if sent and string.sub(sent, 1, #ARGV[9] + 1) == ARGV[9] .. ' ' then
+    return string.sub(sent, #ARGV[9] + 2)
+  end
+end
+local function answered(result)
+  if ARGV[9] ~= '' then
+    redis.call('HSET', KEYS[1], 'sreq', ARGV[9] .. ' ' .. result)
+  end
+  return result
 end
 local state = redis.call('HGET', KEYS[1], 'state')
 local signal = cjson.decode(ARGV[3])
@@ -44,11 +59,11 @@ if TERMINAL[state] then
     local kind, data = state_event(KEYS[1], 'needs_attention', what)
     emit(KEYS[10], KEYS[1], ARGV[1], kind, ARGV[4], data)
   end
-  return 'late_payment'
+  return answered('late_payment')
 end
 keep_signal(KEYS[1], ARGV[3], signal['paid'] ~= nil)
 if state ~= 'waiting' then
-  return 'stored'
+  return answered('stored')
 end
 local wait = redis.call('HGET', KEYS[1], 'wait')
 local awaited = false
@@ -58,7 +73,7 @@ if wait then
   end
 end
 if not awaited then
-  return 'stored'
+  return answered('stored')
 end
 local version = tonumber(redis.call('HGET', KEYS[1], 'version')) + 1
 redis.call('HSET', KEYS[1], 'state', 'ready', 'version', version, 'updated', ARGV[4], 'due', ARGV[6])
@@ -66,4 +81,4 @@ redis.call('ZADD', KEYS[3], ARGV[6], ARGV[1])
 redis.call('ZREM', KEYS[4], ARGV[1])
 redis.call('ZADD', KEYS[5], ARGV[4], ARGV[1])
 redis.call('RPUSH', KEYS[2], ARGV[5])
-return 'resumed'
+return answered('resumed')

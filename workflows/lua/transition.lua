@@ -15,6 +15,9 @@
 --       failure may hide (kept as a signal when the step stops for a person over it: a LatePayment it
 --       found), 12 the state the caller read the flow in, 13 "1" when the caller's record already had a
 --       cancel requested (its step ran only to read for it).
+-- Resend-safe (workflows/scripts.py): the caller's request token is one of the fields ('treq'), so this
+-- change sent again after its answer was lost (a failover) finds it written and answers with the record
+-- as it is ({version, state, 1}: read it back), not as stale.
 -- The record and log never expire after this script: a flow that finishes is listed in the finished set
 -- and the packing pass gives it its end (the retention, or longer while its customer can pay), together
 -- with its lookups.
@@ -39,14 +42,23 @@ local old_state = redis.call('HGET', KEYS[1], 'state')
 -- (a claim lost, then a cancel of the flow as it was), and a completion of that lost claim must not
 -- move the flow the cancel ended.
 if current ~= ARGV[2] or old_state ~= ARGV[12] then
+  local token = cjson.decode(ARGV[4])['treq']
+  if type(token) == 'string' and token ~= '' and redis.call('HGET', KEYS[1], 'treq') == token then
+    return {tonumber(current), old_state, 1}
+  end
   return {0, old_state or '', 0}
 end
 if ARGV[3] == 'cancelled' then
-  -- A flow whose payment succeeded (a second payment beside it made it a person's again) is never
-  -- cancelled: its money moved. Refused: {-1, state, operation id}.
+  -- A flow whose payment succeeded (a second payment beside it made it a person's again), or whose
+  -- money an earlier step recorded taken (``money_moved``: a charge EXECUTED, its read-back still to
+  -- come), is never cancelled: its money moved. Refused: {-1, state, operation id}.
   local before = event_json(redis.call('HGET', KEYS[1], 'outcome')) or {}
   if before['result'] == 'succeeded' then
     return {-1, old_state, tostring((before['operation'] or {})['operationId'])}
+  end
+  local moved = event_json(redis.call('HGET', KEYS[1], 'money_moved'))
+  if moved then
+    return {-1, old_state, tostring(moved['operationId'])}
   end
 end
 local state = ARGV[3]
@@ -140,11 +152,13 @@ if unsettled then
     move('retrying', KEYS[11], '; but ' .. what .. ': the gateway is read before the flow fails')
   end
 elseif cancel_requested and (CLAIMABLE[state] or state == 'failed') then
-  if paid and state ~= 'cancelled' then
-    -- Asked to stop, but this step's answer is money taken: nothing undoes it, the flow goes on to say so.
+  -- Money taken, by this step's answer or an earlier step's (``money_moved``): nothing undoes it.
+  local taken = paid or (state ~= 'cancelled' and event_json(after('money_moved')))
+  if taken and state ~= 'cancelled' then
+    -- Asked to stop, but the gateway took money: the request is refused, the flow goes on to say so.
     fields['cancel_requested'] = cjson.null
     rewritten = true
-    log['what'] = (log['what'] or '') .. ' (cancel refused: the gateway took payment ' .. tostring(paid['operationId']) .. ')'
+    log['what'] = (log['what'] or '') .. ' (cancel refused: the gateway took payment ' .. tostring(taken['operationId']) .. ')'
   else
     -- Cancelled while a step ran: keep what the step did, then stop at this step boundary.
     due = ''

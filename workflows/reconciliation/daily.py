@@ -28,6 +28,7 @@ from zoneinfo import ZoneInfo
 
 from durapay.workflows.engine import Engine
 from durapay.workflows.reconciliation.run import Reconciler
+from durapay.workflows.scripts import register
 
 log = logging.getLogger("durapay.reconcile")
 
@@ -44,8 +45,11 @@ RETRY_SECONDS = 600
 
 # KEYS: 1 the day's claim, 2 its attempts. ARGV: 1 this run's token, 2 lease seconds, 3 keep seconds, 4 attempts,
 # 5 now (the engine's clock). A claim reading 'after:<time>' is a failed run's: the day is free from that time.
+# Resend-safe (workflows/scripts.py): a claim sent again after its answer was lost finds its own token and
+# answers 1 as at first (it answered 0, and the day's run slipped by the lease).
 _CLAIM = """
 local held = redis.call('GET', KEYS[1])
+if held == ARGV[1] then return 1 end
 if held then
   local after = string.match(held, '^after:(.+)$')
   if not after or tonumber(ARGV[5]) < tonumber(after) then return 0 end
@@ -74,7 +78,7 @@ class DailyReconciliation:
         self.reconciler = Reconciler(engine)
         self.zone = ZoneInfo(self.settings.time_zone)
         self._thread: threading.Thread | None = None
-        self._claim = engine.redis.register_script(_CLAIM)
+        self._claim = register(engine.redis, "reconciliation/daily.py:_CLAIM", _CLAIM)
         self._settle = engine.redis.register_script(_SETTLE)
 
     def due(self, now: float) -> float | None:

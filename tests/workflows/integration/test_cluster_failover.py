@@ -102,13 +102,13 @@ def test_a_script_and_a_pinned_write_ride_out_their_primary_s_failover(six: Valk
     pins = Pins(client)
     key = f"{{{key_prefix}}}:pinned"
     script = client.register_script("return redis.call('SET', KEYS[1], ARGV[1])")
-    pins.run(key, lambda pinned: pinned.set(key, "pinned"))  # the pinned connection to the key's owner
+    pins.run(key, lambda pinned: pinned.set(key, "pinned"), resend=True)  # the pinned connection to the key's owner
     owner = six.owner(key_slot(key.encode()))
     six.kill(owner)
     try:
         began = time.monotonic()
         assert script(keys=[key], args=["script"]) == b"OK"
-        answer, _ = pins.run(key, lambda pinned: pinned.set(key, "again"))
+        answer, _ = pins.run(key, lambda pinned: pinned.set(key, "again"), resend=True)
         assert answer is True and time.monotonic() - began < FAILOVER_WAIT
         assert client.get(key) == b"again"
     finally:

@@ -11,6 +11,7 @@ import pytest
 import redis
 
 from durapay.config import load_settings
+from durapay.config.connect import resend_safe
 from durapay.simulator import SimulatorServer
 from durapay.workflows.clock import ManualClock
 from durapay.workflows.engine import Engine
@@ -131,3 +132,19 @@ def test_a_day_the_gateway_stopped_part_way_is_run_again(flows: tuple[Engine, Si
     engine.clock.advance(600)
     scheduler.tick()
     assert len(scheduler.reconciler.reports.recent()) == 2, "a day read whole is done"
+
+
+def test_a_days_claim_sent_again_after_its_answer_was_lost_is_its_own(flows: tuple[Engine, SimulatorServer]) -> None:
+    """On a cluster a resend-safe script is sent again after a lost connection (config/connect.py): the
+    day's claim sent again with its run's token answers 1 as at first (it answered 0, and that day's run
+    slipped by the claim's lease), while another run's claim is still refused."""
+    engine, _ = flows
+    run = daily(engine)
+    key = f"{engine.settings.engine.key_prefix}:reconcile-test-day"
+    now = repr(engine.clock.now())
+    claim = [key, f"{key}:attempts"]
+    assert run._claim(keys=claim, args=["mine", 900, 3600, 3, now]) == 1
+    assert run._claim(keys=claim, args=["mine", 900, 3600, 3, now]) == 1
+    assert run._claim(keys=claim, args=["other", 900, 3600, 3, now]) == 0
+    assert engine.redis.get(f"{key}:attempts") == b"1"
+    assert run._claim.sha in resend_safe(engine.redis)
