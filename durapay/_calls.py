@@ -293,7 +293,8 @@ def resume_kind(kind: str, by: str | None) -> Call[KindView]:
 
 
 def bulk(route: Route[T], action: str, filters: Mapping[str, Any], *, key: str | None = None) -> Call[T]:
-    """A bulk action's dry run or post: ``filters`` = kind, state, error, since, until, by (None: left out)."""
+    """A bulk action's dry run or post: ``filters`` = kind, state, error, since, until, by, and the post's
+    ``plan`` (the dry run's token it confirms) (None: left out)."""
     times = {name: wire(value) for name in ("since", "until") if (value := filters.get(name)) is not None}
     return route.call(json=some(action=action, **{**dict(filters), **times}), key=key)
 

@@ -374,10 +374,11 @@ class Client:
         until) would do: the count, a sample, what it would skip and why. Changes nothing."""
         return self._run(calls.bulk(calls.BULK_DRY_RUN, action, filters))
 
-    def bulk(self, action: str, *, key: str | None = None, **filters: Any) -> BulkView:
+    def bulk(self, action: str, *, plan: str | None = None, key: str | None = None, **filters: Any) -> BulkView:
         """Retry or cancel every flow matching ``filters``, in the background: the action with its progress.
-        The same action and filters again (or ``key``) answer the same action."""
-        return self._run(calls.bulk(calls.POST_BULK, action, filters, key=key))
+        ``plan``: the dry run's (:meth:`bulk_dry_run`'s ``plan``) this action confirms; the same ``plan``
+        (or ``key``) again answers the same action; with neither, each call is a new action."""
+        return self._run(calls.bulk(calls.POST_BULK, action, {**filters, "plan": plan}, key=key))
 
     def bulk_actions(self, *, limit: int = 50) -> BulkList:
         return self._run(calls.LIST_BULK.call(params={"limit": limit}))

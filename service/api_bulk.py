@@ -2,8 +2,9 @@
 
 ``POST /bulk/dry-run`` answers what the action would do (the count, a sample, what would be skipped
 and why) and changes nothing; ``POST /bulk`` records the action and answers 202 at once with its
-progress, a runner acting in the background. The same action and filter posted again (or the same
-``Idempotency-Key``) answer the same record, progress included. ``GET /bulk/{id}`` follows it.
+progress, a runner acting in the background. The dry run answers a ``plan`` token of its own, which the
+action confirming it carries: the same ``plan`` (or the same ``Idempotency-Key``) posted again answers the
+same record, progress included; a new dry run is a new action. ``GET /bulk/{id}`` follows it.
 """
 
 from __future__ import annotations
@@ -96,7 +97,9 @@ def bulk_router(engine: Engine, bulk: BulkActions) -> APIRouter:
         request: BulkRequest = body
         try:
             wanted = bulk_filter(engine, request)
-            return bulk.post(request.action, wanted, by=who("api", request.by), given=given(request), key=idempotency_key)
+            return bulk.post(
+                request.action, wanted, by=who("api", request.by), given=given(request), key=idempotency_key, plan=request.plan
+            )
         except KeyReused as exc:
             raise conflict(str(exc)) from None
         except TooMany as exc:
@@ -117,8 +120,9 @@ def bulk_router(engine: Engine, bulk: BulkActions) -> APIRouter:
         summary="Retry or cancel every flow the filter matches, in the background",
         description="Answers at once with the action's progress (`done` + `skipped` of `total`); each flow is retried "
         "or cancelled exactly as its own route would (a flow with money in flight is asked to cancel and ends as the "
-        "engine allows), at DURAPAY_BULK__RATE flows a second, its history naming the action. The same action and "
-        "filter again (or the same Idempotency-Key) answer the same action; a key reused for another action is a 409.",
+        "engine allows), at DURAPAY_BULK__RATE flows a second, its history naming the action. Send the dry run's `plan`: "
+        "the same `plan` again (or the same Idempotency-Key) answers the same action, a new dry run's is a new action; "
+        "with neither, each post is a new action; a plan or key reused for another action or filter is a 409.",
     )(_with_body(post, model))
 
     @router.get("", response_model=BulkList, summary="Bulk actions, newest first")

@@ -87,6 +87,11 @@ class BulkRequest(StrictModel):
     since: str | None = Field(default=None, pattern=SINCE_PATTERN, description=f"created since: {SINCE_FORMS}")
     until: str | None = Field(default=None, pattern=SINCE_PATTERN, description=f"created until: {SINCE_FORMS}")
     by: str | None = Field(default=None, min_length=1, max_length=80, description="who asks (named in each flow's history)")
+    plan: str | None = Field(
+        default=None,
+        pattern=r"^[0-9a-f]{32}$",
+        description="`POST /bulk`: the `plan` of the dry run this action confirms; the same again is the same action",
+    )
 
 
 class BulkFlow(_Answer):
@@ -100,6 +105,7 @@ class BulkFlow(_Answer):
 class BulkPlan(_Answer):
     """A dry run: how many flows match, how many the action would skip and why, and a sample."""
 
+    plan: str = Field(description="this dry run's token: the action confirming it carries it (`POST /bulk`'s `plan`)")
     action: str
     filter: dict[str, Any]
     count: int

@@ -13,9 +13,14 @@ Per flow the rules are exactly those of the single-flow actions: ``Engine.retry`
 to cancel and ends only as the engine allows). A flow the engine refuses is counted as skipped with the
 engine's reason. Each flow's history names the bulk action (``by``: ``bulk:<id> <who>``).
 
-Idempotent: the id is derived from the action and the filter as given (or from a key the caller
-gives; a key reused for another action or filter is refused), so posting the same again answers the
-same record, its progress included, and never acts on a flow twice for one action. The record is
+Idempotent for one confirmation: each dry run has a token of its own (``Plan.token``, its view's
+``plan``), and the action confirming it carries it; the action's id is derived from that token (or
+from a key the caller gives), so the same confirmation sent again (a resent request, a form submitted
+twice) answers the same record, its progress included, and never acts on a flow twice for one action;
+a token or key reused for another action or filter is refused. A post with neither is a new action.
+A new dry run is a new action: before, the id was derived from the action and the filter's text, kept
+for the retention, so "retry the failed flows" after a second outage in the same week answered the
+first one's record, done, and retried none of the flows it matched now. The record is
 claimed (HSETNX) before it is written whole; the claim lives :data:`CLAIM_SECONDS` until then, so a post
 cut between the two (its process killed, a Redis error) leaves nothing that blocks the action for ever.
 A runner takes the action's lease before it acts, so two never run one action at once: it renews the
@@ -99,7 +104,7 @@ class _Runner:
 
 
 class KeyReused(ValueError):
-    """A key given with another action or filter than the action first posted under it."""
+    """A key (or a dry run's token) given with another action or filter than the action first posted under it."""
 
 
 class UnknownBulk(KeyError):
@@ -144,31 +149,44 @@ class BulkActions:
 
     # -- the action --------------------------------------------------------------------------------
 
-    def bulk_id(self, action: Action, given: Mapping[str, Any], key: str | None) -> str:
-        """Derived from the action and the filter as the caller gave it (its text: ``since=2h`` stays the
-        same action), or from the caller's key."""
-        return derived_id("b", "key", key) if key else derived_id("b", action, compact_json(dict(given)))
+    def bulk_id(self, key: str | None, plan: str | None = None) -> str:
+        """Derived from the caller's key, else from the token of the dry run it confirms; with neither, a
+        new one (a new action)."""
+        if key:
+            return derived_id("b", "key", key)
+        return derived_id("b", "plan", plan or uuid.uuid4().hex)
 
     def post(
-        self, action: Action, wanted: BulkFilter, *, by: str, given: Mapping[str, Any], key: str | None = None
+        self,
+        action: Action,
+        wanted: BulkFilter,
+        *,
+        by: str,
+        given: Mapping[str, Any],
+        key: str | None = None,
+        plan: str | None = None,
     ) -> dict[str, Any]:
-        """Record the action and send its runner; the same action posted again answers its record as it
-        is (progress included) and sends a runner again only if it is still running."""
-        bulk_id = self.bulk_id(action, given, key)
+        """Record the action and send its runner; the same key or dry run's token posted again answers its
+        record as it is (progress included) and sends a runner again only if it is still running."""
+        bulk_id = self.bulk_id(key, plan)
         asked = compact_json({"action": action, **given})
         if self.get_or_none(bulk_id) is None:
-            plan = self.plan(action, wanted)
+            found = self.plan(action, wanted)
             # Another post of the same action writing it: its record is the one. A claim whose post was
             # cut goes after CLAIM_SECONDS, and this post claims it then.
             deadline = time.monotonic() + 2 * CLAIM_SECONDS + 1
             while self.get_or_none(bulk_id) is None and time.monotonic() < deadline:
                 if self._claim(bulk_id):
-                    self._write(bulk_id, action, wanted, plan, by, asked)
+                    self._write(bulk_id, action, wanted, found, by, asked)
                     break
                 time.sleep(0.1)
         current = self.get(bulk_id)
-        if key and self.redis.hget(self._record_key(bulk_id), "asked") not in (None, asked.encode()):
-            raise KeyReused(f"key {key!r} was used for another bulk action ({current['action']} of other flows): use a new key")
+        if self.redis.hget(self._record_key(bulk_id), "asked") not in (None, asked.encode()):
+            named = f"key {key!r}" if key else f"the dry run {plan!r}"
+            raise KeyReused(
+                f"{named} was used for another bulk action ({current['action']} of other flows): "
+                + ("use a new key" if key else "make a dry run of this one")
+            )
         if current["status"] == "running" and self.send is not None:
             self.send(bulk_id)
         return current
@@ -200,7 +218,7 @@ class BulkActions:
             "status": "running" if plan.ids else "done",
             "skips": "{}",
             "skipped_sample": "[]",
-            "asked": asked,  # the action and filter as given: a key reused for another is refused
+            "asked": asked,  # the action and filter as given: a key or token reused for another is refused
         }
         pipe = self.redis.pipeline(transaction=True)
         pipe.delete(self._ids_key(bulk_id))

@@ -10,6 +10,7 @@ itself, its record and runner, are ``workflows.bulk``'s.
 from __future__ import annotations
 
 import re
+import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
@@ -88,19 +89,27 @@ def error_codes(error: Mapping[str, Any] | None) -> set[str]:
     return codes - {""}
 
 
+def plan_token() -> str:
+    """A fresh dry run's token: the action it confirms carries it (``workflows.bulk``)."""
+    return uuid.uuid4().hex
+
+
 @dataclass
 class Plan:
     """A dry run: the flows that match (ids, newest first), a sample of them, and what the action would
-    skip, by reason."""
+    skip, by reason; ``token``: this dry run's own, which the action confirming it carries, so that the
+    same confirmation sent again is the same action and a later dry run's is a new one."""
 
     action: Action
     filter: BulkFilter
     ids: list[str]
     sample: list[FlowRecord]
     skips: dict[str, int] = field(default_factory=dict)
+    token: str = field(default_factory=plan_token)
 
     def view(self) -> dict[str, Any]:
         return {
+            "plan": self.token,
             "action": self.action,
             "filter": self.filter.view(),
             "count": len(self.ids),

@@ -4,13 +4,16 @@
 a sample) and changes nothing. Without it the dry run is shown and the action asked for confirmation
 (``--yes`` skips the question): it is then recorded and acted on in the background by the workers
 (``workflows.bulk``, at ``DURAPAY_BULK__RATE`` flows a second); ``--wait`` follows its progress to the
-end. The same action and filter again (or the same ``--key``) is the same action: its progress is shown,
-nothing is done twice. Each flow's history names the action (``bulk:<id> cli:<name>``).
+end. The action carries its dry run's token (``plan``): each command is a new dry run, so a new action
+on the flows the filter matches now; ``--plan`` confirms the dry run printed before (the same token again
+is the same action: its progress is shown, nothing is done twice), and so does the same ``--key``. Each
+flow's history names the action (``bulk:<id> cli:<name>``).
 """
 
 from __future__ import annotations
 
 import getpass
+import re
 import time
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -63,7 +66,7 @@ def _filter(
 
 def _print_plan(plan: Plan) -> None:
     view = plan.view()
-    typer.echo(f"{plan.action}: {view['count']} flow(s) match; {view['would_skip']} would be skipped")
+    typer.echo(f"{plan.action}: {view['count']} flow(s) match; {view['would_skip']} would be skipped (plan {plan.token})")
     for reason, count in sorted(view["skips"].items(), key=lambda item: -item[1]):
         typer.echo(f"  skipped {count}: {reason}")
     rows = [[flow["id"], flow["kind"], flow["state"], when(flow["created"])] for flow in view["sample"]]
@@ -91,6 +94,7 @@ def _act(
     yes: bool,
     wait: bool,
     key: str | None,
+    plan_token: str | None,
     by: str | None,
     as_json: bool,
 ) -> None:
@@ -98,6 +102,8 @@ def _act(
 
     out = Output(as_json)
     with runtime(out, writes=True) as rt, out.errors():
+        if plan_token is not None and not re.fullmatch(r"[0-9a-f]{32}", plan_token):
+            raise BadOption("--plan", f"{plan_token!r} is not a dry run's plan token (32 hex digits, as --dry-run prints it)")
         bulk = _bulk(rt)
         wanted = _filter(rt.engine, kind, state, since, until, error)
         try:
@@ -116,7 +122,7 @@ def _act(
             name: value for name, value in zip(FILTERS, (kind, state, error, since, until), strict=True) if value is not None
         }
         try:
-            record = bulk.post(action, wanted, by=_who(by), given=given, key=key)
+            record = bulk.post(action, wanted, by=_who(by), given=given, key=key, plan=plan_token or plan.token)
         except TooMany as exc:
             out.fail("invalid_input", str(exc), field="--since")
         except KeyReused as exc:
@@ -153,6 +159,10 @@ DryRun = Annotated[bool, typer.Option("--dry-run", help="Show what would be done
 Yes = Annotated[bool, typer.Option("--yes", help="Act without asking (after a dry run of your own).")]
 Wait = Annotated[bool, typer.Option("--wait", help="Follow the progress to the end.")]
 Key = Annotated[str | None, typer.Option("--key", help="The action's key: the same key is the same action.")]
+PlanOption = Annotated[
+    str | None,
+    typer.Option("--plan", help="Confirm this dry run (its printed plan token): the same token again is the same action."),
+]
 By = Annotated[str | None, typer.Option("--by", help="Who asks (recorded as cli:<name>; default: the login name).")]
 
 
@@ -167,12 +177,27 @@ def retry(
     yes: Yes = False,
     wait: Wait = False,
     key: Key = None,
+    plan: PlanOption = None,
     by: By = None,
     as_json: JsonFlag = False,
 ) -> None:
     """Retry every matching flow (a needs_attention flow moves on, a failed one starts again), exactly as
     `durapay flows retry` would; the others are skipped with the reason."""
-    _act("retry", kind, state, error, since, until, dry_run=dry_run, yes=yes, wait=wait, key=key, by=by, as_json=as_json)
+    _act(
+        "retry",
+        kind,
+        state,
+        error,
+        since,
+        until,
+        dry_run=dry_run,
+        yes=yes,
+        wait=wait,
+        key=key,
+        plan_token=plan,
+        by=by,
+        as_json=as_json,
+    )
 
 
 @bulk_app.command("cancel")
@@ -186,12 +211,27 @@ def cancel(
     yes: Yes = False,
     wait: Wait = False,
     key: Key = None,
+    plan: PlanOption = None,
     by: By = None,
     as_json: JsonFlag = False,
 ) -> None:
     """Cancel every matching flow, exactly as `durapay flows cancel` would (money in flight: asked to
     cancel, ended as the engine allows)."""
-    _act("cancel", kind, state, error, since, until, dry_run=dry_run, yes=yes, wait=wait, key=key, by=by, as_json=as_json)
+    _act(
+        "cancel",
+        kind,
+        state,
+        error,
+        since,
+        until,
+        dry_run=dry_run,
+        yes=yes,
+        wait=wait,
+        key=key,
+        plan_token=plan,
+        by=by,
+        as_json=as_json,
+    )
 
 
 @bulk_app.command("ls")

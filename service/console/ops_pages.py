@@ -30,8 +30,10 @@ FIELDS = ("action", *FILTERS)
 
 
 def _request(values: dict[str, str]) -> BulkRequest:
-    """The form (or query) read as the API reads a body: empty fields left out."""
-    return BulkRequest.model_validate({name: values[name].strip() for name in FIELDS if values.get(name, "").strip()})
+    """The form (or query) read as the API reads a body: empty fields left out. The confirmation's form
+    carries its dry run's ``plan``: the same form sent twice is one action, a new dry run a new one."""
+    names = (*FIELDS, "plan")
+    return BulkRequest.model_validate({name: values[name].strip() for name in names if values.get(name, "").strip()})
 
 
 def ops_router(console: Console, engine: Engine, bulk: BulkActions) -> APIRouter:
@@ -118,7 +120,7 @@ def ops_router(console: Console, engine: Engine, bulk: BulkActions) -> APIRouter
             return console.refuse(request, session, 403, "Read-only", READ_ONLY)
         try:
             wanted = _request(form)
-            record = bulk.post(wanted.action, bulk_filter(engine, wanted), by="console", given=given(wanted))
+            record = bulk.post(wanted.action, bulk_filter(engine, wanted), by="console", given=given(wanted), plan=wanted.plan)
         except ValidationError as exc:
             field, reason = describe_validation_error(exc)
             return console.refuse(request, session, 422, "Not done", f"{field}: {reason}")

@@ -34,3 +34,24 @@ def test_refusals_name_the_field(served: Served) -> None:
     since = served.http.post("/bulk/dry-run", json={"action": "cancel", "since": "yesterday"}, headers=HEADERS)
     assert since.status_code == 422 and since.json()["field"] == "since"
     assert served.http.get("/bulk/no-such-action", headers=HEADERS).status_code == 404
+
+
+def test_the_dry_runs_plan_makes_its_confirmation_one_action(served: Served) -> None:
+    """The action carries its dry run's ``plan``: the same confirmation sent again is the same action; a
+    new dry run is a new one (the same filter asked again later acts on what it matches then); a plan
+    confirmed for another action is a 409, a malformed one names its field."""
+    later = time.time() + 3600
+    served.engine.start("notified", {"orderId": "ord-bulk-plan", "token": "t" * 20}, run_at=later)
+    body = {"action": "cancel", "kind": "notified", "state": "sleeping"}
+    plan = served.http.post("/bulk/dry-run", json=body, headers=HEADERS).json()["plan"]
+    first = served.http.post("/bulk", json={**body, "plan": plan}, headers=HEADERS)
+    assert first.status_code == 202, first.text
+    again = served.http.post("/bulk", json={**body, "plan": plan}, headers=HEADERS)
+    assert again.json()["id"] == first.json()["id"], "the same confirmation: the same action"
+    fresh = served.http.post("/bulk/dry-run", json=body, headers=HEADERS).json()["plan"]
+    assert fresh != plan
+    assert served.http.post("/bulk", json={**body, "plan": fresh}, headers=HEADERS).json()["id"] != first.json()["id"]
+    other = served.http.post("/bulk", json={**body, "action": "retry", "plan": plan}, headers=HEADERS)
+    assert other.status_code == 409 and "dry run" in other.json()["reason"]
+    bad = served.http.post("/bulk", json={**body, "plan": "x"}, headers=HEADERS)
+    assert bad.status_code == 422 and bad.json()["field"] == "plan"

@@ -37,9 +37,10 @@ def test_a_dry_run_counts_and_the_action_retries_each_flow_once(make_engine: Any
     plan = bulk.plan("retry", wanted)
     assert sorted(plan.ids) == sorted(failed) and plan.view()["count"] == 6 and plan.view()["would_skip"] == 0
     assert waiting.id not in plan.ids
-    posted = bulk.post("retry", wanted, by="cli:ops", given={"kind": "demo", "state": "failed"})
+    given = {"kind": "demo", "state": "failed"}
+    posted = bulk.post("retry", wanted, by="cli:ops", given=given, plan=plan.token)
     assert posted["status"] == "running" and posted["total"] == 6 and posted["done"] == 0
-    assert bulk.post("retry", wanted, by="cli:ops", given={"kind": "demo", "state": "failed"})["id"] == posted["id"]
+    assert bulk.post("retry", wanted, by="cli:ops", given=given, plan=plan.token)["id"] == posted["id"]
     assert bulk.run(posted["id"]) is False, "all done in one run"
     done = bulk.get(posted["id"])
     assert (done["status"], done["done"], done["skipped"]) == ("done", 6, 0)
@@ -47,8 +48,35 @@ def test_a_dry_run_counts_and_the_action_retries_each_flow_once(make_engine: Any
         assert engine.get(flow_id).state is FlowState.READY
         bys = [entry.get("by") for entry in engine.history(flow_id)]
         assert f"bulk:{posted['id']} cli:ops" in bys, "the flow's history names the bulk action and who"
-    again = bulk.post("retry", wanted, by="cli:ops", given={"kind": "demo", "state": "failed"})
-    assert again == done, "posting it again answers the same record; nothing is acted on twice"
+    again = bulk.post("retry", wanted, by="cli:ops", given=given, plan=plan.token)
+    assert again == done, "the same dry run confirmed again answers the same record; nothing is acted on twice"
+
+
+def test_the_same_filter_after_a_new_dry_run_acts_on_the_flows_it_matches_now(make_engine: Any, clock: Any) -> None:
+    """Idempotency covers a confirmation of one dry run, not every later request: 'retry kind=demo
+    state=failed' after Monday's outage, asked again (a new dry run) after Wednesday's, is a new action
+    on Wednesday's failed flows (before, its id came from the filter's text and answered Monday's record,
+    done, for the week the record was kept)."""
+    first = ScriptedStep("first", outcomes=[Finish(False, "gateway down")] * 4)
+    engine, _ = make_engine(flow(first, wait_step()))
+    bulk = BulkActions(engine, BulkSettings(rate=1000))
+    wanted = BulkFilter(kind="demo", state=FlowState.FAILED)
+    given = {"kind": "demo", "state": "failed"}
+    failed_flows(engine, 2)
+    monday = bulk.post("retry", wanted, by="console", given=given, plan=bulk.plan("retry", wanted).token)
+    bulk.run(monday["id"])
+    clock.advance(2 * 86400)
+    wednesday = failed_flows(engine, 2)
+    plan = bulk.plan("retry", wanted)
+    assert sorted(plan.ids) == sorted(wednesday)
+    again = bulk.post("retry", wanted, by="console", given=given, plan=plan.token)
+    assert again["id"] != monday["id"] and again["total"] == 2
+    bulk.run(again["id"])
+    assert [engine.get(flow_id).state for flow_id in wednesday] == [FlowState.READY, FlowState.READY]
+    unkeyed = bulk.post("retry", wanted, by="api", given=given)
+    assert unkeyed["id"] not in (monday["id"], again["id"]), "neither key nor dry run: a new action"
+    with pytest.raises(KeyReused, match="the dry run"):
+        bulk.post("cancel", wanted, by="console", given=given, plan=plan.token)
 
 
 def test_flows_the_engine_refuses_are_skipped_with_its_reason(make_engine: Any) -> None:
@@ -169,7 +197,7 @@ def test_a_post_cut_after_its_claim_does_not_block_the_action(make_engine: Any, 
         patch.setattr(bulk, "_write", cut)
         with pytest.raises(redis.ConnectionError):
             bulk.post("cancel", BulkFilter(kind="demo"), by="ops", given=given, key="k1")
-    record = bulk._record_key(bulk.bulk_id("cancel", given, "k1"))
+    record = bulk._record_key(bulk.bulk_id("k1"))
     assert 0 < engine.redis.ttl(record) <= 1, "the claim is short-lived"
     posted = bulk.post("cancel", BulkFilter(kind="demo"), by="ops", given=given, key="k1")
     assert posted["status"] in ("running", "done") and posted["total"] == 1
@@ -183,7 +211,7 @@ def test_a_claim_left_without_an_expiry_is_taken_over(make_engine: Any, monkeypa
     monkeypatch.setattr(bulk_module, "CLAIM_SECONDS", 1)
     bulk = BulkActions(engine, BulkSettings(rate=1000))
     given = {"kind": "demo"}
-    bulk_id = bulk.bulk_id("cancel", given, "k2")
+    bulk_id = bulk.bulk_id("k2")
     engine.redis.hsetnx(bulk._record_key(bulk_id), "id", bulk_id)
     posted = bulk.post("cancel", BulkFilter(kind="demo"), by="ops", given=given, key="k2")
     assert posted["id"] == bulk_id and posted["total"] == 1

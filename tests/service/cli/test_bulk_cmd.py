@@ -49,13 +49,17 @@ def test_bulk_retry_of_1000_failed_flows_from_the_cli(worker: Runtime) -> None:
     plan = run_json("bulk", "retry", "--kind", "mit", "--state", "failed", "--dry-run")
     assert (plan["count"], plan["would_skip"]) == (COUNT, 0) and len(plan["sample"]) == 20
     assert engine.get(failed[0]).state is FlowState.FAILED, "a dry run changes nothing"
-    posted = run_json("bulk", "retry", "--kind", "mit", "--state", "failed", "--yes", "--by", "ops")
+    posted = run_json("bulk", "retry", "--kind", "mit", "--state", "failed", "--yes", "--by", "ops", "--plan", plan["plan"])
     assert posted["total"] == COUNT
     assert worker.bulk is not None
     bulk = worker.bulk
     wait_until(lambda: bulk.get(posted["id"])["status"] == "done", 60, "the bulk retry")
-    done = run_json("bulk", "retry", "--kind", "mit", "--state", "failed", "--yes")
-    assert done["id"] == posted["id"] and (done["done"], done["skipped"]) == (COUNT, 0), "posted again: the same action"
+    done = run_json("bulk", "retry", "--kind", "mit", "--state", "failed", "--yes", "--plan", plan["plan"])
+    assert done["id"] == posted["id"] and (done["done"], done["skipped"]) == (COUNT, 0), (
+        "the dry run confirmed again: the same action"
+    )
+    later = run_json("bulk", "retry", "--kind", "mit", "--state", "failed", "--yes")
+    assert later["id"] != posted["id"] and later["total"] == 0, "a new dry run: a new action, on the flows failed now (none)"
     assert all(record.state is FlowState.READY for record in engine.store.many(failed))
     # each retried flow's step was sent and met the pause on the worker: held, once each (and the
     # broker left empty for the next test)
@@ -113,3 +117,5 @@ def test_a_human_dry_run_and_a_question_before_acting(engine_side: Runtime) -> N
     assert all(flow.state is FlowState.WAITING for flow in engine_side.engine.store.many(ids)), "nothing done"
     wrong = invoke("bulk", "cancel", "--kind", "mtoo", "--dry-run")
     assert wrong.exit_code == 2 and "did you mean `moto`" in wrong.output
+    token = invoke("bulk", "cancel", "--kind", "mit", "--yes", "--plan", "not-a-plan")
+    assert token.exit_code == 2 and "--plan" in token.output and "32 hex digits" in token.output

@@ -99,3 +99,28 @@ def test_a_read_only_key_sees_no_button_and_cannot_pause_or_act(console_stack: C
         typo = operator.post("/console/kinds/mtoo/pause", data={"csrf": token, "reason": "x"})
         assert typo.status_code == 404 and "did you mean `moto`" in typo.text
     assert "moto" not in console_stack.engine.pauses.paused()
+
+
+def test_a_confirmation_sent_twice_is_one_action_and_a_new_dry_run_a_new_one(console_stack: ConsoleStack) -> None:
+    """The confirmation's form carries its dry run's plan: sent twice (a double click, a resent form) it
+    is one action; the same filter after a new dry run is a new action, on what the filter matches then."""
+    import re
+
+    from tests.service.console.test_console_http import csrf_of, signed_in
+
+    query = {"action": "retry", "kind": "mit", "state": "waiting"}  # skipped (not retryable): found again
+    with signed_in(console_stack, OPERATOR_KEY) as operator:
+
+        def confirm() -> str:
+            page = operator.get("/console/bulk", params=query)
+            found = re.search(r'name="plan" value="([0-9a-f]{32})"', page.text)
+            assert found, "the confirmation carries its dry run's plan"
+            form = {"csrf": csrf_of(page), "plan": found.group(1), **query}
+            first = operator.post("/console/bulk", data=form)
+            again = operator.post("/console/bulk", data={**form, "csrf": csrf_of(operator.get("/console/bulk"))})
+            assert first.status_code == again.status_code == 303, first.text[:300]
+            assert first.headers["location"] == again.headers["location"], "one dry run confirmed twice: one action"
+            return first.headers["location"]
+
+        make_flows(console_stack.runtime, 1, FlowState.WAITING)
+        assert confirm() != confirm(), "a new dry run: a new action"
