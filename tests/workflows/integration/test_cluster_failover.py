@@ -31,7 +31,7 @@ from redis.exceptions import RedisClusterException
 from bench._webhook_receiver import WebhookReceiver
 from durapay._http import ApiError
 from durapay.client import Client
-from durapay.config.connect import FAILOVER_WAIT, MIGRATION_WAIT, open_redis
+from durapay.config.connect import FAILOVER_WAIT, MIGRATION_WAIT, open_redis, resend_safe
 from durapay.config.embedded import free_port
 from durapay.service.processes import Child, settings_env
 from durapay.service.runtime import build_runtime
@@ -96,12 +96,13 @@ def test_a_process_starts_while_the_first_node_of_the_url_is_down(six: ValkeyClu
 def test_a_script_and_a_pinned_write_ride_out_their_primary_s_failover(six: ValkeyCluster, key_prefix: str) -> None:
     """Issue 28: a step's pinned connection to a killed primary failed on its next use, and a completion
     sent during the promotion failed too (redis-py's three quick tries end long before a replica takes
-    over): the flow waited out its lease. Both are now sent again on a fresh connection, the slot map
-    read anew, until the promoted replica answers (within FAILOVER_WAIT)."""
+    over): the flow waited out its lease. Both, resend-safe, are now sent again on a fresh connection, the
+    slot map read anew, until the promoted replica answers (within FAILOVER_WAIT)."""
     client = open_redis(six.urls, cluster=True, socket_timeout=5, socket_connect_timeout=1)
     pins = Pins(client)
     key = f"{{{key_prefix}}}:pinned"
     script = client.register_script("return redis.call('SET', KEYS[1], ARGV[1])")
+    resend_safe(client).add(script.sha)  # a plain overwrite: a second run is harmless (workflows/scripts.py)
     pins.run(key, lambda pinned: pinned.set(key, "pinned"), resend=True)  # the pinned connection to the key's owner
     owner = six.owner(key_slot(key.encode()))
     six.kill(owner)
