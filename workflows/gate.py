@@ -112,7 +112,8 @@ class Gate:
         self.key = f"{keys.tag(partition)}:gate:{terminal}"
         self.stream = keys.events(partition)
         self.probe_lease = gateway.timeout + gateway.connect_timeout + PROBE_MARGIN_SECONDS
-        #: Slots a process takes at once: a twentieth of a second's rate, at most a quarter of the burst.
+        #: The most slots a process takes at once (its share grows to it with its spend, ShareSize):
+        #: a twentieth of a second's rate, at most a quarter of the burst.
         self.share = max(1, min(settings.burst // 4, int(settings.rate_per_second / 20)))
         #: Tests inject a time; otherwise the script reads Redis's TIME.
         self._now = now
