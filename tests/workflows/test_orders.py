@@ -105,8 +105,9 @@ def test_an_operation_lookup_lives_as_long_as_its_flow(make_engine: Any, clock: 
     then lived longer (waiting on a long link, stopped for a person) lost it while still alive. Now it
     has no expiry while the record has none, gets the record's once the flow has finished and is packed,
     keeps it over a retry (which clears the step's output that named it) and is kept again when the flow
-    comes back."""
-    pay = ScriptedStep("pay", outcomes=[Advance(PAID), Advance(PAID)])
+    comes back. (The operation is a decline: a flow whose money moved never ends failed, transition.lua.)"""
+    declined = {"operation": {**PAID["operation"], "operationResult": "DECLINED"}}
+    pay = ScriptedStep("pay", outcomes=[Advance(declined), Advance(declined)])
     then = ScriptedStep("then", outcomes=[Finish(False, "declined"), Advance({})])
     engine, _ = make_engine(FlowDefinition("demo", DemoInput, (pay, then), summary))
     record = engine.start("demo", {"amount": 5})
