@@ -128,10 +128,15 @@ def test_worker_killed_after_the_answer_while_the_record_write_is_blocked(procs:
     the gateway gate, which may write, would keep the call from leaving at all (fail closed: a call whose
     answer Redis cannot take is not made; docs/durability.md, "Gateway health")."""
     first = procs.worker()
+    # The simulator serves the whole test process: a call an earlier test's killed worker left held by a
+    # latency fault must be answered first, or it would read as this flow's call (seen in CI: writes
+    # paused before this flow's claim, which then never came).
+    wait_until(lambda: procs.simulator.admin.serving("create_moto_order") == 0, what="no earlier call still held")
     procs.simulator.admin.set_faults(
         rules=[{"mode": "latency", "operation": "create_moto_order", "latency_ms": 1500, "count": 1}]
     )
     flow = procs.engine.start("moto", {"order": order(), "card": card(APPROVE)})
+    wait_until(lambda: running_at(procs.engine, flow.id, "pay"), what="the pay step to be claimed")
     wait_until(lambda: procs.simulator.admin.serving("create_moto_order"), what="the pay call to reach the gateway")
     assert not charges(procs.simulator, flow.order_id), "paused in time: the gateway has not acted yet"
     admin = redis.Redis.from_url(redis_url)
