@@ -166,72 +166,54 @@ PlanOption = Annotated[
 By = Annotated[str | None, typer.Option("--by", help="Who asks (recorded as cli:<name>; default: the login name).")]
 
 
-@bulk_app.command("retry")
-def retry(
-    kind: KindOption = None,
-    state: StateOption = None,
-    error: ErrorOption = None,
-    since: SinceOption = None,
-    until: UntilOption = None,
-    dry_run: DryRun = False,
-    yes: Yes = False,
-    wait: Wait = False,
-    key: Key = None,
-    plan: PlanOption = None,
-    by: By = None,
-    as_json: JsonFlag = False,
-) -> None:
+def _action_command(action: Action, doc: str) -> None:
+    """Declare ``durapay bulk <action>``: retry and cancel take the same filter and options."""
+
+    def command(
+        kind: KindOption = None,
+        state: StateOption = None,
+        error: ErrorOption = None,
+        since: SinceOption = None,
+        until: UntilOption = None,
+        dry_run: DryRun = False,
+        yes: Yes = False,
+        wait: Wait = False,
+        key: Key = None,
+        plan: PlanOption = None,
+        by: By = None,
+        as_json: JsonFlag = False,
+    ) -> None:
+        _act(
+            action,
+            kind,
+            state,
+            error,
+            since,
+            until,
+            dry_run=dry_run,
+            yes=yes,
+            wait=wait,
+            key=key,
+            plan_token=plan,
+            by=by,
+            as_json=as_json,
+        )
+
+    command.__doc__ = doc
+    command.__name__ = action
+    bulk_app.command(action)(command)
+
+
+_action_command(
+    "retry",
     """Retry every matching flow (a needs_attention flow moves on, a failed one starts again), exactly as
-    `durapay flows retry` would; the others are skipped with the reason."""
-    _act(
-        "retry",
-        kind,
-        state,
-        error,
-        since,
-        until,
-        dry_run=dry_run,
-        yes=yes,
-        wait=wait,
-        key=key,
-        plan_token=plan,
-        by=by,
-        as_json=as_json,
-    )
-
-
-@bulk_app.command("cancel")
-def cancel(
-    kind: KindOption = None,
-    state: StateOption = None,
-    error: ErrorOption = None,
-    since: SinceOption = None,
-    until: UntilOption = None,
-    dry_run: DryRun = False,
-    yes: Yes = False,
-    wait: Wait = False,
-    key: Key = None,
-    plan: PlanOption = None,
-    by: By = None,
-    as_json: JsonFlag = False,
-) -> None:
+    `durapay flows retry` would; the others are skipped with the reason.""",
+)
+_action_command(
+    "cancel",
     """Cancel every matching flow, exactly as `durapay flows cancel` would (money in flight: asked to
-    cancel, ended as the engine allows)."""
-    _act(
-        "cancel",
-        kind,
-        state,
-        error,
-        since,
-        until,
-        dry_run=dry_run,
-        yes=yes,
-        wait=wait,
-        key=key,
-        plan_token=plan,
-        by=by,
-        as_json=as_json,
-    )
+    cancel, ended as the engine allows).""",
+)
 
 
 @bulk_app.command("ls")
