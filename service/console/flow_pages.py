@@ -20,7 +20,7 @@ from durapay.service.console.overview import attention, declines, reason_of, sna
 from durapay.service.console.reconcile_pages import home_summary
 from durapay.service.console.session import PATH
 from durapay.service.console.timeline import build, svg
-from durapay.service.console.web import FORM_EXPIRED, READ_ONLY, Console, query, redirect, secured, to_login
+from durapay.service.console.web import READ_ONLY, Console, query, redirect, secured, to_login
 from durapay.service.timeparse import parse_since
 from durapay.service.views import flow_brief, money_text, redact
 from durapay.workflows.engine import Engine, NotFound, OperatorError
@@ -199,14 +199,10 @@ def flow_router(console: Console, engine: Engine, listing: FlowListing) -> APIRo
 
     @router.post("/flows/{flow_id}/{action}")
     async def act(request: Request, flow_id: str, action: str) -> Response:
-        session = console.session(request)
-        if session is None:
-            return to_login(request)
-        form = await console.form(request, session)
-        if form is None:
-            return console.refuse(request, session, 403, "Refused", FORM_EXPIRED)
-        if not session.operator:
-            return console.refuse(request, session, 403, "Read-only", READ_ONLY)
+        posted = await console.operator_post(request)
+        if isinstance(posted, Response):
+            return posted
+        session, form = posted
         if action not in ACTIONS:
             return console.refuse(request, session, 404, "No such action", f"no action {action!r}")
         reason = (form.get("reason") or "").strip()[:500] or "cancelled from the console"

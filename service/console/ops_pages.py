@@ -18,7 +18,7 @@ from durapay.gateway import describe_validation_error
 from durapay.service.api_bulk import bulk_filter, given
 from durapay.service.api_kinds import kind_views
 from durapay.service.console.session import PATH
-from durapay.service.console.web import FORM_EXPIRED, READ_ONLY, Console, query, redirect, to_login
+from durapay.service.console.web import Console, query, redirect, to_login
 from durapay.service.ops_schemas import BulkRequest
 from durapay.workflows.bulk import FILTERS, BulkActions, TooMany, UnknownBulk
 from durapay.workflows.engine import Engine
@@ -56,14 +56,10 @@ def ops_router(console: Console, engine: Engine, bulk: BulkActions) -> APIRouter
 
     @router.post("/kinds/{kind}/{action}")
     async def pause_or_resume(request: Request, kind: str, action: str) -> Response:
-        session = console.session(request)
-        if session is None:
-            return to_login(request)
-        form = await console.form(request, session)
-        if form is None:
-            return console.refuse(request, session, 403, "Refused", FORM_EXPIRED)
-        if not session.operator:
-            return console.refuse(request, session, 403, "Read-only", READ_ONLY)
+        posted = await console.operator_post(request)
+        if isinstance(posted, Response):
+            return posted
+        session, form = posted
         try:
             if action == "pause":
                 reason = (form.get("reason") or "").strip()[:500]
@@ -110,14 +106,10 @@ def ops_router(console: Console, engine: Engine, bulk: BulkActions) -> APIRouter
 
     @router.post("/bulk")
     async def bulk_post(request: Request) -> Response:
-        session = console.session(request)
-        if session is None:
-            return to_login(request)
-        form = await console.form(request, session)
-        if form is None:
-            return console.refuse(request, session, 403, "Refused", FORM_EXPIRED)
-        if not session.operator:
-            return console.refuse(request, session, 403, "Read-only", READ_ONLY)
+        posted = await console.operator_post(request)
+        if isinstance(posted, Response):
+            return posted
+        session, form = posted
         try:
             wanted = _request(form)
             record = bulk.post(wanted.action, bulk_filter(engine, wanted), by="console", given=given(wanted), plan=wanted.plan)

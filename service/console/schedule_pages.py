@@ -13,7 +13,7 @@ from fastapi.responses import Response
 
 from durapay.gateway import parse_minor
 from durapay.service.console.session import PATH
-from durapay.service.console.web import FORM_EXPIRED, READ_ONLY, Console, redirect, to_login
+from durapay.service.console.web import READ_ONLY, Console, redirect, to_login
 from durapay.workflows.engine import InputError, NotFound, OperatorError
 from durapay.workflows.schedules import Attempt, Schedules
 from durapay.workflows.schedules.model import ScheduleState
@@ -142,14 +142,10 @@ def schedule_router(console: Console, schedules: Schedules) -> APIRouter:
 
     @router.post("/{schedule_id}/{action}")
     async def act(request: Request, schedule_id: str, action: str) -> Response:
-        session = console.session(request)
-        if session is None:
-            return to_login(request)
-        form = await console.form(request, session)
-        if form is None:
-            return console.refuse(request, session, 403, "Refused", FORM_EXPIRED)
-        if not session.operator:
-            return console.refuse(request, session, 403, "Read-only", READ_ONLY)
+        posted = await console.operator_post(request)
+        if isinstance(posted, Response):
+            return posted
+        session, form = posted
         reason = (form.get("reason") or "").strip()[:500] or "cancelled from the console"
         amount_text = (form.get("amount") or "").strip()
         occurrence = (form.get("occurrence") or "").strip()

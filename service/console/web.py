@@ -132,6 +132,19 @@ class Console:
         parsed = await read_form(request)
         return parsed if parsed is not None and self.sessions.csrf_ok(session, parsed.get("csrf", "")) else None
 
+    async def operator_post(self, request: Request) -> tuple[Session, dict[str, str]] | Response:
+        """An operator's POST, as every acting route takes it: (session, form), or the answer refusing it
+        (the sign-in page without a session; 403 for a form not from this console, or a read-only key)."""
+        session = self.session(request)
+        if session is None:
+            return to_login(request)
+        form = await self.form(request, session)
+        if form is None:
+            return self.refuse(request, session, 403, "Refused", FORM_EXPIRED)
+        if not session.operator:
+            return self.refuse(request, session, 403, "Read-only", READ_ONLY)
+        return session, form
+
 
 def same_origin(request: Request) -> bool:
     """Whether a POST came from a page of this console: its ``Origin`` (sent by every browser on a

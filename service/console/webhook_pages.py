@@ -12,7 +12,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
 from durapay.service.console.session import PATH
-from durapay.service.console.web import FORM_EXPIRED, READ_ONLY, Console, query, redirect, to_login
+from durapay.service.console.web import Console, query, redirect, to_login
 from durapay.workflows.webhooks import Endpoint, Webhooks
 
 #: Endpoints listed on the page (the API lists them all).
@@ -47,14 +47,10 @@ def webhook_router(console: Console, webhooks: Webhooks) -> APIRouter:
 
     @router.post("/{endpoint_id}/deliver-now")
     async def deliver_now(request: Request, endpoint_id: str) -> Response:
-        session = console.session(request)
-        if session is None:
-            return to_login(request)
-        form = await console.form(request, session)
-        if form is None:
-            return console.refuse(request, session, 403, "Refused", FORM_EXPIRED)
-        if not session.operator:
-            return console.refuse(request, session, 403, "Read-only", READ_ONLY)
+        posted = await console.operator_post(request)
+        if isinstance(posted, Response):
+            return posted
+        session, _ = posted
         if webhooks.endpoints.get(endpoint_id) is None:
             return console.refuse(request, session, 404, "No such endpoint", f"no webhook endpoint {endpoint_id!r}")
         moved = webhooks.deliver_now(endpoint_id)
