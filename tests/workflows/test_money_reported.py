@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 
 from durapay.gateway import Catalogue, GatewayUnreachable
-from durapay.tasks.outcomes import Advance, Attention, Finish, Outcome
-from durapay.tasks.runner import StepContext
+from durapay.tasks.outcomes import Advance, Attention, Finish, Outcome, Retry
+from durapay.tasks.runner import NOT_COMMITTED, UNCLEAR, StepContext
 from durapay.workflows.clock import ManualClock
 from durapay.workflows.engine import Claim
 from durapay.workflows.errors import OperatorError
@@ -220,3 +220,31 @@ def test_a_flow_whose_charge_moved_money_is_not_cancelled_while_its_read_back_re
         )
     clock.advance(engine.retry_policy.cap_seconds + 1)
     assert engine.run_step(record.id, "result") == "succeeded", "the read ends it by the gateway's word"
+
+
+def test_a_cancel_left_unjudged_when_the_flow_stops_for_a_person_is_the_persons_again(
+    make_engine: Any, clock: ManualClock
+) -> None:
+    """A charge's answer is lost (money in flight); the operator cancels; the read cannot tell, bounded,
+    so the flow stops for a person. The request used to stay on it: a second cancel answered "requested"
+    on a flow no step runs, only retry was offered, and it dropped the stop and sent the charge again. The
+    request is the person's now (said in the history): a second cancel reads the gateway again and, as
+    nothing was charged, ends the flow cancelled without a second call."""
+    pay = ScriptedStep("pay", [Retry(1.0, {"type": "Timeout", "ambiguous": True}, True)], reconciles=[UNCLEAR] * 10)
+    engine, _ = make_engine(flow(pay, ScriptedStep("confirm", op=None)))
+    record = engine.start("demo", {"amount": 5})
+    assert engine.run_step(record.id, "pay") == "retrying"
+    assert engine.cancel(record.id, "customer left").cancel_requested
+    for _ in range(10):
+        clock.advance(60)
+        if engine.run_step(record.id, "pay") == "needs_attention":
+            break
+    stopped = engine.get(record.id)
+    assert stopped.state is FlowState.NEEDS_ATTENTION and not stopped.cancel_requested
+    assert "left to a person" in engine.history(record.id)[-1]["what"]
+    assert set(engine.actions(stopped)) == {"retry", "cancel"}
+    again = engine.cancel(record.id, "still want it stopped")
+    assert again.state is FlowState.READY and again.cancel_requested, "a read first: money may be in flight"
+    pay.reconciles[:] = [NOT_COMMITTED]
+    assert engine.run_step(record.id, "pay") == "cancelled"
+    assert pay.runs == [1], "the charge was not sent again"

@@ -212,6 +212,13 @@ if paid and state == 'needs_attention' then
 end
 if TERMINAL[state] then
   redis.call('HDEL', KEYS[1], 'cancel_requested')  -- used up: a later retry does not cancel again
+elseif state == 'needs_attention' and after('cancel_requested') == '1' then
+  -- Stopped for a person before the cancel could be judged (its read could not tell, a bound reached):
+  -- the request is the person's now, said in the history. Kept, it would answer a second cancel
+  -- "requested" on a flow no step runs, and a retry would silently drop the merchant's stop.
+  redis.call('HDEL', KEYS[1], 'cancel_requested')
+  log['what'] = (log['what'] or '') .. ' (the cancel requested is left to a person: cancel again or retry)'
+  rewritten = true
 end
 local version = tonumber(current) + 1
 redis.call('HSET', KEYS[1], 'state', state, 'version', version, 'updated', ARGV[7])
