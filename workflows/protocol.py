@@ -376,6 +376,12 @@ class StepProtocol:
         now = engine.clock.now()
         done: dict[str, str | None] = {"lease_until": None, "lease_owner": None, "uncertain": None}
         done |= {signal_field: None for signal_field in ctx.consumed}
+        if _unanswered_write(ctx, outcome):
+            # The one home of "this try's write got no answer": it may still act at the gateway, and the late
+            # window (tasks.runner.settle) starts now, whatever the flow does next: retried, deferred by the
+            # gate, or stopped for a person (its last attempt, an outage bound). A lost worker's lease end
+            # is claim.lua's to record.
+            done["maybe_sent"] = repr(now)
         if isinstance(outcome, Defer):
             outcome = self._outage_bound(claim, outcome, now)
         if not isinstance(outcome, Defer):
@@ -426,8 +432,6 @@ class StepProtocol:
             # about the earlier request, which may still be on its way to commit.
             reconcile = outcome.reconcile or claimed.reconcile or claimed.uncertain
             done |= {"error": compact_json(outcome.error), "reconcile": "1" if reconcile else None}
-            if (outcome.reconcile or outcome.error.get("ambiguous")) and _wrote(ctx):
-                done["maybe_sent"] = repr(now)  # this try's write got no answer: it may still arrive
             what = f"{step.name} will be retried in {outcome.after:.1f}s" + (" (reconcile first)" if reconcile else "")
             change = Change(FlowState.RETRYING, what, done, due=now + outcome.after)
         elif isinstance(outcome, Poll):
@@ -511,7 +515,7 @@ class StepProtocol:
         run its claim counted (claim.lua) are given back: the gateway's state is no fault of the flow's.
         Kept on the flow, for ``outage_seconds``: when this outage began for it (``gateway_since``, see
         :meth:`_outage_since`) and when the gate told it to come back (``gateway_due``)."""
-        claimed, step, ctx = claim.record, claim.step, claim.ctx
+        claimed, step = claim.record, claim.step
         reconcile = outcome.reconcile or claimed.reconcile or claimed.uncertain
         runs = int(claimed.fields.get("runs") or "0")
         done |= {
@@ -523,8 +527,6 @@ class StepProtocol:
         }
         if self._outage_since(claimed, now) is None:
             done["gateway_since"] = repr(now)
-        if outcome.reconcile and _wrote(ctx):
-            done["maybe_sent"] = repr(now)  # the call that opened the breaker may still arrive
         after = outcome.after
         if outcome.slot is None:
             after += self.engine.gate_rng.uniform(0.0, 1.0 + 0.25 * self.engine.settings.gateway_health.open_seconds)
@@ -621,6 +623,14 @@ def writes(step: Step) -> bool:
 def _wrote(ctx: StepContext) -> bool:
     """Whether this try sent a call that writes at the gateway (reads only, it changed nothing there)."""
     return any(op.method == "POST" for name in ctx.calls if (op := BY_NAME.get(name)) is not None)
+
+
+def _unanswered_write(ctx: StepContext, outcome: Outcome) -> bool:
+    """Whether this try sent a write at the gateway and got no answer it can read (an ambiguous error, or
+    an outcome that asks for a read-back first): the call may still act there, up to ``late_seconds`` on."""
+    error = getattr(outcome, "error", None)
+    unanswered = bool(getattr(outcome, "reconcile", False)) or (isinstance(error, dict) and bool(error.get("ambiguous")))
+    return unanswered and _wrote(ctx)
 
 
 def _payment_recorded(outcome: Outcome) -> dict[str, Any] | None:

@@ -9,8 +9,8 @@
 --       9 the pause's re-check seconds.
 -- Resend-safe (workflows/scripts.py): a second run of a claim that ran answers ok with the record.
 -- Returns {reason} when the step is not claimed: missing, not-current, leased, stopped, early, paused;
--- {'ok', previous state, field, value, ...} with the record as written by the claim; or, without
--- writing anything, {'lost', state, field, value, ...} for a step whose worker was lost max-attempts
+-- {'ok', previous state, field, value, ...} with the record as written by the claim; or, writing only
+-- the lost lease's end as the moment a call may last have been sent, {'lost', state, field, value, ...} for a step whose worker was lost max-attempts
 -- times, and {'looping', ...} for a step claimed max-runs times without moving on (the backstop under
 -- every loop: polls, waits woken again and again, retries that reset): the caller ends the flow with a
 -- compare-and-set (transition.lua), which also scrubs the card data.
@@ -63,6 +63,17 @@ if hold_if_paused(KEYS[1], KEYS[2], KEYS[3], KEYS[9], KEYS[10], ARGV[1], data[11
   return {'paused'}
 end
 release_if_resumed(KEYS[1], KEYS[2], KEYS[10], KEYS[9], ARGV[1], data[11], state, step, data[12], ARGV[3], ARGV[5])
+if reclaim then
+  -- The lost worker may have sent a call up to the end of its lease (it renews before each call): the
+  -- late window starts there (tasks/runner.py settle), whatever the verdict, for the step that runs now
+  -- or the person the flow stops for. (No version moved: a fact that only makes later reads wait longer.)
+  local ended = lease_until or ARGV[3]
+  local known = tonumber(redis.call('HGET', KEYS[1], 'maybe_sent') or '')
+  if not known or known < tonumber(ended) then
+    redis.call('HSET', KEYS[1], 'maybe_sent', ended)
+  end
+  redis.call('HSET', KEYS[1], 'uncertain', '1')
+end
 local runs = tonumber(data[8] or '0') or 0
 local verdict = 'ok'
 if reclaim and attempt >= tonumber(ARGV[6]) then
@@ -80,8 +91,6 @@ if verdict == 'ok' then
     redis.call('HSET', KEYS[1], 'unsettled', cjson.encode({step = ARGV[2], op = money, t = tonumber(ARGV[3])}))
   end
   if reclaim then
-    -- The lost worker may have sent a call up to the end of its lease (it renews before each call).
-    redis.call('HSET', KEYS[1], 'uncertain', '1', 'maybe_sent', lease_until or ARGV[3])
     what = what .. ' after the lease ran out'
   end
   redis.call('ZADD', KEYS[3], ARGV[4], ARGV[1])
