@@ -22,8 +22,11 @@ is given by the packing pass, one rule for all of them: the retention from the p
 the flow finished), or longer while its customer could still pay (``keep_until``: a link's end, written by
 ``workflows.inflight`` and ``Engine.tell_holder``). Transitions never give a record an end
 (``transition.lua``); they list a flow that finishes in its partition's ``finished`` set, which the pass
-reads, in batches, one round trip per step of the pass, off every worker's path. So a record is never
-gone before its lookups have an end: a pass that comes late (no scheduler for a while) gives record and
+reads, in batches, one round trip per step of the pass, off every worker's path. The pass packs a flow,
+then gives its lookups their end, then unlists it (``unlist.lua``), so that a pass cut in between (a
+dispatcher killed) leaves the flow listed and the next pass, reading it packed, gives its lookups their end.
+So a record is never gone before its lookups have an end, and no lookup is left without one: a pass
+that comes late (no scheduler for a while) gives record and
 lookups the retention from then. The retention is counted by Redis's clock from the pass, never by a
 process's (the demo moves its clock months ahead: a flow it finished must not vanish at the next pass).
 An end is never shortened (``OrderIndex.expire``).
@@ -49,7 +52,7 @@ from typing import Any
 
 from durapay.workflows.keys import Keys
 from durapay.workflows.orders import Lookups, OrderIndex
-from durapay.workflows.scripts import ScriptPipeline, package_file, source
+from durapay.workflows.scripts import ScriptPipeline, package_file, register, source
 from durapay.workflows.states import TERMINAL, lua_prelude
 
 logger = logging.getLogger("durapay.compact")
@@ -153,10 +156,15 @@ class Compactor:
         self.delay = delay
         self.backlog = False
         self._compact = client.register_script(lua_prelude() + _script("compact.lua"))
+        self._unlist = register(client, "lua/unlist.lua", _script("unlist.lua"))
 
     def run(self, *, now: float) -> int:
         """One pass over every partition; returns how many flows were packed. Sets ``backlog`` when a
-        partition had a full batch waiting (run again soon)."""
+        partition had a full batch waiting (run again soon).
+
+        A flow is packed (``compact.lua``), then its lookups get their end, then it is unlisted
+        (``unlist.lua``): a pass cut anywhere leaves it listed, and the next one, reading it packed, gives
+        its lookups the record's end and unlists it. So no lookup is left without an end."""
         pipe = self.redis.pipeline(transaction=False)
         for partition in range(self.keys.partitions):
             pipe.zrangebyscore(self.keys.finished(partition), "-inf", now - self.delay, start=0, num=self.batch)
@@ -169,23 +177,34 @@ class Compactor:
         for _, flow_id in flows:
             pipe.hgetall(self.keys.flow(flow_id))
             pipe.lrange(self.keys.log(flow_id), 0, -1)
+            pipe.pttl(self.keys.flow(flow_id))
         read = pipe.execute()
         pipe = ScriptPipeline(self.redis)
-        lookups: list[Lookups | None] = []  # per flow read: what names it from outside (None: not packed)
+        packing: list[tuple[int, Lookups | None, int]] = []  # per script call: (flow, lookups if it packs, version then)
+        ended: list[tuple[int, Lookups, int, int]] = []  # (flow, lookups, version, ms to live) of flows with their end
         going: list[Lookups] = []  # listed flows going again: their lookups are kept before they are unlisted
         for index, (partition, flow_id) in enumerate(flows):
-            raw, log = read[2 * index], read[2 * index + 1]
+            raw, log, pttl = read[3 * index], read[3 * index + 1], read[3 * index + 2]
             keys = [self.keys.flow(flow_id), self.keys.log(flow_id), self.keys.finished(partition), self.keys.packing(flow_id)]
-            fields = {name.decode(): value.decode() for name, value in raw.items()} if raw and b"z" not in raw else {}
-            lookups.append(Lookups.of(fields) if fields.get("state") in FINISHED else None)
-            if fields and fields.get("state") not in FINISHED:
-                going.append(Lookups.of(fields))
-            if lookups[-1] is None:  # gone, packed or going: the script unlists it (as read) and packs nothing
+            blob = joined(raw) if raw else None
+            if blob is not None:
+                # Packed by a pass cut before it unlisted the flow (or by another pass since): its lookups
+                # get the record's end now, then it is unlisted.
+                plain = {name.decode(): value.decode() for name, value in raw.items() if not is_chunk(name.decode())}
+                ttl = pttl if pttl > 0 else int(self.retention * 1000)
+                ended.append((index, Lookups.of({**unpack(blob)[0], **plain}), int(plain.get("version") or 0), ttl))
+                continue
+            fields = {name.decode(): value.decode() for name, value in raw.items()} if raw else {}
+            if fields.get("state") not in FINISHED:  # gone or going: the script unlists it (as read) and packs nothing
+                if fields:
+                    going.append(Lookups.of(fields))
+                packing.append((index, None, 0))
                 pipe.call(self._compact, keys, [flow_id, fields.get("version", ""), "{}", "0"])
                 continue
-            plain, blob = pack(fields, [entry.decode() for entry in log])
+            plain, packed_blob = pack(fields, [entry.decode() for entry in log])
             ttl = int(kept_seconds(fields, self.retention, now) * 1000)
-            args = [flow_id, fields.get("version", ""), json.dumps(plain), str(ttl), *chunks(blob).values()]
+            args = [flow_id, fields.get("version", ""), json.dumps(plain), str(ttl), *chunks(packed_blob).values()]
+            packing.append((index, Lookups.of(fields), int(fields.get("version") or 0) + 1))
             pipe.call(self._compact, keys, args)
         if going:
             self.orders.keep(going)
@@ -194,14 +213,22 @@ class Compactor:
         results = pipe.execute(raise_on_error=False)
         if refused := [result for result in results if isinstance(result, Exception)]:
             logger.info("compaction: %d flows not packed this pass (%s)", len(refused), refused[0])
-        # Only the flows packed now (still finished at the version read) get an end: as long as the record.
-        expired = []
-        for found, result in zip(lookups, results, strict=True):
+        # Only the flows packed now (still finished at the version read) get an end, as long as the record.
+        packed = 0
+        for (index, found, version), result in zip(packing, results, strict=True):
             if found is not None and isinstance(result, int) and result > 0:
-                self.orders.expire(found, -(-result // 1000))
-                expired.append(found)
-        self._keep_returned(expired)
-        return len(expired)
+                ended.append((index, found, version, result))
+                packed += 1
+        for _, found, _, ttl in ended:
+            self.orders.expire(found, -(-ttl // 1000))
+        if ended:
+            unlisting = ScriptPipeline(self.redis)
+            for index, _, version, _ in ended:
+                partition, flow_id = flows[index]
+                unlisting.call(self._unlist, [self.keys.flow(flow_id), self.keys.finished(partition)], [flow_id, str(version)])
+            unlisting.execute(raise_on_error=False)  # one refused stays listed: the next pass ends its lookups again
+        self._keep_returned([found for _, found, _, _ in ended])
+        return packed
 
     def _keep_returned(self, expired: list[Lookups]) -> None:
         """A flow a late payment brought back between its packing and the end given to its lookups keeps

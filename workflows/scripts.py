@@ -49,6 +49,7 @@ RESEND_SAFE: dict[str, tuple[bool, str]] = {
     "lua/expand.lua": (False, "a second run finds the record plain and answers 'changed'"),
     "lua/keep_until.lua": (False, "moves the version again"),
     "lua/compact.lua": (False, "a second run finds the record packed; the next packing pass goes on"),
+    "lua/unlist.lua": (True, "a second run finds the flow unlisted already: the same answer"),
     "lua/bulk_progress.lua": (False, "a second advance finds the position moved and answers 0: the runner stops"),
     "lua/events.lua": (False, "prepended (the outbox), never run alone"),
     "lua/money.lua": (False, "prepended (payments reported), never run alone"),

@@ -242,3 +242,36 @@ def test_a_change_read_before_the_packing_pass_is_never_written_on_the_packed_re
     clock.advance(5)
     assert engine.run_step(record.id, "pay") == "ready"
     assert engine.run_step(record.id, "then") == "succeeded"
+
+
+def test_a_pass_cut_between_packing_and_the_lookups_end_leaves_no_lookup_without_an_end(
+    make_engine: Any, clock: ManualClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 36, finding 8: a dispatcher that died between packing a finished flow and giving its lookups
+    their end left them with none: the record had its end and was off the finished set, so no later pass
+    read it again, and the merchant's order id was refused as taken for ever. A flow is unlisted only once
+    its lookups have their end, so the next pass gives them one."""
+    declined = {"operation": {"operationId": "op-c8", "orderId": "ord-c8", "operationResult": "DECLINED"}}
+    pay = ScriptedStep("pay", outcomes=[Advance(declined)])
+    then = ScriptedStep("then", outcomes=[Finish(False, "declined")])
+    engine, _ = make_engine(FlowDefinition("demo", OrderInput, (pay, then), summarize, order_id=lambda data: data.orderId))
+    record = engine.start("demo", {"orderId": "ord-c8"})
+    assert engine.run_step(record.id, "pay") == "ready"
+    assert engine.run_step(record.id, "then") == "failed"
+    k = engine.keys
+    lookups = [k.order("ord-c8"), k.operation(k.partition(record.id), "op-c8")]
+
+    def dies(*args: Any, **kwargs: Any) -> None:
+        raise ConnectionError("the dispatcher died before the lookups' end was written")
+
+    monkeypatch.setattr(engine.orders, "expire", dies)
+    with pytest.raises(ConnectionError):
+        compactor(engine).run(now=clock.now() + 5)
+    monkeypatch.undo()
+    assert engine.get(record.id).packed, "the pass packed the record before it died"
+    assert [engine.redis.ttl(key) for key in lookups] == [-1, -1], "no end yet"
+    compactor(engine).run(now=clock.now() + 6)  # the next pass, by any dispatcher
+    kept = engine.redis.ttl(k.flow(record.id))
+    ends = [engine.redis.ttl(key) for key in lookups]
+    assert all(0 < end and kept - 2 <= end for end in ends), (kept, ends)
+    assert not engine.redis.zscore(k.finished(k.partition(record.id)), record.id), "unlisted once the lookups have their end"

@@ -8,10 +8,14 @@
 -- z2... (each short enough for Redis to keep the hash as a compact listpack).
 -- Returns the record's time to live in milliseconds when it was packed (never shorter than it had:
 -- its lookups get as long), or 0:
--- * the record is gone, or already packed: off the list;
+-- * the record is gone: off the list;
+-- * it is packed already (another pass packed it since it was read): left listed, for the pass that
+--   reads it packed to give its lookups their end and unlist it (unlist.lua);
 -- * it changed since it was read: left as it is, and listed, for the next pass to read anew;
 -- * it is going again (a late payment, a retry), as it was read: off the list (the caller, having
 --   read it so, kept its lookups first).
+-- A flow packed here stays listed: it is unlisted (unlist.lua) only once its lookups have their end, so
+-- a pass cut in between (a dispatcher killed) leaves it for the next, which gives them one.
 --
 -- Packing moves the version, as every change does: a writer that read the flow before (an operator's
 -- retry) finds it changed and reads it again, unpacking it; a compare-and-set that passed on the
@@ -23,8 +27,11 @@
 -- node refuses a script that would create a key it does not hold (TRYAGAIN before it runs, as the
 -- scratch key is declared), while a refusal half-way through a script keeps what it wrote before.
 local data = redis.call('HMGET', KEYS[1], 'version', 'state')
-if not data[1] or redis.call('HEXISTS', KEYS[1], 'z') == 1 then
+if not data[1] then
   redis.call('ZREM', KEYS[3], ARGV[1])
+  return 0
+end
+if redis.call('HEXISTS', KEYS[1], 'z') == 1 then
   return 0
 end
 if data[1] ~= ARGV[2] then
@@ -50,5 +57,4 @@ local ttl = math.max(redis.call('PTTL', KEYS[1]), tonumber(ARGV[4]), 1)
 redis.call('RENAME', KEYS[4], KEYS[1])
 redis.call('PEXPIRE', KEYS[1], ttl)
 redis.call('DEL', KEYS[2])
-redis.call('ZREM', KEYS[3], ARGV[1])
 return ttl
