@@ -273,5 +273,5 @@ def test_a_pass_cut_between_packing_and_the_lookups_end_leaves_no_lookup_without
     compactor(engine).run(now=clock.now() + 6)  # the next pass, by any dispatcher
     kept = engine.redis.ttl(k.flow(record.id))
     ends = [engine.redis.ttl(key) for key in lookups]
-    assert all(0 < end and kept - 2 <= end for end in ends), (kept, ends)
+    assert all(end > 0 and kept - 2 <= end for end in ends), (kept, ends)
     assert not engine.redis.zscore(k.finished(k.partition(record.id)), record.id), "unlisted once the lookups have their end"

@@ -65,7 +65,7 @@ def test_a_cancel_after_the_last_attempts_answer_was_lost_counts_the_window_from
         world.sim.admin.advance_clock(11)
         world.engine.dispatch_due()
     stopped = world.engine.get(flow.flow_id)
-    assert stopped.state is FlowState.NEEDS_ATTENTION and stopped.unsettled, (stopped.summary(), world.engine.history(flow.flow_id))
+    assert stopped.state is FlowState.NEEDS_ATTENTION and stopped.unsettled, world.describe(flow)
     world.clock.advance(LATE - 5)  # more than the window after the try before the last, less after the last
     world.sim.admin.advance_clock(LATE - 5)
     _cancel_reads_until_the_late_request_acts(world, flow.flow_id)
