@@ -497,7 +497,13 @@ class BulkSettings(_Group):
         le=10_000,
         description="Flows acted on per second by one bulk action (its own pace, one runner at a time per action).",
     )
-    max_flows: int = Field(default=10_000, ge=1, le=1_000_000, description="Most flows one bulk action may match.")
+    max_flows: int = Field(
+        default=10_000,
+        ge=1,
+        le=100_000,
+        description="Most flows one bulk action may match: a dry run keeps each flow it lists (about 40 bytes) for its "
+        "confirmation; a dry run matching more is refused (narrow the filter).",
+    )
     retention: LongDuration = Field(
         default=7 * DAY,
         description="How long a bulk action's record (progress, skipped flows) is kept after it was posted (10s to 3650d).",

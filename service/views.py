@@ -14,6 +14,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from durapay.gateway import format_money
+from durapay.workflows.flow_money import flow_money
 from durapay.workflows.operator_actions import allowed
 from durapay.workflows.sensitive import mask
 from durapay.workflows.steps import FlowDefinition
@@ -60,21 +61,6 @@ def flow_brief(record: FlowRecord) -> dict[str, Any]:
         "result": (record.outcome or {}).get("result"),
         "error": redact(record.error),
     }
-
-
-def flow_money(outcome: Any, data: Any) -> tuple[Any, str] | None:
-    """What a flow is for, in minor units and currency, from its ``outcome`` and ``input`` (a record's
-    or a view's): the operation its outcome names (what the gateway holds), else what its input asks
-    (``order.amount``, a post-operation's or a charge's ``amount``, a reservation's); None for a flow
-    about no amount (a link's cancel, a contract)."""
-    operation = outcome.get("operation") if isinstance(outcome, Mapping) else None
-    if isinstance(operation, Mapping) and operation.get("operationAmount") not in (None, ""):
-        return operation["operationAmount"], str(operation.get("operationCurrency") or "")
-    data = data if isinstance(data, Mapping) else {}
-    for holder in (data.get("order"), data, data.get("reservation")):
-        if isinstance(holder, Mapping) and holder.get("amount") not in (None, ""):
-            return holder["amount"], str(holder.get("currency") or "")
-    return None
 
 
 def money_text(outcome: Any, data: Any) -> str:

@@ -1,26 +1,29 @@
 """Bulk retry and bulk cancel: one operator action on every flow a filter matches, in the background.
 
 An outage leaves thousands of flows ``failed`` or waiting; retrying them one by one is not an option.
-A bulk action is asked in two steps: a dry run (:meth:`BulkActions.plan`, ``workflows.bulk_plan``: how
-many flows match, a sample, and how many the action would skip and why), then the action itself (:meth:`BulkActions.post`),
-which lists the matching flows once (at most ``DURAPAY_BULK__MAX_FLOWS``), records the action and
-returns at once; a runner (:meth:`BulkActions.run`, the ``durapay.bulk.run`` Celery task, re-sent by
-itself while work is left and by the dispatcher when a runner was lost) acts on each listed flow at
-``DURAPAY_BULK__RATE`` flows a second, recording its progress (done, skipped with reasons) after each.
+A bulk action is asked in two steps: a dry run (:meth:`BulkActions.plan`, ``workflows.bulk_plan``: the
+flows that match, their money, what the action would skip and why), then the action
+(:meth:`BulkActions.post`), recorded on the flows that dry run listed; a runner (:meth:`BulkActions.run`,
+the ``durapay.bulk.run`` task, re-sent by itself while work is left and by the dispatcher when a runner
+was lost) acts on each at ``DURAPAY_BULK__RATE`` flows a second, recording its progress after each.
 
 Per flow the rules are exactly those of the single-flow actions: ``Engine.retry`` and ``Engine.cancel``
 (which ask ``workflows.operator_actions`` and the engine's scripts: a flow with money in flight is asked
 to cancel and ends only as the engine allows). A flow the engine refuses is counted as skipped with the
 engine's reason. Each flow's history names the bulk action (``by``: ``bulk:<id> <who>``).
 
-Idempotent for one confirmation: each dry run has a token of its own (``Plan.token``, its view's
-``plan``), and the action confirming it carries it; the action's id is derived from that token (or
-from a key the caller gives), so the same confirmation sent again (a resent request, a form submitted
-twice) answers the same record, its progress included, and never acts on a flow twice for one action;
-a token or key reused for another action or filter is refused. A post with neither is a new action.
-A new dry run is a new action: before, the id was derived from the action and the filter's text, kept
-for the retention, so "retry the failed flows" after a second outage in the same week answered the
-first one's record, done, and retried none of the flows it matched now. The record is
+A confirmation acts on exactly what its dry run showed (DESIGN, money invariant 8): the dry run keeps
+the flows it listed, each as shown (``workflows.bulk_kept``), and the action confirming its token acts on
+those only, never on the filter walked again; each flow is re-checked at its turn by the engine
+(``Engine.retry``, ``cancel`` with ``seen``): one changed since (its state or version) is skipped and
+counted as ``changed``, with the reason. Once confirmed, the dry run's flows are the action's list, which
+expires with its record.
+
+Idempotent for one confirmation: the action's id is derived from the dry run's token (or from a key the
+caller gives), so the same confirmation sent again (a resent request, a form submitted twice) answers the
+same record, progress included, and acts on no flow twice; a key reused for another action or filter is
+refused. A new dry run is a new action (an id derived from the filter's text answered last week's action
+for this week's outage). A post with neither token nor key (a program) is its own dry run, not kept. The record is
 claimed (HSETNX) before it is written whole; the claim lives :data:`CLAIM_SECONDS` until then, so a post
 cut between the two (its process killed, a Redis error) leaves nothing that blocks the action for ever.
 A runner takes the action's lease before it acts, so two never run one action at once: it renews the
@@ -28,8 +31,7 @@ lease and moves the position on only while the lease is still its own and the po
 (``lua/bulk_progress.lua``, one compare-and-set), checks so before each flow, and stops when either
 fails (a runner stalled past its lease and replaced by the dispatcher's revive acts on nothing more);
 while it paces itself it renews the lease, and it never sleeps past its run's end. A crash (or a stall)
-between a flow's action and its progress entry acts on it again, and the engine then refuses or repeats
-harmlessly (a cancel asked twice stands).
+between a flow's action and its progress entry finds it again, changed by that act: skipped as changed.
 
 Bounded: the walk of the filter is ``workflows.bulk_plan``'s (at most ``max_flows`` matches, a read
 budget of index entries); a record and its list expire
@@ -50,6 +52,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from durapay.config.settings import BulkSettings
+from durapay.workflows.bulk_kept import KeptPlans, KeyReused, PlanNotKept, Unconfirmable, asked_text, plan_action_id
 from durapay.workflows.bulk_plan import (
     ACTIONS,
     FILTERS,
@@ -58,14 +61,18 @@ from durapay.workflows.bulk_plan import (
     BulkFilter,
     Plan,
     TooMany,
+    asked_of,
     brief,
+    entry,
     error_codes,
+    parse_entry,
     plan_flows,
     reason_class,
 )
 from durapay.workflows.engine import Engine, NotFound
-from durapay.workflows.errors import OperatorError
+from durapay.workflows.errors import ChangedSince, OperatorError
 from durapay.workflows.keys import derived_id
+from durapay.workflows.operator_actions import Seen
 from durapay.workflows.scripts import source
 from durapay.workflows.store import compact_json
 
@@ -77,7 +84,9 @@ __all__ = [
     "BulkFilter",
     "KeyReused",
     "Plan",
+    "PlanNotKept",
     "TooMany",
+    "Unconfirmable",
     "UnknownBulk",
     "brief",
     "error_codes",
@@ -103,10 +112,6 @@ class _Runner:
     total: int
 
 
-class KeyReused(ValueError):
-    """A key (or a dry run's token) given with another action or filter than the action first posted under it."""
-
-
 class UnknownBulk(KeyError):
     """No bulk action of that id (never posted, or past its retention)."""
 
@@ -123,6 +128,7 @@ class BulkActions:
         self.send = send
         self.max_flows = settings.max_flows
         self._progress = self.redis.register_script(source("lua/bulk_progress.lua"))
+        self.plans = KeptPlans(self.redis, self.prefix)
 
     # -- keys --------------------------------------------------------------------------------------
 
@@ -143,9 +149,17 @@ class BulkActions:
 
     # -- the dry run -------------------------------------------------------------------------------
 
-    def plan(self, action: Action, wanted: BulkFilter) -> Plan:
-        """The dry run (``workflows.bulk_plan``): the flows the filter matches, bounded by ``max_flows``."""
-        return plan_flows(self.engine, action, wanted, self.max_flows)
+    def plan(self, action: Action, wanted: BulkFilter, *, asked: Mapping[str, str] | None = None) -> Plan:
+        """The dry run (``workflows.bulk_plan``): the flows the filter matches, bounded by ``max_flows``,
+        kept for ``KEPT_SECONDS`` for the action that confirms it (``workflows.bulk_kept``). ``asked``: the
+        filter as its caller wrote it (``since=1h``), which the confirmation repeats."""
+        found = plan_flows(self.engine, action, wanted, self.max_flows, asked)
+        self.plans.keep(found)
+        return found
+
+    def confirms(self, token: str, action: Action, given: Mapping[str, Any]) -> Plan:
+        """The kept dry run ``token``, if of this action and filter as asked (else :class:`Unconfirmable`)."""
+        return self.plans.confirms(token, action, given)
 
     # -- the action --------------------------------------------------------------------------------
 
@@ -154,7 +168,7 @@ class BulkActions:
         new one (a new action)."""
         if key:
             return derived_id("b", "key", key)
-        return derived_id("b", "plan", plan or uuid.uuid4().hex)
+        return plan_action_id(plan or uuid.uuid4().hex)
 
     def post(
         self,
@@ -162,22 +176,36 @@ class BulkActions:
         wanted: BulkFilter,
         *,
         by: str,
-        given: Mapping[str, Any],
+        given: Mapping[str, Any] | None = None,
         key: str | None = None,
         plan: str | None = None,
     ) -> dict[str, Any]:
         """Record the action and send its runner; the same key or dry run's token posted again answers its
-        record as it is (progress included) and sends a runner again only if it is still running."""
+        record as it is (progress included) and sends a runner again only if it is still running.
+
+        With ``plan``: the action acts on that dry run's flows (``wanted`` is not walked again), refused
+        (:class:`Unconfirmable`) if the dry run is not kept or was made for another action or filter
+        (``given``, as asked). Without: this post is its own dry run, not kept."""
+        given = dict(given) if given is not None else asked_of(wanted)
         bulk_id = self.bulk_id(key, plan)
-        asked = compact_json({"action": action, **given})
+        asked = asked_text(action, given)
+        found: Plan | None = None
+        if plan:
+            try:
+                found = self.confirms(plan, action, given)
+            except PlanNotKept:
+                # Confirmed already (its record written before the dry run was dropped): answered below.
+                if self.get_or_none(bulk_id) is None:
+                    raise
         if self.get_or_none(bulk_id) is None:
-            found = self.plan(action, wanted)
+            if found is None:
+                found = plan_flows(self.engine, action, wanted, self.max_flows, given)
             # Another post of the same action writing it: its record is the one. A claim whose post was
             # cut goes after CLAIM_SECONDS, and this post claims it then.
             deadline = time.monotonic() + 2 * CLAIM_SECONDS + 1
             while self.get_or_none(bulk_id) is None and time.monotonic() < deadline:
                 if self._claim(bulk_id):
-                    self._write(bulk_id, action, wanted, found, by, asked)
+                    self._write(bulk_id, found, by, asked, plan)
                     break
                 time.sleep(0.1)
         current = self.get(bulk_id)
@@ -201,34 +229,44 @@ class BulkActions:
         claimed, _ = pipe.execute()
         return bool(claimed)
 
-    def _write(self, bulk_id: str, action: Action, wanted: BulkFilter, plan: Plan, by: str, asked: str) -> None:
-        """The record (its "created" last: the mark that it is whole) and its list of flows, kept for the
-        retention; the index capped to the newest ``kept`` and to the retention."""
+    def _write(self, bulk_id: str, plan: Plan, by: str, asked: str, token: str | None) -> None:
+        """The record (its "created" last: the mark that it is whole) and its list of flows (each as its dry
+        run showed it), kept for the retention; the dry run it confirms is no longer kept (confirmed once;
+        with the record when they share a slot); the index capped to the newest ``kept`` and to the
+        retention."""
         now = self.engine.clock.now()
         seconds = int(self.settings.retention)
         record = {
-            "action": action,
-            "filter": compact_json(wanted.view()),
+            "action": plan.action,
+            "filter": compact_json(plan.filter.view()),  # as the dry run resolved it (relative times fixed then)
             "by": by[:100],
             "updated": repr(now),
-            "total": str(len(plan.ids)),
+            "total": str(len(plan.flows)),
             "position": "0",
             "done": "0",
             "skipped": "0",
-            "status": "running" if plan.ids else "done",
+            "changed": "0",
+            "status": "running" if plan.flows else "done",
             "skips": "{}",
             "skipped_sample": "[]",
             "asked": asked,  # the action and filter as given: a key or token reused for another is refused
         }
+        entries = [entry(flow_id, seen) if seen is not None else flow_id for flow_id, seen in plan.flows]
         pipe = self.redis.pipeline(transaction=True)
         pipe.delete(self._ids_key(bulk_id))
-        for start in range(0, len(plan.ids), 1000):
-            pipe.rpush(self._ids_key(bulk_id), *plan.ids[start : start + 1000])
+        for start in range(0, len(entries), 1000):
+            pipe.rpush(self._ids_key(bulk_id), *entries[start : start + 1000])
         pipe.expire(self._ids_key(bulk_id), seconds)
         pipe.hset(self._record_key(bulk_id), mapping=record)
         pipe.hset(self._record_key(bulk_id), "created", repr(now))
         pipe.expire(self._record_key(bulk_id), seconds)
+        confirmed = [self.plans.key(token), self.plans.ids_key(token)] if token else []
+        if confirmed and bulk_id == self.bulk_id(None, token):
+            pipe.delete(*confirmed)
+            confirmed = []
         pipe.execute()
+        if confirmed:  # under a key: another slot, after the record (a post between finds the record)
+            self.redis.delete(*confirmed)
         pipe = self.redis.pipeline(transaction=False)
         pipe.zadd(self._index_key(), {bulk_id: now})
         pipe.zremrangebyrank(self._index_key(), 0, -self.settings.kept - 1)
@@ -251,6 +289,7 @@ class BulkActions:
             "total": int(fields["total"]),
             "done": int(fields["done"]),
             "skipped": int(fields["skipped"]),
+            "changed": int(fields.get("changed") or 0),
             "skips": json.loads(fields["skips"]),
             "skipped_sample": json.loads(fields["skipped_sample"]),
         }
@@ -297,26 +336,27 @@ class BulkActions:
         interval = 1.0 / self.settings.rate
         acted = 0
         while runner.position < runner.total and time.monotonic() < end:
-            ids = [raw.decode() for raw in self.redis.lrange(self._ids_key(bulk_id), runner.position, runner.position + 99)]
-            if not ids:
+            entries = self.redis.lrange(self._ids_key(bulk_id), runner.position, runner.position + 99)
+            if not entries:
                 break  # the list expired with the record: nothing more can be known
-            for flow_id in ids:
+            for raw in entries:
+                flow_id, seen = parse_entry(raw.decode())
                 # The action's own pace (DURAPAY_BULK__RATE), within the run's time, under its lease.
                 if not self._wait(runner, min(started + acted * interval, end)):
                     return False  # the lease is lost: the runner that holds it goes on
                 if time.monotonic() >= end:
                     break
-                refused = self._act(action, flow_id, by)
+                refused = self._act(action, flow_id, by, seen)
                 acted += 1
-                counter, changed = "done", ("", "")
+                counter, also, noted = "done", "", ("", "")
                 if refused is not None:
-                    counter = "skipped"
-                    reason = reason_class(refused, flow_id)
+                    counter, also = "skipped", "changed" if refused[1] else ""
+                    reason = reason_class(refused[0], flow_id)
                     skips[reason] = skips.get(reason, 0) + 1
                     if len(sample) < SAMPLE:
-                        sample.append({"id": flow_id, "reason": refused[:300]})
-                    changed = (compact_json(skips), compact_json(sample))
-                if not self._step(runner, "advance", counter, *changed):
+                        sample.append({"id": flow_id, "reason": refused[0][:300]})
+                    noted = (compact_json(skips), compact_json(sample))
+                if not self._step(runner, "advance", counter, *noted, also=also):
                     return False  # lost while acting: this flow is the new runner's to count
                 runner.position += 1
         if runner.position >= runner.total:
@@ -327,12 +367,13 @@ class BulkActions:
             return False
         return True
 
-    def _step(self, runner: _Runner, what: str, counter: str = "", skips: str = "", sample: str = "") -> bool:
-        """Renew the lease (``renew``) or also move the position on by one (``advance``), only if the lease
-        is still the runner's and the position the one it stands at (``lua/bulk_progress.lua``)."""
+    def _step(self, runner: _Runner, what: str, counter: str = "", skips: str = "", sample: str = "", *, also: str = "") -> bool:
+        """Renew the lease (``renew``) or also move the position on by one (``advance``: ``counter`` and
+        ``also`` counted), only if the lease is still the runner's and the position the one it stands at
+        (``lua/bulk_progress.lua``)."""
         args = [what, runner.owner, runner.position, LEASE_MS, counter, repr(self.engine.clock.now()), runner.total]
         keys = [self._lease_key(runner.bulk_id), self._record_key(runner.bulk_id)]
-        return bool(self._progress(keys=keys, args=[*args, skips, sample]))
+        return bool(self._progress(keys=keys, args=[*args, skips, sample, also]))
 
     def _wait(self, runner: _Runner, until: float) -> bool:
         """Sleep until ``until`` (monotonic), renewing the lease at least three times a lease; False as soon
@@ -344,17 +385,20 @@ class BulkActions:
             time.sleep(min(left, LEASE_MS / 3000))
         return False
 
-    def _act(self, action: Action, flow_id: str, by: str) -> str | None:
-        """The single-flow action, as the engine decides it: None, or why it was not taken."""
+    def _act(self, action: Action, flow_id: str, by: str, seen: Seen | None) -> tuple[str, bool] | None:
+        """The single-flow action on the flow as its dry run showed it (``seen``), as the engine decides
+        it: None, or why it was not taken and whether because the flow changed since the dry run."""
         try:
             if action == "retry":
-                self.engine.retry(flow_id, by=by)
+                self.engine.retry(flow_id, by=by, seen=seen)
             else:
-                self.engine.cancel(flow_id, f"cancelled by {by}", by=by)
+                self.engine.cancel(flow_id, f"cancelled by {by}", by=by, seen=seen)
+        except ChangedSince as exc:
+            return str(exc), True
         except OperatorError as exc:
-            return str(exc)
+            return str(exc), False
         except NotFound:
-            return f"flow {flow_id} is gone (past its retention)"
+            return f"flow {flow_id} is gone (past its retention)", False
         return None
 
     def revive(self, *, now: float) -> int:

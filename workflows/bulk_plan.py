@@ -16,7 +16,10 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
 from durapay.workflows import operator_actions
+from durapay.workflows.flow_money import minor_money, totals
 from durapay.workflows.listing import READ_BUDGET, Cursor, FlowListing
+from durapay.workflows.operator_actions import Seen
+from durapay.workflows.sensitive import mask
 from durapay.workflows.states import FlowState
 from durapay.workflows.store import FlowRecord
 
@@ -29,6 +32,9 @@ ACTIONS: tuple[Action, ...] = ("retry", "cancel")
 FILTERS = ("kind", "state", "error", "since", "until")
 #: Flows shown by a dry run, and skipped flows kept with their reason in a record.
 SAMPLE = 20
+#: Seconds a dry run is kept for its confirmation (then: make a new one); once confirmed, its flows are
+#: kept with the action's record, for the action's retention.
+KEPT_SECONDS = 3600
 #: Index entries a walk may read per flow it may match: past ``max_flows * READ_FACTOR`` it stops.
 READ_FACTOR = 20
 #: Rows a page of the walk asks for.
@@ -94,33 +100,91 @@ def plan_token() -> str:
     return uuid.uuid4().hex
 
 
+def asked_of(wanted: BulkFilter) -> dict[str, str]:
+    """The filter as text, when its caller gave none (a Python caller's :class:`BulkFilter`)."""
+    return {name: str(value) for name, value in wanted.view().items() if value is not None}
+
+
+def entry(flow_id: str, seen: Seen) -> str:
+    """A kept flow, as a dry run keeps it (``<id> <version>[p] <state>``: about 36 bytes)."""
+    return f"{flow_id} {seen.text()}"
+
+
+def parse_entry(text: str) -> tuple[str, Seen | None]:
+    """:func:`entry` read back; a bare id (a list posted by a version before dry runs kept what they
+    showed) has no ``Seen``: it is acted on as it is then."""
+    flow_id, _, seen = text.partition(" ")
+    return flow_id, Seen.parse(seen) if seen else None
+
+
 @dataclass
 class Plan:
-    """A dry run: the flows that match (ids, newest first), a sample of them, and what the action would
-    skip, by reason; ``token``: this dry run's own, which the action confirming it carries, so that the
-    same confirmation sent again is the same action and a later dry run's is a new one."""
+    """A dry run: the flows that match (newest first), each with what it was shown at (``Seen``: its state
+    and version), a sample of them (:func:`brief`: with their money), what the action would skip by
+    reason, and the money of the flows it would act on, by currency (minor units). ``token``: this dry
+    run's own, which the action confirming it carries; ``asked``: the filter as its caller wrote it
+    (``since=1h``), which a confirmation must repeat, while ``filter`` holds it resolved at the dry run
+    (relative times fixed then)."""
 
     action: Action
     filter: BulkFilter
-    ids: list[str]
-    sample: list[FlowRecord]
+    flows: list[tuple[str, Seen | None]]
+    sample: list[dict[str, Any]]
     skips: dict[str, int] = field(default_factory=dict)
+    totals: dict[str, int] = field(default_factory=dict)
+    asked: dict[str, str] = field(default_factory=dict)
     token: str = field(default_factory=plan_token)
+    created: float = 0.0
+
+    @property
+    def ids(self) -> list[str]:
+        return [flow_id for flow_id, _ in self.flows]
 
     def view(self) -> dict[str, Any]:
         return {
             "plan": self.token,
             "action": self.action,
             "filter": self.filter.view(),
-            "count": len(self.ids),
+            "asked": dict(self.asked),
+            "created": self.created,
+            "kept_until": self.created + KEPT_SECONDS,
+            "count": len(self.flows),
             "would_skip": sum(self.skips.values()),
             "skips": dict(self.skips),
-            "sample": [brief(record) for record in self.sample],
+            "totals": dict(self.totals),
+            "sample": list(self.sample),
         }
+
+    @classmethod
+    def kept(cls, view: Mapping[str, Any], entries: list[str]) -> Plan:
+        """A dry run as kept (``workflows.bulk``): its view and its flows' entries."""
+        return cls(
+            view["action"],
+            BulkFilter.parse(view["filter"]),
+            [parse_entry(text) for text in entries],
+            list(view["sample"]),
+            dict(view["skips"]),
+            dict(view["totals"]),
+            dict(view["asked"]),
+            view["plan"],
+            float(view["created"]),
+        )
 
 
 def brief(record: FlowRecord) -> dict[str, Any]:
-    return {"id": record.id, "kind": record.kind, "state": record.state.value, "created": record.created, "error": record.error}
+    """A listed flow as a dry run shows it: what it is, what it was shown at, and its money (the outcome's
+    when it names one, else the request's: ``workflows.flow_money``; minor units, as on the wire)."""
+    money = minor_money(record.outcome, record.input)
+    return {
+        "id": record.id,
+        "kind": record.kind,
+        "state": record.state.value,
+        "version": record.version,
+        "created": record.created,
+        "error": mask(record.error),
+        "amount": money[0] if money else None,  # minor units, as on the wire
+        "currency": (money[1] or None) if money else None,
+    }
 
 
 def reason_class(reason: str, flow_id: str) -> str:
@@ -128,16 +192,21 @@ def reason_class(reason: str, flow_id: str) -> str:
     return re.sub(r"\s+", " ", reason.replace(f"flow {flow_id} ", "flow ").replace(flow_id, "<flow>")).strip()[:200]
 
 
-def plan_flows(engine: Engine, action: Action, wanted: BulkFilter, max_flows: int) -> Plan:
+def plan_flows(
+    engine: Engine, action: Action, wanted: BulkFilter, max_flows: int, asked: Mapping[str, str] | None = None
+) -> Plan:
     """Walk the filter (``workflows.listing``, bounded) and judge each match as the action would
-    (``workflows.operator_actions``, the rule the engine asks): :class:`TooMany` past ``max_flows``."""
+    (``workflows.operator_actions``, the rule the engine asks): :class:`TooMany` past ``max_flows``.
+    ``asked``: the filter as its caller wrote it (default: :func:`asked_of`)."""
+    asked = dict(asked) if asked is not None else asked_of(wanted)
     if wanted.kind is not None:
         engine.definition(wanted.kind)  # an unknown kind: InputError naming the known ones
     listing = FlowListing(engine.store, engine.registry)
     states = [wanted.state] if wanted.state is not None else []
-    ids: list[str] = []
-    sample: list[FlowRecord] = []
+    flows: list[tuple[str, Seen | None]] = []
+    sample: list[dict[str, Any]] = []
     skips: dict[str, int] = {}
+    moneys: list[tuple[int, str] | None] = []
     after: Cursor | None = None
     budget = max(READ_BUDGET, max_flows * READ_FACTOR)
     while True:
@@ -154,20 +223,23 @@ def plan_flows(engine: Engine, action: Action, wanted: BulkFilter, max_flows: in
         for record in page.records:
             if not wanted.matches(record):
                 continue
-            ids.append(record.id)
-            if len(ids) > max_flows:
+            flows.append((record.id, Seen.of(record)))
+            if len(flows) > max_flows:
                 raise TooMany(
-                    f"more than {max_flows} flows match (DURAPAY_BULK__MAX_FLOWS): narrow the filter "
-                    "(a kind, a state, a time window)"
+                    f"more than {max_flows} flows match: a dry run keeps each flow it lists, for its confirmation "
+                    f"to act on exactly those, and keeps at most {max_flows} (DURAPAY_BULK__MAX_FLOWS); narrow the "
+                    "filter (a kind, a state, a time window) and make a dry run of each part"
                 )
             if len(sample) < SAMPLE:
-                sample.append(record)
+                sample.append(brief(record))
             refused = operator_actions.refusal(record, action)
             if refused is not None:
                 reason = reason_class(refused, record.id)
                 skips[reason] = skips.get(reason, 0) + 1
+            else:
+                moneys.append(minor_money(record.outcome, record.input))
         if page.next is None:
-            return Plan(action, wanted, ids, sample, skips)
+            return Plan(action, wanted, flows, sample, skips, totals(moneys), asked, created=engine.clock.now())
         if budget <= 0:
             raise TooMany("the filter steps over too many flows to walk: narrow it (a kind, a state, a time window)")
         after = page.next

@@ -34,7 +34,7 @@ from durapay.tasks.retry import RetryPolicy
 from durapay.workflows import operator_actions
 from durapay.workflows.clock import Clock, ManualClock, SystemClock
 from durapay.workflows.durability import Durability, NotDurable
-from durapay.workflows.errors import OperatorError
+from durapay.workflows.errors import ChangedSince, OperatorError
 from durapay.workflows.events import Cursor, Event, EventFeed
 from durapay.workflows.flows.waits import keep_until
 from durapay.workflows.gate import Gate
@@ -467,15 +467,23 @@ class Engine:
             if seconds:
                 self.orders.expire(record.lookups, seconds)
 
-    def cancel(self, flow_id: str, reason: str = "cancelled", *, by: str = "api") -> FlowRecord:
+    def cancel(
+        self, flow_id: str, reason: str = "cancelled", *, by: str = "api", seen: operator_actions.Seen | None = None
+    ) -> FlowRecord:
         """Cancel now, at the end of the step in flight, or, while money may be in flight at the gateway,
         once a read of the gateway shows none moved (docs/durability.md, "Money in flight").
 
         The record returned says which: ``cancelled``; or ``cancel_requested`` with the flow still going
         (a step in flight, or money in flight: its step reads the gateway now and the flow then ends
-        ``cancelled`` if no money moved, ``succeeded`` if it did, or ``needs_attention`` naming it)."""
+        ``cancelled`` if no money moved, ``succeeded`` if it did, or ``needs_attention`` naming it).
+
+        ``seen``: the flow as a person confirmed it (a bulk dry run's): :class:`ChangedSince` if it is no
+        longer so, judged on the read each write is guarded by (its version), so a change in between is
+        found on the next read."""
         for _ in range(20):
             record = self.get(flow_id)
+            if seen is not None and (changed := seen.changed(record)) is not None:
+                raise ChangedSince(changed)
             if record.cancel_requested and record.state not in TERMINAL:
                 return record  # asked again (a merchant's retried call): the request stands
             refused = operator_actions.refusal(record, "cancel")
@@ -503,16 +511,19 @@ class Engine:
                 return written
         raise OperatorError(f"flow {flow_id} kept changing; try again")
 
-    def retry(self, flow_id: str, *, by: str = "api") -> FlowRecord:
+    def retry(self, flow_id: str, *, by: str = "api", seen: operator_actions.Seen | None = None) -> FlowRecord:
         """Move a ``needs_attention`` flow on from its current step (reconciling first when its last
         try was ambiguous), or start a ``failed`` flow again from its first step on a fresh gateway
         order id and fresh idempotency keys.
 
         Judged again from a fresh read when the flow changed between the read and the write (the
         dispatcher's packing pass, which moves the version: the change is then written on the record
-        unpacked), a few times; then the operator is told to look again."""
+        unpacked), a few times; then the operator is told to look again. ``seen``: as for :meth:`cancel`
+        (a flow that failed again after a person's dry run showed it failed is not restarted)."""
         for _ in range(3):
             record = self.get(flow_id)
+            if seen is not None and (changed := seen.changed(record)) is not None:
+                raise ChangedSince(changed)
             refused = operator_actions.refusal(record, "retry")
             if refused is not None:
                 raise OperatorError(refused)

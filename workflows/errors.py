@@ -3,3 +3,8 @@
 
 class OperatorError(Exception):
     """An operator asked for something the flow's state does not allow (say which and why)."""
+
+
+class ChangedSince(OperatorError):
+    """The flow changed since a person was shown it (``operator_actions.Seen``): their confirmation was of
+    the flow as it was, so nothing is done to it (a new look, a new dry run, decides)."""

@@ -12,6 +12,7 @@ be in flight is transition.lua's, which reads the same field (``unsettled``) as 
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from typing import Any
 
 from durapay.workflows.sensitive import erased
@@ -25,6 +26,46 @@ ACTIONS = {
     "refund": "Refund the late payment",
     "keep": "Keep the second payment",
 }
+
+
+@dataclass(frozen=True)
+class Seen:
+    """A flow as a person was shown it (a bulk dry run's line): its state and version, and whether it was
+    packed. Their confirmation acts on the flow only as it was (DESIGN, money invariant 8): the engine asks
+    :meth:`changed` in the same read its compare-and-set is guarded by (``Engine.retry``, ``cancel``).
+
+    Packing (``compact.lua``, about a second after a flow ended) moves the version and changes nothing of
+    the flow: a flow shown unpacked and found packed one version on, in the same state, has not changed."""
+
+    state: FlowState
+    version: int
+    packed: bool = False
+
+    def changed(self, record: FlowRecord) -> str | None:
+        """Why the flow is not the one shown (None: it is), in words that do not vary by flow (counted by
+        reason)."""
+        if record.state is not self.state:
+            return f"flow {record.id} changed since the dry run (it was {self.state}, it is {record.state} now)"
+        packing = record.packed and not self.packed and record.finished and record.version == self.version + 1
+        if record.version != self.version and not packing:
+            return (
+                f"flow {record.id} changed since the dry run (still {record.state}, but acted on or moved on meanwhile: "
+                "a retry, a step, a signal)"
+            )
+        return None
+
+    def text(self) -> str:
+        """``<version>[p] <state>``: how a dry run keeps it (``workflows.bulk``), a few bytes."""
+        return f"{self.version}{'p' if self.packed else ''} {self.state.value}"
+
+    @classmethod
+    def parse(cls, text: str) -> Seen:
+        version, _, state = text.partition(" ")
+        return cls(FlowState(state), int(version.rstrip("p")), version.endswith("p"))
+
+    @classmethod
+    def of(cls, record: FlowRecord) -> Seen:
+        return cls(record.state, record.version, record.packed)
 
 
 def late_payment(record: FlowRecord) -> dict[str, Any] | None:

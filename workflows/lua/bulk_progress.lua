@@ -5,7 +5,8 @@
 -- KEYS: 1 the runner's lease, 2 the action's record (hash)
 -- ARGV: 1 what: renew | advance, 2 the runner's token, 3 the position it stands at, 4 the lease (ms),
 --       advance: 5 the counter to add one to (done | skipped), 6 the time (updated), 7 the total,
---                8 skips (JSON; "" unchanged), 9 the skipped sample (JSON)
+--                8 skips (JSON; "" unchanged), 9 the skipped sample (JSON),
+--                10 a second counter to add one to ("" none; changed: skipped as changed since the dry run)
 -- Replies 1, or 0: the lease is another runner's or gone, or the position moved (the runner stops).
 if redis.call('GET', KEYS[1]) ~= ARGV[2] then
   return 0
@@ -18,6 +19,9 @@ if ARGV[1] == 'advance' then
   local position = tonumber(ARGV[3]) + 1
   redis.call('HSET', KEYS[2], 'position', tostring(position), 'updated', ARGV[6])
   redis.call('HINCRBY', KEYS[2], ARGV[5], 1)
+  if ARGV[10] ~= '' then
+    redis.call('HINCRBY', KEYS[2], ARGV[10], 1)
+  end
   if ARGV[8] ~= '' then
     redis.call('HSET', KEYS[2], 'skips', ARGV[8], 'skipped_sample', ARGV[9])
   end
