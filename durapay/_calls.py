@@ -299,6 +299,12 @@ def bulk(route: Route[T], action: str, filters: Mapping[str, Any], *, key: str |
     return route.call(json=some(action=action, **{**dict(filters), **times}), key=key)
 
 
+def confirm_bulk(plan: BulkPlan, *, by: str | None = None, key: str | None = None) -> Call[BulkView]:
+    """The action a dry run names: its action, its filter as it was asked and its ``plan``, so that the
+    confirmation is of exactly that dry run (the server acts on the flows it listed, each as shown)."""
+    return POST_BULK.call(json=some(action=plan.action, **dict(plan.asked), by=by, plan=plan.plan), key=key)
+
+
 # -- reconciliation and operations ---------------------------------------------------------------
 
 LIST_REPORTS = Route("GET", "/reconciliation/reports", ReconciliationList)

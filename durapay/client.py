@@ -371,14 +371,24 @@ class Client:
 
     def bulk_dry_run(self, action: str, **filters: Any) -> BulkPlan:
         """What a bulk ``retry`` or ``cancel`` of the flows matching ``filters`` (kind, state, error, since,
-        until) would do: the count, a sample, what it would skip and why. Changes nothing."""
+        until) would do: the count, a sample with each flow's money, the money at stake by currency
+        (``totals``), what it would skip and why. Changes no flow; the flows it lists are kept an hour for
+        its confirmation (:meth:`confirm_bulk`)."""
         return self._run(calls.bulk(calls.BULK_DRY_RUN, action, filters))
 
     def bulk(self, action: str, *, plan: str | None = None, key: str | None = None, **filters: Any) -> BulkView:
         """Retry or cancel every flow matching ``filters``, in the background: the action with its progress.
-        ``plan``: the dry run's (:meth:`bulk_dry_run`'s ``plan``) this action confirms; the same ``plan``
-        (or ``key``) again answers the same action; with neither, each call is a new action."""
+        ``plan``: the dry run's (:meth:`bulk_dry_run`'s ``plan``) this action confirms, with the same action
+        and filters (otherwise a 409): it acts on the flows that dry run listed, each only if unchanged since
+        (:meth:`confirm_bulk` sends them for you); the same ``plan`` (or ``key``) again answers the same
+        action; with neither, each call is a new action on the flows matching then."""
         return self._run(calls.bulk(calls.POST_BULK, action, {**filters, "plan": plan}, key=key))
+
+    def confirm_bulk(self, plan: BulkPlan, *, by: str | None = None, key: str | None = None) -> BulkView:
+        """Confirm a dry run (:meth:`bulk_dry_run`'s answer): its action on the flows it listed, each only if
+        unchanged since (skipped as ``changed`` otherwise); confirmed again, the same action. A 409 once the
+        dry run is no longer kept (an hour): make a new one."""
+        return self._run(calls.confirm_bulk(plan, by=by, key=key))
 
     def bulk_actions(self, *, limit: int = 50) -> BulkList:
         return self._run(calls.LIST_BULK.call(params={"limit": limit}))

@@ -1,10 +1,13 @@
 """``/bulk``: retry or cancel every flow a filter matches (``workflows.bulk``).
 
-``POST /bulk/dry-run`` answers what the action would do (the count, a sample, what would be skipped
-and why) and changes nothing; ``POST /bulk`` records the action and answers 202 at once with its
-progress, a runner acting in the background. The dry run answers a ``plan`` token of its own, which the
-action confirming it carries: the same ``plan`` (or the same ``Idempotency-Key``) posted again answers the
-same record, progress included; a new dry run is a new action. ``GET /bulk/{id}`` follows it.
+``POST /bulk/dry-run`` answers what the action would do (the count, a sample with each flow's money, the
+money at stake by currency, what would be skipped and why) and changes no flow; it keeps the flows it
+listed for its confirmation. ``POST /bulk`` records the action and answers 202 at once with its progress,
+a runner acting in the background. The dry run answers a ``plan`` token of its own, which the action
+confirming it carries: it then acts on the dry run's flows only, each as it was shown (a flow changed
+since is skipped as ``changed``); the same ``plan`` (or the same ``Idempotency-Key``) posted again answers
+the same record, progress included; a new dry run is a new action; a ``plan`` for another action or
+filter, or no longer kept, is a 409. ``GET /bulk/{id}`` follows it.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from durapay.service.api_kinds import who
 from durapay.service.errors import ERRORS, ApiError, conflict, invalid, not_found
 from durapay.service.ops_schemas import BulkList, BulkPlan, BulkRequest, BulkView
 from durapay.service.timeparse import parse_since
-from durapay.workflows.bulk import FILTERS, BulkActions, BulkFilter, KeyReused, TooMany, UnknownBulk
+from durapay.workflows.bulk import FILTERS, BulkActions, BulkFilter, TooMany, Unconfirmable, UnknownBulk
 from durapay.workflows.engine import Engine
 
 BulkId = Annotated[str, Path(min_length=1, max_length=100, pattern=r"^[A-Za-z0-9._:-]+$")]
@@ -84,7 +87,7 @@ def bulk_router(engine: Engine, bulk: BulkActions) -> APIRouter:
     def dry_run(body: Any) -> dict[str, Any]:
         request: BulkRequest = body
         try:
-            return bulk.plan(request.action, bulk_filter(engine, request)).view()
+            return bulk.plan(request.action, bulk_filter(engine, request), asked=given(request)).view()
         except TooMany as exc:
             raise invalid("(body)", str(exc)) from None
         except ValueError as exc:
@@ -100,7 +103,7 @@ def bulk_router(engine: Engine, bulk: BulkActions) -> APIRouter:
             return bulk.post(
                 request.action, wanted, by=who("api", request.by), given=given(request), key=idempotency_key, plan=request.plan
             )
-        except KeyReused as exc:
+        except Unconfirmable as exc:
             raise conflict(str(exc)) from None
         except TooMany as exc:
             raise invalid("(body)", str(exc)) from None
@@ -110,8 +113,10 @@ def bulk_router(engine: Engine, bulk: BulkActions) -> APIRouter:
     router.post(
         "/dry-run",
         response_model=BulkPlan,
-        summary="What a bulk retry or cancel would do: the count, a sample, what it would skip and why",
-        description="Changes nothing. 422 for a filter that matches more than DURAPAY_BULK__MAX_FLOWS flows.",
+        summary="What a bulk retry or cancel would do: the count, a sample, the money at stake, what it would skip and why",
+        description="Changes no flow. Keeps the flows it lists, each with its state and version, for an hour: the "
+        "action confirming its `plan` acts on those only. 422 for a filter that matches more than "
+        "DURAPAY_BULK__MAX_FLOWS flows (narrow it).",
     )(_with_body(dry_run, model))
     router.post(
         "",
@@ -120,9 +125,12 @@ def bulk_router(engine: Engine, bulk: BulkActions) -> APIRouter:
         summary="Retry or cancel every flow the filter matches, in the background",
         description="Answers at once with the action's progress (`done` + `skipped` of `total`); each flow is retried "
         "or cancelled exactly as its own route would (a flow with money in flight is asked to cancel and ends as the "
-        "engine allows), at DURAPAY_BULK__RATE flows a second, its history naming the action. Send the dry run's `plan`: "
-        "the same `plan` again (or the same Idempotency-Key) answers the same action, a new dry run's is a new action; "
-        "with neither, each post is a new action; a plan or key reused for another action or filter is a 409.",
+        "engine allows), at DURAPAY_BULK__RATE flows a second, its history naming the action. Send the dry run's `plan` "
+        "with the same action and filter: the action acts on the flows that dry run listed, each only if it has not "
+        "changed since (another state or version: skipped, counted in `changed`); the same `plan` again (or the same "
+        "Idempotency-Key) answers the same action, a new dry run's is a new action; with neither, each post is a new "
+        "action on the flows matching then; a plan for another action or filter, one no longer kept (an hour) or a key "
+        "reused for another action or filter is a 409.",
     )(_with_body(post, model))
 
     @router.get("", response_model=BulkList, summary="Bulk actions, newest first")

@@ -95,22 +95,38 @@ class BulkRequest(StrictModel):
 
 
 class BulkFlow(_Answer):
+    """A flow a dry run listed, as it was shown: its state and version, and its money."""
+
     id: str
     kind: str
     state: str
+    version: int = Field(default=0, description="the flow's version when shown: a flow changed since is skipped")
     created: float
     error: dict[str, Any] | None = None
+    amount: int | None = Field(
+        default=None, description="minor units: of the operation its outcome names, else of its request (null: none)"
+    )
+    currency: str | None = None
 
 
 class BulkPlan(_Answer):
-    """A dry run: how many flows match, how many the action would skip and why, and a sample."""
+    """A dry run: how many flows match, how many the action would skip and why, the money at stake, and a
+    sample. Kept (its flows, each as shown) for its confirmation."""
 
     plan: str = Field(description="this dry run's token: the action confirming it carries it (`POST /bulk`'s `plan`)")
     action: str
-    filter: dict[str, Any]
+    filter: dict[str, Any] = Field(description="the filter as resolved at the dry run (POSIX seconds: relative times fixed then)")
+    asked: dict[str, str] = Field(default_factory=dict, description="the filter as asked: the confirmation repeats it")
+    created: float = 0.0
+    kept_until: float = Field(default=0.0, description="when the dry run is no longer kept (then: a new dry run)")
     count: int
     would_skip: int
     skips: dict[str, int]
+    totals: dict[str, int] = Field(
+        default_factory=dict,
+        description="the money of the flows the action would act on (not those it would skip): minor units by "
+        'currency (`""`: flows whose request names no currency)',
+    )
     sample: list[BulkFlow]
 
 
@@ -132,6 +148,7 @@ class BulkView(_Answer):
     total: int
     done: int
     skipped: int
+    changed: int = Field(default=0, description="of `skipped`: flows that changed since the dry run (not acted on)")
     skips: dict[str, int] = Field(description="skipped flows by the engine's reason")
     skipped_sample: list[SkippedFlow]
 

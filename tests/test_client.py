@@ -171,8 +171,13 @@ def tour(api: Client, receiver: WebhookReceiver) -> None:
     # a bulk retry of cancelled flows: each is skipped with the engine's reason (a cancelled flow is not retried)
     filters = {"kind": "moto", "state": "cancelled", "since": "1h"}
     plan = api.bulk_dry_run("retry", **filters)
-    assert plan.count >= 1 and plan.would_skip == plan.count
-    action = api.bulk("retry", key=unique("tour"), **filters)
+    assert plan.count >= 1 and plan.would_skip == plan.count and plan.totals == {}, "a flow it skips is not at stake"
+    assert plan.sample[0].amount is not None and plan.sample[0].currency
+    # the plan names its dry run's action and filter: for another filter or action it is refused
+    assert "was made for retry of" in refused(409, api.bulk, "retry", plan=plan.plan, kind="moto").reason
+    refused(409, api.bulk, "cancel", plan=plan.plan, **filters)
+    action = api.confirm_bulk(plan, key=unique("tour"))
+    assert action.total == plan.count
     wait_until(lambda: api.get_bulk(action.id).status == "done", 30, "the bulk action to finish")
     assert api.get_bulk(action.id).skipped == action.total and api.bulk_actions().bulk[0].id == action.id
 

@@ -80,8 +80,10 @@ async def tour(client: AsyncClient, receiver: WebhookReceiver) -> None:
         assert (await api.pause_kind("svs", "atour")).paused and (await api.kinds()).kinds
         assert (await api.resume_kind("svs", by="atour")).pause is None and (await api.pauses()).pauses
         plan = await api.bulk_dry_run("retry", kind="moto", state="cancelled")
-        action = await api.bulk("retry", kind="moto", state="cancelled", by="atour")
+        await refused(409, api.bulk, "retry", plan=plan.plan, kind="moto")  # another filter than the dry run's
+        action = await api.confirm_bulk(plan, by="atour")
         assert plan.count >= 1 and action.total == plan.count and (await api.get_bulk(action.id)).id == action.id
+        assert (await api.bulk("retry", kind="moto", state="cancelled", by="atour")).id != action.id, "a new action"
         assert (await api.bulk_actions(limit=5)).bulk
 
         report = await api.reconcile(since="1h")

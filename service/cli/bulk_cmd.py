@@ -1,13 +1,16 @@
 """``durapay bulk retry|cancel|ls|show``: retry or cancel every flow a filter matches.
 
 ``--dry-run`` prints what the action would do (how many flows match, how many it would skip and why,
-a sample) and changes nothing. Without it the dry run is shown and the action asked for confirmation
+the money at stake by currency, a sample with each flow's amount) and changes no flow; the dry run is
+kept for its confirmation. Without it the dry run is shown and the action asked for confirmation
 (``--yes`` skips the question): it is then recorded and acted on in the background by the workers
-(``workflows.bulk``, at ``DURAPAY_BULK__RATE`` flows a second); ``--wait`` follows its progress to the
-end. The action carries its dry run's token (``plan``): each command is a new dry run, so a new action
-on the flows the filter matches now; ``--plan`` confirms the dry run printed before (the same token again
-is the same action: its progress is shown, nothing is done twice), and so does the same ``--key``. Each
-flow's history names the action (``bulk:<id> cli:<name>``).
+(``workflows.bulk``, at ``DURAPAY_BULK__RATE`` flows a second), on the flows the dry run listed only,
+each as it was shown (one changed since is skipped); ``--wait`` follows its progress to the end. The
+action carries its dry run's token (``plan``): each command is a new dry run, so a new action on the
+flows the filter matches now; ``--plan`` confirms the dry run printed before, with the same filter
+(shown again as it was; another action or filter is refused: exit 1), and the same token again is the
+same action (its progress is shown, nothing is done twice), as is the same ``--key``. Each flow's
+history names the action (``bulk:<id> cli:<name>``).
 """
 
 from __future__ import annotations
@@ -65,20 +68,31 @@ def _filter(
 
 
 def _print_plan(plan: Plan) -> None:
+    from durapay.gateway import format_money
+
     view = plan.view()
-    typer.echo(f"{plan.action}: {view['count']} flow(s) match; {view['would_skip']} would be skipped (plan {plan.token})")
+    typer.echo(
+        f"{plan.action}: {view['count']} flow(s) match; {view['would_skip']} would be skipped "
+        f"(plan {plan.token}, kept until {when(view['kept_until'])})"
+    )
+    money = ", ".join(format_money(minor, currency) for currency, minor in view["totals"].items()) or "none named"
+    typer.echo(f"  at stake (the {view['count'] - view['would_skip']} flow(s) it would act on): {money}")
     for reason, count in sorted(view["skips"].items(), key=lambda item: -item[1]):
         typer.echo(f"  skipped {count}: {reason}")
-    rows = [[flow["id"], flow["kind"], flow["state"], when(flow["created"])] for flow in view["sample"]]
+    rows = [
+        [flow["id"], flow["kind"], flow["state"], format_money(flow["amount"], flow["currency"]), when(flow["created"])]
+        for flow in view["sample"]
+    ]
     if rows:
-        print_rows("sample", ("id", "kind", "state", "created"), rows, ids=frozenset({"id"}))
+        print_rows("sample", ("id", "kind", "state", "amount", "created"), rows, ids=frozenset({"id", "amount"}))
 
 
 def _progress(record: dict[str, Any]) -> str:
     handled = record["done"] + record["skipped"]
+    changed = f", {record['changed']} of them changed since the dry run" if record.get("changed") else ""
     return (
         f"bulk {record['id']} ({record['action']}): {record['status']}, {handled}/{record['total']} "
-        f"({record['done']} done, {record['skipped']} skipped)"
+        f"({record['done']} done, {record['skipped']} skipped{changed})"
     )
 
 
@@ -98,7 +112,7 @@ def _act(
     by: str | None,
     as_json: bool,
 ) -> None:
-    from durapay.workflows.bulk import FILTERS, KeyReused, TooMany
+    from durapay.workflows.bulk import FILTERS, PlanNotKept, TooMany, Unconfirmable
 
     out = Output(as_json)
     with runtime(out, writes=True) as rt, out.errors():
@@ -106,27 +120,36 @@ def _act(
             raise BadOption("--plan", f"{plan_token!r} is not a dry run's plan token (32 hex digits, as --dry-run prints it)")
         bulk = _bulk(rt)
         wanted = _filter(rt.engine, kind, state, since, until, error)
-        try:
-            plan = bulk.plan(action, wanted)
+        given = {
+            name: value for name, value in zip(FILTERS, (kind, state, error, since, until), strict=True) if value is not None
+        }
+        plan: Plan | None = None
+        try:  # with --plan: that dry run, shown as it was made (its times fixed then)
+            plan = bulk.confirms(plan_token, action, given) if plan_token else bulk.plan(action, wanted, asked=given)
         except TooMany as exc:
             out.fail("invalid_input", str(exc), field="--since")
+        except PlanNotKept:
+            pass  # confirmed already (the post answers its action) or not kept (the post refuses it)
+        except Unconfirmable as exc:
+            out.fail("conflict", str(exc), field="--plan", code=ExitCode.FAILED)
         if dry_run:
+            if plan is None:
+                gone = f"the dry run {plan_token} is not kept (or confirmed already): make a new dry run"
+                out.fail("conflict", gone, field="--plan", code=ExitCode.FAILED)
             echo_json(plan.view()) if as_json else _print_plan(plan)
             return
-        if not yes:
+        if not yes and plan is not None:
             if as_json:
                 out.fail("invalid_input", "pass --yes to act (or --dry-run to look first)", field="--yes")
             _print_plan(plan)
             typer.confirm(f"{action} {len(plan.ids)} flow(s)?", abort=True)
-        given = {
-            name: value for name, value in zip(FILTERS, (kind, state, error, since, until), strict=True) if value is not None
-        }
+        token = plan_token or (plan.token if plan is not None else None)
         try:
-            record = bulk.post(action, wanted, by=_who(by), given=given, key=key, plan=plan_token or plan.token)
+            record = bulk.post(action, wanted, by=_who(by), given=given, key=key, plan=token)
         except TooMany as exc:
             out.fail("invalid_input", str(exc), field="--since")
-        except KeyReused as exc:
-            out.fail("conflict", str(exc), field="--key", code=ExitCode.FAILED)
+        except Unconfirmable as exc:
+            out.fail("conflict", str(exc), field="--key" if key else "--plan", code=ExitCode.FAILED)
         deadline = time.monotonic() + WAIT_LIMIT
         while wait and record["status"] == "running" and time.monotonic() < deadline:
             if not as_json:
@@ -161,7 +184,11 @@ Wait = Annotated[bool, typer.Option("--wait", help="Follow the progress to the e
 Key = Annotated[str | None, typer.Option("--key", help="The action's key: the same key is the same action.")]
 PlanOption = Annotated[
     str | None,
-    typer.Option("--plan", help="Confirm this dry run (its printed plan token): the same token again is the same action."),
+    typer.Option(
+        "--plan",
+        help="Confirm this dry run (its printed plan token), with the same filter: it acts on the flows that dry run "
+        "listed; the same token again is the same action.",
+    ),
 ]
 By = Annotated[str | None, typer.Option("--by", help="Who asks (recorded as cli:<name>; default: the login name).")]
 

@@ -1,6 +1,7 @@
 """The console's operator pages over many flows: the flow kinds with their pause and resume buttons
 (``workflows.pauses``), and bulk retry and cancel (``workflows.bulk``): a form of the filter, its dry
-run (the count, what would be skipped and why, a sample), a confirmed action, and its progress bar,
+run (the count, what would be skipped and why, a sample with each flow's money, the money at stake by
+currency), a confirmed action on exactly the flows it listed, and its progress bar,
 reloaded each second while it runs (a meta refresh: no script). Every action is a CSRF-protected POST
 of an operator session, recorded as ``console`` (the API's rules: ``service.api_kinds``,
 ``service.api_bulk``).
@@ -20,7 +21,7 @@ from durapay.service.api_kinds import kind_views
 from durapay.service.console.session import PATH
 from durapay.service.console.web import Console, query, redirect, to_login
 from durapay.service.ops_schemas import BulkRequest
-from durapay.workflows.bulk import FILTERS, BulkActions, TooMany, UnknownBulk
+from durapay.workflows.bulk import FILTERS, BulkActions, TooMany, Unconfirmable, UnknownBulk
 from durapay.workflows.engine import Engine
 from durapay.workflows.pauses import NotPaused, UnknownKind
 from durapay.workflows.states import FlowState
@@ -31,7 +32,9 @@ FIELDS = ("action", *FILTERS)
 
 def _request(values: dict[str, str]) -> BulkRequest:
     """The form (or query) read as the API reads a body: empty fields left out. The confirmation's form
-    carries its dry run's ``plan``: the same form sent twice is one action, a new dry run a new one."""
+    carries its dry run's ``plan`` and its filter as asked: the action acts on that dry run's flows, each as
+    shown; the same form sent twice is one action, a new dry run a new one, a plan with another action or
+    filter is refused (409)."""
     names = (*FIELDS, "plan")
     return BulkRequest.model_validate({name: values[name].strip() for name in names if values.get(name, "").strip()})
 
@@ -86,7 +89,7 @@ def ops_router(console: Console, engine: Engine, bulk: BulkActions) -> APIRouter
         if values["action"]:  # the form was sent: its dry run
             try:
                 wanted = _request(values)
-                plan = bulk.plan(wanted.action, bulk_filter(engine, wanted)).view()
+                plan = bulk.plan(wanted.action, bulk_filter(engine, wanted), asked=given(wanted)).view()
             except ValidationError as exc:
                 field, reason = describe_validation_error(exc)
                 return console.refuse(request, session, 422, "Dry run", f"{field}: {reason}")
@@ -116,6 +119,8 @@ def ops_router(console: Console, engine: Engine, bulk: BulkActions) -> APIRouter
         except ValidationError as exc:
             field, reason = describe_validation_error(exc)
             return console.refuse(request, session, 422, "Not done", f"{field}: {reason}")
+        except Unconfirmable as exc:  # a plan for another action or filter, or no longer kept
+            return console.refuse(request, session, 409, "Not done", str(exc))
         except (TooMany, ValueError) as exc:
             return console.refuse(request, session, 422, "Not done", str(exc))
         return redirect(f"{PATH}/bulk/{record['id']}")

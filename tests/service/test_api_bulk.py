@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import time
 
+import pytest
+
 from tests.service.conftest import API_KEY, Served
 
 HEADERS = {"X-Api-Key": API_KEY}
@@ -55,3 +57,38 @@ def test_the_dry_runs_plan_makes_its_confirmation_one_action(served: Served) -> 
     assert other.status_code == 409 and "dry run" in other.json()["reason"]
     bad = served.http.post("/bulk", json={**body, "plan": "x"}, headers=HEADERS)
     assert bad.status_code == 422 and bad.json()["field"] == "plan"
+
+
+def test_a_plan_for_another_filter_or_action_or_no_longer_kept_is_a_409(served: Served) -> None:
+    """The plan names its dry run's action and filter (as asked): confirmed for another filter it is refused
+    (before, it was taken as a new action on whatever that filter matched), as for another action; a plan
+    confirmed under one key and sent under another is no longer kept. Nothing is posted."""
+    later = time.time() + 3600
+    served.engine.start("notified", {"orderId": "ord-bulk-other", "token": "t" * 20}, run_at=later)
+    body = {"action": "cancel", "kind": "notified", "state": "sleeping", "since": "1h"}
+    plan = served.http.post("/bulk/dry-run", json=body, headers=HEADERS).json()
+    assert plan["asked"] == {"kind": "notified", "state": "sleeping", "since": "1h"}
+    assert plan["filter"]["since"] == pytest.approx(plan["created"] - 3600), "relative times fixed at the dry run"
+    wider = served.http.post("/bulk", json={"action": "cancel", "kind": "notified", "plan": plan["plan"]}, headers=HEADERS)
+    assert wider.status_code == 409, wider.text
+    made = "was made for cancel of kind=notified, state=sleeping, since=1h, not for cancel of kind=notified"
+    assert made in wider.json()["reason"]
+    other = served.http.post("/bulk", json={**body, "action": "retry", "plan": plan["plan"]}, headers=HEADERS)
+    assert other.status_code == 409 and "not for retry of" in other.json()["reason"]
+    assert served.http.get("/bulk", headers=HEADERS).json()["bulk"] == [], "nothing posted"
+    first = served.http.post("/bulk", json={**body, "plan": plan["plan"]}, headers={**HEADERS, "Idempotency-Key": "k-a"})
+    assert first.status_code == 202 and first.json()["total"] == 1
+    gone = served.http.post("/bulk", json={**body, "plan": plan["plan"]}, headers={**HEADERS, "Idempotency-Key": "k-b"})
+    assert gone.status_code == 409 and "is not kept" in gone.json()["reason"]
+
+
+def test_a_dry_run_shows_each_flows_money_and_the_total_per_currency(served: Served) -> None:
+    later = time.time() + 3600
+    for number, (amount, currency) in enumerate([("700", "EUR"), ("1250", "EUR"), ("5000", "JPY")]):
+        order = {"orderId": f"ord-bulk-money-{number}", "amount": amount, "currency": currency}
+        served.engine.start("mit", {"order": order, "contractId": "ct-bulk"}, run_at=later)
+    plan = served.http.post("/bulk/dry-run", json={"action": "cancel", "kind": "mit", "state": "sleeping"}, headers=HEADERS)
+    assert plan.status_code == 200, plan.text
+    view = plan.json()
+    assert view["totals"] == {"EUR": 1950, "JPY": 5000}
+    assert sorted((flow["amount"], flow["currency"]) for flow in view["sample"]) == [(700, "EUR"), (1250, "EUR"), (5000, "JPY")]

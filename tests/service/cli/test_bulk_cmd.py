@@ -112,6 +112,8 @@ def test_a_human_dry_run_and_a_question_before_acting(engine_side: Runtime) -> N
     ids = make_flows(engine_side, 3, FlowState.WAITING)
     look = invoke("bulk", "cancel", "--kind", "mit", "--state", "waiting", "--dry-run")
     assert look.exit_code == 0 and "cancel: 3 flow(s) match; 0 would be skipped" in look.stdout
+    assert "at stake (the 3 flow(s) it would act on): 21.00 EUR" in look.stdout, look.stdout
+    assert look.stdout.count("7.00 EUR") == 3, "each listed flow's amount"
     declined = invoke("bulk", "cancel", "--kind", "mit", "--state", "waiting", stdin="n\n")
     assert declined.exit_code != 0 and "cancel 3 flow(s)?" in declined.stdout
     assert all(flow.state is FlowState.WAITING for flow in engine_side.engine.store.many(ids)), "nothing done"
@@ -119,3 +121,34 @@ def test_a_human_dry_run_and_a_question_before_acting(engine_side: Runtime) -> N
     assert wrong.exit_code == 2 and "did you mean `moto`" in wrong.output
     token = invoke("bulk", "cancel", "--kind", "mit", "--yes", "--plan", "not-a-plan")
     assert token.exit_code == 2 and "--plan" in token.output and "32 hex digits" in token.output
+
+
+def test_a_plan_confirmed_for_another_filter_or_action_is_refused(worker: Runtime) -> None:
+    """``--plan`` names its dry run's action and filter: confirmed with another filter or action it is
+    refused (exit 1, nothing posted; before, a plan for another filter was a new action on what that filter
+    matched); with its own, the dry run is shown as it was made and the action is on the flows it listed,
+    not on one that came to match after it."""
+    ids = make_flows(worker, 2, FlowState.WAITING)
+    plan = run_json("bulk", "cancel", "--kind", "mit", "--state", "waiting", "--since", "1h", "--dry-run")
+    assert plan["totals"] == {"EUR": 1400} and plan["asked"] == {"kind": "mit", "state": "waiting", "since": "1h"}
+    wider = invoke("bulk", "cancel", "--kind", "mit", "--yes", "--plan", plan["plan"])
+    assert wider.exit_code == 1, wider.output
+    assert "was made for cancel of kind=mit, state=waiting, since=1h, not for cancel of kind=mit" in wider.output
+    other = invoke("bulk", "retry", "--kind", "mit", "--state", "waiting", "--since", "1h", "--yes", "--plan", plan["plan"])
+    assert other.exit_code == 1 and "not for retry of" in other.output
+    assert worker.bulk is not None
+    bulk = worker.bulk
+    assert bulk.list() == [], "nothing posted"
+    [later] = make_flows(worker, 1, FlowState.WAITING)  # after the dry run: not in it
+    args = ("bulk", "cancel", "--kind", "mit", "--state", "waiting", "--since", "1h", "--plan", plan["plan"])
+    shown = invoke(*args, stdin="y\n")
+    assert shown.exit_code == 0, shown.output
+    assert "cancel: 2 flow(s) match" in shown.stdout and f"plan {plan['plan']}" in shown.stdout, "the dry run as it was made"
+    [posted] = bulk.list()
+    wait_until(lambda: bulk.get(posted["id"])["status"] == "done", 60, "the bulk cancel")
+    assert (bulk.get(posted["id"])["total"], bulk.get(posted["id"])["done"]) == (2, 2)
+    assert [flow.state for flow in worker.engine.store.many([*ids, later])] == [
+        FlowState.CANCELLED,
+        FlowState.CANCELLED,
+        FlowState.WAITING,
+    ]

@@ -60,6 +60,10 @@ def test_a_bulk_action_dry_run_then_the_action_and_its_progress(
     Select(browser.find_element(By.ID, "state")).select_by_value(state.value)
     navigate_by(browser, browser.find_element(By.ID, "dry-run"))
     assert f"{COUNT} flow(s) match; 0 would be skipped" in browser.find_element(By.ID, "plan-count").text
+    money = browser.find_element(By.ID, "plan-money").text
+    assert f"the {COUNT} flow(s) it would act on): 7,000.00 EUR" in money, money  # 1,000 flows of 7.00 EUR
+    amounts = [cell.text for cell in browser.find_elements(By.CSS_SELECTOR, "#plan td.amount")]
+    assert amounts and set(amounts) == {"7.00 EUR"}, "each listed flow's amount"
     assert console_stack.engine.get(flows[0]).state is state, "a dry run changes nothing"
     screenshot(browser, f"bulk-{action}-dry-run")
     navigate_by(browser, browser.find_element(By.ID, "confirm"))
@@ -124,3 +128,45 @@ def test_a_confirmation_sent_twice_is_one_action_and_a_new_dry_run_a_new_one(con
 
         make_flows(console_stack.runtime, 1, FlowState.WAITING)
         assert confirm() != confirm(), "a new dry run: a new action"
+
+
+def test_a_confirmation_for_another_filter_or_action_is_refused(console_stack: ConsoleStack, browser: Any) -> None:
+    """The confirmation form carries its dry run's plan and filter: sent with another filter (its hidden
+    field changed in the page) or another action, it is refused (409, nothing done; before, another filter
+    was a new action on what it matched), and with its own it acts on the flows the dry run listed only."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import Select
+
+    from tests.service.console.test_console_http import csrf_of, signed_in
+
+    ids = make_flows(console_stack.runtime, 2, FlowState.WAITING)
+    sign_in(browser, console_stack, OPERATOR_KEY)
+    browser.get(f"{console_stack.url}/console/bulk")
+    Select(browser.find_element(By.ID, "action")).select_by_value("cancel")
+    Select(browser.find_element(By.ID, "kind")).select_by_value("mit")
+    Select(browser.find_element(By.ID, "state")).select_by_value("waiting")
+    navigate_by(browser, browser.find_element(By.ID, "dry-run"))
+    assert "2 flow(s) match" in browser.find_element(By.ID, "plan-count").text
+    assert "14.00 EUR" in browser.find_element(By.ID, "plan-money").text
+    plan = browser.find_element(By.CSS_SELECTOR, "#plan input[name=plan]").get_attribute("value")
+    browser.execute_script("document.querySelector('#plan input[name=state]').remove();")  # the filter widened
+    navigate_by(browser, browser.find_element(By.ID, "confirm"))
+    refusal = browser.find_element(By.CSS_SELECTOR, "p.problem").text
+    assert "was made for cancel of kind=mit, state=waiting, not for cancel of kind=mit" in refusal, refusal
+    screenshot(browser, "bulk-confirmation-refused")
+    bulk = console_stack.runtime.bulk
+    assert bulk is not None and bulk.list() == [], "nothing posted"
+    with signed_in(console_stack, OPERATOR_KEY) as operator:
+        form = {"csrf": csrf_of(operator.get("/console/bulk")), "plan": plan, "kind": "mit", "state": "waiting"}
+        other = operator.post("/console/bulk", data={**form, "action": "retry"})
+        assert other.status_code == 409 and "not for retry of kind=mit, state=waiting" in other.text
+        wider = operator.post("/console/bulk", data={**form, "action": "cancel", "state": ""})
+        assert wider.status_code == 409
+        [later] = make_flows(console_stack.runtime, 1, FlowState.WAITING)  # after the dry run: not in it
+        confirmed = operator.post("/console/bulk", data={**form, "action": "cancel"})
+        assert confirmed.status_code == 303, confirmed.text[:300]
+    [posted] = bulk.list()
+    assert posted["total"] == 2
+    wait_until(lambda: bulk.get(posted["id"])["status"] == "done", 60, "the bulk cancel")
+    states = [flow.state for flow in console_stack.engine.store.many([*ids, later])]
+    assert states == [FlowState.CANCELLED, FlowState.CANCELLED, FlowState.WAITING]
