@@ -139,7 +139,12 @@ def create_app(runtime: Runtime, *, insecure: bool = False, schedules: Any = Non
         )
 
     app.add_middleware(
-        ControlGate, key_ok=key_ok, limit=settings.api.max_body_bytes, is_open=is_open, throttle=None if key_ok.open else throttle
+        ControlGate,
+        key_ok=key_ok,
+        limit=settings.api.max_body_bytes,
+        is_open=is_open,
+        throttle=None if key_ok.open else throttle,
+        own_body=lambda path: path == settings.receiver.path,
     )
     return app
 

@@ -11,9 +11,13 @@ Every refusal is ``{"error": <code>, "reason": <one line>}`` plus ``"field"`` fo
 | 405 | ``method_not_allowed`` | the path takes other methods (``Allow`` lists them) |
 | 409 | ``conflict`` | the state does not allow it (cancel a finished flow, an Idempotency-Key reused) |
 | 413 | ``too_large`` | a body above the limit |
+| 415 | ``unsupported_encoding`` | a body that is not UTF-8 (UTF-16, UTF-32, a byte order mark, another charset;
+``service.inbound``); ``unsupported_media_type``: a body that is neither JSON nor a console form |
 | 429 | ``too_many_attempts`` | too many failed authentications (``service.throttle``); ``Retry-After`` |
 | 422 | ``invalid_input`` | any input that does not validate, a body that is not JSON (or nested deeper than
-``guard.MAX_DEPTH``, refused by the gate) included; ``field`` names it (``order.amount``, ``query.limit``, ``(body)``) |
+``inbound.MAX_DEPTH``, a lone surrogate, a control character where the field cannot hold one, a number out of
+range: refused at the input boundary) included; ``field`` names it (``order.amount``, ``query.limit``,
+``header.Idempotency-Key``, ``(path)``, ``(body)``) |
 | 500 | ``internal`` | a bug: logged on the server with a reference, never shown |
 | 503 | ``unavailable`` | Redis unreachable, or not ready |
 
@@ -36,6 +40,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from durapay.gateway import error_field
 from durapay.gateway._strict import did_you_mean
+from durapay.service.inbound import shown
 from durapay.workflows.durability import NotDurable
 
 log = logging.getLogger("durapay.api")
@@ -56,6 +61,11 @@ ERRORS: dict[int | str, dict[str, Any]] = {
     404: {"model": ErrorBody, "description": "no such flow, schedule, flow kind or signal"},
     409: {"model": ErrorBody, "description": "the state does not allow it, or an Idempotency-Key reused"},
     413: {"model": ErrorBody, "description": "a body above DURAPAY_API__MAX_BODY_BYTES"},
+    415: {
+        "model": ErrorBody,
+        "description": "a body that is not UTF-8 JSON (RFC 8259 §8.1): UTF-16, UTF-32, a byte order mark, another charset, "
+        "another media type",
+    },
     429: {
         "model": ErrorBody,
         "description": "too many failed authentications from this address or key prefix (DURAPAY_API__AUTH_FAILURES); "
@@ -92,9 +102,9 @@ def conflict(reason: str) -> ApiError:
 def error_response(
     status: int, error: str, reason: str, *, field: str | None = None, headers: dict[str, str] | None = None
 ) -> JSONResponse:
-    body: dict[str, Any] = {"error": error, "reason": reason}
+    body: dict[str, Any] = {"error": error, "reason": shown(reason)}
     if field is not None:
-        body["field"] = field
+        body["field"] = shown(field)
     return JSONResponse(body, status_code=status, headers=headers)
 
 

@@ -8,29 +8,34 @@ read and parsed (and malformed JSON sent without a key was a 422, not a 401). He
    ``Retry-After`` before the key is compared (``service.throttle``); no key, or a wrong one (counted a
    failure): 401 at once, nothing of the body read; a read-only key asking anything but
    ``GET``/``HEAD``/``OPTIONS``: 403 at once (``service.auth``);
-2. a declared ``Content-Length`` above the limit: 413 at once; a body without one (chunked) is read
+2. the path, the query and the headers the application reads, as ``service.inbound`` reads them (UTF-8,
+   no control character; 422 naming the field);
+3. a declared ``Content-Length`` above the limit: 413 at once; a body without one (chunked) is read
    chunk by chunk and refused with 413 as soon as it passes the limit: never more than the limit in
    memory;
-3. a body nested deeper than :data:`MAX_DEPTH` arrays and objects: 422 naming the field (``passThrough.deep``,
-   or ``(body)``), before anything parses it;
-4. the body, read whole, is handed to the app, which parses it.
+4. the body decoded by the one input boundary, ``service.inbound``: UTF-8 JSON only (415 naming the
+   encoding otherwise: a byte order mark, UTF-16, UTF-32), nested at most :data:`MAX_DEPTH` levels on
+   the *decoded* text, no lone surrogate, no control character where the field cannot hold one, no
+   number out of range (422 naming the field); a console form alike;
+5. the body, read whole, is handed to the app, which parses it (now only text the boundary took).
 
 Why a depth limit here, once: every reader behind it recurses, each with its own, different limit. Python's
 JSON parser stops near 1,000 levels (FastAPI answered that 422), but pydantic's serializer stops near 255
 (a ``passThrough`` 280 levels deep passed parsing and validation and failed at the flow's first write: 500,
 "Maximum serialization depth exceeded"), and the masking of card numbers, Redis' cjson and the JSON of
-history each recurse again. Checked here, on the bytes, by a scan that does not recurse, nothing deeper
-than the limit reaches any of them.
+history each recurse again. It is counted on the decoded text: counted on the bytes as if they were ASCII,
+a UTF-16 body whose strings held a character with a ``"`` byte hid its brackets (issue 37).
 
-The open paths (the notification receiver, which checks the gateway's token and keeps its own, smaller
-limit; ``/healthz``; the OpenAPI document and ``/docs``; the console, which checks its own session)
-need no key, but their bodies are held to the same limit: the console's sign-in form read a 30 MB body
-whole before it answered.
+The open paths (``/healthz``; the OpenAPI document and ``/docs``; the console, which checks its own
+session) need no key, but their bodies are held to the same limit and the same decoder: the console's
+sign-in form read a 30 MB body whole before it answered. The notification receiver (``own_body``) reads
+its own body within its own, smaller limit (``DURAPAY_RECEIVER__MAX_BODY_BYTES``, its 413 counted as
+``oversized``) and decodes it with the same decoder: the gate reads nothing of it, so that an open path
+never buffers the API's larger limit.
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
 
 import anyio
@@ -39,56 +44,16 @@ from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from durapay.service.auth import API_KEY_HEADER, READ, READ_METHODS, presented_key
+from durapay.service.errors import error_response
+from durapay.service.inbound import MAX_DEPTH, Refusal, check_body, check_request
 from durapay.service.throttle import Throttle
 
+__all__ = ["MAX_DEPTH", "ControlGate"]
 
-def _refusal(status: int, error: str, reason: str, *, close: bool) -> JSONResponse:
+
+def _refusal(status: int, error: str, reason: str, *, close: bool, field: str | None = None) -> JSONResponse:
     # A body left unread cannot be skipped on a kept-alive connection: close it.
-    return JSONResponse(
-        {"error": error, "reason": reason}, status_code=status, headers={"Connection": "close"} if close else None
-    )
-
-
-#: The deepest nesting of arrays and objects a body may have (the body itself is level 1). Merchant
-#: input nests a few levels; 32 leaves room for any ``passThrough`` or ``customField`` while staying far
-#: below the shallowest reader behind the gate (pydantic's serializer, near 255).
-MAX_DEPTH = 32
-
-# A string (skipped whole, a key when a colon follows), a bracket or a comma; nothing else matters to depth.
-_TOKENS = re.compile(rb'"((?:[^"\\]|\\.)*)"(\s*:)?|[\[\]{},]', re.DOTALL)
-
-
-def too_deep(body: bytes, limit: int = MAX_DEPTH) -> str | None:
-    """The field where ``body`` nests deeper than ``limit`` (``(body)`` for the body itself), or None.
-
-    A scan over the bytes, not a parse: it never recurses, and a malformed body is left to the parser
-    (whatever this says of it, the body is refused either way). The field is named by its keys, down to
-    the first list in its path: ``passThrough.deep`` for ``{"passThrough": {"deep": [[[...]]]}}``."""
-    path: list[str | int | None] = []  # per open level: its current key (object) or index (array)
-    for token in _TOKENS.finditer(body):
-        text = token.group(0)
-        if text in (b"{", b"["):
-            if len(path) >= limit:
-                return _field(path)
-            path.append(None if text == b"{" else 0)
-        elif text in (b"}", b"]"):
-            if path:
-                path.pop()
-        elif text == b",":
-            if path and isinstance(path[-1], int):
-                path[-1] += 1
-        elif token.group(2) is not None and path and not isinstance(path[-1], int):
-            path[-1] = token.group(1).decode("utf-8", "replace")
-    return None
-
-
-def _field(path: list[str | int | None]) -> str:
-    named: list[str] = []
-    for part in path:
-        if not isinstance(part, str):
-            break
-        named.append(part)
-    return ".".join(named[:3]) or "(body)"
+    return error_response(status, error, reason, field=field, headers={"Connection": "close"} if close else None)
 
 
 class ControlGate:
@@ -102,12 +67,14 @@ class ControlGate:
         limit: int,
         is_open: Callable[[str], bool],
         throttle: Throttle | None = None,
+        own_body: Callable[[str], bool] = lambda path: False,
     ) -> None:
         self.app = app
         self.key_ok = key_ok
         self.limit = limit
         self.is_open = is_open
         self.throttle = throttle
+        self.own_body = own_body
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -141,6 +108,16 @@ class ControlGate:
             reason = "this key is read-only (DURAPAY_API__KEYS): it may look, not act; use an operator key"
             await _refusal(403, "forbidden", reason, close=pending)(scope, receive, send)
             return
+        try:
+            check_request(scope)
+        except Refusal as refused:
+            await self._refused(refused, close=pending)(scope, receive, send)
+            return
+        if self.own_body(scope["path"]):
+            # The notification receiver reads its own body, within its own (smaller) limit, and decodes
+            # it with the same decoder (NotificationReceiver.receive): nothing of it is read here.
+            await self.app(scope, receive, send)
+            return
         if declared is not None and (declared.isascii() and declared.isdigit()) and int(declared) > self.limit:
             await self._too_large(scope, receive, send)
             return
@@ -155,13 +132,16 @@ class ControlGate:
             if len(body) > self.limit:
                 await self._too_large(scope, receive, send)
                 return
-        field = None if role == "open" else too_deep(bytes(body))
-        if field is not None:
-            reason = f"nested deeper than {MAX_DEPTH} levels of arrays and objects"
-            answer = JSONResponse({"error": "invalid_input", "reason": reason, "field": field}, status_code=422)
-            await answer(scope, receive, send)
+        try:
+            check_body(bytes(body), headers.get("content-type"))
+        except Refusal as refused:
+            await self._refused(refused, close=False)(scope, receive, send)
             return
         await self.app(scope, _replay(bytes(body), receive), send)
+
+    @staticmethod
+    def _refused(refused: Refusal, *, close: bool) -> JSONResponse:
+        return _refusal(refused.status, refused.error, refused.reason, field=refused.field, close=close)
 
     async def _too_large(self, scope: Scope, receive: Receive, send: Send) -> None:
         await _refusal(413, "too_large", f"body larger than {self.limit} bytes", close=True)(scope, receive, send)

@@ -5,8 +5,11 @@ order (``DURAPAY_RECEIVER__PUBLIC_URL``); this path is the only one open without
 everything it reads is treated as hostile until the token matches:
 
 1. **Size**: at most ``DURAPAY_RECEIVER__MAX_BODY_BYTES``; a larger declared ``Content-Length`` is
-   refused with 413 before reading, a larger streamed body as soon as the limit is crossed.
-2. **Shape**: not JSON, not an object, a field of the wrong type, no ``operation.orderId`` -> 400
+   refused with 413 before reading, a larger streamed body as soon as the limit is crossed (counted
+   ``oversized``; the API's gate reads nothing of this path, ``service.api_receiver`` reads it).
+2. **Shape**: not UTF-8 JSON as the one input boundary reads it (``service.inbound``: UTF-16/32 or a
+   byte order mark, nested deeper than its limit, a lone surrogate or a control character in an id, a
+   number out of range), not an object, a field of the wrong type, no ``operation.orderId`` -> 400
    naming the problem (``{"outcome": "KO", "error": "..."}``); nothing is looked up.
 3. **Token**: compared in constant time against every token kept for the order. A wrong token, a
    token of another order, no token and an unknown order all get the *same* answer, 401
@@ -65,6 +68,7 @@ from durapay.gateway import (
     verify_security_token,
 )
 from durapay.gateway import NotFound as OperationNotFound
+from durapay.service.inbound import Refusal, decode_json
 from durapay.workflows.engine import Engine, NotDurable, NotFound
 from durapay.workflows.scripts import ScriptPipeline
 from durapay.workflows.unknown_orders import UnknownOrders, bounded, claims
@@ -175,13 +179,12 @@ class NotificationReceiver:
             self.count("malformed")
             return bad_request("body is empty")
         try:
-            data = json.loads(body)
-        except (ValueError, UnicodeDecodeError) as exc:
+            # The one input boundary (service.inbound): UTF-8 JSON, bounded in depth on the decoded text,
+            # no lone surrogate or control character in an id, no number out of range.
+            data = decode_json(body)
+        except Refusal as refused:
             self.count("malformed")
-            return bad_request(f"body is not JSON: {exc}")
-        except RecursionError:
-            self.count("malformed")
-            return bad_request("body is nested too deeply")
+            return bad_request(refused.reason if refused.field in (None, "(body)") else str(refused))
         if not isinstance(data, dict):
             self.count("malformed")
             return bad_request(f"body must be a JSON object, got {type(data).__name__}")

@@ -241,11 +241,18 @@ def read_json_input(source: str, *, option: str, expected: str) -> Any:
             f"expected {expected} on stdin, but stdin is a terminal: give a file ({option} FILE) or pipe it ({option} - < FILE)",
             error="usage",
         )
+    from durapay.service.inbound import Refusal, decode_json
+
     try:
-        text = sys.stdin.read() if source == "-" else Path(source).read_text(encoding="utf-8")
+        raw = sys.stdin.buffer.read() if source == "-" else Path(source).read_bytes()
     except OSError as exc:
         raise BadOption(option, f"cannot read {source}: {exc.strerror}") from None
     try:
-        return json.loads(text)
-    except ValueError as exc:
-        raise BadOption(option, f"{'stdin' if source == '-' else source} is not JSON: {exc}") from None
+        return decode_json(raw)  # the API's input boundary: UTF-8 JSON, bounded, its text and numbers checked
+    except Refusal as refused:
+        where = "stdin" if source == "-" else source
+        if refused.field in (None, "(body)"):
+            reason = refused.reason.removeprefix("the ").replace("body is", f"{where} is", 1)
+        else:
+            reason = f"{where}: {refused.field}: {refused.reason}"
+        raise BadOption(option, reason) from None

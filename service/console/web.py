@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from datetime import UTC, datetime
 from importlib.resources import files
 from typing import Any
-from urllib.parse import parse_qs, quote
+from urllib.parse import quote
 
 from fastapi import Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
@@ -25,6 +25,7 @@ from jinja2 import Environment, FileSystemLoader, select_autoescape
 
 from durapay.gateway import format_money
 from durapay.service.console.session import COOKIE, PATH, Session, Sessions
+from durapay.service.inbound import Refusal, decode_form
 from durapay.service.views import rule_text
 from durapay.workflows.gate import GateStatus
 from durapay.workflows.pauses import Pause
@@ -170,7 +171,10 @@ async def read_form(request: Request) -> dict[str, str] | None:
     body = await request.body()
     if len(body) > MAX_FORM_BYTES:
         return None
-    return {name: values[0] for name, values in parse_qs(body.decode("utf-8", "replace")).items()}
+    try:
+        return decode_form(body, request.headers.get("content-type"))  # the one input boundary (the gate asked it too)
+    except Refusal:
+        return None
 
 
 def secured(response: Response) -> Response:

@@ -209,7 +209,7 @@ def test_a_notification_without_event_id_is_deduplicated_by_its_body(served: Ser
 @pytest.mark.parametrize(
     ("raw", "problem"),
     [
-        (b"{not json", "body is not JSON"),
+        (b"{not json", "body is not valid JSON"),
         (b"", "body is empty"),
         (b"[1, 2]", "body must be a JSON object, got list"),
         (b'"text"', "body must be a JSON object, got str"),
@@ -225,8 +225,8 @@ def test_a_notification_without_event_id_is_deduplicated_by_its_body(served: Ser
             json.dumps({"eventId": "e", "securityToken": TOKEN, "operation": {"orderId": "o", "operationId": ".."}}).encode(),
             "operation.operationId: not an operation id",
         ),
-        (b"\xff\xfe\x00", "body is not JSON"),
-        (b"[" * 2_000 + b"]" * 2_000, "nested too deeply"),
+        (b"\xff\xfe\x00", "the body is UTF-16 (little-endian, with a byte order mark)"),
+        (b"[" * 2_000 + b"]" * 2_000, "nested deeper than 32 levels"),
     ],
 )
 def test_a_malformed_body_is_400_naming_the_problem(served: Served, sim: SimulatorServer, raw: bytes, problem: str) -> None:

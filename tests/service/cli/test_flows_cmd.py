@@ -68,7 +68,7 @@ def test_start_from_a_file_and_from_stdin(engine_side: Runtime, tmp_path: Path) 
             "order.amount",
         ),
         (["start", "nope"], "{}", "unknown flow kind"),
-        (["start", "moto"], "{not json", "stdin is not JSON"),
+        (["start", "moto"], "{not json", "stdin is not valid JSON"),
         (["start", "moto"], "[1]", "must be a JSON object"),
         (["start", "moto", "--json-input", "/nonexistent/input.json"], None, "cannot read"),
         (["start", "moto", "--run-at", "soonish"], json.dumps(moto("o-late")), "expected a future time"),
