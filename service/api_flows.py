@@ -107,6 +107,14 @@ def _get(engine: Engine, flow_id: str) -> FlowRecord:
         raise not_found(f"no flow {flow_id!r}") from None
 
 
+def refused(engine: Engine, flow_id: str, exc: Exception) -> ApiError:
+    """The 409 of an operator's request on a flow its state does not allow: its reason may name the
+    flow's gateway operations, identifiers kept whole (``FlowRecord.identifiers``); any other card number
+    in it is masked (``errors.error_response``)."""
+    record = engine.store.get(flow_id)
+    return conflict(str(exc), keep=record.identifiers if record is not None else frozenset())
+
+
 def _start_route(
     engine: Engine, settings: ApiSettings, kind: str, model: type[BaseModel]
 ) -> Callable[..., Awaitable[dict[str, Any]]]:
@@ -277,7 +285,7 @@ def flows_router(engine: Engine, settings: ApiSettings) -> APIRouter:
         except NotFound:
             raise not_found(f"no flow {flow_id!r}") from None
         except OperatorError as exc:
-            raise conflict(str(exc)) from None
+            raise refused(engine, flow_id, exc) from None
 
     @router.post("/{flow_id}/retry", response_model=FlowView, summary="Move a failed or needs_attention flow on")
     def retry_flow(flow_id: FlowId) -> dict[str, Any]:
@@ -286,7 +294,7 @@ def flows_router(engine: Engine, settings: ApiSettings) -> APIRouter:
         except NotFound:
             raise not_found(f"no flow {flow_id!r}") from None
         except OperatorError as exc:
-            raise conflict(str(exc)) from None
+            raise refused(engine, flow_id, exc) from None
 
     @router.post(
         "/{flow_id}/refund-late-payment",
@@ -313,7 +321,7 @@ def flows_router(engine: Engine, settings: ApiSettings) -> APIRouter:
         except NotFound:
             raise not_found(f"no flow {flow_id!r}") from None
         except OperatorError as exc:
-            raise conflict(str(exc)) from None
+            raise refused(engine, flow_id, exc) from None
 
     @router.post(
         "/{flow_id}/keep-late-payment",
@@ -330,7 +338,7 @@ def flows_router(engine: Engine, settings: ApiSettings) -> APIRouter:
         except NotFound:
             raise not_found(f"no flow {flow_id!r}") from None
         except OperatorError as exc:
-            raise conflict(str(exc)) from None
+            raise refused(engine, flow_id, exc) from None
 
     # Last, so that a method a documented path does not take is a 405 naming that path's methods
     # (Starlette's Allow lists the methods of the first route whose path matches).

@@ -42,6 +42,7 @@ from durapay.gateway import error_field
 from durapay.gateway._strict import did_you_mean
 from durapay.service.inbound import shown
 from durapay.workflows.durability import NotDurable
+from durapay.workflows.sensitive import mask_text
 
 log = logging.getLogger("durapay.api")
 
@@ -77,14 +78,19 @@ ERRORS: dict[int | str, dict[str, Any]] = {
 
 
 class ApiError(Exception):
-    """Raised by a route to answer an error: ``raise ApiError(409, "conflict", "flow f1 already ended")``."""
+    """Raised by a route to answer an error: ``raise ApiError(409, "conflict", "flow f1 already ended")``.
+    ``keep``: identifiers the reason is built from (a flow's operation ids, ``sensitive.identifiers``),
+    whole in the answer; every other card number in it is masked (:func:`error_response`)."""
 
-    def __init__(self, status: int, error: str, reason: str, *, field: str | None = None) -> None:
+    def __init__(
+        self, status: int, error: str, reason: str, *, field: str | None = None, keep: frozenset[str] = frozenset()
+    ) -> None:
         super().__init__(reason)
         self.status = status
         self.error = error
         self.reason = reason
         self.field = field
+        self.keep = keep
 
 
 def invalid(field: str, reason: str) -> ApiError:
@@ -95,16 +101,26 @@ def not_found(reason: str) -> ApiError:
     return ApiError(404, "not_found", reason)
 
 
-def conflict(reason: str) -> ApiError:
-    return ApiError(409, "conflict", reason)
+def conflict(reason: str, *, keep: frozenset[str] = frozenset()) -> ApiError:
+    return ApiError(409, "conflict", reason, keep=keep)
 
 
 def error_response(
-    status: int, error: str, reason: str, *, field: str | None = None, headers: dict[str, str] | None = None
+    status: int,
+    error: str,
+    reason: str,
+    *,
+    field: str | None = None,
+    headers: dict[str, str] | None = None,
+    keep: frozenset[str] = frozenset(),
 ) -> JSONResponse:
-    body: dict[str, Any] = {"error": error, "reason": shown(reason)}
+    """The one shape of an error answer. Every answer is made here, so no answer repeats a card number:
+    a reason or a field quoting the input (a currency "got '4349...'", an unknown field or kind named
+    by one, a filter echoed) has it masked (``workflows.sensitive``; ``keep``: identifiers whole), and
+    its control characters and lone surrogates escaped (``service.inbound.shown``)."""
+    body: dict[str, Any] = {"error": error, "reason": shown(mask_text(reason, keep))}
     if field is not None:
-        body["field"] = shown(field)
+        body["field"] = shown(mask_text(field))
     return JSONResponse(body, status_code=status, headers=headers)
 
 
@@ -155,7 +171,7 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(ApiError)
     async def _api_error(request: Request, exc: ApiError) -> JSONResponse:
-        return error_response(exc.status, exc.error, exc.reason, field=exc.field)
+        return error_response(exc.status, exc.error, exc.reason, field=exc.field, keep=exc.keep)
 
     @app.exception_handler(RequestValidationError)
     async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:

@@ -68,9 +68,10 @@ from durapay.gateway import (
     verify_security_token,
 )
 from durapay.gateway import NotFound as OperationNotFound
-from durapay.service.inbound import Refusal, decode_json
+from durapay.service.inbound import Refusal, decode_json, shown
 from durapay.workflows.engine import Engine, NotDurable, NotFound
 from durapay.workflows.scripts import ScriptPipeline
+from durapay.workflows.sensitive import Identifier, mask_text
 from durapay.workflows.unknown_orders import UnknownOrders, bounded, claims
 
 log = logging.getLogger("durapay.receiver")
@@ -134,7 +135,9 @@ def counter_key(engine: Engine, name: str) -> str:
 
 
 def bad_request(reason: str) -> Receipt:
-    return Receipt(400, {"outcome": "KO", "error": reason})
+    """A 400 naming the problem: quoting the body's text, so a card number in it is masked and its
+    control characters escaped (the API's error answers alike, ``service.errors.error_response``)."""
+    return Receipt(400, {"outcome": "KO", "error": shown(mask_text(reason))})
 
 
 class NotificationReceiver:
@@ -306,7 +309,9 @@ class NotificationReceiver:
         pipe.call(self._swap, [key], [pending, json.dumps({"state": "done", "flow": flow_id, "result": result})])
         pipe.command("INCRBY", counter_key(self.engine, "accepted"), 1)
         pipe.execute()
-        log.info("notification %s for flow %s: %s", event_id, flow_id, result)
+        # The operation as the gateway has it (read back): an identifier, whole in the log line (an
+        # operation id the body only claims is not, and is masked like any number there).
+        log.info("notification %s for flow %s: %s (operation %s)", event_id, flow_id, result, Identifier(verified.operationId))
         if result == "missing":
             # Its order lookup outlived the flow's record: money no flow shows, told like an unknown order.
             order_id = str(verified.orderId)

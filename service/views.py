@@ -40,7 +40,7 @@ def flow_view(
 ) -> dict[str, Any]:
     """The full view (``GET /flows/{id}``, ``durapay flows show``), with the flow's reconciliation marks
     when given (``FlowStore.marks``: the answers of actions on the flow leave them out)."""
-    view: dict[str, Any] = redact(record.summary())
+    view: dict[str, Any] = redact(record.summary(), record.identifiers)  # its operation ids whole in its text
     view["steps_done"] = steps_done(record, registry)
     view["actions"] = allowed(record, refunding=refunding)  # refunding: Engine.refund_under_way's
     view["attention"] = [dict(mark) for mark in marks]  # the report's lines: no card data (FlowStore.marks)
@@ -59,7 +59,7 @@ def flow_brief(record: FlowRecord) -> dict[str, Any]:
         "created": record.created,
         "updated": record.updated,
         "result": (record.outcome or {}).get("result"),
-        "error": redact(record.error),
+        "error": redact(record.error, record.identifiers),
     }
 
 

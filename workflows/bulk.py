@@ -74,6 +74,7 @@ from durapay.workflows.errors import ChangedSince, OperatorError
 from durapay.workflows.keys import derived_id
 from durapay.workflows.operator_actions import Seen
 from durapay.workflows.scripts import source
+from durapay.workflows.sensitive import mask_text
 from durapay.workflows.store import compact_json
 
 __all__ = [
@@ -239,7 +240,7 @@ class BulkActions:
         record = {
             "action": plan.action,
             "filter": compact_json(plan.filter.view()),  # as the dry run resolved it (relative times fixed then)
-            "by": by[:100],
+            "by": mask_text(by)[:100],  # a person's name, masked where it is written (workflows.sensitive)
             "updated": repr(now),
             "total": str(len(plan.flows)),
             "position": "0",

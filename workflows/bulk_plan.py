@@ -19,7 +19,7 @@ from durapay.workflows import operator_actions
 from durapay.workflows.flow_money import minor_money, totals
 from durapay.workflows.listing import READ_BUDGET, Cursor, FlowListing
 from durapay.workflows.operator_actions import Seen
-from durapay.workflows.sensitive import mask
+from durapay.workflows.sensitive import mask, mask_text
 from durapay.workflows.states import FlowState
 from durapay.workflows.store import FlowRecord
 
@@ -54,6 +54,12 @@ class BulkFilter:
     error: str | None = None
     since: float | None = None
     until: float | None = None
+
+    def __post_init__(self) -> None:
+        # The error code is free text as given: a card number typed there is masked where the filter is
+        # made, so no record, dry run or answer repeats it (workflows.sensitive). No code is such a number.
+        if self.error is not None:
+            object.__setattr__(self, "error", mask_text(self.error))
 
     def matches(self, record: FlowRecord) -> bool:
         if self.kind is not None and record.kind != self.kind:
@@ -181,7 +187,7 @@ def brief(record: FlowRecord) -> dict[str, Any]:
         "state": record.state.value,
         "version": record.version,
         "created": record.created,
-        "error": mask(record.error),
+        "error": mask(record.error, record.identifiers),  # its operation ids whole
         "amount": money[0] if money else None,  # minor units, as on the wire
         "currency": (money[1] or None) if money else None,
     }
@@ -198,7 +204,8 @@ def plan_flows(
     """Walk the filter (``workflows.listing``, bounded) and judge each match as the action would
     (``workflows.operator_actions``, the rule the engine asks): :class:`TooMany` past ``max_flows``.
     ``asked``: the filter as its caller wrote it (default: :func:`asked_of`)."""
-    asked = dict(asked) if asked is not None else asked_of(wanted)
+    # The filter as asked is kept with the dry run and shown: its text masked where it is written.
+    asked = mask(dict(asked)) if asked is not None else asked_of(wanted)
     if wanted.kind is not None:
         engine.definition(wanted.kind)  # an unknown kind: InputError naming the known ones
     listing = FlowListing(engine.store, engine.registry)

@@ -44,7 +44,7 @@ from durapay.workflows.listing import FlowListing, FlowPage
 from durapay.workflows.orders import OrderIdsTaken, OrderIndex, gateway_order_id
 from durapay.workflows.pauses import Pauses
 from durapay.workflows.protocol import Claim, StepProtocol
-from durapay.workflows.sensitive import CardIdentifier, refuse_card_identifier, refuse_card_identifiers
+from durapay.workflows.sensitive import CardIdentifier, Identifier, mask_text, refuse_card_identifier, refuse_card_identifiers
 from durapay.workflows.signals import admit
 from durapay.workflows.states import STOPPED, TERMINAL, FlowState
 from durapay.workflows.steps import FlowDefinition
@@ -439,7 +439,9 @@ class Engine:
         elif result == "late_payment":
             record = self.get(flow_id)
             self.orders.keep([record.lookups])
-            log.error("flow %s: %s", flow_id, (record.error or {}).get("type"), extra={"payment": paid})
+            operation = Identifier(str((paid or {}).get("operationId") or "?"))  # the gateway's, read back: whole
+            kind = (record.error or {}).get("type")
+            log.error("flow %s: %s of operation %s", flow_id, kind, operation, extra={"payment": paid})
         return result
 
     def tell_holder(self, name: str, output: Mapping[str, Any]) -> None:
@@ -495,6 +497,7 @@ class Engine:
                     self.store.sync(flow_id, f"cancel request of flow {flow_id}")
                     return self.get(flow_id)
                 continue  # it completed meanwhile: cancel what it left
+            reason = mask_text(reason)  # a person's words, masked where they are written (workflows.sensitive)
             change = Change(FlowState.CANCELLED, f"cancelled: {reason}", {"outcome": compact_json({"reason": reason})})
             # transition.lua decides: cancelled, or (money in flight) a request whose step runs now to read,
             # or refused (its payment succeeded).

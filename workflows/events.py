@@ -59,7 +59,7 @@ from typing import Any
 
 from durapay.workflows.clock import server_time
 from durapay.workflows.keys import Keys
-from durapay.workflows.sensitive import mask
+from durapay.workflows.sensitive import identifiers, mask, operation_ids_in
 
 FLOW_TYPES = (
     "flow.created",
@@ -277,5 +277,8 @@ def decode_entry(tag: str, entry_id: Any, values: Any) -> Event:
     """The event of one stream entry (``tag``: the stream's, ``p3``)."""
     entry = entry_id.decode() if isinstance(entry_id, bytes) else str(entry_id)
     raw = values.get(b"e") or values.get("e") or b"{}"
-    body = mask(json.loads(raw))  # a reason or a gateway answer may hold a card number (workflows.sensitive)
+    # A reason or a gateway answer may hold a card number (workflows.sensitive); the event's operation ids
+    # (its own and those of its outcome and error, all the gateway's) are identifiers, whole in its text.
+    decoded = json.loads(raw)
+    body = mask(decoded, identifiers(operation_ids_in(decoded)))
     return Event(f"evt_{tag}_{entry}", str(body.get("type")), float(body.get("time") or 0.0), body)

@@ -35,6 +35,7 @@ from typing import Any
 from durapay.gateway._strict import did_you_mean
 from durapay.workflows.keys import Keys
 from durapay.workflows.scripts import ScriptPipeline
+from durapay.workflows.sensitive import mask_text
 from durapay.workflows.store import FlowRecord, FlowStore, compact_json
 
 #: Pause and resume entries kept in the audit list (the newest).
@@ -147,7 +148,8 @@ class Pauses:
                 self._copy(found)
                 return found
             now = self._now()
-            pause = Pause(kind, str(int(now * 1000)), by[:WHO_MAX], now, reason[:REASON_MAX])
+            # A person's words, masked where they are written (workflows.sensitive), then bounded.
+            pause = Pause(kind, str(int(now * 1000)), mask_text(by)[:WHO_MAX], now, mask_text(reason)[:REASON_MAX])
             if self.redis.hsetnx(self.keys.pauses(), kind, pause.text()):
                 self._copy(pause)
                 self._audit({"action": "pause", **pause.view()})
@@ -170,8 +172,8 @@ class Pauses:
             pipe.hdel(self.keys.paused(partition), kind)
         pipe.execute()
         self._cached = (float("-inf"), {})
-        released = self.release(kind, budget=RESUME_BUDGET, by=by[:WHO_MAX])
-        who = by[:WHO_MAX]
+        who = mask_text(by)[:WHO_MAX]
+        released = self.release(kind, budget=RESUME_BUDGET, by=who)
         self._audit(
             {"action": "resume", "kind": kind, "by": who, "at": self._now(), "reason": found.reason, "released": released}
         )

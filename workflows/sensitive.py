@@ -12,11 +12,18 @@ any run of 13 to 19 digits (single spaces or dashes between them allowed) that p
 is a card number, masked to its first six and last four digits, wherever it is: in text, in a
 number, in a key. :func:`mask` applies it (with the secrets named by their keys shown as ``***``) to
 everything durapay shows or sends (API answers, console pages, history, events and webhooks, the CLI);
-:func:`mask_text` to every log line (``config.logging``); :func:`scrub` to what a flow keeps once it
+:func:`mask_text` to every log line (:func:`install_log_masking`) and, where it is written, to free text:
+an operator's reason or name, a description, a filter, an error's message (the writers call it: the
+pauses, bulk actions, webhook endpoints, schedules' operators, the flow store's history and errors), and
+to every error answer (``service.errors.error_response``); :func:`scrub` to what a flow keeps once it
 ended. The exception is identifiers (:func:`identifier`: the gateway's operation ids are 18-digit
 numbers, one in ten of them Luhn-valid by chance, and order ids may be numbers too): the values under
 their keys are kept whole, so that a flow stays findable by them and a finished flow's outcome still
-names its operations. (An operation id quoted in free text, a history entry's words, may be masked.)
+names its operations. Text built from them keeps them whole too: the masking is told which values are
+identifiers (``keep``, :func:`identifiers`: a flow's operation ids as its record lists them, from the
+gateway's answers, ``FlowRecord.identifiers``; a log argument marked :class:`Identifier`), so that
+"operation 800000000000000003 ended DECLINED" is shown whole wherever it is written or shown, and a
+card number beside it is masked still (a stretch is kept only when it is exactly one of them).
 
 An identifier kept whole must then never be a card number, so a merchant's identifiers are refused at
 the door when they look like one (:func:`refuse_card_identifier`, :func:`refuse_card_identifiers`): an
@@ -36,7 +43,7 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 REDACTED = "redacted"
@@ -113,19 +120,68 @@ def _stretches(run: str) -> Iterator[list[int]]:
                 yield [p for start, end in groups[first : last + 1] for p in range(start, end)]
 
 
-def _mask_run(run: str) -> str:
+def _mask_run(run: str, keep: frozenset[str] = frozenset()) -> str:
     """A run of digit groups with every Luhn-valid stretch of whole groups (13-19 digits) masked to its
-    first six and last four digits; separators kept."""
+    first six and last four digits, but a stretch that is exactly one of the identifiers ``keep`` (their
+    digits); separators kept."""
     hidden: set[int] = set()  # positions in ``run`` of digits to hide
     for places in _stretches(run):
+        if keep and "".join(run[place] for place in places) in keep:
+            continue
         hidden.update(places[6:-4])
     if not hidden:
         return run
     return "".join("*" if index in hidden else char for index, char in enumerate(run))
 
 
-def mask_text(text: str) -> str:
-    """``text`` with every card number in it masked (see the module's docstring)."""
+class Identifier(str):
+    """A value known to be an identifier (a gateway operation id), never card data: marked so that the
+    text built from it keeps it whole where it is written (a log line's argument: :func:`install_log_masking`).
+    ``str`` in every other respect."""
+
+    __slots__ = ()
+
+
+def identifiers(values: Iterable[Any]) -> frozenset[str]:
+    """The digits of each run of ``values`` (identifiers: gateway operation ids, as a flow records them)
+    that :func:`mask_text` must leave whole: a ``keep`` set."""
+    found: set[str] = set()
+    for value in values:
+        if isinstance(value, str | int) and not isinstance(value, bool):
+            for match in _RUN.finditer(str(value)[:200]):
+                found.add(re.sub(r"\D", "", match.group(0)))
+    return frozenset(digits for digits in found if SHORTEST <= len(digits) <= LONGEST)
+
+
+#: Keys whose values are the gateway's operation ids (:func:`operation_ids_in`).
+OPERATION_KEYS = frozenset(
+    {"operationId", "operationIds", "originalOperationId", "cancelledOperationId", "paidByOperationId", "parentOperationId"}
+)
+
+
+def operation_ids_in(value: Any, limit: int = 100) -> list[Any]:
+    """The values under :data:`OPERATION_KEYS` anywhere in ``value`` (at most ``limit``): the operation
+    ids of something durapay built from the gateway's answers (an event, an outcome, an error), never of
+    a merchant's input."""
+    found: list[Any] = []
+    pending = [value]
+    while pending and len(found) < limit:
+        item = pending.pop()
+        if isinstance(item, dict):
+            for key, inner in item.items():
+                if key in OPERATION_KEYS:
+                    found.extend(inner if isinstance(inner, list) else [inner])
+                elif isinstance(inner, dict | list):
+                    pending.append(inner)
+        elif isinstance(item, list):
+            pending.extend(item)
+    return found[:limit]
+
+
+def mask_text(text: str, keep: frozenset[str] = frozenset()) -> str:
+    """``text`` with every card number in it masked (see the module's docstring). ``keep``: identifiers
+    the text is built from (:func:`identifiers`), left whole where they appear as a run of their own;
+    never anything else: a card number next to one is masked still."""
     if len(text) < SHORTEST or not any(char.isdigit() for char in text):
         return text
 
@@ -135,7 +191,7 @@ def mask_text(text: str) -> str:
             return run
         if len(run) > LONGEST_RUN:
             return re.sub(r"\d", "*", run)
-        return _mask_run(run)
+        return _mask_run(run, keep)
 
     return _RUN.sub(masked, text)
 
@@ -244,9 +300,11 @@ def refuse_card_identifiers(data: Any, path: str = "", *, exempt: frozenset[str]
             refuse_card_identifiers(item, f"{path}.{index}", exempt=exempt)
 
 
-def mask(value: Any) -> Any:
+def mask(value: Any, keep: frozenset[str] = frozenset()) -> Any:
     """A copy of ``value`` fit to show: secrets (``SECRET_KEYS``) as ``***``, card fields and card
-    numbers anywhere masked to first six and last four, identifiers kept, at any depth."""
+    numbers anywhere masked to first six and last four, identifiers kept, at any depth. ``keep``: the
+    identifiers its text is built from (:func:`identifiers`: a flow's gateway operation ids), whole in
+    its text too."""
     if isinstance(value, dict):
         shown: dict[Any, Any] = {}
         for key, item in value.items():
@@ -259,23 +317,23 @@ def mask(value: Any) -> Any:
             elif _kept(key, item):
                 shown[name] = item
             else:
-                shown[name] = mask(item)
+                shown[name] = mask(item, keep)
         return shown
     if isinstance(value, list | tuple):
-        return [mask(item) for item in value]
+        return [mask(item, keep) for item in value]
     if isinstance(value, str):
-        return mask_text(value)
+        return mask_text(value, keep)
     if isinstance(value, int) and not isinstance(value, bool) and abs(value) >= 10 ** (SHORTEST - 1):
         text = str(value)
-        masked = mask_text(text)
+        masked = mask_text(text, keep)
         return value if masked == text else masked
     return value
 
 
-def scrub(data: Any) -> Any:
+def scrub(data: Any, keep: frozenset[str] = frozenset()) -> Any:
     """A copy of a flow's input (or outputs, outcome, error) fit to keep once the flow ended: ``card``
     reduced to its masked ``pan``, ``walletPaymentData`` removed, and card numbers anywhere masked
-    (identifiers and ``KEPT_SECRETS`` kept as they are), at any depth."""
+    (identifiers and ``KEPT_SECRETS`` kept as they are, and ``keep`` in its text), at any depth."""
     if isinstance(data, dict):
         out: dict[str, Any] = {}
         for key, value in data.items():
@@ -286,11 +344,11 @@ def scrub(data: Any) -> Any:
             elif _kept(key, value) or str(key).lower() in KEPT_SECRETS:
                 out[key] = value
             else:
-                out[mask_text(key)] = scrub(value)
+                out[mask_text(key)] = scrub(value, keep)
         return out
     if isinstance(data, list):
-        return [scrub(item) for item in data]
-    return mask(data)
+        return [scrub(item, keep) for item in data]
+    return mask(data, keep)
 
 
 def erased(data: Any) -> bool:
@@ -310,6 +368,12 @@ def erased(data: Any) -> bool:
     return False
 
 
+def _marked(args: Any) -> list[Identifier]:
+    """The arguments of a log record marked as identifiers (:class:`Identifier`)."""
+    values = args.values() if isinstance(args, Mapping) else args if isinstance(args, tuple) else ()
+    return [value for value in values if isinstance(value, Identifier)]
+
+
 def install_log_masking() -> None:
     """Mask card numbers in every log record this process makes, whatever logger or handler (the
     message with its arguments, and an exception's text: a validation error may quote an input).
@@ -327,7 +391,7 @@ def install_log_masking() -> None:
             message = record.getMessage()
         except Exception:  # noqa: BLE001 - a bad format string is logging's to report, not ours
             return record
-        record.msg, record.args = mask_text(message), None
+        record.msg, record.args = mask_text(message, identifiers(_marked(record.args))), None
         if record.exc_info and not record.exc_text:
             record.exc_text = mask_text(logging.Formatter().formatException(record.exc_info))
         return record

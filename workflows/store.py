@@ -34,7 +34,7 @@ from durapay.workflows.keys import Keys
 from durapay.workflows.orders import Lookups
 from durapay.workflows.pins import Pins
 from durapay.workflows.scripts import MARKER, ScriptPipeline, register, request_token, source
-from durapay.workflows.sensitive import mask, mask_text, scrub
+from durapay.workflows.sensitive import identifiers, mask, mask_text, scrub
 from durapay.workflows.states import TERMINAL, FlowState, IllegalTransition, can_move, lua_prelude
 
 
@@ -186,18 +186,27 @@ class FlowRecord:
         """What names the flow from outside (orders, tokens, operations): they live as long as it does."""
         return Lookups(self.id, tuple(self.orders), tuple(self.operations))
 
+    @property
+    def identifiers(self) -> frozenset[str]:
+        """The gateway operation ids the flow recorded, as a ``keep`` set (``sensitive.identifiers``):
+        whole wherever its text names them (an error's message, a history entry), never masked as card
+        numbers (one in ten is Luhn-valid). From the gateway's answers only, never the merchant's input."""
+        return identifiers(self.operations)
+
     def shown(self) -> FlowRecord:
-        """A copy fit to show (a console page): card data masked wherever it is (``workflows.sensitive``)."""
+        """A copy fit to show (a console page): card data masked wherever it is (``workflows.sensitive``),
+        the flow's operation ids whole."""
+        keep = self.identifiers
         return replace(
             self,
-            input=mask(self.input),
-            outputs=mask(self.outputs),
-            error=mask(self.error),
-            wait=mask(self.wait),
-            outcome=mask(self.outcome),
-            unsettled=mask(self.unsettled),
-            ending=mask(self.ending),
-            signals=[replace(signal, payload=mask(signal.payload)) for signal in self.signals],
+            input=mask(self.input, keep),
+            outputs=mask(self.outputs, keep),
+            error=mask(self.error, keep),
+            wait=mask(self.wait, keep),
+            outcome=mask(self.outcome, keep),
+            unsettled=mask(self.unsettled, keep),
+            ending=mask(self.ending, keep),
+            signals=[replace(signal, payload=mask(signal.payload, keep)) for signal in self.signals],
         )
 
     def summary(self) -> dict[str, Any]:
@@ -383,10 +392,12 @@ class FlowStore:
         pipe.lrange(self.keys.log(flow_id), 0, -1)
         pipe.hgetall(self.keys.attention(flow_id))
         raw, entries, marks = pipe.execute()
+        # Masked again on reading (entries logged before card numbers in free text were masked), the
+        # flow's operation ids whole.
+        keep = FlowRecord.parse(raw).identifiers if raw else frozenset()
         blob = joined(raw)
         packed = unpack(blob)[1] if blob else []
-        # Masked again on reading: entries logged before card numbers in free text were masked.
-        logged = [mask(json.loads(item)) for item in [*packed, *entries]]
+        logged = [mask(json.loads(item), keep) for item in [*packed, *entries]]
         if not marks:
             return logged
         noted = [attention_entry(mark) for mark in attention_marks(marks)]
@@ -580,15 +591,17 @@ class FlowStore:
         step = change.step or fields.get("step") or record.step
         clean = scrub(record.input)
         scrubbed = compact_json(clean) if clean != record.input else ""
-        if change.state in TERMINAL:
-            fields.update(_scrubbed_results(fields))
-        entry = self._entry(now, record.state, change.state, step or "", by, change.what, change.call)
         # A newly recorded operation gets its lookup (no expiry: it lives as long as the flow, see
         # workflows.orders) and is listed in the record, so that its lookup expires with the record's.
         known = record.operations
         new = [operation_id for operation_id in operation_ids(fields) if operation_id not in known]
         if new:
             fields["ops"] = compact_json([*known, *new])
+        # Text is masked where it is written (an error's message, a reason, the history's words), the
+        # operation ids it is built from kept whole (workflows.sensitive: they are identifiers).
+        keep = identifiers([*known, *new])
+        fields.update(_scrubbed_results(fields, keep, only=None if change.state in TERMINAL else ("error",)))
+        entry = self._entry(now, record.state, change.state, step or "", by, change.what, change.call, keep=keep)
         operations = [self.keys.operation(partition, operation_id) for operation_id in new]
         keys = [
             self.keys.flow(record.id),
@@ -788,6 +801,7 @@ class FlowStore:
         ``late_payment`` (the flow ended without the payment ``paid`` reports: now needs a person),
         ``missing``."""
         partition = self.keys.partition(flow_id)
+        by = mask_text(by)  # who, as written: a person's name may hold a card number (workflows.sensitive)
         entry = self._entry(now, FlowState.WAITING, FlowState.READY, "", by, f"signal {name}")
         signal: dict[str, Any] = {"name": name, "payload": dict(payload), "t": now}
         if paid:
@@ -849,17 +863,21 @@ class FlowStore:
         by: str,
         what: str,
         call: Mapping[str, Any] | None = None,
+        *,
+        keep: frozenset[str] = frozenset(),
     ) -> str:
         entry: dict[str, Any] = {
             "t": now,
             "from": source.value if source else None,
             "to": target.value,
             "step": step,
-            "by": by,
-            "what": mask_text(what),  # a person's reason may hold a card number: never logged whole
+            # A person's name and reason may hold a card number: never logged whole; the flow's operation
+            # ids (``keep``) are identifiers and stay whole.
+            "by": mask_text(by),
+            "what": mask_text(what, keep),
         }
         if call:
-            entry["call"] = mask(dict(call))
+            entry["call"] = mask(dict(call), keep)
         return compact_json(entry)
 
 
@@ -881,16 +899,21 @@ def attention_entry(mark: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
-def _scrubbed_results(fields: Mapping[str, str | None]) -> dict[str, str]:
-    """The outputs, outcome and error a flow's last change writes, card numbers masked (a gateway
-    answer echoing a description, a person's reason): only those that change. Written with the
-    transition, so the events ``events.lua`` makes of them are masked too. Only the change's own
+def _scrubbed_results(
+    fields: Mapping[str, str | None], keep: frozenset[str] = frozenset(), *, only: tuple[str, ...] | None = None
+) -> dict[str, str]:
+    """The outputs, outcome and error a flow's change writes (``only``: just these; every change's error,
+    the last change's all), card numbers masked (a gateway answer echoing a description, a person's
+    reason, an error's message), the operation ids ``keep`` whole: only those that change. Written with
+    the transition, so the events ``events.lua`` makes of them are masked too. Only the change's own
     fields: rewriting older ones would change what ``transition.lua`` decides on."""
     rewritten: dict[str, str] = {}
     for name, value in fields.items():
+        if only is not None and name not in only:
+            continue
         if value and (name.startswith("out:") or name in ("outcome", "error")):
             before = json.loads(value)
-            clean = scrub(before)
+            clean = scrub(before, keep)
             if clean != before:
                 rewritten[name] = compact_json(clean)
     return rewritten

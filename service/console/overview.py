@@ -24,7 +24,7 @@ WINDOW = 60.0
 def reason_of(record: FlowRecord) -> str:
     """One line saying why a flow stopped (its error's type and message, or its outcome's reason), card
     numbers masked (a person's reason may hold one)."""
-    return mask_text(_reason(record))
+    return mask_text(_reason(record), record.identifiers)
 
 
 def _reason(record: FlowRecord) -> str:

@@ -29,6 +29,7 @@ from durapay.service.inbound import Refusal, decode_form
 from durapay.service.views import rule_text
 from durapay.workflows.gate import GateStatus
 from durapay.workflows.pauses import Pause
+from durapay.workflows.sensitive import mask_text
 
 log = logging.getLogger("durapay.console")
 
@@ -125,7 +126,9 @@ class Console:
         return response
 
     def refuse(self, request: Request, session: Session | None, status: int, title: str, reason: str) -> HTMLResponse:
-        return self.page(request, "error.html", session, status=status, title=title, reason=reason)
+        """The console's error page. Its reason may quote what was typed: a card number in it is masked,
+        as in the API's error answers (``service.errors.error_response``)."""
+        return self.page(request, "error.html", session, status=status, title=title, reason=mask_text(reason))
 
     async def form(self, request: Request, session: Session | None) -> dict[str, str] | None:
         """The POSTed form (first value of each field) when it came from this console's origin and its

@@ -21,18 +21,19 @@ import httpx
 import pytest
 from celery.contrib.testing.worker import start_worker
 
+import durapay
 from bench._webhook_receiver import WebhookReceiver
 from durapay.service.app import create_app
 from durapay.service.runtime import build_runtime
 from durapay.service.server import ApiServer
 from durapay.simulator import SimulatorConfig, SimulatorServer
 from durapay.workflows.dispatcher import Dispatcher
-from durapay.workflows.sensitive import mask, mask_text
+from durapay.workflows.sensitive import luhn, mask, mask_text
 from durapay.workflows.states import FlowState
 from tests.service.cli.conftest import invoke
 from tests.waiting import wait_until
 from tests.workflows.integration.conftest import stack_settings
-from tests.workflows.integration.test_flows import card, order
+from tests.workflows.integration.test_flows import DECLINE, card, order
 
 pytestmark = pytest.mark.integration
 
@@ -215,3 +216,66 @@ def test_a_planted_card_number_never_appears_whole(
     for surface, text in surfaces.items():
         for where, planted in (PLANTED | PLANTED_IDS).items():
             assert planted not in text and digits(planted) not in text, f"{where}'s card number whole in {surface}"
+
+
+def test_an_operation_id_is_shown_whole_in_every_error_text_and_a_card_number_never(
+    stack: tuple[Any, str, WebhookReceiver], caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 41, finding 3: a declined payment's error, "PaymentDeclined: operation 800000000000000003
+    ended DECLINED", was shown "800000********0003" (one operation id in ten passes the Luhn check) in the
+    console's banner and flow list, the CLI's error line and the client's error.message, while the outcome
+    showed it whole. The masking knows the flow's operation ids (the gateway's answers): they stay whole in
+    its text, and a card number in the same flow is masked still."""
+    runtime, url, _ = stack
+    caplog.set_level(logging.INFO)
+    api = httpx.Client(base_url=url, timeout=10.0, headers={"X-Api-Key": KEY})
+    declined = None
+    for _ in range(12):  # the simulator numbers operations in order: one in ten passes the Luhn check
+        body = {"order": {**order(), "description": f"card {PLANTED['description']}"}, "card": card(DECLINE)}
+        started = api.post("/flows/moto", json=body)
+        assert started.status_code == 201, started.text
+        record = runtime.engine.wait(started.json()["id"], 30)
+        assert record.state is FlowState.FAILED, record.summary()
+        if luhn(str(record.error["operationId"])):
+            declined = record
+            break
+    assert declined is not None, "no Luhn-valid operation id in twelve declines"
+    operation = str(declined.error["operationId"])
+    masked = mask_text(operation)
+    assert masked != operation, "the rule alone masks it: this is the case of the finding"
+
+    surfaces: dict[str, str] = {
+        "GET /flows/{id} error.message": api.get(f"/flows/{declined.id}").json()["error"]["message"],
+        "GET /flows": api.get("/flows").text,
+        "history": api.get(f"/flows/{declined.id}/history").text,
+        "events": api.get("/events").text,
+    }
+    with durapay.Client(url, KEY) as client:
+        surfaces["the client's error.message"] = str(client.get(declined.id).error["message"])  # type: ignore[index]
+    with httpx.Client(base_url=url, timeout=10.0) as browser:
+        login = browser.get("/console/login")
+        csrf = re.search(r'name="csrf" value="([^"]+)"', login.text)
+        assert csrf is not None
+        assert browser.post("/console/login", data={"key": KEY, "csrf": csrf.group(1)}).status_code == 303
+        surfaces["the console's flow list"] = browser.get("/console/flows").text
+        surfaces["the console's flow page"] = browser.get(f"/console/flows/{declined.id}").text
+    for name, value in {
+        "DURAPAY_REDIS_URL": runtime.redis_url,
+        "DURAPAY_ENGINE__KEY_PREFIX": runtime.engine.keys.prefix,
+        "DURAPAY_ENGINE__PARTITIONS": "2",
+        "DURAPAY_API__KEY": KEY,
+    }.items():
+        monkeypatch.setenv(name, value)
+    surfaces["the CLI's error line"] = invoke("flows", "show", declined.id).stdout
+    surfaces["the CLI's list"] = invoke("flows", "ls").stdout
+    for where in (
+        "GET /flows/{id} error.message",
+        "the client's error.message",
+        "the CLI's error line",
+        "the console's flow page",
+    ):
+        assert f"operation {operation} ended DECLINED" in surfaces[where], (where, surfaces[where])
+    for where, text in surfaces.items():
+        assert masked not in text, f"the operation id masked in {where}"
+        assert PLANTED["description"] not in text, f"the card number whole in {where}"
+    assert operation in surfaces["the console's flow list"], re.findall(r".{200}DECLINED", surfaces["the console's flow list"])

@@ -12,6 +12,7 @@ own (its notifications are logged, not delivered: ``notify_drop``), forged where
 from __future__ import annotations
 
 import json
+import logging
 import threading
 import time
 from collections.abc import Iterator
@@ -30,6 +31,7 @@ from durapay.service.receiver import REFUSED, REFUSED_STATUS, NotificationReceiv
 from durapay.service.runtime import Runtime, build_runtime
 from durapay.simulator import SimulatorConfig, SimulatorServer
 from durapay.workflows.engine import Engine
+from durapay.workflows.sensitive import luhn, mask_text
 from durapay.workflows.states import FlowState
 from tests.service.conftest import NOTIFIED, Served, notification, service_settings, signals_in_log, waiting_flow
 
@@ -156,6 +158,30 @@ def test_a_good_token_records_the_event_and_resumes_the_flow(served: Served, sim
     assert reads(sim) == 1, "the operation was read back from the gateway once"
     # The flow then consumes the notification and finishes.
     assert served.engine.run_step(flow_id, "payment") == FlowState.SUCCEEDED.value
+
+
+def test_the_log_names_the_gateways_operation_whole_and_a_claimed_one_masked(
+    served: Served, sim: SimulatorServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Issue 37, finding 8: log masking turned Luhn-valid operation ids (one in ten) into masked numbers.
+    The operation read back from the gateway is an identifier, marked so (``sensitive.Identifier``) and
+    whole in the log; an operation id a body only claims is masked like any number there."""
+    caplog.set_level(logging.INFO, logger="durapay.receiver")
+    for attempt in range(12):  # the simulator numbers operations in order: one in ten passes the Luhn check
+        order_id = f"ord-logged-{attempt}"
+        page_flow(served.engine, order_id)
+        body = pay(sim, order_id)
+        if luhn(body["operation"]["operationId"]):
+            break
+    operation = body["operation"]["operationId"]
+    assert luhn(operation) and mask_text(operation) != operation
+    assert post(served, body).status_code == 200
+    claimed_only = notification("ord-no-flow", TOKEN, event_id="ev-claimed")  # no flow holds it: logged with its claims
+    claimed_only["operation"]["operationId"] = APPROVE
+    assert post(served, claimed_only).status_code == REFUSED_STATUS
+    logged = "\n".join(record.getMessage() for record in caplog.records)
+    assert f"(operation {operation})" in logged, logged
+    assert APPROVE not in logged and f"{APPROVE[:6]}******{APPROVE[-4:]}" in logged
 
 
 @pytest.mark.parametrize(

@@ -6,6 +6,7 @@ repeats the number whole; ids the gateway assigns are not the merchant's, except
 
 from __future__ import annotations
 
+import logging
 import random
 
 import pytest
@@ -13,10 +14,17 @@ import pytest
 from durapay.workflows.sensitive import (
     CARD_IDENTIFIER,
     CardIdentifier,
+    Identifier,
     card_like,
+    identifiers,
+    install_log_masking,
     luhn,
+    mask,
+    mask_text,
+    operation_ids_in,
     refuse_card_identifier,
     refuse_card_identifiers,
+    scrub,
 )
 
 #: Published test numbers of each scheme the rule names, as a person types them.
@@ -108,3 +116,52 @@ def test_the_walk_names_the_field_of_every_merchant_identifier() -> None:
     # Ids the gateway assigns: a merchant copies them from the gateway's answers (18-digit operation ids
     # pass the check one time in ten); refusing one would refuse a real payment's refund.
     refuse_card_identifiers({"operationId": pan, "originalOperationId": pan, "linkId": pan, "sessionId": pan, "paymentId": pan})
+
+
+#: A gateway operation id that passes the Luhn check (one in ten does): the rule alone masks it.
+OPERATION = "800000000000000003"
+
+
+def test_an_identifier_the_text_is_built_from_stays_whole_and_a_card_number_beside_it_never() -> None:
+    """Issue 41, finding 3: the masking knows which values are identifiers (``keep``, the flow's
+    operation ids), so that an operation id is never masked and a card number always is."""
+    assert luhn(OPERATION) and mask_text(f"operation {OPERATION} ended DECLINED") == "operation 800000********0003 ended DECLINED"
+    keep = identifiers([OPERATION, "op-7", None])
+    assert mask_text(f"operation {OPERATION} ended DECLINED", keep) == f"operation {OPERATION} ended DECLINED"
+    assert mask_text(f"operation {OPERATION} for card 4349940199004549", keep) == (
+        f"operation {OPERATION} for card 434994******4549"
+    )
+    assert mask_text(f"{OPERATION} 4349 9401 9900 4549", keep) == f"{OPERATION} 4349 94** **** 4549", "one run, two stretches"
+    assert mask_text("4349940199004549", identifiers([f"op-{OPERATION}"])) == "434994******4549", "only the identifier kept"
+    assert mask({"message": f"operation {OPERATION} ended", "n": int(OPERATION), "pan": "4349940199004549"}, keep) == {
+        "message": f"operation {OPERATION} ended",
+        "n": int(OPERATION),
+        "pan": "434994******4549",
+    }
+    assert scrub({"error": {"message": f"operation {OPERATION} ended"}}, keep) == {
+        "error": {"message": f"operation {OPERATION} ended"}
+    }
+
+
+def test_the_operation_ids_of_an_event_are_its_own_and_its_outcomes() -> None:
+    event = {
+        "operationId": OPERATION,
+        "data": {"error": {"operationId": "900000000000000004"}, "operation": {"operationIds": ["1"]}},
+    }
+    assert sorted(operation_ids_in(event)) == ["1", OPERATION, "900000000000000004"]
+
+
+def test_a_log_line_keeps_an_operation_id_marked_as_one_and_masks_every_other_number(caplog: pytest.LogCaptureFixture) -> None:
+    """Issue 37, finding 8: log masking turned Luhn-valid operation ids into masked numbers. An argument
+    marked :class:`Identifier` (the gateway's operation, read back) stays whole; nothing else does."""
+    install_log_masking()
+    log = logging.getLogger("durapay.test.sensitive")
+    with caplog.at_level(logging.INFO, logger="durapay.test.sensitive"):
+        log.info("operation %s for card %s", Identifier(OPERATION), "4349940199004549")
+        log.info("operation %s, not marked", OPERATION)
+        log.info("%(operation)s by name", {"operation": Identifier(OPERATION)})
+    assert [record.getMessage() for record in caplog.records] == [
+        f"operation {OPERATION} for card 434994******4549",
+        "operation 800000********0003, not marked",
+        f"{OPERATION} by name",
+    ]

@@ -36,7 +36,7 @@ from durapay.workflows.schedules.model import FINAL, Attempt, Resolution, Schedu
 from durapay.workflows.schedules.policy import MIT_KIND
 from durapay.workflows.schedules.rules import iso
 from durapay.workflows.schedules.store import ScheduleStore, input_hash
-from durapay.workflows.sensitive import CardIdentifier, refuse_card_identifier
+from durapay.workflows.sensitive import CardIdentifier, mask, mask_text, refuse_card_identifier
 from durapay.workflows.store import FlowRecord, StartConflict
 from durapay.workflows.trim import TRIM_INTERVAL
 
@@ -242,6 +242,7 @@ class Schedules:
             record = self.get(schedule_id)
             now = self.engine.clock.now()
             plan = change(record, now)
+            _mask_written(plan)
             if self.store.update(record, plan.record, plan.events, now):
                 return self.get(schedule_id)
         raise OperatorError(f"schedule {schedule_id} kept changing; try again")
@@ -323,3 +324,12 @@ class Schedules:
 
     def finished(self, schedule_id: str) -> bool:
         return self.get(schedule_id).state in FINAL
+
+
+def _mask_written(plan: policy.Plan) -> None:
+    """An operator's words in what a change writes (the reason, who, the history's details) masked where
+    they are written (``workflows.sensitive``): a cancel reason "card 4349 ..." is never kept whole."""
+    plan.events[:] = [mask(event) for event in plan.events]
+    plan.record.reason = mask_text(plan.record.reason)
+    if plan.record.last:
+        plan.record.last = mask(plan.record.last)

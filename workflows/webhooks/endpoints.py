@@ -53,6 +53,7 @@ from durapay.config.settings import WebhooksSettings
 from durapay.workflows.clock import server_time
 from durapay.workflows.events import EVENT_TYPES
 from durapay.workflows.keys import Keys, derived_id
+from durapay.workflows.sensitive import CARD_IDENTIFIER, card_like, mask_text
 from durapay.workflows.webhooks.signing import new_secret, secret_key
 
 #: The synthetic type sent by ``durapay webhooks test`` (never written to the event streams).
@@ -136,6 +137,12 @@ class Endpoint:
     previous_until: float = 0.0
     source: str = "api"
 
+    def __post_init__(self) -> None:
+        # Free text is masked where it is written (workflows.sensitive): a card number typed into a
+        # description, or quoted in the reason it was disabled, is never stored or shown whole.
+        object.__setattr__(self, "description", mask_text(self.description))
+        object.__setattr__(self, "disabled_reason", mask_text(self.disabled_reason))
+
     def wants(self, event_type: str) -> bool:
         return not self.events or event_type in self.events
 
@@ -192,6 +199,9 @@ def check_url(url: str, *, allow_private: bool) -> str:
         raise EndpointError("url", "must be an absolute https:// URL")
     if parts.username or parts.password:
         raise EndpointError("url", "must not carry a user or password")
+    found = card_like(url)
+    if found is not None:  # a URL is shown whole, like an identifier: it may hold no card number
+        raise EndpointError("url", f"{CARD_IDENTIFIER} or in a URL (it holds {found}, which passes the Luhn check)")
     try:
         parts.port  # noqa: B018 (raises on a port that is not a number in range)
     except ValueError:
