@@ -12,6 +12,7 @@ naming the variable and the problem, e.g.
 from __future__ import annotations
 
 import difflib
+import json
 import math
 import os
 import re
@@ -24,6 +25,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from pydantic_settings import SettingsError as _SourceError
 
 from durapay.config.connect import parse_sentinel_url, several_addresses, split_addresses
+from durapay.config.secrets import redact, secrets_given, secrets_in
 
 ENV_PREFIX = "DURAPAY_"
 ENV_NESTED_DELIMITER = "__"
@@ -641,11 +643,15 @@ def load_settings(overrides: Mapping[str, Any] | None = None) -> Settings:
     except ValidationError as exc:
         first = exc.errors()[0]
         message = first["msg"].removeprefix("Value error, ")
-        name = _variable(first["loc"])
+        loc = first["loc"]
+        if tuple(loc[:2]) == ("api", "keys") and len(loc) > 2:
+            # The location of a role entry is its key, a secret: name the entry by its place instead.
+            raise _redacted(_role_entry(loc[2], first.get("input"), message, overrides), overrides) from None
+        name = _variable(loc)
         if message.startswith("__"):  # a group's check naming the variable of its own that was set (a _DAYS form)
             variable, _, message = message.partition(": ")
             name += variable
-        raise SettingsError(f"{name}: {message}") from None
+        raise _redacted(f"{name}: {message}", overrides) from None
     except _SourceError as exc:
         # A group variable (``DURAPAY_GATEWAY``) that is not JSON: pydantic-settings names the field.
         found = re.search(r'field "(\w+)"', str(exc))
@@ -673,6 +679,26 @@ def load_settings(overrides: Mapping[str, Any] | None = None) -> Settings:
     _check_webhook_retries(settings)
     _check_daily_window(settings)
     return settings
+
+
+def _role_entry(key: Any, given: Any, message: str, overrides: Mapping[str, Any] | None) -> str:
+    """The error of a ``DURAPAY_API__KEYS`` entry, named by its place in the map (never by its key)."""
+    entries: list[str] = []
+    raw = os.environ.get(f"{ENV_PREFIX}API{ENV_NESTED_DELIMITER}KEYS")
+    try:
+        parsed = json.loads(raw) if raw else ((overrides or {}).get("api") or {}).get("keys") or {}
+    except ValueError:
+        parsed = {}
+    if isinstance(parsed, Mapping):
+        entries = [str(name) for name in parsed]
+    place = f"entry {entries.index(str(key)) + 1} of {len(entries)}" if str(key) in entries else "an entry"
+    shown = f" has role {given!r}" if isinstance(given, str) and len(given) <= 40 else ""
+    return f"{_variable(('api', 'keys'))}: {place} (its key is not shown){shown}: {message}"
+
+
+def _redacted(text: str, overrides: Mapping[str, Any] | None) -> SettingsError:
+    """A SettingsError whose text holds no secret the environment or ``overrides`` carry (``config.secrets``)."""
+    return SettingsError(redact(text, [*secrets_in(os.environ), *secrets_given(dict(overrides or {}))]))
 
 
 #: What a daily reconciliation may read back beyond its window, in hours: the day's run may start late or

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import signal
 import sys
 from collections.abc import Iterable, Iterator
@@ -27,7 +28,6 @@ from enum import IntEnum
 from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Annotated, Any, NoReturn
-from urllib.parse import urlsplit, urlunsplit
 
 import typer
 
@@ -86,14 +86,22 @@ class Output:
     def fail(
         self, error: str, reason: str, *, field: str | None = None, human: str | None = None, code: int = ExitCode.USAGE
     ) -> NoReturn:
-        """Print the error on stderr and exit with ``code``. ``human`` overrides the line without ``--json``."""
+        """Print the error on stderr and exit with ``code``. ``human`` overrides the line without ``--json``.
+
+        The one printer of a command's errors: no secret the ``DURAPAY_*`` variables carry (a key, a
+        webhook secret, a URL's password) is ever printed, whatever the error quotes (``config.secrets``)."""
+        from durapay.config.secrets import redact, secrets_in
+
+        given = secrets_in(os.environ)
+        reason = redact(reason, given)
         if self.json:
             body: dict[str, Any] = {"error": error, "reason": reason}
             if field is not None:
-                body["field"] = field
+                body["field"] = redact(field, given)
             print(json.dumps(body), file=sys.stderr)
         else:
-            print(f"durapay: {human or (f'{field}: {reason}' if field else reason)}", file=sys.stderr)
+            line = human or (f"{field}: {reason}" if field else reason)
+            print(f"durapay: {redact(line, given)}", file=sys.stderr)
         raise typer.Exit(code)
 
     @contextlib.contextmanager
@@ -219,14 +227,10 @@ def runtime(
 
 
 def safe_url(url: str) -> str:
-    """``url`` with any password masked, for printing."""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    # The addresses as written (a cluster's startup nodes are several: host:port,host:port).
-    hosts = parts.netloc.rpartition("@")[2]
-    user = parts.username or ""
-    return urlunsplit((parts.scheme, f"{user}:***@{hosts}", parts.path, parts.query, parts.fragment))
+    """``url`` with any password masked, for printing (``config.secrets.masked_url``: the one rule)."""
+    from durapay.config.secrets import masked_url
+
+    return masked_url(url)
 
 
 def read_json_input(source: str, *, option: str, expected: str) -> Any:
