@@ -215,9 +215,8 @@ def check_url(url: str, *, allow_private: bool) -> str:
     host = parts.hostname.rstrip(".").lower()
     if host == "localhost" or host.endswith((".localhost", ".local", ".internal")):
         raise EndpointError("url", f"{host} is a local name (allowed only with DURAPAY_WEBHOOKS__ALLOW_PRIVATE=true)")
-    try:
-        address = ipaddress.ip_address(host.strip("[]"))
-    except ValueError:
+    address = literal_address(host)
+    if address is None:
         return url.strip()  # a name: its addresses are checked at each delivery (see resolve_public)
     if not public(address):
         raise EndpointError("url", f"{address} is not a public address (allowed only with DURAPAY_WEBHOOKS__ALLOW_PRIVATE=true)")
@@ -228,11 +227,30 @@ _HOST = re.compile(r"^(?=.{1,253}$)[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?(\.[a-z0-9]
 
 
 def _ip(host: str) -> bool:
+    return literal_address(host) is not None
+
+
+#: A host whose last label is a number (decimal, or hex with 0x) is an IPv4 address, as the resolver and
+#: browsers read it (WHATWG URL: "ends in a number"), not a name.
+_NUMERIC_LABEL = re.compile(r"^(0x[0-9a-f]*|[0-9]+)$")
+
+
+def literal_address(host: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    """The address a URL's host names literally, as the resolver reads it at delivery, or None for a name.
+    Besides ``a.b.c.d`` and ``[v6]`` that is every numeric IPv4 form ``getaddrinfo`` takes: one number
+    (``2130706433``), octal (``0177.0.0.1``), hex (``0x7f000001``), short (``127.1``): each the address it
+    resolves to, judged by :func:`public` like any other, at registration as at delivery."""
+    bare = host.strip("[]").rstrip(".").lower()
     try:
-        ipaddress.ip_address(host.strip("[]"))
+        return ipaddress.ip_address(bare)
     except ValueError:
-        return False
-    return True
+        pass
+    if not _NUMERIC_LABEL.match(bare.rsplit(".", 1)[-1]):
+        return None
+    try:
+        return ipaddress.IPv4Address(socket.inet_aton(bare))
+    except OSError:
+        return ipaddress.IPv4Address(0)  # a number the resolver does not read: no public address (0.0.0.0)
 
 
 NAT64 = ipaddress.ip_network("64:ff9b::/96")
@@ -244,8 +262,9 @@ def public(address: ipaddress.IPv4Address | ipaddress.IPv6Address) -> bool:
 
     ``is_global`` alone let through IPv6 forms that carry an IPv4 address a router or the host may
     reach: IPv4-compatible (``::127.0.0.1``), NAT64 (``64:ff9b::/96``), 6to4 (``2002::/16``), Teredo
-    (``2001::/32``, whose client address is the obfuscated one) and IPv4-mapped (``::ffff:10.0.0.1``)."""
-    if not address.is_global:
+    (``2001::/32``, whose client address is the obfuscated one) and IPv4-mapped (``::ffff:10.0.0.1``).
+    Nor a multicast address (``224.0.0.0/4``, ``ff00::/8``: ``is_global`` says yes to 224.0.0.1)."""
+    if not address.is_global or address.is_multicast:
         return False
     if isinstance(address, ipaddress.IPv6Address):
         embedded: list[ipaddress.IPv4Address] = []

@@ -7,13 +7,14 @@ lookups cannot be produced otherwise on this machine."""
 
 from __future__ import annotations
 
+import ipaddress
 import socket
 from typing import Any
 
 import pytest
 
 from bench._webhook_receiver import WebhookReceiver
-from durapay.workflows.webhooks.endpoints import EndpointError
+from durapay.workflows.webhooks.endpoints import EndpointError, NotPublic, literal_address, resolve_public
 
 EMBEDDING = (
     "::127.0.0.1",  # IPv4-compatible
@@ -84,3 +85,34 @@ def test_a_url_urlsplit_refuses_is_a_clear_error(hooks: Any, allow_private: bool
     _, webhooks = hooks(allow_private=allow_private)
     with pytest.raises(EndpointError, match="is not a URL"):
         webhooks.endpoints.add("http://[::1/h")
+
+
+@pytest.mark.parametrize(
+    "host",
+    [
+        "224.0.0.1",  # multicast (is_global says yes)
+        "239.255.255.250",
+        "[ff0e::1]",  # IPv6 multicast, global scope
+        "2130706433",  # 127.0.0.1 as one number
+        "0177.0.0.1",  # octal
+        "0x7f000001",  # hex
+        "0x7f.0.0.1",
+        "127.1",  # short form
+        "10.1",
+        "3232235521",  # 192.168.0.1
+        "99999999999",  # no address at all
+    ],
+)
+def test_multicast_and_numeric_ipv4_forms_are_refused_at_registration_as_at_delivery(hooks: Any, host: str) -> None:
+    """Issue 37, finding 8: accepted when an endpoint was added, refused only at delivery. The host is
+    read as the resolver reads it (``endpoints.literal_address``), and judged by the one rule, ``public``."""
+    _, strict = hooks(allow_private=False)
+    with pytest.raises(EndpointError, match="not a public address"):
+        strict.endpoints.add(f"https://{host}/h")
+    with pytest.raises((NotPublic, OSError)):
+        resolve_public(f"https://{host}/h")
+
+
+def test_a_numeric_form_of_a_public_address_is_that_address() -> None:
+    assert literal_address("134744072") == ipaddress.IPv4Address("8.8.8.8")
+    assert literal_address("hooks.example.com") is None and literal_address("a1.example") is None
