@@ -11,7 +11,10 @@ to two counters in Redis, so every API process shares them:
 * one per key prefix (the first ``DURAPAY_API__AUTH_PREFIX_CHARS`` characters of the presented key, kept
   as a hash): guesses of one key spread over many addresses share it.
 
-Each counter lives ``DURAPAY_API__AUTH_WINDOW_SECONDS`` from its first failure (a fixed window). Before
+Each counter lives ``DURAPAY_API__AUTH_WINDOW_SECONDS`` from its first failure (a fixed window), counted
+and given its end in one script (:data:`COUNT`): a ``SET NX`` then an ``INCR`` let the counter expire
+between the two, and the ``INCR`` then made one with no end, a lockout for ever (issue 37). A counter
+found without an end (left so by an older version) gets one, at the next failure or refusal. Before
 the key is compared, a request whose address or prefix has ``DURAPAY_API__AUTH_FAILURES`` failures in
 its window is answered 429 with ``Retry-After`` (the seconds left in that window), even when its key
 is right: the right key does not help a guesser who found it inside a blocked window. A refusal does
@@ -34,12 +37,23 @@ from typing import Any
 import redis
 
 from durapay.workflows.keys import Keys
+from durapay.workflows.scripts import ScriptPipeline, register
 
 log = logging.getLogger("durapay.auth")
 
 #: Counter names (``engine.keys.counter``) of the two metrics.
 FAILURES = "auth_failures"
 REFUSALS = "auth_refusals"
+
+#: Count one failure: the counter and its end in one step (KEYS: the counter; ARGV: the window in ms). The
+#: window starts at the first failure; a counter without an end (PTTL -1) is given one.
+COUNT = """
+local count = redis.call('INCR', KEYS[1])
+if count == 1 or redis.call('PTTL', KEYS[1]) < 0 then
+  redis.call('PEXPIRE', KEYS[1], ARGV[1])
+end
+return count
+"""
 
 
 @dataclass(frozen=True)
@@ -60,6 +74,7 @@ class Throttle:
         self.prefix = keys.prefix
         self.keys = keys
         self.limits = limits
+        self._count = register(client, "service/throttle.py:COUNT", COUNT)
 
     def _counters(self, address: str, key: str) -> list[str]:
         counters = [f"{self.prefix}:auth:fail:addr:{address or '?'}"]
@@ -79,10 +94,18 @@ class Throttle:
                 pipe.pttl(counter)
             answers = pipe.execute()
             wait = 0.0
+            endless = []
             for index in range(len(counters)):
                 count, left = int(answers[2 * index] or 0), int(answers[2 * index + 1])
                 if count >= self.limits.failures:
                     wait = max(wait, (left if left > 0 else self.limits.window * 1000) / 1000)
+                if left == -1:  # a counter with no end: give it the window's, or it would block for ever
+                    endless.append(counters[index])
+            if endless:
+                repair = self.redis.pipeline(transaction=False)
+                for counter in endless:
+                    repair.pexpire(counter, max(1, int(self.limits.window * 1000)), nx=True)
+                repair.execute()
             if wait <= 0:
                 return None
             self.redis.incr(self.keys.counter(REFUSALS))
@@ -97,11 +120,10 @@ class Throttle:
             return
         window = max(1, int(self.limits.window * 1000))
         try:
-            pipe = self.redis.pipeline(transaction=False)
-            for counter in self._counters(address, key):
-                pipe.set(counter, 0, px=window, nx=True)  # the window starts at the first failure
-                pipe.incr(counter)  # keeps the expiry
-            pipe.incr(self.keys.counter(FAILURES))
+            pipe = ScriptPipeline(self.redis)
+            for counter in self._counters(address, key):  # one call each: on a cluster they sit in two slots
+                pipe.call(self._count, [counter], [window])
+            pipe.command("INCR", self.keys.counter(FAILURES))
             pipe.execute()
         except redis.RedisError as exc:
             log.warning("authentication failure not counted: Redis unavailable: %s", exc)

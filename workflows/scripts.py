@@ -41,6 +41,7 @@ RESEND_SAFE: dict[str, tuple[bool, str]] = {
     "lua/request_cancel.lua": (True, "sets the same flag again: the same answer"),
     "marker": (True, "a plain overwrite of the same value"),
     "reconciliation/daily.py:_CLAIM": (True, "its own claim (the run's token) is answered 1 as at first"),
+    "service/throttle.py:COUNT": (False, "a second run counts the failure twice; its window still ends"),
     "lua/gate.lua": (False, "a failure would count twice, a probe's take answer 'open'; Gate fails closed"),
     "lua/create.lua": (False, "a second run finds the flow it created and answers otherwise; the start is retried"),
     "lua/take_due.lua": (False, "a second run takes nothing (the first's ids come back after the grace)"),

@@ -75,3 +75,26 @@ def test_the_console_sign_in_is_slowed_too(served: Served) -> None:
         assert csrf
         signed = other.post("/console/login", data={"key": API_KEY, "csrf": csrf.group(1), "next": "/console"})
         assert signed.status_code == 303, signed.text[:300]
+
+
+def counters(served: Served, address: str) -> list[bytes]:
+    return list(served.engine.redis.scan_iter(match=f"{served.engine.keys.prefix}:auth:fail:addr:{address}"))
+
+
+def test_a_counter_never_lives_without_an_end(served: Served) -> None:
+    """Issue 37, finding 8: ``SET NX`` then ``INCR`` was not atomic; a counter that expired between the
+    two was made again by the ``INCR`` with no end: a lockout for ever. Counted in one script, and a
+    counter found without an end (what the race left) is given the window's, failing or refused."""
+    redis = served.engine.redis
+    for address, count in (("203.0.113.40", 3), ("203.0.113.41", BOUND)):
+        redis.set(f"{served.engine.keys.prefix}:auth:fail:addr:{address}", count)  # the race's leftover: no TTL
+    window = served.runtime.settings.api.auth_window_seconds * 1000
+    assert served.http.get("/flows", headers=as_address("203.0.113.40", "wrong-key-0001")).status_code == 401
+    assert served.http.get("/flows", headers=as_address("203.0.113.41", "wrong-key-0002")).status_code == 429
+    for address in ("203.0.113.40", "203.0.113.41"):
+        (counter,) = counters(served, address)
+        assert 0 < redis.pttl(counter) <= window, f"{address}: a counter with no end"
+    fresh = served.http.get("/flows", headers=as_address("203.0.113.42", "wrong-key-0003"))
+    assert fresh.status_code == 401
+    (counter,) = counters(served, "203.0.113.42")
+    assert int(redis.get(counter)) == 1 and 0 < redis.pttl(counter) <= window
