@@ -357,6 +357,13 @@ class EngineSettings(_Group):
         description="How long a finished flow keeps its record, log and lookups (10s to 3650d).",
     )
     wait_deadline_seconds: float = Field(default=1800.0, gt=0)
+    max_card_delay_seconds: float = Field(
+        default=86400.0,
+        gt=0,
+        le=30 * DAY,
+        description="How far ahead (run_at) a flow carrying card data may be started: its card, CVV included, stays "
+        "in the store until it runs (at most 30 days).",
+    )
     sync_aof: Literal["auto", "yes", "no"] = Field(
         default="auto",
         description="Wait for the AOF fsync of starts, money-moving claims and signals (auto: unless appendfsync is always).",

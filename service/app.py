@@ -155,19 +155,32 @@ def _offline_docs(app: FastAPI) -> None:
 
     @app.get("/docs", include_in_schema=False)
     def docs() -> HTMLResponse:
-        return get_swagger_ui_html(
-            openapi_url="/openapi.json",
-            title="durapay - API",
-            swagger_js_url=f"{DOCS_ASSETS}/swagger-ui-bundle.js",
-            swagger_css_url=f"{DOCS_ASSETS}/swagger-ui.css",
-            swagger_favicon_url=f"{DOCS_ASSETS}/favicon.png",
-            oauth2_redirect_url="/docs/oauth2-redirect",
-            swagger_ui_parameters={"validatorUrl": None},  # the online validator badge would call another host
+        return _unframed(
+            get_swagger_ui_html(
+                openapi_url="/openapi.json",
+                title="durapay - API",
+                swagger_js_url=f"{DOCS_ASSETS}/swagger-ui-bundle.js",
+                swagger_css_url=f"{DOCS_ASSETS}/swagger-ui.css",
+                swagger_favicon_url=f"{DOCS_ASSETS}/favicon.png",
+                oauth2_redirect_url="/docs/oauth2-redirect",
+                swagger_ui_parameters={"validatorUrl": None},  # the online validator badge would call another host
+            )
         )
 
     @app.get("/docs/oauth2-redirect", include_in_schema=False)
     def oauth2_redirect() -> HTMLResponse:
-        return get_swagger_ui_oauth2_redirect_html()
+        return _unframed(get_swagger_ui_oauth2_redirect_html())
+
+
+#: What every page the API serves besides the console's (whose own are stricter: ``console.web.HEADERS``)
+#: is sent with: no other site may frame it (its "Authorize" form takes an API key: a framing page could
+#: lure an operator into typing one), and no type is guessed.
+FRAMING = {"X-Frame-Options": "DENY", "Content-Security-Policy": "frame-ancestors 'none'", "X-Content-Type-Options": "nosniff"}
+
+
+def _unframed(page: HTMLResponse) -> HTMLResponse:
+    page.headers.update(FRAMING)
+    return page
 
 
 def bulk_actions(runtime: Runtime) -> BulkActions:

@@ -44,7 +44,14 @@ from durapay.workflows.listing import FlowListing, FlowPage
 from durapay.workflows.orders import OrderIdsTaken, OrderIndex, gateway_order_id
 from durapay.workflows.pauses import Pauses
 from durapay.workflows.protocol import Claim, StepProtocol
-from durapay.workflows.sensitive import CardIdentifier, Identifier, mask_text, refuse_card_identifier, refuse_card_identifiers
+from durapay.workflows.sensitive import (
+    CardIdentifier,
+    Identifier,
+    holds_card,
+    mask_text,
+    refuse_card_identifier,
+    refuse_card_identifiers,
+)
 from durapay.workflows.signals import admit
 from durapay.workflows.states import STOPPED, TERMINAL, FlowState
 from durapay.workflows.steps import FlowDefinition
@@ -337,6 +344,16 @@ class Engine:
             # A time in the past would run the payment at once: the mistake of an age for a time.
             raise InputError(kind, "run_at", f"must be in the future (it is {now - run_at:.0f}s in the past)")
         wire = model.model_dump(mode="json", by_alias=True, exclude_none=True)
+        delay = self.settings.engine.max_card_delay_seconds
+        if run_at is not None and run_at - now > delay and holds_card(wire):
+            # The card (its CVV too) stays in the record until the flow runs: PCI DSS keeps no CVV longer
+            # than the authorization needs. A later charge is a card on file (mit, a schedule), not a delay.
+            raise InputError(
+                kind,
+                "run_at",
+                f"a flow carrying card data may wait at most {delay:g}s (DURAPAY_ENGINE__MAX_CARD_DELAY_SECONDS): its "
+                f"card, CVV included, is kept until it runs; this is {run_at - now:.0f}s ahead",
+            )
         key = key or (definition.start_key(model) if definition.start_key else None)
         flow_id = derived_id("f", kind, key) if key else "f" + uuid.uuid4().hex[:24]
         order_id = definition.order_id(model) if definition.order_id else ""

@@ -351,6 +351,22 @@ def scrub(data: Any, keep: frozenset[str] = frozenset()) -> Any:
     return mask(data, keep)
 
 
+def holds_card(data: Any) -> bool:
+    """Whether ``data`` (a flow's input) carries card data a step sends and :func:`scrub` erases: a
+    ``card`` with a ``pan``, or ``walletPaymentData`` (at any depth)."""
+    if isinstance(data, dict):
+        for key, value in data.items():
+            if key == "card" and isinstance(value, dict) and value.get("pan"):
+                return True
+            if key == "walletPaymentData" and value and value != REDACTED:
+                return True
+            if isinstance(value, dict | list) and holds_card(value):
+                return True
+    if isinstance(data, list):
+        return any(holds_card(item) for item in data)
+    return False
+
+
 def erased(data: Any) -> bool:
     """Whether ``data`` (a flow's input) lost to :func:`scrub` what a new attempt needs: a ``card`` reduced
     to its masked ``pan``, or ``walletPaymentData`` removed. A failed flow whose input is erased cannot be

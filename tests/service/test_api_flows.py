@@ -326,3 +326,21 @@ def test_the_wait_for_the_customer_url_is_bounded(served: Served) -> None:
     assert answer.status_code == 201
     assert answer.json()["customer_url"] is None and answer.json()["state"] == "ready", "no worker ran the first step"
     assert time.monotonic() - began >= 0.3, "it waited as asked, then answered without the URL"
+
+
+def test_a_flow_carrying_card_data_may_not_wait_longer_than_its_bound(served: Served) -> None:
+    """Issue 37, finding 8: ``run_at=9999-12-31T23:59:59Z`` was accepted for a MOTO, whose card (CVV
+    included) is kept until it runs. Bounded (DURAPAY_ENGINE__MAX_CARD_DELAY_SECONDS, a day by default),
+    refused naming the field before anything is written; a flow without card data may wait longer."""
+    card = {"pan": "4349940199004549", "expiryDate": "1230", "cvv": "123"}
+    moto = {"order": {"orderId": "ord-later-1", "amount": "1500", "currency": "EUR"}, "card": card}
+    for when in ("9999-12-31T23:59:59Z", "in 2d"):
+        refused = served.http.post(f"/flows/moto?wait=0&run_at={when}", json=moto, headers=KEY)
+        assert refused.status_code == 422, refused.text
+        assert refused.json()["field"] == "run_at" and "DURAPAY_ENGINE__MAX_CARD_DELAY_SECONDS" in refused.json()["reason"]
+    assert served.engine.list(limit=5) == []
+    assert served.runtime.settings.engine.max_card_delay_seconds == 86400.0
+    within = served.http.post("/flows/moto?wait=0&run_at=in%2023h", json=moto, headers=KEY)
+    assert within.status_code == 201, within.text
+    later = served.http.post("/flows/notified?wait=0&run_at=in%2030d", json={"orderId": "ord-later-2", "token": "t"}, headers=KEY)
+    assert later.status_code == 201, later.text

@@ -218,6 +218,16 @@ def test_docs_load_nothing_from_another_host(served: Served) -> None:
         assert served.http.get(source).status_code == 200, source
 
 
+def test_docs_may_not_be_framed_by_another_site(served: Served) -> None:
+    """Issue 37, finding 8: ``/docs`` (whose Authorize form takes an API key) had no frame-blocking
+    header, while every console page has one."""
+    for path in ("/docs", "/docs/oauth2-redirect"):
+        page = served.http.get(path)
+        assert page.status_code == 200
+        assert page.headers["X-Frame-Options"] == "DENY", path
+        assert "frame-ancestors 'none'" in page.headers["Content-Security-Policy"], path
+
+
 def test_the_document_declares_both_security_schemes_and_typed_answers(served: Served) -> None:
     spec = served.http.get("/openapi.json").json()
     schemes = spec["components"]["securitySchemes"]
