@@ -61,7 +61,10 @@ Durable payment flows against the payment gateway.
 Every route but the receiver, `/healthz` and these docs needs `X-Api-Key` (or `Authorization: Bearer`),
 checked before the body is read; bodies above `DURAPAY_API__MAX_BODY_BYTES` are refused with 413.
 Inputs are read strictly: an unknown field or value is a 422 naming it (and the closest known name).
-Errors are `{"error", "reason"}` (+ `"field"` on 422).
+Bodies are UTF-8 JSON (RFC 8259 §8.1; anything else is a 415 naming the encoding), at most 32 levels deep;
+no string holds a lone surrogate, none a control character but tab and line breaks in free text (never in
+a key or an identifier), no number is beyond 64 bits or a double: a 422 naming the field (the
+receiver's 400). Errors are `{"error", "reason"}` (+ `"field"` on 422); none repeats a card number.
 """
 
 #: Where ``/docs`` finds Swagger UI's files (the ``fastapi-offline`` package ships them).
