@@ -78,6 +78,17 @@ def service_settings(key_prefix: str, **overrides: Any) -> Settings:
     return load_settings(values)
 
 
+@pytest.fixture(scope="session")
+def api_document(redis_url: str) -> dict[str, Any]:
+    """The app's OpenAPI document (the same for every test's runtime here: built once, a few seconds)."""
+    built = build_runtime(service_settings("apidoc"), redis_url=redis_url, flows={"notified": NOTIFIED})
+    built.engine.sender = None
+    try:
+        return create_app(built).openapi()
+    finally:
+        built.close()
+
+
 @pytest.fixture
 def runtime(redis_url: str, key_prefix: str) -> Iterator[Runtime]:
     built = build_runtime(service_settings(key_prefix), redis_url=redis_url, flows={"notified": NOTIFIED})

@@ -23,7 +23,6 @@ from typing import Any
 
 import pytest
 
-from durapay.service.app import create_app
 from durapay.workflows.sensitive import GATEWAY_IDS, CardIdentifier, identifier, mask, refuse_card_identifiers
 from tests.service.conftest import API_KEY, Served, waiting_flow
 from tests.service.test_api_schedules import schedule
@@ -34,16 +33,6 @@ PAN = "4349940199004549"
 TEXT = f"card {PAN} read out by the customer"
 #: The bodies of the flows' own routes (a flow kind's input is the gateway's request: see the docstring).
 FLOW_START = re.compile(r"^/flows/[a-z_]+$")
-
-
-_DOCUMENT: list[dict[str, Any]] = []
-
-
-def document(served: Served) -> dict[str, Any]:
-    """The app's OpenAPI document (the same for every test's runtime: built once)."""
-    if not _DOCUMENT:
-        _DOCUMENT.append(create_app(served.runtime).openapi())
-    return _DOCUMENT[0]
 
 
 def resolved(schema: dict[str, Any], doc: dict[str, Any]) -> dict[str, Any]:
@@ -183,8 +172,8 @@ def views(served: Served, doc: dict[str, Any], ids: dict[str, str], *, lists: bo
     return shown
 
 
-def test_every_route_with_a_body_is_enumerated(served: Served) -> None:
-    doc = document(served)
+def test_every_route_with_a_body_is_enumerated(served: Served, api_document: dict[str, Any]) -> None:
+    doc = api_document
     with_body = {
         (method, path)
         for path, operations in doc["paths"].items()
@@ -194,13 +183,12 @@ def test_every_route_with_a_body_is_enumerated(served: Served) -> None:
     assert with_body == set(OPERATOR) | set(MERCHANT), "give the new route a valid body in OPERATOR or MERCHANT"
 
 
-def test_an_operators_text_is_masked_where_it_is_written(served: Served) -> None:
+def test_an_operators_text_is_masked_where_it_is_written(served: Served, api_document: dict[str, Any]) -> None:
     for route in sorted(OPERATOR):
-        operators_text(served, route)
+        operators_text(served, api_document, route)
 
 
-def operators_text(served: Served, route: tuple[str, str]) -> None:
-    doc = document(served)
+def operators_text(served: Served, doc: dict[str, Any], route: tuple[str, str]) -> None:
     method, path = route
     base, setup = OPERATOR[route]
     fields = sorted(set(leaves(body_schema(doc["paths"][path][method]) or {}, doc)), key=str)
@@ -220,13 +208,12 @@ def operators_text(served: Served, route: tuple[str, str]) -> None:
         assert not whole_in(text), f"{method} {path}: GET {url} shows it whole"
 
 
-def test_a_merchants_request_is_never_echoed_or_shown_whole(served: Served) -> None:
+def test_a_merchants_request_is_never_echoed_or_shown_whole(served: Served, api_document: dict[str, Any]) -> None:
     for route in sorted(MERCHANT):
-        merchants_request(served, route)
+        merchants_request(served, api_document, route)
 
 
-def merchants_request(served: Served, route: tuple[str, str]) -> None:
-    doc = document(served)
+def merchants_request(served: Served, doc: dict[str, Any], route: tuple[str, str]) -> None:
     method, path = route
     base, setup = MERCHANT[route]
     for field in sorted(set(leaves(body_schema(doc["paths"][path][method]) or {}, doc)), key=str) or [("note",)]:
@@ -243,9 +230,9 @@ def merchants_request(served: Served, route: tuple[str, str]) -> None:
         assert not whole_in(text), f"{method} {path}: GET {url} shows it whole"
 
 
-def test_every_field_of_every_flow_input_is_shown_masked_or_refused(served: Served) -> None:
+def test_every_field_of_every_flow_input_is_shown_masked_or_refused(served: Served, api_document: dict[str, Any]) -> None:
     """The rule that shows a flow's input, proved on every string field of every kind's input schema."""
-    doc = document(served)
+    doc = api_document
     starts = [path for path in doc["paths"] if FLOW_START.match(path) and "post" in doc["paths"][path]]
     assert len(starts) == len(served.engine.registry)
     checked = 0
@@ -269,10 +256,10 @@ def test_every_field_of_every_flow_input_is_shown_masked_or_refused(served: Serv
 # -- error answers never repeat it (finding 6) ------------------------------------------------------------------
 
 
-def test_no_error_answer_repeats_a_card_number(served: Served) -> None:
+def test_no_error_answer_repeats_a_card_number(served: Served, api_document: dict[str, Any]) -> None:
     """Every path, query and header parameter of every route, a body's unknown field named by one, and the
     fields whose refusals quote their value (a currency, a capture type, a kind, a filter)."""
-    doc = document(served)
+    doc = api_document
     flow = a_flow(served)["flow_id"]
     answers: dict[str, str] = {}
     for path, operations in doc["paths"].items():

@@ -18,7 +18,6 @@ from typing import Any
 
 import pytest
 
-from durapay.service.app import create_app
 from tests.service.conftest import API_KEY, Served, notification, waiting_flow
 
 KEY = {"X-Api-Key": API_KEY}
@@ -92,8 +91,7 @@ def filled(path: str, ids: dict[str, str], name: str = "", segment: str = "") ->
     return re.sub(r"{(\w+)}", lambda match: segment if match.group(1) == name else ids[match.group(1)], path)
 
 
-def routes(served: Served) -> list[tuple[str, str, bool, list[dict[str, Any]]]]:
-    doc = create_app(served.runtime).openapi()
+def routes(doc: dict[str, Any]) -> list[tuple[str, str, bool, list[dict[str, Any]]]]:
     found = []
     for path, operations in doc["paths"].items():
         for method, operation in operations.items():
@@ -106,8 +104,8 @@ def flow_id(served: Served) -> str:
     return waiting_flow(served.engine, "ord-hostile-known", TOKEN)
 
 
-def test_no_hostile_input_is_a_5xx_or_writes_anything(served: Served, flow_id: str) -> None:
-    found = routes(served)
+def test_no_hostile_input_is_a_5xx_or_writes_anything(served: Served, flow_id: str, api_document: dict[str, Any]) -> None:
+    found = routes(api_document)
     assert len(found) > 60
     before = snapshot(served)
     server_errors: list[str] = []

@@ -12,14 +12,19 @@ from __future__ import annotations
 
 import asyncio
 import json
+import uuid
+from collections.abc import Iterator
 from typing import Any
 
+import httpx
 import pytest
 from starlette.types import Message
 
 from durapay.service.app import create_app
 from durapay.service.inbound import HEADERS, MAX_DEPTH, Refusal, decode_form, decode_json, too_deep
-from tests.service.conftest import API_KEY, Served, notification, waiting_flow
+from durapay.service.runtime import build_runtime
+from durapay.service.server import ApiServer
+from tests.service.conftest import API_KEY, NOTIFIED, Served, notification, service_settings, waiting_flow
 
 KEY = {"X-Api-Key": API_KEY, "Content-Type": "application/json"}
 TOKEN = "2f0ea5059b41414ca3744fe672327d85"
@@ -38,6 +43,16 @@ def nothing_written(served: Served) -> bool:
     return served.engine.list(limit=10) == []
 
 
+@pytest.fixture(scope="module")
+def door(redis_url: str) -> Iterator[Served]:
+    """One app for the refusals (they write nothing, which each checks): started once for the module."""
+    built = build_runtime(service_settings("inb" + uuid.uuid4().hex[:8]), redis_url=redis_url, flows={"notified": NOTIFIED})
+    built.engine.sender = None
+    with ApiServer(create_app(built)) as server, httpx.Client(base_url=server.url, timeout=10.0) as http:
+        yield Served(built, server, http)
+    built.close()
+
+
 # -- encodings (finding 2) -------------------------------------------------------------------------------
 
 
@@ -52,12 +67,12 @@ def hidden_depth(order_id: str) -> str:
     ("codec", "named"),
     [("utf-16-le", "UTF-16 (little-endian)"), ("utf-16-be", "UTF-16 (big-endian)"), ("utf-32-be", "UTF-32 (big-endian)")],
 )
-def test_a_wide_body_cannot_hide_its_depth_and_is_refused_naming_its_encoding(served: Served, codec: str, named: str) -> None:
-    answer = served.http.post("/flows/moto?wait=0", content=hidden_depth("hidden").encode(codec), headers=KEY)
+def test_a_wide_body_cannot_hide_its_depth_and_is_refused_naming_its_encoding(door: Served, codec: str, named: str) -> None:
+    answer = door.http.post("/flows/moto?wait=0", content=hidden_depth("hidden").encode(codec), headers=KEY)
     assert answer.status_code == 415, answer.text
     assert answer.json()["error"] == "unsupported_encoding"
     assert named in answer.json()["reason"] and "RFC 8259" in answer.json()["reason"]
-    assert nothing_written(served)
+    assert nothing_written(door)
 
 
 @pytest.mark.parametrize(
@@ -70,18 +85,18 @@ def test_a_wide_body_cannot_hide_its_depth_and_is_refused_naming_its_encoding(se
         (json.dumps(moto("caf\xe9"), ensure_ascii=False).encode("latin-1"), "application/json", "not UTF-8 (byte 0xe9"),
     ],
 )
-def test_a_body_that_is_not_utf8_is_refused_naming_what_it_is(served: Served, raw: bytes, content_type: str, named: str) -> None:
-    answer = served.http.post("/flows/moto?wait=0", content=raw, headers={**KEY, "Content-Type": content_type})
+def test_a_body_that_is_not_utf8_is_refused_naming_what_it_is(door: Served, raw: bytes, content_type: str, named: str) -> None:
+    answer = door.http.post("/flows/moto?wait=0", content=raw, headers={**KEY, "Content-Type": content_type})
     assert (answer.status_code, answer.json()["error"]) == (415, "unsupported_encoding"), answer.text
     assert named in answer.json()["reason"]
-    assert nothing_written(served)
+    assert nothing_written(door)
 
 
-def test_a_body_of_another_media_type_is_refused(served: Served) -> None:
+def test_a_body_of_another_media_type_is_refused(door: Served) -> None:
     plain = {**KEY, "Content-Type": "text/plain"}
-    answer = served.http.post("/flows/moto?wait=0", content=json.dumps(moto("plain")), headers=plain)
+    answer = door.http.post("/flows/moto?wait=0", content=json.dumps(moto("plain")), headers=plain)
     assert (answer.status_code, answer.json()["error"]) == (415, "unsupported_media_type"), answer.text
-    assert nothing_written(served)
+    assert nothing_written(door)
 
 
 # -- text and numbers ------------------------------------------------------------------------------------
@@ -104,14 +119,14 @@ def test_a_body_of_another_media_type_is_refused(served: Served) -> None:
     ],
 )
 def test_text_that_is_not_text_and_numbers_out_of_range_are_refused_naming_the_field(
-    served: Served, body: str, field: str, reason: str
+    door: Served, body: str, field: str, reason: str
 ) -> None:
     whole = json.dumps(moto("text")).removesuffix("}") + ", " + body.removeprefix("{")
-    answer = served.http.post("/flows/moto?wait=0", content=whole.encode(), headers=KEY)
+    answer = door.http.post("/flows/moto?wait=0", content=whole.encode(), headers=KEY)
     assert answer.status_code == 422, answer.text
     assert answer.json()["field"] == field
     assert reason in answer.json()["reason"]
-    assert nothing_written(served)
+    assert nothing_written(door)
 
 
 def test_free_text_keeps_its_tabs_and_line_breaks(served: Served) -> None:
@@ -124,27 +139,27 @@ def test_free_text_keeps_its_tabs_and_line_breaks(served: Served) -> None:
 # -- path, query, headers, forms ---------------------------------------------------------------------------
 
 
-def test_path_query_and_the_headers_read_are_text(served: Served) -> None:
+def test_path_query_and_the_headers_read_are_text(door: Served) -> None:
     refusals = {
-        "(path)": served.http.get("/flows/f%ff", headers=KEY),
-        "(path) ": served.http.get("/flows/f%00", headers=KEY),
-        "query.state": served.http.get("/flows?state=%ff", headers=KEY),
-        "query.kind": served.http.get("/flows?kind=mo%01to", headers=KEY),
-        "header.Idempotency-Key": served.http.post(
+        "(path)": door.http.get("/flows/f%ff", headers=KEY),
+        "(path) ": door.http.get("/flows/f%00", headers=KEY),
+        "query.state": door.http.get("/flows?state=%ff", headers=KEY),
+        "query.kind": door.http.get("/flows?kind=mo%01to", headers=KEY),
+        "header.Idempotency-Key": door.http.post(
             "/flows/moto?wait=0", json=moto("latin-key"), headers=[("X-Api-Key", API_KEY), ("Idempotency-Key", b"caf\xe9")]
         ),
     }
     for field, answer in refusals.items():
         assert answer.status_code == 422, (field, answer.text)
         assert answer.json()["field"] == field.strip(), answer.text
-    assert nothing_written(served)
+    assert nothing_written(door)
 
 
-def test_every_header_the_api_declares_is_decoded_at_the_boundary(served: Served) -> None:
+def test_every_header_the_api_declares_is_decoded_at_the_boundary(api_document: dict[str, Any]) -> None:
     """Derived from the OpenAPI document: a new header parameter is covered, or this fails."""
     declared = {
         parameter["name"].lower()
-        for operations in create_app(served.runtime).openapi()["paths"].values()
+        for operations in api_document["paths"].values()
         for operation in operations.values()
         for parameter in operation.get("parameters", [])
         if parameter["in"] == "header"
@@ -152,11 +167,11 @@ def test_every_header_the_api_declares_is_decoded_at_the_boundary(served: Served
     assert declared and declared <= set(HEADERS)
 
 
-def test_a_console_form_is_decoded_at_the_boundary(served: Served) -> None:
+def test_a_console_form_is_decoded_at_the_boundary(door: Served) -> None:
     form = {"Content-Type": "application/x-www-form-urlencoded"}
-    refused = served.http.post("/console/login", content=b"key=%ff%fe&csrf=x", headers=form)
+    refused = door.http.post("/console/login", content=b"key=%ff%fe&csrf=x", headers=form)
     assert (refused.status_code, refused.json()["field"]) == (422, "key"), refused.text
-    control = served.http.post("/console/login", content=b"key=a%00&csrf=x", headers=form)
+    control = door.http.post("/console/login", content=b"key=a%00&csrf=x", headers=form)
     assert (control.status_code, control.json()["field"]) == (422, "key"), control.text
     assert decode_form(b"reason=two%0D%0Alines&by=ann") == {"reason": "two\r\nlines", "by": "ann"}
 
@@ -164,19 +179,26 @@ def test_a_console_form_is_decoded_at_the_boundary(served: Served) -> None:
 # -- the open receiver (findings 1 and 7) ---------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("field", ["orderId", "operationId", "securityToken", "eventId"])
-@pytest.mark.parametrize("token", [TOKEN, "not-the-token"])
-def test_a_lone_surrogate_in_a_notification_is_400_never_500(served: Served, field: str, token: str) -> None:
+def test_a_lone_surrogate_in_a_notification_is_400_never_500(served: Served) -> None:
+    """Finding 1: a ``"\\ud800"`` in ``orderId``, ``operationId``, ``securityToken`` or ``eventId`` was a 500
+    (UnicodeEncodeError where the order id and the token were encoded), with or without the right token."""
     waiting_flow(served.engine, "ord-sur", TOKEN)
-    body = notification("ord-sur", token)
-    holder = body["operation"] if field in ("orderId", "operationId") else body
-    holder[field] = "x\ud800"
-    raw = json.dumps(body).encode()  # ensure_ascii: the escape \ud800, as a client sends it
-    answer = served.http.post("/notifications", content=raw, headers={"Content-Type": "application/json"})
-    named = f"operation.{field}" if field in ("orderId", "operationId") else field
-    assert answer.status_code == 400, answer.text
-    assert answer.json() == {"outcome": "KO", "error": f"{named}: {SURROGATE}"}
-    assert served.counter("malformed") == 1
+    refused = 0
+    for token in (TOKEN, "not-the-token"):
+        for field in ("orderId", "operationId", "securityToken", "eventId"):
+            body = notification("ord-sur", token)
+            holder = body["operation"] if field in ("orderId", "operationId") else body
+            holder[field] = "x\ud800"
+            raw = json.dumps(body).encode()  # ensure_ascii: the escape \ud800, as a client sends it
+            answer = served.http.post("/notifications", content=raw, headers={"Content-Type": "application/json"})
+            named = f"operation.{field}" if field in ("orderId", "operationId") else field
+            assert (answer.status_code, answer.json()) == (400, {"outcome": "KO", "error": f"{named}: {SURROGATE}"}), (
+                field,
+                token,
+                answer.text,
+            )
+            refused += 1
+            assert served.counter("malformed") == refused
     assert served.engine.get(served.engine.list(limit=1)[0].id).signals == []
 
 
