@@ -13,8 +13,8 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from durapay.gateway import format_money
-from durapay.workflows.flow_money import flow_money
+from durapay.gateway import GatewayTime, format_money
+from durapay.workflows.flow_money import asked_money, outcome_money
 from durapay.workflows.operator_actions import allowed
 from durapay.workflows.sensitive import mask
 from durapay.workflows.steps import FlowDefinition
@@ -63,10 +63,32 @@ def flow_brief(record: FlowRecord) -> dict[str, Any]:
     }
 
 
+def operation_time(outcome: Any, outputs: Any) -> GatewayTime | None:
+    """The gateway's ``operationTime`` of the operation a flow's ``outcome`` names, as the gateway wrote it
+    (its zone, unlabelled: docs/gateway.md), read from the outcome or from the step output holding that
+    operation (the outcome keeps id, type, result and amount); None when none says."""
+    operation = outcome.get("operation") if isinstance(outcome, Mapping) else None
+    if not isinstance(operation, Mapping) or not operation.get("operationId"):
+        return None
+    found = [operation, *(output.get("operation", output) for output in (outputs or {}).values() if isinstance(output, Mapping))]
+    for candidate in found:
+        same = isinstance(candidate, Mapping) and candidate.get("operationId") == operation["operationId"]
+        if same and candidate.get("operationTime"):
+            return GatewayTime(str(candidate["operationTime"]))
+    return None
+
+
 def money_text(outcome: Any, data: Any) -> str:
-    """:func:`flow_money` as a person reads it (``99.00 EUR``; ``gateway.format_money``), or ``""``."""
-    money = flow_money(outcome, data)
-    return format_money(*money) if money else ""
+    """The money at stake on a flow as a person reads it (``gateway.format_money``), wherever a flow is
+    listed or acted on (the console's pages, the CLI's tables): the amount and currency its request asks
+    for, from the start (a flow waiting for a customer or stopped for a person has no outcome yet); then,
+    once the gateway holds an operation of another amount, that one too (``15.00 EUR → 9.90 EUR``); the
+    outcome's alone when the request names none; ``""`` for a flow about no amount."""
+    asked, held = asked_money(data), outcome_money(outcome)
+    asked_text, held_text = (format_money(*money) if money else "" for money in (asked, held))
+    if asked_text and held_text and held_text != asked_text:
+        return f"{asked_text} \u2192 {held_text}"
+    return asked_text or held_text
 
 
 def rule_text(rule: Any) -> str:

@@ -14,19 +14,32 @@ from typing import Any
 from durapay.gateway import parse_minor
 
 
-def flow_money(outcome: Any, data: Any) -> tuple[Any, str] | None:
-    """What a flow is for, in minor units and currency, from its ``outcome`` and ``input`` (a record's
-    or a view's): the operation its outcome names (what the gateway holds), else what its input asks
-    (``order.amount``, a post-operation's or a charge's ``amount``, a reservation's); None for a flow
-    about no amount (a link's cancel, a contract)."""
-    operation = outcome.get("operation") if isinstance(outcome, Mapping) else None
-    if isinstance(operation, Mapping) and operation.get("operationAmount") not in (None, ""):
-        return operation["operationAmount"], str(operation.get("operationCurrency") or "")
+def asked_money(data: Any) -> tuple[Any, str] | None:
+    """What a flow's ``input`` asks for, in minor units and currency (``order.amount``, a post-operation's or a
+    charge's ``amount``, a reservation's); None for a flow about no amount (a link's cancel, a contract) or
+    one that asks for "the whole amount" (a refund without ``amount``)."""
     data = data if isinstance(data, Mapping) else {}
     for holder in (data.get("order"), data, data.get("reservation")):
         if isinstance(holder, Mapping) and holder.get("amount") not in (None, ""):
             return holder["amount"], str(holder.get("currency") or "")
     return None
+
+
+def outcome_money(outcome: Any) -> tuple[Any, str] | None:
+    """The amount of the operation a flow's ``outcome`` names (what the gateway holds), or None."""
+    operation = outcome.get("operation") if isinstance(outcome, Mapping) else None
+    if isinstance(operation, Mapping) and operation.get("operationAmount") not in (None, ""):
+        return operation["operationAmount"], str(operation.get("operationCurrency") or "")
+    return None
+
+
+def flow_money(outcome: Any, data: Any) -> tuple[Any, str] | None:
+    """What a flow is for, in minor units and currency, from its ``outcome`` and ``input`` (a record's
+    or a view's): the operation its outcome names (:func:`outcome_money`: what the gateway holds), else
+    what its input asks (:func:`asked_money`); None for a flow about no amount (a link's cancel, a
+    contract). A surface that shows both (the request's amount from the start, then the outcome's) reads
+    the two itself (``service.views.money_text``)."""
+    return outcome_money(outcome) or asked_money(data)
 
 
 def minor_money(outcome: Any, data: Any) -> tuple[int, str] | None:

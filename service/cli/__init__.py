@@ -25,7 +25,7 @@ import typer
 import typer.main
 from typer import _click as click  # typer carries its own click: its commands and contexts are these
 from typer._click.shell_completion import CompletionItem
-from typer.core import TyperGroup
+from typer.core import TyperGroup, TyperOption
 
 from durapay.service.cli._common import ExitCode
 
@@ -33,20 +33,22 @@ from durapay.service.cli._common import ExitCode
 #: only when the command is used (or helped, or completed), so that a Tab in the shell loads the one
 #: command it completes, not the engine, the API and the demo. ``tests/service/cli/test_completion.py``
 #: checks that each module registers exactly the names listed here.
+#: Their order is the help's: what a newcomer runs first (dev, demo), then the daily commands, then the
+#: processes of a deployment and the tools.
 COMMAND_MODULES: dict[str, tuple[str, ...]] = {
-    "durapay.service.cli.config_cmd": ("config",),
-    "durapay.service.cli.endpoints": ("endpoints",),
-    "durapay.service.cli.simulator_cmd": ("simulator",),
-    "durapay.service.cli.serve_cmd": ("alive", "worker", "scheduler", "api"),
+    "durapay.service.cli.dev_cmd": ("dev",),
+    "durapay.service.cli.demo_cmd": ("demo",),
     "durapay.service.cli.flows_cmd": ("start", "flows"),
     "durapay.service.cli.schedules_cmd": ("schedules",),
     "durapay.service.cli.webhooks_cmd": ("webhooks", "events"),
-    "durapay.service.cli.demo_cmd": ("demo",),
-    "durapay.service.cli.dev_cmd": ("dev",),
-    "durapay.service.cli.chaos_cmd": ("chaos",),
-    "durapay.service.cli.reconcile_cmd": ("reconcile",),
     "durapay.service.cli.kinds_cmd": ("kinds",),
     "durapay.service.cli.bulk_cmd": ("bulk",),
+    "durapay.service.cli.reconcile_cmd": ("reconcile",),
+    "durapay.service.cli.serve_cmd": ("alive", "worker", "scheduler", "api"),
+    "durapay.service.cli.chaos_cmd": ("chaos",),
+    "durapay.service.cli.config_cmd": ("config",),
+    "durapay.service.cli.endpoints": ("endpoints",),
+    "durapay.service.cli.simulator_cmd": ("simulator",),
 }
 _MODULE_OF = {name: module for module, names in COMMAND_MODULES.items() for name in names}
 
@@ -56,7 +58,33 @@ def module_commands(module_name: str) -> dict[str, click.Command]:
     """The root commands ``module_name`` registers, built as click commands (imported once)."""
     holder = typer.Typer()
     importlib.import_module(module_name).register(holder)
-    return dict(typer.main.get_group(holder).commands)
+    commands = dict(typer.main.get_group(holder).commands)
+    for command in commands.values():
+        quiet_flags(command)
+    return commands
+
+
+def quiet_flags(command: click.Command) -> None:
+    """No ``<bool>`` after a plain flag (``--json``, ``--help``) in the help: typer writes each option's
+    type there, which says nothing of a flag taking no value. Its subcommands too."""
+    for param in [*command.params, command.get_help_option(click.Context(command))]:
+        if isinstance(param, TyperOption) and param.is_flag and param.metavar is None:
+            param.metavar = ""
+    for sub in getattr(command, "commands", {}).values():
+        quiet_flags(sub)
+
+
+def global_json(argv: list[str]) -> list[str]:
+    """``durapay --json flows ls`` as ``durapay flows ls --json``: every command takes ``--json``, and the
+    root has none of its own, so one given before the command is moved after it (before any ``--``)."""
+    leading = 0
+    while leading < len(argv) and argv[leading].startswith("-") and argv[leading] != "--":
+        leading += 1
+    if "--json" not in argv[:leading] or leading == len(argv):
+        return argv
+    rest = [arg for number, arg in enumerate(argv) if not (number < leading and arg == "--json")]
+    end = rest.index("--") if "--" in rest else len(rest)
+    return [*rest[:end], "--json", *rest[end:]]
 
 
 class DurapayGroup(TyperGroup):
@@ -98,7 +126,8 @@ class DurapayGroup(TyperGroup):
         windows_expand_args: bool = True,
         **extra: Any,
     ) -> Any:
-        argv = list(sys.argv[1:] if args is None else args)
+        argv = global_json(list(sys.argv[1:] if args is None else args))
+        quiet_flags(self)
         try:
             code = super().main(argv, prog_name, complete_var, False, windows_expand_args, **extra)
         except typer.TyperException as exc:  # click's usage errors, as typer carries them

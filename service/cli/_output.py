@@ -2,9 +2,11 @@
 
 Conventions of ``gh`` and ``kubectl``:
 
-* On a terminal a list is aligned columns under a header; id columns are never cut nor wrapped (other
-  columns are shortened with an ellipsis when the terminal is too narrow); piped, it is one line per
-  row, fields separated by a tab, no header, nothing cut, so that
+* On a terminal a list is aligned columns under a header; id columns are never cut nor wrapped, and
+  neither is a money column (``amount``: its amount and its currency, what a person decides by); other
+  columns are shortened with an ellipsis when the terminal is too narrow, descriptions first (``cut``),
+  and a column that would say nothing once cut (a time) is left out, said in the title; piped, it is one
+  line per row, fields separated by a tab, no header, nothing cut, so that
   ``durapay flows ls --state failed | cut -f1`` gives ids to paste.
 * A record (``flows show``) is ``field  value`` lines on a terminal, ``field<TAB>value`` lines when piped.
 * ``--json`` prints JSON on stdout and nothing else there; errors then go to stderr as JSON too
@@ -17,11 +19,12 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Mapping, Sequence
-from datetime import UTC, datetime
 from typing import Any
 
 import typer
 from rich.console import Console
+
+from durapay.workflows.moments import moment_text
 
 #: The width of a console that is not a terminal: wide enough that a table or a line is never wrapped
 #: (piped into a file or ``less``, Rich's default of 80 columns broke the demo's table and commands).
@@ -38,21 +41,34 @@ def echo_json(value: Any) -> None:
     typer.echo(json.dumps(value, indent=2, default=str))
 
 
-def when(timestamp: float | None) -> str:
-    if timestamp is None:
-        return ""
-    return datetime.fromtimestamp(timestamp, UTC).strftime("%Y-%m-%d %H:%M:%S")
+def when(moment: Any, zone: str | None = None) -> str:
+    """A moment as every surface writes it (``workflows.moments``: ISO 8601 with its offset, UTC unless
+    ``zone``, then named); ``""`` for none."""
+    return moment_text(moment, zone)
+
+
+#: Columns never cut, in every table: the money at stake, amount and currency (``1,234…`` hid both).
+MONEY = frozenset({"amount"})
 
 
 def print_rows(
-    title: str, columns: Sequence[str], rows: Sequence[Sequence[str]], *, ids: frozenset[str], piped_prefix: str = ""
+    title: str,
+    columns: Sequence[str],
+    rows: Sequence[Sequence[str]],
+    *,
+    ids: frozenset[str],
+    piped_prefix: str = "",
+    cut: Sequence[str] = (),
+    drop: Sequence[str] = (),
 ) -> None:
     """A list: aligned columns under a header on a terminal, tab-separated lines when piped (each
     starting with ``piped_prefix`` and a tab when given: a list printed after a record).
 
-    On a terminal too narrow for every column, the columns not named in ``ids`` are shortened (an
-    ellipsis marks it), widest first, never below their header; ``ids`` columns are never cut. If
-    that is not enough the lines are longer than the terminal: it wraps them, nothing is lost.
+    On a terminal too narrow for every column, the columns not named in ``ids`` (nor :data:`MONEY`) are
+    shortened (an ellipsis marks it), those in ``cut`` first in its order, then the others widest first,
+    never below their header; ``ids`` and money columns are never cut. If that is not enough, the
+    columns in ``drop`` (a time: ``2026-1…`` says nothing) are left out, in that order, and the title
+    says so; past that the lines are longer than the terminal: it wraps them, nothing is lost.
     """
     out = console()
     if not out.is_terminal:
@@ -60,10 +76,23 @@ def print_rows(
             typer.echo("\t".join([piped_prefix] * bool(piped_prefix) + [_plain(cell) for cell in row]))
         return
     table = [list(columns), *([_plain(cell) for cell in row] for row in rows)]
-    widths = _fit([max(len(line[i]) for line in table) for i in range(len(columns))], columns, ids, out.width)
-    out.print(f"{title}", style="italic", highlight=False)
+    keep = ids | MONEY | frozenset(drop)
+    shown = list(range(len(columns)))
+    left_out: list[str] = []
+    while True:
+        names = [columns[i] for i in shown]
+        natural = [max(len(line[i]) for line in table) for i in shown]
+        widths = _fit(natural, names, keep, cut, out.width)
+        dropped = next((name for name in drop if name in names), None)
+        if _total(widths) <= out.width or dropped is None:
+            break
+        shown.remove(columns.index(dropped))
+        left_out.append(dropped)
+    note = f" ({', '.join(left_out)} not shown: narrow terminal)" if left_out else ""
+    out.print(f"{title}{note}", style="italic", highlight=False)
     for number, line in enumerate(table):
-        text = _GAP.join(_cut(cell, width).ljust(width) for cell, width in zip(line, widths, strict=True)).rstrip()
+        cells = [line[i] for i in shown]
+        text = _GAP.join(_cut(cell, width).ljust(width) for cell, width in zip(cells, widths, strict=True)).rstrip()
         out.print(text, style="bold" if number == 0 else None, highlight=False, markup=False, soft_wrap=True)
 
 
@@ -84,16 +113,23 @@ def print_record(title: str, fields: Sequence[tuple[str, str]]) -> None:
 _GAP = "  "
 
 
-def _fit(widths: list[int], columns: Sequence[str], keep: frozenset[str], room: int) -> list[int]:
-    """Column widths within ``room``: shorten the widest column not in ``keep``, one character at a time."""
+def _total(widths: Sequence[int]) -> int:
+    return sum(widths) + len(_GAP) * (len(widths) - 1)
+
+
+def _fit(widths: list[int], columns: Sequence[str], keep: frozenset[str], first: Sequence[str], room: int) -> list[int]:
+    """Column widths within ``room``: shorten the columns in ``first`` in that order, then the widest
+    column not in ``keep``, one character at a time, none below its floor."""
     fitted = list(widths)
     floors = [len(name) if name in keep else max(len(name), 4) for name in columns]
-    while sum(fitted) + len(_GAP) * (len(fitted) - 1) > room:
-        shrinkable = [i for i, name in enumerate(columns) if name not in keep and fitted[i] > floors[i]]
-        if not shrinkable:
-            break
-        widest = max(shrinkable, key=lambda i: fitted[i])
-        fitted[widest] -= 1
+    groups = [[columns.index(name)] for name in first if name in columns and name not in keep]
+    groups.append([i for i, name in enumerate(columns) if name not in keep and name not in first])
+    for group in groups:
+        while _total(fitted) > room:
+            shrinkable = [i for i in group if fitted[i] > floors[i]]
+            if not shrinkable:
+                break
+            fitted[max(shrinkable, key=lambda i: fitted[i])] -= 1
     return fitted
 
 

@@ -36,6 +36,8 @@ flows_app = typer.Typer(help="List, inspect and steer flows.", no_args_is_help=T
 
 
 def _flow_fields(view: dict[str, Any], money: str = "") -> list[tuple[str, str]]:
+    from durapay.service.views import operation_time
+
     fields = [("id", view["id"])]
     for name in ("kind", "state", "step", "order_id", "customer_url", "attempt"):
         if view.get(name) not in (None, ""):
@@ -53,7 +55,9 @@ def _flow_fields(view: dict[str, Any], money: str = "") -> list[tuple[str, str]]
             fields.append(("reason", str(outcome["reason"])))
         operation = outcome.get("operation") if isinstance(outcome.get("operation"), dict) else None
         if operation and operation.get("operationId"):  # what a refund or a capture names
-            fields.append(("operation", f"{operation['operationId']} {operation.get('operationType') or ''}".strip()))
+            made = when(operation_time(outcome, view.get("outputs")))
+            made = f" at {made}" if made else ""
+            fields.append(("operation", f"{operation['operationId']} {operation.get('operationType') or ''}".strip() + made))
     if money:
         fields.append(("amount", money))
     if view.get("error"):
@@ -210,7 +214,14 @@ def list_flows(
         for brief, amount in zip(briefs, amounts, strict=True)
     ]
     columns = ("id", "kind", "state", "step", "amount", "order", "updated")
-    print_rows(f"flows ({len(briefs)}); next: {page.next or '-'}", columns, rows, ids=frozenset({"id", "state", "order"}))
+    print_rows(
+        f"flows ({len(briefs)}); next: {page.next or '-'}",
+        columns,
+        rows,
+        ids=frozenset({"id", "state", "order"}),
+        cut=("kind", "step"),  # the money column is never cut; on 80 columns the time goes, not the amount
+        drop=("updated",),
+    )
     if page.next and not console().is_terminal:  # piped: stdout stays one line per flow
         typer.echo(f"next: {page.next}", err=True)
 

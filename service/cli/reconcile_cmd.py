@@ -9,20 +9,15 @@ calling the gateway.
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
 from typing import Annotated
 
 import typer
 
 from durapay.service.cli._common import BadOption, Output, runtime
-from durapay.service.cli._output import echo_json
+from durapay.service.cli._output import echo_json, when
 from durapay.service.timeparse import SINCE_FORMS, parse_since
 from durapay.workflows.reconciliation import CATEGORIES, IN_FLIGHT, Reconciler, Report, exit_status
 from durapay.workflows.reconciliation.findings import TITLES
-
-
-def _when(moment: float) -> str:
-    return datetime.fromtimestamp(moment, UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
 
 
 def text_lines(report: Report) -> list[str]:
@@ -33,7 +28,7 @@ def text_lines(report: Report) -> list[str]:
     elif report.running:
         verdict = "running"
     lines = [
-        f"reconciliation {report.id}: {_when(report.since)} to {_when(report.until)}: {report.operations} operations, "
+        f"reconciliation {report.id}: {when(report.since)} to {when(report.until)}: {report.operations} operations, "
         f"{report.flows} flows, {report.calls} gateway calls: {verdict}"
     ]
     if report.interrupted:

@@ -19,8 +19,9 @@ import typer
 
 from durapay.gateway import format_money
 from durapay.service.cli._common import Output, runtime
-from durapay.service.cli._output import echo_json, print_record, print_rows
+from durapay.service.cli._output import echo_json, print_record, print_rows, when
 from durapay.service.views import rule_text
+from durapay.workflows.moments import time_of_day
 from durapay.workflows.schedules import ScheduleRecord, Schedules
 
 JsonFlag = Annotated[bool, typer.Option("--json", help="Print JSON (errors too, on stderr).")]
@@ -57,9 +58,14 @@ def _print(record: ScheduleRecord, history: list[dict[str, Any]] | None = None) 
         if summary.get(name) is not None:
             fields.append((name, json.dumps(summary[name]) if isinstance(summary[name], dict) else str(summary[name])))
     fields.append(("dunning (days)", ", ".join(str(days) for days in summary["dunning"]) or "none"))
-    fields.append(("next run", f"{summary['nextRunLocal']} ({summary['nextRun']})" if summary["nextRun"] else "-"))
+    fields.append(("next run", when(summary["nextRun"], summary["timezone"]) or "-"))
+    if summary["nextRun"] and not summary["rule"].get("cron"):  # a cron expression says its own time
+        fields.append(("charges at", f"{time_of_day(summary['nextRun'], summary['timezone'])}, each time"))
     fields.append(("counts", ", ".join(f"{name} {value}" for name, value in summary["counts"].items())))
-    fields.append(("open", ", ".join(f"{a['occurrence']}#{a['attempt']} due {a['due']}" for a in summary["open"]) or "-"))
+    zone = summary["timezone"]
+    fields.append(
+        ("open", ", ".join(f"{a['occurrence']}#{a['attempt']} due {when(a['due'], zone)}" for a in summary["open"]) or "-")
+    )
     if summary["last"]:
         fields.append(("last", json.dumps(summary["last"])))
     if summary["reason"]:
@@ -68,7 +74,7 @@ def _print(record: ScheduleRecord, history: list[dict[str, Any]] | None = None) 
     if history:
         rows = [
             [
-                datetime.fromtimestamp(event["t"], UTC).isoformat(timespec="seconds"),
+                when(event["t"]),
                 event["event"],
                 json.dumps({k: v for k, v in event.items() if k not in ("t", "event")}),
             ]
@@ -143,8 +149,16 @@ def add(
         record = schedules.create(data, key=key)
     if as_json:
         echo_json(record.summary())
-    else:
-        _print(record)
+        return
+    _print(record)
+    summary = record.summary()
+    if start is None and cron is None and summary["nextRun"]:
+        # The time of day comes from --start, now by default: say it, a schedule added at 14:23 charges at 14:23.
+        typer.echo(
+            f"no --start: it charges at {time_of_day(summary['nextRun'], timezone)}, the time of day it was added; "
+            "for another, add it with --start (e.g. --start 2027-01-31T09:00)",
+            err=True,
+        )
 
 
 @schedules_app.command("ls")
@@ -172,7 +186,7 @@ def list_schedules(
                 summary["contractId"],
                 format_money(summary["amount"], summary["currency"]),
                 rule_text(summary["rule"]),
-                summary["nextRunLocal"] or "-",
+                when(summary["nextRun"], summary["timezone"]) or "-",
                 str(summary["counts"]["charged"]),
                 str(summary["counts"]["declined"]),
             ]

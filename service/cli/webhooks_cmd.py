@@ -182,12 +182,12 @@ def attempts(
         return
     rows = [
         [
-            a["at"],
+            when(a["at"]),
             a["event"],
             str(a.get("status") or "-"),
             str(a.get("latencyMs", "-")),
             a.get("outcome", ""),
-            a.get("nextAttempt") or "-",
+            when(a.get("nextAttempt")) or "-",
             a.get("error") or (a.get("response") or "")[:80],
         ]
         for a in found
@@ -221,7 +221,7 @@ def list_events(
     if as_json:
         echo_json({"events": [event.wire() for event in page], "next": following.text() or None})
         return
-    rows = [[e.wire()["timestamp"], e.id, e.type, str(e.body.get("flow") or e.body.get("schedule") or "")] for e in page]
+    rows = [[when(e.wire()["timestamp"]), e.id, e.type, str(e.body.get("flow") or e.body.get("schedule") or "")] for e in page]
     print_rows(
         f"events ({len(page)}); next: {following.text() or '-'}",
         ("time", "id", "type", "flow/schedule"),

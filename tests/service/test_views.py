@@ -29,9 +29,13 @@ def test_a_value_too_short_for_a_card_number_is_hidden_whole() -> None:
     assert redact({"cvv": ""}) == {"cvv": ""}, "an empty value reveals nothing"
 
 
-def test_what_a_flow_is_for_the_gateway_s_operation_first_then_its_input() -> None:
+def test_what_a_flow_is_for_its_request_then_the_gateway_s_operation() -> None:
+    """Issue 41 finding 4: the money at stake from the start (the request), then the outcome's when it
+    differs; the outcome's alone when the request names no amount (a refund of the whole)."""
     paid = {"operation": {"operationId": "1", "operationAmount": "990", "operationCurrency": "EUR"}}
-    assert money_text(paid, {"order": {"amount": "1500", "currency": "EUR"}}) == "9.90 EUR"
+    assert money_text(paid, {"order": {"amount": "1500", "currency": "EUR"}}) == "15.00 EUR \u2192 9.90 EUR"
+    assert money_text(paid, {"order": {"amount": "990", "currency": "EUR"}}) == "9.90 EUR"
+    assert money_text(paid, {"operationId": "1"}) == "9.90 EUR"
     assert money_text({}, {"order": {"amount": "1500", "currency": "EUR"}}) == "15.00 EUR"
     assert money_text(None, {"operationId": "1", "amount": 250, "currency": "JPY"}) == "250 JPY"
     assert money_text(None, {"reservation": {"amount": "12345", "currency": "KWD"}}) == "12.345 KWD"

@@ -39,6 +39,7 @@ from durapay.gateway import (
 from durapay.tasks.outcomes import Advance, Attention, Finish, NewOrder, Outcome, Poll
 from durapay.tasks.runner import NOT_COMMITTED, UNCLEAR, ReconcileResult, StepContext
 from durapay.workflows.flows._common import judge_operation, operation_of, read_order
+from durapay.workflows.moments import moment_text
 from durapay.workflows.sensitive import mask_pan
 
 #: Operations that take (or verify) the customer's money: what a payment step makes.
@@ -95,7 +96,7 @@ def not_provably_ours(ctx: StepContext, operation: Operation) -> str | None:
     if made is None:
         return "the gateway gives no time for it, so it may predate this flow"
     if made.timestamp() < ctx.created - CLOCK_SKEW_SECONDS:
-        return f"it was made at {operation.operationTime}, before this flow started"
+        return f"it was made at {moment_text(operation.operationTime)}, before this flow started"
     return foreign(ctx, operation)
 
 

@@ -227,6 +227,21 @@ def test_flow_and_order_ids_are_never_cut_on_a_terminal(engine_side: Runtime, co
     assert not any(f"{flow_id[:-1]}…" in table.stdout for flow_id in started)
 
 
+def test_the_money_column_is_never_cut_on_80_columns(engine_side: Runtime) -> None:
+    """Issue 41 finding 6: at 80 columns ``flows ls`` cut the money first (``1,234…``, the currency lost).
+    Descriptions are cut first, then the time is left out (said in the title); the amount stays whole."""
+    engine_side.engine.start("reservation_setup", {"service": {"serviceName": "DISPUTELESS", "enabled": "Y"}})
+    big = {"orderId": "order-id-eighteen-", "amount": "123456", "currency": "EUR"}
+    paid = engine_side.engine.start("moto", {**moto("x"), "order": big}).id
+    for columns in ("80", "100"):
+        table = invoke("flows", "ls", env={**TERMINAL, "COLUMNS": columns})
+        assert table.exit_code == 0, table.output
+        [line] = lines_holding(table.stdout, paid)
+        assert "1,234.56 EUR" in line and "order-id-eighteen-" in line, table.stdout
+        assert all(len(text) <= int(columns) for text in table.stdout.splitlines()), table.stdout
+    assert "updated not shown" in invoke("flows", "ls", env={**TERMINAL, "COLUMNS": "80"}).stdout
+
+
 def finished(runtime: Runtime, key: str, outcome: Outcome) -> dict[str, Any]:
     """A moto flow started with ``key`` and ended by ``outcome`` (no worker involved); its input."""
     data = moto(key)
