@@ -32,6 +32,7 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, RedirectResponse, Response
 from starlette.routing import BaseRoute, Route
 
+from durapay.gateway import format_money
 from durapay.simulator import _build, _direct, _links, _payments, _three_steps
 from durapay.simulator._config import AUTO_COMPLETE_PAN
 from durapay.simulator._protocol import Origin, SimError
@@ -123,7 +124,7 @@ def page_routes(sim: Simulator) -> list[BaseRoute]:
         if request.method == "GET":
             if order is None or order.kind != "hpp":
                 return problem(SimError(404, None, f"no hosted page for order {order_id}"))
-            amount = f"{order.session_amount or order.amount} {order.currency} (minor units)"
+            amount = format_money(order.session_amount or order.amount, order.currency)  # 25.00 EUR, as a customer reads it
             body = CARD_FORM.format(pan=AUTO_COMPLETE_PAN, cancel=CANCEL_BUTTON) if is_open else "<p>Completed.</p>"
             body = in_progress(held) if held else body
             return page(f"Pay order {order_id}", f"<p>{html.escape(amount)}</p>{body}")
@@ -149,7 +150,8 @@ def page_routes(sim: Simulator) -> list[BaseRoute]:
                 return problem(SimError(404, None, f"no link {link_id}"))
             body = CARD_FORM.format(pan=AUTO_COMPLETE_PAN, cancel=CANCEL_BUTTON) if status == "ACTIVE" else ""
             body = in_progress(held) if held else body
-            return page(f"Pay-by-link {link_id}", f"<p>Status: {status}; amount {link.amount}.</p>{body}")
+            shown = format_money(link.amount, order.currency if order else None)
+            return page(f"Pay-by-link {link_id}", f"<p>Status: {status}; amount {html.escape(shown)}.</p>{body}")
 
         def action(origin: Origin, pan: str, expiry: str, cancel: bool) -> OperationRecord:
             return _links.pay_link(sim, link_id, origin, pan=pan, expiry=expiry, cancel=cancel)

@@ -281,3 +281,46 @@ def _money_moved(record: FlowRecord) -> str:
     except ValueError:
         return "?"
     return str(taken.get("operationId", "?")) if isinstance(taken, dict) else "?"
+
+
+#: What a person may start on a flow's payment once it succeeded (new flows of these kinds, not actions
+#: on the flow): the console's "Refund…" and "Capture…" on a payment's page.
+FOLLOW_UPS = {"capture": "Capture…", "refund": "Refund…"}
+#: The operations a refund gives back (a payment taken, a reservation's charge).
+_TAKEN = frozenset({"CAPTURE", "NOSHOW", "INCREMENTAL", "DELAY_CHARGE"})
+
+
+def follow_ups(record: FlowRecord) -> list[str]:
+    """The flows a person may start on this flow's payment now: ``capture`` (and ``refund``, its void) of
+    an authorization the gateway holds AUTHORIZED; ``refund`` of money it took (EXECUTED). Only on a
+    succeeded flow, read from its outcome's operation (what the gateway holds), never from its kind."""
+    operation = (record.outcome or {}).get("operation")
+    if record.state is not FlowState.SUCCEEDED or not isinstance(operation, dict) or not operation.get("operationId"):
+        return []
+    kind, result = operation.get("operationType"), operation.get("operationResult")
+    if kind == "AUTHORIZATION" and result == "AUTHORIZED":
+        return ["capture", "refund"]
+    if kind in _TAKEN and result == "EXECUTED":
+        return ["refund"]
+    return []
+
+
+def follow_up_input(record: FlowRecord, kind: str, amount: int | None) -> dict[str, Any]:
+    """The input of the ``kind`` flow :func:`follow_ups` offers: the outcome's operation, and ``amount``
+    (minor units, in its currency; None: the whole). A refund of an authorization voids it whole (the
+    gateway's rule, refused by the refund flow for a part), so it carries no amount."""
+    operation = (record.outcome or {}).get("operation") or {}
+    data: dict[str, Any] = {"operationId": str(operation["operationId"])}
+    whole = operation.get("operationType") == "AUTHORIZATION" and kind == "refund"
+    if amount is not None and not whole:
+        data |= {"amount": amount, "currency": str(operation.get("operationCurrency") or "")}
+    return data
+
+
+def no_action_why(record: FlowRecord) -> str:
+    """Why a stopped flow offers no action, for the page that shows none (a failed card flow: its card was
+    erased when it ended, so a person starts a new flow with the card). ``""`` when it has one, or when
+    its state says it (succeeded, cancelled)."""
+    if taken(record) or record.state is not FlowState.FAILED:
+        return ""
+    return refusal(record, "retry") or ""

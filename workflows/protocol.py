@@ -24,7 +24,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -485,7 +485,7 @@ class StepProtocol:
             if not isinstance(outcome, Attention) and not claimed.fields.get("money_moved"):
                 # Kept for the rest of the flow: transition.lua ends no flow failed once its money moved.
                 change = dataclasses.replace(change, fields={**change.fields, "money_moved": compact_json(paid)})
-        call = _call_made(step, claimed, outcome, now, reconcile=claim.resend or claimed.reconcile)
+        call = _call_made(step, claimed, outcome, now, reconcile=claim.resend or claimed.reconcile, made=ctx.calls)
         if call:
             change = dataclasses.replace(change, call=call)
         following_claim: Claim | str | None = None
@@ -645,10 +645,16 @@ def _payment_recorded(outcome: Outcome) -> dict[str, Any] | None:
     return reported_payment({"operation": operation}) if operation else None
 
 
-def _call_made(step: Step, claimed: FlowRecord, outcome: Outcome, now: float, *, reconcile: bool) -> dict[str, Any] | None:
+def _call_made(
+    step: Step, claimed: FlowRecord, outcome: Outcome, now: float, *, reconcile: bool, made: Sequence[str] = ()
+) -> dict[str, Any] | None:
     """What the log keeps of the gateway call a step's try made (the console's timeline): the operation,
     the status it ended with (the operation's result, an HTTP status, or the error's type), the time
-    from claim to completion, and whether the try only read back what an earlier one did."""
+    from claim to completion, and whether the try only read back what an earlier one did.
+
+    ``made``: the calls the try made, in order (``StepContext.calls``). The operation named is those when
+    they are not just the step's own: a reconcile try reads (``get_order``) before it calls again, if it
+    does, and its row named the step's ``create_moto_order`` although that was never sent."""
     operation = getattr(step, "operation", None)
     name = getattr(operation, "name", "") if operation is not None and not isinstance(step, WaitStep) else ""
     if not name:
@@ -664,7 +670,8 @@ def _call_made(step: Step, claimed: FlowRecord, outcome: Outcome, now: float, *,
         status = error.get("status") or error.get("operationResult") or error.get("type")
     if status is None:
         status = type(outcome).__name__.lower()
-    call: dict[str, Any] = {"op": name, "status": status, "ms": round(max(0.0, now - claimed.updated) * 1000, 1)}
+    op = " then ".join(made) if made and list(made) != [name] else name
+    call: dict[str, Any] = {"op": op, "status": status, "ms": round(max(0.0, now - claimed.updated) * 1000, 1)}
     if reconcile:
         call["reconcile"] = True
     return call

@@ -5,10 +5,11 @@ Why server-rendered: no build step, nothing to install in a browser, nothing fet
 polling a small JSON endpoint, and the timeline's hover text) and one stylesheet ship in the package.
 
 Pieces: ``session`` (sign-in cookie, CSRF), ``web`` (templates, security headers), ``flow_pages``
-(home, list, flow, actions), ``schedule_pages``, ``ops_pages`` (flow kinds: pause and resume; bulk retry
-and cancel), ``webhook_pages``, ``timeline`` (the SVG), ``overview`` (home figures),
-``flow_facts`` (outcome and actions in words). The console's paths are open in the API's key gate
-(``service.guard``): the console checks its own session instead, with the same keys and roles.
+(home, list, flow, actions), ``follow_pages`` (a succeeded payment's refund or capture, a new flow),
+``schedule_pages``, ``ops_pages`` (flow kinds: pause and resume; bulk retry and cancel), ``webhook_pages``,
+``timeline`` (the SVG), ``overview`` (home figures), ``flow_facts`` (outcome and actions in words). The
+console's paths are open in the API's key gate (``service.guard``): the console checks its own session
+instead, with the same keys and roles.
 """
 
 from __future__ import annotations
@@ -24,9 +25,10 @@ from fastapi.staticfiles import StaticFiles
 from durapay.config.settings import BulkSettings
 from durapay.service.auth import Keyring
 from durapay.service.console.flow_pages import flow_router
+from durapay.service.console.follow_pages import follow_router
 from durapay.service.console.ops_pages import ops_router
 from durapay.service.console.reconcile_pages import reconcile_router
-from durapay.service.console.session import COOKIE, LOGIN_COOKIE, LOGIN_SECONDS, PATH, Sessions
+from durapay.service.console.session import COOKIE, LOGIN_COOKIE, LOGIN_SECONDS, NAME_LIMIT, PATH, Sessions, clean_name
 from durapay.service.console.web import Console, read_form, redirect, safe_next, secured
 from durapay.service.throttle import Throttle
 from durapay.workflows.bulk import BulkActions
@@ -53,6 +55,7 @@ def install_console(
     app.mount(STATIC, StaticFiles(directory=str(files("durapay.service.console") / "static")), name="console-static")
     app.include_router(_sign_in_router(console, throttle))
     app.include_router(flow_router(console, engine, listing))
+    app.include_router(follow_router(console, engine))
     app.include_router(reconcile_router(console, engine))
     app.include_router(ops_router(console, engine, bulk or BulkActions(engine, BulkSettings())))
     if schedules is not None:
@@ -102,11 +105,16 @@ def _sign_in_router(console: Console, throttle: Throttle | None) -> APIRouter:
                 refused = login_page(request, 429, f"Too many failed sign-ins; try again in {wait} seconds.")
                 refused.headers["Retry-After"] = str(wait)
                 return refused
-        made = sessions.sign_in(key)
-        if made is None:
+        if sessions.keyring.role_of(key) is None:
             if throttle is not None:
                 await anyio.to_thread.run_sync(throttle.failed, address, key)
             return login_page(request, 401, "That key is not valid here.")
+        # Whose actions these will be: the console records them under this name (Session.by), not "console".
+        name = clean_name(form.get("name", ""))
+        made = sessions.sign_in(key, name=name) if name is not None else None
+        if made is None:
+            wanted = f"up to {NAME_LIMIT} letters, digits, spaces or . _ @ ' -"
+            return login_page(request, 422, f"Give your name ({wanted}): what you do here is recorded under it.")
         _, cookie = made
         response = redirect(safe_next(form.get("next")))
         response.set_cookie(

@@ -7,9 +7,13 @@ engine will not do.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from durapay.gateway import format_money
+from durapay.service.views import money_text, operation_time
+from durapay.workflows.flow_money import asked_money
+from durapay.workflows.moments import moment_text
 from durapay.workflows.operator_actions import late_payment
 from durapay.workflows.states import TERMINAL
 from durapay.workflows.store import FlowRecord
@@ -24,11 +28,16 @@ def facts(record: FlowRecord, refunding: FlowRecord | None = None) -> dict[str, 
     operation = operation or {}
     amount = operation.get("operationAmount")
     currency = operation.get("operationCurrency") or ""
+    asked = asked_money(record.input)
     return {
+        # The money at stake from the start: what the request asks (the outcome's amount comes once there is one).
+        "asked": format_money(*asked) if asked else "",
+        "money": money_text(record.outcome, record.input),
         "result": outcome.get("result") or ("" if record.state not in TERMINAL else record.state.value),
         "reason": outcome.get("reason") or "",
         "operation_id": operation.get("operationId") or error.get("operationId") or "",
         "operation_type": operation.get("operationType") or "",
+        "operation_time": moment_text(operation_time(record.outcome, record.outputs)),
         "operation_result": operation.get("operationResult") or error.get("operationResult") or "",
         "amount": format_money(amount, currency),
         "response_code": operation.get("responseCode") or error.get("responseCode") or "",
@@ -37,7 +46,18 @@ def facts(record: FlowRecord, refunding: FlowRecord | None = None) -> dict[str, 
         "late": late_payment(record),
         "refund_flows": refund_flows(outcome),
         "refunding": {"id": refunding.id, "state": refunding.state.value} if refunding is not None else None,
+        "note": started_by(record),
     }
+
+
+def started_by(record: FlowRecord) -> dict[str, str]:
+    """Who started the flow from another one, and why (the record's ``note``: a refund or a capture started
+    from a payment's page, a late payment's refund), or nothing."""
+    try:
+        note = json.loads(record.fields.get("note") or "{}")
+    except ValueError:
+        return {}
+    return {name: str(note[name]) for name in ("by", "from", "reason") if isinstance(note, dict) and note.get(name)}
 
 
 def refund_flows(outcome: dict[str, Any]) -> list[str]:

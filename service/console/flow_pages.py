@@ -17,7 +17,7 @@ from fastapi.responses import JSONResponse, Response
 
 from durapay.service.console.flow_facts import facts
 from durapay.service.console.overview import attention, declines, reason_of, snapshot, step_latency
-from durapay.service.console.reconcile_pages import home_summary
+from durapay.service.console.reconcile_pages import daily_run, home_summary
 from durapay.service.console.session import PATH
 from durapay.service.console.timeline import build, svg
 from durapay.service.console.web import READ_ONLY, Console, query, redirect, secured, to_login
@@ -25,7 +25,7 @@ from durapay.service.timeparse import parse_since
 from durapay.service.views import flow_brief, money_text, redact
 from durapay.workflows.engine import Engine, NotFound, OperatorError
 from durapay.workflows.listing import Cursor, FlowListing
-from durapay.workflows.operator_actions import ACTIONS, explain
+from durapay.workflows.operator_actions import ACTIONS, FOLLOW_UPS, explain, follow_ups, no_action_why
 from durapay.workflows.reconciliation import Reconciler
 from durapay.workflows.reconciliation.findings import TITLES
 from durapay.workflows.states import STOPPED, FlowState
@@ -60,9 +60,11 @@ def flow_router(console: Console, engine: Engine, listing: FlowListing) -> APIRo
             title="Home",
             live=snapshot(engine, listing, now),
             needing=needing,
+            money={record.id: money_text(record.outcome, record.input) for record, _ in needing},
             declines=declines(listing),
             latency=step_latency(engine),
             reconciliation=home_summary(reconciler),
+            daily=daily_run(engine),
         )
 
     @router.get("/live/home")
@@ -153,6 +155,7 @@ def flow_router(console: Console, engine: Engine, listing: FlowListing) -> APIRo
             reason=reason_of(record),
             timeline_svg=svg(timeline),
             calls=timeline.calls,
+            acts=timeline.acts,
             spans=timeline.spans,
             input_json=json.dumps(redact(record.input, record.identifiers), indent=2, sort_keys=True),
             record_json=json.dumps(redact(record.summary(), record.identifiers), indent=2, sort_keys=True, default=str),
@@ -161,6 +164,9 @@ def flow_router(console: Console, engine: Engine, listing: FlowListing) -> APIRo
             titles=TITLES,
             actions=engine.actions(found) if session.operator else [],
             labels=ACTIONS,  # the buttons say what the confirmation page's title says
+            follow_ups=[kind for kind in follow_ups(found) if kind in engine.registry] if session.operator else [],
+            follow_labels=FOLLOW_UPS,
+            no_action=no_action_why(found),
             done=request.query_params.get("done", ""),
         )
 
@@ -207,11 +213,11 @@ def flow_router(console: Console, engine: Engine, listing: FlowListing) -> APIRo
             return console.refuse(request, session, 404, "No such action", f"no action {action!r}")
         reason = (form.get("reason") or "").strip()[:500] or "cancelled from the console"
         run: dict[str, Callable[[], Any]] = {
-            "retry": lambda: engine.retry(flow_id, by="console"),
-            "accept": lambda: engine.retry(flow_id, by="console"),
-            "cancel": lambda: engine.cancel(flow_id, reason, by="console"),
-            "refund": lambda: engine.refund_late_payment(flow_id, reason, by="console"),
-            "keep": lambda: engine.keep_late_payment(flow_id, by="console"),
+            "retry": lambda: engine.retry(flow_id, by=session.by),
+            "accept": lambda: engine.retry(flow_id, by=session.by),
+            "cancel": lambda: engine.cancel(flow_id, reason, by=session.by),
+            "refund": lambda: engine.refund_late_payment(flow_id, reason, by=session.by),
+            "keep": lambda: engine.keep_late_payment(flow_id, by=session.by),
         }
         try:
             run[action]()

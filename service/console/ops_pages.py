@@ -68,9 +68,9 @@ def ops_router(console: Console, engine: Engine, bulk: BulkActions) -> APIRouter
                 reason = (form.get("reason") or "").strip()[:500]
                 if not reason:
                     return console.refuse(request, session, 422, "Not paused", "reason: say why (it is shown to everyone)")
-                engine.pauses.pause(kind, reason, by="console")
+                engine.pauses.pause(kind, reason, by=session.by)
             elif action == "resume":
-                engine.pauses.resume(kind, by="console")
+                engine.pauses.resume(kind, by=session.by)
             else:
                 return console.refuse(request, session, 404, "No such action", f"no action {action!r}")
         except UnknownKind as exc:
@@ -115,7 +115,7 @@ def ops_router(console: Console, engine: Engine, bulk: BulkActions) -> APIRouter
         session, form = posted
         try:
             wanted = _request(form)
-            record = bulk.post(wanted.action, bulk_filter(engine, wanted), by="console", given=given(wanted), plan=wanted.plan)
+            record = bulk.post(wanted.action, bulk_filter(engine, wanted), by=session.by, given=given(wanted), plan=wanted.plan)
         except ValidationError as exc:
             field, reason = describe_validation_error(exc)
             return console.refuse(request, session, 422, "Not done", f"{field}: {reason}")

@@ -13,7 +13,9 @@ from fastapi.responses import Response
 from durapay.service.console.session import PATH
 from durapay.service.console.web import Console, to_login
 from durapay.workflows.engine import Engine
+from durapay.workflows.moments import moment_text
 from durapay.workflows.reconciliation import CATEGORIES, Reconciler, Report
+from durapay.workflows.reconciliation.daily import next_run
 
 TITLES = {
     "money_without_flow": "Money without a flow",
@@ -33,6 +35,17 @@ def home_summary(reconciler: Reconciler) -> dict[str, Any] | None:
     summary.pop("findings")
     summary["mismatches"] = sum(count for category, count in report.counts().items() if category != "in_flight")
     return summary
+
+
+def daily_run(engine: Engine) -> dict[str, Any] | None:
+    """When the scheduler's daily run next reads the gateway (``at``, by the one rule for times: in its own
+    time zone, named) and how many hours it reads (``hours``); None when it is off. The pages say when,
+    rather than to turn on what is on by default."""
+    settings = engine.settings.reconcile
+    moment = next_run(settings, engine.clock.now())
+    if moment is None:
+        return None
+    return {"at": moment_text(moment, settings.time_zone), "hours": f"{settings.window_hours:g}"}
 
 
 def _sections(report: Report) -> list[tuple[str, str, list[dict[str, Any]]]]:
@@ -62,6 +75,7 @@ def reconcile_router(console: Console, engine: Engine) -> APIRouter:
             report=report.wire() if report else None,
             sections=_sections(report) if report else [],
             recent=reconciler.reports.recent(20),
+            daily=daily_run(engine),
         )
 
     return router

@@ -152,11 +152,11 @@ def schedule_router(console: Console, schedules: Schedules) -> APIRouter:
         outcome = (form.get("outcome") or "").strip()
         operation_id = (form.get("operationId") or "").strip() or None
         run: dict[str, Callable[[], Any]] = {
-            "pause": lambda: schedules.pause(schedule_id, by="console"),
-            "resume": lambda: schedules.resume(schedule_id, by="console"),
-            "cancel": lambda: schedules.cancel(schedule_id, reason, by="console"),
-            "amount": lambda: schedules.change_amount(schedule_id, parse_minor(amount_text), by="console"),
-            "resolve": lambda: schedules.resolve(schedule_id, occurrence, outcome, operation_id=operation_id, by="console"),
+            "pause": lambda: schedules.pause(schedule_id, by=session.by),
+            "resume": lambda: schedules.resume(schedule_id, by=session.by),
+            "cancel": lambda: schedules.cancel(schedule_id, reason, by=session.by),
+            "amount": lambda: schedules.change_amount(schedule_id, parse_minor(amount_text), by=session.by),
+            "resolve": lambda: schedules.resolve(schedule_id, occurrence, outcome, operation_id=operation_id, by=session.by),
         }
         if action not in run:
             return console.refuse(request, session, 404, "No such action", f"no action {action!r}")

@@ -50,10 +50,30 @@ class Session:
     role: str
     expires: float
     csrf: str
+    #: Who signed in, as they wrote it on the sign-in form: the console's actions are recorded as theirs.
+    name: str = ""
 
     @property
     def operator(self) -> bool:
         return self.role == OPERATOR
+
+    @property
+    def by(self) -> str:
+        """``by`` of every action taken in this session (``console:<name>``), the history's and the audit's."""
+        return f"console:{self.name}" if self.name else "console"
+
+
+#: A name as the sign-in form takes it: what a person calls themselves, never markup or a line break.
+NAME_LIMIT = 60
+
+
+def clean_name(value: str) -> str | None:
+    """The sign-in form's name with its spaces tidied; None when empty, too long or not a plain name
+    (letters, digits, spaces and ``. _ @ ' -``)."""
+    name = " ".join(value.split())
+    if not name or len(name) > NAME_LIMIT or not all(ch.isalnum() or ch in " ._@'-" for ch in name):
+        return None
+    return name
 
 
 def _digest(value: str) -> str:
@@ -80,16 +100,17 @@ class Sessions:
     def _login(self, nonce: str) -> str:
         return f"{self.prefix}:console:login:{_digest(nonce)}"
 
-    def sign_in(self, key: str, *, now: float | None = None) -> tuple[Session, str] | None:
-        """The session and its cookie value for ``key``, or None when the key is not one of ours."""
+    def sign_in(self, key: str, *, name: str = "", now: float | None = None) -> tuple[Session, str] | None:
+        """The session and its cookie value for ``key``, or None when the key is not one of ours. ``name``:
+        who signs in (the sign-in form asks for it), whose name the session's actions are recorded under."""
         role = self.keyring.role_of(key)
         if role is None:
             return None
         now = time.time() if now is None else now
         cookie = secrets.token_urlsafe(32)
-        session = Session(_digest(cookie), role, now + self.seconds, secrets.token_urlsafe(32))
+        session = Session(_digest(cookie), role, now + self.seconds, secrets.token_urlsafe(32), name)
         salt = secrets.token_hex(16)
-        record = {"r": role, "s": salt, "k": _key_hash(salt, key), "e": session.expires, "c": session.csrf}
+        record = {"r": role, "s": salt, "k": _key_hash(salt, key), "e": session.expires, "c": session.csrf, "n": name}
         self.redis.set(self._record(cookie), json.dumps(record), px=max(1, int(self.seconds * 1000)))
         return session, cookie
 
@@ -103,7 +124,7 @@ class Sessions:
             return None
         try:
             data = json.loads(raw)
-            session = Session(_digest(cookie), str(data["r"]), float(data["e"]), str(data["c"]))
+            session = Session(_digest(cookie), str(data["r"]), float(data["e"]), str(data["c"]), str(data.get("n") or ""))
             salt, hashed = str(data["s"]), str(data["k"])
         except (ValueError, KeyError, TypeError):
             return None

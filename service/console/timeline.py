@@ -10,7 +10,8 @@ claim ``after the lease ran out`` is a lease takeover from a lost worker. A stop
 
 :func:`build` makes the model (tested on its own), :func:`svg` draws it: one lane per step on a shared
 time axis, bars for tries (coloured by how they ended), hatched spans for backoffs, light spans for
-waits, diamonds for signals and operator actions. Every shape has a ``<title>`` (the hover text) and
+waits, diamonds for signals and operator actions (only those: the start and the end are small circles, so
+that a flow no person or signal touched shows no diamond). Every shape has a ``<title>`` (the hover text) and
 ``data-`` attributes that the browser tests read.
 """
 
@@ -22,8 +23,13 @@ from html import escape
 from typing import Any
 
 GAPS = {"retrying": "backoff", "waiting": "wait", "sleeping": "sleep", "needs_attention": "person"}
-#: Who acts for a person (an operator's retry or cancel shows as a mark).
+#: Who acts for a person (an operator's retry or cancel shows as a mark): the surface, before any
+#: ``:<name>`` (``console:alice``, ``api:ops-bot``; ``service.api_kinds.who``).
 PEOPLE = frozenset({"api", "cli", "console"})
+
+
+def by_a_person(by: str) -> bool:
+    return by.partition(":")[0] in PEOPLE
 
 
 @dataclass
@@ -46,11 +52,12 @@ class Span:
 
 @dataclass
 class Mark:
-    """A moment: a signal delivered, an operator's action, the start, the end."""
+    """A moment: a signal delivered or an operator's action (``act``), or the start or the end (``edge``)."""
 
     t: float
     label: str
     by: str = ""
+    kind: str = "act"
 
 
 @dataclass
@@ -65,6 +72,11 @@ class Timeline:
     def calls(self) -> list[Span]:
         return [span for span in self.spans if span.call]
 
+    @property
+    def acts(self) -> list[Mark]:
+        """The signals and operators' actions (the legend's diamond is shown only when there is one)."""
+        return [mark for mark in self.marks if mark.kind == "act"]
+
 
 def build(history: Sequence[Mapping[str, Any]], *, now: float, steps: Sequence[str] = ()) -> Timeline:
     """The timeline of ``history`` (oldest first). ``steps``: the flow kind's steps, for the lane order;
@@ -74,7 +86,7 @@ def build(history: Sequence[Mapping[str, Any]], *, now: float, steps: Sequence[s
     if not entries:
         return Timeline(now, now, list(steps), [], [])
     spans: list[Span] = []
-    marks: list[Mark] = [Mark(float(entries[0]["t"]), "created", str(entries[0].get("by") or ""))]
+    marks: list[Mark] = [Mark(float(entries[0]["t"]), "created", str(entries[0].get("by") or ""), "edge")]
     lanes: list[str] = []
     for index, entry in enumerate(entries):
         t = float(entry.get("t") or 0)
@@ -103,10 +115,10 @@ def build(history: Sequence[Mapping[str, Any]], *, now: float, steps: Sequence[s
             ended_by = str((following or {}).get("what") or "going on")
             spans.append(Span(GAPS[to], step, t, end, ended=ended_by, note=what))
         by = str(entry.get("by") or "")
-        if index and to != "running" and (what.startswith("signal ") or by in PEOPLE):
+        if index and to != "running" and (what.startswith("signal ") or by_a_person(by)):
             marks.append(Mark(t, what, by))
     if entries[-1].get("to") in {"succeeded", "failed", "cancelled", "needs_attention"}:
-        marks.append(Mark(float(entries[-1]["t"]), str(entries[-1]["to"]), str(entries[-1].get("by") or "")))
+        marks.append(Mark(float(entries[-1]["t"]), str(entries[-1]["to"]), str(entries[-1].get("by") or ""), "edge"))
     ordered = [step for step in steps if step in lanes] + [step for step in lanes if step not in steps]
     for span in spans:
         if span.step and span.step not in ordered:
@@ -205,9 +217,12 @@ def svg(timeline: Timeline) -> str:
         out.append(f'<text class="tl-tick" x="{x(t):.1f}" y="{base + 16}" text-anchor="{anchor}">{label}</text>')
     for mark in timeline.marks:
         mx = x(mark.t)
-        out.append(
-            f'<path class="tl-mark" data-mark="{escape(mark.label[:40])}" d="M{mx:.1f} {TOP - 14} l5 5 l-5 5 l-5 -5 z">'
-            f"<title>{escape(mark.label)}{' by ' + escape(mark.by) if mark.by else ''}</title></path>"
-        )
+        label = escape(mark.label[:40])
+        title = f"<title>{escape(mark.label)}{' by ' + escape(mark.by) if mark.by else ''}</title>"
+        if mark.kind == "act":
+            shape = f'<path class="tl-mark" data-mark="{label}" d="M{mx:.1f} {TOP - 14} l5 5 l-5 5 l-5 -5 z">'
+            out.append(f"{shape}{title}</path>")
+        else:
+            out.append(f'<circle class="tl-edge" data-edge="{label}" cx="{mx:.1f}" cy="{TOP - 9}" r="3">{title}</circle>')
     out.append("</svg>")
     return "".join(out)

@@ -14,7 +14,6 @@ import json
 import logging
 import time
 from collections.abc import Mapping
-from datetime import UTC, datetime
 from importlib.resources import files
 from typing import Any
 from urllib.parse import quote
@@ -23,11 +22,12 @@ from fastapi import Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 
-from durapay.gateway import format_money
+from durapay.gateway import GatewayTime, format_money
 from durapay.service.console.session import COOKIE, PATH, Session, Sessions
 from durapay.service.inbound import Refusal, decode_form
 from durapay.service.views import rule_text
 from durapay.workflows.gate import GateStatus
+from durapay.workflows.moments import moment_text
 from durapay.workflows.pauses import Pause
 from durapay.workflows.sensitive import mask_text
 
@@ -52,11 +52,10 @@ FORM_EXPIRED = "the form expired or did not come from this console; reload and t
 MAX_FORM_BYTES = 16 * 1024
 
 
-def when(value: float | None) -> str:
-    """A POSIX time as UTC ISO text (seconds), or an em dash."""
-    if not value:
-        return "\u2014"
-    return datetime.fromtimestamp(float(value), UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+def when(value: Any, zone: str | None = None) -> str:
+    """A moment as every surface writes it (``workflows.moments``), or an em dash:
+    ``{{ flow.created|when }}``, ``{{ s.nextRun|when(s.timezone) }}``."""
+    return moment_text(value, zone) or "\u2014"
 
 
 def shown(value: Any) -> str:
@@ -72,6 +71,7 @@ def environment() -> Environment:
         lstrip_blocks=True,
     )
     env.filters["when"] = when
+    env.filters["gateway_when"] = lambda text: when(GatewayTime(str(text)))  # the gateway's own form, its zone
     env.filters["q"] = lambda value: quote(str(value), safe="")
     env.filters["show"] = shown
     env.filters["rule"] = rule_text

@@ -180,7 +180,7 @@ def test_a_planted_card_number_never_appears_whole(
         login = browser.get("/console/login")
         csrf = re.search(r'name="csrf" value="([^"]+)"', login.text)
         assert csrf is not None
-        assert browser.post("/console/login", data={"key": KEY, "csrf": csrf.group(1)}).status_code == 303
+        assert browser.post("/console/login", data={"name": "Ada", "key": KEY, "csrf": csrf.group(1)}).status_code == 303
         for path in ("/console", "/console/flows", f"/console/flows/{paid}", f"/console/flows/{cancelled}"):
             page = browser.get(path)
             assert page.status_code == 200, path

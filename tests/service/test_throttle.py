@@ -60,7 +60,7 @@ def test_the_console_sign_in_is_slowed_too(served: Served) -> None:
             form = client.get("/console/login")
             csrf = re.search(r'name="csrf" value="([^"]+)"', form.text)
             assert csrf, form.text[:300]
-            return client.post("/console/login", data={"key": key, "csrf": csrf.group(1), "next": "/console"})
+            return client.post("/console/login", data={"name": "Ada", "key": key, "csrf": csrf.group(1), "next": "/console"})
 
         statuses = [sign_in(f"console-guess-{n}").status_code for n in range(BOUND + 3)]
         assert statuses == [401] * BOUND + [429] * 3
@@ -73,7 +73,7 @@ def test_the_console_sign_in_is_slowed_too(served: Served) -> None:
         form = other.get("/console/login")
         csrf = re.search(r'name="csrf" value="([^"]+)"', form.text)
         assert csrf
-        signed = other.post("/console/login", data={"key": API_KEY, "csrf": csrf.group(1), "next": "/console"})
+        signed = other.post("/console/login", data={"name": "Ada", "key": API_KEY, "csrf": csrf.group(1), "next": "/console"})
         assert signed.status_code == 303, signed.text[:300]
 
 

@@ -26,6 +26,7 @@ import threading
 from datetime import datetime, timedelta
 from zoneinfo import ZoneInfo
 
+from durapay.config.settings import ReconcileSettings
 from durapay.workflows.engine import Engine
 from durapay.workflows.reconciliation.run import Reconciler
 from durapay.workflows.scripts import register
@@ -68,6 +69,27 @@ return 1
 """
 
 
+def run_time(settings: ReconcileSettings, now: float) -> float:
+    """Today's run time (POSIX seconds) in ``settings.time_zone``: ``DAILY_AT`` on the day ``now`` is in."""
+    zone = ZoneInfo(settings.time_zone)
+    hour, minute = (int(part) for part in settings.daily_at.split(":"))
+    return datetime.fromtimestamp(now, zone).replace(hour=hour, minute=minute, second=0, microsecond=0).timestamp()
+
+
+def next_run(settings: ReconcileSettings, now: float) -> float | None:
+    """When the daily run next starts after ``now`` (None: it is off), for people: the console says it
+    rather than "turn it on" (it is on by default). Today's time if it is still to come, else tomorrow's
+    (its wall time, whatever a daylight-saving change does to the day's length)."""
+    if not settings.daily:
+        return None
+    today = run_time(settings, now)
+    if now < today:
+        return today
+    zone = ZoneInfo(settings.time_zone)
+    tomorrow = (datetime.fromtimestamp(today, zone).replace(tzinfo=None) + timedelta(days=1)).replace(tzinfo=zone)
+    return tomorrow.timestamp()
+
+
 class DailyReconciliation:
     """Give it the engine; ``tick`` is the dispatcher's ticker. ``background=False`` runs in the caller."""
 
@@ -83,10 +105,8 @@ class DailyReconciliation:
 
     def due(self, now: float) -> float | None:
         """Today's run time (POSIX seconds) once it has come, else None."""
-        local = datetime.fromtimestamp(now, self.zone)
-        hour, minute = (int(part) for part in self.settings.daily_at.split(":"))
-        at = local.replace(hour=hour, minute=minute, second=0, microsecond=0)
-        return at.timestamp() if local >= at else None
+        at = run_time(self.settings, now)
+        return at if now >= at else None
 
     def window(self, at: float) -> tuple[float, float]:
         """The window of the run due at ``at``: ``WINDOW_HOURS`` of wall-clock time in the zone before it."""

@@ -136,6 +136,7 @@ def _console_shows(driver: Any, console_url: str, key: str, flow_id: str) -> Non
 
     driver.delete_all_cookies()
     driver.get(f"{console_url}/login")
+    driver.find_element(By.NAME, "name").send_keys("Ada")
     driver.find_element(By.NAME, "key").send_keys(key)
     driver.find_element(By.ID, "sign-in").click()
     wait_until(lambda: driver.find_elements(By.ID, "sign-out"), 15, "the signed-in page")

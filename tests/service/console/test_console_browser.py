@@ -18,6 +18,7 @@ import pytest
 from durapay.workflows.schedules import Schedules
 from durapay.workflows.states import FlowState
 from tests.service.console.conftest import OPERATOR_KEY, READ_KEY, ConsoleStack, screenshot
+from tests.times import RULE
 from tests.waiting import wait_until
 from tests.workflows.integration.test_flows import DECLINE, card, order, session
 from tests.workflows.schedules.harness import stop_on_a_gone_flow
@@ -49,11 +50,12 @@ def navigate_by(driver: Any, element: Any) -> None:
     wait_until(arrived, 15, "the next page")
 
 
-def sign_in(driver: Any, stack: ConsoleStack, key: str) -> None:
+def sign_in(driver: Any, stack: ConsoleStack, key: str, name: str = "Ada") -> None:
     from selenium.webdriver.common.by import By
 
     driver.delete_all_cookies()
     driver.get(f"{stack.url}/console/login")
+    driver.find_element(By.NAME, "name").send_keys(name)
     field = driver.find_element(By.NAME, "key")
     field.send_keys(key)
     navigate_by(driver, driver.find_element(By.ID, "sign-in"))
@@ -314,7 +316,7 @@ def test_amounts_possible_actions_and_whole_ids_at_1400_px(console_stack: Consol
         assert browser.find_element(By.CSS_SELECTOR, ".legend .tl-failed"), "the legend names the failed bar"
 
         browser.get(f"{console_stack.url}/console/flows/{waiting.id}")
-        assert browser.find_element(By.ID, "flow-deadline").text.endswith("UTC")
+        assert RULE.match(browser.find_element(By.ID, "flow-deadline").text), "the one rule for times"
         assert [a.get_attribute("id") for a in browser.find_elements(By.CSS_SELECTOR, "#h-actions ~ p a")] == ["action-cancel"]
     finally:
         browser.set_window_size(1280, 900)

@@ -34,7 +34,7 @@ def csrf_of(page: httpx.Response) -> str:
 def signed_in(stack: ConsoleStack, key: str) -> Iterator[httpx.Client]:
     with httpx.Client(base_url=stack.url, timeout=10.0) as client:
         login = client.get("/console/login")
-        answer = client.post("/console/login", data={"key": key, "csrf": csrf_of(login), "next": "/console"})
+        answer = client.post("/console/login", data={"name": "Ada", "key": key, "csrf": csrf_of(login), "next": "/console"})
         assert answer.status_code == 303 and answer.headers["location"] == "/console", answer.text
         cookie = answer.headers["set-cookie"].lower()
         assert "httponly" in cookie and "samesite=strict" in cookie and key.lower() not in cookie
@@ -61,8 +61,8 @@ def test_pages_need_a_session_and_forms_need_their_token(console_stack: ConsoleS
     assert anonymous.get("/console/live/home").status_code == 401
     login = anonymous.get("/console/login")
     assert "default-src 'none'" in login.headers["content-security-policy"]
-    assert anonymous.post("/console/login", data={"key": "wrong", "csrf": csrf_of(login)}).status_code == 401
-    assert anonymous.post("/console/login", data={"key": OPERATOR_KEY, "csrf": "forged"}).status_code == 403
+    assert anonymous.post("/console/login", data={"name": "Ada", "key": "wrong", "csrf": csrf_of(login)}).status_code == 401
+    assert anonymous.post("/console/login", data={"name": "Ada", "key": OPERATOR_KEY, "csrf": "forged"}).status_code == 403
     with signed_in(console_stack, OPERATOR_KEY) as client:
         sleeping = console_stack.engine.start("moto", {"order": order(), "card": card()}, run_at=time.time() + 3600)
         assert client.post(f"/console/flows/{sleeping.id}/cancel", data={"reason": "x"}).status_code == 403
@@ -236,7 +236,7 @@ def test_resolve_an_occurrence_whose_flow_is_gone_then_resume(console_stack: Con
     done = operator.post(f"/console/schedules/{schedule_id}/resolve", data={"csrf": csrf_of(confirm), **form})
     assert done.status_code == 303, done.text
     shown = console_stack.http.get(f"/schedules/{schedule_id}").json()
-    assert shown["counts"]["charged"] == 1 and shown["open"] == [] and shown["last"]["by"] == "console"
+    assert shown["counts"]["charged"] == 1 and shown["open"] == [] and shown["last"]["by"] == "console:Ada"
     page = operator.get(f"/console/schedules/{schedule_id}?done=resolve")
     assert "&lt;b&gt;op-7&lt;/b&gt;" in page.text and "<b>op-7" not in page.text, "what an operator typed is escaped"
     assert 'id="action-resume"' in page.text and 'id="action-resolve"' not in page.text and 'id="gone"' not in page.text

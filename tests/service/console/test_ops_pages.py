@@ -27,7 +27,7 @@ def test_pause_a_kind_and_see_the_banner_then_resume(console_stack: ConsoleStack
     navigate_by(browser, browser.find_element(By.ID, "pause-wallet"))
     banner = browser.find_element(By.ID, "paused-banner").text
     assert "wallet" in banner and "acquirer maintenance" in banner and "by console" in banner
-    assert console_stack.engine.pauses.paused()["wallet"].by == "console"
+    assert console_stack.engine.pauses.paused()["wallet"].by == "console:Ada"
     browser.get(f"{console_stack.url}/console/flows")
     assert browser.find_elements(By.ID, "paused-banner"), "the banner is on every page while a kind is paused"
     screenshot(browser, "kinds-paused-banner")

@@ -28,12 +28,15 @@ def test_a_post_from_another_origin_is_refused(console_stack: ConsoleStack) -> N
     with httpx.Client(base_url=console_stack.url, timeout=10.0) as client:
         login = client.get("/console/login")
         foreign = client.post(
-            "/console/login", data={"key": OPERATOR_KEY, "csrf": csrf_of(login)}, headers={"Origin": "https://evil.example"}
+            "/console/login",
+            data={"name": "Ada", "key": OPERATOR_KEY, "csrf": csrf_of(login)},
+            headers={"Origin": "https://evil.example"},
         )
         assert foreign.status_code == 403
         login = client.get("/console/login")
         own = {"Origin": console_stack.url}
-        assert client.post("/console/login", data={"key": OPERATOR_KEY, "csrf": csrf_of(login)}, headers=own).status_code == 303
+        signed = client.post("/console/login", data={"name": "Ada", "key": OPERATOR_KEY, "csrf": csrf_of(login)}, headers=own)
+        assert signed.status_code == 303
         confirm = client.get(f"/console/flows/{sleeping.id}/confirm/cancel")
         for origin in ("https://evil.example", "null", console_stack.url.replace("127.0.0.1", "localhost")):
             answer = client.post(

@@ -34,7 +34,7 @@ def signed_in(runtime: Runtime) -> TestClient:
     found = re.search(r'name="csrf" value="([^"]+)"', login.text)
     assert found, login.text[:300]
     answer = client.post(
-        "/console/login", data={"key": API_KEY, "csrf": found.group(1), "next": "/console"}, follow_redirects=False
+        "/console/login", data={"name": "Ada", "key": API_KEY, "csrf": found.group(1), "next": "/console"}, follow_redirects=False
     )
     assert answer.status_code == 303, answer.text
     return client

@@ -88,7 +88,7 @@ def test_a_cookie_of_a_rotated_or_removed_key_opens_nothing(console_stack: Conso
     for key in (OPERATOR_KEY, READ_KEY):
         with httpx.Client(base_url=console_stack.url, timeout=10.0) as client:
             login = client.get("/console/login")
-            assert client.post("/console/login", data={"key": key, "csrf": csrf_of(login)}).status_code == 303
+            assert client.post("/console/login", data={"name": "Ada", "key": key, "csrf": csrf_of(login)}).status_code == 303
             confirm = client.get(f"/console/schedules/{schedule_id}")
             assert confirm.status_code == 200
             cookie = client.cookies["durapay_console"]

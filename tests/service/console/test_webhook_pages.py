@@ -14,6 +14,7 @@ from bench._webhook_receiver import WebhookReceiver
 from durapay.service.app import create_app
 from durapay.service.runtime import Runtime, build_runtime
 from durapay.service.server import ApiServer
+from durapay.workflows.moments import moment_text
 from tests.service.conftest import NOTIFIED, service_settings
 from tests.service.console.conftest import OPERATOR_KEY, READ_KEY, screenshot
 from tests.waiting import wait_until
@@ -37,6 +38,7 @@ def sign_in(browser: Any, url: str, key: str) -> None:
 
     browser.delete_all_cookies()
     browser.get(f"{url}/console/login")
+    browser.find_element(By.NAME, "name").send_keys("Ada")
     browser.find_element(By.NAME, "key").send_keys(key)
     browser.find_element(By.ID, "sign-in").click()
     wait_until(lambda: browser.find_elements(By.ID, "sign-out"), 15, "the signed-in page")
@@ -72,7 +74,8 @@ def test_deliver_pending_now_from_the_console(webhook_stack: tuple[str, Runtime]
         row = browser.find_element(By.CSS_SELECTOR, f'tr[data-id="{endpoint["id"]}"]')
         [latest] = http.get(f"/webhooks/{endpoint['id']}/attempts", params={"limit": 1}).json()["attempts"]
         assert f": {latest['status']} (retry)" in row.text, row.text
-        assert row.find_element(By.CSS_SELECTOR, "td.next").text == latest["nextAttempt"], "says when the next try comes"
+        next_try = moment_text(latest["nextAttempt"])  # the one rule for times (workflows.moments)
+        assert row.find_element(By.CSS_SELECTOR, "td.next").text == next_try, "says when the next try comes"
         assert row.find_elements(By.CSS_SELECTOR, "button") == [], "a read-only key is offered no action"
         csrf = browser.find_element(By.CSS_SELECTOR, "form[action='/console/logout'] input[name=csrf]").get_attribute("value")
         refused = browser.execute_script(

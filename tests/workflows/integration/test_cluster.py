@@ -340,7 +340,7 @@ def test_every_part_of_a_single_server_runs_on_a_cluster(
         login = http.get("/console/login")
         token = re.search(r'name="csrf" value="([^"]+)"', login.text)
         assert token, login.text[:300]
-        signed = http.post("/console/login", data={"key": API_KEY, "csrf": token.group(1), "next": "/console"})
+        signed = http.post("/console/login", data={"name": "Ada", "key": API_KEY, "csrf": token.group(1), "next": "/console"})
         assert signed.status_code == 303, signed.text
         failed = {}
         for page in PAGES:
