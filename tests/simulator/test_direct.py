@@ -24,6 +24,13 @@ def _mit(client: GatewayClient, contract_id: str, order_id: str) -> tuple[str, s
     return str(answer.operation.operationResult), str(data.get("responseCode"))
 
 
+def test_the_hosted_page_shows_the_amount_as_the_customer_reads_it(client: GatewayClient, sim: SimulatorServer) -> None:
+    """Issue 41: the customer's page read "2500 EUR (minor units)"."""
+    client.call(Catalogue.create_hpp_order, request={"order": order("h-amount", 2500), "paymentSession": session(2500)})
+    page = httpx.get(f"{sim.root_url}/_sim/hpp/h-amount").text
+    assert "25.00 EUR" in page and "minor units" not in page, page
+
+
 def test_the_hosted_page_redirects_to_the_merchant_after_paying_or_cancelling(
     client: GatewayClient, sim: SimulatorServer
 ) -> None:
