@@ -27,7 +27,7 @@ from durapay._lazy import lazy_names
 if TYPE_CHECKING:
     from durapay.client import ApiError, AsyncClient, Client, Retries
     from durapay.config.settings import GatewaySettings, Settings, SettingsError, load_settings
-    from durapay.service.runtime import connect
+    from durapay.service.runtime import NoFlowStore, connect
     from durapay.workflows.durability import EarlyWaitaof, NotDurable
     from durapay.workflows.engine import Engine, InputError, NotFound, OrderIdTaken
     from durapay.workflows.errors import OperatorError
@@ -51,6 +51,7 @@ _HOMES = {
     "SettingsError": "durapay.config.settings",
     "load_settings": "durapay.config.settings",
     "connect": "durapay.service.runtime",
+    "NoFlowStore": "durapay.service.runtime",
     "EarlyWaitaof": "durapay.workflows.durability",
     "NotDurable": "durapay.workflows.durability",
     "Engine": "durapay.workflows.engine",
@@ -90,6 +91,7 @@ __all__ = [
     "FlowState",
     "GatewaySettings",
     "InputError",
+    "NoFlowStore",
     "NotDurable",
     "NotFound",
     "OperatorError",

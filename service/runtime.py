@@ -37,7 +37,7 @@ from kombu.utils.functional import lazy
 from durapay.config.celery import make_celery
 from durapay.config.connect import open_redis
 from durapay.config.embedded import SERVER_FILE, EmbeddedValkey, running_embedded
-from durapay.config.settings import Settings, load_settings
+from durapay.config.settings import Settings, SettingsError, load_settings
 from durapay.gateway import GatewayClient
 from durapay.service.heartbeat import install_worker_heartbeat
 from durapay.service.metrics import StepMetrics
@@ -242,18 +242,51 @@ def bulk_ticker(runtime: Runtime) -> Callable[[], int]:
     return tick
 
 
+class NoFlowStore(SettingsError):
+    """No Redis is configured and no embedded Valkey serves the data folder: a flow started here would be
+    written to a new, empty store that no worker reads (``durapay.connect`` from another folder did that,
+    card included, and ``wait`` timed out with no hint why). ``folder``: where the store was looked for."""
+
+    def __init__(self, folder: Path) -> None:
+        super().__init__(no_store_text(folder))
+        self.folder = folder
+
+
+def no_store_text(folder: Path) -> str:
+    """The one sentence every surface refuses a missing store with: where it looked, how to point at one."""
+    return (
+        f"no flow store: DURAPAY_REDIS_URL is not set and no embedded Valkey runs under {folder} "
+        f"(DURAPAY_DATA_DIR, relative to where the process runs: {Path.cwd()}); run it where `durapay dev` runs, "
+        "set DURAPAY_DATA_DIR to dev's data folder (the Data line of its banner), or set DURAPAY_REDIS_URL"
+    )
+
+
+def served_store(settings: Settings) -> str | None:
+    """The URL of the flow store the settings name that a process serves now: ``DURAPAY_REDIS_URL``, else
+    the embedded Valkey running under ``DURAPAY_DATA_DIR`` (``durapay dev``, ``demo --keep``, a worker);
+    None when neither."""
+    return settings.redis_url or running_embedded(embedded_folder(settings))
+
+
 def connect(settings: Settings | None = None, *, redis_url: str | None = None) -> Engine:
     """The engine of ``durapay.connect``: the Python API (start, get, wait, list, history, signal, cancel,
     retry) on the flow store the settings name, ready to write.
 
     ``settings``: the ``DURAPAY_*`` environment when omitted. ``redis_url`` overrides the settings'.
-    With neither a Redis URL, the embedded Valkey serving ``DURAPAY_DATA_DIR`` is used (started if none
-    runs, as the demo does). The server's persistence is checked before anything is written
-    (:func:`admit_durability`). The engine's ``close`` (or a ``with`` block) releases the connections
-    and stops an embedded Valkey this call started. Steps run on workers (``durapay worker``) reading
-    the same settings.
+    With neither a Redis URL, the embedded Valkey serving ``DURAPAY_DATA_DIR`` (``.durapay`` under the
+    folder the process runs in, by default) is used if one runs there (``durapay dev`` starts one);
+    none running is :class:`NoFlowStore` (a :class:`SettingsError`) naming the folder looked in: this
+    call never starts a store of its own, which no worker would serve. The server's persistence is
+    checked before anything is written (:func:`admit_durability`). The engine's ``close`` (or a
+    ``with`` block) releases the connections. Steps run on workers (``durapay worker``) reading the same
+    settings.
     """
-    runtime = build_runtime(settings if settings is not None else load_settings(), redis_url=redis_url)
+    settings = settings if settings is not None else load_settings()
+    if redis_url is None:
+        redis_url = served_store(settings)
+        if redis_url is None:
+            raise NoFlowStore(embedded_folder(settings))
+    runtime = build_runtime(settings, redis_url=redis_url)
     try:
         admit_durability(runtime)
     except BaseException:

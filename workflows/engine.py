@@ -655,8 +655,14 @@ class Engine:
         operation_id = str((error.get("operation") or {}).get("operationId") or "")
         self.late.accepting(record.id, operation_id)
 
+    _no_worker = (
+        "; no worker serves this store (no heartbeat): start `durapay worker` with the same settings, "
+        "or `durapay dev`"
+    )
+
     def wait(self, flow_id: str, timeout: float = 30.0, *, states: frozenset[FlowState] = STOPPED) -> FlowRecord:
-        """Block until the flow is in one of ``states`` (finished or needing a person), or TimeoutError."""
+        """Block until the flow is in one of ``states`` (finished or needing a person), or TimeoutError (which
+        says when no worker's heartbeat is in this store: then no step of it runs at all)."""
         deadline = time.monotonic() + timeout
         pause = 0.02
         while True:
@@ -664,7 +670,8 @@ class Engine:
             if record.state in states:
                 return record
             if time.monotonic() >= deadline:
-                raise TimeoutError(f"flow {flow_id} still {record.state} at step {record.step} after {timeout}s")
+                idle = "" if self.redis.exists(self.keys.heartbeat("worker")) else self._no_worker
+                raise TimeoutError(f"flow {flow_id} still {record.state} at step {record.step} after {timeout}s{idle}")
             time.sleep(pause)
             pause = min(pause * 1.5, 0.25)
 

@@ -193,7 +193,7 @@ def runtime(
     its fsync unless the settings accept it (``service.runtime.admit_durability``), before writing.
     """
     from durapay.config.embedded import running_embedded
-    from durapay.service.runtime import admit_durability, build_runtime
+    from durapay.service.runtime import admit_durability, build_runtime, no_store_text
 
     with out.errors():
         settings = out.settings()
@@ -202,14 +202,7 @@ def runtime(
             folder = (Path(settings.data_dir) / "valkey").resolve()
             redis_url = running_embedded(folder)
             if redis_url is None and not (folder / AOF_FOLDER).is_dir():
-                out.fail(
-                    "configuration",
-                    f"no flow store: DURAPAY_REDIS_URL is not set and no embedded Valkey runs under {folder} "
-                    "(set DURAPAY_REDIS_URL, or start one: durapay dev)",
-                    field="DURAPAY_REDIS_URL",
-                    human=f"no flow store: DURAPAY_REDIS_URL is not set and no embedded Valkey runs under {folder}; "
-                    "set DURAPAY_REDIS_URL, or start everything with `durapay dev`",
-                )
+                out.fail("configuration", no_store_text(folder), field="DURAPAY_REDIS_URL", human=no_store_text(folder))
         clock = None
         if clock_key:
             if not settings.redis_url:

@@ -110,15 +110,43 @@ def running_in(folder: Path) -> list[int]:
     return found
 
 
+def test_connect_from_a_folder_no_store_serves_refuses_naming_where_it_looked(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 41, finding 1: from another folder ``durapay.connect()`` made a new, empty store there, wrote the
+    flow into it (card included) and ``wait`` timed out: a payment no worker would ever run. It refuses
+    now, as the CLI does, naming the store it looked for and how to point at one, and writes nothing."""
+    for name in [name for name in os.environ if name.startswith("DURAPAY_") and name != "DURAPAY_RECONCILE__DAILY"]:
+        monkeypatch.delenv(name)
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(durapay.NoFlowStore) as refused:
+        durapay.connect()
+    text = str(refused.value)
+    assert str(tmp_path / ".durapay" / "valkey") in text, text
+    assert "DURAPAY_DATA_DIR" in text and "DURAPAY_REDIS_URL" in text and "durapay dev" in text, text
+    assert isinstance(refused.value, durapay.SettingsError)
+    assert list(tmp_path.iterdir()) == [], "nothing written, no store made"
+
+
+def test_a_wait_on_a_store_no_worker_serves_says_so(redis_url: str, key_prefix: str) -> None:
+    """The same newcomer's ``engine.wait`` said only "still ready at step pay after 30s"."""
+    with durapay.connect(load_settings({"engine": {"key_prefix": key_prefix}}), redis_url=redis_url) as engine:
+        engine.sender = None  # nothing sent to Celery: no worker of this prefix runs anyway
+        flow = engine.start("moto", {**MOTO, "order": {**MOTO["order"], "orderId": f"idle{key_prefix[-10:]}"}})
+        with pytest.raises(TimeoutError, match=r"no worker serves this store .*durapay worker"):
+            engine.wait(flow.id, timeout=0.1)
+
+
 def test_a_build_that_fails_stops_the_embedded_valkey_it_started(tmp_path: Path) -> None:
-    """No Redis URL, so connect() starts the data folder's Valkey; then the build fails (a Redis
-    Cluster asked of a single server). The Valkey ran on, recorded in server.json, after connect raised."""
+    """No Redis URL, so the build starts the data folder's Valkey (as ``durapay worker`` does); then the build
+    fails (a Redis Cluster asked of a single server). The Valkey ran on, recorded in server.json, after the
+    build raised."""
     broker = "redis://127.0.0.1:9/0"  # never reached: the build fails first
     settings = load_settings({"redis_url": "", "data_dir": str(tmp_path), "redis_cluster": True, "broker_url": broker})
     folder = tmp_path / "valkey"
     try:
         with pytest.raises(Exception, match=r"(?i)cluster"):
-            durapay.connect(settings)
+            build_runtime(settings)
         assert not (folder / "server.json").exists()
         assert running_in(folder) == [], "the embedded Valkey still runs"
     finally:

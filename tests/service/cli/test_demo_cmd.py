@@ -22,6 +22,7 @@ import redis
 
 import durapay
 from durapay.config import load_settings
+from durapay.service.runtime import embedded_folder, start_embedded, stop_embedded
 from durapay.workflows.flows import REGISTRY
 from tests.service.cli.conftest import DURAPAY
 from tests.waiting import wait_until
@@ -76,13 +77,20 @@ def test_the_demo_runs_every_kind_keeps_running_and_stops(tmp_path: Path) -> Non
 
 
 def _a_flow_of_mine(data_dir: Path) -> str:
-    """A flow in the data folder's own store (no worker runs: it stays ready), as a user's would be."""
-    with durapay.connect(load_settings({"data_dir": str(data_dir), "redis_url": ""})) as engine:
-        body = {
-            "order": {"orderId": "mine-1", "amount": "990", "currency": "EUR"},
-            "card": {"pan": "4349940199004549", "expiryDate": "1230", "cvv": "123"},
-        }
-        return engine.start("moto", body).id
+    """A flow in the data folder's own store (no worker runs: it stays ready), as a user's would be. The
+    store's Valkey is started here, as ``durapay worker`` would: ``durapay.connect`` starts none."""
+    settings = load_settings({"data_dir": str(data_dir), "redis_url": ""})
+    _, server = start_embedded(embedded_folder(settings))
+    try:
+        with durapay.connect(settings) as engine:
+            body = {
+                "order": {"orderId": "mine-1", "amount": "990", "currency": "EUR"},
+                "card": {"pan": "4349940199004549", "expiryDate": "1230", "cvv": "123"},
+            }
+            return engine.start("moto", body).id
+    finally:
+        if server is not None:
+            stop_embedded(server)
 
 
 def _flows(env: dict[str, str]) -> list[dict[str, object]]:
