@@ -313,13 +313,36 @@ def retry(flow_id: completion.FlowId, as_json: JsonFlag = False) -> None:
 
 
 @flows_app.command("kinds")
-def kinds(as_json: JsonFlag = False) -> None:
-    """The flow kinds durapay runs, with their steps."""
+def kinds(
+    kind: Annotated[
+        str | None, typer.Argument(help="One kind: its steps (and with --example, an input).", autocompletion=completion.kinds)
+    ] = None,
+    example: Annotated[
+        bool, typer.Option("--example", help="Print a valid input of KIND as JSON, to start as is: | durapay start KIND.")
+    ] = False,
+    as_json: JsonFlag = False,
+) -> None:
+    """The flow kinds durapay runs, with their steps; with KIND --example, an input that starts as is
+    against durapay dev (what to replace, for a kind acting on an earlier payment or contract, on stderr)."""
     from durapay.workflows.flows import REGISTRY
+    from durapay.workflows.flows.examples import example as example_of
 
+    out = Output(as_json)
+    if kind is not None:
+        with out.errors():
+            one_of(kind, REGISTRY, "kind", "flow kind")
+    elif example:
+        out.fail("usage", "give the KIND whose example to print: durapay flows kinds hpp --example", field="--example")
+    if example and kind is not None:
+        made = example_of(kind)
+        echo_json(made.data)  # the input alone, with --json or without: it is what start reads
+        if made.needs:
+            typer.echo(f"to act on your own object, replace {made.needs}", err=True)
+        return
     rows: list[dict[str, Any]] = [
-        {"kind": kind, "steps": [step.name for step in definition.steps], "description": definition.description}
-        for kind, definition in sorted(REGISTRY.items())
+        {"kind": name, "steps": [step.name for step in definition.steps], "description": definition.description}
+        for name, definition in sorted(REGISTRY.items())
+        if kind is None or name == kind
     ]
     if as_json:
         echo_json(rows)

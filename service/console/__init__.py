@@ -6,10 +6,10 @@ polling a small JSON endpoint, and the timeline's hover text) and one stylesheet
 
 Pieces: ``session`` (sign-in cookie, CSRF), ``web`` (templates, security headers), ``flow_pages``
 (home, list, flow, actions), ``follow_pages`` (a succeeded payment's refund or capture, a new flow),
-``schedule_pages``, ``ops_pages`` (flow kinds: pause and resume; bulk retry and cancel), ``webhook_pages``,
-``timeline`` (the SVG), ``overview`` (home figures), ``flow_facts`` (outcome and actions in words). The
-console's paths are open in the API's key gate (``service.guard``): the console checks its own session
-instead, with the same keys and roles.
+``schedule_pages``, ``ops_pages`` (flow kinds: pause and resume; bulk retry and cancel), ``kind_pages``
+(a kind's example input), ``webhook_pages``, ``timeline`` (the SVG), ``overview`` (home figures),
+``flow_facts`` (outcome and actions in words). The console's paths are open in the API's key gate
+(``service.guard``): the console checks its own session instead, with the same keys and roles.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from durapay.config.settings import BulkSettings
 from durapay.service.auth import Keyring
 from durapay.service.console.flow_pages import flow_router
 from durapay.service.console.follow_pages import follow_router
+from durapay.service.console.kind_pages import kind_router
 from durapay.service.console.ops_pages import ops_router
 from durapay.service.console.reconcile_pages import reconcile_router
 from durapay.service.console.session import COOKIE, LOGIN_COOKIE, LOGIN_SECONDS, NAME_LIMIT, PATH, Sessions, clean_name
@@ -56,6 +57,7 @@ def install_console(
     app.include_router(_sign_in_router(console, throttle))
     app.include_router(flow_router(console, engine, listing))
     app.include_router(follow_router(console, engine))
+    app.include_router(kind_router(console, engine))
     app.include_router(reconcile_router(console, engine))
     app.include_router(ops_router(console, engine, bulk or BulkActions(engine, BulkSettings())))
     if schedules is not None:

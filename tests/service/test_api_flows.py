@@ -62,6 +62,20 @@ def test_open_paths_need_no_key(served: Served) -> None:
     assert served.http.get("/docs").status_code == 200
 
 
+def test_the_openapi_document_gives_each_kind_an_example_its_start_takes(served: Served) -> None:
+    """Issue 41 finding 8: the hpp body had to be found in docs/api.md. Each POST /flows/{kind} carries an
+    example (workflows.flows.examples) that the strict reader takes as the kind's input."""
+    from durapay.gateway import validate_strict
+    from durapay.workflows.flows import REGISTRY
+
+    spec = served.http.get("/openapi.json").json()
+    for kind, definition in REGISTRY.items():
+        content = spec["paths"][f"/flows/{kind}"]["post"]["requestBody"]["content"]["application/json"]
+        [example] = content["examples"].values()
+        validate_strict(definition.input_model, example["value"])
+        assert "durapay dev" in example["description"], example
+
+
 def test_an_empty_api_key_refuses_to_build_the_app_unless_insecure(runtime: Runtime) -> None:
     from dataclasses import replace
 

@@ -442,3 +442,17 @@ def test_a_misspelt_state_or_kind_names_the_closest(engine_side: Runtime) -> Non
     error = json.loads(started.stderr)
     assert error["field"] == "kind" and "did you mean `moto`?" in error["reason"], error
     assert json.loads(invoke("flows", "ls", "--json").stdout)["flows"] == [], "nothing was started"
+
+
+def test_a_kind_s_example_starts_as_it_is_printed(engine_side: Runtime) -> None:
+    """Issue 41 finding 8: ``durapay flows kinds`` listed steps only. ``KIND --example`` prints an input
+    that ``durapay start KIND`` takes as is (a fresh order each time); what to replace goes to stderr."""
+    printed = [invoke("flows", "kinds", "moto", "--example") for _ in range(2)]
+    assert all(result.exit_code == 0 and result.stderr == "" for result in printed), printed[0].output
+    for result in printed:
+        started = invoke("start", "moto", "--json", stdin=result.stdout)
+        assert started.exit_code == 0, started.output
+    refund = invoke("flows", "kinds", "refund", "--example")
+    assert json.loads(refund.stdout)["operationId"] and "replace operationId" in refund.stderr
+    assert invoke("flows", "kinds", "--example").exit_code == 2
+    assert "did you mean `moto`" in one_error_line(invoke("flows", "kinds", "mot", "--example"))

@@ -238,3 +238,19 @@ def test_a_reconcile_try_names_the_read_it_made(stack: ConsoleStack, browser: An
     browser.get(f"{stack.url}/console/flows/{stuck.id}")
     rows = [row.text for row in browser.find_elements(By.CSS_SELECTOR, "#calls tbody tr") if "(reconcile read)" in row.text]
     assert rows and all("get_order" in row for row in rows), rows
+
+
+def test_each_kind_s_page_gives_an_example_input_that_starts(stack: ConsoleStack, browser: Any) -> None:
+    """Issue 41 finding 8: the Kinds page listed steps only; the hpp body had to be found in docs/api.md."""
+    from selenium.webdriver.common.by import By
+
+    sign_in(browser, stack, READ_KEY, NAME)
+    browser.get(f"{stack.url}/console/kinds")
+    navigate_by(browser, browser.find_element(By.LINK_TEXT, "hpp"))
+    shown = json.loads(browser.find_element(By.ID, "example-json").text)
+    assert "durapay flows kinds hpp --example | durapay start hpp" in browser.find_element(By.ID, "example-cli").text
+    screenshot(browser, "kind-example")
+    started = stack.http.post("/flows/hpp", json=shown)
+    assert started.status_code == 201, started.text
+    browser.get(f"{stack.url}/console/kinds/refund")
+    assert "replace operationId" in main_text(browser)
