@@ -17,12 +17,13 @@ from typing import Annotated, Any
 
 import typer
 
-from durapay.gateway import format_money
+from durapay.gateway import GatewayClient, format_money
 from durapay.service.cli._common import Output, runtime
 from durapay.service.cli._output import echo_json, print_record, print_rows, when
 from durapay.service.views import rule_text
 from durapay.workflows.moments import time_of_day
-from durapay.workflows.schedules import ScheduleRecord, Schedules
+from durapay.workflows.schedules import ScheduleInput, ScheduleRecord, Schedules
+from durapay.workflows.schedules.contracts import ContractUnchecked, check_contract
 
 JsonFlag = Annotated[bool, typer.Option("--json", help="Print JSON (errors too, on stderr).")]
 Id = Annotated[str, typer.Argument(help="Schedule id (s + 12 hex digits).")]
@@ -37,7 +38,10 @@ schedules_app = typer.Typer(
 def _schedules(out: Output) -> Iterator[Schedules]:
     """Schedules on the runtime built from the ``DURAPAY_*`` settings; operator errors as one error."""
     with runtime(out) as rt, out.errors():
-        yield Schedules(rt.engine)
+        try:
+            yield Schedules(rt.engine)
+        except ContractUnchecked as exc:
+            out.fail("unavailable", str(exc))
 
 
 def _print(record: ScheduleRecord, history: list[dict[str, Any]] | None = None) -> None:
@@ -145,8 +149,19 @@ def add(
     }
     extras = {"end": end, "count": count, "customerId": customer, "captureType": capture_type}
     data |= {name: value for name, value in extras.items() if value is not None}
+    notes: list[str] = []
+
+    def contract_known(spec: ScheduleInput) -> None:
+        """The contract looked up at the gateway before anything is written (schedules.contracts)."""
+        with GatewayClient(schedules.engine.settings.gateway) as client:
+            note = check_contract(client, spec)
+        if note:
+            notes.append(note)
+
     with _schedules(out) as schedules:
-        record = schedules.create(data, key=key)
+        record = schedules.create(data, key=key, check=contract_known)
+    for note in notes if not as_json else []:
+        typer.echo(f"note: {note}", err=True)
     if as_json:
         echo_json(record.summary())
         return

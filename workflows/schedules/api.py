@@ -100,12 +100,22 @@ class Schedules:
         except ValidationError as exc:
             raise _input_error(exc) from None
 
-    def create(self, data: ScheduleInput | Mapping[str, Any], key: str | None = None) -> ScheduleRecord:
+    def create(
+        self,
+        data: ScheduleInput | Mapping[str, Any],
+        key: str | None = None,
+        *,
+        check: Callable[[ScheduleInput], None] | None = None,
+    ) -> ScheduleRecord:
         """Create a schedule (InputError naming the field); with ``key``, creating again returns the first.
+        ``check``: called with the schedule read strictly, before anything is written (its contract looked up
+        at the gateway: ``schedules.contracts.check_contract``, which ``durapay schedules add`` passes).
 
         Raises StartConflict when ``key`` was used for a different schedule.
         """
         record, entry, digest = self._new(data, key, self.engine.clock.now())
+        if check is not None:
+            check(record.spec)
         try:
             self.store.create(record, entry, digest)
         except ValueError as exc:

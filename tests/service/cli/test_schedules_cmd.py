@@ -5,10 +5,16 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
+from durapay.config import GatewaySettings
+from durapay.gateway import Catalogue, GatewayClient
 from durapay.service.runtime import Runtime
+from durapay.simulator import SimulatorConfig, SimulatorServer
 from durapay.workflows.schedules import Schedules
 from tests.service.cli.conftest import invoke
 from tests.service.cli.test_flows_cmd import TERMINAL
+from tests.simulator.support import order, session
 from tests.workflows.schedules.harness import stop_on_a_gone_flow
 
 ADD = ("schedules", "add", "--contract", "contract-with-a-long-name-01", "--amount", "1990", "--description", "Gym")
@@ -89,3 +95,40 @@ def test_schedules_read_in_major_units_and_rules_in_words(engine_side: Runtime) 
     assert line.split("\t")[3:5] == ["19.90 EUR", "monthly on day 5"]
     as_json = json.loads(invoke("schedules", "show", schedule_id, "--json").stdout)
     assert (as_json["amount"], as_json["rule"]) == (1990, {"every": "month", "day": 5})
+
+
+def test_add_checks_the_contract_at_the_gateway(engine_side: Runtime, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 41 finding 11: ``schedules add --contract`` took a contract the gateway does not know, found
+    at the first charge a month later. With the customer, the contract is looked up when the schedule is
+    made; without, the command says it was not checked."""
+    with SimulatorServer(SimulatorConfig(seed=41)) as sim:
+        monkeypatch.setenv("DURAPAY_GATEWAY__BASE_URL", sim.base_url)
+        with GatewayClient(GatewaySettings(base_url=sim.base_url)) as client:
+            for contract_id, kind in (("ctr-mit-41", "MIT_UNSCHEDULED"), ("ctr-cit-41", "CIT")):
+                recurrence = {"action": "CONTRACT_CREATION", "contractId": contract_id, "contractType": kind}
+                request = {
+                    "order": order(f"first-{contract_id}", customerId="cust-41"),
+                    "paymentSession": session(recurrence=recurrence),
+                }
+                client.call(Catalogue.create_hpp_order, request=request)
+                assert sim.admin.complete_hpp(f"first-{contract_id}")["operationResult"] == "EXECUTED"
+        monthly = ("--amount", "1990", "--description", "Gym", "--every", "month", "--day", "1", "--json")
+        made = invoke("schedules", "add", "--contract", "ctr-mit-41", "--customer", "cust-41", *monthly)
+        assert made.exit_code == 0, made.output
+        for contract_id, customer, field, words in (
+            (
+                "ctr-typo-41",
+                "cust-41",
+                "contractId",
+                "has no contract 'ctr-typo-41' at the gateway (its contracts: ctr-cit-41, ctr-mit-41)",
+            ),
+            ("ctr-cit-41", "cust-41", "contractId", "is CIT: the merchant cannot charge it"),
+            ("ctr-mit-41", "cust-nobody", "customerId", "the gateway knows no customer 'cust-nobody'"),
+        ):
+            refused = invoke("schedules", "add", "--contract", contract_id, "--customer", customer, *monthly)
+            assert refused.exit_code == 2, refused.output
+            error = json.loads(refused.stderr)
+            assert error["field"] == field and words in error["reason"], error
+        unchecked = invoke("schedules", "add", "--contract", "ctr-any", *monthly[:-1])
+        assert unchecked.exit_code == 0 and "the contract was not checked at the gateway" in unchecked.stderr, unchecked.output
+    assert len(Schedules(engine_side.engine).list()) == 2, "nothing written for a refused one"
