@@ -638,15 +638,17 @@ def check_variables(environ: Mapping[str, str]) -> None:
         raise SettingsError(f"{variable}: not a durapay setting{hint}")
 
 
-def load_settings(overrides: Mapping[str, Any] | None = None) -> Settings:
+def load_settings(overrides: Mapping[str, Any] | None = None, *, env_file: Path | None = None) -> Settings:
     """Read the settings from the environment (and ``overrides``), or raise a one-line SettingsError.
 
-    The first problem is reported; that is the one the operator fixes next. A ``DURAPAY_*`` variable
-    that names no setting is one (:func:`check_variables`).
+    ``env_file``: ``DURAPAY_*`` variables in dotenv form read *under* the environment (a variable set in
+    the environment wins): the settings ``durapay dev`` shares with the commands run in its folder
+    (``service.dev.shared_settings``). The first problem is reported; that is the one the operator fixes
+    next. A ``DURAPAY_*`` variable that names no setting is one (:func:`check_variables`).
     """
     check_variables(os.environ)
     try:
-        settings = Settings(**dict(overrides or {}))
+        settings = Settings(_env_file=env_file, **dict(overrides or {}))
     except ValidationError as exc:
         first = exc.errors()[0]
         message = first["msg"].removeprefix("Value error, ")

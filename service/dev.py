@@ -19,6 +19,15 @@ The same watch starts again a service that exited. Restarts are bounded (:data:`
 The operator key is ``DURAPAY_API__KEY`` when set, else one generated once and kept in
 ``<data dir>/dev/operator-key`` (readable by its owner only), so that a script keeps working across runs.
 Ports: 8780 (API) and 8781 (simulator) when free, else free ones.
+
+**dev tells the other commands of its folder its settings.** The ``DURAPAY_*`` variables it gives its
+services (its Redis, the simulator as the gateway, the API's key, and whatever its own environment set,
+``DURAPAY_WEBHOOKS__ALLOW_PRIVATE=true`` say) are kept in ``<data dir>/dev/settings.env`` (its owner
+only) while it runs, the first line naming dev's process. A command run with no ``DURAPAY_REDIS_URL`` in
+the same data folder reads them under its own environment (:func:`shared_settings`; its own variables
+win), so ``durapay webhooks add http://127.0.0.1:8000/hooks`` is checked by the rule dev's workers
+deliver by, and ``durapay schedules add --customer`` looks the contract up at dev's simulator, without the
+variables exported again. The file goes when dev stops; one whose process is gone is not read.
 """
 
 from __future__ import annotations
@@ -28,7 +37,7 @@ import secrets
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -36,12 +45,16 @@ import httpx
 
 from durapay.config import ENV_NESTED_DELIMITER, ENV_PREFIX, SIMULATOR_API_KEY, Settings
 from durapay.config.embedded import EmbeddedValkey, free_port, running_embedded
+from durapay.config.settings import TOOL_PREFIX, TOOL_VARIABLES
 from durapay.service.processes import Child, Sink, port_or_free
 from durapay.service.runtime import embedded_folder, restart_embedded, start_embedded, stop_embedded
 from durapay.simulator import SimulatorConfig
 
 #: Where dev keeps its logs, the simulator's state and the generated operator key, under the data folder.
 DEV_FOLDER = "dev"
+#: The settings dev shares with the commands of its folder (module docstring), in dotenv form.
+SHARED_SETTINGS = "settings.env"
+_SHARED_HEAD = "# durapay dev "
 SIMULATOR_PORT = 8781
 #: At most this many restarts of one part within :data:`RESTART_WINDOW` seconds.
 RESTARTS = 5
@@ -69,6 +82,44 @@ class Places:
 
 def _env_name(group: str, name: str) -> str:
     return f"{ENV_PREFIX}{group.upper()}{ENV_NESTED_DELIMITER}{name.upper()}"
+
+
+def publish_settings(folder: Path, env: Mapping[str, str]) -> Path:
+    """Write the ``DURAPAY_*`` settings of ``env`` (no test or tool knob) to ``folder/settings.env``, its
+    owner only, under a first line naming this process: what :func:`shared_settings` reads."""
+    lines = [f"{_SHARED_HEAD}{os.getpid()}: the settings of its services (docs/cli.md, durapay dev)"]
+    for name, value in sorted(env.items()):
+        upper = name.upper()
+        if upper.startswith(ENV_PREFIX) and upper not in TOOL_VARIABLES and not upper.startswith(TOOL_PREFIX):
+            quoted = value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+            lines.append(f'{name}="{quoted}"')
+    path = folder / SHARED_SETTINGS
+    folder.mkdir(parents=True, exist_ok=True)
+    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(descriptor, "w") as handle:
+        handle.write("\n".join(lines) + "\n")
+    return path
+
+
+def shared_settings(data_dir: Path) -> Path | None:
+    """The settings file of the ``durapay dev`` running on ``data_dir``, or None (no dev, or one that died:
+    the process its first line names is gone)."""
+    path = Path(data_dir).resolve() / DEV_FOLDER / SHARED_SETTINGS
+    try:
+        with path.open() as handle:
+            head = handle.readline()
+    except OSError:
+        return None
+    pid = head.removeprefix(_SHARED_HEAD).partition(":")[0]
+    if not head.startswith(_SHARED_HEAD) or not pid.isdigit():
+        return None
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return None
+    except PermissionError:
+        pass  # another user's process: alive
+    return path
 
 
 def operator_key(settings: Settings, folder: Path) -> str:
@@ -159,6 +210,7 @@ class DevStack:
                 _env_name("api", "key"): key,
             }
         )
+        publish_settings(self.log_dir, env)
         state = ["--state-file", str(self.log_dir / "simulator.json")]
         roles = [
             ("simulator", ["--port", str(sim_port), *state]),
@@ -235,8 +287,9 @@ class DevStack:
         return True
 
     def stop(self) -> None:
-        """The services (SIGTERM, bounded), then Valkey (its AOF flushed)."""
+        """The services (SIGTERM, bounded), then Valkey (its AOF flushed); the shared settings go first."""
         self.stopping.set()
+        (self.log_dir / SHARED_SETTINGS).unlink(missing_ok=True)
         for child in reversed(self.services):
             child.stop()
         self.services = []

@@ -655,10 +655,7 @@ class Engine:
         operation_id = str((error.get("operation") or {}).get("operationId") or "")
         self.late.accepting(record.id, operation_id)
 
-    _no_worker = (
-        "; no worker serves this store (no heartbeat): start `durapay worker` with the same settings, "
-        "or `durapay dev`"
-    )
+    _no_worker = "; no worker serves this store (no heartbeat): start `durapay worker` with the same settings, or `durapay dev`"
 
     def wait(self, flow_id: str, timeout: float = 30.0, *, states: frozenset[FlowState] = STOPPED) -> FlowRecord:
         """Block until the flow is in one of ``states`` (finished or needing a person), or TimeoutError (which

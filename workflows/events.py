@@ -219,6 +219,20 @@ class EventFeed:
                 break
         return page, cursor
 
+    def end(self) -> Cursor:
+        """The cursor after the last event of every stream now: following from it gives what comes next
+        (``durapay listen``, ``durapay events ls --follow`` without ``--after``). One round trip."""
+        streams = self.streams()
+        pipe = self.redis.pipeline(transaction=False)
+        for key in streams.values():
+            pipe.xrevrange(key, count=1)
+        positions = {}
+        for tag, entries in zip(streams, pipe.execute(), strict=True):
+            if entries:
+                entry = entries[0][0]
+                positions[tag] = entry.decode() if isinstance(entry, bytes) else str(entry)
+        return Cursor(positions)
+
     def follow(
         self,
         after: Cursor | None = None,
@@ -227,8 +241,8 @@ class EventFeed:
         poll: float = 0.5,
         stop: Any = None,
     ) -> Iterator[tuple[Event, Cursor]]:
-        """Every event after ``after``, as it comes (polling every ``poll`` seconds), with the cursor
-        to resume from after it; ends when ``stop()`` is true."""
+        """Every event after ``after``, as it comes (polling every ``poll`` seconds while none comes), with
+        the cursor to resume from after it; ends when ``stop()`` is true (or the caller stops reading)."""
         cursor = after or Cursor()
         while stop is None or not stop():
             page, following = self.read(cursor, types=types)

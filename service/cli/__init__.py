@@ -41,6 +41,7 @@ COMMAND_MODULES: dict[str, tuple[str, ...]] = {
     "durapay.service.cli.flows_cmd": ("start", "flows"),
     "durapay.service.cli.schedules_cmd": ("schedules",),
     "durapay.service.cli.webhooks_cmd": ("webhooks", "events"),
+    "durapay.service.cli.listen_cmd": ("listen",),
     "durapay.service.cli.kinds_cmd": ("kinds",),
     "durapay.service.cli.bulk_cmd": ("bulk",),
     "durapay.service.cli.reconcile_cmd": ("reconcile",),

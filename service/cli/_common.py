@@ -142,12 +142,20 @@ class Output:
         field = variable if variable.startswith("DURAPAY_") and reason else None
         self.fail("configuration", reason if field else text, field=field, human=f"configuration error: {text}")
 
-    def settings(self, *, data_dir: Path | None = None) -> Settings:
-        """The ``DURAPAY_*`` settings; ``data_dir``: a command's ``--data-dir`` over them."""
+    def settings(self, *, data_dir: Path | None = None, shared: bool = True) -> Settings:
+        """The ``DURAPAY_*`` settings; ``data_dir``: a command's ``--data-dir`` over them. ``shared``: with
+        no ``DURAPAY_REDIS_URL``, the settings of the ``durapay dev`` running in the data folder are read
+        under the environment (``service.dev.shared_settings``); the commands running stacks of their own
+        (dev, demo, chaos) pass False."""
         from durapay.config.settings import SettingsError, load_settings
 
         try:
             settings = load_settings()
+            if shared and not settings.redis_url:
+                from durapay.service.dev import shared_settings
+
+                found = shared_settings(Path(data_dir or settings.data_dir))
+                settings = load_settings(env_file=found) if found is not None else settings
         except SettingsError as exc:
             self.configuration_error(exc)
         return settings if data_dir is None else settings.model_copy(update={"data_dir": data_dir})

@@ -67,7 +67,7 @@ def chaos(
         )
     if appendfsync is not AppendFsync.ALWAYS and redis_url:
         out.fail("usage", "--appendfsync sets the Valkey the run starts itself: drop --redis-url", field="--appendfsync")
-    settings = out.settings(data_dir=data_dir)
+    settings = out.settings(data_dir=data_dir, shared=False)
     interrupt_on_sigterm()
     screen = Console(stderr=True) if as_json else console()
     options = ChaosOptions(seed, flows, duration, lose_last_writes, redis_url, appendfsync.value)

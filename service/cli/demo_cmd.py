@@ -32,7 +32,7 @@ def demo(
     from durapay.service.demo import run_demo
 
     out = Output(as_json)
-    settings = out.settings(data_dir=data_dir)
+    settings = out.settings(data_dir=data_dir, shared=False)
     interrupt_on_sigterm()
     try:
         port = settings.api.port if api_port is None else api_port

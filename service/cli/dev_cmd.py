@@ -38,7 +38,7 @@ def dev(
     dying, 2 when it could not start.
     """
     out = Output(as_json)
-    settings = out.settings(data_dir=data_dir)
+    settings = out.settings(data_dir=data_dir, shared=False)
     lock = threading.Lock()
     stream = sys.stderr if as_json else sys.stdout
 
@@ -98,7 +98,8 @@ def _banner(places: Places, *, as_json: bool) -> None:
         f"  API        {places.api_url}   (X-Api-Key: $KEY; docs {places.api_url}/docs)",
         f"  Simulator  {places.simulator_url}/_sim/   (the gateway: its pages, operations, faults)",
         f"  Valkey     {places.redis_url}   (restarted on this port with its data if it dies)",
-        f"  CLI        {cli} flows ls   (nothing else to configure)",
+        f"  CLI        {cli} flows ls   (nothing else to configure: dev shares its settings with this folder)",
+        f"  Webhooks   {cli} listen --forward-to http://127.0.0.1:8000/hooks   (every event, signed, to your receiver)",
         f"  Data       {places.data_dir}   (logs in {places.log_dir})",
         "Press Ctrl-C to stop everything.",
         "",

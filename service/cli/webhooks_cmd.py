@@ -10,13 +10,14 @@ not answer 2xx.
 from __future__ import annotations
 
 import contextlib
+import json
 from collections.abc import Iterator
 from datetime import datetime
 from typing import Annotated, Any
 
 import typer
 
-from durapay.service.cli._common import BadOption, ExitCode, Output, runtime
+from durapay.service.cli._common import BadOption, ExitCode, Output, interrupt_on_sigterm, runtime
 from durapay.service.cli._output import echo_json, print_record, print_rows, when
 from durapay.workflows.engine import NotFound
 from durapay.workflows.events import EVENT_TYPES, Cursor
@@ -25,6 +26,9 @@ from durapay.workflows.webhooks import Endpoint, EndpointError, Webhooks, check_
 JsonFlag = Annotated[bool, typer.Option("--json", help="Print JSON (errors too, on stderr).")]
 Id = Annotated[str, typer.Argument(help="Endpoint id (we_...).")]
 Types = Annotated[str | None, typer.Option("--events", help=f"Comma-separated types (default: all): {', '.join(EVENT_TYPES)}.")]
+
+#: How long ``events ls --follow`` leaves the feed between two reads while nothing comes (seconds).
+FOLLOW_POLL_SECONDS = 0.25
 
 webhooks_app = typer.Typer(help="Webhook endpoints: add, list, remove, rotate the secret, test, attempts.", no_args_is_help=True)
 events_app = typer.Typer(help="Merchant events: read the feed, replay a range to the endpoints.", no_args_is_help=True)
@@ -39,7 +43,7 @@ def _webhooks(out: Output) -> Iterator[Webhooks]:
             out.fail("invalid_input", exc.reason, field=exc.field)
 
 
-def _types(text: str | None, option: str = "--events") -> list[str]:
+def parse_types(text: str | None, option: str = "--events") -> list[str]:
     try:
         return check_types([part.strip() for part in (text or "").split(",") if part.strip()])
     except EndpointError as exc:
@@ -75,7 +79,7 @@ def add(
     """Add an endpoint; prints it with its secret (whsec_...), shown this once."""
     out = Output(as_json)
     with _webhooks(out) as webhooks:
-        endpoint = webhooks.endpoints.add(url, _types(events), description=description, source="cli")
+        endpoint = webhooks.endpoints.add(url, parse_types(events), description=description, source="cli")
     if as_json:
         echo_json(endpoint.view(with_secret=True))
     else:
@@ -211,13 +215,20 @@ def list_events(
     after: Annotated[str | None, typer.Option("--after", help="A cursor (a page's next): the events after it.")] = None,
     types: Annotated[str | None, typer.Option("--types", help="Comma-separated event types.")] = None,
     limit: Annotated[int, typer.Option("--limit", min=1, max=1000)] = 100,
+    follow: Annotated[
+        bool, typer.Option("--follow", help="Then print each new event as it comes (from now, or --after), until Ctrl-C.")
+    ] = False,
     as_json: JsonFlag = False,
 ) -> None:
-    """Events after a cursor, in order per partition; prints the cursor to resume from."""
+    """Events after a cursor, in order per partition; prints the cursor to resume from. With --follow,
+    every event from now on (or after --after) as it comes, one line each (a JSON line with --json)."""
     out = Output(as_json)
+    if follow:
+        _follow(out, after, types)
+        return
     with _webhooks(out) as webhooks:
         cursor = _cursor(after)
-        page, following = webhooks.feed.read(cursor, types=_types(types, "--types") or None, limit=limit)
+        page, following = webhooks.feed.read(cursor, types=parse_types(types, "--types") or None, limit=limit)
     if as_json:
         echo_json({"events": [event.wire() for event in page], "next": following.text() or None})
         return
@@ -228,6 +239,28 @@ def list_events(
         rows,
         ids=frozenset({"id"}),
     )
+
+
+def _follow(out: Output, after: str | None, types: str | None) -> None:
+    """``events ls --follow``: each event as it comes (``tail -f`` of the feed), bounded by Ctrl-C only;
+    the cursor after the last one printed is said on stderr when it stops, to resume from."""
+    interrupt_on_sigterm()
+    with _webhooks(out) as webhooks:
+        wanted = parse_types(types, "--types") or None
+        start = _cursor(after) if after else webhooks.feed.end()
+        cursor = start
+        typer.echo(f"following events after {start.text() or 'the start'} (Ctrl-C stops)", err=True)
+        try:
+            for event, cursor in webhooks.feed.follow(start, types=wanted, poll=FOLLOW_POLL_SECONDS):
+                wire = event.wire()
+                if out.json:
+                    typer.echo(json.dumps({**wire, "next": cursor.text()}))
+                else:
+                    subject = str(event.body.get("flow") or event.body.get("schedule") or "")
+                    typer.echo("\t".join([when(wire["timestamp"]), event.id, event.type, subject]))
+        except KeyboardInterrupt:
+            pass
+    typer.echo(f"next: {cursor.text()}", err=True)
 
 
 @events_app.command("replay")
@@ -252,7 +285,7 @@ def replay(
                 raise BadOption("--until", f"{until!r} is not an ISO 8601 time (like 2026-11-23T05:00:00Z)") from None
         if endpoint is not None:
             _found(webhooks.endpoints.get(endpoint), endpoint)
-        count = webhooks.replay(cursor, until=moment, endpoint_id=endpoint, types=_types(types, "--types") or None)
+        count = webhooks.replay(cursor, until=moment, endpoint_id=endpoint, types=parse_types(types, "--types") or None)
     result: dict[str, Any] = {"scheduled": count}
     if as_json:
         echo_json(result)

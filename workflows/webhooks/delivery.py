@@ -37,7 +37,7 @@ from typing import Any
 
 from durapay.config.settings import WEBHOOK_JITTER, WEBHOOK_RETRY_AFTER_CAP_SECONDS, WebhooksSettings
 from durapay.workflows.clock import server_time
-from durapay.workflows.events import Cursor, EventFeed, decode_entry, iso
+from durapay.workflows.events import Cursor, Event, EventFeed, decode_entry, iso
 from durapay.workflows.keys import Keys
 from durapay.workflows.scripts import ScriptPipeline, source
 from durapay.workflows.webhooks.endpoints import TEST_TYPE, Endpoint, EndpointStore, resolve_public
@@ -79,6 +79,18 @@ def retry_after(value: str | None, now: float) -> float | None:
         except (TypeError, ValueError):
             return None
     return min(max(seconds, 0.0), RETRY_AFTER_CAP)
+
+
+def payload(event: Event) -> bytes:
+    """The body of every delivery of ``event`` (its wire form, compact JSON): what is signed and sent."""
+    return json.dumps(event.wire(), separators=(",", ":")).encode()
+
+
+def signed_headers(msg_id: str, body: bytes, secrets_: Sequence[str], at: float) -> dict[str, str]:
+    """The headers of one delivery: JSON, durapay's agent, and the Standard Webhooks signature at ``at``
+    with every secret in ``secrets_`` (``durapay listen`` signs its forwards the same way)."""
+    headers = {"content-type": "application/json", "user-agent": "durapay-webhooks/1"}
+    return headers | sign(msg_id, body, secrets_, timestamp=int(at))
 
 
 @dataclass(frozen=True)
@@ -245,7 +257,7 @@ class Webhooks:
         if not endpoint.enabled:
             return self._drop(slot, member, endpoint_id, made, f"endpoint disabled: {endpoint.disabled_reason}")
         event = decode_entry(tag, *entries[0])
-        attempt = self.attempt(endpoint, event.id, event.type, json.dumps(event.wire(), separators=(",", ":")).encode())
+        attempt = self.attempt(endpoint, event.id, event.type, payload(event))
         attempt["attempt"] = made + 1
         now = self.now()
         following = self._following(attempt, endpoint, made, float(state.get("f", now)), now)
@@ -267,8 +279,7 @@ class Webhooks:
         try:
             # Connect to the address checked, never resolving the name again (DNS rebinding).
             address = None if self.settings.allow_private else resolve_public(endpoint.url)
-            headers = {"content-type": "application/json", "user-agent": "durapay-webhooks/1"}
-            headers |= sign(msg_id, body, endpoint.secrets(started), timestamp=int(started))
+            headers = signed_headers(msg_id, body, endpoint.secrets(started), started)
             answer = self.poster.post(endpoint.url, body, headers, excerpt=self.settings.excerpt_bytes, address=address)
             record["status"] = answer.status
             record["ok"] = 200 <= answer.status < 300
