@@ -142,6 +142,7 @@ def stack(installed: Installed, project: Path, tmp_path: Path) -> Iterator[dict[
         "DURAPAY_REDIS_URL": valkey.url,
         "DURAPAY_DATA_DIR": str(tmp_path / "data"),
         "DURAPAY_API__KEY": API_KEY,
+        "KEY": API_KEY,  # README's client reads the key durapay dev prints (export KEY=...)
         "SHOP_DURAPAY_URL": f"http://127.0.0.1:{port}",
         "DURAPAY_ENGINE__LEASE_SECONDS": "10",
         "DURAPAY_GATEWAY__TIMEOUT": "5",
