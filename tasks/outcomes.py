@@ -17,6 +17,9 @@ A step returns (or the runner derives from an error) exactly one of these:
   gives this call a later slot): run this step again after ``after`` seconds, using no attempt and no
   run (``workflows.gate``). ``slot`` is the limiter slot reserved for it; ``reconcile`` as for Retry
   (the call that opened the breaker may have reached the gateway).
+* :class:`Held` - the step's gateway target (a payment's order, a reservation) is another flow's until its
+  money call there is resolved (``workflows.targets``): run this step again once it is (woken then, or
+  after ``after`` seconds at the latest), using no attempt and no run.
 """
 
 from __future__ import annotations
@@ -84,4 +87,11 @@ class Defer:
     slot: float | None = None
 
 
-Outcome = Advance | Finish | Retry | Poll | Wait | Sleep | NewOrder | Attention | Defer
+@dataclass(frozen=True)
+class Held:
+    after: float
+    reason: str
+    error: dict[str, Any]
+
+
+Outcome = Advance | Finish | Retry | Poll | Wait | Sleep | NewOrder | Attention | Defer | Held

@@ -96,6 +96,18 @@ UNAVAILABLE = "gateway unavailable"
 GATE_UNREACHABLE = "Redis unreachable before the gateway call"
 
 
+@dataclass(frozen=True)
+class TargetSnapshot:
+    """What a money step's gateway target (a payment's order, a reservation) held when the step took it,
+    before its call could be sent (``workflows.targets``): the target, and the ids of its operations then
+    (``before``; None when the hold was recorded but its call never sent). While a flow holds its target no
+    other flow's money call acts there, so an operation of the call's type that ``before`` does not list,
+    and that no other flow recorded, is this call's (``workflows.flows._adopt``)."""
+
+    target: str
+    before: frozenset[str] | None
+
+
 class NotCommitted:
     """Reconcile found that the gateway did not act: call again."""
 
@@ -151,6 +163,21 @@ class StepContext:
     gate: Gate | None = None
     #: The limiter slot reserved for this step when it was deferred to it (used by its first call).
     slot: float | None = None
+    #: Takes the step's gateway target before it reconciles or calls (``workflows.targets``): None once
+    #: held (``snapshot`` then says what the target held), or the outcome of waiting for its holder. None
+    #: for a step that acts on no shared target.
+    hold_target: Callable[[], Outcome | None] | None = None
+    #: The step's gateway target as it held it (see :class:`TargetSnapshot`), None when it holds none.
+    snapshot: TargetSnapshot | None = None
+    #: This try ended before its money call could be sent: while it took its target (it waits for
+    #: another flow's call, or a read of the target failed). What it marked in flight is then settled.
+    kept_from_call: bool = False
+    #: What a target's snapshot read (a reservation, an order), for the step body to check it again
+    #: without a second read.
+    target_read: Any = None
+    #: The flow that recorded a gateway operation (its ``op:`` lookup; None: none), read only when a
+    #: read-back must exclude another flow's operation (``workflows.flows._adopt``).
+    operation_holder: Callable[[str], str | None] | None = None
 
     def call(
         self,
@@ -252,11 +279,19 @@ def run_step(step: Step, ctx: StepContext, *, must_reconcile: bool, resend: bool
     """Run ``step`` once under the claim described by ``ctx``; never raises a GatewayError."""
     op = step.operation
     policy = ctx.retry
-    if must_reconcile and op is not None and not op.retry_safe:
-        found = _reconcile(step, ctx, op.name)
-        if not isinstance(found, NotCommitted):
-            return found
     try:
+        if ctx.hold_target is not None:
+            # One unresolved money call per gateway target: held before the read-back and the call, or
+            # the step waits for the flow that holds it (workflows.targets).
+            ctx.kept_from_call = True
+            waiting = ctx.hold_target()
+            if waiting is not None:
+                return waiting
+            ctx.kept_from_call = False
+        if must_reconcile and op is not None and not op.retry_safe:
+            found = _reconcile(step, ctx, op.name)
+            if not isinstance(found, NotCommitted):
+                return found
         return step.execute(ctx)
     except LeaseLost:
         raise

@@ -56,6 +56,7 @@ from durapay.workflows.signals import admit
 from durapay.workflows.states import STOPPED, TERMINAL, FlowState
 from durapay.workflows.steps import FlowDefinition
 from durapay.workflows.store import Change, FlowRecord, FlowStore, MoneyTaken, NewFlow, OrderHeld, StartConflict, compact_json
+from durapay.workflows.targets import Targets
 
 log = logging.getLogger("durapay.engine")
 
@@ -142,6 +143,8 @@ class Engine:
         self._client_pid = 0
         self._client_lock = threading.Lock()
         self.orders = OrderIndex(client, self.keys, settings.engine.retention, settings.gateway.order_id_max_length)
+        #: One unresolved money call per gateway target (a payment's order, a reservation): ``workflows.targets``.
+        self.targets = Targets(self.store, self.lease, self.clock.now)
         #: The gateway's health shared by every worker: breaker, rate limiter, 429 hold (``workflows.gate``).
         #: On Redis's clock (one for every worker); an engine on a ManualClock (tests) keeps it on that one.
         gate_now = self.clock.now if isinstance(self.clock, ManualClock) else None

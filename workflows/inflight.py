@@ -54,11 +54,12 @@ def opens(step: Step) -> bool:
     return op is not None and op.notifies
 
 
-def after(step: Step, record: FlowRecord, outcome: Outcome) -> dict[str, str | None]:
+def after(step: Step, record: FlowRecord, outcome: Outcome, *, sent: bool = True) -> dict[str, str | None]:
     """The fields that ``outcome`` of ``step``, claimed as ``record``, writes about money in flight:
     settled, told its operation, opened (a customer may now pay), or nothing (it stays as it was); and
-    how long a finished flow must be kept for the customer's instrument (``keep_until``)."""
-    return {**_money(step, record, outcome), **_keep(step, record, outcome)}
+    how long a finished flow must be kept for the customer's instrument (``keep_until``). ``sent`` False:
+    this try ended before its money call could be sent (taking its gateway target, ``workflows.targets``)."""
+    return {**_money(step, record, outcome, sent), **_keep(step, record, outcome)}
 
 
 def _keep(step: Step, record: FlowRecord, outcome: Outcome) -> dict[str, str | None]:
@@ -78,7 +79,7 @@ def _keep(step: Step, record: FlowRecord, outcome: Outcome) -> dict[str, str | N
     return {"keep_until": repr(until)}
 
 
-def _money(step: Step, record: FlowRecord, outcome: Outcome) -> dict[str, str | None]:
+def _money(step: Step, record: FlowRecord, outcome: Outcome, sent: bool) -> dict[str, str | None]:
     unsettled = record.unsettled
     if isinstance(outcome, Advance) and opens(step) and (unsettled is None or _own_call(step, unsettled)):
         # The customer may pay from now on: the wait ends only on the gateway's word (CLOSED, or a
@@ -106,8 +107,11 @@ def _money(step: Step, record: FlowRecord, outcome: Outcome) -> dict[str, str | 
                 return dict(SETTLED)  # the gateway refused the call, and no earlier try is unanswered
         return {}
     refused = isinstance(outcome, Retry | Defer) and not outcome.reconcile and not _may_have_acted(outcome.error)
-    if refused and _own_call(step, unsettled) and not _earlier_unanswered(record):
-        return dict(SETTLED)  # refused before acting (a 429, a 503): the next claim marks it again
+    never_sent = not sent and _marked_by(record, unsettled)
+    if (refused or never_sent) and _own_call(step, unsettled) and not _earlier_unanswered(record):
+        # Refused before acting (a 429, a 503), or this claim's mark and no call sent under it (a read before
+        # the call failed, another flow holds the target: workflows.targets): the next claim marks it again.
+        return dict(SETTLED)
     return {}
 
 
@@ -125,6 +129,13 @@ def _told(unsettled: dict[str, Any], operation_id: Any) -> dict[str, str | None]
 def _own_call(step: Step, unsettled: dict[str, Any]) -> bool:
     """The outcome is of the money call itself (not of a read of it)."""
     return unsettled.get("step") == step.name and money_operation(step) != ""
+
+
+def _marked_by(record: FlowRecord, unsettled: dict[str, Any]) -> bool:
+    """Whether the mark is the one the claim of ``record`` made (claim.lua stamps it with the claim's time,
+    which passes through Lua's JSON: to a millisecond), not one kept from an earlier try."""
+    marked = unsettled.get("t")
+    return isinstance(marked, int | float) and abs(float(marked) - record.updated) < 0.001
 
 
 def _earlier_unanswered(record: FlowRecord) -> bool:

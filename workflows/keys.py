@@ -78,6 +78,17 @@ class Keys:
     def event(self, event_id: str) -> str:
         return f"{self.tag(self.partition(event_id))}:event:{event_id}"
 
+    # -- gateway targets: keyed by the gateway order id, in its own partition (workflows.targets) --------
+
+    def target(self, target: str) -> str:
+        """Hash: the flow whose money call on gateway order ``target`` may be unresolved (``flow``, its
+        hold's ``token``): at most one at a time (``workflows.targets``)."""
+        return f"{self.tag(self.partition(target))}:target:{target}"
+
+    def target_waiters(self, target: str) -> str:
+        """Sorted set of the flows whose money call on ``target`` waits for its holder (woken when it lets go)."""
+        return f"{self.tag(self.partition(target))}:waiters:{target}"
+
     def paused(self, partition: int) -> str:
         """Hash flow kind -> its pause (JSON), the partition's copy for the scripts (``workflows.pauses``)."""
         return f"{self.tag(partition)}:paused"

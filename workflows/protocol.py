@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 from pydantic import ValidationError
 
 from durapay.gateway import BY_NAME, describe_validation_error, reported_payment
-from durapay.tasks.outcomes import Advance, Attention, Defer, Finish, NewOrder, Outcome, Poll, Retry, Sleep, Wait
+from durapay.tasks.outcomes import Advance, Attention, Defer, Finish, Held, NewOrder, Outcome, Poll, Retry, Sleep, Wait
 from durapay.tasks.runner import LeaseLost, NothingMoved, StepContext, run_step, settle
 from durapay.workflows import inflight
 from durapay.workflows.durability import NotDurable
@@ -61,6 +61,8 @@ class Claim:
     step: Step
     ctx: StepContext
     resend: bool
+    #: The token of the gateway target this try holds (``workflows.targets``), once taken.
+    hold_token: str | None = None
 
 
 @dataclass(frozen=True)
@@ -219,7 +221,11 @@ class StepProtocol:
             except NotDurable as exc:
                 log.warning("%s; the step waits for its lease to run out, then reads the gateway first", exc)
                 return "not-durable"
-        return Claim(claimed, definition, step, ctx, resend=claimed.reconcile or claimed.uncertain)
+        claim = Claim(claimed, definition, step, ctx, resend=claimed.reconcile or claimed.uncertain)
+        target = getattr(step, "target", None)
+        if target is not None:  # a money call on a shared gateway target: one at a time (workflows.targets)
+            engine.targets.prepare(claim, target)
+        return claim
 
     def _typed_input(self, definition: FlowDefinition, text: str, data: Mapping[str, Any]) -> Any:
         """The stored input as its model, read once per process and input: every step of a flow reads
@@ -272,6 +278,7 @@ class StepProtocol:
             retry=engine.retry_policy,
             maybe_sent_at=_maybe_sent_at(record) if record else now,
             order_holder=engine.orders.flow_for,
+            operation_holder=engine.store.flow_for_operation,
             gate=engine.gate if record else None,
             slot=_number(record.fields.get("gate_slot")) if record else None,
         )
@@ -355,7 +362,10 @@ class StepProtocol:
             what = "cancelled as requested" + (": the gateway shows no money moved" if record.unsettled else "")
             answered = {signal_field: None for signal_field in claim.ctx.consumed}  # the read answered them
             cancel = Change(FlowState.CANCELLED, what, {"lease_until": None, "lease_owner": None, **answered, **ran.settled})
-            return self._stop(record, cancel, self.engine.clock.now(), record.lease_owner), None, None
+            stopped = self._stop(record, cancel, self.engine.clock.now(), record.lease_owner)
+            if claim.ctx.hold_target is not None:
+                self.engine.targets.release(claim)
+            return stopped, None, None
         return self._complete(claim, ran.outcome, chained_next, inline=inline, settled=ran.settled)
 
     def complete(self, claim: Claim, outcome: Outcome, *, chained_next: str | None = None) -> str:
@@ -384,12 +394,14 @@ class StepProtocol:
             done["maybe_sent"] = repr(now)
         if isinstance(outcome, Defer):
             outcome = self._outage_bound(claim, outcome, now)
-        if not isinstance(outcome, Defer):
+        if not isinstance(outcome, Defer | Held):
             # The gateway answered (or the bound was reached): the outage is over for this flow.
             done |= {name: None for name in ("gateway_since", "gateway_due", "gate_slot") if claimed.fields.get(name)}
         change: Change
         if isinstance(outcome, Defer):
             change = self._deferred(claim, outcome, done, now)
+        elif isinstance(outcome, Held):
+            change = self._held(claim, outcome, done, now)
         elif isinstance(outcome, Advance):
             engine.orders.keep_token(ctx.order_id, claimed.id, outcome.output)
             ctx.outputs = {**ctx.outputs, step.name: outcome.output}
@@ -477,7 +489,7 @@ class StepProtocol:
             change = Change(FlowState.NEEDS_ATTENTION, f"{step.name}: {outcome.reason}", done)
         # Money in flight: settled, told its operation, or kept, from what the gateway answered; written
         # in this same compare-and-set, which will not let the flow end while it is kept (transition.lua).
-        money = {**inflight.after(step, claimed, outcome), **(settled or {})}
+        money = {**inflight.after(step, claimed, outcome, sent=not ctx.kept_from_call), **(settled or {})}
         change = dataclasses.replace(change, fields={**change.fields, **money})
         paid = _payment_recorded(outcome)
         if paid:
@@ -499,6 +511,8 @@ class StepProtocol:
         if written is None:
             log.info("flow %s step %s: stale completion dropped", claimed.id, step.name)
             return "stale", None, following_claim
+        if ctx.hold_target is not None:
+            engine.targets.release(claim)  # its call resolved: the target goes to whoever waits for it
         if done.get("customer_url"):
             self._shown(claimed.id)
         if written.finished and written.start_key.startswith(REFUND_KEY):
@@ -517,14 +531,12 @@ class StepProtocol:
         :meth:`_outage_since`) and when the gate told it to come back (``gateway_due``)."""
         claimed, step = claim.record, claim.step
         reconcile = outcome.reconcile or claimed.reconcile or claimed.uncertain
-        runs = int(claimed.fields.get("runs") or "0")
         done |= {
             "error": compact_json({**outcome.error, "reason": outcome.reason}),
             "reconcile": "1" if reconcile else None,
-            "attempt": str(max(0, claimed.attempt - 1)),
-            "runs": str(max(0, runs - 1)) if runs > 1 else None,
             "gate_slot": repr(outcome.slot) if outcome.slot is not None else None,
         }
+        done |= _given_back(claimed)
         if self._outage_since(claimed, now) is None:
             done["gateway_since"] = repr(now)
         after = outcome.after
@@ -533,6 +545,18 @@ class StepProtocol:
         done["gateway_due"] = repr(now + after)
         what = f"{step.name}: {outcome.reason}; tried again in {after:.1f}s (no attempt used)"
         return Change(FlowState.RETRYING, what, done, due=now + after)
+
+    def _held(self, claim: Claim, outcome: Held, done: dict[str, str | None], now: float) -> Change:
+        """The flow waits in ``retrying`` for another flow's money call on its gateway target to be
+        resolved (``workflows.targets``): woken when it is, at the latest after ``outcome.after``. As for a
+        Defer, the attempt and the run its claim counted are given back: the wait is no fault of the
+        flow's, and no call was sent."""
+        claimed, step = claim.record, claim.step
+        reconcile = claimed.reconcile or claimed.uncertain
+        done |= {"error": compact_json({**outcome.error, "reason": outcome.reason}), "reconcile": "1" if reconcile else None}
+        done |= _given_back(claimed)
+        what = f"{step.name}: {outcome.reason}; tried again once it is, in {outcome.after:.0f}s at the latest (no attempt used)"
+        return Change(FlowState.RETRYING, what, done, due=now + outcome.after)
 
     def _outage_since(self, claimed: FlowRecord, now: float) -> float | None:
         """When the outage the flow meets now began for it (None: it begins now): the first of an unbroken
@@ -618,6 +642,13 @@ def writes(step: Step) -> bool:
     """The step writes at the gateway (a POST: money may move): its claim must be durable before it
     calls. (A step's Celery task passes the same as ``money``: its operation's method.)"""
     return step.operation is not None and step.operation.method == "POST"
+
+
+def _given_back(claimed: FlowRecord) -> dict[str, str | None]:
+    """The attempt and the run a claim counted (claim.lua), given back by a try kept from the gateway (the
+    gate's Defer, another flow's hold on its target): the one home of "uses no attempt"."""
+    runs = int(claimed.fields.get("runs") or "0")
+    return {"attempt": str(max(0, claimed.attempt - 1)), "runs": str(max(0, runs - 1)) if runs > 1 else None}
 
 
 def _wrote(ctx: StepContext) -> bool:

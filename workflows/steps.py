@@ -13,7 +13,7 @@ compile into a Celery chain, one task per step; the chain is only the fast path,
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -47,6 +47,19 @@ def never_committed(ctx: StepContext) -> ReconcileResult:
 
 
 @dataclass(frozen=True)
+class Target:
+    """The gateway target a money step acts on besides its own order (``workflows.targets``: one
+    unresolved money call per target): ``of`` names its gateway order (it may read the gateway: a refund
+    knows its payment's operation, not its order), ``operations`` reads the ids of the operations the
+    target holds now (the snapshot; it may keep what it read in ``ctx.target_read`` for the step body's
+    checks), ``what`` names the target in what a waiting flow says ("the payment's order")."""
+
+    of: Callable[[StepContext], str]
+    operations: Callable[[StepContext, str], Sequence[str]]
+    what: str
+
+
+@dataclass(frozen=True)
 class CallStep:
     name: str
     op: GatewayOperation[Any]
@@ -55,6 +68,8 @@ class CallStep:
     adopt: Callable[[StepContext], ReconcileResult] = never_committed
     when: Condition | None = None
     customer_url: Callable[[dict[str, Any]], str | None] | None = None
+    #: The shared gateway target its money call acts on (a payment's order, a reservation), or None.
+    target: Target | None = None
 
     @property
     def operation(self) -> GatewayOperation[Any]:

@@ -742,11 +742,12 @@ class FlowStore:
         )
         return bool(answer)
 
-    def sync(self, ids: str | Iterable[str], what: str, *, orders: Iterable[str] = ()) -> None:
+    def sync(self, ids: str | Iterable[str], what: str, *, orders: Iterable[str] = (), targets: Iterable[str] = ()) -> None:
         """Return once every write so far is durable as configured (see ``workflows.durability``), or
         raise NotDurable. The marker written to get there sits in the partition (the slot) of the flows
-        ``ids`` (and of the order lookups of ``orders``), so on a cluster it reaches the node that holds
-        them; for several, one marker and one wait per node (on a single server: one in all).
+        ``ids`` (and of the order lookups of ``orders``, the gateway targets of ``targets``:
+        ``workflows.targets``), so on a cluster it reaches the node that holds them; for several, one
+        marker and one wait per node (on a single server: one in all).
 
         On a cluster the marker is written by a script that also names the flow's (or lookup's) own key:
         while its slot is being moved, the write then lands where that key is (``TRYAGAIN`` until both
@@ -756,6 +757,7 @@ class FlowStore:
         flows = [ids] if isinstance(ids, str) else list(ids)
         anchors = [(self.keys.partition(flow_id), self.keys.flow(flow_id)) for flow_id in flows]
         anchors += [(self.keys.partition(order_id), self.keys.order(order_id)) for order_id in orders]
+        anchors += [(self.keys.partition(target), self.keys.target(target)) for target in targets]
         if not anchors:
             return
         if not self.pins.cluster:

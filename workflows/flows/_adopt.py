@@ -219,25 +219,37 @@ def adopt_made(
     amount: int | None,
     currency: str | None,
 ) -> ReconcileResult:
-    """For a keyed call that makes an operation on an order that is not the flow's own (a refund, a capture,
-    a reservation charge) and whose answer was lost: what the call made, read back before it is sent again.
+    """For a keyed call that makes an operation on a shared gateway target (a refund or capture of a
+    payment's order, a reservation charge) and whose answer was lost: what the call made, read back before
+    it is sent again.
 
     The public material does not say what a repeated ``Idempotency-Key`` does, and durapay itself takes a
     forgotten key as possible (``tasks.runner``: "already used" after a while), so a resend could make the
-    operation twice. As for a payment, the read comes first. The call's operation is one of ``types``
-    that the order did not hold when the flow last read it (``before``), made after the flow started, of
-    the call's amount (None: any) and currency. None found: NOT_COMMITTED (the call is sent again, with its
-    key). One: adopted, answered as the call would have been (its id), and the flow's read step reads it
-    until final. More than one (the same operation made by someone else meanwhile): a person looks, nothing
-    is adopted."""
+    operation twice. As for a payment, the read comes first. The call's operation is known by identity,
+    not by resemblance (``workflows.targets``): the flow held the target from before the call could be
+    sent, and recorded what the target held then (``ctx.snapshot``), so an operation of one of ``types``
+    that the snapshot does not list, and that no other flow recorded as its own (its ``op:`` lookup), is
+    this call's; amount and currency only exclude (an operation made outside durapay). A hold recorded
+    but never sent: NOT_COMMITTED at once. A flow of an earlier release, which holds no snapshot, is read
+    as it was: not among ``before`` (what an earlier step read), made after the flow started, of the
+    call's amount (None: any) and currency.
+
+    None found: NOT_COMMITTED (the call is sent again, with its key). One: adopted, answered as the call
+    would have been (its id), and the flow's read step reads it until final. More than one: a person
+    looks, nothing is adopted."""
+    snapshot = ctx.snapshot
+    if snapshot is not None and snapshot.before is None:
+        return NOT_COMMITTED  # held, never sent: nothing at the gateway can be this call's
+    known = snapshot.before if snapshot is not None and snapshot.before is not None else before
     made = [
         op
         for op in operations
         if op.operationType in types
-        and op.operationId not in before
+        and op.operationId not in known
         and (amount is None or op.operationAmount is None or int(op.operationAmount) == amount)
         and (currency is None or op.operationCurrency is None or str(op.operationCurrency) == currency)
-        and not _made_before(op, ctx.created - CLOCK_SKEW_SECONDS)
+        and (snapshot is not None or not _made_before(op, ctx.created - CLOCK_SKEW_SECONDS))
+        and not _another_flows(ctx, op)
     ]
     if not made:
         return NOT_COMMITTED
@@ -251,6 +263,14 @@ def adopt_made(
     # read the operation final, so a cancel asked meanwhile still waits for that read.
     found = made[0].wire()
     return Advance({"operationId": found["operationId"], "operationTime": found.get("operationTime"), "adopted": True})
+
+
+def _another_flows(ctx: StepContext, operation: Operation) -> bool:
+    """Whether another flow recorded ``operation`` as its own (its ``op:`` lookup names that flow)."""
+    if ctx.operation_holder is None or not operation.operationId:
+        return False
+    holder = ctx.operation_holder(str(operation.operationId))
+    return holder is not None and holder != ctx.flow_id
 
 
 __all__ = [

@@ -2,7 +2,10 @@
 
 Refunds and captures carry the step's Idempotency-Key, but a lost answer is read back before they are
 sent again, as a payment is (``workflows.flows._adopt.adopt_made``: durapay does not count on the gateway
-remembering a key). Their answer is only ``{operationId, operationTime}``: the flow then reads
+remembering a key). Each acts on its payment's gateway order, a target it shares with every other
+refund, capture or cancel of that payment (``workflows.targets``): the step holds the order from before
+its call can be sent until the gateway names the call's operation, so that a read-back has one candidate;
+another flow's call on the order waits meanwhile. Their answer is only ``{operationId, operationTime}``: the flow then reads
 ``GET /operations/{operationId}`` until the result is final, and each kind succeeds only with its own
 results (:data:`SUCCEEDS_WITH`). A cancel takes no key: after a lost answer the flow looks for a CANCEL
 operation on the capture's order before sending again.
@@ -33,7 +36,7 @@ from durapay.tasks.outcomes import Advance, Finish, Outcome
 from durapay.tasks.runner import NOT_COMMITTED, UNCLEAR, ReconcileResult, StepContext
 from durapay.workflows.flows._adopt import adopt_made
 from durapay.workflows.flows._common import read_until_final, summarize
-from durapay.workflows.steps import Call, CallStep, FlowDefinition
+from durapay.workflows.steps import Call, CallStep, FlowDefinition, Target
 
 
 class PostOperationInput(PassThrough):
@@ -74,13 +77,36 @@ def _post_body(ctx: StepContext) -> Call:
     return Call((ctx.input.operationId,), body)
 
 
+def _payment_order(ctx: StepContext) -> str:
+    """The gateway order of the payment a post-operation acts on: the target it holds (its operation read,
+    kept for the step's own check)."""
+    operation = ctx.call(Catalogue.get_operation, ctx.input.operationId)
+    ctx.target_read = {"operation": operation}
+    return str(operation.orderId or ctx.input.operationId)
+
+
+def _order_operations(ctx: StepContext, order_id: str) -> list[str]:
+    """The operations the payment's order holds now: the snapshot a read-back of the call judges by."""
+    order = ctx.call(Catalogue.get_order, order_id)
+    ctx.target_read = {**(ctx.target_read or {}), "order": order}
+    return [str(op.operationId) for op in order.operations]
+
+
+#: A post-operation's target: its payment's gateway order.
+PAYMENT_ORDER = Target(_payment_order, _order_operations, "the payment's order")
+
+
 class _Post(CallStep):
-    """A refund or capture; a refund of part of an amount first reads the operation and its order."""
+    """A refund or capture; a refund of part of an amount is checked against the operation and its order as
+    read with the order held (``workflows.targets``), right before the call."""
 
     def execute(self, ctx: StepContext) -> Outcome:
         if ctx.kind == "refund" and ctx.input.amount is not None:
-            operation = ctx.call(Catalogue.get_operation, ctx.input.operationId)
-            order = ctx.call(Catalogue.get_order, str(operation.orderId)) if operation.orderId else None
+            read = ctx.target_read or {}
+            operation = read.get("operation") or ctx.call(Catalogue.get_operation, ctx.input.operationId)
+            order = read.get("order")
+            if order is None and operation.orderId:
+                order = ctx.call(Catalogue.get_order, str(operation.orderId))
             refused = _part_of_authorization(ctx, operation, list(order.operations) if order is not None else [])
             if refused is not None:
                 return refused
@@ -105,10 +131,14 @@ def _part_of_authorization(ctx: StepContext, operation: Operation, operations: l
 
 
 def _adopt_post(ctx: StepContext) -> ReconcileResult:
-    """A refund or capture whose answer was lost: read the payment's order before sending again."""
+    """A refund or capture whose answer was lost: read the payment's order (the target the step holds)
+    before sending again; the call's operation is the one its snapshot did not list (``adopt_made``)."""
     try:
-        operation = ctx.call(Catalogue.get_operation, ctx.input.operationId)
-        order = ctx.call(Catalogue.get_order, str(operation.orderId))
+        if ctx.snapshot is not None:
+            order_id = ctx.snapshot.target
+        else:  # a flow of an earlier release, holding no target
+            order_id = str(ctx.call(Catalogue.get_operation, ctx.input.operationId).orderId)
+        order = ctx.call(Catalogue.get_order, order_id)
     except NotFound:
         return UNCLEAR
     amount = None if ctx.input.amount is None else int(ctx.input.amount)
@@ -124,7 +154,7 @@ def post_operation(kind: str, op: Any, description: str) -> FlowDefinition:
     return FlowDefinition(
         kind,
         PostOperationInput,
-        (_Post("post", op, _post_body, adopt=_adopt_post), _result_step(kind)),
+        (_Post("post", op, _post_body, adopt=_adopt_post, target=PAYMENT_ORDER), _result_step(kind)),
         summarize,
         None,
         description,
@@ -142,7 +172,12 @@ def _adopt_cancel(ctx: StepContext) -> ReconcileResult:
         order = ctx.call(Catalogue.get_order, str(capture.orderId))
     except NotFound:
         return UNCLEAR
+    if ctx.snapshot is not None and ctx.snapshot.before is None:
+        return NOT_COMMITTED  # held, never sent
+    known = ctx.snapshot.before if ctx.snapshot is not None else None
     for operation in order.operations:
+        if known is not None and operation.operationId in known:
+            continue  # there before the call was sent: not this call's
         if operation.operationType is OperationType.CANCEL and operation.cancelledOperationId == ctx.input.operationId:
             return Advance({"operationId": operation.operationId, "operationTime": operation.operationTime})
     return NOT_COMMITTED
@@ -151,7 +186,10 @@ def _adopt_cancel(ctx: StepContext) -> ReconcileResult:
 CANCEL_CAPTURE = FlowDefinition(
     "cancel_capture",
     CancelCaptureInput,
-    (CallStep("post", Catalogue.cancel_operation, _post_body, adopt=_adopt_cancel), _result_step("cancel_capture")),
+    (
+        CallStep("post", Catalogue.cancel_operation, _post_body, adopt=_adopt_cancel, target=PAYMENT_ORDER),
+        _result_step("cancel_capture"),
+    ),
     summarize,
     None,
     "cancel a capture (same day only)",

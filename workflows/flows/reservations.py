@@ -6,12 +6,16 @@ The set-up calls (structures, agencies, conditions...) are the ``reservation_set
 * ``reservation`` - ``POST /reservations``, its pay-by-link, then a wait for the notification; at the
   deadline ``GET /reservations/{id}`` decides instead of a guess. Its outcome's operation is the
   *original operation* the later charges refer to.
-* ``no_show``, ``incremental``, ``delay_charge`` - ``GET /reservations/{id}`` checks the charge before
-  anything is sent (its original operation is the reservation's, one no-show, the charges within the
-  reservation's amount, a delayed charge after the stay), then the validation, then the charge with the
-  step's Idempotency-Key (read back from the reservation first after a lost answer), then
-  ``GET /operations/{id}`` reads the result back. ``delay_charge`` sleeps until ``runAt`` on the engine's
-  due set (a durable timer, months if need be; ``engine.start(..., run_at=...)`` works too).
+* ``no_show``, ``incremental``, ``delay_charge`` - ``GET /reservations/{id}`` checks the charge when it
+  starts (its original operation is the reservation's, one no-show, the charges within the reservation's
+  amount, a delayed charge after the stay: refused at once rather than after a sleep), then the
+  validation, then the charge with the step's Idempotency-Key, then ``GET /operations/{id}`` reads the
+  result back. ``delay_charge`` sleeps until ``runAt`` on the engine's due set (a durable timer, months if
+  need be; ``engine.start(..., run_at=...)`` works too). The charge step holds the reservation
+  (``workflows.targets``: one unresolved charge per reservation, another flow's waits), reads it and
+  checks the same bounds again right before its call, binding (a check-out moved or a reservation
+  cancelled during the sleep, the other flows' charges made meanwhile); after a lost answer it reads the
+  reservation back and takes as its own only a charge that was not there when it took the reservation.
 
 Every kind takes ``form``: ``current`` (default) or ``earlier``, the deprecated path forms (validations at
 ``/noshow_validation`` instead of ``/reservations/noshow_validation``, custom fields at ``/custom_fields``
@@ -57,7 +61,7 @@ from durapay.workflows.flows.waits import (
     notified,
     read_later,
 )
-from durapay.workflows.steps import Call, CallStep, FlowDefinition, SleepStep, WaitStep
+from durapay.workflows.steps import Call, CallStep, FlowDefinition, SleepStep, Target, WaitStep
 
 Form = Literal["current", "earlier"]
 CHARGE_TYPES = frozenset({OperationType.NOSHOW, OperationType.INCREMENTAL, OperationType.DELAY_CHARGE})
@@ -250,7 +254,42 @@ def _refused(field: str, reason: str) -> Finish:
 
 
 def _reservation_checked(ctx: StepContext, answer: ReservationLookupResponse) -> Outcome:
-    """The reservation as the gateway shows it, checked against the charge before anything is sent.
+    """The reservation as the gateway shows it when the charge starts, checked before anything is sent
+    (:func:`_charge_refused`), so that a charge that cannot be made is refused at once rather than after
+    a sleep. Not the binding check: the charge step checks again with the reservation held (:class:`_Charge`).
+    The output names the original operation, and what the reservation held (``before``: what a read-back
+    of a flow of an earlier release judges by; ``workflows.flows._adopt``)."""
+    run_at = ctx.input.runAt if ctx.kind == "delay_charge" else None
+    if run_at is not None and run_at.timestamp() < ctx.created:
+        return _refused("runAt", f"{run_at.isoformat()} was already past when the charge was started: it would charge at once")
+    when = run_at or datetime.fromtimestamp(ctx.now, UTC)
+    refused = _charge_refused(ctx, answer, when=when, charging=False)
+    if refused is not None:
+        return refused
+    operations = list(answer.operations)
+    return Advance({"originalOperationId": _original_of(ctx, operations), "before": [op.operationId for op in operations]})
+
+
+def _paid(operations: list[Any]) -> list[Any]:
+    return [op for op in operations if op.operationType in PAYMENT_TYPES and op.operationResult in SUCCESS_RESULTS]
+
+
+def _original_of(ctx: StepContext, operations: list[Any]) -> str:
+    """The original operation the charge takes the card of: the one checked at the start (or the input's,
+    for a delayed charge that an earlier release put to sleep before it read the reservation), else the
+    reservation's first paid operation."""
+    named = ctx.output("original").get("originalOperationId") or ctx.input.originalOperationId
+    if named:
+        return str(named)
+    paid = _paid(operations)
+    return str(paid[0].operationId) if paid else ""
+
+
+def _charge_refused(ctx: StepContext, answer: ReservationLookupResponse, *, when: datetime, charging: bool) -> Finish | None:
+    """Why the charge may not be made on the reservation ``answer`` shows (None: it may), ``when`` it is to
+    be made. One rule, asked when the charge starts and again, binding, by the charge step right before
+    its call, the reservation held (``workflows.targets``): every other flow's charge on it is then
+    resolved and shows in ``answer``.
 
     * The charge takes the card of the operation it names, whatever order that operation is on: a given
       ``originalOperationId`` must be one of the reservation's own paid operations (else the validation
@@ -258,18 +297,20 @@ def _reservation_checked(ctx: StepContext, answer: ReservationLookupResponse) ->
     * A no-show is charged once per reservation: one already taken (or PENDING) refuses a second.
     * The reservation's charges together stay within its amount (the gateway's validation checks each
       charge alone): durapay's bound, docs/flows.md, "Reservation guarantee".
-    * A delayed charge runs after the stay: ``runAt`` (or now, without one) not before ``checkOutDate``,
-      and never a time already past when the flow started (it would charge at once).
-
-    The output names the original operation and every operation the reservation held (``before``): a
-    charge whose answer is lost is read back as one not among them (:func:`_adopt_charge`)."""
+    * A delayed charge runs after the stay: ``when`` not before ``checkOutDate`` (as the reservation says
+      now: a check-out moved during the sleep counts).
+    * At the charge: a reservation cancelled since is not charged (the public material does not say the
+      gateway refuses it)."""
     reservation_id = ctx.input.reservationId
+    reservation = answer.reservationStatus.reservation
     operations = list(answer.operations)
-    paid = [op for op in operations if op.operationType in PAYMENT_TYPES and op.operationResult in SUCCESS_RESULTS]
+    if charging and str(reservation.status or "") == "CANCELED":
+        return _refused("reservationId", f"reservation {reservation_id} is CANCELED: a cancelled reservation is not charged")
+    paid = _paid(operations)
     if not paid:
         return Finish(False, f"reservation {reservation_id} has no paid original operation", error={"type": "NotPaid"})
-    given = ctx.input.originalOperationId
-    if given is not None and given not in {op.operationId for op in paid}:
+    given = _original_of(ctx, operations) if charging else ctx.input.originalOperationId
+    if given and given not in {op.operationId for op in paid}:
         return _refused(
             "originalOperationId",
             f"{given} is not a paid operation of reservation {reservation_id} (its original operation is "
@@ -283,7 +324,7 @@ def _reservation_checked(ctx: StepContext, answer: ReservationLookupResponse) ->
             f"reservation {reservation_id} already has a no-show charge ({no_shows[0].operationId}, "
             f"{no_shows[0].operationResult}): a no-show is charged once",
         )
-    limit = int(answer.reservationStatus.reservation.amount)
+    limit = int(reservation.amount)
     taken = sum(int(op.operationAmount or 0) for op in charges)
     if taken + ctx.input.amount > limit:
         return _refused(
@@ -292,22 +333,16 @@ def _reservation_checked(ctx: StepContext, answer: ReservationLookupResponse) ->
             f"exceeds the reservation's amount {limit}",
         )
     if ctx.kind == "delay_charge":
-        late = _run_at_refused(ctx, answer.reservationStatus.reservation.checkOutDate)
-        if late is not None:
-            return late
-    return Advance({"originalOperationId": given or paid[0].operationId, "before": [op.operationId for op in operations]})
+        return _before_check_out(ctx, reservation.checkOutDate, when)
+    return None
 
 
-def _run_at_refused(ctx: StepContext, check_out: str | None) -> Finish | None:
-    """Why a delayed charge may not run when its input says (None: it may)."""
-    run_at = ctx.input.runAt
-    if run_at is not None and run_at.timestamp() < ctx.created:
-        return _refused("runAt", f"{run_at.isoformat()} was already past when the charge was started: it would charge at once")
+def _before_check_out(ctx: StepContext, check_out: str | None, when: datetime) -> Finish | None:
+    """A delayed charge ``when`` before the reservation's check-out date is refused."""
     try:
         day = date.fromisoformat(check_out[:10]) if check_out else None
     except ValueError:
         day = None  # a date this version cannot read: the gateway's validation decides
-    when = run_at or datetime.fromtimestamp(ctx.now, UTC)
     if day is not None and when.date() < day:
         return _refused(
             "runAt",
@@ -319,8 +354,9 @@ def _run_at_refused(ctx: StepContext, check_out: str | None) -> Finish | None:
 
 def _original_id(ctx: StepContext) -> str:
     """The checked original operation (the input's, for a delayed charge that an earlier release put to
-    sleep before it read the reservation)."""
-    return str(ctx.output("original").get("originalOperationId") or ctx.input.originalOperationId)
+    sleep before it read the reservation; else the reservation's first paid one, as the charge read it)."""
+    read = ctx.target_read
+    return _original_of(ctx, list(read.operations) if read is not None else [])
 
 
 class _Validate(CallStep):
@@ -343,13 +379,38 @@ def _charged(ctx: StepContext, answer: OperationResponse) -> Outcome:
     return Advance(answer.wire())
 
 
+def _reservation_operations(ctx: StepContext, reservation_id: str) -> list[str]:
+    """The operations the reservation holds now (the snapshot; the read kept for the charge's check)."""
+    ctx.target_read = ctx.call(Catalogue.get_reservation, reservation_id)
+    return [str(op.operationId) for op in ctx.target_read.operations]
+
+
+#: A charge's target: its reservation (whose gateway order id is its id).
+RESERVATION_TARGET = Target(lambda ctx: str(ctx.input.reservationId), _reservation_operations, "reservation")
+
+
+class _Charge(CallStep):
+    """The charge, checked again right before it is sent (:func:`_charge_refused`): after any sleep and
+    wait, with the reservation held (``workflows.targets``), so that every bound holds when the money
+    moves, counting every other flow's charge (resolved, by then, and shown by the gateway)."""
+
+    def execute(self, ctx: StepContext) -> Outcome:
+        if ctx.target_read is None:  # the hold was kept from an earlier try: read the reservation now
+            ctx.target_read = ctx.call(Catalogue.get_reservation, ctx.input.reservationId)
+        refused = _charge_refused(ctx, ctx.target_read, when=datetime.fromtimestamp(ctx.now, UTC), charging=True)
+        if refused is not None:
+            return refused
+        return super().execute(ctx)
+
+
 def _adopt_charge(ctx: StepContext) -> ReconcileResult:
     """A charge whose answer was lost: the reservation is read before the charge is sent again (never only
-    the gateway's replay of the key, ``workflows.flows._adopt.adopt_made``)."""
+    the gateway's replay of the key, ``workflows.flows._adopt.adopt_made``); the charge is the one its
+    snapshot did not list."""
     found = _read_charged(ctx)
     if found is None:
         return UNCLEAR
-    before = frozenset(ctx.output("original").get("before") or ())
+    before = frozenset(ctx.output("original").get("before") or ())  # for a flow of an earlier release only
     types = frozenset({CHARGE_TYPE[ctx.kind]})
     return adopt_made(ctx, found.operations, types=types, before=before, amount=ctx.input.amount, currency=ctx.input.currency)
 
@@ -363,7 +424,8 @@ def _read_charged(ctx: StepContext) -> Any | None:
 
 def charge_flow(kind: str, model: type[ChargeInput], description: str) -> FlowDefinition:
     """Read and check the reservation (:func:`_reservation_checked`), sleep until ``runAt`` (a delayed
-    charge), validate, charge with the step's key (read back first after a lost answer), read the result."""
+    charge), validate, charge with the step's key, the reservation held and checked again
+    (:class:`_Charge`; read back first after a lost answer), read the result."""
     steps: list[Any] = [
         CallStep("original", Catalogue.get_reservation, lambda ctx: Call((ctx.input.reservationId,)), result=_reservation_checked)
     ]
@@ -371,7 +433,7 @@ def charge_flow(kind: str, model: type[ChargeInput], description: str) -> FlowDe
         steps.append(SleepStep("timer", lambda ctx: ctx.input.runAt.timestamp() if ctx.input.runAt else None))
     steps += [
         _Validate("validate", VALIDATIONS[(kind, "current")], lambda ctx: Call()),
-        CallStep("charge", CHARGES[kind], _charge_body, result=_charged, adopt=_adopt_charge),
+        _Charge("charge", CHARGES[kind], _charge_body, result=_charged, adopt=_adopt_charge, target=RESERVATION_TARGET),
         read_until_final("result", "charge", note="readBack"),
     ]
     # A no-show happens once per reservation: keyed by it, a second start is the first flow (or a conflict).

@@ -87,6 +87,8 @@ class StandIn:
                 "operationAmount": "900",
                 "operationCurrency": "EUR",
             },
+            # The payment's order, read with it held before the refund is sent (workflows.targets).
+            "get_order": {"orderStatus": {"order": {"orderId": "o-1"}}, "operations": []},
         }
         return op.response.model_validate(answers[op.name])
 

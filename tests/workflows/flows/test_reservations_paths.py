@@ -101,7 +101,9 @@ def test_charges_validate_on_the_chosen_form_charge_with_a_key_and_read_back(
     record, client = run(kind, data)
     charge = {"no_show": "create_no_show", "incremental": "create_incremental", "delay_charge": "create_delay_charge"}[kind]
     names = [name for name, _, _ in client.calls]
-    assert names[:3] == ["get_reservation", validation, charge] and set(names[3:]) == {"get_operation"}
+    # The reservation is read at the start and again by the charge step, right before its call, with the
+    # reservation held (workflows.targets: the check that binds, and the snapshot of a read-back).
+    assert names[:4] == ["get_reservation", validation, "get_reservation", charge] and set(names[4:]) == {"get_operation"}
     keys = [key for name, _, key in client.calls if name == charge]
     assert len(set(keys)) == 1 and keys[0] and keys[0].startswith(record.id)
     assert record.state is FlowState.SUCCEEDED and record.outcome["operation"]["operationId"] == "op-9"
@@ -114,7 +116,7 @@ def test_a_given_original_operation_is_checked_against_the_reservation(
     record, client = run("incremental", {"reservationId": "res-1", "originalOperationId": "op-1", "amount": 5, "currency": "EUR"})
     assert record.state is FlowState.SUCCEEDED
     names = [name for name, _, _ in client.calls]
-    assert names == ["get_reservation", "validate_incremental", "create_incremental", "get_operation"]
+    assert names == ["get_reservation", "validate_incremental", "get_reservation", "create_incremental", "get_operation"]
     client.calls.clear()
     refused, client = run(
         "incremental", {"reservationId": "res-1", "originalOperationId": "op-other", "amount": 5, "currency": "EUR"}

@@ -45,8 +45,25 @@ def lose_the_answer(sim: SimulatorServer, operation: str) -> None:
     """The call is made at the gateway, its answer lost, and every read of it refused: the flow stops
     needing a person with the money in flight (``unsettled``)."""
     sim.admin.set_faults(mode="commit_then_fail", operation=operation, count=1, drop=True)
+    refuse_reads(sim)
+
+
+def refuse_reads(sim: SimulatorServer) -> None:
     for read in ("get_order", "get_operation", "list_orders"):
         sim.admin.set_faults(mode="error", operation=read, status=401, count=1000)
+
+
+def lost_post(engine: Engine, sim: SimulatorServer, kind: str, operation_id: str, operation: str) -> FlowRecord:
+    """A post-operation whose call the gateway made and whose answer was lost, every read refused after it
+    (its reads of the payment's order, made with the order held before the call, were answered)."""
+    sim.admin.set_faults(mode="commit_then_fail", operation=operation, count=1, drop=True)
+    started = engine.start(kind, {"operationId": operation_id})
+    engine.run_step(started.id, "post")
+    refuse_reads(sim)
+    stopped = step_until(engine, started.id, STOPPED, limit=30)
+    assert stopped.state is FlowState.NEEDS_ATTENTION and stopped.unsettled, stopped.summary()
+    sim.admin.clear_faults()
+    return stopped
 
 
 def test_durapay_post_operations_are_no_mismatch(flows: tuple[Engine, SimulatorServer]) -> None:
@@ -89,11 +106,7 @@ def test_durapays_capture_in_flight_is_in_flight_on_its_own_flow(flows: tuple[En
     engine, sim = flows
     since = engine.clock.now() - 60
     auth = run(engine, "moto", {**moto_input("auth-3"), "captureType": "EXPLICIT"})
-    lose_the_answer(sim, "capture_operation")
-    capture = engine.start("capture", {"operationId": auth.outcome["operation"]["operationId"]})  # type: ignore[index]
-    stopped = step_until(engine, capture.id, STOPPED, limit=30)
-    assert stopped.state is FlowState.NEEDS_ATTENTION and stopped.unsettled, stopped.summary()
-    sim.admin.clear_faults()
+    capture = lost_post(engine, sim, "capture", auth.outcome["operation"]["operationId"], "capture_operation")  # type: ignore[index]
     report = Reconciler(engine).run(since, catch_up(engine, sim))
     assert [(f.category, f.flow) for f in report.findings] == [(IN_FLIGHT, capture.id)], show(report)
     assert engine.get(auth.id).state is FlowState.SUCCEEDED
@@ -103,10 +116,6 @@ def test_durapays_refund_in_flight_is_in_flight_on_its_own_flow(flows: tuple[Eng
     engine, sim = flows
     since = engine.clock.now() - 60
     sale = run(engine, "moto", moto_input("sale-3"))
-    lose_the_answer(sim, "refund_operation")
-    refund = engine.start("refund", {"operationId": sale.outcome["operation"]["operationId"]})  # type: ignore[index]
-    stopped = step_until(engine, refund.id, STOPPED, limit=30)
-    assert stopped.state is FlowState.NEEDS_ATTENTION and stopped.unsettled, stopped.summary()
-    sim.admin.clear_faults()
+    refund = lost_post(engine, sim, "refund", sale.outcome["operation"]["operationId"], "refund_operation")  # type: ignore[index]
     report = Reconciler(engine).run(since, catch_up(engine, sim))
     assert [(f.category, f.flow) for f in report.findings] == [(IN_FLIGHT, refund.id)], show(report)
