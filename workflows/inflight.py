@@ -22,10 +22,16 @@ moving at the gateway for this flow" (docs/durability.md, "Money in flight"):
 ``transition.lua`` reads it and nothing else to decide whether a flow may end ``cancelled`` or
 ``failed``: while it is set, a cancel becomes a read of the gateway and a failure is owed (``ending``)
 until that read. The flags ``reconcile``, ``uncertain`` and ``maybe_sent`` only say *when* to read.
+
+Every other layer asks here instead of reading those fields its own way (the questions below: the
+engine's claim, completion and outage bound, the operator actions, the late payments' closes, the
+reconciliation, the gateway targets); the scripts ask ``lua/inflight.lua``, the same rule in Lua
+(``in_flight``, ``unanswered``).
 """
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from durapay.gateway import OperationResult
@@ -37,6 +43,80 @@ from durapay.workflows.store import FlowRecord, compact_json
 
 #: The fields a completion writes once the gateway has said what became of the money.
 SETTLED: dict[str, str | None] = {"unsettled": None, "maybe_sent": None, "ending": None}
+
+
+# -- the questions every other layer asks ----------------------------------------------------------
+
+
+def in_flight(record: FlowRecord) -> dict[str, Any] | None:
+    """The money the flow may have at the gateway (``unsettled``: its call and operation, or what its
+    customer can pay on), or None: while it is set, no end cancelled or failed before a read."""
+    return record.unsettled or None
+
+
+def holds_open(record: FlowRecord) -> bool:
+    """Whether the flow holds something its customer can still pay on (a page, a link, a form)."""
+    return bool(record.unsettled and record.unsettled.get("open"))
+
+
+def moved(record: FlowRecord) -> dict[str, Any] | None:
+    """The money an earlier step recorded taken (``money_moved``: never cancelled, never failed), or None."""
+    raw = record.fields.get("money_moved")
+    if not raw:
+        return None
+    try:
+        taken = json.loads(raw)
+    except ValueError:
+        return {}
+    return taken if isinstance(taken, dict) else {}
+
+
+def reads_first(record: FlowRecord) -> bool:
+    """Whether the step's next try reads the gateway before it calls: an earlier try's call may have
+    reached it (an ambiguous error, a lost worker: ``reconcile``, ``uncertain``)."""
+    return record.reconcile or record.uncertain
+
+
+def may_have_sent(record: FlowRecord) -> bool:
+    """Whether an earlier try of the step may have sent a call that got no answer (its flags, or the moment
+    one may still arrive from): what it marked in flight is then settled only by the gateway's word."""
+    return reads_first(record) or record.maybe_sent is not None
+
+
+def sent_at(record: FlowRecord) -> float:
+    """The latest moment a try of the step may have sent a money call whose answer never came: an
+    unanswered try's time, else the claim that marked the money in flight, else the flow's start (the
+    late window counts from it: ``tasks.runner.settle``)."""
+    marked = (record.unsettled or {}).get("t")
+    times = [t for t in (record.maybe_sent, float(marked) if isinstance(marked, int | float) else None) if t is not None]
+    return max(times) if times else record.created
+
+
+def unanswered(record: FlowRecord, reconcile: bool) -> dict[str, str | None]:
+    """What a try kept from its answer writes of when to read (a Retry, a Defer, another flow's hold): the
+    step reads first from now on once any try may have reached the gateway (``reconcile``: this one; or an
+    earlier one), and that stays true until the step is done: a later 429 or 5xx proves nothing about the
+    earlier request, still on its way. (From when it may still arrive: :func:`unanswered_write`.)"""
+    return {"reconcile": "1" if reconcile or reads_first(record) else None}
+
+
+def unanswered_write(outcome: Outcome, *, wrote: bool) -> bool:
+    """Whether a try that sent a write at the gateway (``wrote``) got no answer it can read (an ambiguous
+    error, or an outcome that asks for a read-back first): the call may still act there, up to
+    ``late_seconds`` on, and the late window starts at this try's completion."""
+    error = getattr(outcome, "error", None)
+    return wrote and (bool(getattr(outcome, "reconcile", False)) or _may_have_acted(error))
+
+
+def may_have_moved(step: Step, record: FlowRecord, outcome: Outcome) -> bool:
+    """Whether money may have moved for a flow about to end for a reason of its own (an outage past its
+    bound): money in flight still marked after ``outcome``, or an unanswered call."""
+    money = after(step, record, outcome)
+    marked = money["unsettled"] if "unsettled" in money else record.fields.get("unsettled")
+    return bool(marked) or bool(getattr(outcome, "reconcile", False)) or reads_first(record)
+
+
+# -- what a completion writes -------------------------------------------------------------------
 
 
 def money_operation(step: Step) -> str:
@@ -103,12 +183,12 @@ def _money(step: Step, record: FlowRecord, outcome: Outcome, sent: bool) -> dict
         if _own_call(step, unsettled):
             if isinstance(outcome, Advance) or outcome.error is None:
                 return dict(SETTLED)  # the gateway answered the money call, with no operation to read
-            if not _earlier_unanswered(record) and not _may_have_acted(outcome.error) and not outcome.error.get("retryable"):
+            if not may_have_sent(record) and not _may_have_acted(outcome.error) and not outcome.error.get("retryable"):
                 return dict(SETTLED)  # the gateway refused the call, and no earlier try is unanswered
         return {}
     refused = isinstance(outcome, Retry | Defer) and not outcome.reconcile and not _may_have_acted(outcome.error)
     never_sent = not sent and _marked_by(record, unsettled)
-    if (refused or never_sent) and _own_call(step, unsettled) and not _earlier_unanswered(record):
+    if (refused or never_sent) and _own_call(step, unsettled) and not may_have_sent(record):
         # Refused before acting (a 429, a 503), or this claim's mark and no call sent under it (a read before
         # the call failed, another flow holds the target: workflows.targets): the next claim marks it again.
         return dict(SETTLED)
@@ -136,11 +216,6 @@ def _marked_by(record: FlowRecord, unsettled: dict[str, Any]) -> bool:
     which passes through Lua's JSON: to a millisecond), not one kept from an earlier try."""
     marked = unsettled.get("t")
     return isinstance(marked, int | float) and abs(float(marked) - record.updated) < 0.001
-
-
-def _earlier_unanswered(record: FlowRecord) -> bool:
-    """An earlier try of the step may have reached the gateway and got no answer (or its worker died)."""
-    return record.reconcile or record.uncertain or record.maybe_sent is not None
 
 
 def _may_have_acted(error: Any) -> bool:

@@ -37,6 +37,7 @@ import logging
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from durapay.gateway import FAILURE_RESULTS, FINAL_RESULTS, SUCCESS_RESULTS, Catalogue, GatewayError, Operation, OperationType
+from durapay.workflows import inflight
 from durapay.workflows.errors import OperatorError
 from durapay.workflows.flows._adopt import PAYMENT_TYPES
 from durapay.workflows.keys import derived_id
@@ -221,8 +222,9 @@ class LatePayments:
         is (its error and notification), so it stays shown; asking again once the flow stopped closes it
         (the wait's read judges the flow's own order first when this payment is already kept on it)."""
         engine = self.engine
-        if record.unsettled and change.state in TERMINAL:
-            holds = record.unsettled.get("op") or "money in flight"
+        unsettled = inflight.in_flight(record)
+        if unsettled and change.state in TERMINAL:
+            holds = unsettled.get("op") or "money in flight"
             what = f"{change.what}: not yet, the flow still holds {holds} at the gateway (closed and read first)"
             change = Change(FlowState.CANCELLED, what, {"outcome": compact_json({"reason": what})})
         try:

@@ -11,10 +11,10 @@ be in flight is transition.lua's, which reads the same field (``unsettled``) as 
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import Any
 
+from durapay.workflows import inflight
 from durapay.workflows.sensitive import erased
 from durapay.workflows.states import TERMINAL, FlowState
 from durapay.workflows.store import FlowRecord
@@ -97,7 +97,7 @@ def taken(record: FlowRecord, *, refunding: FlowRecord | None = None) -> list[st
     actions: list[str] = []
     if record.state is FlowState.NEEDS_ATTENTION or (record.state is FlowState.FAILED and _restartable(record)):
         actions.append("retry")
-    if record.state not in TERMINAL and not record.cancel_requested and not record.fields.get("money_moved"):
+    if record.state not in TERMINAL and not record.cancel_requested and inflight.moved(record) is None:
         # A flow whose money an earlier step took (``money_moved``) is never cancelled (transition.lua).
         actions.append("cancel")
     return actions
@@ -138,7 +138,7 @@ def refusal(record: FlowRecord, action: str, *, refunding: FlowRecord | None = N
             "it (retry), refund it (refund-late-payment) or keep it (keep-late-payment)"
         )
     if action == "cancel":
-        if record.state not in TERMINAL and record.fields.get("money_moved"):
+        if record.state not in TERMINAL and inflight.moved(record) is not None:
             return (
                 f"flow {record.id}: the gateway took payment {_money_moved(record)}, which a cancel cannot undo; "
                 "let the flow finish (or retry it), then refund it if it must be undone"
@@ -205,7 +205,8 @@ def explain(record: FlowRecord, action: str) -> list[str]:
             "first reads the order back and adopts what it finds; it calls the gateway again only if nothing was made.",
             "No payment is made twice: the call keeps its idempotency key.",
         ]
-    if record.unsettled and record.unsettled.get("open"):
+    unsettled = inflight.in_flight(record)
+    if inflight.holds_open(record):
         # A page, link or form the customer can pay on (workflows/flows/waits.py): closed first, then read.
         return [
             "The customer can still pay on what this flow opened at the gateway: the flow first closes it where the "
@@ -215,11 +216,11 @@ def explain(record: FlowRecord, action: str) -> list[str]:
             "paid, cancelled. A payment made afterwards on a hosted page shows in this flow as a late payment "
             "(needs attention), never lost.",
         ]
-    if record.unsettled:
+    if unsettled:
         # The engine's own rule (transition.lua): with money in flight a cancel is a read first.
         return [
-            f"Money may be in flight at the gateway ({record.unsettled.get('op')}"
-            + (f", operation {record.unsettled['operationId']}" if record.unsettled.get("operationId") else "")
+            f"Money may be in flight at the gateway ({unsettled.get('op')}"
+            + (f", operation {unsettled['operationId']}" if unsettled.get("operationId") else "")
             + "): nothing new is sent, the flow reads the gateway first.",
             "If no money moved, the flow ends cancelled; if it did, it ends succeeded with that payment (a cancel "
             "cannot undo it: refund it then); if the gateway cannot tell, it needs attention.",
@@ -253,10 +254,10 @@ def _second(record: FlowRecord) -> bool:
 def _still_open(record: FlowRecord) -> list[str]:
     """What a close does first when the flow still holds something its customer can pay on (the link or
     page of the order it moved to): ``workflows.late_payments`` closes through the money rule."""
-    if not (record.unsettled and record.unsettled.get("open")):
+    if not inflight.holds_open(record):
         return []
     return [
-        f"The flow still holds what its customer can pay on ({record.unsettled.get('op')}): it first closes it where "
+        f"The flow still holds what its customer can pay on ({(record.unsettled or {}).get('op')}): it first closes it where "
         "the gateway allows and reads its order; the late payment stays shown until then, and the flow ends as that "
         "read says (ask again if it stops over the same payment)."
     ]
@@ -276,11 +277,7 @@ def _first(record: FlowRecord) -> str:
 
 def _money_moved(record: FlowRecord) -> str:
     """The operation id an earlier step recorded taken (``money_moved``), or "?"."""
-    try:
-        taken = json.loads(record.fields.get("money_moved") or "{}")
-    except ValueError:
-        return "?"
-    return str(taken.get("operationId", "?")) if isinstance(taken, dict) else "?"
+    return str((inflight.moved(record) or {}).get("operationId", "?"))
 
 
 #: What a person may start on a flow's payment once it succeeded (new flows of these kinds, not actions

@@ -221,7 +221,7 @@ class StepProtocol:
             except NotDurable as exc:
                 log.warning("%s; the step waits for its lease to run out, then reads the gateway first", exc)
                 return "not-durable"
-        claim = Claim(claimed, definition, step, ctx, resend=claimed.reconcile or claimed.uncertain)
+        claim = Claim(claimed, definition, step, ctx, resend=inflight.reads_first(claimed))
         target = getattr(step, "target", None)
         if target is not None:  # a money call on a shared gateway target: one at a time (workflows.targets)
             engine.targets.prepare(claim, target)
@@ -276,7 +276,7 @@ class StepProtocol:
             wait_deadline=float(record.wait["deadline"]) if record and record.wait else None,
             notification_url=engine.settings.receiver.public_url,
             retry=engine.retry_policy,
-            maybe_sent_at=_maybe_sent_at(record) if record else now,
+            maybe_sent_at=inflight.sent_at(record) if record else now,
             order_holder=engine.orders.flow_for,
             operation_holder=engine.store.flow_for_operation,
             gate=engine.gate if record else None,
@@ -342,7 +342,7 @@ class StepProtocol:
             return Ran(run_step(claim.step, claim.ctx, must_reconcile=claim.resend, resend=claim.resend))
         # To end (a cancel asked, or a failure owed) while money may be in flight: no new money call,
         # only the read that tells what the earlier one did (tasks.runner.settle).
-        found = settle(claim.step, claim.ctx, unsettled=record.unsettled, cancelling=record.cancel_requested)
+        found = settle(claim.step, claim.ctx, unsettled=inflight.in_flight(record), cancelling=record.cancel_requested)
         if isinstance(found, Wait) and record.ending and not record.cancel_requested:
             # The read shows the customer can still pay (a wait's read that failed, then read again): the
             # failure is no longer owed, the wait goes on.
@@ -359,7 +359,7 @@ class StepProtocol:
         """Complete a step :meth:`run` ran (see :meth:`_run_claimed`)."""
         if ran.outcome is None:
             record = claim.record
-            what = "cancelled as requested" + (": the gateway shows no money moved" if record.unsettled else "")
+            what = "cancelled as requested" + (": the gateway shows no money moved" if inflight.in_flight(record) else "")
             answered = {signal_field: None for signal_field in claim.ctx.consumed}  # the read answered them
             cancel = Change(FlowState.CANCELLED, what, {"lease_until": None, "lease_owner": None, **answered, **ran.settled})
             stopped = self._stop(record, cancel, self.engine.clock.now(), record.lease_owner)
@@ -442,8 +442,8 @@ class StepProtocol:
             # Once a call of this step may have reached the gateway (an ambiguous error, a lost worker),
             # that stays true until the step is done: a later 429 or 5xx of a resend proves nothing
             # about the earlier request, which may still be on its way to commit.
-            reconcile = outcome.reconcile or claimed.reconcile or claimed.uncertain
-            done |= {"error": compact_json(outcome.error), "reconcile": "1" if reconcile else None}
+            done |= {"error": compact_json(outcome.error), **inflight.unanswered(claimed, outcome.reconcile)}
+            reconcile = bool(done["reconcile"])
             what = f"{step.name} will be retried in {outcome.after:.1f}s" + (" (reconcile first)" if reconcile else "")
             change = Change(FlowState.RETRYING, what, done, due=now + outcome.after)
         elif isinstance(outcome, Poll):
@@ -494,7 +494,7 @@ class StepProtocol:
         paid = _payment_recorded(outcome)
         if paid:
             change = dataclasses.replace(change, paid=paid)
-            if not isinstance(outcome, Attention) and not claimed.fields.get("money_moved"):
+            if not isinstance(outcome, Attention) and inflight.moved(claimed) is None:
                 # Kept for the rest of the flow: transition.lua ends no flow failed once its money moved.
                 change = dataclasses.replace(change, fields={**change.fields, "money_moved": compact_json(paid)})
         call = _call_made(step, claimed, outcome, now, reconcile=claim.resend or claimed.reconcile, made=ctx.calls)
@@ -530,12 +530,11 @@ class StepProtocol:
         Kept on the flow, for ``outage_seconds``: when this outage began for it (``gateway_since``, see
         :meth:`_outage_since`) and when the gate told it to come back (``gateway_due``)."""
         claimed, step = claim.record, claim.step
-        reconcile = outcome.reconcile or claimed.reconcile or claimed.uncertain
         done |= {
             "error": compact_json({**outcome.error, "reason": outcome.reason}),
-            "reconcile": "1" if reconcile else None,
             "gate_slot": repr(outcome.slot) if outcome.slot is not None else None,
         }
+        done |= inflight.unanswered(claimed, outcome.reconcile)  # the call that opened the breaker may have acted
         done |= _given_back(claimed)
         if self._outage_since(claimed, now) is None:
             done["gateway_since"] = repr(now)
@@ -552,8 +551,10 @@ class StepProtocol:
         Defer, the attempt and the run its claim counted are given back: the wait is no fault of the
         flow's, and no call was sent."""
         claimed, step = claim.record, claim.step
-        reconcile = claimed.reconcile or claimed.uncertain
-        done |= {"error": compact_json({**outcome.error, "reason": outcome.reason}), "reconcile": "1" if reconcile else None}
+        done |= {
+            "error": compact_json({**outcome.error, "reason": outcome.reason}),
+            "reconcile": "1" if inflight.reads_first(claimed) else None,
+        }
         done |= _given_back(claimed)
         what = f"{step.name}: {outcome.reason}; tried again once it is, in {outcome.after:.0f}s at the latest (no attempt used)"
         return Change(FlowState.RETRYING, what, done, due=now + outcome.after)
@@ -584,9 +585,7 @@ class StepProtocol:
             return outcome
         reason = f"{outcome.reason} for more than {bound:.0f}s"
         error = {**outcome.error, "reason": outcome.reason, "since": since}
-        money = inflight.after(claim.step, claimed, outcome)
-        unsettled = money["unsettled"] if "unsettled" in money else claimed.fields.get("unsettled")
-        if unsettled or outcome.reconcile or claimed.reconcile or claimed.uncertain:
+        if inflight.may_have_moved(claim.step, claimed, outcome):
             return Attention(f"{reason}; money may have moved", error)
         return Finish(False, reason, error=error)
 
@@ -657,11 +656,8 @@ def _wrote(ctx: StepContext) -> bool:
 
 
 def _unanswered_write(ctx: StepContext, outcome: Outcome) -> bool:
-    """Whether this try sent a write at the gateway and got no answer it can read (an ambiguous error, or
-    an outcome that asks for a read-back first): the call may still act there, up to ``late_seconds`` on."""
-    error = getattr(outcome, "error", None)
-    unanswered = bool(getattr(outcome, "reconcile", False)) or (isinstance(error, dict) and bool(error.get("ambiguous")))
-    return unanswered and _wrote(ctx)
+    """Whether this try sent a write at the gateway and got no answer it can read (``inflight.unanswered_write``)."""
+    return inflight.unanswered_write(outcome, wrote=_wrote(ctx))
 
 
 def _payment_recorded(outcome: Outcome) -> dict[str, Any] | None:
@@ -713,14 +709,6 @@ def _number(text: str | None) -> float | None:
         return float(text) if text else None
     except ValueError:
         return None
-
-
-def _maybe_sent_at(record: FlowRecord) -> float:
-    """The latest moment a try of the step may have sent a money call whose answer never came: an
-    unanswered try's time, else the claim that marked the money in flight, else the flow's start."""
-    marked = (record.unsettled or {}).get("t")
-    times = [t for t in (record.maybe_sent, float(marked) if isinstance(marked, int | float) else None) if t is not None]
-    return max(times) if times else record.created
 
 
 def _owed_failure(ending: Mapping[str, Any] | None) -> Finish:

@@ -361,13 +361,14 @@ class FlowStore:
         # Shared code is prepended: the states and their moves (generated from workflows/states.py),
         # money.lua (one rule for payments reported), events.lua (the outbox).
         states, money, outbox = lua_prelude(), _script("money.lua"), _script("events.lua")
+        inflight = _script("inflight.lua")  # money in flight as the scripts read it (workflows/inflight.py's rule)
         # Each registered as workflows/scripts.py classifies it: resent after a lost connection or not.
         self._create = register(client, "lua/create.lua", outbox + _script("create.lua"))
-        self._transition = register(client, "lua/transition.lua", states + money + outbox + _script("transition.lua"))
+        self._transition = register(client, "lua/transition.lua", states + money + outbox + inflight + _script("transition.lua"))
         self._signal = register(client, "lua/signal.lua", states + money + outbox + _script("signal.lua"))
         self._take_due = register(client, "lua/take_due.lua", _script("take_due.lua"))
         pause = _script("pause.lua")  # the one rule of a paused flow kind (workflows.pauses)
-        self._claim = register(client, "lua/claim.lua", states + pause + _script("claim.lua"))
+        self._claim = register(client, "lua/claim.lua", states + pause + inflight + _script("claim.lua"))
         self.hold_script = register(client, "lua/hold.lua", states + pause + _script("hold.lua"))
         self.release_script = register(client, "lua/release.lua", states + pause + _script("release.lua"))
         #: How far a paused kind's due flow is moved each time it is met (``DURAPAY_PAUSE__RECHECK_SECONDS``).

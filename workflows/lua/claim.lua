@@ -1,5 +1,5 @@
 -- Claim a flow's step under a lease in one round trip: every claim rule lives here (states.lua is
--- prepended: the states and their moves).
+-- prepended: the states and their moves; inflight.lua: money in flight as the scripts read it).
 -- KEYS: flow, log, due, then the state indexes ready, retrying, waiting, sleeping, running, then the
 --       partition's paused kinds and held flows (pause.lua, prepended: a paused kind's step is not claimed).
 -- ARGV: 1 flow id, 2 step, 3 now, 4 lease until, 5 owner, 6 max attempts, 7 max runs of one step,
@@ -87,7 +87,7 @@ if verdict == 'ok' then
     'attempt', attempt + 1, 'lease_until', ARGV[4], 'lease_owner', ARGV[5], 'runs', runs + 1)
   local what = 'claimed ' .. ARGV[2]
   local money = ARGV[8] ~= '' and cjson.decode(ARGV[8])[data[11]]
-  if money and not data[10] and data[6] ~= '1' and not data[9] then
+  if money and not in_flight(data[10]) and data[6] ~= '1' and not data[9] then
     redis.call('HSET', KEYS[1], 'unsettled', cjson.encode({step = ARGV[2], op = money, t = tonumber(ARGV[3])}))
   end
   if reclaim then

@@ -1,4 +1,4 @@
--- Compare-and-set one transition of a flow (states.lua, money.lua and events.lua are prepended).
+-- Compare-and-set one transition of a flow (states.lua, money.lua, events.lua and inflight.lua are prepended).
 -- KEYS: flow, log, due, old-state index, new-state index, ready index, cancelled index,
 --       needs_attention index, event stream, the finished set (flows to pack: workflows/compact.py),
 --       the retrying index, then one lookup key per gateway operation id this change records first
@@ -118,7 +118,7 @@ end
 
 local unsettled = after('unsettled')
 local cancel_requested = after('cancel_requested') == '1'
-if unsettled then
+if in_flight(unsettled) then
   local what = 'money may be in flight'
   local ok, inflight = pcall(cjson.decode, unsettled)
   if ok and type(inflight) == 'table' then

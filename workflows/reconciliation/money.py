@@ -38,6 +38,7 @@ import re
 from collections.abc import Iterable, Mapping
 from typing import Any, Literal
 
+from durapay.workflows import inflight
 from durapay.workflows.states import FlowState
 from durapay.workflows.store import FlowRecord
 
@@ -155,7 +156,7 @@ def says_in_flight(record: FlowRecord, op: Mapping[str, Any]) -> bool:
     """Whether the flow says that its call making ``op`` may have taken effect (``unsettled``): the
     operation it was told, or, when it could not read the operation back (it cannot name its id), an
     operation of a type its call makes (:data:`MAKES`); a person's retry reads it."""
-    unsettled = record.unsettled or {}
+    unsettled = inflight.in_flight(record) or {}
     if not unsettled:
         return False
     told = unsettled.get("operationId")

@@ -27,6 +27,7 @@ from redis.exceptions import RedisError
 
 from durapay.config.settings import ReconcileSettings
 from durapay.gateway import GatewayError, reported_payment
+from durapay.workflows import inflight
 from durapay.workflows.engine import Engine
 from durapay.workflows.reconciliation import money
 from durapay.workflows.reconciliation.findings import MONEY_NOT_SHOWN, Finding, Lookups, Owners
@@ -259,7 +260,7 @@ class Reconciler:
             ids = [flow_id for _, flow_id in self.engine.store.ids(state=state)[:MAKERS_LIMIT]]
             for chunk in _chunks(ids):
                 for record in self.engine.store.many(chunk):
-                    if (record.unsettled or {}).get("op") not in money.POST_CALLS:
+                    if (inflight.in_flight(record) or {}).get("op") not in money.POST_CALLS:
                         continue
                     acted_on = str(record.input.get("operationId") or "")
                     for key in {acted_on, *record.orders} - {""}:
