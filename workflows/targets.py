@@ -124,11 +124,14 @@ class Targets:
         held = hold_of(record, claim.step.name)
         if held is not None and isinstance(held.get("before"), list) and self._check(record.id, held)[0] == "held":
             # Its own earlier call on the target is unanswered: the same hold, judged by the same snapshot.
-            answer = self._take_key(str(held["target"]), record.id, str(held["token"]))
+            name, token = str(held["target"]), str(held["token"])
+            answer = self._take_key(name, record.id, token)
             if answer[0] != "ok":  # (only after Redis lost writes: another flow holds it) wait for it
-                return self._waits(claim, target, str(held["target"]), answer)
-            ctx.snapshot = TargetSnapshot(str(held["target"]), frozenset(str(i) for i in held["before"]))
-            claim.hold_token = str(held["token"])
+                return self._waits(claim, target, name, answer)
+            claim.hold_token = token
+            # Durable before the call is sent again (the try that took it may have stopped before its wait).
+            self.store.sync(record.id, f"hold of {name} by flow {record.id}", targets=[name])
+            ctx.snapshot = TargetSnapshot(name, frozenset(str(i) for i in held["before"]))
             return None
         name = str(held["target"]) if held is not None else target.of(ctx)
         token = request_token()
@@ -148,12 +151,12 @@ class Targets:
             expected = holder_token
         else:
             return self._waits(claim, target, name, answer)
+        claim.hold_token = token  # taken: let go after this try's completion, whatever it is
         before = sorted({str(operation_id) for operation_id in target.operations(ctx, name)})
         self._write(claim, "snapshot", {**hold, "before": before})
         # The hold, the key and any take-over on disk before the call can go out (docs/durability.md).
         self.store.sync([record.id, *taken_over], f"hold of {name} by flow {record.id}", targets=[name])
         ctx.snapshot = TargetSnapshot(name, frozenset(before))
-        claim.hold_token = token
         return None
 
     def _take_key(self, name: str, flow_id: str, token: str, expected: str = "") -> list[str]:
