@@ -589,6 +589,8 @@ TOOL_VARIABLES = frozenset(
         "DURAPAY_MODEL_STEPS",
         "DURAPAY_WAIT_MODEL_EXAMPLES",  # tests/workflows/test_wait_model.py
         "DURAPAY_WAIT_MODEL_STEPS",
+        "DURAPAY_SHARED_MODEL_EXAMPLES",  # tests/workflows/test_flow_model_shared.py
+        "DURAPAY_SHARED_MODEL_STEPS",
         "DURAPAY_PROPERTY_EXAMPLES",  # tests/workflows/test_store_properties.py
         "DURAPAY_SPEC_FILE",  # tests/gateway/test_catalogue.py: the gateway's interface description
         "DURAPAY_CHAOS_FSYNC_LOG",  # durapay chaos: the fsync log its Valkey's preload writes (service/chaos/aof.py)

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import json
 import random
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -368,11 +368,12 @@ class FlowWorld:
         self.discover()
         return [flow for flow in self.flows if not flow.expired and (self.record(flow) or _gone()).state in LIVE]
 
-    def settle(self, limit: int = 800, *, release: bool = True) -> int:
+    def settle(self, limit: int = 800, *, release: bool = True, stalled: Callable[[list[ModelFlow]], bool] | None = None) -> int:
         """Deliver, dispatch, tick the schedules and move time on until every flow is stopped and no
         schedule has anything left to fire; the moves it took. Every notification the gateway made is
         delivered again first (the gateway retries until answered), after any request still held late
-        (``release`` False: those never act, as a request the gateway dropped)."""
+        (``release`` False: those never act, as a request the gateway dropped). ``stalled``: whether the
+        flows still live can only go on once a person acts (they wait for a flow stopped for a person)."""
         if release:
             self.sim.admin.release_late()
         self.sim.admin.settle_pending()  # the gateway settles what it answered PENDING, in time
@@ -389,7 +390,8 @@ class FlowWorld:
             if self.engine.dispatch_due() or self.schedules.tick():
                 continue
             due = [at for at in (self.engine.store.next_due(), self.schedules.store.next_due()) if at is not None]
-            if not self.live() and not self.schedules.store.next_due():
+            live = self.live()
+            if (not live or (stalled is not None and stalled(live))) and not self.schedules.store.next_due():
                 return taken
             assert due, f"live flows {[flow.flow_id for flow in self.live()]} and nothing due"
             self.sim.admin.settle_pending()  # answered PENDING during the settling: final by the next read
