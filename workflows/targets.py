@@ -49,6 +49,7 @@ import redis
 
 from durapay.tasks.outcomes import Held
 from durapay.tasks.runner import LeaseLost, TargetSnapshot
+from durapay.workflows import inflight
 from durapay.workflows.durability import NotDurable
 from durapay.workflows.scripts import register, request_token, source
 from durapay.workflows.steps import Target
@@ -83,7 +84,7 @@ def snapshot_of(record: FlowRecord, step: str) -> TargetSnapshot | None:
     """The snapshot a read-back of ``step``'s call judges by (None: the record holds none: a flow of an
     earlier release, whose read-back falls back to what it read before)."""
     hold = hold_of(record, step)
-    if hold is None:
+    if hold is None or hold.get("legacy"):
         return None
     before = hold.get("before")
     return TargetSnapshot(str(hold["target"]), frozenset(str(i) for i in before) if isinstance(before, list) else None)
@@ -136,6 +137,12 @@ class Targets:
         name = str(held["target"]) if held is not None else target.of(ctx)
         token = request_token()
         hold: dict[str, Any] = {"step": claim.step.name, "t": ctx.now, "target": name, "token": token}
+        # A call of an earlier release's try may be unanswered, sent before any hold: what the target holds
+        # now may already include it, so it is no snapshot; its read-back judges as that release did.
+        unanswered = inflight.may_have_sent(record) and inflight.in_flight(record) is not None
+        legacy = unanswered and (held is None or bool(held.get("legacy")))
+        if legacy:
+            hold["legacy"] = True
         self._write(claim, "intent", hold)
         expected, taken_over = "", []
         for _ in range(TAKE_ROUNDS):
@@ -153,10 +160,11 @@ class Targets:
             return self._waits(claim, target, name, answer)
         claim.hold_token = token  # taken: let go after this try's completion, whatever it is
         before = sorted({str(operation_id) for operation_id in target.operations(ctx, name)})
-        self._write(claim, "snapshot", {**hold, "before": before})
+        if not legacy:
+            self._write(claim, "snapshot", {**hold, "before": before})
         # The hold, the key and any take-over on disk before the call can go out (docs/durability.md).
         self.store.sync([record.id, *taken_over], f"hold of {name} by flow {record.id}", targets=[name])
-        ctx.snapshot = TargetSnapshot(name, frozenset(before))
+        ctx.snapshot = None if legacy else TargetSnapshot(name, frozenset(before))
         return None
 
     def _take_key(self, name: str, flow_id: str, token: str, expected: str = "") -> list[str]:
