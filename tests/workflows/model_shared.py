@@ -5,7 +5,7 @@ cancel of the capture) of one sale, no-show, incremental and delayed charges of 
 flow an operation at the gateway belongs to is known here the way the gateway knows it, by the
 ``Idempotency-Key`` that made it (the step's key, ``<flowId>.<step>``, with a generation after an
 operator's restart), never by what the operation looks like: that is what the invariants check durapay
-does too (DESIGN.md, money invariants 6 and 7).
+does too (docs/durability.md, "One money call at a time per target").
 
 * **6, identity** (after every move): no flow names an operation another flow's key made; no operation
   is named by two flows; no flow's key made two operations; no flow is ``failed`` or ``cancelled`` while

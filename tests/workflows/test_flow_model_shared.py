@@ -1,5 +1,6 @@
 """Model test of flows that share a gateway target: Hypothesis chooses the interleaving, the money
-invariants over every flow of a target together must hold (DESIGN.md, invariants 6 and 7).
+invariants over every flow of a target together must hold (identity, and a check that holds when the
+money moves: docs/durability.md, "One money call at a time per target").
 
 Each example makes one sale and one paid reservation outside any flow, and starts two or three flows on
 each (``model_shared.py``): partial refunds and a cancel of the capture on the sale; no-show, incremental

@@ -6,7 +6,7 @@ lost answer sees the target's operations, which say nothing of whose call made t
 real flows on the flow model's world (the real engine, the simulator over HTTP, a Valkey of its own,
 messages delivered when the test says) and judges by the gateway's own record of which ``Idempotency-Key``
 made each operation: an operation is the flow's whose key made it, never one that merely fits its type,
-amount, currency and time (docs/durability.md, "One call at a time per target").
+amount, currency and time (docs/durability.md, "One money call at a time per target").
 """
 
 from __future__ import annotations
