@@ -67,6 +67,7 @@ from durapay.gateway._codes import (
     ThreeDSEnrollmentStatus,
     decline_kind,
 )
+from durapay.gateway._deadline import DeadlinePassed, DeadlineSocket, DeadlineTransport, bounded, clamp, tls_handshake
 from durapay.gateway._errors import (
     BadRequest,
     ConnectionDropped,
@@ -309,6 +310,9 @@ __all__ = [
     "CustomFieldRequest",
     "CustomerContractsResponse",
     "CustomerInfo",
+    "DeadlinePassed",
+    "DeadlineSocket",
+    "DeadlineTransport",
     "EmptyResponse",
     "ErrorBody",
     "ErrorDetail",
@@ -424,8 +428,10 @@ __all__ = [
     "VerificationOrder",
     "Version",
     "WalletPayRequest",
+    "bounded",
     "check_amount",
     "check_idempotency_key",
+    "clamp",
     "closest",
     "customer_operation",
     "customer_payment",
@@ -448,6 +454,7 @@ __all__ = [
     "parse_minor",
     "parse_notification",
     "reported_payment",
+    "tls_handshake",
     "to_major",
     "to_minor",
     "validate_request",

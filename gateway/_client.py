@@ -27,6 +27,7 @@ from pydantic import BaseModel, ValidationError
 from durapay.config.settings import GatewaySettings
 from durapay.gateway._base import GatewayModel
 from durapay.gateway._catalogue import GatewayOperation
+from durapay.gateway._deadline import DeadlineTransport, bounded
 from durapay.gateway._errors import (
     GatewayError,
     InvalidResponse,
@@ -110,7 +111,11 @@ def tls_context() -> ssl.SSLContext:
 
 
 class GatewayClient:
-    """Calls gateway operations. Give it the gateway settings; pass ``transport`` in tests."""
+    """Calls gateway operations. Give it the gateway settings; pass ``transport`` in tests.
+
+    A call, connect, send and answer together, ends within ``connect_timeout + timeout`` of its start
+    (``_deadline``: the timeouts alone bound each read, and an answer trickled a byte at a time held a
+    call past the engine's lease), a connection within ``connect_timeout``."""
 
     def __init__(
         self,
@@ -130,9 +135,11 @@ class GatewayClient:
             base_url=settings.base_url + "/",
             headers=headers,
             timeout=httpx.Timeout(settings.timeout, connect=settings.connect_timeout),
-            transport=transport,
+            transport=transport if transport is not None else DeadlineTransport(verify=tls_context()),
             verify=tls_context(),
         )
+        #: The longest one call may take, from its start to its answer's last byte.
+        self.deadline = settings.connect_timeout + settings.timeout
 
     def __enter__(self) -> GatewayClient:
         return self
@@ -177,7 +184,8 @@ class GatewayClient:
         elif op.method == "POST":
             kwargs["content"] = b""
         try:
-            response = self._http.request(op.method, path, **kwargs)
+            with bounded(self.deadline):
+                response = self._http.request(op.method, path, **kwargs)
         except httpx.TransportError as exc:
             raise error_from_transport(exc, operation=op.name, correlation_id=correlation_id) from exc
         if not response.is_success:

@@ -6,6 +6,11 @@ a header and a few bytes, and the worker makes two per flow; httpx spent about t
 Connections are per thread (a worker's threads pool) and per process (a fork makes new ones); a kept
 connection the endpoint closed meanwhile is retried once on a new one, before any answer was read.
 
+An attempt has one deadline, ``connect_timeout + timeout`` from its start, for connect, send and read
+together (``durapay.gateway.bounded``): each socket operation waits at most what is left of it, so an
+endpoint that trickles its answer a byte at a time holds a thread no longer than that (the timeouts alone
+bound each read: a byte every 9 s would have held it for days within :data:`READ_LIMIT`).
+
 A post may be given the ``address`` to connect to (the one ``endpoints.resolve_public`` checked): the
 connection goes there and nowhere else, with the URL's host name sent as ``Host`` and used for TLS
 (SNI and the certificate check), so that the name is never resolved a second time.
@@ -19,6 +24,8 @@ import ssl
 import threading
 from dataclasses import dataclass
 from urllib.parse import urlsplit
+
+from durapay.gateway import DeadlineSocket, bounded, clamp, tls_handshake
 
 #: Bytes of an answer read at most (the rest is not read, and the connection is not kept).
 READ_LIMIT = 64 * 1024
@@ -37,7 +44,8 @@ class _PinnedHTTPS(http.client.HTTPSConnection):
 
     def connect(self) -> None:
         http.client.HTTPConnection.connect(self)
-        self.sock = self._context.wrap_socket(self.sock, server_hostname=self.server_name)  # type: ignore[attr-defined]
+        # The handshake as a whole within the connect timeout and the attempt's deadline.
+        self.sock = tls_handshake(self._context, self.sock, self.server_name, self.timeout)  # type: ignore[attr-defined]
 
 
 @dataclass(frozen=True)
@@ -51,12 +59,19 @@ class Poster:
     def __init__(self, *, timeout: float, connect_timeout: float) -> None:
         self.timeout = timeout
         self.connect_timeout = connect_timeout
+        #: The longest one attempt may take, from its connect to its answer's last byte read.
+        self.deadline = connect_timeout + timeout
         self._local = threading.local()
         self._tls = ssl.create_default_context()
 
     def post(self, url: str, body: bytes, headers: dict[str, str], *, excerpt: int, address: str | None = None) -> Answer:
-        """POST ``body`` to ``url`` (connecting to ``address`` when given); raises OSError or
-        http.client.HTTPException when no answer came."""
+        """POST ``body`` to ``url`` (connecting to ``address`` when given), all of it within
+        :attr:`deadline`; raises OSError (TimeoutError past the deadline) or http.client.HTTPException
+        when no answer came."""
+        with bounded(self.deadline):
+            return self._post(url, body, headers, excerpt=excerpt, address=address)
+
+    def _post(self, url: str, body: bytes, headers: dict[str, str], *, excerpt: int, address: str | None) -> Answer:
         parts = urlsplit(url)
         key = (parts.scheme, parts.hostname or "", parts.port, address)
         if address is not None:
@@ -72,7 +87,11 @@ class Poster:
                 if reused and not fresh:
                     continue  # the endpoint closed a kept connection meanwhile: once more on a new one
                 raise
-            data = response.read(READ_LIMIT)
+            try:
+                data = response.read(READ_LIMIT)
+            except (OSError, http.client.HTTPException):
+                self._drop(key)  # cut mid-answer (its deadline): the connection is in no state to reuse
+                raise
             if not response.isclosed() or response.will_close:
                 self._drop(key)  # more than we read, or the server closes: do not keep it
             return Answer(response.status, response.getheader("retry-after"), data[:excerpt].decode("utf-8", "replace"))
@@ -87,14 +106,19 @@ class Poster:
         scheme, host, port, address = key
         connection: http.client.HTTPConnection
         if scheme == "https":
-            connection = _PinnedHTTPS(address or host, port, host, timeout=self.connect_timeout, context=self._tls)
+            connection = _PinnedHTTPS(address or host, port, host, timeout=self._connect_limit(), context=self._tls)
         else:
-            connection = http.client.HTTPConnection(address or host, port, timeout=self.connect_timeout)
+            connection = http.client.HTTPConnection(address or host, port, timeout=self._connect_limit())
         connection.connect()
         if connection.sock is not None:
-            connection.sock.settimeout(self.timeout)
+            # Every later send and read waits at most what is left of the attempt's deadline.
+            connection.sock = DeadlineSocket(connection.sock, self.timeout)
         pool[key] = connection
         return connection, False
+
+    def _connect_limit(self) -> float:
+        """The connect timeout, cut to what is left of the attempt's deadline (TLS's handshake too)."""
+        return clamp(self.connect_timeout) or self.connect_timeout
 
     def _pool(self) -> dict[Key, http.client.HTTPConnection]:
         if getattr(self._local, "pid", None) != os.getpid():

@@ -1,0 +1,235 @@
+"""One deadline for a whole outbound call: connect, send and read together.
+
+Why: a socket timeout bounds each read, not the call. An answer that comes one byte at a time, each
+byte inside the timeout, held a webhook attempt with a 1 s timeout for 6.9 s (a byte every 9 s would
+hold it for days within the 64 KiB read limit), and a gateway call for as long: past the engine's
+lease, which must exceed one call, so that a second worker took the step while the first still
+talked to the gateway. Here every blocking socket operation of a call waits at most what is left of
+the call's deadline (and never more than its own timeout); once the deadline has passed, the next
+operation raises a timeout at once. A call therefore ends at most a few milliseconds past its
+deadline, however the other side paces its bytes.
+
+The deadline is the calling thread's (a :class:`contextvars.ContextVar`, set by :func:`bounded`), so a
+kept-alive connection, reused by the next call, is bounded by that call's deadline. Two adapters apply
+it, one per HTTP stack durapay uses:
+
+* :class:`DeadlineSocket`, a socket wrapper for ``http.client`` (the webhook poster,
+  ``workflows.webhooks.transport``): it sets the socket's timeout before every send and receive;
+* :class:`DeadlineTransport`, an httpx transport for the gateway client (``_client``) whose network
+  streams clamp every read, write, connect and TLS handshake the same way.
+
+A name's resolution (``getaddrinfo``) is not a socket operation and is not bounded here.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import io
+import select
+import socket
+import ssl
+import time
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+import httpcore
+import httpx
+from httpcore._backends.sync import SyncStream
+
+#: The end (``time.monotonic``) of the call the current thread is making; None outside a bounded call.
+_DEADLINE: contextvars.ContextVar[float | None] = contextvars.ContextVar("durapay_call_deadline", default=None)
+
+
+class DeadlinePassed(TimeoutError):
+    """The call's deadline passed (a ``TimeoutError``: an OSError, as a socket timeout is)."""
+
+
+@contextlib.contextmanager
+def bounded(seconds: float) -> Iterator[float]:
+    """Within the block, every socket operation of :class:`DeadlineSocket` and :class:`DeadlineTransport`
+    ends by ``seconds`` from now (a nested block keeps the sooner end). Yields the end (monotonic)."""
+    end = time.monotonic() + seconds
+    outer = _DEADLINE.get()
+    if outer is not None:
+        end = min(end, outer)
+    token = _DEADLINE.set(end)
+    try:
+        yield end
+    finally:
+        _DEADLINE.reset(token)
+
+
+def clamp(timeout: float | None) -> float | None:
+    """``timeout`` cut to what is left of the current call's deadline; raises :class:`DeadlinePassed`
+    when nothing is left. Outside a bounded call, ``timeout`` as it is."""
+    end = _DEADLINE.get()
+    if end is None:
+        return timeout
+    left = end - time.monotonic()
+    if left <= 0:
+        raise DeadlinePassed("the call's deadline passed (connect, send and read together)")
+    return left if timeout is None else min(timeout, left)
+
+
+def tls_handshake(
+    context: ssl.SSLContext, sock: socket.socket, server_hostname: str | None, timeout: float | None
+) -> ssl.SSLSocket:
+    """``sock`` wrapped in TLS, its handshake done within ``timeout`` and the call's deadline as a whole
+    (a blocking handshake waits its timeout at each read: a server trickling its certificate held it)."""
+    end = time.monotonic() + (timeout if timeout is not None else float("inf"))
+    wrapped = context.wrap_socket(sock, server_hostname=server_hostname, do_handshake_on_connect=False)
+    try:
+        wrapped.settimeout(0.0)
+        while True:
+            try:
+                wrapped.do_handshake()
+                break
+            except ssl.SSLWantReadError:
+                readable, writable = [wrapped], []
+            except ssl.SSLWantWriteError:
+                readable, writable = [], [wrapped]
+            left = clamp(end - time.monotonic())
+            if left is None or left <= 0:
+                raise DeadlinePassed("the TLS handshake did not end within its timeout")
+            if not any(select.select(readable, writable, [], left)[:2]):
+                raise DeadlinePassed("the TLS handshake did not end within its timeout")
+    except BaseException:
+        wrapped.close()
+        raise
+    wrapped.settimeout(timeout)
+    return wrapped
+
+
+class DeadlineSocket:
+    """A connected socket (plain or TLS) whose every send and receive waits at most ``timeout`` and at
+    most what is left of the current call's deadline. What ``http.client`` uses of a socket: send,
+    sendall, recv, recv_into, makefile (its reader goes through this object), close; anything else is
+    the socket's."""
+
+    def __init__(self, sock: socket.socket, timeout: float | None) -> None:
+        self._sock = sock
+        self._timeout = timeout
+
+    def _arm(self) -> None:
+        self._sock.settimeout(clamp(self._timeout))
+
+    def settimeout(self, timeout: float | None) -> None:
+        self._timeout = timeout
+
+    def gettimeout(self) -> float | None:
+        return self._timeout
+
+    def send(self, data: bytes | memoryview, flags: int = 0) -> int:
+        self._arm()
+        return self._sock.send(data, flags)
+
+    def sendall(self, data: bytes | memoryview, flags: int = 0) -> None:
+        view = memoryview(data)
+        while view:
+            sent = self.send(view, flags)  # each chunk within what is left, not the whole body in one wait
+            view = view[sent:]
+
+    def recv(self, size: int, flags: int = 0) -> bytes:
+        self._arm()
+        return self._sock.recv(size, flags)
+
+    def recv_into(self, buffer: Any, size: int = 0, flags: int = 0) -> int:
+        self._arm()
+        return self._sock.recv_into(buffer, size, flags)
+
+    def makefile(self, mode: str = "r", buffering: int | None = None, **_: Any) -> io.BufferedReader:
+        if mode not in ("r", "rb"):
+            raise ValueError(f"DeadlineSocket reads only (mode {mode!r})")
+        raw = socket.SocketIO(self, "rb")  # type: ignore[arg-type] # reads through recv_into above
+        return io.BufferedReader(raw, buffering or io.DEFAULT_BUFFER_SIZE)
+
+    def _decref_socketios(self) -> None:  # socket.SocketIO's close asks for it
+        pass
+
+    def close(self) -> None:
+        self._sock.close()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._sock, name)
+
+
+class _Stream(httpcore.NetworkStream):
+    """httpcore's network stream with every wait clamped to the call's deadline."""
+
+    def __init__(self, inner: httpcore.NetworkStream) -> None:
+        self._inner = inner
+
+    def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
+        return self._inner.read(max_bytes, _clamped(timeout, httpcore.ReadTimeout))
+
+    def write(self, buffer: bytes, timeout: float | None = None) -> None:
+        self._inner.write(buffer, _clamped(timeout, httpcore.WriteTimeout))
+
+    def close(self) -> None:
+        self._inner.close()
+
+    def start_tls(
+        self, ssl_context: ssl.SSLContext, server_hostname: str | None = None, timeout: float | None = None
+    ) -> httpcore.NetworkStream:
+        sock = self._inner.get_extra_info("socket")
+        if not isinstance(sock, socket.socket) or isinstance(sock, ssl.SSLSocket):  # TLS in TLS: httpcore's own
+            return _Stream(self._inner.start_tls(ssl_context, server_hostname, _clamped(timeout, httpcore.ConnectTimeout)))
+        try:
+            wrapped = tls_handshake(ssl_context, sock, server_hostname, _clamped(timeout, httpcore.ConnectTimeout))
+        except TimeoutError as exc:
+            self._inner.close()
+            raise httpcore.ConnectTimeout(str(exc)) from None
+        except OSError as exc:  # ssl.SSLError too: a certificate refused
+            self._inner.close()
+            raise httpcore.ConnectError(str(exc)) from None
+        return _Stream(SyncStream(wrapped))
+
+    def get_extra_info(self, info: str) -> Any:
+        return self._inner.get_extra_info(info)
+
+
+def _clamped(timeout: float | None, error: type[Exception]) -> float | None:
+    try:
+        return clamp(timeout)
+    except DeadlinePassed as exc:
+        raise error(str(exc)) from None
+
+
+class _Backend(httpcore.NetworkBackend):
+    """httpcore's synchronous backend, its streams and connects clamped to the call's deadline."""
+
+    def __init__(self) -> None:
+        self._inner = httpcore.SyncBackend()
+
+    def connect_tcp(
+        self,
+        host: str,
+        port: int,
+        timeout: float | None = None,
+        local_address: str | None = None,
+        socket_options: Iterable[Any] | None = None,
+    ) -> httpcore.NetworkStream:
+        limit = _clamped(timeout, httpcore.ConnectTimeout)
+        return _Stream(self._inner.connect_tcp(host, port, limit, local_address, socket_options))
+
+    def connect_unix_socket(
+        self, path: str, timeout: float | None = None, socket_options: Iterable[Any] | None = None
+    ) -> httpcore.NetworkStream:
+        limit = _clamped(timeout, httpcore.ConnectTimeout)
+        return _Stream(self._inner.connect_unix_socket(path, limit, socket_options))
+
+    def sleep(self, seconds: float) -> None:
+        self._inner.sleep(seconds)
+
+
+class DeadlineTransport(httpx.HTTPTransport):
+    """httpx's transport whose connections wait at most what is left of the call's deadline
+    (:func:`bounded`) at every connect, TLS handshake, write and read."""
+
+    def __init__(self, **options: Any) -> None:
+        super().__init__(**options)
+        # httpx takes no network backend; its pool (a ConnectionPool, or a proxy's, a subclass) does.
+        pool = self._pool
+        assert hasattr(pool, "_network_backend"), "httpcore's pool keeps its backend as _network_backend"
+        pool._network_backend = _Backend()
