@@ -116,7 +116,7 @@ from durapay.config import load_settings
 from durapay.service.runtime import build_runtime
 settings = load_settings()
 runtime = build_runtime(settings, redis_url=settings.redis_url)
-runtime.celery.worker_main(["worker", "-P", sys.argv[1], "-c", sys.argv[2], "-Q", "durapay", "-l", "warning",
+runtime.celery.worker_main(["worker", "-P", sys.argv[1], "-c", sys.argv[2], "-Q", "durapay,durapay.webhooks", "-l", "warning",
                             "--without-mingle", "--without-gossip", "-n", "durable@%h"])
 """
 

@@ -24,11 +24,11 @@ MAX_CONNECTIONS = 64
 
 
 class SlowReceiver:
-    def __init__(self, mode: str = "trickle", *, every: float = 0.2, length: int = 10_000) -> None:
+    def __init__(self, mode: str = "trickle", *, every: float = 0.2, length: int = 10_000, port: int = 0) -> None:
         if mode not in ("trickle", "silent"):
             raise ValueError(f"mode: trickle or silent, not {mode!r}")
         self.mode, self.every, self.length = mode, every, length
-        self._listener = socket.create_server(("127.0.0.1", 0))
+        self._listener = socket.create_server(("127.0.0.1", port))
         self._listener.settimeout(0.2)
         self.port = self._listener.getsockname()[1]
         self._released = threading.Event()

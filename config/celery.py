@@ -8,6 +8,11 @@
   message only after the engine's own lease has long handed the step to another worker (the late
   duplicate then finds the step done and does nothing).
 
+Two queues: :data:`QUEUE` carries the flows' steps (and bulk runners), :data:`WEBHOOK_QUEUE` the webhook
+deliveries, so that deliveries run on workers of their own (``durapay worker --webhooks``) and no endpoint,
+however slow or many, holds a thread a payment step needs. Both are declared, so a worker started without
+``--queues`` (the test harness's, in-process) consumes both; ``durapay worker`` names its one.
+
 Delays are never Celery ETAs/countdowns (Redis redelivers long ETA tasks after the visibility timeout and
 runs them twice): the engine's ``due`` set and dispatcher carry every delay.
 
@@ -30,6 +35,7 @@ import redis
 from celery import Celery
 from celery.app.amqp import AMQP
 from kombu.connection import Connection, ConnectionPool, PooledConnection
+from kombu.entity import Exchange, Queue
 from kombu.transport import TRANSPORT_ALIASES
 from kombu.transport import redis as kombu_redis
 
@@ -37,6 +43,8 @@ from durapay.config.connect import SENTINEL_SCHEME, parse_sentinel_url
 from durapay.config.settings import Settings
 
 QUEUE = "durapay"
+#: Webhook deliveries: consumed by ``durapay worker --webhooks`` only (never by the step workers).
+WEBHOOK_QUEUE = "durapay.webhooks"
 
 
 class _Guard:
@@ -153,6 +161,8 @@ def make_celery(settings: Settings, broker_url: str) -> Celery:
         task_ignore_result=True,
         task_store_errors_even_if_ignored=False,
         task_default_queue=QUEUE,
+        # As Celery declares its default queue (an exchange of its name, routed by its name).
+        task_queues=[Queue(name, Exchange(name), routing_key=name) for name in (QUEUE, WEBHOOK_QUEUE)],  # type: ignore[no-untyped-call]
         broker_transport=f"{__name__}:{transport.__name__}" if transport else None,
         broker_connection_retry=True,
         broker_connection_retry_on_startup=True,

@@ -1,8 +1,9 @@
 """``/healthz``, ``/readyz``, ``/metrics``: what orchestrators and Prometheus ask.
 
 * ``/healthz`` - the process answers (liveness). Open, like the receiver: it says nothing but "ok".
-* ``/readyz`` - Redis answers, a worker heartbeat and a scheduler heartbeat are present (see
-  ``heartbeat``). 503 with the failing checks otherwise. Needs the API key.
+* ``/readyz`` - Redis answers, a worker heartbeat, a deliveries worker's (``webhooks``: without one
+  no webhook is ever sent) and a scheduler heartbeat are present (see ``heartbeat``). 503 with the
+  failing checks otherwise. Needs the API key.
 * ``/metrics`` - Prometheus text (see ``metrics``). Needs the API key (``X-Api-Key`` or a bearer token).
 """
 
@@ -25,11 +26,11 @@ PROMETHEUS_TEXT = "text/plain; version=0.0.4; charset=utf-8"
 
 
 def readiness(engine: Engine) -> dict[str, bool]:
-    checks = {"redis": False, "worker": False, "scheduler": False}
+    checks = {"redis": False, "worker": False, "webhooks": False, "scheduler": False}
     try:
         checks["redis"] = bool(engine.redis.ping())
-        checks["worker"] = bool(engine.redis.exists(engine.keys.heartbeat("worker")))
-        checks["scheduler"] = bool(engine.redis.exists(engine.keys.heartbeat("scheduler")))
+        for role in ("worker", "webhooks", "scheduler"):
+            checks[role] = bool(engine.redis.exists(engine.keys.heartbeat(role)))
     except redis.RedisError:
         pass
     return checks
@@ -53,7 +54,7 @@ def ops_router(engine: Engine, protected: Sequence[Depends]) -> APIRouter:
         "/readyz",
         response_model=Readiness,
         responses={**guarded, 503: {"model": Readiness, "description": "not ready: the failing checks are false"}},
-        summary="Readiness: Redis, a worker and a scheduler are alive",
+        summary="Readiness: Redis, a worker, a deliveries worker and a scheduler are alive",
         dependencies=list(protected),
     )
     def readyz() -> JSONResponse:

@@ -7,8 +7,9 @@ a Ctrl-C reaches only ``durapay dev``, which stops them in order (the services, 
   ``DURAPAY_REDIS_URL``;
 * the gateway simulator (``durapay simulator``; its state kept in ``<data dir>/dev/simulator.json``,
   so that the gateway still knows the orders of flows kept in Valkey after a restart);
-* the API with the console (``durapay api``), a worker (``durapay worker``) and a scheduler
-  (``durapay scheduler``), all given the same Redis, gateway, receiver and key.
+* the API with the console (``durapay api``), a worker (``durapay worker``), a webhook deliveries worker
+  (``durapay worker --webhooks``) and a scheduler (``durapay scheduler``), all given the same Redis,
+  gateway, receiver and key.
 
 **Valkey is owned by none of the services.** ``durapay dev`` owns it: when it dies, dev starts it again
 on the same port with the same data, and the services, which never started it, reconnect to it as they
@@ -61,7 +62,7 @@ RESTARTS = 5
 RESTART_WINDOW = 60.0
 #: How often the watch looks at the parts.
 WATCH_SECONDS = 0.25
-#: How long the parts have to become ready (``/readyz``: Redis, a worker and a scheduler alive).
+#: How long the parts have to become ready (``/readyz``: Redis, the workers and a scheduler alive).
 READY_SECONDS = 120.0
 
 Say = Callable[[str], None]
@@ -216,10 +217,16 @@ class DevStack:
             ("simulator", ["--port", str(sim_port), *state]),
             ("api", []),
             ("worker", ["--pool", "threads", "--concurrency", "4", "--loglevel", "warning", "--hostname", "dev@%h", "--quiet"]),
+            # Webhook deliveries on a worker of their own (a slow endpoint never holds a step's thread).
+            (
+                "webhooks",
+                ["--webhooks", "--concurrency", "4", "--loglevel", "warning", "--hostname", "dev-webhooks@%h", "--quiet"],
+            ),
             ("scheduler", []),
         ]
-        for role, extra in roles:
-            child = Child(role, role, env, self.log_dir, extra, sink=self.sink, own_session=True)
+        for name, extra in roles:
+            role = "worker" if name == "webhooks" else name
+            child = Child(role, name, env, self.log_dir, extra, sink=self.sink, own_session=True)
             self.services.append(child.start())
         self.places = Places(api_url, f"{api_url}/console", key, simulator_root, redis_url, self.data_dir, self.log_dir)
         self._wait_ready(api_url, key)

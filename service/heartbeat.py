@@ -3,8 +3,10 @@
 Why not ``celery inspect ping``: it costs a broadcast round trip of a second or more per probe and
 does not work the same on every broker (RabbitMQ may carry the tasks). Instead each worker writes
 ``<prefix>:alive:worker`` (and ``...:alive:worker:<hostname>``) every ``interval`` seconds with a TTL
-of a few intervals; the dispatcher writes ``<prefix>:alive:scheduler`` on every tick. A key present
-means alive; a crashed process's key expires by itself.
+of a few intervals (a worker delivering webhooks, ``durapay worker --webhooks``, writes
+``alive:webhooks``; one consuming both queues, the test harness's, writes both); the dispatcher writes
+``<prefix>:alive:scheduler`` on every tick. A key present means alive; a crashed process's key expires
+by itself.
 
 The worker's heartbeat is a Celery bootstep installed on the app by ``build_runtime``, so it runs in
 ``durapay worker`` and in the test harness's in-process worker alike.
@@ -92,24 +94,34 @@ class Heartbeat:
             self._thread = None
 
 
+def worker_roles(app: Celery) -> list[str]:
+    """The heartbeat roles of a worker of ``app``, by the queues it consumes: ``worker`` for the steps'
+    queue, ``webhooks`` for the deliveries' (``config.celery``)."""
+    from durapay.config.celery import QUEUE, WEBHOOK_QUEUE
+
+    queues = app.amqp.queues
+    consumed = set(queues.consume_from or queues)
+    return [role for role, queue in (("worker", QUEUE), ("webhooks", WEBHOOK_QUEUE)) if queue in consumed]
+
+
 def install_worker_heartbeat(app: Celery, redis_url: str, keys: Keys, *, cluster: bool = False) -> None:
-    """Add a bootstep to ``app``'s workers that keeps the ``worker`` heartbeat while they run."""
+    """Add a bootstep to ``app``'s workers that keeps their heartbeats (:func:`worker_roles`) while they run."""
 
     class WorkerHeartbeat(bootsteps.StartStopStep):  # type: ignore[misc]
         requires = {"celery.worker.components:Pool"}
 
         def __init__(self, parent: Any, **kwargs: Any) -> None:
             super().__init__(parent, **kwargs)
-            self.heartbeat: Heartbeat | None = None
+            self.heartbeats: list[Heartbeat] = []
 
         def start(self, parent: Any) -> None:
             name = getattr(parent, "hostname", None) or f"{socket.gethostname()}-{os.getpid()}"
-            self.heartbeat = Heartbeat(redis_url, keys, "worker", name, cluster=cluster).start()
+            self.heartbeats = [Heartbeat(redis_url, keys, role, name, cluster=cluster).start() for role in worker_roles(app)]
 
         def stop(self, parent: Any) -> None:
-            if self.heartbeat is not None:
-                self.heartbeat.stop()
-                self.heartbeat = None
+            for heartbeat in self.heartbeats:
+                heartbeat.stop()
+            self.heartbeats = []
 
         # A cold shutdown calls terminate, not stop; both must end the thread.
         terminate = stop

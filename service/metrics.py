@@ -317,7 +317,7 @@ def render(engine: Engine) -> str:
         + _step_series(engine)
         + _notification_series(engine)
         + _auth_series(engine)
-        + _up_series(engine, ("worker", "scheduler"))
+        + _up_series(engine, ("worker", "webhooks", "scheduler"))
         + _reconciliation_series(engine)
         + _gate_series(engine)
         + _pause_series(engine)

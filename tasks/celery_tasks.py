@@ -20,7 +20,7 @@ from typing import Any, Protocol
 
 from celery import Celery, chain
 
-from durapay.config.celery import QUEUE
+from durapay.config.celery import QUEUE, WEBHOOK_QUEUE
 from durapay.gateway import CATALOGUE, GatewayClient, GatewayOperation
 
 ENGINE_STEP_TASK = "durapay.engine.step"
@@ -112,7 +112,8 @@ class CelerySender:
         self.app.send_task(task_name, args=[flow_id, step], queue=QUEUE)
 
     def send_webhook(self, tag: str, members: list[str]) -> None:
-        self.app.send_task(WEBHOOK_TASK, args=[tag, members], queue=QUEUE)
+        # Their own queue, consumed by delivery workers only: a slow endpoint never holds a step's thread.
+        self.app.send_task(WEBHOOK_TASK, args=[tag, members], queue=WEBHOOK_QUEUE)
 
     def send_bulk(self, bulk_id: str) -> None:
         self.app.send_task(BULK_TASK, args=[bulk_id], queue=QUEUE)

@@ -3,7 +3,9 @@
 Run any number of each, on any machines, against the same Redis (docs/deployment.md, Scaling out):
 
 * ``worker`` - a Celery worker for the step tasks (prefork by default: the fastest pool measured
-  here, and a crashed step takes one child, not the worker).
+  here, and a crashed step takes one child, not the worker). ``worker --webhooks`` is the webhook
+  deliveries' worker instead: their own queue and pool (threads by default: an attempt mostly waits on
+  its endpoint), so that no endpoint, however slow or many, holds a thread a payment step needs.
 * ``scheduler`` - the dispatcher: sends what the ``due`` set says is due and fires schedules.
 * ``api`` - the receiver and control API on uvicorn, one worker per process.
 
@@ -32,7 +34,7 @@ import typer
 from celery import Celery, signals
 from celery.exceptions import CPendingDeprecationWarning
 
-from durapay.config.celery import QUEUE
+from durapay.config.celery import QUEUE, WEBHOOK_QUEUE
 from durapay.service.cli._common import ExitCode, Output, runtime, safe_url
 from durapay.service.runtime import Runtime, admit_durability, bulk_ticker, freeze_startup_heap
 from durapay.workflows.redis_watch import RedisWatch
@@ -84,7 +86,13 @@ def _admitted(out: Output, rt: Runtime, role: str, *, every: float = 1.0, stop: 
 
 class Role(StrEnum):
     worker = "worker"
+    webhooks = "webhooks"
     scheduler = "scheduler"
+
+
+#: Threads of a deliveries worker (``durapay worker --webhooks``) unless ``--concurrency`` says otherwise:
+#: each attempt holds one for at most its deadline (``DURAPAY_WEBHOOKS__CONNECT_TIMEOUT + __TIMEOUT``).
+WEBHOOK_THREADS = 8
 
 
 class Pool(StrEnum):
@@ -94,34 +102,46 @@ class Pool(StrEnum):
 
 
 def worker(
-    pool: Annotated[Pool, typer.Option(help="Celery pool: prefork (default), threads or solo.")] = Pool.prefork,
-    concurrency: Annotated[int | None, typer.Option(min=1, help="Processes or threads (default: one per CPU).")] = None,
+    pool: Annotated[
+        Pool | None, typer.Option(help="Celery pool: prefork (the default for steps), threads (for --webhooks) or solo.")
+    ] = None,
+    concurrency: Annotated[
+        int | None, typer.Option(min=1, help=f"Processes or threads (default: one per CPU; --webhooks: {WEBHOOK_THREADS}).")
+    ] = None,
+    webhooks: Annotated[
+        bool, typer.Option("--webhooks", help="Deliver webhooks (their own queue) instead of running flow steps.")
+    ] = False,
     loglevel: Annotated[str, typer.Option(help="debug, info, warning, error.")] = "info",
     hostname: Annotated[str | None, typer.Option(help="Worker name (default: celery@<host>).")] = None,
     quiet: Annotated[bool, typer.Option("--quiet", help="No start-up banner (durapay dev's short log).")] = False,
     clock_key: ClockKey = None,
     as_json: JsonFlag = False,
 ) -> None:
-    """Run a Celery worker for the flows' step tasks (exits non-zero if it stops on a fatal error)."""
+    """Run a Celery worker for the flows' step tasks, or with --webhooks for webhook deliveries (exits
+    non-zero if it stops on a fatal error)."""
     out = Output(as_json)
+    role = Role.webhooks if webhooks else Role.worker
+    chosen = pool or (Pool.threads if webhooks else Pool.prefork)
     with runtime(out, clock_key, may_start_store=True) as rt:
-        if not _admitted(out, rt, "worker"):
+        if not _admitted(out, rt, role.value):
             return
         argv = [
             "worker",
-            f"--pool={pool.value}",
+            f"--pool={chosen.value}",
             f"--loglevel={loglevel}",
-            f"--queues={QUEUE}",
+            f"--queues={WEBHOOK_QUEUE if webhooks else QUEUE}",
             "--without-mingle",
             "--without-gossip",
         ]
-        if concurrency:
-            argv.append(f"--concurrency={concurrency}")
-        if hostname:
-            argv.append(f"--hostname={hostname}")
+        if concurrency or webhooks:
+            argv.append(f"--concurrency={concurrency or WEBHOOK_THREADS}")
+        if hostname or webhooks:
+            argv.append(f"--hostname={hostname or 'webhooks@%h'}")
         if quiet:
             argv.insert(0, "--quiet")  # celery's own option, before the command
-        _started(out, "worker", f"{pool.value} pool on {safe_url(rt.redis_url)}", pool=pool.value, redis=safe_url(rt.redis_url))
+        where = safe_url(rt.redis_url)
+        what = "webhook deliveries" if webhooks else "flow steps"
+        _started(out, role.value, f"{chosen.value} pool for {what} on {where}", pool=chosen.value, redis=where)
         code = run_worker(rt.celery, argv)
     if code:
         out.fail("worker_stopped", f"the worker stopped with exit status {code} (see its log)", code=code)
@@ -224,8 +244,13 @@ def api(
 
 
 def alive(
-    role: Annotated[Role, typer.Argument(help="worker (this host's worker) or scheduler (any scheduler).")],
-    name: Annotated[str | None, typer.Option(help="The worker's name (default: celery@<this host>).")] = None,
+    role: Annotated[
+        Role,
+        typer.Argument(help="worker (this host's worker), webhooks (this host's deliveries worker) or scheduler (any)."),
+    ],
+    name: Annotated[
+        str | None, typer.Option(help="The worker's name (default: celery@<this host>; webhooks: webhooks@<this host>).")
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON (errors too, on stderr).")] = False,
 ) -> None:
     """Exit 0 if the heartbeat is present, 1 if not: a container health check."""
@@ -236,6 +261,8 @@ def alive(
         key = rt.engine.keys.heartbeat(role.value)
         if role is Role.worker:
             key = rt.engine.keys.heartbeat(f"worker:{name or 'celery@' + socket.gethostname()}")
+        elif role is Role.webhooks:
+            key = rt.engine.keys.heartbeat(f"webhooks:{name or 'webhooks@' + socket.gethostname()}")
         present = bool(rt.redis.exists(key))
     if as_json:
         typer.echo(json.dumps({"role": role.value, "alive": present}))

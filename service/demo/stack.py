@@ -79,6 +79,8 @@ class DemoStack:
         self.api: ApiServer | None = None
         self.dispatcher: Dispatcher | None = None
         self.workers: dict[str, Child] = {}
+        #: The webhook deliveries' own worker (``durapay worker --webhooks``); it holds no step.
+        self.deliveries: Child | None = None
         self._worker_count = 0
         self._env: dict[str, str] = {}
 
@@ -112,6 +114,9 @@ class DemoStack:
         say("scheduler running")
         for _ in range(2):
             self.add_worker()
+        extra = ["--webhooks", "--concurrency", "4", "--loglevel", "warning", "--hostname", "demo-webhooks@%h"]
+        extra += ["--clock-key", self.clock_key]
+        self.deliveries = Child("worker", "demo-webhooks", self._env, self.log_dir, extra).start()
         self.wait_ready()
         say(f"workers running: {', '.join(self.workers)} (separate processes; logs in {self.log_dir})")
 
@@ -146,14 +151,14 @@ class DemoStack:
         return worker
 
     def wait_ready(self, timeout: float = 60.0) -> None:
-        """Until ``/readyz`` says Redis, a worker and the scheduler are alive."""
+        """Until ``/readyz`` says Redis, a worker, the deliveries worker and the scheduler are alive."""
         assert self.api is not None
         deadline = time.monotonic() + timeout
         with httpx.Client(base_url=self.api.url, headers={"X-Api-Key": self.api_key}, timeout=5) as http:
             while True:
                 if http.get("/readyz").status_code == 200:
                     return
-                dead = [w.name for w in self.workers.values() if not w.alive]
+                dead = [w.name for w in [*self.workers.values(), *([self.deliveries] if self.deliveries else [])] if not w.alive]
                 if dead:
                     raise RuntimeError(f"worker {dead[0]} exited; see {self.log_dir / (dead[0] + '.log')}")
                 if time.monotonic() > deadline:
@@ -169,9 +174,10 @@ class DemoStack:
         return None
 
     def stop(self) -> None:
-        for worker in self.workers.values():
+        for worker in [*self.workers.values(), *([self.deliveries] if self.deliveries else [])]:
             worker.stop()
         self.workers = {}
+        self.deliveries = None
         if self.dispatcher is not None:
             self.dispatcher.stop()
         if self.api is not None:

@@ -58,11 +58,12 @@ def live(redis_url: str, key_prefix: str, simulator: SimulatorServer) -> Iterato
     built.close()
 
 
-def test_readyz_needs_a_worker_and_a_scheduler_heartbeat(served: Served) -> None:
+def test_readyz_needs_a_worker_a_deliveries_worker_and_a_scheduler_heartbeat(served: Served) -> None:
     assert served.http.get("/healthz").status_code == 200
     answer = served.http.get("/readyz", headers=KEY)
     assert answer.status_code == 503
-    assert answer.json() == {"ready": False, "checks": {"redis": True, "worker": False, "scheduler": False}}
+    checks = {"redis": True, "worker": False, "webhooks": False, "scheduler": False}
+    assert answer.json() == {"ready": False, "checks": checks}
 
     Dispatcher(served.engine).tick()  # writes the scheduler heartbeat
     beat = Heartbeat(served.runtime.redis_url, served.engine.keys, "worker", "test-worker", interval=0.05).start()
@@ -71,9 +72,18 @@ def test_readyz_needs_a_worker_and_a_scheduler_heartbeat(served: Served) -> None
         while not served.engine.redis.exists(served.engine.keys.heartbeat("worker")):
             assert time.monotonic() < deadline
             time.sleep(0.02)
-        ready = served.http.get("/readyz", headers=KEY)
-        assert ready.status_code == 200
-        assert ready.json() == {"ready": True, "checks": {"redis": True, "worker": True, "scheduler": True}}
+        # Steps run, but without a deliveries worker no webhook is ever sent: not ready.
+        assert served.http.get("/readyz", headers=KEY).json()["checks"] == checks | {"worker": True, "scheduler": True}
+        hooks = Heartbeat(served.runtime.redis_url, served.engine.keys, "webhooks", "test-hooks", interval=0.05).start()
+        try:
+            while not served.engine.redis.exists(served.engine.keys.heartbeat("webhooks")):
+                assert time.monotonic() < deadline
+                time.sleep(0.02)
+            ready = served.http.get("/readyz", headers=KEY)
+            assert ready.status_code == 200
+            assert ready.json() == {"ready": True, "checks": dict.fromkeys(checks, True)}
+        finally:
+            hooks.stop()
     finally:
         beat.stop()
 

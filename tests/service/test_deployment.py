@@ -26,11 +26,13 @@ def test_every_durapay_variable_in_compose_is_a_setting() -> None:
 def test_compose_runs_every_process_type_with_health_checks_and_aof() -> None:
     compose = (ROOT / "docker-compose.yml").read_text()
     services = re.findall(r"^  ([a-z]+):\n", compose.split("\nservices:\n", 1)[1], re.M)
-    assert set(services) == {"valkey", "worker", "scheduler", "api", "simulator", "flower"}
+    assert set(services) == {"valkey", "worker", "webhooks", "scheduler", "api", "simulator", "flower"}
     assert compose.count("healthcheck:") == len(services)
     assert "--appendonly" in compose and "--appendfsync" in compose
     for command in ('"worker"', '"scheduler"', '"api"', '"simulator"'):
         assert f"command: [{command}" in compose
+    # Webhook deliveries run on workers of their own (issue 37): a slow endpoint never holds a step's thread.
+    assert 'command: ["worker", "--webhooks"' in compose and '"alive", "webhooks"' in compose
 
 
 def test_the_image_installs_every_package_and_runs_durapay() -> None:

@@ -92,7 +92,7 @@ def fuzzed_app(redis_url: str) -> Iterator[FastAPI]:
     settings = service_settings("fz" + uuid.uuid4().hex[:8], api={"start_wait_seconds": 0})
     built = build_runtime(settings, redis_url=redis_url)
     built.engine.sender = None
-    for role in ("worker", "scheduler"):  # a deployment that is ready: /readyz answers 200
+    for role in ("worker", "webhooks", "scheduler"):  # a deployment that is ready: /readyz answers 200
         built.engine.redis.set(built.engine.keys.heartbeat(role), "1", ex=3600)
     yield create_app(built)
     built.close()

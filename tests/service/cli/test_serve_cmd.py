@@ -1,4 +1,5 @@
-"""``durapay api``, ``durapay worker`` and ``durapay scheduler`` as real processes, working together.
+"""``durapay api``, ``durapay worker`` (steps, and ``--webhooks``: deliveries) and ``durapay scheduler`` as
+real processes, working together.
 
 The three are started as an operator would (same ``DURAPAY_*`` variables), against the simulator; the
 test waits on conditions (a port answering, ``/readyz``), never on a bare sleep. Then flows started
@@ -20,6 +21,7 @@ from typing import Any
 import httpx
 import pytest
 
+from bench._webhook_receiver import WebhookReceiver
 from durapay.config.embedded import free_port
 from durapay.simulator import SimulatorConfig, SimulatorServer
 from tests.service.cli.conftest import API_KEY, DURAPAY, invoke
@@ -85,7 +87,11 @@ def test_api_worker_and_scheduler_run_flows_together(
     port = free_port()
     api = f"http://127.0.0.1:{port}"
     key = {"X-Api-Key": API_KEY}
-    with SimulatorServer(SimulatorConfig(seed=5, auto_complete_ms=300, notify_backoff_ms=50)) as sim:
+    with (
+        SimulatorServer(SimulatorConfig(seed=5, auto_complete_ms=300, notify_backoff_ms=50)) as sim,
+        WebhookReceiver() as receiver,
+    ):
+        monkeypatch.setenv("DURAPAY_WEBHOOKS__ALLOW_PRIVATE", "true")
         monkeypatch.setenv("DURAPAY_GATEWAY__BASE_URL", sim.base_url)
         monkeypatch.setenv("DURAPAY_RECEIVER__PUBLIC_URL", f"{api}/notifications")
         monkeypatch.setenv("DURAPAY_ENGINE__LEASE_SECONDS", "10")
@@ -94,11 +100,15 @@ def test_api_worker_and_scheduler_run_flows_together(
         processes.start("api", "api", "--port", str(port))
         wait_until(lambda: answers(f"{api}/healthz", 200), 30, "durapay api to listen")
         not_ready = httpx.get(f"{api}/readyz", headers=key).json()
-        assert not_ready["checks"] == {"redis": True, "worker": False, "scheduler": False}
+        assert not_ready["checks"] == {"redis": True, "worker": False, "webhooks": False, "scheduler": False}
+        added = httpx.post(f"{api}/webhooks", headers=key, json={"url": receiver.url}).json()
+        receiver.secrets = [added["secret"]]
 
         processes.start("worker", "worker", "--concurrency", "2", "--loglevel", "warning")  # prefork, the default
+        processes.start("webhooks", "worker", "--webhooks", "--concurrency", "2", "--loglevel", "warning")
         processes.start("scheduler", "scheduler", "--interval", "0.1")
-        wait_until(lambda: answers(f"{api}/readyz", 200, headers=key), 60, "a worker and a scheduler heartbeat")
+        wait_until(lambda: answers(f"{api}/readyz", 200, headers=key), 60, "the workers' and a scheduler's heartbeats")
+        assert invoke("alive", "webhooks").exit_code == 0, "the deliveries worker's own heartbeat"
 
         card = {"pan": "4349940199004549", "expiryDate": "1230", "cvv": "123"}
         paid = invoke(
@@ -128,6 +138,10 @@ def test_api_worker_and_scheduler_run_flows_together(
         metrics = wait_until(timed_metrics, 30, "the step timed in a prefork child")
         assert 'durapay_notifications_total{outcome="accepted"} 1' in metrics
 
+        # The deliveries worker sent the flows' events (the steps' worker consumes no delivery).
+        wait_until(lambda: {"flow.succeeded"} <= {body["type"] for body in receiver.applied.values()}, 30, "events delivered")
+        assert receiver.refused == 0
+        assert processes.stop("webhooks") == 0
         assert processes.stop("scheduler") == 0
         assert "durapay scheduler: stopped" in processes.log("scheduler")
         assert processes.stop("worker") == 0
