@@ -6,6 +6,7 @@ they are never assertions in tests (machines are shared and noisy).
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -19,6 +20,7 @@ import httpx
 
 from durapay.config import GATEWAY_PATH_PREFIX, Settings, load_settings
 from durapay.config.embedded import EmbeddedValkey, free_port
+from durapay.workflows.cards import new_key
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -85,9 +87,14 @@ def set_latency(root: str, latency_ms: int) -> None:
     httpx.post(root + "/_sim/faults", json={"latency_ms": latency_ms}, timeout=5).raise_for_status()
 
 
+#: The benchmarks' card key (card data is written to Redis only sealed, ``workflows.cards``).
+BENCH_CARD_KEY = new_key("bench")
+
+
 def bench_settings(sim_root: str, redis_url: str, prefix: str = "bench") -> Settings:
     return load_settings(
         {
+            "card": {"keys": [BENCH_CARD_KEY]},
             "redis_url": redis_url,
             "gateway": {"base_url": sim_root + GATEWAY_PATH_PREFIX},
             "engine": {"key_prefix": prefix},
@@ -105,6 +112,7 @@ def child_env(settings: Settings) -> dict[str, str]:
             "DURAPAY_GATEWAY__BASE_URL": settings.gateway.base_url,
             "DURAPAY_ENGINE__KEY_PREFIX": settings.engine.key_prefix,
             "DURAPAY_RECEIVER__PUBLIC_URL": settings.receiver.public_url,
+            "DURAPAY_CARD__KEYS": json.dumps([key.get_secret_value() for key in settings.card.keys]),
         }
     )
     return env

@@ -11,6 +11,8 @@ naming the variable and the problem, e.g.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import difflib
 import json
 import math
@@ -405,6 +407,47 @@ class EventsSettings(_Group):
     _older = _days_to_duration("retention", 10, 90 * DAY)
 
 
+#: A card key's id: short, no dot (it separates the sealed form's parts, ``workflows.cards``).
+CARD_KEY_ID = re.compile(r"^[A-Za-z0-9_-]{1,32}$")
+CARD_KEY_BYTES = 32
+
+
+def parse_card_key(text: str) -> tuple[str, bytes]:
+    """A ``DURAPAY_CARD__KEYS`` entry, ``<id>:<base64 of 32 bytes>``, as (id, key); a ValueError that
+    names the entry by its id and never quotes the key."""
+    key_id, colon, encoded = text.strip().partition(":")
+    if not colon or not CARD_KEY_ID.match(key_id):
+        raise ValueError("each key is <id>:<base64 of 32 bytes>, its id of letters, digits, '-' or '_' (1-32)")
+    try:
+        secret = base64.urlsafe_b64decode(encoded + "=" * (-len(encoded) % 4))
+    except (binascii.Error, ValueError):
+        raise ValueError(f"key {key_id!r}: not base64") from None
+    if len(secret) != CARD_KEY_BYTES:
+        raise ValueError(f"key {key_id!r}: {len(secret)} bytes, not {CARD_KEY_BYTES} (AES-256)")
+    return key_id, secret
+
+
+class CardSettings(_Group):
+    """Card data at rest (``workflows.cards``): the keys it is sealed with before it is written to Redis."""
+
+    keys: list[SecretStr] = Field(
+        default_factory=list,
+        description="AES-256 keys, JSON list of `<id>:<base64 of 32 bytes>`: the first seals, any opens (rotation). "
+        "Without one a flow carrying card data is refused. Never stored in Redis.",
+    )
+
+    @field_validator("keys")
+    @classmethod
+    def _keys(cls, value: list[SecretStr]) -> list[SecretStr]:
+        seen: set[str] = set()
+        for entry in value:
+            key_id, _ = parse_card_key(entry.get_secret_value())
+            if key_id in seen:
+                raise ValueError(f"key id {key_id!r} appears twice (each key needs an id of its own)")
+            seen.add(key_id)
+        return value
+
+
 class ConfiguredEndpoint(_Group):
     """A webhook endpoint declared in the settings (``DURAPAY_WEBHOOKS__ENDPOINTS``, a JSON list)."""
 
@@ -555,6 +598,7 @@ class Settings(BaseSettings):
     reconcile: ReconcileSettings = ReconcileSettings()
     pause: PauseSettings = PauseSettings()
     bulk: BulkSettings = BulkSettings()
+    card: CardSettings = CardSettings()
 
     @field_validator("redis_url", "broker_url")
     @classmethod

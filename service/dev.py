@@ -19,6 +19,8 @@ The same watch starts again a service that exited. Restarts are bounded (:data:`
 
 The operator key is ``DURAPAY_API__KEY`` when set, else one generated once and kept in
 ``<data dir>/dev/operator-key`` (readable by its owner only), so that a script keeps working across runs.
+The card key likewise: ``DURAPAY_CARD__KEYS`` when set, else one kept in ``<data dir>/dev/card-keys``
+(card data is written to Redis only sealed with it, ``workflows.cards``).
 Ports: 8780 (API) and 8781 (simulator) when free, else free ones.
 
 **dev tells the other commands of its folder its settings.** The ``DURAPAY_*`` variables it gives its
@@ -33,6 +35,7 @@ variables exported again. The file goes when dev stops; one whose process is gon
 
 from __future__ import annotations
 
+import json
 import os
 import secrets
 import threading
@@ -50,6 +53,7 @@ from durapay.config.settings import TOOL_PREFIX, TOOL_VARIABLES
 from durapay.service.processes import Child, Sink, port_or_free
 from durapay.service.runtime import embedded_folder, restart_embedded, start_embedded, stop_embedded
 from durapay.simulator import SimulatorConfig
+from durapay.workflows.cards import kept_keys
 
 #: Where dev keeps its logs, the simulator's state and the generated operator key, under the data folder.
 DEV_FOLDER = "dev"
@@ -197,6 +201,8 @@ class DevStack:
         api_url = f"http://127.0.0.1:{api_port}"
         simulator_root = f"http://127.0.0.1:{sim_port}"
         key = operator_key(self.settings, self.log_dir)
+        # Card data is written to Redis only sealed: the configured keys, else one kept in the dev folder.
+        card_keys = [entry.get_secret_value() for entry in self.settings.card.keys] or kept_keys(self.log_dir, make=True)
         env = dict(os.environ)
         env.update(
             {
@@ -209,6 +215,7 @@ class DevStack:
                 _env_name("api", "host"): "127.0.0.1",
                 _env_name("api", "port"): str(api_port),
                 _env_name("api", "key"): key,
+                _env_name("card", "keys"): json.dumps(card_keys),
             }
         )
         publish_settings(self.log_dir, env)

@@ -19,7 +19,7 @@ Every refusal is ``{"error": <code>, "reason": <one line>}`` plus ``"field"`` fo
 range: refused at the input boundary) included; ``field`` names it (``order.amount``, ``query.limit``,
 ``header.Idempotency-Key``, ``(path)``, ``(body)``) |
 | 500 | ``internal`` | a bug: logged on the server with a reference, never shown |
-| 503 | ``unavailable`` | Redis unreachable, or not ready |
+| 503 | ``unavailable`` | Redis unreachable, or not ready, or a card-carrying start with no card key configured |
 
 There is no 400: a body that cannot be parsed is invalid input like any other (422, field ``(body)``).
 """
@@ -41,6 +41,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from durapay.gateway import error_field
 from durapay.gateway._strict import did_you_mean
 from durapay.service.inbound import shown
+from durapay.workflows.cards import CardKeyMissing
 from durapay.workflows.durability import NotDurable
 from durapay.workflows.sensitive import mask_text
 
@@ -199,6 +200,12 @@ def install_error_handlers(app: FastAPI) -> None:
     async def _not_durable(request: Request, exc: NotDurable) -> JSONResponse:
         log.warning("%s %s: %s", request.method, request.url.path, exc)
         return error_response(503, "unavailable", "the write could not be made durable in time; try again")
+
+    @app.exception_handler(CardKeyMissing)
+    async def _card_key(request: Request, exc: CardKeyMissing) -> JSONResponse:
+        # A configuration error of this deployment, not of the request: nothing was written; retry once set.
+        log.error("%s %s: %s", request.method, request.url.path, exc)
+        return error_response(503, "unavailable", str(exc))
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> JSONResponse:

@@ -10,6 +10,7 @@ it, each line named by its process). :func:`settings_env` gives a child exactly 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import socket
@@ -53,6 +54,9 @@ def settings_env(settings: Settings) -> dict[str, str]:
         for name, value in getattr(settings, group):
             raw = value.get_secret_value() if hasattr(value, "get_secret_value") else value
             env[f"{ENV_PREFIX}{group.upper()}{ENV_NESTED_DELIMITER}{name.upper()}"] = str(raw)
+    # The card keys (a JSON list): a child opens the card data its parent sealed.
+    keys = [key.get_secret_value() for key in settings.card.keys]
+    env[f"{ENV_PREFIX}CARD{ENV_NESTED_DELIMITER}KEYS"] = json.dumps(keys)
     return env
 
 

@@ -33,16 +33,18 @@ from typing import Any
 from celery import Celery
 from kombu.connection import ConnectionPool
 from kombu.utils.functional import lazy
+from pydantic import SecretStr
 
 from durapay.config.celery import make_celery
 from durapay.config.connect import open_redis
 from durapay.config.embedded import SERVER_FILE, EmbeddedValkey, running_embedded
-from durapay.config.settings import Settings, SettingsError, load_settings
+from durapay.config.settings import CardSettings, Settings, SettingsError, load_settings
 from durapay.gateway import GatewayClient
 from durapay.service.heartbeat import install_worker_heartbeat
 from durapay.service.metrics import StepMetrics
 from durapay.tasks.celery_tasks import CelerySender, register_bulk_task, register_tasks, register_webhook_task
 from durapay.workflows.bulk import BulkActions
+from durapay.workflows.cards import kept_keys
 from durapay.workflows.clock import Clock, ServerClock
 from durapay.workflows.durability import Durability, EarlyWaitaof, early_waitaof_risk
 from durapay.workflows.engine import Engine
@@ -191,6 +193,7 @@ def build_runtime(
     A build that fails releases what it had opened, and stops the embedded Valkey it started (else it
     ran on, recorded in ``server.json``, after ``durapay.connect`` raised)."""
     install_log_masking()
+    settings = _dev_card_keys(settings)
     with contextlib.ExitStack() as opened:
         embedded = None
         if redis_url is None:
@@ -200,6 +203,18 @@ def build_runtime(
         runtime = _build(settings, redis_url, embedded, opened, clock=clock, rng=rng, flows=flows)
         opened.pop_all()  # built: the runtime's close releases them
         return runtime
+
+
+def _dev_card_keys(settings: Settings) -> Settings:
+    """``settings`` with the card key ``durapay dev`` keeps (``<data dir>/dev/card-keys``) when none is
+    configured and the store is the data folder's own embedded Valkey (no ``DURAPAY_REDIS_URL``): a script
+    or a CLI command beside ``durapay dev`` opens and seals the cards its workers do. Never otherwise."""
+    if settings.card.keys or settings.redis_url:
+        return settings
+    kept = kept_keys(Path(settings.data_dir) / "dev", make=False)
+    if not kept:
+        return settings
+    return settings.model_copy(update={"card": CardSettings(keys=[SecretStr(entry) for entry in kept])})
 
 
 def _build(

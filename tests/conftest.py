@@ -43,6 +43,10 @@ sys.meta_path.insert(0, BareNames())
 # reading the simulator and writing marks and events no test asked for. The tests that mean it turn it
 # on (tests/workflows/reconciliation/test_daily.py); the default is checked there with this unset.
 os.environ["DURAPAY_RECONCILE__DAILY"] = "false"
+# Card data is written to Redis only sealed, and a card-carrying start without a key is refused
+# (workflows.cards): the tests' processes (and their children) share one test key. A fixed key, no
+# secret: the tests that mean no key (tests/workflows/test_cards.py) set the settings' own.
+os.environ.setdefault("DURAPAY_CARD__KEYS", '["test:' + "ZHVyYXBheSB0ZXN0IGNhcmQga2V5LCAzMiBieXRlcyE" + '"]')
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -32,6 +32,8 @@ from durapay.gateway import GatewayClient, customer_payment, describe_validation
 from durapay.tasks.outcomes import Outcome
 from durapay.tasks.retry import RetryPolicy
 from durapay.workflows import operator_actions
+from durapay.workflows.cards import SETTING as CARD_SETTING
+from durapay.workflows.cards import CardKeyMissing, CardVault, carries
 from durapay.workflows.clock import Clock, ManualClock, SystemClock
 from durapay.workflows.durability import Durability, NotDurable
 from durapay.workflows.errors import ChangedSince, OperatorError
@@ -128,6 +130,8 @@ class Engine:
         self.clock = clock or SystemClock()
         self.keys = keys or Keys(prefix=settings.engine.key_prefix, partitions=settings.engine.partitions)
         engine_settings = settings.engine
+        #: Card data at rest (``workflows.cards``): sealed by the store, opened for a step's request.
+        self.cards = CardVault.from_settings(settings.card)
         self.store = FlowStore(
             client,
             self.keys,
@@ -135,6 +139,7 @@ class Engine:
             lambda: Durability.resolve(
                 client, engine_settings.sync_aof, engine_settings.sync_replicas, engine_settings.sync_timeout
             ),
+            cards=self.cards,
         )
         self.retry_policy = RetryPolicy.from_settings(settings.retry, rng)
         self.lease = settings.engine.lease_seconds
@@ -356,6 +361,12 @@ class Engine:
                 "run_at",
                 f"a flow carrying card data may wait at most {delay:g}s (DURAPAY_ENGINE__MAX_CARD_DELAY_SECONDS): its "
                 f"card, CVV included, is kept until it runs; this is {run_at - now:.0f}s ahead",
+            )
+        if not self.cards.configured and carries(wire):
+            # Before anything is written: card data reaches Redis only sealed (the store refuses too).
+            raise CardKeyMissing(
+                f"a {kind} flow carries card data, which is written to Redis only encrypted, and {CARD_SETTING} is not "
+                "set: set it on every durapay process (docs/security.md, Card data at rest; `durapay cards new-key`)"
             )
         key = key or (definition.start_key(model) if definition.start_key else None)
         flow_id = derived_id("f", kind, key) if key else "f" + uuid.uuid4().hex[:24]
@@ -583,7 +594,7 @@ class Engine:
             return Change(FlowState.READY, "retry requested (reconcile first)", fields, due=now + self.safety)
         if record.state is FlowState.FAILED:
             try:
-                model = definition.input_model.model_validate(record.input)
+                model = definition.input_model.model_validate(self.cards.open(flow_id, record.input))
             except ValidationError:
                 raise OperatorError(
                     f"flow {flow_id}: its card data was erased when it ended; start a new flow with the card"

@@ -34,6 +34,7 @@ from durapay.gateway import BY_NAME, describe_validation_error, reported_payment
 from durapay.tasks.outcomes import Advance, Attention, Defer, Finish, Held, NewOrder, Outcome, Poll, Retry, Sleep, Wait
 from durapay.tasks.runner import LeaseLost, NothingMoved, StepContext, run_step, settle
 from durapay.workflows import inflight
+from durapay.workflows.cards import CardKeyMissing, CardUnreadable
 from durapay.workflows.durability import NotDurable
 from durapay.workflows.flows._common import operation_of
 from durapay.workflows.keys import step_idempotency_key
@@ -191,7 +192,15 @@ class StepProtocol:
         engine = self.engine
         definition = engine.registry[claimed.kind]
         try:
-            model = self._typed_input(definition, claimed.fields.get("input") or "{}", claimed.input)
+            model = self._typed_input(definition, claimed, claimed.fields.get("input") or "{}")
+        except (CardKeyMissing, CardUnreadable) as exc:  # its card key is not configured here (or was removed)
+            bad = Change(
+                FlowState.NEEDS_ATTENTION,
+                f"{step_name}: the card data does not open: {exc}",
+                {"lease_until": None, "lease_owner": None, "error": compact_json({"type": type(exc).__name__})},
+            )
+            stopped = engine.store.transition(claimed, bad, now=now, by=owner)
+            return "lost-race" if stopped is None else str(stopped.state)
         except ValidationError as exc:  # an input the flow's model no longer accepts (a changed release)
             field, reason = describe_validation_error(exc)
             bad = Change(
@@ -227,14 +236,15 @@ class StepProtocol:
             engine.targets.prepare(claim, target)
         return claim
 
-    def _typed_input(self, definition: FlowDefinition, text: str, data: Mapping[str, Any]) -> Any:
-        """The stored input as its model, read once per process and input: every step of a flow reads
-        the same input, and validating it again at each step was a visible share of a step's CPU.
-        (Steps never change their input; card data is erased only once the flow has ended.)"""
+    def _typed_input(self, definition: FlowDefinition, record: FlowRecord, text: str) -> Any:
+        """The stored input as its model, its card data opened (``workflows.cards``: it is stored
+        sealed), read once per process and input: every step of a flow reads the same input, and
+        validating it again at each step was a visible share of a step's CPU. (Steps never change their
+        input; card data is erased only once the flow has ended.) In this process's memory only."""
         key = (definition.kind, text)
         model = self._inputs.get(key)
         if model is None:
-            model = definition.input_model.model_validate(data)
+            model = definition.input_model.model_validate(self.engine.cards.open(record.id, record.input))
             with self._inputs_lock:
                 if len(self._inputs) >= INPUT_CACHE:
                     self._inputs.pop(next(iter(self._inputs)))

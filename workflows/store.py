@@ -28,6 +28,7 @@ from typing import Any, NamedTuple
 
 import redis
 
+from durapay.workflows.cards import CardVault, presented
 from durapay.workflows.compact import is_chunk, joined, unpack
 from durapay.workflows.durability import Durability
 from durapay.workflows.keys import Keys
@@ -199,7 +200,7 @@ class FlowRecord:
         keep = self.identifiers
         return replace(
             self,
-            input=mask(self.input, keep),
+            input=mask(presented(self.input), keep),
             outputs=mask(self.outputs, keep),
             error=mask(self.error, keep),
             wait=mask(self.wait, keep),
@@ -223,7 +224,7 @@ class FlowRecord:
             "due": self.due,
             "order_id": self.order_id,
             "customer_url": self.customer_url or None,
-            "input": self.input,
+            "input": presented(self.input),  # sealed card data shown by its masked fields only
             "outputs": self.outputs,
             "error": self.error,
             "wait": self.wait,
@@ -351,8 +352,11 @@ class FlowStore:
         durability: Durability | Callable[[], Durability] | None = None,
         *,
         events: bool = True,
+        cards: CardVault | None = None,
     ) -> None:
         self.redis: Any = client
+        #: Seals the card data of every input written (``workflows.cards``): none reaches Redis in the clear.
+        self.cards = cards or CardVault([])
         self.pins = Pins(client)
         self.events = "1" if events else ""
         self.keys = keys
@@ -460,12 +464,12 @@ class FlowStore:
         Raises StartConflict when the flow exists with a different input (a start key reused), and
         OrderHeld (nothing written) when its order lookup names another flow.
         """
-        keys, args, digest = self._create_call(new, now=now, by=by, safety=safety)
-        outcome = self._created(new, digest, self._create(keys=keys, args=args))
+        keys, args, digests = self._create_call(new, now=now, by=by, safety=safety)
+        outcome = self._created(new, digests, self._create(keys=keys, args=args))
         if isinstance(outcome, StartConflict | OrderHeld):
             raise outcome
         if outcome.flow:  # the script wrote exactly these fields: no need to read them back
-            return FlowRecord.from_fields({**json.loads(args[2]), "input_hash": digest}), outcome
+            return FlowRecord.from_fields({**json.loads(args[2]), "input_hash": digests[0]}), outcome
         record = self.get(new.flow_id)
         assert record is not None
         return record, outcome
@@ -476,23 +480,24 @@ class FlowStore:
         """:meth:`create` for many flows in one round trip (the scheduler's batches): per flow, what it
         wrote, or the StartConflict or OrderHeld it raised."""
         pipe = ScriptPipeline(self.redis)
-        digests = []
+        accepted = []
         for new in news:
-            keys, args, digest = self._create_call(new, now=now, by=by, safety=safety)
+            keys, args, digests = self._create_call(new, now=now, by=by, safety=safety)
             pipe.call(self._create, keys, args)
-            digests.append(digest)
-        return [self._created(new, digest, reply) for new, digest, reply in zip(news, digests, pipe.execute(), strict=True)]
+            accepted.append(digests)
+        return [self._created(new, digests, reply) for new, digests, reply in zip(news, accepted, pipe.execute(), strict=True)]
 
     @staticmethod
-    def _created(new: NewFlow, digest: str, reply: Sequence[Any]) -> Created | StartConflict | OrderHeld:
+    def _created(new: NewFlow, digests: Sequence[str], reply: Sequence[Any]) -> Created | StartConflict | OrderHeld:
+        """``digests``: the input hashes a repeated start may match (``CardVault.digests``: one per card key)."""
         created, stored_hash, pointed = reply
         if created == 2:
             return OrderHeld(new.order_id, stored_hash.decode())
-        if not created and stored_hash.decode() != digest:
+        if not created and stored_hash.decode() not in digests:
             return StartConflict(f"key {new.start_key or new.flow_id!r} was used to start a different {new.kind} flow")
         return Created(bool(created), bool(pointed))
 
-    def _create_call(self, new: NewFlow, *, now: float, by: str, safety: float) -> tuple[list[str], list[str], str]:
+    def _create_call(self, new: NewFlow, *, now: float, by: str, safety: float) -> tuple[list[str], list[str], list[str]]:
         run_at = new.run_at
         state = FlowState.SLEEPING if run_at is not None and run_at > now else FlowState.READY
         due = run_at if state is FlowState.SLEEPING and run_at is not None else now + safety
@@ -506,7 +511,8 @@ class FlowStore:
             "created": repr(now),
             "updated": repr(now),
             "due": repr(due),
-            "input": compact_json(new.data),
+            # Card data sealed (CardKeyMissing, nothing written, when no key is configured).
+            "input": compact_json(self.cards.seal(new.flow_id, new.data)),
         }
         if new.order_id:
             fields["order_id"] = new.order_id
@@ -516,7 +522,7 @@ class FlowStore:
             fields["owner"] = new.owner
         if new.note:
             fields["note"] = new.note
-        digest = input_hash(new.kind, new.data, new.when)
+        digests = self.cards.digests(new.data, lambda data: input_hash(new.kind, data, new.when))
         what = "created" if state is FlowState.READY else "created to run later"
         entry = self._entry(now, None, state, new.first_step, by, what)
         partition = self.keys.partition(new.flow_id)
@@ -530,8 +536,8 @@ class FlowStore:
         ]
         if new.order_id and not self.pins.cluster:
             keys.append(self.keys.order(new.order_id))
-        args = [new.flow_id, repr(now), compact_json(fields), entry, digest, repr(due), self.events]
-        return keys, args, digest
+        args = [new.flow_id, repr(now), compact_json(fields), entry, digests[0], repr(due), self.events]
+        return keys, args, digests
 
     def transition(self, record: FlowRecord, change: Change, *, now: float, by: str) -> FlowRecord | None:
         """Write ``change`` if ``record`` is still current; None when another writer got there first.

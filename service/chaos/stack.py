@@ -35,6 +35,7 @@ from durapay.service.processes import Child, settings_env
 from durapay.service.runtime import Runtime, build_runtime
 from durapay.service.server import ApiServer
 from durapay.simulator import SimulatorConfig, SimulatorServer
+from durapay.workflows.cards import new_key
 
 #: The gateway client's timeout: a "hang" fault holds a request longer than this.
 GATEWAY_TIMEOUT = 2.0
@@ -132,6 +133,8 @@ class ChaosStack:
             # The run checks the ledger itself at its end (service.chaos.reconcile); a daily run of its
             # scheduler would add marks and events of its own to what the run judges.
             "reconcile": {"daily": False},
+            # Its own store, a key of its own for the run (card data is written to Redis only sealed).
+            "card": {"keys": [key.get_secret_value() for key in self.base.card.keys] or [new_key("chaos")]},
         }
         # Groups the children are not given by settings_env are written to their environment here too.
         own = {"schedules": {"check_seconds": CHECK_SECONDS}}

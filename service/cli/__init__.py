@@ -48,6 +48,7 @@ COMMAND_MODULES: dict[str, tuple[str, ...]] = {
     "durapay.service.cli.serve_cmd": ("alive", "worker", "scheduler", "api"),
     "durapay.service.cli.chaos_cmd": ("chaos",),
     "durapay.service.cli.config_cmd": ("config",),
+    "durapay.service.cli.cards_cmd": ("cards",),
     "durapay.service.cli.endpoints": ("endpoints",),
     "durapay.service.cli.simulator_cmd": ("simulator",),
 }

@@ -110,6 +110,8 @@ class Output:
         import redis
 
         from durapay.config.settings import SettingsError
+        from durapay.workflows.cards import SETTING as CARD_SETTING
+        from durapay.workflows.cards import CardKeyMissing, CardUnreadable
         from durapay.workflows.durability import EarlyWaitaof
         from durapay.workflows.engine import InputError, NotFound, OperatorError
         from durapay.workflows.signals import SignalRefused
@@ -127,6 +129,8 @@ class Output:
             self.fail("conflict", str(exc))
         except EarlyWaitaof as exc:
             self.fail("configuration", str(exc), field=exc.setting, human=str(exc))
+        except (CardKeyMissing, CardUnreadable) as exc:
+            self.fail("configuration", str(exc), field=CARD_SETTING, human=f"configuration error: {exc}")
         except redis.RedisError as exc:
             self.fail("unavailable", f"Redis unavailable ({exc}); check DURAPAY_REDIS_URL")
         except BadOption as exc:

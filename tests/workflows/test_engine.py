@@ -312,7 +312,9 @@ def test_card_secrets_are_erased_when_the_flow_ends(make_engine: Any) -> None:
 
     engine, _ = make_engine(FlowDefinition("demo", Strict, (ScriptedStep("pay", outcomes=[Finish(False, "declined")]),), summary))
     record = engine.start("demo", {"card": {"pan": "4349940199004549", "expiryDate": "1230", "cvv": "123"}})
-    assert engine.get(record.id).input["card"]["cvv"] == "123", "kept while the flow needs it"
+    stored = engine.get(record.id).input
+    assert "sealed" in stored["card"] and stored["card"]["cvv"] == "***", "kept sealed while the flow needs it"
+    assert engine.cards.open(record.id, stored)["card"]["cvv"] == "123", "and opened for the step"
     assert engine.run_step(record.id, "pay") == "failed"
     assert engine.get(record.id).input == {"card": {"pan": "434994******4549"}}
     with pytest.raises(OperatorError, match="card data was erased"):

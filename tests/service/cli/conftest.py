@@ -29,10 +29,12 @@ def broker_of(redis_url: str) -> str:
 
 @pytest.fixture
 def cli_env(monkeypatch: pytest.MonkeyPatch, redis_url: str, key_prefix: str, tmp_path: Path) -> dict[str, str]:
+    card_keys = os.environ["DURAPAY_CARD__KEYS"]  # the suite's key (tests/conftest.py)
     for name in list(os.environ):
         if name.startswith("DURAPAY_"):
             monkeypatch.delenv(name)
     values = {
+        "DURAPAY_CARD__KEYS": card_keys,
         "DURAPAY_REDIS_URL": redis_url,
         "DURAPAY_BROKER_URL": broker_of(redis_url),
         "DURAPAY_ENGINE__KEY_PREFIX": key_prefix,

@@ -7,6 +7,7 @@ jitter is seeded (``SEED_BASE`` and the worker's name), so a rerun of a test dra
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -38,6 +39,7 @@ def settings_env(settings: Settings, redis_url: str) -> dict[str, str]:
                     continue
                 env[f"{ENV_PREFIX}{group.upper()}{ENV_NESTED_DELIMITER}{name.upper()}"] = str(value)
     env[f"{ENV_PREFIX}GATEWAY{ENV_NESTED_DELIMITER}API_KEY"] = settings.gateway.api_key.get_secret_value()
+    env[f"{ENV_PREFIX}CARD{ENV_NESTED_DELIMITER}KEYS"] = json.dumps([key.get_secret_value() for key in settings.card.keys])
     env["PYTHONPATH"] = str(ROOT)
     return env
 
