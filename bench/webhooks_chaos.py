@@ -67,8 +67,10 @@ def child_env(settings: Settings, redis_url: str) -> dict[str, str]:
     return env
 
 
-def start_worker(env: dict[str, str], name: str, log: Path) -> subprocess.Popen[bytes]:
+def start_worker(env: dict[str, str], name: str, log: Path, *, webhooks: bool = True) -> subprocess.Popen[bytes]:
+    """A ``durapay worker`` child: the deliveries' (``--webhooks``, the one killed) or the steps'."""
     command = [sys.executable, "-c", "from durapay.service.cli import main; main()", "worker", "--pool", "threads"]
+    command += ["--webhooks"] if webhooks else []
     command += ["--concurrency", "8", "--loglevel", "warning", "--hostname", f"{name}@%h"]
     with log.open("ab") as out:
         return subprocess.Popen(command, env=env, cwd=ROOT, stdout=out, stderr=out)
@@ -118,7 +120,9 @@ def run(
         receiver.answer = answer
         receiver.down()
         came_up = time.monotonic() + down
+        # The deliveries' worker (killed below) and the steps' (deliveries run apart from payment steps).
         workers = [start_worker(env, "chaos-a", log_dir / "worker-a.log")]
+        workers.append(start_worker(env, "chaos-steps", log_dir / "worker-steps.log", webhooks=False))
         dispatcher = Dispatcher(runtime.engine, interval=0.05, tickers=[runtime.webhooks.tick], name="chaos-scheduler").start()
         killed = False
         try:

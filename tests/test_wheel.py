@@ -146,6 +146,7 @@ def stack(installed: Installed, project: Path, tmp_path: Path) -> Iterator[dict[
         "SHOP_DURAPAY_URL": f"http://127.0.0.1:{port}",
         "DURAPAY_ENGINE__LEASE_SECONDS": "10",
         "DURAPAY_GATEWAY__TIMEOUT": "5",
+        "DURAPAY_CARD__KEYS": os.environ["DURAPAY_CARD__KEYS"],  # a deployment's card key (docs/security.md)
     }
     running: list[subprocess.Popen[bytes]] = []
     try:

@@ -88,6 +88,7 @@ class ChaosStack:
         self.api: ApiServer | None = None
         self.workers: list[Child] = []
         self.scheduler: Child | None = None
+        self.deliveries: Child | None = None
         self.env: dict[str, str] = {}
         #: With the crash model: whether the server's WAITAOF waits for the fsync (None: not checked).
         self.waitaof_honest: bool | None = None
@@ -151,6 +152,9 @@ class ChaosStack:
         self.api = ApiServer(create_app(self.runtime), "127.0.0.1", api_port).start()
         say(f"receiver at {self.api.url}")
         self.scheduler = Child("scheduler", "scheduler", self.env, self.log_dir, []).start()
+        # Webhook deliveries on a worker of their own (never killed: the campaign's faults are the steps').
+        delivering = ["--webhooks", "--concurrency", "4", "--loglevel", "warning", "--hostname", "chaos-webhooks@%h"]
+        self.deliveries = Child("worker", "chaos-webhooks", self.env, self.log_dir, delivering).start()
         for _ in range(2):
             self.add_worker()
         say(f"scheduler and {len(self.workers)} workers running (logs in {self.log_dir})")
@@ -232,11 +236,11 @@ class ChaosStack:
     def stop(self) -> None:
         # The children stop at once, side by side: one after another, each a few seconds of Celery's
         # warm shutdown, they took 14 s of a short run.
-        children = [*self.workers, *([self.scheduler] if self.scheduler else [])]
+        children = [*self.workers, *([self.scheduler] if self.scheduler else []), *([self.deliveries] if self.deliveries else [])]
         with ThreadPoolExecutor(max_workers=max(1, len(children)), thread_name_prefix="chaos-stop") as pool:
             for child in children:
                 pool.submit(_quietly, child.stop)
-        self.workers, self.scheduler = [], None
+        self.workers, self.scheduler, self.deliveries = [], None, None
         for part in (self.api, self.simulator):
             if part is not None:
                 with contextlib.suppress(Exception):

@@ -24,13 +24,18 @@ cards_app = typer.Typer(help="The card key: card data is written to Redis only s
 @cards_app.command("new-key")
 def new_key_command(
     key_id: Annotated[str, typer.Option("--id", help="The key's id (letters, digits, - or _; default: random).")] = "",
+    as_json: JsonFlag = False,
 ) -> None:
     """Print a new key entry for DURAPAY_CARD__KEYS (<id>:<base64 of 32 bytes>); it is kept nowhere."""
     from durapay.workflows.cards import new_key
 
-    out = Output(False)
+    out = Output(as_json)
     with out.errors():
-        typer.echo(new_key(key_id))
+        entry = new_key(key_id)
+    if as_json:
+        echo_json({"key": entry})
+    else:
+        typer.echo(entry)
 
 
 def _report(reseal: bool, as_json: bool) -> None:

@@ -63,7 +63,7 @@ def test_pass_through_sends_an_unmodelled_field_and_refuses_to_override_a_modell
     started = served.http.post("/flows/moto?wait=0", json=moto("pt-1", passThrough={"newField": "x"}), headers=KEY)
     assert started.status_code == 201, started.text
     record = served.engine.get(started.json()["id"])
-    model = served.engine.registry["moto"].input_model.model_validate(record.input)
+    model = served.engine.registry["moto"].input_model.model_validate(served.engine.cards.open(record.id, record.input))
     assert model.wire()["newField"] == "x" and "passThrough" not in model.wire()
     clash = served.http.post("/flows/moto?wait=0", json=moto("pt-2", passThrough={"captureType": "IMPLICIT"}), headers=KEY)
     assert clash.status_code == 422
