@@ -6,7 +6,6 @@ they are never assertions in tests (machines are shared and noisy).
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -20,6 +19,7 @@ import httpx
 
 from durapay.config import GATEWAY_PATH_PREFIX, Settings, load_settings
 from durapay.config.embedded import EmbeddedValkey, free_port
+from durapay.service.processes import settings_env
 from durapay.workflows.cards import new_key
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -104,18 +104,8 @@ def bench_settings(sim_root: str, redis_url: str, prefix: str = "bench") -> Sett
 
 
 def child_env(settings: Settings) -> dict[str, str]:
-    env = {key: value for key, value in os.environ.items() if not key.startswith("DURAPAY_")}
-    env.update(
-        {
-            "PYTHONPATH": str(ROOT),
-            "DURAPAY_REDIS_URL": settings.redis_url,
-            "DURAPAY_GATEWAY__BASE_URL": settings.gateway.base_url,
-            "DURAPAY_ENGINE__KEY_PREFIX": settings.engine.key_prefix,
-            "DURAPAY_RECEIVER__PUBLIC_URL": settings.receiver.public_url,
-            "DURAPAY_CARD__KEYS": json.dumps([key.get_secret_value() for key in settings.card.keys]),
-        }
-    )
-    return env
+    """The environment that makes a child load ``settings`` (``service.processes``' rule)."""
+    return settings_env(settings) | {"PYTHONPATH": str(ROOT)}
 
 
 DURABLE_WORKER = """

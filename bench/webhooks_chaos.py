@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import random
 import signal
 import subprocess
@@ -38,8 +37,9 @@ from pathlib import Path
 from typing import Any
 
 from bench._webhook_receiver import WebhookReceiver
-from durapay.config import ENV_NESTED_DELIMITER, ENV_PREFIX, Settings, load_settings
+from durapay.config import Settings, load_settings
 from durapay.config.embedded import EmbeddedValkey
+from durapay.service.processes import settings_env
 from durapay.service.runtime import build_runtime
 from durapay.simulator import SimulatorConfig, SimulatorServer
 from durapay.workflows.dispatcher import Dispatcher
@@ -51,20 +51,8 @@ DECLINE = "4349940199997007"
 
 
 def child_env(settings: Settings, redis_url: str) -> dict[str, str]:
-    """The environment that makes a ``durapay worker`` child load ``settings`` (lists as JSON)."""
-    env = {key: value for key, value in os.environ.items() if not key.startswith(ENV_PREFIX)}
-    env[f"{ENV_PREFIX}REDIS_URL"] = redis_url
-    dumped: dict[str, Any] = settings.model_dump(mode="json", exclude={"redis_url", "broker_url", "data_dir"})
-    for group, values in dumped.items():
-        if isinstance(values, dict):
-            for name, value in values.items():
-                if isinstance(value, str) and value.startswith("*"):
-                    continue
-                text = json.dumps(value) if isinstance(value, list | dict | bool) else str(value)
-                env[f"{ENV_PREFIX}{group.upper()}{ENV_NESTED_DELIMITER}{name.upper()}"] = text
-    env[f"{ENV_PREFIX}GATEWAY{ENV_NESTED_DELIMITER}API_KEY"] = settings.gateway.api_key.get_secret_value()
-    env["PYTHONPATH"] = str(ROOT)
-    return env
+    """The environment that makes a ``durapay worker`` child load ``settings`` (``service.processes``' rule)."""
+    return settings_env(settings, redis_url=redis_url) | {"PYTHONPATH": str(ROOT)}
 
 
 def start_worker(env: dict[str, str], name: str, log: Path, *, webhooks: bool = True) -> subprocess.Popen[bytes]:

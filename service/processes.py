@@ -17,9 +17,11 @@ import socket
 import subprocess
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
+
+from pydantic import BaseModel, SecretStr
 
 from durapay.config import ENV_NESTED_DELIMITER, ENV_PREFIX, Settings
 from durapay.config.embedded import free_port
@@ -44,20 +46,48 @@ def port_or_free(preferred: int, host: str = "127.0.0.1") -> int:
     return preferred
 
 
-def settings_env(settings: Settings) -> dict[str, str]:
-    """The environment that makes a child ``durapay`` process load exactly ``settings``."""
+def settings_env(settings: Settings, *, redis_url: str | None = None) -> dict[str, str]:
+    """The environment that makes a child ``durapay`` process load exactly ``settings``: every setting of
+    every group (lists and maps as JSON), secrets as they are (a child needs the card keys, the gateway's
+    key, the endpoints' secrets), the ``DURAPAY_*`` variables of this process left out. ``redis_url``
+    replaces the settings' own (a test's or a benchmark's server).
+
+    The one home of this rule: the copies it replaced each missed something (a group, or secrets in a
+    list dumped as ``**********``, which a child then refused as a card key)."""
     env = {name: value for name, value in os.environ.items() if not name.startswith(ENV_PREFIX)}
-    env[f"{ENV_PREFIX}REDIS_URL"] = settings.redis_url
-    env[f"{ENV_PREFIX}BROKER_URL"] = settings.broker_url
-    env[f"{ENV_PREFIX}DATA_DIR"] = str(settings.data_dir)
-    for group in ("gateway", "receiver", "api", "retry", "engine", "reconcile"):
-        for name, value in getattr(settings, group):
-            raw = value.get_secret_value() if hasattr(value, "get_secret_value") else value
-            env[f"{ENV_PREFIX}{group.upper()}{ENV_NESTED_DELIMITER}{name.upper()}"] = str(raw)
-    # The card keys (a JSON list): a child opens the card data its parent sealed.
-    keys = [key.get_secret_value() for key in settings.card.keys]
-    env[f"{ENV_PREFIX}CARD{ENV_NESTED_DELIMITER}KEYS"] = json.dumps(keys)
+    for name in type(settings).model_fields:
+        value = getattr(settings, name)
+        if isinstance(value, BaseModel):
+            for field in type(value).model_fields:
+                inner = getattr(value, field)
+                if inner is not None:
+                    env[f"{ENV_PREFIX}{name.upper()}{ENV_NESTED_DELIMITER}{field.upper()}"] = _env_text(inner)
+        elif value is not None:
+            env[f"{ENV_PREFIX}{name.upper()}"] = _env_text(value)
+    if redis_url is not None:
+        env[f"{ENV_PREFIX}REDIS_URL"] = redis_url
     return env
+
+
+def _env_text(value: Any) -> str:
+    """A setting's value as a variable holds it: a list or a map as JSON, anything else as text."""
+    plain = _revealed(value)
+    return json.dumps(plain) if isinstance(plain, list | dict) else str(plain)
+
+
+def _revealed(value: Any) -> Any:
+    """``value`` with every secret as its text, models as maps (what ``model_dump`` masks, kept)."""
+    if isinstance(value, SecretStr):
+        return value.get_secret_value()
+    if isinstance(value, BaseModel):
+        return {name: _revealed(getattr(value, name)) for name in type(value).model_fields}
+    if isinstance(value, Mapping):
+        return {str(key): _revealed(inner) for key, inner in value.items()}
+    if isinstance(value, list | tuple):
+        return [_revealed(inner) for inner in value]
+    if isinstance(value, Path):
+        return str(value)
+    return value
 
 
 class Child:

@@ -11,7 +11,6 @@ confirms ``WAITAOF`` before its fsync, and the run is there to show what such a 
 from __future__ import annotations
 
 import contextlib
-import json
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -137,18 +136,13 @@ class ChaosStack:
             # Its own store, a key of its own for the run (card data is written to Redis only sealed).
             "card": {"keys": [key.get_secret_value() for key in self.base.card.keys] or [new_key("chaos")]},
         }
-        # Groups the children are not given by settings_env are written to their environment here too.
         own = {"schedules": {"check_seconds": CHECK_SECONDS}}
         extra = {group: {**own.get(group, {}), **self.overrides.get(group, {})} for group in [*own, *self.overrides]}
         for group, values in extra.items():
             config[group] = {**config.get(group, {}), **values}
         settings = load_settings(config)
         self.runtime = build_runtime(settings, redis_url=redis_url)
-        self.env = settings_env(settings)
-        for group, values in extra.items():
-            for name, value in values.items():
-                text = value if isinstance(value, str) else json.dumps(value)
-                self.env[f"DURAPAY_{group.upper()}__{name.upper()}"] = text
+        self.env = settings_env(settings)  # every group, the overrides' included
         self.api = ApiServer(create_app(self.runtime), "127.0.0.1", api_port).start()
         say(f"receiver at {self.api.url}")
         self.scheduler = Child("scheduler", "scheduler", self.env, self.log_dir, []).start()

@@ -12,6 +12,7 @@ from durapay.service.demo import _coverage, _run_id
 from durapay.service.demo.report import Places, Row, next_steps, summary_table
 from durapay.service.demo.stack import DemoStack
 from durapay.service.processes import port_or_free, settings_env
+from durapay.workflows.cards import new_key
 from durapay.workflows.flows import REGISTRY
 
 
@@ -19,10 +20,22 @@ def test_settings_env_reproduces_the_settings(monkeypatch: pytest.MonkeyPatch) -
     settings = load_settings(
         {
             "redis_url": "redis://127.0.0.1:7001/0",
+            "redis_cluster": True,
+            "broker_url": "redis://127.0.0.1:7002/0",
             "gateway": {"base_url": "http://127.0.0.1:9999/api", "api_key": "k-gw", "timeout": 3.0, "connect_timeout": 2.0},
-            "api": {"key": "k-api", "port": 1234},
             "engine": {"lease_seconds": 6.0, "key_prefix": "demo"},
             "reconcile": {"daily": False, "daily_at": "04:15", "time_zone": "Europe/Rome"},
+            # Lists, maps and secrets inside them (a copy of this rule once gave a child '**********' as its card key).
+            "card": {"keys": [new_key("k1"), new_key("k2")]},
+            "api": {"key": "k-api", "port": 1234, "keys": {"k-read-0123456789": "read"}},
+            "webhooks": {
+                "timeout": 2.0,
+                "connect_timeout": 0.5,
+                "lease_seconds": 6.0,
+                "retry_delays": [0.0, 1.5],
+                "endpoints": [{"url": "https://hooks.example/in", "secret": "whsec_" + "A" * 24, "events": ["flow.succeeded"]}],
+            },
+            "schedules": {"check_seconds": 7.0},
         }
     )
     env = settings_env(settings)

@@ -7,16 +7,14 @@ jitter is seeded (``SEED_BASE`` and the worker's name), so a rerun of a test dra
 
 from __future__ import annotations
 
-import json
-import os
 import signal
 import subprocess
 import sys
 import zlib
 from pathlib import Path
-from typing import Any
 
-from durapay.config import ENV_NESTED_DELIMITER, ENV_PREFIX, Settings
+from durapay.config import Settings
+from durapay.service import processes
 
 ROOT = Path(__file__).resolve().parents[3]
 #: Every child's random.Random seed is derived from this and its name: fixed across runs, distinct per worker.
@@ -28,20 +26,8 @@ def child_seed(name: str) -> int:
 
 
 def settings_env(settings: Settings, redis_url: str) -> dict[str, str]:
-    """The environment that makes a child process load the same settings."""
-    env = {key: value for key, value in os.environ.items() if not key.startswith(ENV_PREFIX)}
-    env[f"{ENV_PREFIX}REDIS_URL"] = redis_url
-    dumped: dict[str, Any] = settings.model_dump(mode="json", exclude={"redis_url", "broker_url", "data_dir"})
-    for group, values in dumped.items():
-        if isinstance(values, dict):
-            for name, value in values.items():
-                if isinstance(value, str) and value.startswith("*"):
-                    continue
-                env[f"{ENV_PREFIX}{group.upper()}{ENV_NESTED_DELIMITER}{name.upper()}"] = str(value)
-    env[f"{ENV_PREFIX}GATEWAY{ENV_NESTED_DELIMITER}API_KEY"] = settings.gateway.api_key.get_secret_value()
-    env[f"{ENV_PREFIX}CARD{ENV_NESTED_DELIMITER}KEYS"] = json.dumps([key.get_secret_value() for key in settings.card.keys])
-    env["PYTHONPATH"] = str(ROOT)
-    return env
+    """The environment that makes a child process load the same settings (``service.processes``' rule)."""
+    return processes.settings_env(settings, redis_url=redis_url) | {"PYTHONPATH": str(ROOT)}
 
 
 CHILD = """
