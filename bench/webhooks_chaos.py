@@ -88,7 +88,13 @@ def run(
                 "engine": {"key_prefix": prefix, "lease_seconds": 5.0, "dispatch_interval": 0.05, "partitions": 4},
                 "retry": {"base_seconds": 0.05, "cap_seconds": 0.5, "max_attempts": 8, "reconcile_attempts": 8},
                 "receiver": {"public_url": "http://127.0.0.1:9/notifications"},
-                "webhooks": {"allow_private": True, "lease_seconds": 4.0, "timeout": 2.0, "retry_delays": list(delays)},
+                "webhooks": {
+                    "allow_private": True,
+                    "lease_seconds": 6.0,  # more than twice an attempt's deadline (connect + timeout)
+                    "timeout": 2.0,
+                    "connect_timeout": 0.5,
+                    "retry_delays": list(delays),
+                },
             }
         )
         runtime = build_runtime(settings, redis_url=redis_url, rng=random.Random(seed))

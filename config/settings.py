@@ -731,6 +731,7 @@ def load_settings(overrides: Mapping[str, Any] | None = None, *, env_file: Path 
             f"{_variable(('engine', 'lease_seconds'))}: must exceed one gateway call "
             f"(DURAPAY_GATEWAY__TIMEOUT + DURAPAY_GATEWAY__CONNECT_TIMEOUT = {call:g}s)"
         )
+    _check_webhook_lease(settings)
     _check_webhook_retries(settings)
     _check_daily_window(settings)
     return settings
@@ -775,6 +776,21 @@ def _check_daily_window(settings: Settings) -> None:
             f"the daily reconciliation reads back ({window}={settings.reconcile.window_hours:g}, plus up to "
             f"{DAILY_SLACK_HOURS}h for a late or repeated run and daylight saving: {reach / 3600:g}h): set it to at least "
             f"{reach / 3600:g}h, lower {window}, or set {_variable(('reconcile', 'daily'))}=false"
+        )
+
+
+def _check_webhook_lease(settings: Settings) -> None:
+    """A taken delivery must not come due again while it is still being sent: a task of deliveries
+    (``Webhooks.deliver_many``) starts no attempt past half its lease, and an attempt lasts at most its
+    deadline (connect + timeout, ``gateway._deadline``), so the lease must exceed twice the deadline."""
+    hooks = settings.webhooks
+    deadline = hooks.connect_timeout + hooks.timeout
+    if hooks.lease_seconds <= 2 * deadline:
+        timeouts = f"{_variable(('webhooks', 'connect_timeout'))} + {_variable(('webhooks', 'timeout'))}"
+        raise SettingsError(
+            f"{_variable(('webhooks', 'lease_seconds'))}: must exceed twice an attempt's deadline ({timeouts} = "
+            f"{deadline:g}s, so more than {2 * deadline:g}s): a batch of deliveries starts attempts until half its lease, "
+            "and a shorter lease lets another worker take a delivery still being sent (raise it, or lower the timeouts)"
         )
 
 

@@ -98,6 +98,19 @@ def test_a_lease_shorter_than_one_gateway_call_is_refused() -> None:
     assert load_settings({"engine": {"lease_seconds": 14}}).engine.lease_seconds == 14
 
 
+def test_a_webhook_lease_within_twice_an_attempts_deadline_is_refused() -> None:
+    """A delivery task starts attempts until half its lease, each lasting up to its deadline (connect +
+    timeout): a lease of twice the deadline or less lets another worker take a delivery still being sent."""
+    with pytest.raises(SettingsError) as refused:
+        load_settings({"webhooks": {"lease_seconds": 26, "timeout": 10, "connect_timeout": 3}})
+    message = str(refused.value)
+    assert message.startswith("DURAPAY_WEBHOOKS__LEASE_SECONDS: must exceed twice an attempt's deadline")
+    assert "DURAPAY_WEBHOOKS__CONNECT_TIMEOUT + DURAPAY_WEBHOOKS__TIMEOUT = 13s" in message and "26s" in message
+    longer = {"lease_seconds": 26.5, "timeout": 10, "connect_timeout": 3}
+    assert load_settings({"webhooks": longer}).webhooks.lease_seconds == 26.5
+    assert load_settings().webhooks.lease_seconds > 2 * 13  # the defaults pass
+
+
 def test_a_webhook_retry_window_that_reaches_the_events_retention_is_refused() -> None:
     """The scheduler trims events older than their retention: a delivery still being retried then would
     find its event gone and be dropped. Its last attempt may come up to the longest delay, with its jitter,

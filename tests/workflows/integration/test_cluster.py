@@ -316,7 +316,7 @@ def test_every_part_of_a_single_server_runs_on_a_cluster(
         redis_cluster=True,
         broker_url=redis_url,
         engine={"partitions": 16},
-        webhooks={"allow_private": True, "lease_seconds": 3.0},
+        webhooks={"allow_private": True, "lease_seconds": 30.0},
         api={"key": API_KEY},
         reconcile={"daily": True, "daily_at": "00:00"},  # due at once: today's run claims its day
     )

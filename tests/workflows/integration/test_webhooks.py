@@ -23,7 +23,7 @@ pytestmark = pytest.mark.integration
 
 @pytest.fixture
 def hooked(redis_url: str, key_prefix: str, simulator: SimulatorServer) -> Iterator[Runtime]:
-    settings = stack_settings(key_prefix, simulator.base_url, webhooks={"allow_private": True, "lease_seconds": 3.0})
+    settings = stack_settings(key_prefix, simulator.base_url, webhooks={"allow_private": True, "lease_seconds": 30.0})
     runtime = build_runtime(settings, redis_url=redis_url, rng=random.Random(3))
     with ExitStack() as stack:
         stack.enter_context(start_worker(runtime.celery, pool="threads", concurrency=4, perform_ping_check=False))
