@@ -6,11 +6,11 @@ Issue 28's campaign found, on such a cluster: no process started while the one n
 pinned connection to the dead node failed on its next use, and a completion that failed during the
 promotion was not retried, so the flow waited out its lease. Shown here: a process starts with the
 first startup node down (the URL names several); and, under load, with ``durapay worker`` (two),
-``durapay scheduler`` and ``durapay api`` running as the processes they are, two primaries killed
-(one of them the first node of the URL, kept down while a worker and the api restart) and a slot of a
-partition migrated: no process exits, every flow succeeds charged once, every webhook is delivered,
-and no flow waited out its lease (no claim in any history was made "after the lease ran out"); no
-start, the migration's included, took longer than ``MIGRATION_WAIT``.
+``durapay worker --webhooks``, ``durapay scheduler`` and ``durapay api`` running as the processes they
+are, two primaries killed (one of them the first node of the URL, kept down while a worker and the api
+restart) and a slot of a partition migrated: no process exits, every flow succeeds charged once, every
+webhook is delivered, and no flow waited out its lease (no claim in any history was made "after the
+lease ran out"); no start, the migration's included, took longer than ``MIGRATION_WAIT``.
 """
 
 from __future__ import annotations
@@ -137,17 +137,19 @@ def test_failovers_and_a_migration_under_load_cost_no_lease(
         broker_url=redis_url,
         data_dir=str(tmp_path / "data"),
         engine={"partitions": 16, "lease_seconds": LEASE},
-        webhooks={"allow_private": True, "lease_seconds": 5.0},
+        # A lease of more than twice an attempt's deadline (connect + timeout): the settings check it.
+        webhooks={"allow_private": True, "lease_seconds": 5.0, "timeout": 1.5, "connect_timeout": 0.5},
         api={"port": port, "key": API_KEY},
     )
     env = settings_env(settings)
-    env |= {"DURAPAY_REDIS_CLUSTER": "true", "DURAPAY_WEBHOOKS__ALLOW_PRIVATE": "true", "DURAPAY_WEBHOOKS__LEASE_SECONDS": "5"}
     logs = tmp_path / "logs"
     logs.mkdir()
     worker_args = ["--pool", "threads", "--concurrency", "4", "--quiet"]
     workers = [Child("worker", f"w{index}", env, logs, [*worker_args, "--hostname", f"w{index}@%h"]) for index in range(2)]
+    # Webhook deliveries run on a worker of their own (``durapay worker --webhooks``), as deployed.
+    deliveries = Child("worker", "webhooks", env, logs, ["--webhooks", "--concurrency", "4", "--quiet"])
     scheduler, api_process = Child("scheduler", "scheduler", env, logs, []), Child("api", "api", env, logs, [])
-    children = [*workers, scheduler, api_process]
+    children = [*workers, deliveries, scheduler, api_process]
     runtime = build_runtime(settings, redis_url=startup)
     started: list[str] = []
     refused: list[BaseException] = []
