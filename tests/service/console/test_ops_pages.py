@@ -74,7 +74,7 @@ def test_a_bulk_action_dry_run_then_the_action_and_its_progress(
         status = browser.find_element(By.ID, "bulk-status")
         return status.get_attribute("data-status") == "done"
 
-    wait_until(finished, 60, f"the bulk {action} to finish")
+    wait_until(finished, 180, f"the bulk {action} to finish")
     progress = browser.find_element(By.ID, "progress")
     assert (progress.get_attribute("value"), progress.get_attribute("max")) == (str(COUNT), str(COUNT))
     assert f"done: {COUNT} {done}" in browser.find_element(By.ID, "bulk-status").text
@@ -82,7 +82,7 @@ def test_a_bulk_action_dry_run_then_the_action_and_its_progress(
     assert all(flow.state is after for flow in console_stack.engine.store.many(flows))
     if action == "retry":  # every retried flow's step met the pause on the worker (the broker left empty)
         pauses = console_stack.engine.pauses
-        wait_until(lambda: pauses.held_counts(["mit"])["mit"] == COUNT, 60, "every retried flow to be held")
+        wait_until(lambda: pauses.held_counts(["mit"])["mit"] == COUNT, 180, "every retried flow to be held")
 
 
 def test_a_read_only_key_sees_no_button_and_cannot_pause_or_act(console_stack: ConsoleStack) -> None:
