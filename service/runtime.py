@@ -39,7 +39,6 @@ from durapay.config.celery import make_celery
 from durapay.config.connect import open_redis
 from durapay.config.embedded import SERVER_FILE, EmbeddedValkey, running_embedded
 from durapay.config.settings import CardSettings, Settings, SettingsError, load_settings
-from durapay.gateway import GatewayClient
 from durapay.service.heartbeat import install_worker_heartbeat
 from durapay.service.metrics import StepMetrics
 from durapay.tasks.celery_tasks import CelerySender, register_bulk_task, register_tasks, register_webhook_task
@@ -239,7 +238,7 @@ def _build(
     sender = CelerySender(app)
     engine = Engine(settings, client, registry, sender=sender, clock=clock or ServerClock(client), rng=rng)
     engine.protocol.observer = StepMetrics(engine).record
-    register_tasks(app, engine.run_step, lambda: GatewayClient(settings.gateway), follow=settings.engine.follow_steps)
+    register_tasks(app, engine.run_step, follow=settings.engine.follow_steps)
     webhooks = Webhooks(client, engine.keys, settings.webhooks, send=sender.send_webhook, now=engine.clock.now, rng=rng)
     register_webhook_task(app, webhooks.deliver_many)
     bulk = BulkActions(engine, settings.bulk, send=sender.send_bulk)

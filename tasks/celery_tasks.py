@@ -1,12 +1,15 @@
 """Celery tasks: one per gateway operation (``durapay.gateway.<operation>``), derived from the catalogue.
 
-Each task has two uses:
+Each task runs one step of one flow: ``task(flow_id, step)`` runs that step through the engine's step
+runner (claim, call with the step's idempotency key, classify, complete). A duplicate or late delivery
+finds the step claimed or done and returns without calling the gateway.
 
-* **as a flow step**: ``task(flow_id, step)`` runs that step of that flow through the engine's step
-  runner (claim, call with the step's idempotency key, classify, complete). A duplicate or late
-  delivery finds the step claimed or done and returns without calling the gateway.
-* **directly**: ``task.delay(path_args=[...], request={...}, idempotency_key=...)`` calls the operation
-  once and returns the answer as JSON (the caller owns retries and keys).
+The tasks are internal: their messages carry a flow id and a step name, nothing else. They once also
+took a gateway request directly (``task.delay(request={...})``): a request carrying a card then
+crossed the broker, and stayed in its Redis's files, in the clear, past the card data's sealing
+(``workflows.cards``). Such a call is now refused by Celery's argument check before anything is sent
+(a TypeError in the caller); a gateway call outside a flow is made in the caller's own process
+(``durapay.gateway.GatewayClient``), never through the broker.
 
 ``durapay.engine.step`` runs the steps that call nothing (waits, timers). ``CelerySender`` is how the
 engine sends work: one task, or a chain of the remaining steps of a flow (the chain is the fast path;
@@ -21,7 +24,7 @@ from typing import Any, Protocol
 from celery import Celery, chain
 
 from durapay.config.celery import QUEUE, WEBHOOK_QUEUE
-from durapay.gateway import CATALOGUE, GatewayClient, GatewayOperation
+from durapay.gateway import CATALOGUE, GatewayOperation
 
 ENGINE_STEP_TASK = "durapay.engine.step"
 WEBHOOK_TASK = "durapay.webhooks.deliver"
@@ -46,30 +49,19 @@ def _next_link(request: Any, flow_id: str) -> str | None:
     return None
 
 
-def register_tasks(app: Celery, run_step: StepRunner, client_factory: Callable[[], GatewayClient], *, follow: int = 0) -> None:
-    """Define every task on ``app``. ``run_step`` is the engine's; ``client_factory`` serves direct calls;
-    ``follow``: how many of a flow's next steps, due at once, a task runs itself after its own
-    (``DURAPAY_ENGINE__FOLLOW_STEPS``)."""
+def register_tasks(app: Celery, run_step: StepRunner, *, follow: int = 0) -> None:
+    """Define every task on ``app``. ``run_step`` is the engine's; ``follow``: how many of a flow's next
+    steps, due at once, a task runs itself after its own (``DURAPAY_ENGINE__FOLLOW_STEPS``)."""
 
     def make(op: GatewayOperation[Any]) -> None:
-        @app.task(name=op.task_name, bind=True, shared=False, acks_late=True, reject_on_worker_lost=True)  # type: ignore[untyped-decorator]
-        def gateway_task(
-            self: Any,
-            flow_id: str | None = None,
-            step: str | None = None,
-            *,
-            path_args: Sequence[str] = (),
-            request: dict[str, Any] | None = None,
-            idempotency_key: str | None = None,
-        ) -> Any:
-            if flow_id is not None and step is not None:
-                # A write at the gateway (a payment, a refund...): its claim is made durable at once.
-                money = op.method == "POST"
-                next_link = _next_link(self.request, flow_id)
-                worker = self.request.hostname or ""
-                return run_step(flow_id, step, worker=worker, chained_next=next_link, money=money, follow=follow)
-            with client_factory() as client:
-                return client.call(op, *path_args, request=request, idempotency_key=idempotency_key).wire()
+        # typing=True (Celery's default, kept explicit): a call with other arguments is refused before it is sent.
+        @app.task(name=op.task_name, bind=True, shared=False, acks_late=True, reject_on_worker_lost=True, typing=True)  # type: ignore[untyped-decorator]
+        def gateway_task(self: Any, flow_id: str, step: str) -> str:
+            # A write at the gateway (a payment, a refund...): its claim is made durable at once.
+            money = op.method == "POST"
+            next_link = _next_link(self.request, flow_id)
+            worker = self.request.hostname or ""
+            return run_step(flow_id, step, worker=worker, chained_next=next_link, money=money, follow=follow)
 
     for op in CATALOGUE:
         make(op)
