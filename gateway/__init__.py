@@ -67,7 +67,16 @@ from durapay.gateway._codes import (
     ThreeDSEnrollmentStatus,
     decline_kind,
 )
-from durapay.gateway._deadline import DeadlinePassed, DeadlineSocket, DeadlineTransport, bounded, clamp, tls_handshake
+from durapay.gateway._deadline import (
+    DeadlinePassed,
+    DeadlineSocket,
+    DeadlineTransport,
+    addresses,
+    bounded,
+    clamp,
+    lookup,
+    tls_handshake,
+)
 from durapay.gateway._errors import (
     BadRequest,
     ConnectionDropped,
@@ -428,6 +437,7 @@ __all__ = [
     "VerificationOrder",
     "Version",
     "WalletPayRequest",
+    "addresses",
     "bounded",
     "check_amount",
     "check_idempotency_key",
@@ -447,6 +457,7 @@ __all__ = [
     "is_known",
     "is_strict",
     "known_names",
+    "lookup",
     "max_amount",
     "operation",
     "parse_gateway_time",

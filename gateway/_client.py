@@ -27,7 +27,7 @@ from pydantic import BaseModel, ValidationError
 from durapay.config.settings import GatewaySettings
 from durapay.gateway._base import GatewayModel
 from durapay.gateway._catalogue import GatewayOperation
-from durapay.gateway._deadline import DeadlineTransport, bounded
+from durapay.gateway._deadline import DeadlineTransport, bounded, deadline_mounts
 from durapay.gateway._errors import (
     GatewayError,
     InvalidResponse,
@@ -113,9 +113,10 @@ def tls_context() -> ssl.SSLContext:
 class GatewayClient:
     """Calls gateway operations. Give it the gateway settings; pass ``transport`` in tests.
 
-    A call, connect, send and answer together, ends within ``connect_timeout + timeout`` of its start
-    (``_deadline``: the timeouts alone bound each read, and an answer trickled a byte at a time held a
-    call past the engine's lease), a connection within ``connect_timeout``."""
+    A call, its name's resolution, connect, send and answer together, ends within ``connect_timeout +
+    timeout`` of its start (``_deadline``: the timeouts alone bound each read, and an answer trickled a
+    byte at a time held a call past the engine's lease), a connection within ``connect_timeout``; through
+    the environment's proxy (``HTTPS_PROXY``...) as well."""
 
     def __init__(
         self,
@@ -131,12 +132,16 @@ class GatewayClient:
         }
         if settings.plugin_name:
             headers["x-plugin-name"] = settings.plugin_name
+        context = tls_context()
         self._http = httpx.Client(
             base_url=settings.base_url + "/",
             headers=headers,
             timeout=httpx.Timeout(settings.timeout, connect=settings.connect_timeout),
-            transport=transport if transport is not None else DeadlineTransport(verify=tls_context()),
-            verify=tls_context(),
+            transport=transport if transport is not None else DeadlineTransport(verify=context),
+            # The environment's proxies, each through the deadline's transport (a transport of one's own
+            # turns httpx's reading of them off): a test's transport goes direct.
+            mounts=deadline_mounts(verify=context) if transport is None else None,
+            verify=context,
         )
         #: The longest one call may take, from its start to its answer's last byte.
         self.deadline = settings.connect_timeout + settings.timeout

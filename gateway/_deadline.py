@@ -16,19 +16,29 @@ it, one per HTTP stack durapay uses:
 * :class:`DeadlineSocket`, a socket wrapper for ``http.client`` (the webhook poster,
   ``workflows.webhooks.transport``): it sets the socket's timeout before every send and receive;
 * :class:`DeadlineTransport`, an httpx transport for the gateway client (``_client``) whose network
-  streams clamp every read, write, connect and TLS handshake the same way.
+  streams clamp every read, write, connect and TLS handshake the same way; :func:`deadline_mounts`
+  gives the environment's proxies (``HTTPS_PROXY``, ``ALL_PROXY``, ``NO_PROXY``...) the same transport,
+  so that a call through a proxy keeps its deadline (httpx applies them only without a transport of
+  one's own: with this transport alone they were ignored and the gateway was called direct).
 
-A name's resolution (``getaddrinfo``) is not a socket operation and is not bounded here.
+A name's resolution is bounded too (:func:`lookup`): ``getaddrinfo`` takes no timeout (the system
+resolver's own can reach tens of seconds), so it runs on one of :data:`RESOLVER_THREADS` threads and the
+call waits for it at most what is left of its deadline. A resolver that hangs holds one of those
+threads until its own timeout, never the caller; both adapters connect to the addresses it found.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import contextvars
 import io
+import ipaddress
+import os
 import select
 import socket
 import ssl
+import threading
 import time
 from collections.abc import Iterable, Iterator
 from typing import Any
@@ -70,6 +80,62 @@ def clamp(timeout: float | None) -> float | None:
     if left <= 0:
         raise DeadlinePassed("the call's deadline passed (connect, send and read together)")
     return left if timeout is None else min(timeout, left)
+
+
+#: Names resolved at once for bounded calls (each holds a thread while the system resolver answers).
+RESOLVER_THREADS = 8
+
+
+class _Resolvers:
+    """The threads names are resolved on: made on first use in each process (a fork has none of its
+    parent's threads), at most :data:`RESOLVER_THREADS`; a name beyond them waits its turn, within its
+    deadline still. Process-wide, as the system resolver is."""
+
+    lock = threading.Lock()
+    pid: int | None = None
+    pool: concurrent.futures.ThreadPoolExecutor | None = None
+
+    @classmethod
+    def get(cls) -> concurrent.futures.ThreadPoolExecutor:
+        with cls.lock:
+            if cls.pool is None or cls.pid != os.getpid():
+                cls.pool = concurrent.futures.ThreadPoolExecutor(RESOLVER_THREADS, thread_name_prefix="durapay-resolve")
+                cls.pid = os.getpid()
+            return cls.pool
+
+
+def _literal(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host.split("%")[0])
+    except ValueError:
+        return False
+    return True
+
+
+def lookup(host: str, port: int, family: int = 0, kind: int = socket.SOCK_STREAM, proto: int = 0) -> list[Any]:
+    """``socket.getaddrinfo`` within what is left of the current call's deadline (:class:`DeadlinePassed`
+    past it). An address written as one is not looked up; outside a bounded call, as getaddrinfo is."""
+    if _literal(host) or _DEADLINE.get() is None:
+        return socket.getaddrinfo(host, port, family, kind, proto)
+    left = clamp(None)
+    future = _Resolvers.get().submit(socket.getaddrinfo, host, port, family, kind, proto)
+    try:
+        return future.result(timeout=left)
+    except concurrent.futures.TimeoutError:
+        future.cancel()
+        raise DeadlinePassed(f"resolving {host!r} did not end within the call's deadline") from None
+
+
+def addresses(host: str, port: int) -> list[str]:
+    """The addresses ``host`` resolves to for a TCP connection, in the resolver's order (:func:`lookup`)."""
+    found: list[str] = []
+    for info in lookup(host, port, proto=socket.IPPROTO_TCP):
+        address = str(info[4][0])
+        if address not in found:
+            found.append(address)
+    if not found:
+        raise OSError(f"{host} has no address")
+    return found
 
 
 def tls_handshake(
@@ -210,8 +276,21 @@ class _Backend(httpcore.NetworkBackend):
         local_address: str | None = None,
         socket_options: Iterable[Any] | None = None,
     ) -> httpcore.NetworkStream:
-        limit = _clamped(timeout, httpcore.ConnectTimeout)
-        return _Stream(self._inner.connect_tcp(host, port, limit, local_address, socket_options))
+        try:
+            found = addresses(host, port)  # the name resolved within the deadline too
+        except TimeoutError as exc:
+            raise httpcore.ConnectTimeout(str(exc)) from None
+        except OSError as exc:
+            raise httpcore.ConnectError(str(exc)) from None
+        failed: httpcore.ConnectError | None = None
+        for address in found:  # as socket.create_connection does: each address in turn (TLS still names the host)
+            limit = _clamped(timeout, httpcore.ConnectTimeout)
+            try:
+                return _Stream(self._inner.connect_tcp(address, port, limit, local_address, socket_options))
+            except httpcore.ConnectError as exc:
+                failed = exc
+        assert failed is not None
+        raise failed
 
     def connect_unix_socket(
         self, path: str, timeout: float | None = None, socket_options: Iterable[Any] | None = None
@@ -233,3 +312,15 @@ class DeadlineTransport(httpx.HTTPTransport):
         pool = self._pool
         assert hasattr(pool, "_network_backend"), "httpcore's pool keeps its backend as _network_backend"
         pool._network_backend = _Backend()
+
+
+def deadline_mounts(**options: Any) -> dict[str, httpx.BaseTransport | None]:
+    """httpx ``mounts`` for the proxies the environment names (``HTTP_PROXY``, ``HTTPS_PROXY``,
+    ``ALL_PROXY``, ``NO_PROXY``: read as httpx reads them), each a :class:`DeadlineTransport` through
+    that proxy; a host ``NO_PROXY`` exempts maps to None (the client's own transport, direct)."""
+    from httpx._utils import get_environment_proxies  # httpx's own reading of them, not a second copy
+
+    return {
+        pattern: None if url is None else DeadlineTransport(proxy=httpx.Proxy(url), **options)
+        for pattern, url in get_environment_proxies().items()
+    }

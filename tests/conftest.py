@@ -19,6 +19,7 @@ import redis
 
 from durapay.config.embedded import EmbeddedValkey
 from tests.ids import unique
+from tests.resolver import held_resolver  # noqa: F401 - a fixture (a name the resolver never answers)
 
 #: The repository's top-level folders: installed as ``durapay.<name>`` only.
 BARE = frozenset({"config", "gateway", "tasks", "workflows", "service", "simulator"})

@@ -36,6 +36,7 @@ from email.utils import parsedate_to_datetime
 from typing import Any
 
 from durapay.config.settings import WEBHOOK_JITTER, WEBHOOK_RETRY_AFTER_CAP_SECONDS, WebhooksSettings
+from durapay.gateway import bounded
 from durapay.workflows.clock import server_time
 from durapay.workflows.events import Cursor, Event, EventFeed, decode_entry, iso
 from durapay.workflows.keys import Keys
@@ -277,10 +278,12 @@ class Webhooks:
         started = time.time()
         record: dict[str, Any] = {"event": msg_id, "type": event_type, "endpoint": endpoint.id, "at": iso(started)}
         try:
-            # Connect to the address checked, never resolving the name again (DNS rebinding).
-            address = None if self.settings.allow_private else resolve_public(endpoint.url)
-            headers = signed_headers(msg_id, body, endpoint.secrets(started), started)
-            answer = self.poster.post(endpoint.url, body, headers, excerpt=self.settings.excerpt_bytes, address=address)
+            # One deadline for the name's resolution and the POST together (``Poster.deadline``).
+            with bounded(self.poster.deadline):
+                # Connect to the address checked, never resolving the name again (DNS rebinding).
+                address = None if self.settings.allow_private else resolve_public(endpoint.url)
+                headers = signed_headers(msg_id, body, endpoint.secrets(started), started)
+                answer = self.poster.post(endpoint.url, body, headers, excerpt=self.settings.excerpt_bytes, address=address)
             record["status"] = answer.status
             record["ok"] = 200 <= answer.status < 300
             record["response"] = answer.text

@@ -50,6 +50,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from durapay.config.settings import WebhooksSettings
+from durapay.gateway import lookup
 from durapay.workflows.clock import server_time
 from durapay.workflows.events import EVENT_TYPES
 from durapay.workflows.keys import Keys, derived_id
@@ -291,11 +292,12 @@ def resolve_public(url: str) -> str:
     ``Host``), never resolving again: a name that answered a public address to the check and a
     private one to the connection (DNS rebinding) gets no connection.
 
-    Raises NotPublic (naming no address) or OSError when the name does not resolve."""
+    Raises NotPublic (naming no address) or OSError when the name does not resolve (TimeoutError when
+    it does not within the current call's deadline: ``durapay.gateway.lookup``)."""
     parts = urlsplit(url)
     host = (parts.hostname or "").strip("[]")
     port = parts.port or (443 if parts.scheme == "https" else 80)
-    found = socket.getaddrinfo(host, port, proto=socket.IPPROTO_TCP)[:16]
+    found = lookup(host, port, proto=socket.IPPROTO_TCP)[:16]
     addresses = [ipaddress.ip_address(str(info[4][0]).split("%")[0]) for info in found]
     if not addresses:
         raise OSError(f"{host} has no address")

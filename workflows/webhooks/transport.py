@@ -13,7 +13,9 @@ bound each read: a byte every 9 s would have held it for days within :data:`READ
 
 A post may be given the ``address`` to connect to (the one ``endpoints.resolve_public`` checked): the
 connection goes there and nowhere else, with the URL's host name sent as ``Host`` and used for TLS
-(SNI and the certificate check), so that the name is never resolved a second time.
+(SNI and the certificate check), so that the name is never resolved a second time. Without one (private
+addresses allowed: development and tests), the name is resolved here, within the deadline as well
+(``durapay.gateway.addresses``: ``getaddrinfo`` itself takes no timeout), and connected to the same way.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ import threading
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-from durapay.gateway import DeadlineSocket, bounded, clamp, tls_handshake
+from durapay.gateway import DeadlineSocket, addresses, bounded, clamp, tls_handshake
 
 #: Bytes of an answer read at most (the rest is not read, and the connection is not kept).
 READ_LIMIT = 64 * 1024
@@ -74,8 +76,8 @@ class Poster:
     def _post(self, url: str, body: bytes, headers: dict[str, str], *, excerpt: int, address: str | None) -> Answer:
         parts = urlsplit(url)
         key = (parts.scheme, parts.hostname or "", parts.port, address)
-        if address is not None:
-            headers = {**headers, "Host": parts.netloc.rpartition("@")[2]}
+        # The connection goes to an address (the one checked, or the one resolved here): the name is sent.
+        headers = {**headers, "Host": parts.netloc.rpartition("@")[2]}
         path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
         for fresh in (False, True):
             connection, reused = self._connection(key, fresh)
@@ -104,17 +106,36 @@ class Poster:
             return held, True
         self._drop(key)
         scheme, host, port, address = key
-        connection: http.client.HTTPConnection
-        if scheme == "https":
-            connection = _PinnedHTTPS(address or host, port, host, timeout=self._connect_limit(), context=self._tls)
-        else:
-            connection = http.client.HTTPConnection(address or host, port, timeout=self._connect_limit())
-        connection.connect()
+        # Resolved within the attempt's deadline (http.client would call getaddrinfo, which waits as long
+        # as the system resolver does), each address tried in turn as socket.create_connection does.
+        targets = [address] if address else addresses(host, port or (443 if scheme == "https" else 80))
+        connection = self._connect(scheme, host, port, targets)
         if connection.sock is not None:
             # Every later send and read waits at most what is left of the attempt's deadline.
             connection.sock = DeadlineSocket(connection.sock, self.timeout)
         pool[key] = connection
         return connection, False
+
+    def _connect(self, scheme: str, host: str, port: int | None, targets: list[str]) -> http.client.HTTPConnection:
+        failed: OSError | None = None
+        for target in targets:
+            connection: http.client.HTTPConnection
+            if scheme == "https":
+                connection = _PinnedHTTPS(target, port, host, timeout=self._connect_limit(), context=self._tls)
+            else:
+                connection = http.client.HTTPConnection(target, port, timeout=self._connect_limit())
+            try:
+                connection.connect()
+            except ssl.SSLError:
+                connection.close()
+                raise  # the endpoint answered: its certificate or its TLS is wrong, another address would not say otherwise
+            except OSError as exc:
+                connection.close()
+                failed = exc
+                continue
+            return connection
+        assert failed is not None
+        raise failed
 
     def _connect_limit(self) -> float:
         """The connect timeout, cut to what is left of the attempt's deadline (TLS's handshake too)."""
