@@ -7,7 +7,8 @@ support ticket because a setting was wrong. The secrets are:
 
 * the API keys (``DURAPAY_API__KEY``, every key of ``DURAPAY_API__KEYS``), the gateway's key
   (``DURAPAY_GATEWAY__API_KEY``), the configured webhook endpoints' secrets
-  (``DURAPAY_WEBHOOKS__ENDPOINTS``): every ``SecretStr`` of the settings and the keys of the roles map;
+  (``DURAPAY_WEBHOOKS__ENDPOINTS``), the card keys (``DURAPAY_CARD__KEYS``): every ``SecretStr`` of the
+  settings and the keys of the roles map;
 * the password of every URL (``DURAPAY_REDIS_URL``, ``DURAPAY_BROKER_URL``, any other).
 
 :func:`secrets_of` finds them in loaded settings; :func:`secrets_in` in the environment, for an error

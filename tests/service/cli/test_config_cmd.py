@@ -36,6 +36,8 @@ SECRETS = {
     "DURAPAY_API__KEYS": "reader-s3cret-key-4",
     "DURAPAY_GATEWAY__API_KEY": "gateway-s3cret-key-5",
     "DURAPAY_WEBHOOKS__ENDPOINTS": "whsec_c2VjcmV0LXdlYmhvb2stNg==",
+    # A card key's secret part (its id, "k7", names it and is no secret).
+    "DURAPAY_CARD__KEYS": "Y2FyZC1rZXktczNjcmV0LTctLXRoaXJ0eS10d28hISE",
 }
 
 
@@ -52,6 +54,7 @@ def secret_environment(monkeypatch: pytest.MonkeyPatch, *, role: str = "read") -
         "DURAPAY_WEBHOOKS__ENDPOINTS": json.dumps(
             [{"url": "https://hooks.example.com/h", "secret": SECRETS["DURAPAY_WEBHOOKS__ENDPOINTS"]}]
         ),
+        "DURAPAY_CARD__KEYS": json.dumps([f"k7:{SECRETS['DURAPAY_CARD__KEYS']}"]),
         "DURAPAY_RECONCILE__DAILY": "false",
     }
     for name, value in values.items():
