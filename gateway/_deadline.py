@@ -22,14 +22,14 @@ it, one per HTTP stack durapay uses:
   one's own: with this transport alone they were ignored and the gateway was called direct).
 
 A name's resolution is bounded too (:func:`lookup`): ``getaddrinfo`` takes no timeout (the system
-resolver's own can reach tens of seconds), so it runs on one of :data:`RESOLVER_THREADS` threads and the
-call waits for it at most what is left of its deadline. A resolver that hangs holds one of those
-threads until its own timeout, never the caller; both adapters connect to the addresses it found.
+resolver's own can reach tens of seconds), so it runs on a thread of its own, at most
+:data:`RESOLVER_THREADS` at once, and the call waits for it at most what is left of its deadline. A
+resolver that hangs holds that thread until its own timeout, never the caller; both adapters connect to
+the addresses it found.
 """
 
 from __future__ import annotations
 
-import concurrent.futures
 import contextlib
 import contextvars
 import io
@@ -87,21 +87,23 @@ RESOLVER_THREADS = 8
 
 
 class _Resolvers:
-    """The threads names are resolved on: made on first use in each process (a fork has none of its
-    parent's threads), at most :data:`RESOLVER_THREADS`; a name beyond them waits its turn, within its
-    deadline still. Process-wide, as the system resolver is."""
+    """The slots names are resolved in, at most :data:`RESOLVER_THREADS` at once in a process (a name
+    beyond them waits for a slot, within its deadline still). Each lookup runs on a daemon thread of its
+    own, so that one the resolver never answers holds its slot until the resolver's own timeout, and
+    neither its caller nor the process's exit. Counted anew in a forked child (its parent's lookups
+    are not running there). Process-wide, as the system resolver is."""
 
     lock = threading.Lock()
     pid: int | None = None
-    pool: concurrent.futures.ThreadPoolExecutor | None = None
+    slots = threading.BoundedSemaphore(RESOLVER_THREADS)
 
     @classmethod
-    def get(cls) -> concurrent.futures.ThreadPoolExecutor:
+    def get(cls) -> threading.BoundedSemaphore:
         with cls.lock:
-            if cls.pool is None or cls.pid != os.getpid():
-                cls.pool = concurrent.futures.ThreadPoolExecutor(RESOLVER_THREADS, thread_name_prefix="durapay-resolve")
+            if cls.pid != os.getpid():
+                cls.slots = threading.BoundedSemaphore(RESOLVER_THREADS)
                 cls.pid = os.getpid()
-            return cls.pool
+            return cls.slots
 
 
 def _literal(host: str) -> bool:
@@ -117,13 +119,28 @@ def lookup(host: str, port: int, family: int = 0, kind: int = socket.SOCK_STREAM
     past it). An address written as one is not looked up; outside a bounded call, as getaddrinfo is."""
     if _literal(host) or _DEADLINE.get() is None:
         return socket.getaddrinfo(host, port, family, kind, proto)
-    left = clamp(None)
-    future = _Resolvers.get().submit(socket.getaddrinfo, host, port, family, kind, proto)
-    try:
-        return future.result(timeout=left)
-    except concurrent.futures.TimeoutError:
-        future.cancel()
-        raise DeadlinePassed(f"resolving {host!r} did not end within the call's deadline") from None
+    slots = _Resolvers.get()
+    if not slots.acquire(timeout=clamp(None)):
+        raise DeadlinePassed(f"resolving {host!r}: no resolver free within the call's deadline")
+    answer: list[Any] = []
+    failure: list[BaseException] = []
+    done = threading.Event()
+
+    def resolve() -> None:
+        try:
+            answer.extend(socket.getaddrinfo(host, port, family, kind, proto))
+        except (OSError, ValueError) as exc:  # handed to the caller (it raises it), if it still waits
+            failure.append(exc)
+        finally:
+            slots.release()
+            done.set()
+
+    threading.Thread(target=resolve, name="durapay-resolve", daemon=True).start()
+    if not done.wait(clamp(None)):
+        raise DeadlinePassed(f"resolving {host!r} did not end within the call's deadline")
+    if failure:
+        raise failure[0]
+    return answer
 
 
 def addresses(host: str, port: int) -> list[str]:
