@@ -312,7 +312,7 @@ def test_retry_pauses_grow_are_jittered_bounded_and_only_for_idempotent_retryabl
 
 def test_a_start_the_api_holds_longer_than_the_read_timeout_is_answered(idle_api: tuple[ApiServer, Runtime]) -> None:  # noqa: F811
     """The API waits 3 s for a customer URL by its setting (up to 60); the client's read timeout is
-    0.5 s. Without a `wait` of its own the client timed out on a start the API was answering (and, with
+    1.5 s. Without a `wait` of its own the client timed out on a start the API was answering (and, with
     no key, could not send it again); it sends its `start_wait`, and reads that much longer."""
     server, runtime = idle_api
     sent: list[httpx.Request] = []
@@ -322,13 +322,13 @@ def test_a_start_the_api_holds_longer_than_the_read_timeout_is_answered(idle_api
             sent.append(request)
             return super().handle_request(request)
 
-    with quick(server.url, timeout=0.5, start_wait=1.0, transport=Recording()) as api:
+    with quick(server.url, timeout=1.5, start_wait=2.0, transport=Recording()) as api:
         started = api.start("hpp", {"order": order(), "paymentSession": session()})
-    # No worker runs it: the API held the start for the client's wait (1 s, past the 0.5 s read timeout,
-    # which would have failed the call), not its own 3 s (which would have too), and then answered.
+    # No worker runs it: the API held the start for the client's wait (2 s, past the 1.5 s read timeout,
+    # which would have failed the call), not its own 3 s, and then answered; the client read for 3.5 s.
     [start] = [request for request in sent if request.method == "POST"]
-    assert start.url.params["wait"] == "1.0", start.url
-    assert start.extensions["timeout"]["read"] >= 0.5 + 1.0, start.extensions["timeout"]
+    assert start.url.params["wait"] == "2.0", start.url
+    assert start.extensions["timeout"]["read"] >= 1.5 + 2.0, start.extensions["timeout"]
     assert started.customer_url is None
     assert [record.id for record in runtime.engine.list(kind="hpp")] == [started.id]
 

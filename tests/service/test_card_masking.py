@@ -256,7 +256,7 @@ def test_an_operation_id_is_shown_whole_in_every_error_text_and_a_card_number_ne
         login = browser.get("/console/login")
         csrf = re.search(r'name="csrf" value="([^"]+)"', login.text)
         assert csrf is not None
-        assert browser.post("/console/login", data={"key": KEY, "csrf": csrf.group(1)}).status_code == 303
+        assert browser.post("/console/login", data={"name": "Ada", "key": KEY, "csrf": csrf.group(1)}).status_code == 303
         surfaces["the console's flow list"] = browser.get("/console/flows").text
         surfaces["the console's flow page"] = browser.get(f"/console/flows/{declined.id}").text
     for name, value in {
