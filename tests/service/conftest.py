@@ -9,8 +9,10 @@ resume is visible exactly once in its log.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -18,6 +20,7 @@ import pytest
 from pydantic import BaseModel
 
 from durapay.config import Settings, load_settings
+from durapay.config.embedded import EmbeddedValkey
 from durapay.gateway import Catalogue
 from durapay.service.app import create_app
 from durapay.service.runtime import Runtime, build_runtime
@@ -89,12 +92,31 @@ def api_document(redis_url: str) -> dict[str, Any]:
         built.close()
 
 
-@pytest.fixture
-def runtime(redis_url: str, key_prefix: str) -> Iterator[Runtime]:
+def service_runtime(redis_url: str, key_prefix: str) -> Iterator[Runtime]:
     built = build_runtime(service_settings(key_prefix), redis_url=redis_url, flows={"notified": NOTIFIED})
     built.engine.sender = None
     yield built
     built.close()
+
+
+@pytest.fixture
+def runtime(redis_url: str, key_prefix: str) -> Iterator[Runtime]:
+    yield from service_runtime(redis_url, key_prefix)
+
+
+@pytest.fixture(scope="module")
+def own_redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A Valkey of one test file's own, for a test that reads the whole store after each of thousands of
+    requests: on the session's shared server every SCAN also walks each earlier test's keys (in the suite,
+    minutes instead of seconds). ``DURAPAY_REDIS_URL``, when set, is used as given."""
+    configured = os.environ.get("DURAPAY_REDIS_URL")
+    if configured:
+        yield configured
+        return
+    server = EmbeddedValkey(Path(tmp_path_factory.mktemp("own-valkey")))
+    server.start()
+    yield server.url
+    server.stop()
 
 
 @dataclass

@@ -23,8 +23,9 @@ from typing import Any
 
 import pytest
 
+from durapay.service.runtime import Runtime
 from durapay.workflows.sensitive import GATEWAY_IDS, CardIdentifier, identifier, mask, refuse_card_identifiers
-from tests.service.conftest import API_KEY, Served, waiting_flow
+from tests.service.conftest import API_KEY, Served, service_runtime, waiting_flow
 from tests.service.test_api_schedules import schedule
 from tests.service.test_card_masking import stored
 
@@ -33,6 +34,12 @@ PAN = "4349940199004549"
 TEXT = f"card {PAN} read out by the customer"
 #: The bodies of the flows' own routes (a flow kind's input is the gateway's request: see the docstring).
 FLOW_START = re.compile(r"^/flows/[a-z_]+$")
+
+
+@pytest.fixture
+def runtime(own_redis_url: str, key_prefix: str) -> Iterator[Runtime]:
+    """On a Valkey of this file's own: the test reads the whole store after each request."""
+    yield from service_runtime(own_redis_url, key_prefix)
 
 
 def resolved(schema: dict[str, Any], doc: dict[str, Any]) -> dict[str, Any]:

@@ -14,14 +14,22 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
-from tests.service.conftest import API_KEY, Served, notification, waiting_flow
+from durapay.service.runtime import Runtime
+from tests.service.conftest import API_KEY, Served, notification, service_runtime, waiting_flow
 
 KEY = {"X-Api-Key": API_KEY}
 TOKEN = "2f0ea5059b41414ca3744fe672327d85"
+
+
+@pytest.fixture
+def runtime(own_redis_url: str, key_prefix: str) -> Iterator[Runtime]:
+    """On a Valkey of this file's own: the test reads the whole store after each request."""
+    yield from service_runtime(own_redis_url, key_prefix)
 
 
 def plausible(hole: str) -> str:
