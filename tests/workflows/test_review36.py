@@ -1,0 +1,101 @@
+"""Review 36: attempts to make money misstated on shared gateway targets (and around them).
+
+Each test fails on main (40c8c44) and names the invariant it breaks (docs/durability.md, DESIGN.md's
+"Money invariants"). Run: ``.venv/bin/python -m pytest -n 0 tests/workflows/test_review36.py``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from durapay.gateway import Catalogue
+from durapay.simulator import SimulatorServer
+from durapay.workflows.engine import Claim
+from durapay.workflows.states import FlowState
+from tests.workflows.aof_tail import AofTail
+from tests.workflows.flow_model import FlowWorld
+from tests.workflows.test_shared_targets import STOPPED, charge, made_by, named, reservation, run, sale, to_step
+
+
+@pytest.fixture
+def world(model_parts: tuple[SimulatorServer, AofTail]) -> Iterator[FlowWorld]:
+    built = FlowWorld(*model_parts, example=3601)
+    yield built
+    built.close()
+
+
+def claim_only(world: FlowWorld, flow_id: str, step: str) -> None:
+    """A worker claims the step (durably: a money claim) and dies before it runs a line of it: before the
+    hold on its target is written, so before any call could be sent."""
+    claim = world.engine.protocol.claim(flow_id, step, worker="doomed", money=True)
+    assert isinstance(claim, Claim), claim
+
+
+# -- finding 1: a flow of this release that never took its hold is read back by resemblance ---------------
+
+
+def test_a_refund_stopped_before_its_hold_never_adopts_a_refund_it_did_not_make(world: FlowWorld) -> None:
+    """Invariant 6 (and 3). The refund's first read (the payment's operation, to name its target) is
+    answered 401: the flow stops for a person before any hold or call. Meanwhile the merchant's back office
+    refunds the same amount. The person's retry sets ``reconcile``, so ``Targets._hold`` takes the flow for
+    one "whose call an earlier release sent" (``legacy``: no hold on the record, may_have_sent, in flight),
+    takes no snapshot, and the read-back judges by resemblance (type, amount, time): it adopts the back
+    office's refund as its own. The flow ends succeeded naming an operation its call never made, and the
+    refund it was started for is never sent."""
+    payment = sale(world, "k3601p1", 3000)
+    flow = world.start_flow("refund", {"operationId": payment, "amount": 1000, "currency": "EUR"}, key="rv1")
+    world.sim.admin.set_faults(mode="error", status=401, operation="get_operation", count=1)
+    stopped = run(world, flow, STOPPED)
+    assert stopped.state is FlowState.NEEDS_ATTENTION, world.describe(flow)
+    assert made_by(world, flow) == [], "nothing was sent"
+    # The back office refunds 1000 of the same payment (outside durapay, its own key).
+    world.engine.gateway().call(
+        Catalogue.refund_operation, payment, request={"amount": "1000", "currency": "EUR"}, idempotency_key="back-office-1"
+    )
+    world.sim.admin.clear_faults()
+    world.engine.retry(flow.flow_id)
+    world.settle()
+    done = world.record(flow)
+    assert done is not None and done.state is FlowState.SUCCEEDED, world.describe(flow)
+    own = made_by(world, flow)
+    assert len(own) == 1, f"its refund was never sent: it names {named(world, flow)}, the back office's"
+    assert named(world, flow) == own[0]["operationId"]
+
+
+def test_a_delayed_charge_whose_worker_died_before_its_hold_never_adopts_an_expired_flows_charge(world: FlowWorld) -> None:
+    """Invariant 6 (money misstated: a charge reported taken that never was). A delayed charge of 3000 sleeps
+    40 days; meanwhile another delayed charge of 3000 on the same reservation charges and ends, and its
+    record (with its ``op:`` lookup) expires after the retention (30 days). The sleeper wakes; its worker
+    claims the charge step (durably) and dies before writing its hold. The next try, after the lease, is
+    uncertain with no hold on the record: ``legacy``, no snapshot; the read-back takes a DELAY_CHARGE of
+    3000 not in the list read at the flow's start, made after it started and recorded by no live flow: the
+    other flow's charge. The sleeper ends succeeded naming it; the guest is charged once for two charges."""
+    reservation(world, "k3601r1", 20000)
+    now = datetime.fromtimestamp(world.clock.now(), UTC)
+    sleeper = world.start_flow(
+        "delay_charge", charge("k3601r1", 3000, runAt=(now + timedelta(days=40)).isoformat()), key="dv1"
+    )
+    run(world, sleeper, {FlowState.SLEEPING})
+    other = world.start_flow("delay_charge", charge("k3601r1", 3000, runAt=(now + timedelta(hours=1)).isoformat()), key="dv2")
+    run(world, other, {FlowState.SLEEPING})
+    world.advance(3601.0)
+    world.engine.dispatch_due()
+    run(world, other, STOPPED)
+    assert world.record(other).state is FlowState.SUCCEEDED  # type: ignore[union-attr]
+    assert len(made_by(world, other)) == 1
+    world.expire_retention()  # 30 days and a minute: the other flow's record and lookups are gone
+    assert world.record(other) is None
+    world.advance(10 * 86400.0)  # past the sleeper's runAt
+    world.engine.dispatch_due()
+    to_step(world, sleeper, "charge")
+    claim_only(world, sleeper.flow_id, "charge")
+    world.advance(world.engine.lease + 1)
+    world.settle()
+    done = world.record(sleeper)
+    assert done is not None and done.state is FlowState.SUCCEEDED, world.describe(sleeper)
+    own = made_by(world, sleeper)
+    assert len(own) == 1, f"the sleeper never charged: it names {named(world, sleeper)}, the other flow's charge"
+    assert named(world, sleeper) == own[0]["operationId"]
