@@ -17,7 +17,7 @@ from durapay.workflows.engine import Claim
 from durapay.workflows.states import FlowState
 from tests.workflows.aof_tail import AofTail
 from tests.workflows.flow_model import FlowWorld
-from tests.workflows.test_shared_targets import STOPPED, charge, made_by, named, reservation, run, sale, to_step
+from tests.workflows.test_shared_targets import STOPPED, charge, made_by, mine, named, reservation, run, sale, to_step
 
 
 @pytest.fixture
@@ -99,3 +99,53 @@ def test_a_delayed_charge_whose_worker_died_before_its_hold_never_adopts_an_expi
     own = made_by(world, sleeper)
     assert len(own) == 1, f"the sleeper never charged: it names {named(world, sleeper)}, the other flow's charge"
     assert named(world, sleeper) == own[0]["operationId"]
+
+
+def test_a_legacy_holder_taking_its_own_target_again_lets_no_other_call_in_meanwhile(
+    world: FlowWorld, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Invariant 6 ("two flows acting on one target never leave a lost answer ambiguous"). A refund read back
+    as an earlier release's (``legacy``, here after the 401 of the first test) holds the payment's order under
+    a hold with no snapshot; its call's answer is lost (the request acts late). Each later try of a legacy hold
+    writes a *new* token (``Targets._hold``: the first branch needs ``before``) and then takes the key over
+    from its own old token. Between that intent and the take, the holder's record no longer names the key's
+    token, so another flow's ``check`` of it answers ``free``: a second refund takes the order over and calls
+    while the first's call is still unresolved. The first's late refund lands after the second's snapshot,
+    the second's own call never acted, and its read-back adopts the first's refund: two flows, one refund."""
+    payment = sale(world, "k3601p2", 3000)
+    first = world.start_flow("refund", {"operationId": payment, "amount": 1000, "currency": "EUR"}, key="rv2")
+    world.sim.admin.set_faults(mode="error", status=401, operation="get_operation", count=1)
+    assert run(world, first, STOPPED).state is FlowState.NEEDS_ATTENTION
+    world.sim.admin.clear_faults()
+    world.engine.retry(first.flow_id)
+    world.sim.admin.set_faults(mode="late", operation="refund_operation", count=1)
+    while mine(world, first):
+        world.deliver(mine(world, first)[0])
+    held = world.record(first)
+    assert held is not None and held.state is FlowState.RETRYING and held.reconcile, world.describe(first)
+    second = world.start_flow("refund", {"operationId": payment, "amount": 1000, "currency": "EUR"}, key="rv3")
+    world.messages.chains[:] = [chain for chain in world.messages.chains if chain[0] != second.flow_id]
+    targets = world.engine.targets
+    original = targets._take_key
+    armed = [True]
+
+    def take_key(name: str, flow_id: str, token: str, expected: str = "") -> list[str]:
+        if armed[0] and flow_id == first.flow_id:  # the first's new intent is written; its take not yet
+            armed[0] = False
+            world.sim.admin.set_faults(mode="error", status=500, operation="refund_operation", count=1)
+            world.engine.run_step(second.flow_id, "post", worker="w2", money=True)
+        return original(name, flow_id, token, expected)
+
+    monkeypatch.setattr(targets, "_take_key", take_key)
+    world.advance(world.engine.retry_policy.cap_seconds + 1, release=False)
+    world.engine.dispatch_due()
+    while mine(world, first):
+        world.deliver(mine(world, first)[0])
+    assert not armed[0], "the first's try took its target again"
+    world.sim.admin.release_late()  # the first's refund acts now, after the second's snapshot
+    world.settle()
+    refunds = [op for op in world.sim.admin.operations(operation_type="REFUND") if op["orderId"] == "k3601p2"]
+    names = {flow.flow_id: named(world, flow) for flow in (first, second)}
+    states = [world.record(flow).state for flow in (first, second)]  # type: ignore[union-attr]
+    assert states == [FlowState.SUCCEEDED, FlowState.SUCCEEDED], [world.describe(flow) for flow in (first, second)]
+    assert len(set(names.values())) == 2, f"two flows name one refund {names}; the gateway made {len(refunds)}"
