@@ -75,9 +75,7 @@ def test_a_delayed_charge_whose_worker_died_before_its_hold_never_adopts_an_expi
     other flow's charge. The sleeper ends succeeded naming it; the guest is charged once for two charges."""
     reservation(world, "k3601r1", 20000)
     now = datetime.fromtimestamp(world.clock.now(), UTC)
-    sleeper = world.start_flow(
-        "delay_charge", charge("k3601r1", 3000, runAt=(now + timedelta(days=40)).isoformat()), key="dv1"
-    )
+    sleeper = world.start_flow("delay_charge", charge("k3601r1", 3000, runAt=(now + timedelta(days=40)).isoformat()), key="dv1")
     run(world, sleeper, {FlowState.SLEEPING})
     other = world.start_flow("delay_charge", charge("k3601r1", 3000, runAt=(now + timedelta(hours=1)).isoformat()), key="dv2")
     run(world, other, {FlowState.SLEEPING})
@@ -149,3 +147,21 @@ def test_a_legacy_holder_taking_its_own_target_again_lets_no_other_call_in_meanw
     states = [world.record(flow).state for flow in (first, second)]  # type: ignore[union-attr]
     assert states == [FlowState.SUCCEEDED, FlowState.SUCCEEDED], [world.describe(flow) for flow in (first, second)]
     assert len(set(names.values())) == 2, f"two flows name one refund {names}; the gateway made {len(refunds)}"
+
+
+def test_a_full_refund_pays_one_gateway_read_for_its_target_as_documented(world: FlowWorld) -> None:
+    """Cost (docs/durability.md, "One money call at a time per target", Cost: "a few Redis round trips and one
+    gateway read"). A full refund's happy path reads the payment's operation (``PAYMENT_ORDER.of``:
+    ``_payment_order``, to name its order) and then the order (the snapshot) before it sends its refund: two
+    gateway reads on every refund, capture and cancel of a capture, where the refund alone needed none."""
+    payment = sale(world, "k3601p3", 3000)
+    flow = world.start_flow("refund", {"operationId": payment}, key="rv4")
+    world.settle()
+    assert world.record(flow).state is FlowState.SUCCEEDED  # type: ignore[union-attr]
+    (post,) = [
+        entry["call"]
+        for entry in world.engine.history(flow.flow_id)
+        if (entry.get("call") or {}).get("op", "").endswith("refund_operation")
+    ]
+    reads = post["op"].split(" then ")[:-1]
+    assert len(reads) <= 1, f"the refund's step made {reads} before its call"
