@@ -7,7 +7,7 @@ Each test fails on main (40c8c44) and names the invariant it breaks (docs/durabi
 from __future__ import annotations
 
 from collections.abc import Iterator
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime, timedelta, timezone
 
 import pytest
 
@@ -165,3 +165,23 @@ def test_a_full_refund_pays_one_gateway_read_for_its_target_as_documented(world:
     ]
     reads = post["op"].split(" then ")[:-1]
     assert len(reads) <= 1, f"the refund's step made {reads} before its call"
+
+
+def test_a_delayed_charge_accepted_when_it_starts_is_judged_at_the_same_moment_when_it_charges(world: FlowWorld) -> None:
+    """Invariant 7 (a check holds when the money moves: the same check, of the same moment). A delayed charge
+    at 00:30 (+02:00) on the reservation's check-out day: the start's check (``_reservation_checked``, ``when
+    = runAt``) reads the check-out day in runAt's own offset and accepts it; the charge step wakes at that very
+    moment and checks ``datetime.fromtimestamp(now, UTC)``, the day before in UTC, and refuses it (``runAt``
+    "before the check-out date"): the guest is not charged although nothing changed (reservations.py,
+    ``_Charge.execute`` against ``_reservation_checked``)."""
+    now = datetime.fromtimestamp(world.clock.now(), UTC)
+    check_out = (now + timedelta(days=3)).date()
+    reservation(world, "k3601r5", 20000, checkOutDate=check_out.isoformat())
+    run_at = datetime(check_out.year, check_out.month, check_out.day, 0, 30, tzinfo=timezone(timedelta(hours=2)))
+    flow = world.start_flow("delay_charge", charge("k3601r5", 5000, runAt=run_at.isoformat()), key="dv5")
+    asleep = run(world, flow, STOPPED | {FlowState.SLEEPING})
+    assert asleep.state is FlowState.SLEEPING, world.describe(flow)
+    world.advance(run_at.timestamp() - world.clock.now() + 1)
+    world.settle()
+    done = world.record(flow)
+    assert done is not None and done.state is FlowState.SUCCEEDED, (done.error if done else None, world.describe(flow))
