@@ -8,14 +8,16 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta, timezone
+from typing import Any
 
 import pytest
 
 from durapay.gateway import Catalogue
 from durapay.simulator import SimulatorServer
+from durapay.workflows.durability import NotDurable
 from durapay.workflows.engine import Claim
 from durapay.workflows.states import FlowState
-from tests.workflows.aof_tail import AofTail
+from tests.workflows.aof_tail import AofTail, FloorDurability
 from tests.workflows.flow_model import FlowWorld
 from tests.workflows.test_shared_targets import STOPPED, charge, made_by, mine, named, reservation, run, sale, to_step
 
@@ -65,7 +67,10 @@ def test_a_refund_stopped_before_its_hold_never_adopts_a_refund_it_did_not_make(
     assert named(world, flow) == own[0]["operationId"]
 
 
-def test_a_delayed_charge_whose_worker_died_before_its_hold_never_adopts_an_expired_flows_charge(world: FlowWorld) -> None:
+@pytest.mark.parametrize("missing", ["worker killed after its claim", "claim not durable in time"])
+def test_a_delayed_charge_whose_hold_was_never_written_never_adopts_an_expired_flows_charge(
+    world: FlowWorld, missing: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Invariant 6 (money misstated: a charge reported taken that never was). A delayed charge of 3000 sleeps
     40 days; meanwhile another delayed charge of 3000 on the same reservation charges and ends, and its
     record (with its ``op:`` lookup) expires after the retention (30 days). The sleeper wakes; its worker
@@ -89,7 +94,17 @@ def test_a_delayed_charge_whose_worker_died_before_its_hold_never_adopts_an_expi
     world.advance(10 * 86400.0)  # past the sleeper's runAt
     world.engine.dispatch_due()
     to_step(world, sleeper, "charge")
-    claim_only(world, sleeper.flow_id, "charge")
+    if missing == "worker killed after its claim":
+        claim_only(world, sleeper.flow_id, "charge")
+    else:  # the claim's WAITAOF times out (DURAPAY_ENGINE__SYNC_TIMEOUT): "runs after the lease, reading first"
+
+        def not_durable(self: Any, pinned: Any, what: str) -> None:
+            raise NotDurable(f"{what}: not durable in time")
+
+        with monkeypatch.context() as patch:
+            patch.setattr(FloorDurability, "wait", not_durable)
+            assert world.engine.run_step(sleeper.flow_id, "charge", worker="w1", money=True) == "not-durable"
+        world.messages.chains[:] = [chain for chain in world.messages.chains if chain[0] != sleeper.flow_id]
     world.advance(world.engine.lease + 1)
     world.settle()
     done = world.record(sleeper)
