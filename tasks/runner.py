@@ -169,6 +169,10 @@ class StepContext:
     hold_target: Callable[[], Outcome | None] | None = None
     #: The step's gateway target as it held it (see :class:`TargetSnapshot`), None when it holds none.
     snapshot: TargetSnapshot | None = None
+    #: A person's decision on a call an earlier release sent with no hold on its target (the record's
+    #: ``decided`` for this step: ``adopt``, the operation taken as the call's; ``none``, those taken as
+    #: not its own: ``workflows.operator_actions.decision``), or None.
+    decided: Mapping[str, Any] | None = None
     #: This try ended before its money call could be sent: while it took its target (it waits for
     #: another flow's call, or a read of the target failed). What it marked in flight is then settled.
     kept_from_call: bool = False

@@ -529,7 +529,9 @@ class Engine:
                     return self.get(flow_id)
                 continue  # it completed meanwhile: cancel what it left
             reason = mask_text(reason)  # a person's words, masked where they are written (workflows.sensitive)
-            change = Change(FlowState.CANCELLED, f"cancelled: {reason}", {"outcome": compact_json({"reason": reason})})
+            fields: dict[str, str | None] = {"outcome": compact_json({"reason": reason})}
+            fields |= operator_actions.decision(record, "cancel")  # a person's, on a call sent with no hold
+            change = Change(FlowState.CANCELLED, f"cancelled: {reason}", fields)
             # transition.lua decides: cancelled, or (money in flight) a request whose step runs now to read,
             # or refused (its payment succeeded).
             try:
@@ -590,6 +592,8 @@ class Engine:
                 # Any call of the last try was sent before the flow stopped.
                 "maybe_sent": repr(record.updated),
                 "cancel_requested": None,
+                # A person's decision on a call an earlier release sent with no hold (the operation taken).
+                **operator_actions.decision(record, "retry"),
             }
             return Change(FlowState.READY, "retry requested (reconcile first)", fields, due=now + self.safety)
         if record.state is FlowState.FAILED:
@@ -630,6 +634,11 @@ class Engine:
                 "unsettled": None,
                 "ending": None,
                 "maybe_sent": None,
+                # A new generation's money step takes its target anew (workflows.targets): the hold of the
+                # failed one was of its own call, its snapshot of what the target held then.
+                "hold": None,
+                "hold_fence": None,
+                "decided": None,
             }
             if new_order and new_order not in record.orders:
                 fields["orders"] = compact_json([*record.orders, new_order])

@@ -1,6 +1,6 @@
 """Money in flight: what a step's completion says about money the flow may have at the gateway.
 
-One record field, ``unsettled`` (JSON ``{step, op, t, operationId?}``), is the one home of "may money be
+One record field, ``unsettled`` (JSON ``{step, op, t, v, operationId?}``), is the one home of "may money be
 moving at the gateway for this flow" (docs/durability.md, "Money in flight"):
 
 * **set** by ``claim.lua`` when a step whose operation moves money (the catalogue's ``moves_money``) or
@@ -18,6 +18,11 @@ moving at the gateway for this flow" (docs/durability.md, "Money in flight"):
   unanswered (a 429, a 503, or the gateway's breaker that let no call out: ``Defer``), a wait's end
   where the gateway says the customer can no longer pay (``CLOSED``), or a
   read that found nothing after the call could no longer arrive (``tasks.runner.settle``).
+
+``v`` is the mark's format (:data:`MARK_FORMAT`): a mark that carries it was made by a release whose money
+steps on a shared gateway target hold it before any call can be sent (``workflows.targets``), so such a
+mark with no hold on the record had no call sent under it; a mark without it is an earlier release's,
+whose call may have been sent with no hold at all (:func:`sent_unheld`).
 
 ``transition.lua`` reads it and nothing else to decide whether a flow may end ``cancelled`` or
 ``failed``: while it is set, a cancel becomes a read of the gateway and a failure is owed (``ending``)
@@ -43,6 +48,9 @@ from durapay.workflows.store import FlowRecord, compact_json
 
 #: The fields a completion writes once the gateway has said what became of the money.
 SETTLED: dict[str, str | None] = {"unsettled": None, "maybe_sent": None, "ending": None}
+#: The format of this release's marks (``v``): 2 since a money step on a shared gateway target writes its
+#: hold on the record before its call can be sent (``workflows.targets``); an earlier release's mark has none.
+MARK_FORMAT = 2
 
 
 # -- the questions every other layer asks ----------------------------------------------------------
@@ -69,6 +77,46 @@ def moved(record: FlowRecord) -> dict[str, Any] | None:
     except ValueError:
         return {}
     return taken if isinstance(taken, dict) else {}
+
+
+def unanswered_call(record: FlowRecord, step: str) -> bool:
+    """Whether ``step``'s money call may have been sent and the gateway has named no operation for it yet
+    (the flow keeps its gateway target meanwhile): the Python side of ``lua/inflight.lua``'s
+    ``unanswered``, which the target scripts ask. An unreadable mark counts as unanswered."""
+    raw = record.fields.get("unsettled")
+    if not raw:
+        return False
+    try:
+        mark = json.loads(raw)
+    except ValueError:
+        return True
+    if not isinstance(mark, dict):
+        return True
+    return mark.get("step") == step and not mark.get("operationId") and not mark.get("open")
+
+
+def marked_since(record: FlowRecord, moment: Any) -> bool:
+    """Whether ``moment`` (when a try wrote something of its money call: its hold on a gateway target) is no
+    earlier than the claim that marked the money in flight now: written under this mark, not left by a try
+    whose money was settled since (a refusal, a wait for another flow), after which a claim marked it anew.
+    Unknown either way: True (as the record was read before marks were compared)."""
+    marked = (record.unsettled or {}).get("t")
+    if not isinstance(marked, int | float) or not isinstance(moment, int | float):
+        return True
+    return float(moment) >= float(marked) - 0.001  # (the mark's time passes through Lua's JSON: to a millisecond)
+
+
+def sent_unheld(record: FlowRecord, step: str) -> bool:
+    """Whether a try of an earlier release may have sent ``step``'s money call with no hold on its gateway
+    target: money in flight for the step marked without this release's format (``v``), and a try that may
+    have sent (:func:`may_have_sent`). Known from what the mark says, never from a hold missing: a mark of
+    this release with no hold on the record had no call sent under it (the hold is written, and durable,
+    before the call can be; ``workflows.targets``)."""
+    mark = record.unsettled
+    if not mark or mark.get("step") != step or not may_have_sent(record):
+        return False
+    version = mark.get("v")
+    return not isinstance(version, int) or version < MARK_FORMAT
 
 
 def reads_first(record: FlowRecord) -> bool:
@@ -165,7 +213,8 @@ def _money(step: Step, record: FlowRecord, outcome: Outcome, sent: bool) -> dict
         # The customer may pay from now on: the wait ends only on the gateway's word (CLOSED, or a
         # final payment), and a cancel closes it first.
         op = step.operation
-        return {"unsettled": compact_json({"step": step.name, "op": op.name if op else "", "t": record.updated, "open": True})}
+        mark = {"step": step.name, "op": op.name if op else "", "t": record.updated, "open": True, "v": MARK_FORMAT}
+        return {"unsettled": compact_json(mark)}
     if unsettled is None:
         return {}
     if isinstance(outcome, Finish) and outcome.output and outcome.output.get(CLOSED):

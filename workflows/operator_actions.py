@@ -17,7 +17,7 @@ from typing import Any
 from durapay.workflows import inflight
 from durapay.workflows.sensitive import erased
 from durapay.workflows.states import TERMINAL, FlowState
-from durapay.workflows.store import FlowRecord
+from durapay.workflows.store import FlowRecord, compact_json
 
 ACTIONS = {
     "retry": "Retry",
@@ -77,6 +77,30 @@ def late_payment(record: FlowRecord) -> dict[str, Any] | None:
     return None
 
 
+def unheld_candidates(record: FlowRecord) -> list[str] | None:
+    """The operations a read-back listed for a call an earlier release sent with no hold on its target
+    (``ForeignOperation``, reason ``legacy``: ``workflows.flows._adopt``), or None when the flow did not stop
+    for that. Only a person can say whether one is the flow's: :func:`decision`."""
+    error = record.error or {}
+    if record.state is FlowState.NEEDS_ATTENTION and error.get("type") == "ForeignOperation" and error.get("reason") == "legacy":
+        ids = error.get("operationIds")
+        return [str(i) for i in ids] if isinstance(ids, list) else []
+    return None
+
+
+def decision(record: FlowRecord, action: str) -> dict[str, str | None]:
+    """The fields a person's ``retry`` or ``cancel`` of a flow stopped over :func:`unheld_candidates`
+    writes (``decided``, read by the step's read-back): a retry takes the one operation listed as the flow's
+    (confirmed against the back office: it is offered only when one is listed), a cancel takes none of
+    those listed as its own (its call then never acted, once it can no longer arrive). Nothing for any
+    other flow."""
+    ids = unheld_candidates(record)
+    if ids is None or action not in {"retry", "cancel"}:
+        return {}
+    chosen = {"step": record.step, "adopt": ids[0]} if action == "retry" else {"step": record.step, "none": ids}
+    return {"decided": compact_json(chosen)}
+
+
 def taken(record: FlowRecord, *, refunding: FlowRecord | None = None) -> list[str]:
     """The actions the engine takes on the flow now: the one rule :func:`allowed` (what is offered) and
     :func:`refusal` (what is refused, and why) are both read from.
@@ -95,7 +119,10 @@ def taken(record: FlowRecord, *, refunding: FlowRecord | None = None) -> list[st
         # (a retry would not account for the second, and a flow whose payment succeeded is never cancelled: no cancel).
         return ["accept", "retry", "refund", "keep"] if _takes(record) else ["keep", "refund"]
     actions: list[str] = []
-    if record.state is FlowState.NEEDS_ATTENTION or (record.state is FlowState.FAILED and _restartable(record)):
+    unheld = unheld_candidates(record)
+    if unheld is not None and len(unheld) != 1:
+        pass  # a retry would take one of several as the flow's: a person cancels, or looks again (refusal)
+    elif record.state is FlowState.NEEDS_ATTENTION or (record.state is FlowState.FAILED and _restartable(record)):
         actions.append("retry")
     if record.state not in TERMINAL and not record.cancel_requested and inflight.moved(record) is None:
         # A flow whose money an earlier step took (``money_moved``) is never cancelled (transition.lua).
@@ -146,6 +173,13 @@ def refusal(record: FlowRecord, action: str, *, refunding: FlowRecord | None = N
         if record.state in TERMINAL:
             return f"flow {record.id} already ended ({record.state}); nothing to cancel"
         return f"flow {record.id}: a cancel is already requested"
+    unheld = unheld_candidates(record)
+    if action == "retry" and unheld is not None:
+        return (
+            f"flow {record.id}: the gateway holds {len(unheld)} operations ({', '.join(unheld)}) that the call an "
+            "earlier release sent may have made, and a retry takes one as the flow's: look them up in the gateway's "
+            "back office; cancel the flow if none is its own"
+        )
     if action == "retry" and record.state is FlowState.FAILED and record.fields.get("owner"):
         return (
             f"flow {record.id} is a charge of schedule {record.fields['owner']}, which retries declined charges "
@@ -199,6 +233,9 @@ def explain(record: FlowRecord, action: str) -> list[str]:
             f"The flow starts again from its first step on {where} with fresh idempotency keys: this is a new "
             "attempt at the gateway.",
         ]
+    unheld = unheld_candidates(record)
+    if unheld is not None:
+        return _explain_unheld(record, action, unheld)
     if action == "retry":
         return [
             f"The flow goes back to step {record.step!r}. Its last call may have reached the gateway, so the step "
@@ -238,6 +275,27 @@ def explain(record: FlowRecord, action: str) -> list[str]:
             "shows in this flow as a late payment (needs attention), never lost."
         )
     return sentences
+
+
+def _explain_unheld(record: FlowRecord, action: str, unheld: list[str]) -> list[str]:
+    """What a person decides for a call an earlier release sent with no hold on its target: the gateway
+    cannot say whose each operation is, so durapay takes none as the flow's on its own."""
+    listed = ", ".join(unheld) or "none"
+    why = (
+        f"An earlier release of durapay sent this flow's {record.kind} call before it held its gateway target, so "
+        f"the gateway cannot say whether operation {listed} is this flow's or another's (another flow, the back office)."
+    )
+    if action == "retry":
+        return [
+            why,
+            f"Confirm only once the gateway's back office shows operation {unheld[0]} is this flow's: the flow takes it "
+            "as its own, reads it until final and nothing is sent again.",
+        ]
+    return [
+        why,
+        "Confirm only once the back office shows none of them is this flow's: the flow takes none as its own, and "
+        "ends cancelled once its call can no longer arrive (a read that then finds a new one stops it for a person again).",
+    ]
 
 
 def _restartable(record: FlowRecord) -> bool:

@@ -120,14 +120,15 @@ class StepProtocol:
 
     def money_ops(self, step_name: str) -> str:
         """``claim.lua``'s ARGV of money in flight: per flow kind whose step ``step_name`` moves money, the
-        operation it calls (JSON), or "" (the script learns the kind from the record it claims)."""
+        operation it calls, and the format the mark carries (``inflight.MARK_FORMAT``), as JSON; or "" (the
+        script learns the kind from the record it claims)."""
         found = self._money_ops.get(step_name)
         if found is None:
             ops = {}
             for kind, definition in self.engine.registry.items():
                 if step_name in definition.step_index and (op := inflight.money_operation(definition.step(step_name))):
                     ops[kind] = op
-            found = self._money_ops[step_name] = compact_json(ops) if ops else ""
+            found = self._money_ops[step_name] = compact_json({"ops": ops, "v": inflight.MARK_FORMAT}) if ops else ""
         return found
 
     def _judge(self, taken: tuple[str, FlowRecord] | str, request: ClaimRequest) -> Claim | str:

@@ -19,7 +19,13 @@ resemblance took another flow's refund or charge as its own (issue 36). The rule
   the call takes as its own only an operation of its type that the snapshot does not list and that no
   other flow recorded (its ``op:`` lookup): with the target held, no other flow's call can have made it.
   Type, amount and currency only exclude (``workflows.flows._adopt``). The snapshot is taken once per
-  hold: a call sent again after a read found nothing is judged against the same one.
+  hold: a call sent again after a read found nothing is judged against the same one, and a try that finds
+  its own hold still held takes the key again under the same token (never a new one, which would leave
+  the old, still on the key, free to another flow's check in between).
+* **No snapshot, known from the record.** A try stopped before its hold was written sent nothing under
+  its mark of money in flight (the mark's format says it is this release's: the hold comes first). A call
+  an earlier release sent with no hold (``inflight.sent_unheld``: its mark has no format) holds the target
+  with no snapshot (``legacy``); its read-back adopts nothing on its own, and a person decides.
 * **The holder's record is the truth.** The target's key names its holder and the hold's token
   (``Keys.target``). A step that finds the target held asks the holder's record (``target_flow.lua``
   ``check``): held while its hold names this target and token and its money call is unanswered. Else it
@@ -80,14 +86,38 @@ def hold_of(record: FlowRecord, step: str) -> dict[str, Any] | None:
     return hold if isinstance(hold, dict) and hold.get("step") == step and hold.get("target") else None
 
 
-def snapshot_of(record: FlowRecord, step: str) -> TargetSnapshot | None:
-    """The snapshot a read-back of ``step``'s call judges by (None: the record holds none: a flow of an
-    earlier release, whose read-back falls back to what it read before)."""
+def current_hold(record: FlowRecord, step: str) -> dict[str, Any] | None:
+    """The step's hold when it was written under the money in flight marked now (``inflight.marked_since``):
+    one left by a try whose money was settled since is no hold of the call now in flight, and its snapshot
+    no longer says what the target held before that call (a back-office refund made in between would be
+    taken for its own)."""
     hold = hold_of(record, step)
-    if hold is None or hold.get("legacy"):
+    return hold if hold is not None and inflight.marked_since(record, hold.get("t")) else None
+
+
+def snapshot_of(record: FlowRecord, step: str) -> TargetSnapshot | None:
+    """The snapshot a read-back of ``step``'s call judges by, as the record holds it: the target's operations
+    when it was held; ``before`` None when no call was sent under the record's mark (a hold recorded and its
+    call never sent, or no hold at all under a mark of this release: the hold comes first); None for a call
+    an earlier release sent with no hold (``legacy``: no snapshot can exist; ``workflows.flows._adopt``
+    lets a person decide rather than judge by resemblance)."""
+    hold = current_hold(record, step)
+    if hold is None:
+        return None if inflight.sent_unheld(record, step) else TargetSnapshot("", None)
+    if hold.get("legacy"):
         return None
     before = hold.get("before")
     return TargetSnapshot(str(hold["target"]), frozenset(str(i) for i in before) if isinstance(before, list) else None)
+
+
+def decided_of(record: FlowRecord, step: str) -> dict[str, Any] | None:
+    """A person's decision on ``step``'s call (``decided``: ``operator_actions.decision``), or None."""
+    raw = record.fields.get("decided")
+    try:
+        decided = json.loads(raw) if raw else None
+    except ValueError:
+        return None
+    return decided if isinstance(decided, dict) and decided.get("step") == step else None
 
 
 class Targets:
@@ -108,6 +138,7 @@ class Targets:
     def prepare(self, claim: Claim, target: Target) -> None:
         """Give a claimed money step its snapshot as recorded, and the hold to take before it calls."""
         claim.ctx.snapshot = snapshot_of(claim.record, claim.step.name)
+        claim.ctx.decided = decided_of(claim.record, claim.step.name)
         claim.ctx.hold_target = lambda: self.hold(claim, target)
 
     def hold(self, claim: Claim, target: Target) -> Held | None:
@@ -122,25 +153,18 @@ class Targets:
 
     def _hold(self, claim: Claim, target: Target) -> Held | None:
         record, ctx = claim.record, claim.ctx
-        held = hold_of(record, claim.step.name)
-        if held is not None and isinstance(held.get("before"), list) and self._check(record.id, held)[0] == "held":
-            # Its own earlier call on the target is unanswered: the same hold, judged by the same snapshot.
-            name, token = str(held["target"]), str(held["token"])
-            answer = self._take_key(name, record.id, token)
-            if answer[0] != "ok":  # (only after Redis lost writes: another flow holds it) wait for it
-                return self._waits(claim, target, name, answer)
-            claim.hold_token = token
-            # Durable before the call is sent again (the try that took it may have stopped before its wait).
-            self.store.sync(record.id, f"hold of {name} by flow {record.id}", targets=[name])
-            ctx.snapshot = TargetSnapshot(name, frozenset(str(i) for i in held["before"]))
-            return None
-        name = str(held["target"]) if held is not None else target.of(ctx)
+        held = current_hold(record, claim.step.name)
+        if held is not None and self._check(record.id, held)[0] == "held":
+            return self._hold_again(claim, target, held)
+        earlier = hold_of(record, claim.step.name)  # the step's target, as an earlier try named it
+        name = str(earlier["target"]) if earlier is not None else target.of(ctx)
         token = request_token()
         hold: dict[str, Any] = {"step": claim.step.name, "t": ctx.now, "target": name, "token": token}
-        # A call of an earlier release's try may be unanswered, sent before any hold: what the target holds
-        # now may already include it, so it is no snapshot; its read-back judges as that release did.
-        unanswered = inflight.may_have_sent(record) and inflight.in_flight(record) is not None
-        legacy = unanswered and (held is None or bool(held.get("legacy")))
+        # A call an earlier release sent with no hold (its mark says so: inflight.sent_unheld) may already
+        # be among what the target holds now: no snapshot of it can be taken, and its read-back lets a
+        # person decide (workflows.flows._adopt). Never inferred from a hold missing: under this release's
+        # mark the hold is written, and durable, before any call.
+        legacy = held is None and inflight.sent_unheld(record, claim.step.name)
         if legacy:
             hold["legacy"] = True
         self._write(claim, "intent", hold)
@@ -159,13 +183,39 @@ class Targets:
         else:
             return self._waits(claim, target, name, answer)
         claim.hold_token = token  # taken: let go after this try's completion, whatever it is
+        self._snapshot(claim, target, hold, taken_over, legacy=legacy)
+        return None
+
+    def _hold_again(self, claim: Claim, target: Target, held: dict[str, Any]) -> Held | None:
+        """The step's own hold from an earlier try, still held (its call unanswered, or recorded and never
+        sent): taken again under the same token, so that the key never names a token the flow's record no
+        longer does (a new token written first would leave the old one free to another flow's check while the
+        key still names it). Judged by the same snapshot; one recorded but never taken is taken now."""
+        record, ctx = claim.record, claim.ctx
+        name, token = str(held["target"]), str(held["token"])
+        answer = self._take_key(name, record.id, token)
+        if answer[0] != "ok":  # (only after Redis lost writes: another flow holds it) wait for it
+            return self._waits(claim, target, name, answer)
+        claim.hold_token = token
+        before = held.get("before")
+        if isinstance(before, list) or held.get("legacy"):
+            # Durable before the call is sent again (the try that took it may have stopped before its wait).
+            self.store.sync(record.id, f"hold of {name} by flow {record.id}", targets=[name])
+            ctx.snapshot = TargetSnapshot(name, frozenset(str(i) for i in before)) if isinstance(before, list) else None
+            return None
+        self._snapshot(claim, target, held, [], legacy=False)
+        return None
+
+    def _snapshot(self, claim: Claim, target: Target, hold: dict[str, Any], taken_over: list[str], *, legacy: bool) -> None:
+        """Held: read the target, record what it holds (not for a legacy hold), all durable before the call."""
+        record, ctx = claim.record, claim.ctx
+        name = str(hold["target"])
         before = sorted({str(operation_id) for operation_id in target.operations(ctx, name)})
         if not legacy:
             self._write(claim, "snapshot", {**hold, "before": before})
         # The hold, the key and any take-over on disk before the call can go out (docs/durability.md).
         self.store.sync([record.id, *taken_over], f"hold of {name} by flow {record.id}", targets=[name])
         ctx.snapshot = None if legacy else TargetSnapshot(name, frozenset(before))
-        return None
 
     def _take_key(self, name: str, flow_id: str, token: str, expected: str = "") -> list[str]:
         keys = [self.keys.target(name), self.keys.target_waiters(name)]
@@ -216,12 +266,14 @@ class Targets:
         taken over by the next flow that asks (the holder's record says it is free)."""
         token = claim.hold_token
         held = hold_of(claim.record, claim.step.name)
-        if token is None and held is not None and isinstance(held.get("before"), list) and claim.record.unsettled:
-            # Not taken by this try (a read for a cancel, say), but held since an earlier one that sent.
+        if token is None and held is not None and inflight.unanswered_call(claim.record, claim.step.name):
+            # Not taken by this try (a read for a cancel, say), but held since an earlier one that may have
+            # sent (a legacy hold too): once this completion resolved it, the target is let go.
             token = str(held.get("token") or "") or None
         if token is None:
             return
-        name = claim.ctx.snapshot.target if claim.ctx.snapshot is not None else str((held or {}).get("target") or "")
+        snapshot = claim.ctx.snapshot
+        name = snapshot.target if snapshot is not None and snapshot.target else str((held or {}).get("target") or "")
         if not name:
             return
         flow_id = claim.record.id

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -21,7 +20,7 @@ from durapay.workflows.targets import hold_of
 from tests.workflows.aof_tail import AofTail
 from tests.workflows.flow_model import FlowWorld
 from tests.workflows.model_kinds import ModelFlow
-from tests.workflows.test_shared_targets import STOPPED, each_names_its_own, made_by, mine, reservation, run, sale
+from tests.workflows.test_shared_targets import STOPPED, each_names_its_own, made_by, mine, named, run, sale
 
 
 @pytest.fixture
@@ -140,6 +139,35 @@ def test_an_operators_retry_of_the_holder_reads_back_by_its_first_snapshot(world
     assert sorted(after.error["operationIds"]) == sorted([ours, outside.operationId])
 
 
+def test_a_hold_left_by_a_try_whose_money_was_settled_is_not_the_snapshot_of_the_next_call(world: FlowWorld) -> None:
+    """The refund's first try is refused (429: not acted, its mark settled, the order let go); the back
+    office refunds the same amount; the next try's call is answered 500 without acting. That try took its
+    hold again from the first (the same token and snapshot, from before the back office's refund) and its
+    read-back adopted the back office's refund as its own. A hold is the call's only under the mark it was
+    written after: the try takes a hold and a snapshot of its own, finds nothing new, and refunds."""
+    payment = sale(world, "k937p9", 3000)
+    flow = refund(world, payment, "s1")
+    world.sim.admin.set_faults(mode="error", status=429, operation="refund_operation", count=1)
+    run(world, flow, {FlowState.RETRYING})
+    first = hold_of(world.record(flow), "post")  # type: ignore[arg-type]
+    assert first is not None and world.record(flow).unsettled is None, world.describe(flow)  # type: ignore[union-attr]
+    body = {"amount": "1000", "currency": "EUR"}
+    world.engine.gateway().call(Catalogue.refund_operation, payment, request=body, idempotency_key="back-office-s")
+    world.sim.admin.set_faults(mode="error", status=500, operation="refund_operation", count=1)
+    world.advance(world.engine.retry_policy.cap_seconds + 1)
+    world.engine.dispatch_due()
+    while mine(world, flow):
+        world.deliver(mine(world, flow)[0])
+    assert world.record(flow).reconcile, world.describe(flow)  # type: ignore[union-attr]  # the 500: read first
+    second = hold_of(world.record(flow), "post")  # type: ignore[arg-type]
+    assert second is not None and second["token"] != first["token"], (first, second)
+    world.settle()
+    done = world.record(flow)
+    assert done is not None and done.state is FlowState.SUCCEEDED, world.describe(flow)
+    (own,) = made_by(world, flow)
+    assert named(world, flow) == own["operationId"], "it named the back office's refund"
+
+
 # -- the scripts alone -----------------------------------------------------------------------------
 
 
@@ -204,46 +232,3 @@ def test_waiting_flows_are_woken_when_the_target_is_let_go(world: FlowWorld) -> 
         assert record is not None and record.due is not None and record.due <= now, world.describe(flow)
     world.settle()
     each_names_its_own(world, first, *waiting)
-
-
-# -- records of an earlier release -------------------------------------------------------------------
-
-
-def test_a_refund_whose_answer_was_lost_under_an_earlier_release_is_read_back_as_it_was(world: FlowWorld) -> None:
-    """Its call was sent before any hold existed (no snapshot on its record): what the order holds now
-    already includes its refund, so a snapshot taken now would hide it and the refund would be sent again
-    (a second refund once the gateway forgot the key). It takes the order and reads back as before."""
-    payment = sale(world, "k937p7", 3000)
-    flow = refund(world, payment, "g1")
-    world.sim.admin.set_faults(mode="commit_then_fail", operation="refund_operation", count=1)
-    run(world, flow, {FlowState.RETRYING})
-    client, keys = world.engine.redis, world.engine.keys
-    client.hdel(keys.flow(flow.flow_id), "hold")  # as an earlier release wrote it
-    client.delete(keys.target("k937p7"))
-    state = world.sim.simulator.state
-    with state.lock:
-        state.idempotency.clear()  # and the gateway has forgotten its key
-    world.settle()
-    (own,) = made_by(world, flow)
-    done = world.record(flow)
-    assert done is not None and done.state is FlowState.SUCCEEDED, world.describe(flow)
-    assert done.outcome is not None and done.outcome["operation"]["operationId"] == own["operationId"]
-
-
-def test_a_delayed_charge_an_earlier_release_put_to_sleep_before_it_read_the_reservation_charges_checked(
-    world: FlowWorld,
-) -> None:
-    """A record with no ``original`` output (the release that slept first): the charge step reads the
-    reservation, checks it and charges the original operation the input names."""
-    original = reservation(world, "k937r1", 20000)
-    run_at = (datetime.fromtimestamp(world.clock.now(), UTC) + timedelta(hours=1)).isoformat()
-    data = {"reservationId": "k937r1", "originalOperationId": original, "amount": 5000, "currency": "EUR", "runAt": run_at}
-    flow = world.start_flow("delay_charge", data, key="h1")
-    run(world, flow, {FlowState.SLEEPING})
-    world.engine.redis.hdel(world.engine.keys.flow(flow.flow_id), "out:original")
-    world.advance(3601.0)
-    world.settle()
-    done = world.record(flow)
-    assert done is not None and done.state is FlowState.SUCCEEDED, world.describe(flow)
-    (own,) = made_by(world, flow)
-    assert done.outcome is not None and done.outcome["operation"]["operationId"] == own["operationId"]

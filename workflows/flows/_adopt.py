@@ -210,6 +210,13 @@ def _made_before(operation: Operation, moment: float) -> bool:
     return made is not None and made.timestamp() < moment
 
 
+def never_sent(ctx: StepContext) -> bool:
+    """Whether no call of the step was sent under its mark of money in flight (its hold recorded and its call
+    never sent, or no hold at all under a mark of this release: ``workflows.targets.snapshot_of``): its
+    read-back finds nothing of its own, without a read."""
+    return ctx.snapshot is not None and ctx.snapshot.before is None
+
+
 def adopt_made(
     ctx: StepContext,
     operations: Sequence[Operation],
@@ -226,19 +233,24 @@ def adopt_made(
     The public material does not say what a repeated ``Idempotency-Key`` does, and durapay itself takes a
     forgotten key as possible (``tasks.runner``: "already used" after a while), so a resend could make the
     operation twice. As for a payment, the read comes first. The call's operation is known by identity,
-    not by resemblance (``workflows.targets``): the flow held the target from before the call could be
+    never by resemblance (``workflows.targets``): the flow held the target from before the call could be
     sent, and recorded what the target held then (``ctx.snapshot``), so an operation of one of ``types``
     that the snapshot does not list, and that no other flow recorded as its own (its ``op:`` lookup), is
-    this call's; amount and currency only exclude (an operation made outside durapay). A hold recorded
-    but never sent: NOT_COMMITTED at once. A flow of an earlier release, which holds no snapshot, is read
-    as it was: not among ``before`` (what an earlier step read), made after the flow started, of the
-    call's amount (None: any) and currency.
+    this call's; amount and currency only exclude (an operation made outside durapay). No call sent under
+    the mark: NOT_COMMITTED at once (:func:`never_sent`).
+
+    A call an earlier release sent with no hold (``ctx.snapshot`` None, known from its mark) has no
+    snapshot, and nothing on the target says which operation it made: its candidates (of ``types``, not
+    among ``before``, what an earlier step read; made after the flow started; of the call's amount, None:
+    any, and currency; no other flow's) are never adopted on their own. None: NOT_COMMITTED. Any: a person
+    decides (``ForeignOperation``, reason ``legacy``, the candidates listed): their retry takes the one
+    listed as the flow's, their cancel takes none (``ctx.decided``: ``operator_actions.decision``).
 
     None found: NOT_COMMITTED (the call is sent again, with its key). One: adopted, answered as the call
     would have been (its id), and the flow's read step reads it until final. More than one: a person
     looks, nothing is adopted."""
     snapshot = ctx.snapshot
-    if snapshot is not None and snapshot.before is None:
+    if never_sent(ctx):
         return NOT_COMMITTED  # held, never sent: nothing at the gateway can be this call's
     known = snapshot.before if snapshot is not None and snapshot.before is not None else before
     made = [
@@ -251,6 +263,8 @@ def adopt_made(
         and (snapshot is not None or not _made_before(op, ctx.created - CLOCK_SKEW_SECONDS))
         and not _another_flows(ctx, op)
     ]
+    if snapshot is None:
+        return _unheld(ctx, made)
     if not made:
         return NOT_COMMITTED
     if len(made) > 1:
@@ -259,10 +273,35 @@ def adopt_made(
             f"the gateway holds {len(made)} operations this call may have made ({ids}): which is this flow's is unclear",
             {"type": "ForeignOperation", "operationIds": [op.operationId for op in made], "reason": "ambiguous"},
         )
-    # As the call answers a post-operation (its id): the money stays in flight until the read step has
-    # read the operation final, so a cancel asked meanwhile still waits for that read.
-    found = made[0].wire()
+    return _as_answered(made[0])
+
+
+def _as_answered(operation: Operation) -> Outcome:
+    """As the call answers a post-operation (its id): the money stays in flight until the read step has read
+    the operation final, so a cancel asked meanwhile still waits for that read."""
+    found = operation.wire()
     return Advance({"operationId": found["operationId"], "operationTime": found.get("operationTime"), "adopted": True})
+
+
+def _unheld(ctx: StepContext, made: list[Operation]) -> ReconcileResult:
+    """The read-back of a call an earlier release sent with no hold on its target: ``made`` are operations it
+    may have made, and nothing says which is its own. A person's decision (``ctx.decided``) takes one, or
+    none of those they saw; anything else they did not see stops the flow for them."""
+    decided = ctx.decided or {}
+    chosen = [op for op in made if op.operationId == decided.get("adopt")]
+    if chosen:
+        return _as_answered(chosen[0])
+    refused = decided.get("none")
+    left = [op for op in made if not (isinstance(refused, list) and op.operationId in refused)]
+    if not left:
+        return NOT_COMMITTED
+    ids = [str(op.operationId) for op in left]
+    return Attention(
+        f"an earlier release sent this call before durapay held its gateway target: the gateway holds {len(ids)} "
+        f"operation(s) it may have made ({', '.join(ids)}), and nothing says whose each is: a person decides "
+        "(docs/operations.md, 'A call an earlier release sent')",
+        {"type": "ForeignOperation", "operationIds": ids, "reason": "legacy"},
+    )
 
 
 def _another_flows(ctx: StepContext, operation: Operation) -> bool:
@@ -278,6 +317,7 @@ __all__ = [
     "adopt_operation_of",
     "adopt_order_payment",
     "foreign",
+    "never_sent",
     "new_order_if_never_charged",
     "not_provably_ours",
     "own_payment",

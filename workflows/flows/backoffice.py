@@ -34,7 +34,7 @@ from durapay.gateway import (
 from durapay.gateway import Amount as AmountField
 from durapay.tasks.outcomes import Advance, Finish, Outcome
 from durapay.tasks.runner import NOT_COMMITTED, UNCLEAR, ReconcileResult, StepContext
-from durapay.workflows.flows._adopt import adopt_made
+from durapay.workflows.flows._adopt import adopt_made, never_sent
 from durapay.workflows.flows._common import read_until_final, summarize
 from durapay.workflows.steps import Call, CallStep, FlowDefinition, Target
 
@@ -133,16 +133,25 @@ def _part_of_authorization(ctx: StepContext, operation: Operation, operations: l
 def _adopt_post(ctx: StepContext) -> ReconcileResult:
     """A refund or capture whose answer was lost: read the payment's order (the target the step holds)
     before sending again; the call's operation is the one its snapshot did not list (``adopt_made``)."""
-    try:
-        if ctx.snapshot is not None:
-            order_id = ctx.snapshot.target
-        else:  # a flow of an earlier release, holding no target
-            order_id = str(ctx.call(Catalogue.get_operation, ctx.input.operationId).orderId)
-        order = ctx.call(Catalogue.get_order, order_id)
-    except NotFound:
+    if never_sent(ctx):
+        return NOT_COMMITTED
+    order = _held_order(ctx)
+    if order is None:
         return UNCLEAR
     amount = None if ctx.input.amount is None else int(ctx.input.amount)
     return adopt_made(ctx, order.operations, types=MAKES[ctx.kind], amount=amount, currency=ctx.input.currency)
+
+
+def _held_order(ctx: StepContext) -> Any | None:
+    """The payment's order as the gateway shows it now (None: not found): the target the step holds, named
+    by its snapshot; for a call an earlier release sent with no hold, named by the operation's read."""
+    try:
+        order_id = ctx.snapshot.target if ctx.snapshot is not None and ctx.snapshot.target else None
+        if order_id is None:
+            order_id = str(ctx.call(Catalogue.get_operation, ctx.input.operationId).orderId)
+        return ctx.call(Catalogue.get_order, order_id)
+    except NotFound:
+        return None
 
 
 def _result_step(kind: str) -> CallStep:
@@ -166,21 +175,15 @@ CAPTURE = post_operation("capture", Catalogue.capture_operation, "capture an aut
 
 
 def _adopt_cancel(ctx: StepContext) -> ReconcileResult:
-    """A CANCEL operation whose cancelledOperationId is our capture means the cancel was made."""
-    try:
-        capture = ctx.call(Catalogue.get_operation, ctx.input.operationId)
-        order = ctx.call(Catalogue.get_order, str(capture.orderId))
-    except NotFound:
+    """A cancel of the capture whose answer was lost: a CANCEL operation of our capture (its
+    ``cancelledOperationId``) that the snapshot did not list is the one the call made (``adopt_made``)."""
+    if never_sent(ctx):
+        return NOT_COMMITTED
+    order = _held_order(ctx)
+    if order is None:
         return UNCLEAR
-    if ctx.snapshot is not None and ctx.snapshot.before is None:
-        return NOT_COMMITTED  # held, never sent
-    known = ctx.snapshot.before if ctx.snapshot is not None else None
-    for operation in order.operations:
-        if known is not None and operation.operationId in known:
-            continue  # there before the call was sent: not this call's
-        if operation.operationType is OperationType.CANCEL and operation.cancelledOperationId == ctx.input.operationId:
-            return Advance({"operationId": operation.operationId, "operationTime": operation.operationTime})
-    return NOT_COMMITTED
+    ours = [op for op in order.operations if op.cancelledOperationId == ctx.input.operationId]
+    return adopt_made(ctx, ours, types=frozenset({OperationType.CANCEL}), amount=None, currency=None)
 
 
 CANCEL_CAPTURE = FlowDefinition(

@@ -49,7 +49,7 @@ from durapay.gateway import (
 )
 from durapay.tasks.outcomes import Advance, Finish, Outcome
 from durapay.tasks.runner import NOT_COMMITTED, UNCLEAR, ReconcileResult, StepContext
-from durapay.workflows.flows._adopt import PAYMENT_TYPES, adopt_made
+from durapay.workflows.flows._adopt import PAYMENT_TYPES, adopt_made, never_sent
 from durapay.workflows.flows._common import read_until_final, summarize
 from durapay.workflows.flows.waits import (
     GRACE_SECONDS,
@@ -407,6 +407,8 @@ def _adopt_charge(ctx: StepContext) -> ReconcileResult:
     """A charge whose answer was lost: the reservation is read before the charge is sent again (never only
     the gateway's replay of the key, ``workflows.flows._adopt.adopt_made``); the charge is the one its
     snapshot did not list."""
+    if never_sent(ctx):
+        return NOT_COMMITTED
     found = _read_charged(ctx)
     if found is None:
         return UNCLEAR

@@ -4,8 +4,9 @@
 --       partition's paused kinds and held flows (pause.lua, prepended: a paused kind's step is not claimed).
 -- ARGV: 1 flow id, 2 step, 3 now, 4 lease until, 5 owner, 6 max attempts, 7 max runs of one step,
 --       8 the gateway operations that a step of this name calls when it moves money or opens what a
---         customer pays on (workflows/inflight.money_operation), by flow kind
---       (JSON object kind -> operation; "" when no kind has such a step of this name),
+--         customer pays on (workflows/inflight.money_operation), by flow kind, and the format of this
+--         release's marks (JSON {ops: {kind: operation}, v: workflows/inflight.MARK_FORMAT}; "" when no
+--         kind has such a step of this name),
 --       9 the pause's re-check seconds.
 -- Resend-safe (workflows/scripts.py): a second run of a claim that ran answers ok with the record.
 -- Returns {reason} when the step is not claimed: missing, not-current, leased, stopped, early, paused;
@@ -14,7 +15,7 @@
 -- times, and {'looping', ...} for a step claimed max-runs times without moving on (the backstop under
 -- every loop: polls, waits woken again and again, retries that reset): the caller ends the flow with a
 -- compare-and-set (transition.lua), which also scrubs the card data.
--- Money in flight: the claim of a step that moves money (or opens a page, link or form) records it as ``unsettled`` (JSON {step, op, t})
+-- Money in flight: the claim of a step that moves money (or opens a page, link or form) records it as ``unsettled`` (JSON {step, op, t, v})
 -- before any call can be made, unless the flow is only to read what an earlier try did (a cancel
 -- requested, or an end owed once the gateway is read: ``ending``); only a gateway read, written by the
 -- step's completion, settles it, and transition.lua lets no flow end cancelled or failed before.
@@ -86,9 +87,10 @@ if verdict == 'ok' then
   redis.call('HSET', KEYS[1], 'state', 'running', 'version', version, 'updated', ARGV[3], 'due', ARGV[4],
     'attempt', attempt + 1, 'lease_until', ARGV[4], 'lease_owner', ARGV[5], 'runs', runs + 1)
   local what = 'claimed ' .. ARGV[2]
-  local money = ARGV[8] ~= '' and cjson.decode(ARGV[8])[data[11]]
+  local marks = ARGV[8] ~= '' and cjson.decode(ARGV[8])
+  local money = marks and marks['ops'][data[11]]
   if money and not in_flight(data[10]) and data[6] ~= '1' and not data[9] then
-    redis.call('HSET', KEYS[1], 'unsettled', cjson.encode({step = ARGV[2], op = money, t = tonumber(ARGV[3])}))
+    redis.call('HSET', KEYS[1], 'unsettled', cjson.encode({step = ARGV[2], op = money, t = tonumber(ARGV[3]), v = marks['v']}))
   end
   if reclaim then
     what = what .. ' after the lease ran out'

@@ -6,7 +6,8 @@
 -- KEYS: 1 the flow, 2 its partition's due set (wake only).
 -- ARGV[1], the mode:
 -- * 'check' (ARGV 2 target, 3 token, 4 '1' to fence): {'held', state, step, kind} while the flow holds
---   ``target`` under ``token``; else {'free'}, and with a fence, a running claim of the flow can no longer
+--   ``target`` under ``token`` (a token fenced is no longer held: another flow took the target over from
+--   it); else {'free'}, and with a fence, a running claim of the flow can no longer
 --   record a hold under ``token`` (it had not yet: the caller takes the target over, and that claim must
 --   not send).
 -- * 'intent' / 'snapshot' (ARGV 2 the claim's version, 3 its lease owner, 4 the hold, JSON): record the
@@ -17,8 +18,8 @@
 -- Resend-safe (workflows/scripts.py): each mode writes the same again and answers as it did.
 local mode = ARGV[1]
 if mode == 'check' then
-  local raw = redis.call('HMGET', KEYS[1], 'hold', 'unsettled', 'state', 'step', 'kind')
-  if raw[1] then
+  local raw = redis.call('HMGET', KEYS[1], 'hold', 'unsettled', 'state', 'step', 'kind', 'hold_fence')
+  if raw[1] and raw[6] ~= ARGV[3] then
     local ok, hold = pcall(cjson.decode, raw[1])
     if ok and type(hold) == 'table' and hold['target'] == ARGV[2] and hold['token'] == ARGV[3]
       and unanswered(raw[2], hold['step']) then
