@@ -182,6 +182,9 @@ class StepContext:
     #: The flow that recorded a gateway operation (its ``op:`` lookup; None: none), read only when a
     #: read-back must exclude another flow's operation (``workflows.flows._adopt``).
     operation_holder: Callable[[str], str | None] | None = None
+    #: The gateway order of an operation a flow recorded, as the gateway answered it (None: durapay does not
+    #: know it): a post-operation names its target without a read (``workflows.flows.backoffice``).
+    operation_order: Callable[[str], str | None] | None = None
 
     def call(
         self,

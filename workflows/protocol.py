@@ -290,9 +290,22 @@ class StepProtocol:
             maybe_sent_at=inflight.sent_at(record) if record else now,
             order_holder=engine.orders.flow_for,
             operation_holder=engine.store.flow_for_operation,
+            operation_order=self.operation_order,
             gate=engine.gate if record else None,
             slot=_number(record.fields.get("gate_slot")) if record else None,
         )
+
+    def operation_order(self, operation_id: str) -> str | None:
+        """The gateway order of operation ``operation_id`` as the flow that recorded it holds it (its ``op:``
+        lookup names the flow; the flow's outputs keep the operation as the gateway answered it, with its
+        ``orderId``), or None: durapay made no such operation, or no longer keeps its flow."""
+        flow_id = self.engine.store.flow_for_operation(operation_id)
+        record = self.engine.store.get(flow_id) if flow_id else None
+        for output in (record.outputs if record is not None else {}).values():
+            operation = operation_of(output) if isinstance(output, dict) else None
+            if operation is not None and str(operation.get("operationId")) == operation_id and operation.get("orderId"):
+                return str(operation["orderId"])
+        return None
 
     # -- run and complete -------------------------------------------------------------------------
 

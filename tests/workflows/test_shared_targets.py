@@ -292,3 +292,37 @@ def test_a_cancel_after_a_lost_no_show_answer_never_ends_cancelled_over_the_char
     done = world.record(flow)
     assert done is not None and done.state is FlowState.SUCCEEDED, world.describe(flow)
     assert named(world, flow) == made_by(world, flow)[0]["operationId"]
+
+
+# -- cost: the gateway reads a post-operation pays for its target -----------------------------------
+
+
+def reads_before_call(world: FlowWorld, flow: ModelFlow, op: str) -> list[str]:
+    """The gateway calls the flow's money step made before its call ``op`` (its history's record of it)."""
+    (call,) = [
+        entry["call"] for entry in world.engine.history(flow.flow_id) if (entry.get("call") or {}).get("op", "").endswith(op)
+    ]
+    return str(call["op"]).split(" then ")[:-1]
+
+
+@pytest.mark.parametrize("amount", [None, 1000])
+def test_a_full_refund_pays_one_gateway_read_for_its_target_as_documented(world: FlowWorld, amount: int | None) -> None:
+    """Cost (docs/durability.md, "One money call at a time per target", Cost). A refund of a payment a flow of
+    durapay made knows its order (the payment's answer named it): the order's read is its snapshot and its
+    partial refund's check, one gateway read before the refund. It read the payment's operation first on
+    every refund, capture and cancel of a capture: two. A payment made outside durapay is named only by the
+    operation's read: two, as documented."""
+    order = {"orderId": "k936p9", "amount": "3000", "currency": "EUR"}
+    paid = world.start_flow("moto", {"order": order, "card": card(APPROVE)}, key="m9")
+    world.settle()
+    payment = named(world, paid)
+    assert payment is not None
+    part = {} if amount is None else {"amount": amount, "currency": "EUR"}
+    flow = world.start_flow("refund", {"operationId": payment, **part}, key=f"rv4-{amount}")
+    world.settle()
+    assert world.record(flow).state is FlowState.SUCCEEDED, world.describe(flow)  # type: ignore[union-attr]
+    assert reads_before_call(world, flow, "refund_operation") == ["get_order"]
+    outside = world.start_flow("refund", {"operationId": sale(world, "k936p10", 3000), **part}, key=f"rv5-{amount}")
+    world.settle()
+    assert world.record(outside).state is FlowState.SUCCEEDED, world.describe(outside)  # type: ignore[union-attr]
+    assert reads_before_call(world, outside, "refund_operation") == ["get_operation", "get_order"]

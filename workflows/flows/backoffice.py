@@ -10,7 +10,8 @@ another flow's call on the order waits meanwhile. Their answer is only ``{operat
 results (:data:`SUCCEEDS_WITH`). A cancel takes no key: after a lost answer the flow looks for a CANCEL
 operation on the capture's order before sending again.
 
-Before a refund is sent, the operation and its order are read: a refund of an authorization that is not
+Before a refund is sent, the operation and its order are read (one gateway read when a flow of durapay
+recorded the operation, whose answer named its order; else two): a refund of an authorization that is not
 captured voids all of it (docs/gateway.md), so a partial amount there is refused, naming ``amount``.
 """
 
@@ -78,17 +79,29 @@ def _post_body(ctx: StepContext) -> Call:
 
 
 def _payment_order(ctx: StepContext) -> str:
-    """The gateway order of the payment a post-operation acts on: the target it holds (its operation read,
-    kept for the step's own check)."""
+    """The gateway order of the payment a post-operation acts on: the target it holds. Known without a read
+    when a flow of durapay's recorded the operation (its answer named the order); else the operation is
+    read (kept for the step's own check), the only way the gateway names an operation's order."""
+    known = ctx.operation_order(ctx.input.operationId) if ctx.operation_order is not None else None
+    if known:
+        return known
     operation = ctx.call(Catalogue.get_operation, ctx.input.operationId)
     ctx.target_read = {"operation": operation}
     return str(operation.orderId or ctx.input.operationId)
 
 
 def _order_operations(ctx: StepContext, order_id: str) -> list[str]:
-    """The operations the payment's order holds now: the snapshot a read-back of the call judges by."""
+    """The operations the payment's order holds now: the snapshot a read-back of the call judges by; the
+    operation acted on is among them (its type, result and amount, for the step's own check), so a target
+    named without a read still costs one read in all."""
     order = ctx.call(Catalogue.get_order, order_id)
-    ctx.target_read = {**(ctx.target_read or {}), "order": order}
+    read = dict(ctx.target_read or {})
+    if "operation" not in read:
+        found = [op for op in order.operations if op.operationId == ctx.input.operationId]
+        if not found:  # the order durapay recorded does not hold it: the gateway's word, not ours, names it
+            raise RuntimeError(f"order {order_id} does not show operation {ctx.input.operationId}, recorded on it")
+        read["operation"] = found[0]
+    ctx.target_read = {**read, "order": order}
     return [str(op.operationId) for op in order.operations]
 
 
