@@ -262,8 +262,7 @@ def _reservation_checked(ctx: StepContext, answer: ReservationLookupResponse) ->
     run_at = ctx.input.runAt if ctx.kind == "delay_charge" else None
     if run_at is not None and run_at.timestamp() < ctx.created:
         return _refused("runAt", f"{run_at.isoformat()} was already past when the charge was started: it would charge at once")
-    when = run_at or datetime.fromtimestamp(ctx.now, UTC)
-    refused = _charge_refused(ctx, answer, when=when, charging=False)
+    refused = _charge_refused(ctx, answer, when=charge_moment(ctx, run_at.timestamp() if run_at else ctx.now), charging=False)
     if refused is not None:
         return refused
     operations = list(answer.operations)
@@ -337,8 +336,19 @@ def _charge_refused(ctx: StepContext, answer: ReservationLookupResponse, *, when
     return None
 
 
+def charge_moment(ctx: StepContext, moment: float) -> datetime:
+    """The moment a charge is (to be) made, as the hotel's clock reads it: the one rule both checks judge
+    its day by (the start's, for ``runAt``; the charge step's, for now). The reservation's ``checkOutDate``
+    is a local date of the hotel, and the gateway gives no time zone for it; a delayed charge's ``runAt``
+    carries the merchant's offset, taken as the hotel's: the day is ``moment`` in that offset. With no
+    ``runAt`` (any other charge, or a delayed charge at once), UTC's. docs/flows.md, "Reservation guarantee"."""
+    run_at = ctx.input.runAt if ctx.kind == "delay_charge" else None
+    zone = run_at.tzinfo if run_at is not None and run_at.utcoffset() is not None else UTC
+    return datetime.fromtimestamp(moment, zone)
+
+
 def _before_check_out(ctx: StepContext, check_out: str | None, when: datetime) -> Finish | None:
-    """A delayed charge ``when`` before the reservation's check-out date is refused."""
+    """A delayed charge ``when`` (:func:`charge_moment`) before the reservation's check-out date is refused."""
     try:
         day = date.fromisoformat(check_out[:10]) if check_out else None
     except ValueError:
@@ -397,7 +407,7 @@ class _Charge(CallStep):
     def execute(self, ctx: StepContext) -> Outcome:
         if ctx.target_read is None:  # the hold was kept from an earlier try: read the reservation now
             ctx.target_read = ctx.call(Catalogue.get_reservation, ctx.input.reservationId)
-        refused = _charge_refused(ctx, ctx.target_read, when=datetime.fromtimestamp(ctx.now, UTC), charging=True)
+        refused = _charge_refused(ctx, ctx.target_read, when=charge_moment(ctx, ctx.now), charging=True)
         if refused is not None:
             return refused
         return super().execute(ctx)

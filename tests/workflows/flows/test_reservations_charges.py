@@ -6,7 +6,7 @@ The real flows run step by step on a manual clock against the simulator over HTT
 
 from __future__ import annotations
 
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
 
 import pytest
@@ -155,6 +155,40 @@ def test_a_delayed_charge_before_check_out_is_refused(engine: tuple[Engine, Simu
     sleeping = step_until(flows, flows.start("delay_charge", {**data, "runAt": after}).id, {FlowState.SLEEPING})
     assert sleeping.step == "timer"
     assert charged(sim, "delay_charge") == []
+
+
+@pytest.mark.parametrize(
+    ("day", "clock", "hours", "charges"),
+    [
+        (0, "00:30", 2, True),  # the check-out day at 00:30 +02:00: the day before in UTC
+        (0, "20:00", -5, True),  # the check-out day's evening in UTC-5: the day after in UTC
+        (-1, "21:00", -5, False),  # the evening before it in UTC-5: the check-out day in UTC
+    ],
+)
+def test_a_delayed_charge_accepted_when_it_starts_is_judged_at_the_same_moment_when_it_charges(
+    engine: tuple[Engine, SimulatorServer], day: int, clock: str, hours: int, charges: bool
+) -> None:
+    """Invariant 7: the check holds when the money moves, judged by one rule at both moments (docs/flows.md:
+    the day in runAt's own offset). The start read runAt in its offset and the charge step the UTC date of
+    its moment: a charge at 00:30 +02:00 on the check-out day was accepted at the start and refused, at that
+    very moment, when it charged (the day before, in UTC), nothing having changed."""
+    flows, sim = engine
+    check_out = (datetime.fromtimestamp(flows.clock.now(), UTC) + timedelta(days=3)).date()
+    reservation_id = f"res-day{day}{hours}"
+    paid_reservation(flows, sim, reservation_id, 20000, checkOutDate=check_out.isoformat())
+    on = check_out + timedelta(days=day)
+    hour, minute = (int(part) for part in clock.split(":"))
+    run_at = datetime(on.year, on.month, on.day, hour, minute, tzinfo=timezone(timedelta(hours=hours)))
+    data = {"reservationId": reservation_id, "amount": 5000, "currency": "EUR", "runAt": run_at.isoformat()}
+    done = step_until(flows, flows.start("delay_charge", data).id, ENDED)
+    if charges:
+        assert done.state is FlowState.SUCCEEDED, (done.error, done.summary())
+        assert flows.clock.now() >= run_at.timestamp()
+        assert [op["orderId"] for op in charged(sim, "delay_charge")] == [reservation_id]
+    else:
+        assert done.state is FlowState.FAILED and done.step == "original", done.summary()
+        assert done.error is not None and done.error["field"] == "runAt", done.error
+        assert charged(sim, "delay_charge") == []
 
 
 # -- item 10: a lost answer is read back, not only replayed -----------------------------------------
