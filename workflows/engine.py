@@ -510,7 +510,7 @@ class Engine:
         (a step in flight, or money in flight: its step reads the gateway now and the flow then ends
         ``cancelled`` if no money moved, ``succeeded`` if it did, or ``needs_attention`` naming it).
 
-        ``seen``: the flow as a person confirmed it (a bulk dry run's): :class:`ChangedSince` if it is no
+        ``seen``: the flow as a person confirmed it (a bulk dry run's, a confirmation page's): :class:`ChangedSince` if it is no
         longer so, judged on the read each write is guarded by (its version), so a change in between is
         found on the next read."""
         for _ in range(20):
@@ -645,10 +645,18 @@ class Engine:
             return Change(FlowState.READY, "restarted after failure", fields, due=now + self.safety)
         raise AssertionError(record.state)  # operator_actions.refusal said which states retry
 
-    def refund_late_payment(self, flow_id: str, reason: str = "late payment refunded", *, by: str = "api") -> FlowRecord:
+    def refund_late_payment(
+        self, flow_id: str, reason: str = "late payment refunded", *, by: str = "api", seen: operator_actions.Seen | None = None
+    ) -> FlowRecord:
         """Refund a ``LatePayment`` (a ``refund`` flow of it); the flow is closed once that refund succeeded
-        (``workflows.late_payments``)."""
+        (``workflows.late_payments``). ``seen``: as for :meth:`cancel` (judged on a read right before)."""
+        self._as_seen(flow_id, seen)
         return self.late.refund(flow_id, reason, by=by)
+
+    def _as_seen(self, flow_id: str, seen: operator_actions.Seen | None) -> None:
+        """:class:`ChangedSince` when the flow is no longer as a person was shown it."""
+        if seen is not None and (changed := seen.changed(self.get(flow_id))) is not None:
+            raise ChangedSince(changed)
 
     def refund_under_way(self, record: FlowRecord) -> FlowRecord | None:
         """The refund flow of the flow's late payment while it is being refunded (the flow is closed when
@@ -665,9 +673,10 @@ class Engine:
         refund under way): what the console offers and ``durapay flows show`` lists."""
         return operator_actions.allowed(record, refunding=self.late.under_way(record))
 
-    def keep_late_payment(self, flow_id: str, *, by: str = "api") -> FlowRecord:
+    def keep_late_payment(self, flow_id: str, *, by: str = "api", seen: operator_actions.Seen | None = None) -> FlowRecord:
         """Keep a ``LatePayment``: beside a succeeded flow's payment, listed; otherwise the flow's outcome
-        (``workflows.late_payments``)."""
+        (``workflows.late_payments``). ``seen``: as for :meth:`refund_late_payment`."""
+        self._as_seen(flow_id, seen)
         return self.late.keep(flow_id, by=by)
 
     def _retry_takes_late_payment(self, record: FlowRecord, error: Mapping[str, Any]) -> None:

@@ -40,16 +40,18 @@ class Seen:
     state: FlowState
     version: int
     packed: bool = False
+    #: Where the person was shown it, in the refusal's words: a bulk dry run, a confirmation page.
+    since: str = "the dry run"
 
     def changed(self, record: FlowRecord) -> str | None:
         """Why the flow is not the one shown (None: it is), in words that do not vary by flow (counted by
         reason)."""
         if record.state is not self.state:
-            return f"flow {record.id} changed since the dry run (it was {self.state}, it is {record.state} now)"
+            return f"flow {record.id} changed since {self.since} (it was {self.state}, it is {record.state} now)"
         packing = record.packed and not self.packed and record.finished and record.version == self.version + 1
         if record.version != self.version and not packing:
             return (
-                f"flow {record.id} changed since the dry run (still {record.state}, but acted on or moved on meanwhile: "
+                f"flow {record.id} changed since {self.since} (still {record.state}, but acted on or moved on meanwhile: "
                 "a retry, a step, a signal)"
             )
         return None
@@ -59,9 +61,10 @@ class Seen:
         return f"{self.version}{'p' if self.packed else ''} {self.state.value}"
 
     @classmethod
-    def parse(cls, text: str) -> Seen:
+    def parse(cls, text: str, *, since: str = "the dry run") -> Seen:
+        """The flow as :meth:`text` kept it; ValueError for a text it never wrote."""
         version, _, state = text.partition(" ")
-        return cls(FlowState(state), int(version.rstrip("p")), version.endswith("p"))
+        return cls(FlowState(state), int(version.rstrip("p")), version.endswith("p"), since)
 
     @classmethod
     def of(cls, record: FlowRecord) -> Seen:

@@ -24,8 +24,9 @@ from durapay.service.console.web import READ_ONLY, Console, query, redirect, sec
 from durapay.service.timeparse import parse_since
 from durapay.service.views import flow_brief, money_text, redact
 from durapay.workflows.engine import Engine, NotFound, OperatorError
+from durapay.workflows.errors import ChangedSince
 from durapay.workflows.listing import Cursor, FlowListing
-from durapay.workflows.operator_actions import ACTIONS, FOLLOW_UPS, explain, follow_ups, no_action_why
+from durapay.workflows.operator_actions import ACTIONS, FOLLOW_UPS, Seen, explain, follow_ups, no_action_why
 from durapay.workflows.reconciliation import Reconciler
 from durapay.workflows.reconciliation.findings import TITLES
 from durapay.workflows.states import STOPPED, FlowState
@@ -201,6 +202,7 @@ def flow_router(console: Console, engine: Engine, listing: FlowListing) -> APIRo
             action=action,
             label=ACTIONS[action],
             explanation=explain(record, action),
+            seen=Seen.of(record).text(),  # posted back: the action is taken only on the flow as shown
         )
 
     @router.post("/flows/{flow_id}/{action}")
@@ -212,17 +214,25 @@ def flow_router(console: Console, engine: Engine, listing: FlowListing) -> APIRo
         if action not in ACTIONS:
             return console.refuse(request, session, 404, "No such action", f"no action {action!r}")
         reason = (form.get("reason") or "").strip()[:500] or "cancelled from the console"
+        try:
+            # What the confirmation page showed (money invariant 8): acted on only if the flow is still so.
+            seen = Seen.parse(str(form.get("seen") or ""), since="you looked")
+        except ValueError:
+            why = "this confirmation does not say which state of the flow it showed: open its page and confirm again"
+            return console.refuse(request, session, 409, "Look again", why)
         run: dict[str, Callable[[], Any]] = {
-            "retry": lambda: engine.retry(flow_id, by=session.by),
-            "accept": lambda: engine.retry(flow_id, by=session.by),
-            "cancel": lambda: engine.cancel(flow_id, reason, by=session.by),
-            "refund": lambda: engine.refund_late_payment(flow_id, reason, by=session.by),
-            "keep": lambda: engine.keep_late_payment(flow_id, by=session.by),
+            "retry": lambda: engine.retry(flow_id, by=session.by, seen=seen),
+            "accept": lambda: engine.retry(flow_id, by=session.by, seen=seen),
+            "cancel": lambda: engine.cancel(flow_id, reason, by=session.by, seen=seen),
+            "refund": lambda: engine.refund_late_payment(flow_id, reason, by=session.by, seen=seen),
+            "keep": lambda: engine.keep_late_payment(flow_id, by=session.by, seen=seen),
         }
         try:
             run[action]()
         except NotFound:
             return console.refuse(request, session, 404, "No such flow", f"no flow {flow_id!r}")
+        except ChangedSince as exc:
+            return console.refuse(request, session, 409, "Changed since you looked", f"{exc}: nothing was done; look again")
         except OperatorError as exc:
             return console.refuse(request, session, 409, "Not done", str(exc))
         return redirect(f"{PATH}/flows/{flow_id}?done={action}")

@@ -15,7 +15,9 @@ from durapay.gateway import parse_minor
 from durapay.service.console.session import PATH
 from durapay.service.console.web import READ_ONLY, Console, redirect, to_login
 from durapay.workflows.engine import InputError, NotFound, OperatorError
+from durapay.workflows.errors import ChangedSince
 from durapay.workflows.schedules import Attempt, Schedules
+from durapay.workflows.schedules.api import seen_text
 from durapay.workflows.schedules.model import ScheduleState
 
 ACTIONS = {
@@ -138,6 +140,7 @@ def schedule_router(console: Console, schedules: Schedules) -> APIRouter:
             action=action,
             label=ACTIONS[action],
             explanation=EXPLAIN[action],
+            seen=seen_text(record),  # posted back: the action is taken only on the schedule as shown
         )
 
     @router.post("/{schedule_id}/{action}")
@@ -151,12 +154,18 @@ def schedule_router(console: Console, schedules: Schedules) -> APIRouter:
         occurrence = (form.get("occurrence") or "").strip()
         outcome = (form.get("outcome") or "").strip()
         operation_id = (form.get("operationId") or "").strip() or None
+        seen = str(form.get("seen") or "")  # what the confirmation page showed: acted on only if still so
+        if not seen:
+            why = "this confirmation does not say which state of the schedule it showed: open its page and confirm again"
+            return console.refuse(request, session, 409, "Look again", why)
         run: dict[str, Callable[[], Any]] = {
-            "pause": lambda: schedules.pause(schedule_id, by=session.by),
-            "resume": lambda: schedules.resume(schedule_id, by=session.by),
-            "cancel": lambda: schedules.cancel(schedule_id, reason, by=session.by),
-            "amount": lambda: schedules.change_amount(schedule_id, parse_minor(amount_text), by=session.by),
-            "resolve": lambda: schedules.resolve(schedule_id, occurrence, outcome, operation_id=operation_id, by=session.by),
+            "pause": lambda: schedules.pause(schedule_id, by=session.by, seen=seen),
+            "resume": lambda: schedules.resume(schedule_id, by=session.by, seen=seen),
+            "cancel": lambda: schedules.cancel(schedule_id, reason, by=session.by, seen=seen),
+            "amount": lambda: schedules.change_amount(schedule_id, parse_minor(amount_text), by=session.by, seen=seen),
+            "resolve": lambda: schedules.resolve(
+                schedule_id, occurrence, outcome, operation_id=operation_id, by=session.by, seen=seen
+            ),
         }
         if action not in run:
             return console.refuse(request, session, 404, "No such action", f"no action {action!r}")
@@ -171,6 +180,8 @@ def schedule_router(console: Console, schedules: Schedules) -> APIRouter:
             return console.refuse(request, session, 404, "No such schedule", f"no schedule {schedule_id!r}")
         except InputError as exc:
             return console.refuse(request, session, 422, "Not done", f"{exc.field}: {exc.reason}")
+        except ChangedSince as exc:
+            return console.refuse(request, session, 409, "Changed since you looked", f"{exc}: nothing was done; look again")
         except OperatorError as exc:
             return console.refuse(request, session, 409, "Not done", str(exc))
         return redirect(f"{PATH}/schedules/{schedule_id}?done={action}")

@@ -31,6 +31,7 @@ from pydantic import ValidationError
 from durapay.config.settings import SettingsError
 from durapay.gateway import check_amount, describe_validation_error
 from durapay.workflows.engine import Engine, InputError, NotFound, OperatorError
+from durapay.workflows.errors import ChangedSince
 from durapay.workflows.schedules import policy
 from durapay.workflows.schedules.model import FINAL, Attempt, Resolution, ScheduleInput, ScheduleRecord, ScheduleState
 from durapay.workflows.schedules.policy import MIT_KIND
@@ -59,6 +60,12 @@ def _input_error(exc: ValidationError) -> InputError:
     if field == "(body)" and ": " in reason:  # a cross-field check names its field in the message
         field, reason = reason.split(": ", 1)
     return InputError("schedule", field, reason)
+
+
+def seen_text(record: ScheduleRecord) -> str:
+    """``<version> <state>``: a schedule as a confirmation page showed it, posted back with the person's
+    confirmation (``Schedules._operate``'s ``seen``)."""
+    return f"{record.version} {record.state.value}"
 
 
 class Schedules:
@@ -194,16 +201,25 @@ class Schedules:
         self.get(schedule_id)
         return self.store.history(schedule_id)
 
-    def pause(self, schedule_id: str, *, by: str = "api") -> ScheduleRecord:
-        return self._operate(schedule_id, lambda record, now: policy.pause(record, now, by))
+    def pause(self, schedule_id: str, *, by: str = "api", seen: str | None = None) -> ScheduleRecord:
+        return self._operate(schedule_id, lambda record, now: policy.pause(record, now, by), seen)
 
-    def resume(self, schedule_id: str, *, by: str = "api") -> ScheduleRecord:
+    def resume(self, schedule_id: str, *, by: str = "api", seen: str | None = None) -> ScheduleRecord:
         """Go on from now. Refused (OperatorError naming it) for a needs_attention schedule with an
         occurrence whose flow is gone: :meth:`resolve` it first."""
-        return self._operate(schedule_id, lambda record, now: policy.resume(record, now, by, self._flows(record), self.flow_kind))
+        return self._operate(
+            schedule_id, lambda record, now: policy.resume(record, now, by, self._flows(record), self.flow_kind), seen
+        )
 
     def resolve(
-        self, schedule_id: str, occurrence: str, outcome: str, *, operation_id: str | None = None, by: str = "api"
+        self,
+        schedule_id: str,
+        occurrence: str,
+        outcome: str,
+        *,
+        operation_id: str | None = None,
+        by: str = "api",
+        seen: str | None = None,
     ) -> ScheduleRecord:
         """Say what the gateway shows for ``occurrence`` of a needs_attention schedule whose flow is gone
         before its outcome was read: ``charged`` (counted as a charge; ``operation_id``: the gateway
@@ -221,7 +237,9 @@ class Schedules:
             resolution = Resolution.model_validate(data)
         except ValidationError as exc:
             raise _input_error(exc) from None
-        return self._operate(schedule_id, lambda record, now: policy.resolve(record, now, resolution, by, self._flows(record)))
+        return self._operate(
+            schedule_id, lambda record, now: policy.resolve(record, now, resolution, by, self._flows(record)), seen
+        )
 
     def gone(self, schedule_id: str) -> builtins.list[Attempt]:
         """The open attempts of a schedule whose flows are gone before their outcome was read (what
@@ -229,10 +247,10 @@ class Schedules:
         record = self.get(schedule_id)
         return policy.gone_attempts(record, self._flows(record), self.engine.clock.now())
 
-    def cancel(self, schedule_id: str, reason: str = "cancelled", *, by: str = "api") -> ScheduleRecord:
-        return self._operate(schedule_id, lambda record, now: policy.cancel(record, now, by, reason))
+    def cancel(self, schedule_id: str, reason: str = "cancelled", *, by: str = "api", seen: str | None = None) -> ScheduleRecord:
+        return self._operate(schedule_id, lambda record, now: policy.cancel(record, now, by, reason), seen)
 
-    def change_amount(self, schedule_id: str, amount: int, *, by: str = "api") -> ScheduleRecord:
+    def change_amount(self, schedule_id: str, amount: int, *, by: str = "api", seen: str | None = None) -> ScheduleRecord:
         """Charge ``amount`` (minor units) from the next occurrence on."""
         if isinstance(amount, bool) or not isinstance(amount, int) or amount < 1:
             raise InputError("schedule", "amount", "must be a whole number of minor units, at least 1")
@@ -240,16 +258,26 @@ class Schedules:
             check_amount(amount, self.get(schedule_id).spec.currency)
         except ValueError as exc:
             raise InputError("schedule", "amount", str(exc)) from None
-        return self._operate(schedule_id, lambda record, now: policy.change_amount(record, now, amount, by))
+        return self._operate(schedule_id, lambda record, now: policy.change_amount(record, now, amount, by), seen)
 
     def _flows(self, record: ScheduleRecord) -> dict[str, FlowRecord]:
         """The flows of the record's started attempts that exist, by id (one round trip)."""
         watched = [attempt.flow_id for attempt in record.open if attempt.started]
         return {flow.id: flow for flow in self.engine.store.many(watched)} if watched else {}
 
-    def _operate(self, schedule_id: str, change: Callable[[ScheduleRecord, float], policy.Plan]) -> ScheduleRecord:
+    def _operate(
+        self, schedule_id: str, change: Callable[[ScheduleRecord, float], policy.Plan], seen: str | None = None
+    ) -> ScheduleRecord:
+        """Write ``change`` of the schedule by compare-and-set on its version. ``seen``: the schedule as a
+        person confirmed it (:func:`seen_text`): :class:`ChangedSince` once it is no longer so, judged on the
+        read the write is guarded by (DESIGN, money invariant 8)."""
         for _ in range(20):
             record = self.get(schedule_id)
+            if seen is not None and seen != seen_text(record):
+                raise ChangedSince(
+                    f"schedule {schedule_id} changed since you looked (shown {seen}, it is {seen_text(record)} now: "
+                    "version and state)"
+                )
             now = self.engine.clock.now()
             plan = change(record, now)
             _mask_written(plan)

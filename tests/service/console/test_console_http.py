@@ -30,6 +30,13 @@ def csrf_of(page: httpx.Response) -> str:
     return found.group(1)
 
 
+def confirmation(page: httpx.Response) -> dict[str, str]:
+    """What a confirmation page's form posts: its CSRF token and the flow (or schedule) as it showed it."""
+    seen = re.search(r'name="seen" value="([^"]+)"', page.text)
+    assert seen, page.text[:500]
+    return {"csrf": csrf_of(page), "seen": seen.group(1)}
+
+
 @contextmanager
 def signed_in(stack: ConsoleStack, key: str) -> Iterator[httpx.Client]:
     with httpx.Client(base_url=stack.url, timeout=10.0) as client:
@@ -51,7 +58,7 @@ def act(client: httpx.Client, path: str, **form: str) -> httpx.Response:
     """Open the confirmation page, then post its form with its CSRF token."""
     page = client.get(path.rsplit("/", 1)[0] + "/confirm/" + path.rsplit("/", 1)[1])
     assert page.status_code == 200, page.text
-    return client.post(path, data={"csrf": csrf_of(page), **form})
+    return client.post(path, data={**confirmation(page), **form})
 
 
 def test_pages_need_a_session_and_forms_need_their_token(console_stack: ConsoleStack) -> None:
@@ -119,7 +126,7 @@ def test_refund_a_late_payment_and_cancel(console_stack: ConsoleStack, operator:
     confirm = operator.get(f"/console/flows/{flow_id}/confirm/refund")
     assert f"Confirm: {ACTIONS['refund']}" in confirm.text
     assert f"refund operation {operation_id}" in confirm.text
-    answer = operator.post(f"/console/flows/{flow_id}/refund", data={"csrf": csrf_of(confirm), "reason": "customer asked"})
+    answer = operator.post(f"/console/flows/{flow_id}/refund", data={**confirmation(confirm), "reason": "customer asked"})
     assert answer.status_code == 303, answer.text
     # The flow is closed once the refund succeeded (the refund flow's end closes it).
     cancelled = console_stack.engine.wait(flow_id, 30, states=frozenset({FlowState.CANCELLED}))
@@ -146,7 +153,7 @@ def test_accept_a_late_payment(console_stack: ConsoleStack, operator: httpx.Clie
     flow_id, operation_id = late_payment(console_stack)
     confirm = operator.get(f"/console/flows/{flow_id}/confirm/accept")
     assert "Nothing is sent to the gateway" in confirm.text
-    assert operator.post(f"/console/flows/{flow_id}/accept", data={"csrf": csrf_of(confirm)}).status_code == 303
+    assert operator.post(f"/console/flows/{flow_id}/accept", data={**confirmation(confirm)}).status_code == 303
     done = console_stack.engine.wait(flow_id, 30)
     assert done.state is FlowState.SUCCEEDED, (done.summary(), console_stack.engine.history(flow_id))
     assert done.outcome is not None and operation_id in done.outcome["operationIds"]
@@ -170,7 +177,7 @@ def test_a_second_payment_beside_a_succeeded_one_is_kept_or_refunded_never_cance
     assert 'id="action-cancel"' not in page.text and 'id="action-accept"' not in page.text
     confirm = operator.get(f"/console/flows/{done.id}/confirm/keep")
     assert "first payment stays its outcome" in confirm.text
-    assert operator.post(f"/console/flows/{done.id}/keep", data={"csrf": csrf_of(confirm)}).status_code == 303
+    assert operator.post(f"/console/flows/{done.id}/keep", data={**confirmation(confirm)}).status_code == 303
     kept = console_stack.engine.get(done.id)
     assert kept.state is FlowState.SUCCEEDED and kept.outcome is not None
     assert kept.outcome["operation"]["operationId"] == first and operation["operationId"] in kept.outcome["operationIds"]
@@ -195,11 +202,11 @@ def test_schedule_pages_and_actions(console_stack: ConsoleStack, operator: httpx
     assert "2030-01-01T00:00:00+01:00" in page.text, "the next run in the schedule's own time zone"
     confirm = operator.get(f"/console/schedules/{schedule_id}/confirm/amount")
     assert (
-        operator.post(f"/console/schedules/{schedule_id}/amount", data={"csrf": csrf_of(confirm), "amount": "1700"}).status_code
+        operator.post(f"/console/schedules/{schedule_id}/amount", data={**confirmation(confirm), "amount": "1700"}).status_code
         == 303
     )
     confirm = operator.get(f"/console/schedules/{schedule_id}/confirm/pause")
-    assert operator.post(f"/console/schedules/{schedule_id}/pause", data={"csrf": csrf_of(confirm)}).status_code == 303
+    assert operator.post(f"/console/schedules/{schedule_id}/pause", data={**confirmation(confirm)}).status_code == 303
     shown = console_stack.http.get(f"/schedules/{schedule_id}").json()
     assert shown["state"] == "paused" and shown["amount"] == 1700
     with signed_in(console_stack, READ_KEY) as reader:
@@ -230,10 +237,10 @@ def test_resolve_an_occurrence_whose_flow_is_gone_then_resume(console_stack: Con
     confirm = operator.get(f"/console/schedules/{schedule_id}/confirm/resolve")
     assert confirm.status_code == 200 and f'value="{attempt.occurrence}"' in confirm.text and "never charges" in confirm.text
     form = {"occurrence": attempt.occurrence, "outcome": "charge"}
-    misspelt = operator.post(f"/console/schedules/{schedule_id}/resolve", data={"csrf": csrf_of(confirm), **form})
+    misspelt = operator.post(f"/console/schedules/{schedule_id}/resolve", data={**confirmation(confirm), **form})
     assert misspelt.status_code == 422 and "did you mean `charged`?" in misspelt.text
     form = {"occurrence": attempt.occurrence, "outcome": "charged", "operationId": "<b>op-7</b>"}
-    done = operator.post(f"/console/schedules/{schedule_id}/resolve", data={"csrf": csrf_of(confirm), **form})
+    done = operator.post(f"/console/schedules/{schedule_id}/resolve", data={**confirmation(confirm), **form})
     assert done.status_code == 303, done.text
     shown = console_stack.http.get(f"/schedules/{schedule_id}").json()
     assert shown["counts"]["charged"] == 1 and shown["open"] == [] and shown["last"]["by"] == "console:Ada"
@@ -279,7 +286,7 @@ def test_a_late_payment_being_refunded_has_no_accept_to_confirm(console_stack: C
     console_stack.engine.pauses.pause("refund", "the refund stays under way", by="test")
     try:
         confirm = operator.get(f"/console/flows/{flow_id}/confirm/refund")
-        operator.post(f"/console/flows/{flow_id}/refund", data={"csrf": csrf_of(confirm), "reason": "customer asked"})
+        operator.post(f"/console/flows/{flow_id}/refund", data={**confirmation(confirm), "reason": "customer asked"})
         refund = console_stack.engine.refund_under_way(console_stack.engine.get(flow_id))
         assert refund is not None
         for action in ("accept", "keep"):

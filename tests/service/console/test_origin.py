@@ -10,6 +10,7 @@ import httpx
 import pytest
 
 from tests.service.console.conftest import OPERATOR_KEY, ConsoleStack
+from tests.service.console.test_console_http import confirmation
 from tests.workflows.integration.test_flows import card, order
 
 pytestmark = pytest.mark.integration
@@ -40,9 +41,9 @@ def test_a_post_from_another_origin_is_refused(console_stack: ConsoleStack) -> N
         confirm = client.get(f"/console/flows/{sleeping.id}/confirm/cancel")
         for origin in ("https://evil.example", "null", console_stack.url.replace("127.0.0.1", "localhost")):
             answer = client.post(
-                f"/console/flows/{sleeping.id}/cancel", data={"csrf": csrf_of(confirm), "reason": "x"}, headers={"Origin": origin}
+                f"/console/flows/{sleeping.id}/cancel", data={**confirmation(confirm), "reason": "x"}, headers={"Origin": origin}
             )
             assert answer.status_code == 403, origin
         assert console_stack.engine.get(sleeping.id).state.value == "sleeping"
-        answer = client.post(f"/console/flows/{sleeping.id}/cancel", data={"csrf": csrf_of(confirm), "reason": "x"}, headers=own)
+        answer = client.post(f"/console/flows/{sleeping.id}/cancel", data={**confirmation(confirm), "reason": "x"}, headers=own)
         assert answer.status_code == 303

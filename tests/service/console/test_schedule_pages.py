@@ -9,7 +9,7 @@ import httpx
 import pytest
 
 from tests.service.console.conftest import OPERATOR_KEY, ConsoleStack
-from tests.service.console.test_console_http import csrf_of, signed_in
+from tests.service.console.test_console_http import confirmation, signed_in
 
 pytestmark = pytest.mark.integration
 
@@ -42,7 +42,7 @@ def test_an_amount_that_is_not_ascii_digits_is_a_field_error(
     that is not ASCII digits is refused as the amount field's error, and nothing changes."""
     schedule_id = console_stack.http.post("/schedules", json=BODY).json()["id"]
     confirm = operator.get(f"/console/schedules/{schedule_id}/confirm/amount")
-    answer = operator.post(f"/console/schedules/{schedule_id}/amount", data={"csrf": csrf_of(confirm), "amount": typed})
+    answer = operator.post(f"/console/schedules/{schedule_id}/amount", data={**confirmation(confirm), "amount": typed})
     assert answer.status_code == 422, (answer.status_code, answer.text[:300])
     shown = html.unescape(answer.text)
     assert "amount: must be" in shown
@@ -57,6 +57,6 @@ def test_an_amount_that_is_not_ascii_digits_is_a_field_error(
 def test_an_amount_with_leading_zeros_is_taken_as_the_api_takes_it(console_stack: ConsoleStack, operator: httpx.Client) -> None:
     schedule_id = console_stack.http.post("/schedules", json=BODY).json()["id"]
     confirm = operator.get(f"/console/schedules/{schedule_id}/confirm/amount")
-    answer = operator.post(f"/console/schedules/{schedule_id}/amount", data={"csrf": csrf_of(confirm), "amount": "0001990"})
+    answer = operator.post(f"/console/schedules/{schedule_id}/amount", data={**confirmation(confirm), "amount": "0001990"})
     assert answer.status_code == 303, (answer.status_code, answer.text[:300])
     assert console_stack.http.get(f"/schedules/{schedule_id}").json()["amount"] == 1990

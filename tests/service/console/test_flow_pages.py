@@ -1,22 +1,33 @@
-"""Review 36, invariant 8 in the console: a confirmation page's flow at its version.
-
-Run: ``.venv/bin/python -m pytest -n 0 tests/service/console/test_review36_confirm.py``.
+"""The console's confirmation pages (``service/console/flow_pages.py``, ``schedule_pages.py``): a person's
+confirmation acts only on the flow, or schedule, as the page showed it (money invariant 8: its state and
+version, posted back with the form), and is refused "changed since you looked" otherwise (review of
+issue 36, finding 3).
 """
 
 from __future__ import annotations
 
+import html
 import random
 
 import pytest
 
 from durapay.workflows.states import FlowState
 from tests.service.console.conftest import ConsoleStack
-from tests.service.console.test_console_http import OPERATOR_KEY, csrf_of, signed_in
+from tests.service.console.test_console_http import OPERATOR_KEY, confirmation, csrf_of, signed_in
 from tests.workflows.integration.test_flows import card, order
 
 pytestmark = pytest.mark.integration
 
 APPROVE = "4349940199004549"
+SCHEDULE = {
+    "contractId": "contract-confirm-1",
+    "description": "weekly coffee",
+    "amount": 990,
+    "currency": "EUR",
+    "rule": {"every": "week", "weekday": "monday"},
+    "timezone": "Europe/Rome",
+    "start": "2031-01-01",
+}
 
 
 def contract_of(stack: ConsoleStack) -> str:
@@ -32,10 +43,9 @@ def test_a_retry_confirmed_on_a_page_that_showed_a_resume_never_restarts_the_flo
     operator opens its confirmation page: "goes back to step 'pay' ... No payment is made twice: the call
     keeps its idempotency key". Before they click, another retry (a colleague, the API) runs it: the customer
     is declined and the flow fails. The operator's click then posts ``/console/flows/<id>/retry``, which
-    carries nothing of what the page showed (no version), and ``Engine.retry`` of a *failed* flow restarts it
-    from its first step on a fresh order id with fresh idempotency keys: a new charge of the customer that
-    no confirmation showed (service/console/flow_pages.py ``act``: ``engine.retry(flow_id, by=...)``, no
-    ``seen``; the confirm page, templates/confirm.html, keeps no version)."""
+    carried nothing of what the page showed, and ``Engine.retry`` of a *failed* flow restarted it from its
+    first step on a fresh order id with fresh idempotency keys: a new charge of the customer that no
+    confirmation showed. The page now posts the flow's state and version: refused, nothing sent."""
     stack = console_stack
     sim = stack.simulator.admin
     contract = contract_of(stack)
@@ -53,10 +63,32 @@ def test_a_retry_confirmed_on_a_page_that_showed_a_resume_never_restarts_the_flo
         failed = stack.engine.wait(flow.id, 30)
         assert failed.state is FlowState.FAILED, failed.summary()
         charges_before = [op for op in sim.operations() if op["orderId"].startswith(flow.order_id)]
-        answer = operator.post(f"/console/flows/{flow.id}/retry", data={"csrf": csrf_of(page)})
+        answer = operator.post(f"/console/flows/{flow.id}/retry", data=confirmation(page))
+        unbound = operator.post(f"/console/flows/{flow.id}/retry", data={"csrf": csrf_of(page)})
     after = stack.engine.wait(flow.id, 30)
     charges = [op for op in sim.operations() if op["orderId"].startswith(flow.order_id)]
     assert answer.status_code == 409, (
         f"the confirmation of a resume restarted the failed flow ({answer.status_code}): "
         f"{after.state}, generation {after.generation}, {len(charges) - len(charges_before)} new charge(s) {charges}"
     )
+    assert "changed since you looked (it was needs_attention, it is failed now)" in html.unescape(answer.text)
+    assert unbound.status_code == 409 and "open its page and confirm again" in html.unescape(unbound.text)
+    assert after.state is FlowState.FAILED and after.generation == failed.generation and charges == charges_before
+
+
+def test_a_schedule_paused_meanwhile_is_not_cancelled_by_a_confirmation_of_the_active_one(
+    console_stack: ConsoleStack,
+) -> None:
+    """The schedule's confirmation page is bound the same way: shown active, changed (paused by another
+    person) before the click: the confirmed change is refused, the schedule stays as the other person left it."""
+    stack = console_stack
+    created = stack.http.post("/schedules", json=SCHEDULE)
+    assert created.status_code == 201, created.text
+    schedule_id = created.json()["id"]
+    with signed_in(stack, OPERATOR_KEY) as operator:
+        page = operator.get(f"/console/schedules/{schedule_id}/confirm/cancel")
+        assert page.status_code == 200, page.text[:500]
+        assert stack.http.post(f"/schedules/{schedule_id}/pause").status_code == 200
+        answer = operator.post(f"/console/schedules/{schedule_id}/cancel", data={**confirmation(page), "reason": "stop"})
+    assert answer.status_code == 409 and "changed since you looked" in html.unescape(answer.text), answer.text[:500]
+    assert stack.http.get(f"/schedules/{schedule_id}").json()["state"] == "paused"
