@@ -30,7 +30,7 @@ import redis
 
 from durapay.workflows.cards import CardVault, presented
 from durapay.workflows.compact import is_chunk, joined, unpack
-from durapay.workflows.durability import Durability
+from durapay.workflows.durability import Durability, NotDurable
 from durapay.workflows.keys import Keys
 from durapay.workflows.orders import Lookups
 from durapay.workflows.pins import Pins
@@ -465,14 +465,19 @@ class FlowStore:
         OrderHeld (nothing written) when its order lookup names another flow.
         """
         keys, args, digests = self._create_call(new, now=now, by=by, safety=safety)
-        outcome = self._created(new, digests, self._create(keys=keys, args=args))
-        if isinstance(outcome, StartConflict | OrderHeld):
-            raise outcome
-        if outcome.flow:  # the script wrote exactly these fields: no need to read them back
-            return FlowRecord.from_fields({**json.loads(args[2]), "input_hash": digests[0]}), outcome
-        record = self.get(new.flow_id)
-        assert record is not None
-        return record, outcome
+        for _ in range(2):
+            outcome = self._created(new, digests, self._create(keys=keys, args=args))
+            if isinstance(outcome, StartConflict | OrderHeld):
+                raise outcome
+            if outcome.flow:  # the script wrote exactly these fields: no need to read them back
+                return FlowRecord.from_fields({**json.loads(args[2]), "input_hash": digests[0]}), outcome
+            record = self.get(new.flow_id)
+            if record is not None:
+                return record, outcome
+            # The script found the flow and the read after it did not: a failover between the two
+            # commands, to a node the record (never acknowledged durable) had not reached. Creating it
+            # again is what this start asks; a second miss is a store still moving.
+        raise NotDurable(f"start of flow {new.flow_id}: the store lost the flow between two reads (a failover); retry")
 
     def create_many(
         self, news: Sequence[NewFlow], *, now: float, by: str, safety: float = 0.0

@@ -140,6 +140,29 @@ def test_start_with_a_key_is_idempotent(make_engine: Any) -> None:
         engine.start("demo", {"amount": 6}, key="order-77")
 
 
+def test_a_repeated_start_whose_flow_is_gone_when_read_creates_it_again(make_engine: Any, redis_client: Any) -> None:
+    """A start repeated after a failover (its first try refused NotDurable): the script finds the flow,
+    then the read after it reaches a node the record never reached (a second failover between the two
+    commands; CI saw it in the Sentinel test, an ``assert`` then killed the start). The start creates
+    the flow again rather than fail or return nothing."""
+    engine, sent = make_engine(flow(ScriptedStep("only")))
+    first = engine.start("demo", {"amount": 5}, key="order-78")
+    read = engine.store.get
+    lost = [True]
+
+    def get_after_a_failover(flow_id: str) -> Any:
+        if lost.pop() if lost else False:
+            redis_client.delete(engine.store.keys.flow(flow_id), engine.store.keys.log(flow_id))
+        return read(flow_id)
+
+    engine.store.get = get_after_a_failover  # type: ignore[method-assign]
+    again = engine.start("demo", {"amount": 5}, key="order-78")
+    assert again.id == first.id
+    stored = engine.get(first.id)
+    assert stored.state.value == "ready" and stored.step == "only"
+    assert [flow_id for flow_id, _ in sent.chains] == [first.id, first.id], "made again, its first step sent again"
+
+
 def test_a_signal_resumes_a_waiting_flow(make_engine: Any) -> None:
     engine, sent = make_engine(flow(wait_step(), ScriptedStep("after")))
     record = engine.start("demo", {"amount": 5})
