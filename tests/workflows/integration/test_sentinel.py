@@ -18,6 +18,7 @@ be found after the failover.
 from __future__ import annotations
 
 import contextlib
+import os
 import random
 import threading
 import time
@@ -49,8 +50,9 @@ from tests.workflows.integration.topology import SentinelGroup
 pytestmark = pytest.mark.integration
 
 BATCH = 200
-#: Consecutive failovers of the riding-out test (issue 28: workers died at the second or third).
-FAILOVERS = 5
+#: Consecutive failovers of the riding-out test (issue 28: workers died at the second or third): three in
+#: the suite, about 20 s each; ``DURAPAY_TEST_FAILOVERS=20`` for a longer run.
+FAILOVERS = int(os.environ.get("DURAPAY_TEST_FAILOVERS", "3"))
 
 
 @pytest.fixture
@@ -132,14 +134,14 @@ def test_200_flows_survive_a_primary_killed_mid_batch(
         assert ends == [FlowState.SUCCEEDED] * len(done), {state: ends.count(state) for state in set(ends)}
 
 
-def test_workers_scheduler_and_api_ride_out_five_failovers(
+def test_workers_scheduler_and_api_ride_out_failovers_in_a_row(
     group: SentinelGroup, key_prefix: str, simulator: SimulatorServer, tmp_path: Path
 ) -> None:
     """Issue 28: kombu's switch to the next Sentinel address dropped durapay's guarded transport, and a
     worker then died at the second or third failover ("Unrecoverable error: AttributeError"). Here
     ``durapay worker`` (two), ``durapay scheduler`` and ``durapay api`` run as the processes they are,
     store and broker through the Sentinels, while flows are started through the API and the primary is
-    SIGKILLed five times in a row (each time the killed node comes back as the new primary's replica).
+    SIGKILLed ``FAILOVERS`` times in a row (each time the killed node comes back as the new primary's replica).
     No process exits; with ``sync_replicas=1`` every flow the API acknowledged is found, succeeds, and
     is charged once."""
     simulator.admin.set_faults(latency_ms=150)  # steps in flight at each kill, as under real load
