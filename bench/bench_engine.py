@@ -21,6 +21,9 @@ same worker settings, and printed as ratios; never a timed assertion (machines a
   the connection), which the durable side's figures before it carried;
 * **worker CPU** per flow, durable and bare, from the worker processes' own CPU time (``/proc``), and
   what durability costs per step beyond the bare task;
+* **the store per flow**, durable and bare, from the server's own counters over each batch
+  (``bench/_server_cost.py``): Valkey CPU, commands by name (a script's calls among them), reads (the
+  round trips), bytes appended to the AOF; and issue 39's targets;
 * **Redis memory per finished flow**, everything it keeps (record, log, indexes, order lookups, its
   events): the server's ``used_memory`` grown over a batch, per flow; and its parts, by key;
 * **events**: durable throughput with merchant events off, on, and on with one webhook endpoint
@@ -59,6 +62,7 @@ from bench._harness import (
     valkey,
     wait_until,
 )
+from bench._server_cost import ServerCost, ServerCounters
 from bench._webhook_receiver import WebhookReceiver
 from durapay.service.runtime import build_runtime
 from durapay.workflows.dispatcher import Dispatcher
@@ -69,6 +73,11 @@ _orders = itertools.count()
 THROUGHPUT_TARGET = 0.95
 LATENCY_TARGET = 1.02
 MEMORY_TARGET = 2048
+#: The store's cost per 3-step flow on one node (issue 39).
+STORE_CPU_TARGET_MS = 0.5
+STORE_COMMANDS_TARGET = 25
+#: A flow's end states (the durable batch's wait counts them).
+ENDS = ("succeeded", "failed", "cancelled", "needs_attention")
 #: Threads sending the flows of a throughput round, on both sides.
 SENDERS = 4
 #: Durable flows with events and one webhook endpoint against bare chains (issue 12).
@@ -128,6 +137,9 @@ class Bench:
         self.pool, self.concurrency = pool, concurrency
         self.durable: Any = None
         self.bare_worker: Any = None
+        #: Polls of the bench's own waits, and what the server spent on the last batch beside them.
+        self.polls = 0
+        self.cost: ServerCost | None = None
         self.start_workers(pool, concurrency)
 
     @property
@@ -240,6 +252,7 @@ class Bench:
         """(seconds, worker CPU seconds, flow ids) of ``flows`` durable flows started at once."""
         ended_before = self._ended()
         cpu = tree_cpu(self.durable.pid)
+        polls, counters = self.polls, ServerCounters.read(self.redis)
         started = time.time()
         batches: list[list[str]] = [[] for _ in range(SENDERS)]
 
@@ -257,6 +270,8 @@ class Bench:
         # Awaited as cheaply as the bare side's LLEN: the sizes of the state indexes, not the records
         # (reading a thousand records every few milliseconds took the CPU the worker needed).
         wait_until(lambda: self._ended() - ended_before >= flows, 900, "the durable batch")
+        watched = {"zcard": (self.polls - polls) * self.engine.keys.partitions * len(ENDS)}
+        self.cost = ServerCost.between(counters, ServerCounters.read(self.redis), flows, watched, self.polls - polls)
         records = self.engine.store.many(ids)
         if any(record.state is not FlowState.SUCCEEDED for record in records):
             raise RuntimeError(f"benchmark flows ended {sorted({record.state.value for record in records})}")
@@ -268,14 +283,16 @@ class Bench:
         keys = self.engine.keys
         pipe = self.redis.pipeline(transaction=False)
         for partition in range(keys.partitions):
-            for state in ("succeeded", "failed", "cancelled", "needs_attention"):
+            for state in ENDS:
                 pipe.zcard(keys.by_state(partition, state))
+        self.polls += 1
         return sum(pipe.execute())
 
     def bare_batch(self, flows: int) -> tuple[float, float]:
         """(seconds, worker CPU seconds) of ``flows`` bare chains sent at once."""
         self.redis.delete(DONE)
         cpu = tree_cpu(self.bare_worker.pid)
+        polls, counters = self.polls, ServerCounters.read(self.redis)
         started = time.time()
 
         def send_some() -> None:
@@ -287,9 +304,17 @@ class Bench:
             sender.start()
         for sender in senders:
             sender.join()
-        wait_until(lambda: self.redis.llen(DONE) >= flows - flows % SENDERS, 900, "the bare batch")
+        wait_until(lambda: self._done() >= flows - flows % SENDERS, 900, "the bare batch")
+        self.cost = ServerCost.between(
+            counters, ServerCounters.read(self.redis), flows, {"llen": self.polls - polls}, self.polls - polls
+        )
         last = max(float(item.split()[1]) for item in self.redis.lrange(DONE, 0, -1))
         return last - started, tree_cpu(self.bare_worker.pid) - cpu
+
+    def _done(self) -> int:
+        """Bare chains finished (one LLEN, counted: the server's figures leave the bench's polls out)."""
+        self.polls += 1
+        return int(self.redis.llen(DONE))
 
     def memory_parts(self, ids: list[str]) -> dict[str, float]:
         """Mean bytes per finished flow of its own keys (sample of 200): record, log, order lookups."""
@@ -325,8 +350,11 @@ def rounds_needed(ratios: list[float], target: float) -> str:
     return str(max(len(ratios), math.ceil((1.96 * spread / gap) ** 2)))
 
 
-def throughput(bench: Bench, rounds: int, flows: int) -> tuple[list[float], list[dict[str, float]], list[str]]:
-    """Alternating rounds; returns the ratios, each round's figures, and the last durable batch's ids."""
+def throughput(
+    bench: Bench, rounds: int, flows: int, costs: list[tuple[ServerCost, ServerCost]]
+) -> tuple[list[float], list[dict[str, float]], list[str]]:
+    """Alternating rounds; returns the ratios, each round's figures, and the last durable batch's ids;
+    appends each round's store cost per flow (bare, durable) to ``costs``."""
     ratios: list[float] = []
     rows: list[dict[str, float]] = []
     ids: list[str] = []
@@ -334,10 +362,16 @@ def throughput(bench: Bench, rounds: int, flows: int) -> tuple[list[float], list
         bare_first = n % 2 == 0
         if bare_first:
             bare_seconds, bare_cpu = bench.bare_batch(flows)
+            bare_cost = bench.cost
             durable_seconds, durable_cpu, ids = bench.durable_batch(flows)
+            durable_cost = bench.cost
         else:
             durable_seconds, durable_cpu, ids = bench.durable_batch(flows)
+            durable_cost = bench.cost
             bare_seconds, bare_cpu = bench.bare_batch(flows)
+            bare_cost = bench.cost
+        assert bare_cost is not None and durable_cost is not None
+        costs.append((bare_cost, durable_cost))
         row = {
             "bare": flows / bare_seconds,
             "durable": flows / durable_seconds,
@@ -352,7 +386,30 @@ def throughput(bench: Bench, rounds: int, flows: int) -> tuple[list[float], list
             f"ratio {ratios[-1]:.3f}; worker CPU per flow bare {row['bare_cpu'] * 1000:.2f} ms, "
             f"durable {row['durable_cpu'] * 1000:.2f} ms"
         )
+        print(f"    the store per flow, bare:    {bare_cost.line()}")
+        print(f"    the store per flow, durable: {durable_cost.line()}")
     return ratios, rows, ids
+
+
+def store_summary(costs: list[tuple[ServerCost, ServerCost]]) -> None:
+    """The medians over the rounds of what the server spent per flow, each side, and the targets."""
+    for label, side in (("bare", 0), ("durable", 1)):
+        cpu = statistics.median(pair[side].cpu_ms for pair in costs)
+        commands = statistics.median(pair[side].commands for pair in costs)
+        reads = statistics.median(pair[side].reads for pair in costs)
+        aofs = [grown for pair in costs if (grown := pair[side].aof_bytes) is not None]
+        aof = f"{statistics.median(aofs):,.0f} B" if aofs else "n/a"
+        print(
+            f"  the store per flow, {label} (median): Valkey CPU {cpu:.3f} ms, commands {commands:.1f}, "
+            f"reads {reads:.1f}, AOF {aof}"
+        )
+    durable_cpu = statistics.median(pair[1].cpu_ms for pair in costs)
+    durable_commands = statistics.median(pair[1].commands for pair in costs)
+    print(
+        f"  store targets: Valkey CPU per 3-step flow <= {STORE_CPU_TARGET_MS} ms: "
+        f"{'ok' if durable_cpu <= STORE_CPU_TARGET_MS else 'ABOVE TARGET'}; commands <= {STORE_COMMANDS_TARGET}: "
+        f"{'ok' if durable_commands <= STORE_COMMANDS_TARGET else 'ABOVE TARGET'}"
+    )
 
 
 def summary(name: str, ratios: list[float], target: float, above: bool) -> None:
@@ -456,8 +513,10 @@ def main() -> None:
             f"{args.throughput_pool} -c {args.throughput_concurrency}:"
         )
         before = used_memory(bench.redis)
-        ratios, rows, ids = throughput(bench, args.rounds, args.flows)
+        costs: list[tuple[ServerCost, ServerCost]] = []
+        ratios, rows, ids = throughput(bench, args.rounds, args.flows, costs)
         summary("throughput durable / bare", ratios, THROUGHPUT_TARGET, above=True)
+        store_summary(costs)
         bare_cpu = statistics.median(row["bare_cpu"] for row in rows)
         durable_cpu = statistics.median(row["durable_cpu"] for row in rows)
         steps = 2  # init and payment (validation and settle are skipped for a frictionless card)
