@@ -18,6 +18,7 @@ replay or a restart never charge an occurrence twice.
 from __future__ import annotations
 
 import builtins
+import contextlib
 import hashlib
 import logging
 import time
@@ -248,7 +249,19 @@ class Schedules:
         return policy.gone_attempts(record, self._flows(record), self.engine.clock.now())
 
     def cancel(self, schedule_id: str, reason: str = "cancelled", *, by: str = "api", seen: str | None = None) -> ScheduleRecord:
-        return self._operate(schedule_id, lambda record, now: policy.cancel(record, now, by, reason), seen)
+        """Stop for good (``policy.cancel``), then cancel each started attempt's flow as a person's cancel
+        does (``Engine.cancel``): a charge not yet sent is never sent (the schedule's state was checked
+        before the wait; what holds when the money moves is the flow's own cancel, DESIGN's invariant 7),
+        and one whose call may have been sent ends as a read of the gateway says. The scheduler follows
+        them to their end and counts what they charged or not."""
+        cancelled = self._operate(schedule_id, lambda record, now: policy.cancel(record, now, by, reason), seen)
+        for attempt in cancelled.open:
+            if not attempt.started:
+                continue
+            # One that ended, or took a payment a cancel cannot undo, is refused: the scheduler counts how.
+            with contextlib.suppress(OperatorError, NotFound):
+                self.engine.cancel(attempt.flow_id, f"schedule {schedule_id} cancelled: {reason}", by=by)
+        return self.get(schedule_id)
 
     def change_amount(self, schedule_id: str, amount: int, *, by: str = "api", seen: str | None = None) -> ScheduleRecord:
         """Charge ``amount`` (minor units) from the next occurrence on."""

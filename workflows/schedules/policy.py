@@ -734,9 +734,11 @@ def resolve(
 
 
 def cancel(record: ScheduleRecord, now: float, by: str, reason: str) -> Plan:
-    """Stop for good. Charges not yet started are dropped; charges already in flight run to their end and
-    stay open: the scheduler still follows them (``advance``), so what they charge or decline is counted
-    and told (``schedule.charged``, ``schedule.declined``), and nothing is retried or fired."""
+    """Stop for good. Charges not yet started are dropped; started ones stay open, and their flows are
+    cancelled next (``Schedules.cancel``: one that sent nothing ends cancelled, one whose call may have
+    been sent ends as the gateway says): the scheduler still follows them (``advance``), so what they
+    charge or decline is counted and told (``schedule.charged``, ``schedule.declined``), and nothing is
+    retried or fired."""
     plan = Plan(record.copy())
     if record.state in FINAL:
         raise OperatorError(f"schedule {record.id} is already {record.state}")

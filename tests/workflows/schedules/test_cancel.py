@@ -1,4 +1,4 @@
-"""Review: a schedule cancelled while its occurrence's charge has not been sent still charges afterwards.
+"""A schedule cancelled while its occurrence's charge has not been sent still charges afterwards.
 
 Invariant 7 (a check holds when the money moves): the scheduler fires an occurrence only while its schedule
 is active, and starts its ``mit`` flow; the flow's charge is sent later (a worker's queue, a 429's backoff,
