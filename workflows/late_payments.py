@@ -83,8 +83,13 @@ class LatePayments:
                 return self._close_refunded(record, operation_id, {"undone": given.whole}, reason, by=by)
         # The refund's end closes this flow saying who asked, and why (a card number in the words masked).
         asked = {"by": by, "reason": mask_text(reason)}
+        # Asked on the flow first, by its version: a keep or an accept of this payment read before (its
+        # gateway read under way) is then refused when it writes, and one written first makes this fail.
+        if not self.engine.store.mark(record, "refund_asked", {**asked, "operationId": operation_id}):
+            raise OperatorError(f"flow {flow_id} changed meanwhile (another decision on it); look again")
         refund = self.engine.start("refund", {"operationId": operation_id}, key, derived_key=True, note=asked)
-        if refund.state is FlowState.SUCCEEDED:
+        record = self.engine.get(flow_id)  # as marked (or as the refund's end closed it meanwhile)
+        if refund.state is FlowState.SUCCEEDED and record.state is FlowState.NEEDS_ATTENTION:
             return self._close_refunded(record, operation_id, {"flow": refund.id}, reason, by=by)
         if refund.state in GAVE_UP:
             raise OperatorError(

@@ -51,6 +51,7 @@ RESEND_SAFE: dict[str, tuple[bool, str]] = {
     "lua/release.lua": (False, "logs the release again; the next claim or sweep releases"),
     "lua/expand.lua": (False, "a second run finds the record plain and answers 'changed'"),
     "lua/keep_until.lua": (False, "moves the version again"),
+    "lua/mark.lua": (False, "a second run finds the version moved and answers 0: the person looks again"),
     "lua/reseal.lua": (False, "a second run finds the input already sealed again and answers 0; the next pass skips it"),
     "lua/compact.lua": (False, "a second run finds the record packed; the next packing pass goes on"),
     "lua/unlist.lua": (True, "a second run finds the flow unlisted already: the same answer"),

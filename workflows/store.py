@@ -381,6 +381,7 @@ class FlowStore:
         self._renew = register(client, "lua/renew.lua", _script("renew.lua"))
         self._expand = register(client, "lua/expand.lua", _script("expand.lua"))
         self._keep_until = register(client, "lua/keep_until.lua", states + _script("keep_until.lua"))
+        self._mark = register(client, "lua/mark.lua", _script("mark.lua"))
         self._marker = register(client, "marker", MARKER)
 
     # -- reading -------------------------------------------------------------------------------
@@ -591,6 +592,12 @@ class FlowStore:
         seconds = max(1, int(until - now) + 1)
         answer = self._keep_until(keys=[self.keys.flow(flow_id), self.keys.log(flow_id)], args=[repr(until), seconds * 1000])
         return -(-int(answer) // 1000)
+
+    def mark(self, record: FlowRecord, name: str, value: Any) -> bool:
+        """Record a person's decision on the flow as ``record`` shows it, its state left as it is
+        (``mark.lua``: the version moves, so a decision read before it is refused). False when the flow
+        changed since: the caller reads it again."""
+        return bool(self._mark(keys=[self.keys.flow(record.id)], args=[str(record.version), name, compact_json(value)]))
 
     def _transition_call(self, record: FlowRecord, change: Change, *, now: float, by: str) -> _TransitionCall:
         if not can_move(record.state, change.state):

@@ -1,4 +1,4 @@
-"""Review: a keep (or accept) of a late payment and its refund, asked by two operators at once.
+"""A keep (or accept) of a late payment and its refund, asked by two operators at once.
 
 Invariants 3 and 4 (and the project's own rule in ``LatePayments.accepting``: no keep or accept takes a payment
 being refunded). ``LatePayments.keep`` checks "no refund under way" (``refunding``), then reads the gateway
