@@ -471,7 +471,7 @@ class FlowStore:
             if isinstance(outcome, StartConflict | OrderHeld):
                 raise outcome
             if outcome.flow:  # the script wrote exactly these fields: no need to read them back
-                return FlowRecord.from_fields({**json.loads(args[2]), "input_hash": digests[0]}), outcome
+                return FlowRecord.from_fields(dict(zip(args[5::2], args[6::2], strict=True))), outcome
             record = self.get(new.flow_id)
             if record is not None:
                 return record, outcome
@@ -529,6 +529,7 @@ class FlowStore:
         if new.note:
             fields["note"] = new.note
         digests = self.cards.digests(new.data, lambda data: input_hash(new.kind, data, new.when))
+        fields["input_hash"] = digests[0]
         what = "created" if state is FlowState.READY else "created to run later"
         entry = self._entry(now, None, state, new.first_step, by, what)
         partition = self.keys.partition(new.flow_id)
@@ -542,7 +543,8 @@ class FlowStore:
         ]
         if new.order_id and not self.pins.cluster:
             keys.append(self.keys.order(new.order_id))
-        args = [new.flow_id, repr(now), compact_json(fields), entry, digests[0], repr(due), self.events]
+        # The fields as name, value pairs after the fixed arguments: the script writes them in one HSET.
+        args = [new.flow_id, repr(now), entry, repr(due), self.events, *[part for pair in fields.items() for part in pair]]
         return keys, args, digests
 
     def transition(self, record: FlowRecord, change: Change, *, now: float, by: str) -> FlowRecord | None:

@@ -1,8 +1,8 @@
 -- Create a flow unless it exists (events.lua is prepended). KEYS: flow, log, due, state index, kind
 -- index, event stream, and on a single server the flow's order lookup (absent on a cluster, where it
 -- sits in the order id's slot).
--- ARGV: flow id, now, fields (JSON object of strings), log entry (JSON), input hash, due time,
--- "1" to emit flow.created.
+-- ARGV: flow id, now, log entry (JSON), due time, "1" to emit flow.created, then the record's fields
+-- as name, value pairs (state, step, kind and order_id among them, input_hash too), written in one HSET.
 -- Returns {1, "", pointed} when created, {0, <stored input hash>, 0} when the flow already existed,
 -- {2, <holder>, 0} when the order lookup names another flow: nothing is written (a gateway order id is
 -- one flow's as long as its lookup lives, that is until the retention after that flow ended: a payment
@@ -18,21 +18,23 @@ if KEYS[7] then
     return {2, holder, 0}
   end
 end
-local fields = cjson.decode(ARGV[3])
-for name, value in pairs(fields) do
-  redis.call('HSET', KEYS[1], name, value)
+redis.call('HSET', KEYS[1], unpack(ARGV, 6))
+local fields = {}
+for i = 6, #ARGV, 2 do
+  fields[ARGV[i]] = ARGV[i + 1]
 end
-redis.call('HSET', KEYS[1], 'input_hash', ARGV[5])
-redis.call('ZADD', KEYS[3], ARGV[6], ARGV[1])
+redis.call('ZADD', KEYS[3], ARGV[4], ARGV[1])
 redis.call('ZADD', KEYS[4], ARGV[2], ARGV[1])
 redis.call('ZADD', KEYS[5], ARGV[2], ARGV[1])
-redis.call('RPUSH', KEYS[2], ARGV[4])
-if ARGV[7] == '1' then
+redis.call('RPUSH', KEYS[2], ARGV[3])
+if ARGV[5] == '1' then
   local run_at = cjson.null
   if fields['state'] == 'sleeping' then
-    run_at = tonumber(ARGV[6])
+    run_at = tonumber(ARGV[4])
   end
-  emit(KEYS[6], KEYS[1], ARGV[1], 'flow.created', ARGV[2], {state = fields['state'], step = fields['step'], runAt = run_at})
+  -- The record's kind and order id are the ones just written: no read back.
+  emit(KEYS[6], KEYS[1], ARGV[1], 'flow.created', ARGV[2], {state = fields['state'], step = fields['step'], runAt = run_at},
+    {fields['kind'], fields['order_id'] or false, false, false})
 end
 local pointed = 0
 if KEYS[7] then

@@ -18,9 +18,11 @@ local function event_json(value)
   return nil
 end
 
--- Emit event ``kind`` of the flow at ``flow_key`` (after its change) on ``stream``.
-local function emit(stream, flow_key, flow_id, kind, now, data)
-  local fields = redis.call('HMGET', flow_key, 'kind', 'order_id', 'outcome', 'error')
+-- Emit event ``kind`` of the flow at ``flow_key`` (after its change) on ``stream``. ``known``: the
+-- record's kind, order_id, outcome and error when the caller has just written them (create.lua), as
+-- HMGET would answer them (false for an absent field); read from the record otherwise.
+local function emit(stream, flow_key, flow_id, kind, now, data, known)
+  local fields = known or redis.call('HMGET', flow_key, 'kind', 'order_id', 'outcome', 'error')
   local outcome = event_json(fields[3]) or {}
   local operation = outcome['operation'] or {}
   local err = event_json(fields[4]) or {}
