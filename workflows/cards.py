@@ -127,11 +127,11 @@ def _places(data: Any, path: str = "") -> Iterator[tuple[dict[str, Any], str, st
     """Each (dict, key, path) of ``data`` holding card data: a ``card`` object, a ``walletPaymentData``."""
     if isinstance(data, dict):
         for key, value in data.items():
-            where = f"{path}.{key}" if path else str(key)
+            # The path is built only where it is used (every start walks its input: most hold no card).
             if (key == CARD and isinstance(value, dict) and value) or (key == WALLET and value is not None):
-                yield data, key, where
+                yield data, key, f"{path}.{key}" if path else str(key)
             elif isinstance(value, dict | list):
-                yield from _places(value, where)
+                yield from _places(value, f"{path}.{key}" if path else str(key))
     elif isinstance(data, list):
         for index, item in enumerate(data):
             yield from _places(item, f"{path}.{index}")
@@ -175,7 +175,11 @@ class CardVault:
     # -- sealing ---------------------------------------------------------------------------------
 
     def seal(self, flow_id: str, data: Mapping[str, Any]) -> dict[str, Any]:
-        """A copy of ``data`` with its card data sealed under the first key (CardKeyMissing without one)."""
+        """A copy of ``data`` with its card data sealed under the first key (CardKeyMissing without one).
+        An input with no card data in the clear (most) is copied shallowly, not through JSON: nothing in it
+        changes, and the store only serialises it."""
+        if not carries(data):
+            return dict(data)
         copy: dict[str, Any] = _copy(dict(data))
         for holder, key, where in list(_places(copy)):
             if is_sealed(holder[key]):
