@@ -45,6 +45,7 @@ from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from durapay.config.settings import CARD_KEY_BYTES, CardSettings, parse_card_key
+from durapay.workflows.jsonform import compact_sorted
 from durapay.workflows.sensitive import HIDDEN, mask_pan
 
 if TYPE_CHECKING:
@@ -120,7 +121,7 @@ def _unb64(text: str) -> bytes:
 
 
 def _compact(value: Any) -> bytes:
-    return json.dumps(value, separators=(",", ":"), sort_keys=True).encode()
+    return compact_sorted(value).encode()
 
 
 def _places(data: Any, path: str = "") -> Iterator[tuple[dict[str, Any], str, str]]:

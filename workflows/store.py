@@ -31,6 +31,7 @@ import redis
 from durapay.workflows.cards import CardVault, presented
 from durapay.workflows.compact import is_chunk, joined, unpack
 from durapay.workflows.durability import Durability, NotDurable
+from durapay.workflows.jsonform import compact_sorted
 from durapay.workflows.keys import Keys
 from durapay.workflows.orders import Lookups
 from durapay.workflows.pins import Pins
@@ -44,8 +45,8 @@ def _script(name: str) -> str:
 
 
 def compact_json(value: Any) -> str:
-    """The one JSON form of everything the engine writes to Redis (compact, keys sorted)."""
-    return json.dumps(value, separators=(",", ":"), sort_keys=True, default=str)
+    """The one JSON form of everything the engine writes to Redis (compact, keys sorted; ``jsonform``)."""
+    return compact_sorted(value)
 
 
 def input_hash(kind: str, data: Mapping[str, Any], when: str = "") -> str:

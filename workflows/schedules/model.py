@@ -11,11 +11,10 @@ from __future__ import annotations
 
 import itertools
 import json
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, time
 from enum import StrEnum
-from json.encoder import c_make_encoder, encode_basestring_ascii  # type: ignore[attr-defined]
 from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import AfterValidator, BeforeValidator, ConfigDict, Field, ValidationInfo, field_validator, model_validator
@@ -24,6 +23,7 @@ from pydantic_core import PydanticCustomError
 
 from durapay.gateway import GATEWAY_ZONE, Amount, CaptureType, Currency, StrictModel, check_amount
 from durapay.gateway._strict import unknown_value
+from durapay.workflows.jsonform import compact, compact_sorted
 from durapay.workflows.schedules.rules import ZONES, Calendar, Rule, first_closer, instant, iso, zone
 from durapay.workflows.sensitive import CardIdentifier, mask_text, refuse_card_identifiers
 
@@ -31,23 +31,6 @@ DEFAULT_DUNNING = (1, 3, 7)
 _T = TypeVar("_T")
 
 
-def _not_json(value: Any) -> Any:
-    raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
-
-
-def json_encoder(*, sort_keys: bool = False, default: Callable[[Any], Any] = _not_json) -> Callable[[Any], str]:
-    """``json.dumps(value, separators=(",", ":"), sort_keys=..., default=...)``, its encoder built once:
-    ``json.dumps`` with any argument builds a new encoder at every call, which cost the scheduler as much as
-    the encoding itself (several per occurrence fired). No circular-reference check (records are trees)."""
-    if c_make_encoder is None:  # a Python without the json C accelerator
-        return json.JSONEncoder(separators=(",", ":"), sort_keys=sort_keys, default=default).encode
-    encode = c_make_encoder(None, default, encode_basestring_ascii, None, ":", ",", sort_keys, False, True)
-    return lambda value: "".join(encode(value, 0))
-
-
-#: Compact JSON, keys in their order / sorted and anything else as ``str`` (hashes, events, script arguments).
-compact = json_encoder()
-compact_sorted = json_encoder(sort_keys=True, default=str)
 #: How a stored spec is read back: checked when the schedule was created (``ScheduleInput._window``).
 STORED = {"stored": True}
 

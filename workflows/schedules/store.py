@@ -46,8 +46,9 @@ from typing import Any
 import redis
 
 from durapay.workflows.events import schedule_events_key
+from durapay.workflows.jsonform import compact_sorted
 from durapay.workflows.keys import Keys
-from durapay.workflows.schedules.model import FINAL, RECORD_FIELDS, ScheduleRecord, ScheduleState, compact_sorted, open_json
+from durapay.workflows.schedules.model import FINAL, RECORD_FIELDS, ScheduleRecord, ScheduleState, open_json
 from durapay.workflows.scripts import ScriptPipeline, source
 
 #: JSON of hashes, history entries, merchant events and script arguments: compact, keys sorted.
