@@ -147,6 +147,14 @@ def is_sealed(value: Any) -> bool:
     return isinstance(value, dict) and isinstance(value.get(SEALED), str) and value[SEALED].startswith(PREFIX + ".")
 
 
+def may_carry(text: str) -> bool:
+    """Whether an input whose compact JSON (``store.compact_json``) is ``text`` may hold card data: False
+    only when neither field name is in it as a key (a key is followed by ``:`` there, a string's own
+    quotes are escaped), so a start without card data is told by a search of the text it writes anyway,
+    not by a walk of its input."""
+    return f'"{CARD}":' in text or f'"{WALLET}":' in text
+
+
 def carries(data: Any) -> bool:
     """Whether ``data`` (an input) holds card data in the clear."""
     return any(not is_sealed(holder[key]) for holder, key, _ in _places(data))

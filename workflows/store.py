@@ -28,7 +28,7 @@ from typing import Any, NamedTuple
 
 import redis
 
-from durapay.workflows.cards import CardVault, presented
+from durapay.workflows.cards import CardVault, may_carry, presented
 from durapay.workflows.compact import is_chunk, joined, unpack
 from durapay.workflows.durability import Durability, NotDurable
 from durapay.workflows.jsonform import compact_sorted
@@ -52,8 +52,13 @@ def compact_json(value: Any) -> str:
 def input_hash(kind: str, data: Mapping[str, Any], when: str = "") -> str:
     """What a start key promises: the same kind, input and start time (``NewFlow.when``) give the same
     flow; anything else is a StartConflict. Without a start time the hash is the input's alone."""
-    text = f"{kind}\x1f{compact_json(data)}" + (f"\x1f{when}" if when else "")
-    return hashlib.sha256(text.encode()).hexdigest()[:32]
+    return text_hash(kind, compact_json(data), when)
+
+
+def text_hash(kind: str, text: str, when: str = "") -> str:
+    """:func:`input_hash` of the input whose ``compact_json`` is ``text`` (a start serialises it once)."""
+    hashed = f"{kind}\x1f{text}" + (f"\x1f{when}" if when else "")
+    return hashlib.sha256(hashed.encode()).hexdigest()[:32]
 
 
 @dataclass(frozen=True)
@@ -518,9 +523,15 @@ class FlowStore:
             "created": repr(now),
             "updated": repr(now),
             "due": repr(due),
-            # Card data sealed (CardKeyMissing, nothing written, when no key is configured).
-            "input": compact_json(self.cards.seal(new.flow_id, new.data)),
         }
+        text = compact_json(new.data)
+        if may_carry(text):
+            # Card data sealed (CardKeyMissing, nothing written, when no key is configured).
+            fields["input"] = compact_json(self.cards.seal(new.flow_id, new.data))
+            digests = self.cards.digests(new.data, lambda data: input_hash(new.kind, data, new.when))
+        else:  # most inputs: no card to seal, the text written is the one hashed
+            fields["input"] = text
+            digests = [text_hash(new.kind, text, new.when)]
         if new.order_id:
             fields["order_id"] = new.order_id
         if new.start_key:
@@ -529,7 +540,6 @@ class FlowStore:
             fields["owner"] = new.owner
         if new.note:
             fields["note"] = new.note
-        digests = self.cards.digests(new.data, lambda data: input_hash(new.kind, data, new.when))
         fields["input_hash"] = digests[0]
         what = "created" if state is FlowState.READY else "created to run later"
         entry = self._entry(now, None, state, new.first_step, by, what)

@@ -9,15 +9,18 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from durapay.config import load_settings
 from durapay.config.settings import SettingsError
 from durapay.gateway import Card, GatewayModel
 from durapay.tasks.outcomes import Finish
-from durapay.workflows.cards import CardKeyMissing, CardUnreadable, CardVault, in_flight, new_key, presented
+from durapay.workflows.cards import CardKeyMissing, CardUnreadable, CardVault, carries, in_flight, may_carry, new_key, presented
 from durapay.workflows.engine import Engine
 from durapay.workflows.states import FlowState
 from durapay.workflows.steps import FlowDefinition
+from durapay.workflows.store import compact_json
 from tests.workflows.engine_support import ScriptedStep, summary, wait_step
 
 PAN = "4349940199004549"
@@ -110,3 +113,26 @@ def test_the_setting_is_checked_and_never_quotes_a_key() -> None:
     assert "A" * 20 not in str(refused.value)
     with pytest.raises(SettingsError, match="appears twice"):
         load_settings({"card": {"keys": [good, good]}})
+
+
+#: Keys and strings that come close to the card fields' names: a name inside a string, quoted, escaped.
+NEAR = st.sampled_from(["card", "walletPaymentData", "order", "cards", 'x"card":', '"card":', "card\\", "pan"])
+INPUTS = st.recursive(
+    st.none() | st.integers() | NEAR | st.text(max_size=8),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(NEAR | st.text(max_size=4), inner, max_size=3),
+    max_leaves=12,
+)
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.dictionaries(NEAR, INPUTS, max_size=4))
+def test_an_input_told_free_of_card_data_by_its_text_holds_none(data: dict[str, Any]) -> None:
+    """The store seals an input only when its written text may hold card data (``may_carry``): never
+    wrong the other way, whatever the names inside strings and the nesting."""
+    if carries(data):
+        assert may_carry(compact_json(data))
+
+
+def test_a_start_without_card_data_is_told_so_by_its_text() -> None:
+    assert not may_carry(compact_json({"order": {"orderId": "o-1", "amount": "1990"}, "contractId": "card"}))
+    assert may_carry(compact_json({"order": {"orderId": "o-1"}, "card": {"pan": "4349940199004549"}}))
