@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import random
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
@@ -15,7 +16,9 @@ from durapay.tasks.outcomes import Advance, Attention, Finish, Retry
 from durapay.workflows.clock import ManualClock
 from durapay.workflows.engine import Claim, Engine
 from durapay.workflows.events import Cursor, EventFeed
+from durapay.workflows.flows import REGISTRY
 from durapay.workflows.flows._common import summarize
+from durapay.workflows.flows.examples import MAKERS
 from durapay.workflows.keys import Keys
 from durapay.workflows.steps import FlowDefinition
 from tests.workflows.engine_support import DemoInput, ScriptedStep, flow, wait_step
@@ -215,3 +218,19 @@ def test_every_event_is_read_once_in_stream_order_whatever_the_limit_and_types(r
                 for stream, events in written.items()
             }
             assert seen == {stream: events for stream, events in expected.items() if events}, (limit, wanted)
+
+
+def test_a_created_event_names_the_kind_order_and_start_the_script_just_wrote(make_engine: Any, clock: ManualClock) -> None:
+    """``create.lua`` builds ``flow.created`` from the fields it writes (no read back of the record)."""
+    engine, _ = make_engine(REGISTRY["mit"])
+    today = datetime.fromtimestamp(clock.now(), UTC)
+    now_data, later_data = MAKERS["mit"]("evnow00001", today).data, MAKERS["mit"]("evlater001", today).data
+    at_once = engine.start("mit", now_data)
+    run_at = clock.now() + 3600
+    later = engine.start("mit", later_data, run_at=run_at)
+    created = {event.body["flow"]: event.wire() for event, _ in engine.events() if event.type == "flow.created"}
+    assert created[at_once.id]["kind"] == created[later.id]["kind"] == "mit"
+    assert created[at_once.id]["orderId"] == now_data["order"]["orderId"]
+    assert created[later.id]["orderId"] == later_data["order"]["orderId"]
+    assert created[at_once.id]["data"] == {"state": "ready", "step": at_once.step, "runAt": None}
+    assert created[later.id]["data"] == {"state": "sleeping", "step": later.step, "runAt": run_at}
