@@ -81,6 +81,8 @@ def create_app(runtime: Runtime, *, insecure: bool = False, schedules: Any = Non
     limits = Limits(settings.api.auth_failures, settings.api.auth_window_seconds, settings.api.auth_prefix_chars)
     throttle = Throttle(runtime.engine.redis, runtime.engine.keys, limits)
     app = FastAPI(
+        # FastAPI's own server span of each request, on durapay's tracer provider when traces are on.
+        telemetry=runtime.tracing.fastapi_telemetry(),  # type: ignore[arg-type]
         title="durapay",
         version="0.1.0",
         docs_url=None,

@@ -23,6 +23,7 @@ import contextlib
 import fcntl
 import gc
 import json
+import os
 import queue
 import random
 from collections.abc import Callable, Iterator
@@ -39,6 +40,7 @@ from durapay.config.celery import make_celery
 from durapay.config.connect import open_redis
 from durapay.config.embedded import SERVER_FILE, EmbeddedValkey, running_embedded
 from durapay.config.settings import CardSettings, Settings, SettingsError, load_settings
+from durapay.config.tracing import OFF, Tracing, from_environ
 from durapay.service.heartbeat import install_worker_heartbeat
 from durapay.service.metrics import StepMetrics
 from durapay.tasks.celery_tasks import CelerySender, register_bulk_task, register_tasks, register_webhook_task
@@ -65,11 +67,14 @@ class Runtime:
     extras: dict[str, Any] = field(default_factory=dict)
     #: Bulk retries and cancels (``workflows.bulk``), their runner a Celery task.
     bulk: BulkActions | None = None
+    #: Traces (``config.tracing``): the off face unless OTEL_* configured them.
+    tracing: Tracing = OFF
 
     def close(self) -> None:
         """Release every connection the parts opened (the engine's Redis, Celery's broker connections
-        and producers) and stop an embedded Valkey this runtime started."""
+        and producers) and stop an embedded Valkey this runtime started; export the spans left."""
         close_celery(self.celery)
+        self.tracing.close()
         self.redis.close()
         if self.embedded is not None:
             stop_embedded(self.embedded)
@@ -185,21 +190,25 @@ def build_runtime(
     clock: Clock | None = None,
     rng: random.Random | None = None,
     flows: dict[str, FlowDefinition] | None = None,
+    tracing: Tracing | None = None,
 ) -> Runtime:
     """Build the parts. ``redis_url`` overrides the settings (tests, and children of the demo). Card
-    numbers in the process's log lines are masked from here on (``workflows.sensitive``).
+    numbers in the process's log lines are masked from here on (``workflows.sensitive``). ``tracing``:
+    by default as the process's OTEL_* variables say (``config.tracing.from_environ``: off unless set).
 
     A build that fails releases what it had opened, and stops the embedded Valkey it started (else it
     ran on, recorded in ``server.json``, after ``durapay.connect`` raised)."""
     install_log_masking()
     settings = _dev_card_keys(settings)
+    if tracing is None:
+        tracing = from_environ(os.environ)
     with contextlib.ExitStack() as opened:
         embedded = None
         if redis_url is None:
             redis_url, embedded = resolve_redis(settings)
             if embedded is not None:
                 opened.callback(stop_embedded, embedded)
-        runtime = _build(settings, redis_url, embedded, opened, clock=clock, rng=rng, flows=flows)
+        runtime = _build(settings, redis_url, embedded, opened, clock=clock, rng=rng, flows=flows, tracing=tracing)
         opened.pop_all()  # built: the runtime's close releases them
         return runtime
 
@@ -225,6 +234,7 @@ def _build(
     clock: Clock | None,
     rng: random.Random | None,
     flows: dict[str, FlowDefinition] | None,
+    tracing: Tracing,
 ) -> Runtime:
     """The parts on ``redis_url``; each connection opened is registered in ``opened`` until built."""
     client = open_redis(
@@ -236,15 +246,17 @@ def _build(
     registry = dict(REGISTRY)
     registry.update(flows or {})
     sender = CelerySender(app)
-    engine = Engine(settings, client, registry, sender=sender, clock=clock or ServerClock(client), rng=rng)
+    engine = Engine(settings, client, registry, sender=sender, clock=clock or ServerClock(client), rng=rng, tracing=tracing)
     engine.protocol.observer = StepMetrics(engine).record
     register_tasks(app, engine.run_step, follow=settings.engine.follow_steps)
-    webhooks = Webhooks(client, engine.keys, settings.webhooks, send=sender.send_webhook, now=engine.clock.now, rng=rng)
+    webhooks = Webhooks(
+        client, engine.keys, settings.webhooks, send=sender.send_webhook, now=engine.clock.now, rng=rng, tracing=tracing
+    )
     register_webhook_task(app, webhooks.deliver_many)
     bulk = BulkActions(engine, settings.bulk, send=sender.send_bulk)
     register_bulk_task(app, bulk.run, sender.send_bulk)
     install_worker_heartbeat(app, redis_url, engine.keys, cluster=settings.redis_cluster)
-    return Runtime(settings, redis_url, client, app, engine, webhooks, embedded, bulk=bulk)
+    return Runtime(settings, redis_url, client, app, engine, webhooks, embedded, bulk=bulk, tracing=tracing)
 
 
 def bulk_ticker(runtime: Runtime) -> Callable[[], int]:

@@ -28,6 +28,7 @@ import redis
 from pydantic import BaseModel, ValidationError
 
 from durapay.config.settings import Settings
+from durapay.config.tracing import OFF, TRACE_FIELD, FlowTag, Tracing
 from durapay.gateway import GatewayClient, customer_payment, describe_validation_error, validate_strict
 from durapay.tasks.outcomes import Outcome
 from durapay.tasks.retry import RetryPolicy
@@ -122,9 +123,12 @@ class Engine:
         client_factory: Callable[[], GatewayClient] | None = None,
         rng: random.Random | None = None,
         keys: Keys | None = None,
+        tracing: Tracing = OFF,
     ) -> None:
         self.settings = settings
         self.redis: Any = client
+        #: Traces (``config.tracing``): the off face unless the process's OTEL_* variables ask for them.
+        self.tracing = tracing
         self.registry = dict(registry)
         self.sender = sender
         self.clock = clock or SystemClock()
@@ -143,7 +147,7 @@ class Engine:
         )
         self.retry_policy = RetryPolicy.from_settings(settings.retry, rng)
         self.lease = settings.engine.lease_seconds
-        self._client_factory = client_factory or (lambda: GatewayClient(settings.gateway))
+        self._client_factory = client_factory or (lambda: GatewayClient(settings.gateway, tracing=tracing))
         self._client: GatewayClient | None = None
         self._client_pid = 0
         self._client_lock = threading.Lock()
@@ -241,6 +245,15 @@ class Engine:
             new = dataclasses.replace(new, note=compact_json(dict(note)))
         if run_at is not None:
             new = dataclasses.replace(new, when=run_at_asked or repr(run_at))
+        if self.tracing.on:
+            tag = FlowTag(new.flow_id, kind)
+            self.tracing.tag_current(tag)  # the API request's span, begun before the flow had an id
+            with self.tracing.flow_span(f"start {kind}", tag):
+                # The flow's trace context, on its record: each step's span links to it.
+                return self._start(dataclasses.replace(new, trace=self.tracing.context()), now)
+        return self._start(new, now)
+
+    def _start(self, new: NewFlow, now: float) -> FlowRecord:
         self._order_free(new)
         try:
             record, created = self.store.create(new, now=now, by="start", safety=self.safety)
@@ -457,7 +470,20 @@ class Engine:
         marked, so that the money always shows in the flow: a flow that ended failed or cancelled, or
         succeeded with another operation, moves to ``needs_attention`` (``late_payment``) with the
         signal kept; ``retry`` then lets the waiting step take it, or a person refunds it."""
-        body = admit(self.registry.get(self.get(flow_id).kind), name, payload, by=by)  # SignalRefused: workflows.signals
+        flow = self.get(flow_id)
+        if self.tracing.on:
+            tag = FlowTag(flow_id, flow.kind)
+            self.tracing.tag_current(tag)  # the request's span (the API's, or the receiver's for a notification)
+            link = flow.fields.get(TRACE_FIELD, "")
+            with self.tracing.flow_span(f"signal {name}", tag, link=link, attributes={"durapay.signal": name, "durapay.by": by}):
+                result = self._signal(flow, name, payload, by)
+                self.tracing.annotate({"durapay.result": result})
+                return result
+        return self._signal(flow, name, payload, by)
+
+    def _signal(self, flow: FlowRecord, name: str, payload: Mapping[str, Any] | None, by: str) -> str:
+        flow_id = flow.id
+        body = admit(self.registry.get(flow.kind), name, payload, by=by)  # SignalRefused: workflows.signals
         paid = customer_payment(body)
         result = self.store.signal(flow_id, name, body, now=self.clock.now(), by=by, safety=self.safety, paid=paid)
         if result == "missing":

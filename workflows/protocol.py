@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
+from durapay.config.tracing import TRACE_FIELD, FlowTag
 from durapay.gateway import BY_NAME, describe_validation_error, reported_payment
 from durapay.tasks.outcomes import Advance, Attention, Defer, Finish, Held, NewOrder, Outcome, Poll, Retry, Sleep, Wait
 from durapay.tasks.runner import LeaseLost, NothingMoved, StepContext, run_step, settle
@@ -351,6 +352,25 @@ class StepProtocol:
     ) -> tuple[str, FlowRecord | None, Claim | str | None]:
         """Run a claimed step and complete it: (what happened, the record as its completion wrote it if
         it did, and with ``inline`` the claim of the next step when it was made with the completion)."""
+        tracing = self.engine.tracing
+        if tracing.on:
+            record = claim.record
+            with tracing.step_span(
+                FlowTag(record.id, record.kind),
+                claim.step.name,
+                link=record.fields.get(TRACE_FIELD, ""),
+                attempt=record.attempt,
+                state_before=record.claimed_from,
+                recovery=claim.resend,
+            ) as span:
+                done = self._run_and_finish(claim, chained_next, inline=inline)
+                span.ended(done[0], str(done[1].state) if done[1] is not None else "")
+                return done
+        return self._run_and_finish(claim, chained_next, inline=inline)
+
+    def _run_and_finish(
+        self, claim: Claim, chained_next: str | None, *, inline: bool
+    ) -> tuple[str, FlowRecord | None, Claim | str | None]:
         try:
             ran = self.run(claim)
         except LeaseLost as lost:

@@ -28,6 +28,7 @@ from typing import Any, NamedTuple
 
 import redis
 
+from durapay.config.tracing import TRACE_FIELD
 from durapay.workflows.cards import CardVault, may_carry, presented
 from durapay.workflows.compact import is_chunk, joined, unpack
 from durapay.workflows.durability import Durability, NotDurable
@@ -109,6 +110,8 @@ class FlowRecord:
 
     #: The log entries a packed record carries (``workflows.compact``); empty for a record not packed.
     packed_log: list[str] = field(default_factory=list, repr=False, compare=False)
+    #: The state a claim took the flow from (``claim.lua``'s answer; "" for a record not read by a claim).
+    claimed_from: str = field(default="", repr=False, compare=False)
 
     @property
     def packed(self) -> bool:
@@ -283,6 +286,8 @@ class NewFlow:
     #: Why the flow was started, kept as the record's ``note`` (JSON): a late payment's refund keeps who
     #: asked for it and why, which its end writes into the refunded flow's history (``late_payments``).
     note: str = ""
+    #: The flow's trace context (``config.tracing``): written only when tracing is on.
+    trace: str = ""
 
 
 class Created(NamedTuple):
@@ -344,7 +349,9 @@ def _taken(answer: Any) -> tuple[str, FlowRecord] | str:
     if len(answer) == 1:
         return verdict
     items = [item.decode() for item in answer[2:]]
-    return verdict, FlowRecord.from_fields(dict(zip(items[::2], items[1::2], strict=True)))
+    record = FlowRecord.from_fields(dict(zip(items[::2], items[1::2], strict=True)))
+    record.claimed_from = answer[1].decode()
+    return verdict, record
 
 
 class FlowStore:
@@ -540,6 +547,8 @@ class FlowStore:
             fields["owner"] = new.owner
         if new.note:
             fields["note"] = new.note
+        if new.trace:
+            fields[TRACE_FIELD] = new.trace
         fields["input_hash"] = digests[0]
         what = "created" if state is FlowState.READY else "created to run later"
         entry = self._entry(now, None, state, new.first_step, by, what)

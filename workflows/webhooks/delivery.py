@@ -36,6 +36,7 @@ from email.utils import parsedate_to_datetime
 from typing import Any
 
 from durapay.config.settings import WEBHOOK_JITTER, WEBHOOK_RETRY_AFTER_CAP_SECONDS, WebhooksSettings
+from durapay.config.tracing import OFF, TRACE_FIELD, FlowTag, Tracing
 from durapay.gateway import bounded
 from durapay.workflows.clock import server_time
 from durapay.workflows.events import Cursor, Event, EventFeed, decode_entry, iso
@@ -130,9 +131,12 @@ class Webhooks:
         send: Send | None = None,
         now: Callable[[], float] = time.time,
         rng: random.Random | None = None,
+        tracing: Tracing = OFF,
     ) -> None:
         self.redis = client
         self.keys = keys
+        #: Each delivery attempt a span linked to its flow's trace (``config.tracing``); off by default.
+        self.tracing = tracing
         self.settings = settings
         self.send = send
         self.now = now
@@ -258,7 +262,10 @@ class Webhooks:
         if not endpoint.enabled:
             return self._drop(slot, member, endpoint_id, made, f"endpoint disabled: {endpoint.disabled_reason}")
         event = decode_entry(tag, *entries[0])
-        attempt = self.attempt(endpoint, event.id, event.type, payload(event))
+        if self.tracing.on:
+            attempt = self._traced_attempt(endpoint, event, made)
+        else:
+            attempt = self.attempt(endpoint, event.id, event.type, payload(event))
         attempt["attempt"] = made + 1
         now = self.now()
         following = self._following(attempt, endpoint, made, float(state.get("f", now)), now)
@@ -271,6 +278,27 @@ class Webhooks:
         if attempt["ok"]:
             pipe.command("HDEL", self.endpoints.failing_key, endpoint.id)  # a success ends the failing streak
         pipe.execute()
+        return attempt
+
+    def _traced_attempt(self, endpoint: Endpoint, event: Event, made: int) -> dict[str, Any]:
+        """:meth:`attempt` in a span of its own (a delivery runs later than the transition it tells of),
+        linked to the flow's trace when the event is a flow's."""
+        flow_id, kind = str(event.body.get("flow") or ""), str(event.body.get("kind") or "")
+        link = ""
+        if flow_id:
+            kept = self.redis.hget(self.keys.flow(flow_id), TRACE_FIELD)
+            link = kept.decode() if kept else ""
+        attributes: dict[str, Any] = {
+            "durapay.event": event.id,
+            "durapay.event_type": event.type,
+            "durapay.endpoint": endpoint.id,
+        }
+        attributes["durapay.attempt"] = made + 1
+        with self.tracing.flow_span(
+            f"webhook {event.type}", FlowTag(flow_id, kind), link=link, attributes=attributes, root=True, kind="client"
+        ):
+            attempt = self.attempt(endpoint, event.id, event.type, payload(event))
+            self.tracing.annotate({"http.response.status_code": attempt["status"] or 0, "durapay.delivered": attempt["ok"]})
         return attempt
 
     def attempt(self, endpoint: Endpoint, msg_id: str, event_type: str, body: bytes) -> dict[str, Any]:
