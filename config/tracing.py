@@ -27,6 +27,11 @@ from typing import Any
 TRACE_FIELD = "trace"
 #: ``durapay.terminal`` until flows name a terminal of their own (issue 40, item 1).
 DEFAULT_TERMINAL = "default"
+#: The instrumentations' switches that copy request headers into span attributes: refused (see from_environ).
+CAPTURED_HEADERS = (
+    "OTEL_INSTRUMENTATION_HTTP_CAPTURE_HEADERS_CLIENT_REQUEST",
+    "OTEL_INSTRUMENTATION_HTTP_CAPTURE_HEADERS_SERVER_REQUEST",
+)
 #: The exporters :func:`configured` accepts (``config._otel`` builds them).
 EXPORTERS = frozenset({"console", "otlp"})
 
@@ -126,7 +131,8 @@ def configured(environ: Mapping[str, str]) -> bool:
 def from_environ(environ: Mapping[str, str], *, service: str = "durapay") -> Tracing:
     """:data:`OFF`, or the on face built from the standard ``OTEL_*`` variables. Raises
     ``SettingsError`` (before anything starts) when traces are asked for and cannot be made: an unknown
-    exporter, or the ``otel`` extra not installed."""
+    exporter, request headers asked to be captured (:data:`CAPTURED_HEADERS`), or the ``otel`` extra not
+    installed."""
     if not configured(environ):
         return OFF
     from durapay.config.settings import SettingsError
@@ -137,6 +143,13 @@ def from_environ(environ: Mapping[str, str], *, service: str = "durapay") -> Tra
         raise SettingsError(
             f"OTEL_TRACES_EXPORTER={environ['OTEL_TRACES_EXPORTER']}: durapay exports traces to {', '.join(sorted(EXPORTERS))} "
             f"or none, not {', '.join(sorted(unknown))}"
+        )
+    captured = [name for name in CAPTURED_HEADERS if environ.get(name, "").strip()]
+    if captured:
+        # The gateway client's requests carry its API key in a header: a captured header is an attribute.
+        raise SettingsError(
+            f"{', '.join(captured)} is set: durapay's HTTP calls carry keys in their headers (X-Api-Key, Authorization), "
+            "which would be exported as span attributes; unset it"
         )
     try:
         from durapay.config import _otel

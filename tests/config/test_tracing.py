@@ -45,8 +45,14 @@ def test_an_exporter_durapay_does_not_make_is_refused_naming_the_choices() -> No
         from_environ({"OTEL_TRACES_EXPORTER": "zipkin"})
 
 
-def test_the_console_exporter_is_built_on_a_provider_of_its_own() -> None:
-    tracing = from_environ({"OTEL_TRACES_EXPORTER": "console"})
+def test_request_headers_copied_into_spans_are_refused_they_carry_keys() -> None:
+    with pytest.raises(SettingsError, match=r"X-Api-Key"):
+        from_environ({"OTEL_TRACES_EXPORTER": "otlp", "OTEL_INSTRUMENTATION_HTTP_CAPTURE_HEADERS_CLIENT_REQUEST": ".*"})
+
+
+@pytest.mark.parametrize("exporter", ["console", "otlp"])
+def test_each_exporter_is_built_on_a_provider_of_its_own(exporter: str) -> None:
+    tracing = from_environ({"OTEL_TRACES_EXPORTER": exporter})
     try:
         assert tracing.on and tracing is not OFF
         assert tracing.context() == ""  # no span current: nothing to keep on a record
