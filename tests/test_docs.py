@@ -26,6 +26,7 @@ DOCS = (
     "events.md",
     "flows.md",
     "gateway.md",
+    "observability.md",
     "operations.md",
     "performance.md",
     "security.md",
