@@ -83,7 +83,9 @@ class OtelTracing(Tracing):
         ``OTEL_SERVICE_NAME`` and ``OTEL_RESOURCE_ATTRIBUTES`` over ``service``; the sampler from
         ``OTEL_TRACES_SAMPLER``; OTLP's endpoint and headers from ``OTEL_EXPORTER_OTLP_*`` (the SDK reads
         them from the process's environment)."""
-        provider = TracerProvider(resource=Resource.create({"service.name": service}))
+        named = environ.get("OTEL_SERVICE_NAME") or "service.name=" in environ.get("OTEL_RESOURCE_ATTRIBUTES", "")
+        # Resource.create lets the attributes it is given win over the environment's: give none then.
+        provider = TracerProvider(resource=Resource.create({} if named else {"service.name": service}))
         for name in exporters:
             provider.add_span_processor(BatchSpanProcessor(_exporter(name)))
         return cls(provider, owned=True)
