@@ -57,6 +57,7 @@ from typing import Any
 import redis
 
 from durapay.config.settings import ReceiverSettings
+from durapay.config.tracing import TRACE_FIELD, FlowTag
 from durapay.gateway import (
     Catalogue,
     GatewayError,
@@ -240,7 +241,21 @@ class NotificationReceiver:
             self.count("unrouted")
             log.warning("authentic notification %s for order %s has no flow; acknowledged", event_id, order_id)
             return Receipt(200, OK, after=lambda: self.unknown_order(order_id, claims(notification.operation)))
+        if self.engine.tracing.on:
+            return self._traced_once(event_id, flow_id, notification, data)
         return self._once(event_id, flow_id, notification, data)
+
+    def _traced_once(self, event_id: str, flow_id: str, notification: Notification, data: dict[str, Any]) -> Receipt:
+        """:meth:`_once` in a span naming the flow (its read-back of the operation and its resume under it),
+        linked to the flow's start (``config.tracing``). One read of the record more, only when tracing."""
+        record = self.engine.store.get(flow_id)
+        tag = FlowTag(flow_id, record.kind if record is not None else "")
+        link = record.fields.get(TRACE_FIELD, "") if record is not None else ""
+        self.engine.tracing.tag_current(tag)  # the request's server span
+        with self.engine.tracing.flow_span("notification", tag, link=link, attributes={"durapay.event": event_id}):
+            receipt = self._once(event_id, flow_id, notification, data)
+            self.engine.tracing.annotate({"durapay.answer": receipt.status})
+            return receipt
 
     def _unknown(self, notification: Notification, order_id: str) -> Receipt:
         """An order no flow holds: refused like a bad token (its token cannot be checked), logged with

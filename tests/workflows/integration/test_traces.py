@@ -173,10 +173,19 @@ def test_a_notification_that_resumes_a_flow_is_in_its_trace(traced: Traced) -> N
     assert done.state is FlowState.SUCCEEDED, done.summary()
 
     spans = traced.spans
-    resume = spans.one("signal notification")
-    start = spans.one("start hpp")
+    by_id = {span.context.span_id: span for span in spans.finished()}
+    notified, resume, start = spans.one("notification"), spans.one("signal notification"), spans.one("start hpp")
     assert attribute(resume, "durapay.flow_id") == flow_id and attribute(resume, "durapay.by") == "notification"
-    assert [link.context.span_id for link in resume.links] == [start.context.span_id]
-    request = next(span for span in spans.finished() if resume.parent and span.context.span_id == resume.parent.span_id)
+    for span in (notified, resume):
+        assert [link.context.span_id for link in span.links] == [start.context.span_id]
+    assert resume.parent is not None and resume.parent.span_id == notified.context.span_id
+    assert notified.parent is not None
+    request = by_id[notified.parent.span_id]
     assert request.kind.name == "SERVER" and attribute(request, "durapay.flow_id") == flow_id
+    assert attribute(notified, "durapay.answer") == 200 and attribute(notified, "durapay.kind") == "hpp"
+    read = [
+        span for span in spans.named("gateway get_operation") if span.parent and span.parent.span_id == notified.context.span_id
+    ]
+    assert read, "the receiver's read-back of the notified operation, under the notification"
+    assert len(spans.of_flow(flow_id)) == len(spans.finished()), "every span exported is the flow's"
     assert not leaks(spans.finished(), secrets(traced, "", str(body.get("securityToken") or "")))
