@@ -293,6 +293,8 @@ class Engine:
         for index, (kind, data, key) in enumerate(starts):
             try:
                 new = self._new_flow(kind, data, key, None, now, trusted=trusted)
+                if self.tracing.on:
+                    new = self._traced(new)
                 self._order_free(new)
                 news.append(dataclasses.replace(new, owner=owners[index]) if owners else new)
                 results.append(news[-1].flow_id)
@@ -321,6 +323,12 @@ class Engine:
         for new in made:
             self.protocol.send_chain(new.flow_id, new.kind, new.first_step)
         return results
+
+    def _traced(self, new: NewFlow) -> NewFlow:
+        """``new`` with the trace context of a ``start <kind>`` span of its own (a schedule's occurrence: no
+        request to belong to), so that its steps' spans link to one start as an API start's do."""
+        with self.tracing.flow_span(f"start {new.kind}", FlowTag(new.flow_id, new.kind), attributes={"durapay.batch": True}):
+            return dataclasses.replace(new, trace=self.tracing.context())
 
     def _order_free(self, new: NewFlow) -> None:
         """On a cluster, where ``create.lua`` cannot see the order lookup (another slot): refuse a start

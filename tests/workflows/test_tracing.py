@@ -156,3 +156,19 @@ def test_a_flow_started_with_tracing_off_runs_its_steps_with_tracing_on(make_eng
     assert engine.run_step(record.id, "only") == "succeeded"
     assert spans.one("step only").links == ()
     assert engine.get(record.id).state is FlowState.SUCCEEDED
+
+
+def test_flows_started_in_a_batch_each_keep_a_start_of_their_own(make_engine: Any) -> None:
+    """A schedule's occurrences (``start_many``): no request to belong to, a start span each to link to."""
+    spans = Spans()
+    engine, _ = make_engine(flow(ScriptedStep("pay")), tracing=spans.tracing)
+    ids = engine.start_many([("demo", {"amount": 5}, "b1"), ("demo", {"amount": 6}, "b2")])
+    starts = {(span.attributes or {})["durapay.flow_id"]: span for span in spans.named("start demo")}
+    assert set(starts) == set(ids)
+    for flow_id in ids:
+        assert isinstance(flow_id, str)
+        kept = engine.get(flow_id).fields[TRACE_FIELD]
+        assert kept.split("-")[2] == f"{starts[flow_id].context.span_id:016x}"
+        engine.run_step(flow_id, "pay")
+        (step,) = [span for span in spans.named("step pay") if (span.attributes or {})["durapay.flow_id"] == flow_id]
+        assert [link.context.span_id for link in step.links] == [starts[flow_id].context.span_id]
