@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -128,11 +128,12 @@ def configured(environ: Mapping[str, str]) -> bool:
     return bool(names - {"none"})
 
 
-def from_environ(environ: Mapping[str, str], *, service: str = "durapay") -> Tracing:
+def from_environ(environ: Mapping[str, str], *, service: str = "durapay", mask: Callable[[str], str] | None = None) -> Tracing:
     """:data:`OFF`, or the on face built from the standard ``OTEL_*`` variables. Raises
     ``SettingsError`` (before anything starts) when traces are asked for and cannot be made: an unknown
     exporter, request headers asked to be captured (:data:`CAPTURED_HEADERS`), or the ``otel`` extra not
-    installed."""
+    installed. ``mask``: what every text attribute passes through before it is exported (the runtime gives
+    ``workflows.sensitive.mask_text``: a card number a request's URL carried is masked in its server span)."""
     if not configured(environ):
         return OFF
     from durapay.config.settings import SettingsError
@@ -158,4 +159,4 @@ def from_environ(environ: Mapping[str, str], *, service: str = "durapay") -> Tra
             f"OTEL_TRACES_EXPORTER is set but OpenTelemetry is not installed ({exc.name}): install durapay[otel], "
             "or unset OTEL_TRACES_EXPORTER"
         ) from None
-    return _otel.OtelTracing.from_environ(environ, sorted(names), service=service)
+    return _otel.OtelTracing.from_environ(environ, sorted(names), service=service, mask=mask)

@@ -50,7 +50,7 @@ from durapay.workflows.clock import Clock, ServerClock
 from durapay.workflows.durability import Durability, EarlyWaitaof, early_waitaof_risk
 from durapay.workflows.engine import Engine
 from durapay.workflows.flows import REGISTRY
-from durapay.workflows.sensitive import install_log_masking
+from durapay.workflows.sensitive import install_log_masking, mask_text
 from durapay.workflows.steps import FlowDefinition
 from durapay.workflows.webhooks import Webhooks
 
@@ -201,7 +201,7 @@ def build_runtime(
     install_log_masking()
     settings = _dev_card_keys(settings)
     if tracing is None:
-        tracing = from_environ(os.environ)
+        tracing = from_environ(os.environ, mask=mask_text)
     with contextlib.ExitStack() as opened:
         embedded = None
         if redis_url is None:

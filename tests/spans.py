@@ -6,21 +6,25 @@ each span as it ends (``SimpleSpanProcessor``), so a test reads them at once, wi
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from durapay.config._otel import OtelTracing
+from durapay.config._otel import MaskingExporter, OtelTracing
 
 
 class Spans:
-    def __init__(self) -> None:
+    """``mask``: export through ``MaskingExporter`` as a runtime does (by default the spans as made, so that
+    a test of what durapay's spans hold does not lean on the masking)."""
+
+    def __init__(self, mask: Callable[[str], str] | None = None) -> None:
         self.exporter = InMemorySpanExporter()
         self.provider = TracerProvider()
-        self.provider.add_span_processor(SimpleSpanProcessor(self.exporter))
+        exporter: SpanExporter = MaskingExporter(self.exporter, mask) if mask else self.exporter
+        self.provider.add_span_processor(SimpleSpanProcessor(exporter))
         self.tracing = OtelTracing(self.provider)
 
     def finished(self) -> list[ReadableSpan]:
