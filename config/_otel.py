@@ -162,7 +162,8 @@ class OtelTracing(Tracing):
                 raise
 
     def tag_current(self, tag: FlowTag) -> None:
-        trace.get_current_span().set_attributes(tag.attributes())
+        if CURRENT_FLOW.get() is None:  # a request's span; never another flow's (a refund started by a step)
+            trace.get_current_span().set_attributes(tag.attributes())
 
     def annotate(self, attributes: Mapping[str, Any]) -> None:
         trace.get_current_span().set_attributes(dict(attributes))

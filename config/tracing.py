@@ -100,7 +100,8 @@ class Tracing:
 
     def tag_current(self, tag: FlowTag) -> None:
         """Name the flow on the span current now (the API request's server span, which began before the
-        flow's id was known)."""
+        flow's id was known); not when the current span is already another flow's (a step that starts a
+        flow: a late payment's refund)."""
 
     def annotate(self, attributes: Mapping[str, Any]) -> None:
         """Add ``attributes`` (names, ids, states: never a value a merchant or a customer typed) to the current span."""

@@ -166,3 +166,22 @@ def test_log_lines_made_for_a_flow_carry_its_trace_and_flow_ids(caplog: pytest.L
     during, after = (record.getMessage() for record in caplog.records[-2:])
     assert during == f"working on it [trace={trace_id} flow=f4]"
     assert after == "after"
+
+
+def test_a_flow_started_inside_another_flows_span_leaves_that_span_its_own() -> None:
+    """A step that starts a flow (a late payment's refund): the step's span keeps its flow's attributes,
+    the new flow's start span has the new one's."""
+    spans = Spans()
+    with spans.tracing.flow_span("step refund", FlowTag("f-paid", "hpp")):
+        spans.tracing.tag_current(FlowTag("f-refund", "refund"))
+        with spans.tracing.flow_span("start refund", FlowTag("f-refund", "refund")):
+            pass
+    assert (spans.one("step refund").attributes or {})["durapay.flow_id"] == "f-paid"
+    assert (spans.one("start refund").attributes or {})["durapay.flow_id"] == "f-refund"
+
+
+def test_a_request_span_begun_before_any_flow_is_named_for_the_flow_it_started() -> None:
+    spans = Spans()
+    with spans.tracing.call_span("POST /flows/moto", {}):
+        spans.tracing.tag_current(FlowTag("f-new", "moto"))
+    assert (spans.one("POST /flows/moto").attributes or {})["durapay.flow_id"] == "f-new"

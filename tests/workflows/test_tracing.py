@@ -14,7 +14,7 @@ import redis
 
 from durapay.config import load_settings
 from durapay.config.embedded import EmbeddedValkey
-from durapay.config.tracing import OFF, TRACE_FIELD, FlowTag, Tracing
+from durapay.config.tracing import OFF, TRACE_FIELD, Tracing
 from durapay.tasks.outcomes import Advance
 from durapay.workflows.clock import ManualClock
 from durapay.workflows.engine import Engine
@@ -136,7 +136,7 @@ def test_a_signal_is_a_span_linked_to_the_flows_start_under_the_current_one(make
     engine, _ = make_engine(flow(wait_step("customer")), tracing=spans.tracing)
     record = engine.start("demo", {"amount": 5})
     assert engine.run_step(record.id, "customer") == "waiting"
-    with spans.tracing.flow_span("request", FlowTag("", "")):
+    with spans.tracing.call_span("request", {}):  # as a request's server span: no flow current
         assert engine.signal(record.id, "paid", {"ok": True}) == "resumed"
     request, signal, start = spans.one("request"), spans.one("signal paid"), spans.one("start demo")
     assert signal.parent is not None and signal.parent.span_id == request.context.span_id
