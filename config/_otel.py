@@ -178,6 +178,9 @@ class OtelTracing(Tracing):
         # log records are not durapay's to switch on.
         return {"tracer_provider": self.provider, "metrics": False, "logs": False, "operation_spans": False}
 
+    def flush(self, **_: object) -> None:
+        self.provider.force_flush()
+
     def close(self) -> None:
         if self.owned:
             self.provider.shutdown()

@@ -113,6 +113,9 @@ class Tracing:
         """FastAPI's ``telemetry=`` argument: its server spans on this face's provider (None: FastAPI's default)."""
         return None
 
+    def flush(self, **_: object) -> None:
+        """Export what is waiting in the batches now (a Celery pool child about to exit: its receiver)."""
+
     def close(self) -> None:
         """Export what is left and stop (the runtime's close)."""
 

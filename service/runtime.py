@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from celery import Celery
+from celery import Celery, signals
 from kombu.connection import ConnectionPool
 from kombu.utils.functional import lazy
 from pydantic import SecretStr
@@ -256,6 +256,11 @@ def _build(
     bulk = BulkActions(engine, settings.bulk, send=sender.send_bulk)
     register_bulk_task(app, bulk.run, sender.send_bulk)
     install_worker_heartbeat(app, redis_url, engine.keys, cluster=settings.redis_cluster)
+    if tracing.on:
+        # A prefork pool's child (forked after the exporter was built) exits without the interpreter's
+        # exit hooks: its spans still in a batch would be lost at each warm stop or recycle. (Weakly held:
+        # a runtime's tracing gone, its receiver goes.)
+        signals.worker_process_shutdown.connect(tracing.flush)
     return Runtime(settings, redis_url, client, app, engine, webhooks, embedded, bulk=bulk, tracing=tracing)
 
 

@@ -6,12 +6,15 @@ collector in the test (``tests/otlp_collector.py``). A 3DS flow waits for its ch
 over the API; its payment call hangs at the gateway (which commits it) and its worker is killed; the
 next worker takes the step over after the lease, reads the gateway first, and the flow succeeds with one
 charge. The killed worker's open spans never reach the collector; what did, and the take-over's, name
-the flow and link to its start, and hold no card number, CVV, token or key.
+the flow and link to its start, and hold no card number, CVV, token or key. And a prefork worker (the
+default pool of ``durapay worker``) exports its children's spans when it stops.
 """
 
 from __future__ import annotations
 
 import random
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -27,7 +30,7 @@ from tests.otlp_collector import Collector, Received
 from tests.spans import Spans, leaks
 from tests.waiting import wait_until
 from tests.workflows.integration.conftest import stack_settings
-from tests.workflows.integration.processes import WorkerProcess
+from tests.workflows.integration.processes import CHILD, ROOT, WorkerProcess
 from tests.workflows.integration.test_durability import charges, running_at
 from tests.workflows.integration.test_flows import CHALLENGE, card, order
 
@@ -136,3 +139,46 @@ def test_a_worker_killed_mid_payment_leaves_linked_traces_that_name_every_step_a
         runtime.close()
         spans.close()
         simulator.admin.clear_faults()
+
+
+PREFORK_CHILD = CHILD.replace('"-P", "threads", "-c", "4"', '"-P", "prefork", "-c", "1"')
+
+
+@pytest.mark.integration
+def test_a_prefork_childs_spans_are_exported_when_the_worker_stops(
+    redis_url: str, key_prefix: str, simulator: SimulatorServer, collector: Collector, tmp_path: Path
+) -> None:
+    """``durapay worker``'s default pool forks its children after the runtime (and its exporter) is built;
+    a child's spans wait in its batch until it exits. A warm stop (SIGTERM) must export them: the batch
+    delay here is ten minutes, so nothing leaves on the schedule."""
+    assert '"prefork"' in PREFORK_CHILD
+    simulator.admin.clear_faults()
+    spans = Spans()
+    settings = stack_settings(key_prefix, simulator.base_url)
+    runtime = build_runtime(settings, redis_url=redis_url, rng=random.Random(6), tracing=spans.tracing)
+    process = WorkerProcess(settings, redis_url, "prefork0", tmp_path)
+    process.env |= {
+        "OTEL_TRACES_EXPORTER": "otlp",
+        "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": collector.endpoint,
+        "OTEL_BSP_SCHEDULE_DELAY": "600000",
+    }
+    try:
+        log = process.log_path.open("ab")
+        process.process = subprocess.Popen(
+            [sys.executable, "-c", PREFORK_CHILD, "prefork0@%h", str(process.seed)],
+            env=process.env,
+            cwd=ROOT,
+            stdout=log,
+            stderr=log,
+        )
+        flow = runtime.engine.start("moto", {"order": order(), "card": card()})
+        done = runtime.engine.wait(flow.id, 60)
+        assert done.state is FlowState.SUCCEEDED, done.summary()
+        assert not [span for span in collector.received() if span.name.startswith("step ")], "none before the stop"
+        process.stop()
+        names = {span.name for span in collector.received() if span.attributes.get("durapay.flow_id") == flow.id}
+        assert "step pay" in names and "gateway create_moto_order" in names, names
+    finally:
+        process.stop()
+        runtime.close()
+        spans.close()
