@@ -273,12 +273,14 @@ def install_log_ids() -> None:
         if tag is not None:
             record.flow_id = tag.flow_id
             ids.append(f"flow={tag.flow_id}")
-        try:
-            message = record.getMessage()
-        except Exception:  # noqa: BLE001 - a bad format string is logging's to report, not ours
-            return record
-        record.msg, record.args = f"{message} [{' '.join(ids)}]", None
+        # Onto the format, the arguments left as they are: a factory outside this one (the card masking)
+        # still reads them (an identifier marked whole). The ids hold no ``%``.
+        record.msg = f"{record.msg} [{' '.join(ids)}]"
         return record
 
     naming.names_traces = True  # type: ignore[attr-defined]
+    # What the factory it wraps says of itself holds through it: the card masking (``workflows.sensitive``)
+    # knows it is installed by that mark on the outermost factory. Hidden, it was installed again over
+    # this one, and masked a second time text whose identifiers the first had kept whole.
+    naming.masks_card_numbers = getattr(previous, "masks_card_numbers", False)  # type: ignore[attr-defined]
     logging.setLogRecordFactory(naming)

@@ -14,7 +14,7 @@ import pytest
 
 from durapay.config import SettingsError
 from durapay.config.tracing import OFF, FlowTag, configured, from_environ
-from durapay.workflows.sensitive import install_log_masking
+from durapay.workflows.sensitive import Identifier, install_log_masking
 from tests.spans import Spans
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -185,3 +185,16 @@ def test_a_request_span_begun_before_any_flow_is_named_for_the_flow_it_started()
     with spans.tracing.call_span("POST /flows/moto", {}):
         spans.tracing.tag_current(FlowTag("f-new", "moto"))
     assert (spans.one("POST /flows/moto").attributes or {})["durapay.flow_id"] == "f-new"
+
+
+def test_the_card_masking_is_not_installed_again_over_the_trace_naming(caplog: pytest.LogCaptureFixture) -> None:
+    """Each runtime installs the card masking: installed over the naming a second time, it masked again
+    text whose identifiers (a Luhn-valid operation id) the first had kept whole."""
+    install_log_masking()
+    spans = Spans()
+    top = logging.getLogRecordFactory()
+    install_log_masking()
+    assert logging.getLogRecordFactory() is top
+    with caplog.at_level(logging.INFO, logger="durapay.test"), spans.tracing.flow_span("step pay", FlowTag("f5", "moto")):
+        logging.getLogger("durapay.test").info("operation %s", Identifier("4349940199004549"))
+    assert caplog.records[-1].getMessage().startswith("operation 4349940199004549 [trace=")
