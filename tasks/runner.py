@@ -186,6 +186,11 @@ class StepContext:
     #: know it): a post-operation names its target without a read (``workflows.flows.backoffice``).
     operation_order: Callable[[str], str | None] | None = None
 
+    #: A merchant step's output an earlier try kept before its completion was written (None: none), and
+    #: how this try keeps its own (the output kept first is answered; LeaseLost once the claim is gone).
+    kept_output: dict[str, Any] | None = None
+    keep_output: Callable[[dict[str, Any]], dict[str, Any]] | None = None
+
     def call(
         self,
         op: GatewayOperation[Resp],

@@ -20,6 +20,7 @@ for a claim that must wait for durability before its step calls.
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import os
 import threading
@@ -42,7 +43,7 @@ from durapay.workflows.keys import step_idempotency_key
 from durapay.workflows.late_payments import REFUND_KEY
 from durapay.workflows.orders import OrderIdsTaken
 from durapay.workflows.states import STOPPED, FlowState
-from durapay.workflows.steps import FlowDefinition, Step, WaitStep
+from durapay.workflows.steps import FlowDefinition, MerchantStep, Step, WaitStep
 from durapay.workflows.store import Change, ClaimRequest, FlowRecord, compact_json
 
 if TYPE_CHECKING:
@@ -223,6 +224,18 @@ class StepProtocol:
 
         ctx.renew_lease = renew_lease
         step = definition.step(step_name)
+        if isinstance(step, MerchantStep):
+            kept_field = f"kept:{ctx.idempotency_key}"  # one per step and operator restart (generation)
+            kept_text = claimed.fields.get(kept_field)
+            ctx.kept_output = json.loads(kept_text) if kept_text else None
+
+            def keep_output(output: dict[str, Any]) -> dict[str, Any]:
+                kept = engine.store.keep_output(claimed, kept_field, output)
+                if kept is None:
+                    raise LeaseLost(f"flow {claimed.id} step {step_name}: the claim is no longer {owner}'s")
+                return kept
+
+            ctx.keep_output = keep_output
         if not durable and writes(step):
             # Before a write at the gateway (money moves), the claim must be durable: if Redis lost it,
             # the step would run again as if it never had (or a cancel would end the flow) without

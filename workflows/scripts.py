@@ -38,6 +38,7 @@ RESEND_SAFE: dict[str, tuple[bool, str]] = {
     "lua/transition.lua": (True, "its own change (the request token 'treq') is answered with the record"),
     "lua/signal.lua": (True, "its own signal (the request token 'sreq') is answered as at first, kept once"),
     "lua/renew.lua": (True, "sets the same lease end again: the same answer"),
+    "lua/keep.lua": (True, "keeps the first output only and answers it: the same answer"),
     "lua/request_cancel.lua": (True, "sets the same flag again: the same answer"),
     "marker": (True, "a plain overwrite of the same value"),
     "reconciliation/daily.py:_CLAIM": (True, "its own claim (the run's token) is answered 1 as at first"),

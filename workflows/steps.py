@@ -6,6 +6,8 @@
 * :class:`WaitStep` waits for the customer: a signal (a notification, a 3DS result, a completed form)
   or, at its deadline, a read of the gateway instead of a guess.
 * :class:`SleepStep` is a durable timer on the ``due`` set (months if need be), never a Celery ETA.
+* :class:`MerchantStep` runs the merchant's own Python function (``durapay.flows.step``): its return
+  value is the step's output, its exceptions say whether to try again (``workflows.merchant``).
 
 Steps may be conditional (``when``): the engine skips a step whose condition is false. A flow's steps
 compile into a Celery chain, one task per step; the chain is only the fast path, the record decides.
@@ -13,15 +15,17 @@ compile into a Celery chain, one task per step; the chain is only the fast path,
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 from pydantic import BaseModel
 
 from durapay.gateway import GatewayModel, GatewayOperation
 from durapay.tasks.celery_tasks import ENGINE_STEP_TASK
-from durapay.tasks.outcomes import Advance, Finish, Outcome, Sleep, Wait
+from durapay.tasks.outcomes import Advance, Finish, Outcome, Retry, Sleep, Wait
 from durapay.tasks.runner import NOT_COMMITTED, ReconcileResult, StepContext
 
 Condition = Callable[[StepContext], bool]
@@ -70,6 +74,8 @@ class CallStep:
     customer_url: Callable[[dict[str, Any]], str | None] | None = None
     #: The shared gateway target its money call acts on (a payment's order, a reservation), or None.
     target: Target | None = None
+    #: The earlier steps whose outputs it reads: checked at load (a definition error when none makes it).
+    reads: tuple[str, ...] = ()
 
     @property
     def operation(self) -> GatewayOperation[Any]:
@@ -136,6 +142,7 @@ class WaitStep(_LocalStep):
     customer_url: Callable[[dict[str, Any]], str | None] | None = None
     close: Callable[[StepContext], None] | None = None
     on_settle: Callable[[StepContext], Outcome] | None = None
+    reads: tuple[str, ...] = ()
 
     def settle_wait(self, ctx: StepContext, *, cancelling: bool) -> Outcome | None:
         """The flow is to end (a cancel, or a failure owed) while its customer may still pay: on a cancel
@@ -180,6 +187,7 @@ class SleepStep(_LocalStep):
     until: Callable[[StepContext], float | None]
     when: Condition | None = None
     customer_url: Callable[[dict[str, Any]], str | None] | None = None
+    reads: tuple[str, ...] = ()
 
     def execute(self, ctx: StepContext) -> Outcome:
         wake = self.until(ctx)
@@ -188,7 +196,98 @@ class SleepStep(_LocalStep):
         return Sleep(wake, note="durable timer")
 
 
-Step = CallStep | WaitStep | SleepStep
+@dataclass(frozen=True)
+class StepInput:
+    """What a merchant's step function is given: the flow's input (its model), the outputs of the steps
+    before it, and a key for its own side effects that is the same on every try, on any worker (derived
+    from the flow's id and the step's name): a ledger posting sent with it twice is one posting."""
+
+    flow_id: str
+    kind: str
+    step: str
+    input: Any
+    outputs: Mapping[str, dict[str, Any]]
+    idempotency_key: str
+    attempt: int
+
+
+class StepRetry(Exception):
+    """Raised by a merchant's step function: it failed for a reason that may pass (a timeout, a 503);
+    try again with the engine's backoff, within the retry bounds (``durapay.flows.Retry``)."""
+
+    retryable = True
+
+
+class StepFinal(Exception):
+    """Raised by a merchant's step function: the flow cannot go on (a fraud check said no). The flow ends
+    ``failed`` with this reason (``durapay.flows.Final``)."""
+
+    retryable = False
+
+
+@dataclass(frozen=True)
+class MerchantStep(_LocalStep):
+    """A step of the merchant's own code: ``fn(StepInput)`` returns the step's output (a mapping, a
+    pydantic model or None), recorded once by the step's completion; a step done is never run again
+    (the claim of a step no longer current is refused). Its exceptions are classified by their
+    ``retryable`` attribute (:class:`StepRetry`, :class:`StepFinal`, or the merchant's own): retried on
+    the engine's backoff at most ``max_attempts`` tries (the retry settings' bound when None), or the
+    flow ends failed with the reason. An exception that says neither is a defect: a person looks
+    (``needs_attention``), as for a step body of durapay's own."""
+
+    name: str
+    fn: Callable[[StepInput], Any]
+    max_attempts: int | None = None
+    output_model: type[BaseModel] | None = None
+    when: Condition | None = None
+    customer_url: Callable[[dict[str, Any]], str | None] | None = None
+    reads: tuple[str, ...] = ()
+
+    def execute(self, ctx: StepContext) -> Outcome:
+        if ctx.kept_output is not None:  # an earlier try's function returned this: its completion was lost
+            return Advance(ctx.kept_output)
+        given = StepInput(ctx.flow_id, ctx.kind, self.name, ctx.input, dict(ctx.outputs), ctx.idempotency_key, ctx.attempt)
+        try:
+            value = self.fn(given)
+        except Exception as exc:
+            retryable = getattr(exc, "retryable", None)
+            if not isinstance(retryable, bool):
+                raise  # tasks.runner: a defect, a person looks
+            error = {"type": type(exc).__name__, "message": str(exc)[:500], "step": self.name, "retryable": retryable}
+            if not retryable:
+                return Finish(False, f"{self.name}: {exc}", error=error)
+            bound = self.max_attempts or ctx.retry.max_attempts
+            if ctx.attempt >= bound:
+                return Finish(False, f"{self.name} failed {ctx.attempt} times: {exc}", error={**error, "retryable": False})
+            return Retry(ctx.retry.delay(ctx.attempt), error)
+        output = self._output(value)
+        # Kept before the completion is written: a worker lost between the two leaves the output, and the
+        # next try records it rather than calling the function again.
+        return Advance(ctx.keep_output(output) if ctx.keep_output is not None else output)
+
+    def _output(self, value: Any) -> dict[str, Any]:
+        if self.output_model is not None:
+            value = self.output_model.model_validate(value)
+        if isinstance(value, BaseModel):
+            return value.model_dump(mode="json", by_alias=True)
+        if value is None:
+            return {}
+        if not isinstance(value, Mapping):
+            raise TypeError(f"step {self.name} returned {type(value).__name__}; a step's output is a mapping or a model")
+        recorded: dict[str, Any] = json.loads(json.dumps(dict(value)))  # JSON as recorded: a value JSON cannot hold fails here
+        return recorded
+
+
+Step = CallStep | WaitStep | SleepStep | MerchantStep
+
+
+class DefinitionError(ValueError):
+    """A flow definition refused at load: which flow, which step, and why (fix the definition)."""
+
+    def __init__(self, kind: str, step: str, reason: str) -> None:
+        where = f"flow {kind!r}" + (f", step {step!r}" if step else "")
+        super().__init__(f"{where}: {reason}")
+        self.kind, self.step, self.reason = kind, step, reason
 
 
 @dataclass(frozen=True)
@@ -212,13 +311,40 @@ class FlowDefinition:
     #: A signal its success sends to the flow holding the gateway order its last output names
     #: (``orderId``): a change it made there (a renewed link) that flow must read (``Engine.tell_holder``).
     tells_holder: str | None = None
+    #: A name people give this version ("2026-12 fraud check"); the version itself is :attr:`version`.
+    label: str = ""
+    #: Earlier versions of this kind that this code still runs (flows started on them go on on them).
+    previous: tuple[FlowDefinition, ...] = ()
     step_index: dict[str, int] = field(default_factory=dict, init=False, compare=False)
 
     def __post_init__(self) -> None:
-        names = [step.name for step in self.steps]
-        if len(set(names)) != len(names):
-            raise ValueError(f"flow {self.kind}: step names repeat: {names}")
-        self.step_index.update({name: index for index, name in enumerate(names)})
+        made: set[str] = set()
+        for index, step in enumerate(self.steps):
+            if step.name in made:
+                raise DefinitionError(self.kind, step.name, "the step name repeats (each step of a flow has its own)")
+            missing = [read for read in getattr(step, "reads", ()) if read not in made]
+            if missing:
+                raise DefinitionError(self.kind, step.name, f"reads the output of {missing[0]!r}, which no earlier step makes")
+            made.add(step.name)
+            self.step_index[step.name] = index
+        for earlier in self.previous:
+            if earlier.kind != self.kind:
+                raise DefinitionError(self.kind, "", f"a previous version is of kind {earlier.kind!r}")
+
+    @cached_property
+    def version(self) -> str:
+        """What a flow in flight depends on, hashed (``workflows.versions``): its steps' names, kinds and
+        order, the operations called, the input and output models' JSON schemas."""
+        from durapay.workflows.versions import version_of
+
+        return version_of(self)
+
+    def versions(self) -> dict[str, FlowDefinition]:
+        """Every version this code runs, current first."""
+        held: dict[str, FlowDefinition] = {self.version: self}
+        for earlier in self.previous:
+            held.setdefault(earlier.version, earlier)
+        return held
 
     def step(self, name: str) -> Step:
         return self.steps[self.step_index[name]]

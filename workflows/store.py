@@ -288,6 +288,8 @@ class NewFlow:
     note: str = ""
     #: The flow's trace context (``config.tracing``): written only when tracing is on.
     trace: str = ""
+    #: The definition it starts on, ``kind@version`` (``workflows.versions``): its steps run on that one.
+    definition: str = ""
 
 
 class Created(NamedTuple):
@@ -392,6 +394,7 @@ class FlowStore:
         self.pause_recheck = 30.0
         self._request_cancel = register(client, "lua/request_cancel.lua", _script("request_cancel.lua"))
         self._renew = register(client, "lua/renew.lua", _script("renew.lua"))
+        self._keep = register(client, "lua/keep.lua", _script("keep.lua"))
         self._expand = register(client, "lua/expand.lua", _script("expand.lua"))
         self._keep_until = register(client, "lua/keep_until.lua", states + _script("keep_until.lua"))
         self._mark = register(client, "lua/mark.lua", _script("mark.lua"))
@@ -549,6 +552,8 @@ class FlowStore:
             fields["note"] = new.note
         if new.trace:
             fields[TRACE_FIELD] = new.trace
+        if new.definition:
+            fields["definition"] = new.definition
         fields["input_hash"] = digests[0]
         what = "created" if state is FlowState.READY else "created to run later"
         entry = self._entry(now, None, state, new.first_step, by, what)
@@ -782,6 +787,18 @@ class FlowStore:
             args=[record.id, str(record.version), record.lease_owner, repr(lease_until)],
         )
         return bool(answer)
+
+    def keep_output(self, record: FlowRecord, name: str, output: Mapping[str, Any]) -> dict[str, Any] | None:
+        """Keep a merchant step's output under the record's field ``name`` while ``record``'s claim is this
+        worker's (``lua/keep.lua``): the output kept (an earlier try's, if one kept it first), or None when
+        the claim is no longer this worker's."""
+        kept = self._keep(
+            keys=[self.keys.flow(record.id)], args=[str(record.version), record.lease_owner, name, compact_json(output)]
+        )
+        if kept is None:
+            return None
+        value: dict[str, Any] = json.loads(kept)
+        return value
 
     def sync(self, ids: str | Iterable[str], what: str, *, orders: Iterable[str] = (), targets: Iterable[str] = ()) -> None:
         """Return once every write so far is durable as configured (see ``workflows.durability``), or

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from durapay.flows import Call, call
 from durapay.gateway import (
     FAILURE_RESULTS,
     RESPONSE_CODE_FIELD,
@@ -27,7 +28,7 @@ from durapay.gateway import (
 )
 from durapay.tasks.outcomes import Advance, Attention, Finish, Outcome, Poll
 from durapay.tasks.runner import StepContext
-from durapay.workflows.steps import Call, CallStep
+from durapay.workflows.steps import CallStep
 
 #: How long to wait between reads of a PENDING operation, and how many reads before a person looks.
 POLL_SECONDS = 2.0
@@ -134,12 +135,13 @@ def read_until_final(
             return Attention(f"operation {answer.operationId} still PENDING after {ctx.polls} reads")
         return outcome
 
-    return CallStep(
+    return call(
         name,
         Catalogue.get_operation,
         lambda ctx: Call((operation_id(ctx),)),
         result=result,
         when=pending if only_if_pending else None,
+        reads=(source,),
     )
 
 

@@ -21,6 +21,7 @@ from typing import Any
 
 from pydantic import Field
 
+from durapay.flows import Call, Flow, Target, call
 from durapay.gateway import (
     SUCCESS_RESULTS,
     Catalogue,
@@ -37,7 +38,7 @@ from durapay.tasks.outcomes import Advance, Finish, Outcome
 from durapay.tasks.runner import NOT_COMMITTED, UNCLEAR, ReconcileResult, StepContext
 from durapay.workflows.flows._adopt import adopt_made, never_sent
 from durapay.workflows.flows._common import read_until_final, summarize
-from durapay.workflows.steps import Call, CallStep, FlowDefinition, Target
+from durapay.workflows.steps import CallStep, FlowDefinition
 
 
 class PostOperationInput(PassThrough):
@@ -173,7 +174,7 @@ def _result_step(kind: str) -> CallStep:
 
 
 def post_operation(kind: str, op: Any, description: str) -> FlowDefinition:
-    return FlowDefinition(
+    return Flow(
         kind,
         PostOperationInput,
         (_Post("post", op, _post_body, adopt=_adopt_post, target=PAYMENT_ORDER), _result_step(kind)),
@@ -199,11 +200,11 @@ def _adopt_cancel(ctx: StepContext) -> ReconcileResult:
     return adopt_made(ctx, ours, types=frozenset({OperationType.CANCEL}), amount=None, currency=None)
 
 
-CANCEL_CAPTURE = FlowDefinition(
+CANCEL_CAPTURE = Flow(
     "cancel_capture",
     CancelCaptureInput,
     (
-        CallStep("post", Catalogue.cancel_operation, _post_body, adopt=_adopt_cancel, target=PAYMENT_ORDER),
+        call("post", Catalogue.cancel_operation, _post_body, adopt=_adopt_cancel, target=PAYMENT_ORDER),
         _result_step("cancel_capture"),
     ),
     summarize,
@@ -211,11 +212,11 @@ CANCEL_CAPTURE = FlowDefinition(
     "cancel a capture (same day only)",
 )
 
-DEACTIVATE_CONTRACT = FlowDefinition(
+DEACTIVATE_CONTRACT = Flow(
     "deactivate_contract",
     ContractInput,
     (
-        CallStep(
+        call(
             "deactivate",
             Catalogue.deactivate_contract,
             lambda ctx: Call((ctx.input.contractId,)),

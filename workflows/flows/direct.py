@@ -12,6 +12,7 @@ from typing import Annotated, Any
 
 from pydantic import Field
 
+from durapay.flows import Call, Flow, call, wait_signal
 from durapay.gateway import (
     THREEDS_NOT_NEEDED,
     CaptureType,
@@ -45,7 +46,7 @@ from durapay.workflows.flows._common import (
     settle_step,
     summarize,
 )
-from durapay.workflows.steps import Call, CallStep, FlowDefinition, WaitStep
+from durapay.workflows.steps import FlowDefinition
 
 
 def _with_order(ctx: StepContext) -> dict[str, Any]:
@@ -56,8 +57,8 @@ def _with_order(ctx: StepContext) -> dict[str, Any]:
 
 def one_call(kind: str, model: type[GatewayModel], op: Any, description: str) -> FlowDefinition:
     """A payment made by one call, reconciled by reading the order, then read until final if PENDING."""
-    pay = CallStep("pay", op, lambda ctx: Call(request=_with_order(ctx)), result=payment_result, adopt=adopt_order_payment)
-    return FlowDefinition(kind, model, (pay, settle_step("settle", "pay")), summarize, input_order_id, description)
+    pay = call("pay", op, lambda ctx: Call(request=_with_order(ctx)), result=payment_result, adopt=adopt_order_payment)
+    return Flow(kind, model, (pay, settle_step("settle", "pay")), summarize, input_order_id, description)
 
 
 class MotoInput(PassThrough, MotoRequest):
@@ -211,11 +212,11 @@ def _challenge_url(output: dict[str, Any]) -> str | None:
     return str(url) if url and request and request != THREEDS_NOT_NEEDED else None
 
 
-THREE_STEPS = FlowDefinition(
+THREE_STEPS = Flow(
     "three_steps",
     ThreeStepsInput,
     (
-        CallStep(
+        call(
             "init",
             Catalogue.three_steps_init,
             _three_steps_init,
@@ -223,7 +224,7 @@ THREE_STEPS = FlowDefinition(
             adopt=new_order_if_never_charged("the 3DS initiation answer was lost", initiated=True),
             customer_url=_challenge_url,
         ),
-        WaitStep(
+        wait_signal(
             "challenge",
             ("3ds_result",),
             _challenge_signal,
@@ -231,7 +232,7 @@ THREE_STEPS = FlowDefinition(
             timeout=lambda ctx: ctx.input.challengeTimeoutSeconds or 600.0,
             when=_challenge_needed,
         ),
-        CallStep(
+        call(
             "validation",
             Catalogue.three_steps_validation,
             lambda ctx: Call(
@@ -244,7 +245,7 @@ THREE_STEPS = FlowDefinition(
             adopt=_adopt_validation,
             when=lambda ctx: _challenge_needed(ctx) and bool(ctx.output("challenge").get("threeDSAuthResponse")),
         ),
-        CallStep(
+        call(
             "payment",
             Catalogue.three_steps_payment,
             _payment_request,
@@ -277,18 +278,18 @@ def _svs_pay(ctx: StepContext) -> Call:
     return Call((str(found["operationId"]),), body)
 
 
-SVS = FlowDefinition(
+SVS = Flow(
     "svs",
     SvsInput,
     (
-        CallStep(
+        call(
             "init",
             Catalogue.svs_init_order,
             lambda ctx: Call(request=_with_order(ctx)),
             result=lambda ctx, answer: Advance(answer.wire()),
             adopt=adopt_order_payment,  # the initiated (PENDING) operation is all "pay" needs
         ),
-        CallStep("pay", Catalogue.svs_pay_operation, _svs_pay, result=payment_result, adopt=adopt_operation_of("init")),
+        call("pay", Catalogue.svs_pay_operation, _svs_pay, result=payment_result, adopt=adopt_operation_of("init")),
         settle_step("settle", "pay"),
     ),
     summarize,

@@ -15,6 +15,7 @@ from typing import Any
 
 from pydantic import Field
 
+from durapay.flows import Call, Flow, call, wait_signal
 from durapay.gateway import (
     BadRequest,
     BuildOrderRequest,
@@ -45,7 +46,7 @@ from durapay.workflows.flows.waits import (
     notified,
     read_later,
 )
-from durapay.workflows.steps import Call, CallStep, FlowDefinition, WaitStep
+from durapay.workflows.steps import CallStep
 
 # -- embedded form (build) ---------------------------------------------------------------------------
 
@@ -239,18 +240,18 @@ def _adopt_finalize(ctx: StepContext) -> ReconcileResult:
 FORM_SECONDS = 360.0
 SESSION_SECONDS = 300.0
 
-BUILD = FlowDefinition(
+BUILD = Flow(
     "build",
     BuildInput,
     (
-        CallStep(
+        call(
             "create",
             Catalogue.create_build_order,
             lambda ctx: Call(request=session_body(ctx, ("formSeconds",))),
             adopt=new_order_if_never_charged("the embedded form answer was lost before the customer saw it"),
             customer_url=lambda output: next((f.get("src") for f in output.get("fields") or [] if f.get("src")), None),
         ),
-        WaitStep(
+        wait_signal(
             "form",
             ("form_completed", "notification"),
             _form_signal,
@@ -260,7 +261,7 @@ BUILD = FlowDefinition(
             on_settle=_challenge_deadline,  # never on to finalize: a cancel or a failure owed only reads
         ),
         _Finalize("finalize", Catalogue.build_finalize_payment, lambda ctx: Call(), adopt=_adopt_finalize, when=_needs_finalize),
-        WaitStep(
+        wait_signal(
             "challenge",
             ("notification",),
             lambda ctx, name, payload: notified(ctx, name, payload, _form_read),
@@ -292,11 +293,11 @@ def _adopt_build_cancel(ctx: StepContext) -> ReconcileResult:
     return NOT_COMMITTED
 
 
-BUILD_CANCEL = FlowDefinition(
+BUILD_CANCEL = Flow(
     "build_cancel",
     BuildRef,
     (
-        CallStep(
+        call(
             "cancel",
             Catalogue.build_cancel,
             lambda ctx: Call(request={"sessionId": ctx.input.sessionId}),

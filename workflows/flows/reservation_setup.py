@@ -19,6 +19,7 @@ from typing import Any
 
 from pydantic import ValidationInfo, field_validator
 
+from durapay.flows import Call, Flow
 from durapay.gateway import (
     Agency,
     AgencyConditionRequest,
@@ -34,7 +35,7 @@ from durapay.gateway import (
 from durapay.tasks.outcomes import Advance, Outcome
 from durapay.tasks.runner import StepContext
 from durapay.workflows.flows.reservations import Form
-from durapay.workflows.steps import Call, CallStep, FlowDefinition
+from durapay.workflows.steps import CallStep
 
 
 class SetupInput(GatewayModel):
@@ -155,7 +156,7 @@ def _agency_conditions(ctx: StepContext) -> Outcome:
     return Advance({"agencyConditionIds": ids})
 
 
-RESERVATION_SETUP = FlowDefinition(
+RESERVATION_SETUP = Flow(
     "reservation_setup",
     SetupInput,
     (

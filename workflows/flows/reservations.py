@@ -30,6 +30,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AwareDatetime, Field
 
+from durapay.flows import Call, Flow, Target, call, timer, wait_signal
 from durapay.gateway import (
     SUCCESS_RESULTS,
     Amount,
@@ -61,7 +62,7 @@ from durapay.workflows.flows.waits import (
     notified,
     read_later,
 )
-from durapay.workflows.steps import Call, CallStep, FlowDefinition, SleepStep, Target, WaitStep
+from durapay.workflows.steps import CallStep, FlowDefinition
 
 Form = Literal["current", "earlier"]
 CHARGE_TYPES = frozenset({OperationType.NOSHOW, OperationType.INCREMENTAL, OperationType.DELAY_CHARGE})
@@ -164,25 +165,25 @@ def _reservation_summary(data: Any, outputs: Any) -> dict[str, Any]:
     return {**summarize(data, outputs), "reservationId": data.reservation.reservationId}
 
 
-RESERVATION = FlowDefinition(
+RESERVATION = Flow(
     "reservation",
     ReservationInput,
     (
-        CallStep(
+        call(
             "create",
             Catalogue.create_reservation,
             lambda ctx: Call(request={"reservation": ctx.input.reservation.wire()}),
             result=lambda ctx, answer: Advance(ReservationIdResponse.model_validate(answer.wire()).wire()),
             adopt=_adopt_reservation,
         ),
-        CallStep(
+        call(
             "link",
             Catalogue.create_reservation_paybylink,
             _link_request,
             adopt=_adopt_link,
             customer_url=lambda output: (output.get("paymentLink") or {}).get("link"),
         ),
-        WaitStep(
+        wait_signal(
             "payment",
             ("notification",),
             _notified,
@@ -439,10 +440,10 @@ def charge_flow(kind: str, model: type[ChargeInput], description: str) -> FlowDe
     charge), validate, charge with the step's key, the reservation held and checked again
     (:class:`_Charge`; read back first after a lost answer), read the result."""
     steps: list[Any] = [
-        CallStep("original", Catalogue.get_reservation, lambda ctx: Call((ctx.input.reservationId,)), result=_reservation_checked)
+        call("original", Catalogue.get_reservation, lambda ctx: Call((ctx.input.reservationId,)), result=_reservation_checked)
     ]
     if kind == "delay_charge":
-        steps.append(SleepStep("timer", lambda ctx: ctx.input.runAt.timestamp() if ctx.input.runAt else None))
+        steps.append(timer("timer", lambda ctx: ctx.input.runAt.timestamp() if ctx.input.runAt else None))
     steps += [
         _Validate("validate", VALIDATIONS[(kind, "current")], lambda ctx: Call()),
         _Charge("charge", CHARGES[kind], _charge_body, result=_charged, adopt=_adopt_charge, target=RESERVATION_TARGET),
@@ -450,7 +451,7 @@ def charge_flow(kind: str, model: type[ChargeInput], description: str) -> FlowDe
     ]
     # A no-show happens once per reservation: keyed by it, a second start is the first flow (or a conflict).
     once = (lambda data: f"no_show:{data.reservationId}") if kind == "no_show" else None
-    return FlowDefinition(kind, model, tuple(steps), summarize, None, description, start_key=once)
+    return Flow(kind, model, tuple(steps), summarize, None, description, start_key=once)
 
 
 NO_SHOW = charge_flow("no_show", ChargeInput, "no-show charge: reservation checked, validation, /no_shows, result read back")

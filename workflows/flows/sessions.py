@@ -14,6 +14,7 @@ from typing import Any, Literal
 
 from pydantic import Field
 
+from durapay.flows import Call, Flow, call, wait_signal
 from durapay.gateway import (
     Amount,
     Catalogue,
@@ -51,7 +52,7 @@ from durapay.workflows.flows.waits import (
     order_state,
     read_later,
 )
-from durapay.workflows.steps import Call, CallStep, FlowDefinition, WaitStep
+from durapay.workflows.steps import CallStep, WaitStep
 
 
 def session_body(ctx: StepContext, drop: tuple[str, ...] = ()) -> dict[str, Any]:
@@ -167,7 +168,7 @@ LINK_CHANGED = "link_changed"
 
 
 def _await(name: str, timeout: Any, waited_for: str, close: Any = None, signals: tuple[str, ...] = ("notification",)) -> WaitStep:
-    return WaitStep(
+    return wait_signal(
         name,
         signals,
         _notified,
@@ -184,11 +185,11 @@ class HppInput(PassThrough, HppOrderRequest):
     waitSeconds: float | None = Field(default=None, gt=0, description="durapay: how long to wait for the customer")
 
 
-HPP = FlowDefinition(
+HPP = Flow(
     "hpp",
     HppInput,
     (
-        CallStep(
+        call(
             "create",
             Catalogue.create_hpp_order,
             lambda ctx: Call(request=session_body(ctx, ("waitSeconds",))),
@@ -254,7 +255,7 @@ def _link_create_step(name: str) -> CallStep:
     )
 
 
-PAYBYLINK = FlowDefinition(
+PAYBYLINK = Flow(
     "paybylink",
     PayByLinkInput,
     (
@@ -287,11 +288,11 @@ def _adopt_link_cancel(ctx: StepContext) -> ReconcileResult:
     return NOT_COMMITTED
 
 
-PAYBYLINK_CANCEL = FlowDefinition(
+PAYBYLINK_CANCEL = Flow(
     "paybylink_cancel",
     LinkRef,
     (
-        CallStep(
+        call(
             "cancel",
             Catalogue.cancel_paybylink,
             lambda ctx: Call((ctx.input.linkId,)),
@@ -316,11 +317,11 @@ def _link_changed(ctx: StepContext, answer: Any) -> Outcome:
     return Advance({**output, "orderId": details.orderId, "paymentLink": details.paymentLink.wire()})
 
 
-PAYBYLINK_RENEW = FlowDefinition(
+PAYBYLINK_RENEW = Flow(
     "paybylink_renew",
     LinkRenewal,
     (
-        CallStep(
+        call(
             "renew",
             Catalogue.renew_paybylink,
             lambda ctx: Call((ctx.input.linkId,), PayByLinkRenewRequest(expirationDate=ctx.input.expirationDate).wire()),
@@ -342,11 +343,11 @@ class LinkModification(LinkRef):
     description: str | None = Field(default=None, max_length=255)
 
 
-PAYBYLINK_MODIFY = FlowDefinition(
+PAYBYLINK_MODIFY = Flow(
     "paybylink_modify",
     LinkModification,
     (
-        CallStep(
+        call(
             "modify",
             Catalogue.modify_paybylink_v3,
             lambda ctx: Call(

@@ -1,0 +1,97 @@
+"""A flow definition's version: a short hash of what a flow in flight depends on.
+
+A flow records the version it started on (the record's ``definition`` field, ``kind@version``), and a
+process runs its steps only with that version's definition (``workflows.protocol``). So the version
+must change exactly when a flow in flight could be run wrongly by the new code:
+
+* the steps' names, kinds (call, wait, timer, the merchant's step) and order: a renamed step is a step
+  the old record's ``step`` names no longer;
+* the operations called: a different call at the same step is a different effect at the gateway;
+* the input model's JSON schema (the stored input is read with it) and each step's output schema (a
+  later step reads an earlier one's output as its model had it).
+
+What does not change it: a step body's code (a bug fix in how a result is read), a description, the
+label. docs/deploys.md says what that means for a deploy.
+
+A record of an earlier release has no ``definition`` field: it was started before versions were
+recorded, on the kind's first version as this code declares it (:func:`recorded`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from durapay.workflows.steps import FlowDefinition, Step
+
+#: Hex digits of the version: 12 (48 bits) makes two versions of one kind alike by chance unthinkable.
+DIGITS = 12
+#: The record field a flow's definition is kept in (``kind@version``).
+FIELD = "definition"
+
+
+def step_kind(step: Step) -> str:
+    from durapay.workflows.steps import CallStep, MerchantStep, SleepStep, WaitStep
+
+    if isinstance(step, CallStep):
+        return "call"
+    if isinstance(step, WaitStep):
+        return "wait"
+    if isinstance(step, SleepStep):
+        return "timer"
+    if isinstance(step, MerchantStep):
+        return "step"
+    return type(step).__name__  # a step class of a test's own
+
+
+def describe(definition: FlowDefinition) -> dict[str, Any]:
+    """What the version hashes, and what a manifest shows of one version (``durapay flows manifest``)."""
+    return {
+        "kind": definition.kind,
+        "input": definition.input_model.model_json_schema(mode="validation"),
+        "steps": [describe_step(step) for step in definition.steps],
+    }
+
+
+def describe_step(step: Step) -> dict[str, Any]:
+    from durapay.workflows.steps import MerchantStep, WaitStep
+
+    shown: dict[str, Any] = {"name": step.name, "kind": step_kind(step)}
+    op = step.operation
+    if op is not None:
+        shown["operation"] = op.name
+        shown["output"] = op.response.model_json_schema(mode="serialization")
+    elif isinstance(step, WaitStep):
+        shown["signals"] = list(step.signals)
+    elif isinstance(step, MerchantStep) and step.output_model is not None:
+        shown["output"] = step.output_model.model_json_schema(mode="serialization")
+    return shown
+
+
+def version_of(definition: FlowDefinition) -> str:
+    text = json.dumps(describe(definition), sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:DIGITS]
+
+
+def first_version(definition: FlowDefinition) -> FlowDefinition:
+    """The version a record with no ``definition`` field started on: the earliest one the code keeps
+    (the last of ``previous``), else the current one."""
+    return definition.previous[-1] if definition.previous else definition
+
+
+def recorded(kind: str, fields: Mapping[str, str], registry: Mapping[str, FlowDefinition]) -> tuple[str, str]:
+    """The (kind, version) a record names: its ``definition`` field, or for a record of an earlier
+    release the kind's first version in ``registry`` ("" when the kind is not known here)."""
+    value = fields.get(FIELD, "")
+    if value:
+        named, _, version = value.partition("@")
+        return named or kind, version
+    known = registry.get(kind)
+    return kind, first_version(known).version if known is not None else ""
+
+
+def label(definition: FlowDefinition) -> str:
+    return f"{definition.kind}@{definition.version}"
