@@ -385,6 +385,12 @@ class EngineSettings(_Group):
         description="Steps due at once that a worker runs in a row for one flow before handing it back to the queue "
         "(0: each step is its own task, the remaining steps sent as a Celery chain).",
     )
+    park_seconds: float = Field(
+        default=30.0,
+        gt=0,
+        le=3600,
+        description="Seconds after which a parked flow (its definition held by no process that claimed it) is offered again.",
+    )
     max_step_runs: int = Field(
         default=500,
         ge=10,

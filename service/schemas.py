@@ -71,6 +71,13 @@ class FlowBrief(_Answer):
     error: dict[str, Any] | None = None
 
 
+class DefinitionRef(_Answer):
+    """The definition a flow runs on: its kind and the version it started on (docs/deploys.md)."""
+
+    kind: str
+    version: str | None = Field(description="the definition's version (null: a kind this process does not know)")
+
+
 class FlowView(_Answer):
     """One flow: where it stands, what its steps answered (secrets masked), how it ended."""
 
@@ -98,6 +105,9 @@ class FlowView(_Answer):
     )
     start_key: str | None = None
     steps_done: list[str] = []
+    definition: DefinitionRef | None = Field(
+        default=None, description="the definition the flow runs on: kind and version (docs/deploys.md, Versions)"
+    )
     attention: list[dict[str, Any]] = Field(
         default=[],
         description="the reconciliation's marks on this flow (GET /flows/{id}; docs/operations.md, Reconciliation): "

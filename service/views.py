@@ -14,6 +14,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from durapay.gateway import GatewayTime, format_money
+from durapay.workflows import versions
 from durapay.workflows.flow_money import asked_money, outcome_money
 from durapay.workflows.operator_actions import allowed
 from durapay.workflows.sensitive import mask
@@ -42,6 +43,8 @@ def flow_view(
     when given (``FlowStore.marks``: the answers of actions on the flow leave them out)."""
     view: dict[str, Any] = redact(record.summary(), record.identifiers)  # its operation ids whole in its text
     view["steps_done"] = steps_done(record, registry)
+    kind, version = versions.recorded(record.kind, record.fields, registry)
+    view["definition"] = {"kind": kind, "version": version or None}
     view["actions"] = allowed(record, refunding=refunding)  # refunding: Engine.refund_under_way's
     view["attention"] = [dict(mark) for mark in marks]  # the report's lines: no card data (FlowStore.marks)
     return view

@@ -32,7 +32,7 @@ from durapay.config.tracing import OFF, TRACE_FIELD, FlowTag, Tracing
 from durapay.gateway import GatewayClient, customer_payment, describe_validation_error, validate_strict
 from durapay.tasks.outcomes import Outcome
 from durapay.tasks.retry import RetryPolicy
-from durapay.workflows import operator_actions
+from durapay.workflows import operator_actions, versions
 from durapay.workflows.cards import SETTING as CARD_SETTING
 from durapay.workflows.cards import CardKeyMissing, CardVault, carries
 from durapay.workflows.clock import Clock, ManualClock, SystemClock
@@ -161,6 +161,11 @@ class Engine:
         #: Jitters the dues of flows deferred while the breaker is open (seeded with the retry policy's).
         self.gate_rng = rng or random.Random()
         self.store.pause_recheck = settings.pause.recheck_seconds
+        #: Every definition this process runs, by (kind, version): current and previous versions. A flow
+        #: runs only on its own (claim.lua parks one whose version is not among them: workflows.versions).
+        self._held: tuple[tuple[int, ...], dict[tuple[str, str], FlowDefinition], str] = ((), {}, "")
+        self.store.held_definitions = lambda: self._held_now()[1]
+        self.store.park_seconds = settings.engine.park_seconds
         #: Pauses of flow kinds (maintenance windows): a paused kind's flows run no step (``workflows.pauses``).
         self.pauses = Pauses(self.store, self.registry, self.clock.now)
         self.protocol = StepProtocol(self)
@@ -182,6 +187,23 @@ class Engine:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+    @property
+    def held(self) -> dict[tuple[str, str], FlowDefinition]:
+        """Every definition this process runs, by (kind, version): current and previous versions. A flow
+        runs only on its own (claim.lua parks one whose version is not among them: workflows.versions)."""
+        return self._held_now()[0]
+
+    def _held_now(self) -> tuple[dict[tuple[str, str], FlowDefinition], str]:
+        """``held`` and claim.lua's text of it, made again when the registry changed (a test's own kinds)."""
+        identity = tuple(id(definition) for definition in self.registry.values())
+        if identity != self._held[0]:
+            self._held = (identity, versions.held(self.registry), versions.held_text(self.registry))
+        return self._held[1], self._held[2]
+
+    def definition_for(self, record: FlowRecord) -> FlowDefinition | None:
+        """The definition ``record`` runs on (the version it started on), None when this code holds none."""
+        return self.held.get(versions.recorded(record.kind, record.fields, self.registry))
 
     def definition(self, kind: str) -> FlowDefinition:
         try:
@@ -321,7 +343,7 @@ class Engine:
             orders = [new.order_id for new in made if new.order_id]
             self.store.sync([new.flow_id for new in news], f"start of {len(news)} flows", orders=orders)
         for new in made:
-            self.protocol.send_chain(new.flow_id, new.kind, new.first_step)
+            self.protocol.send_chain(new.flow_id, self.registry[new.kind], new.first_step)
         return results
 
     def _traced(self, new: NewFlow) -> NewFlow:
@@ -406,7 +428,7 @@ class Engine:
         first = definition.first_step(ctx)
         if first is None:
             raise InputError(kind, "(input)", "no step of this flow applies to this input")
-        return NewFlow(flow_id, kind, first.name, wire, order_id, key or "", run_at)
+        return NewFlow(flow_id, kind, first.name, wire, order_id, key or "", run_at, definition=versions.label(definition))
 
     def get(self, flow_id: str) -> FlowRecord:
         record = self.store.get(flow_id)
@@ -611,7 +633,7 @@ class Engine:
     def _retry_change(self, record: FlowRecord, now: float) -> Change:
         """The change an operator's retry makes of ``record`` (needs_attention or failed)."""
         flow_id = record.id
-        definition = self.registry[record.kind]
+        definition = self.definition_for(record) or self.registry[record.kind]
         if record.state is FlowState.NEEDS_ATTENTION:
             error = record.error or {}
             if error.get("type") == "LatePayment":

@@ -33,6 +33,7 @@ from pydantic import ValidationError
 
 from durapay.config.tracing import TRACE_FIELD, FlowTag
 from durapay.gateway import BY_NAME, describe_validation_error, reported_payment
+from durapay.tasks.celery_tasks import ENGINE_STEP_TASK
 from durapay.tasks.outcomes import Advance, Attention, Defer, Finish, Held, NewOrder, Outcome, Poll, Retry, Sleep, Wait
 from durapay.tasks.runner import LeaseLost, NothingMoved, StepContext, run_step, settle
 from durapay.workflows import inflight
@@ -126,10 +127,10 @@ class StepProtocol:
         script learns the kind from the record it claims)."""
         found = self._money_ops.get(step_name)
         if found is None:
-            ops = {}
-            for kind, definition in self.engine.registry.items():
+            ops: dict[str, str] = {}
+            for (kind, _version), definition in self.engine.held.items():
                 if step_name in definition.step_index and (op := inflight.money_operation(definition.step(step_name))):
-                    ops[kind] = op
+                    ops.setdefault(kind, op)  # (the current version first: versions.held keeps that order)
             found = self._money_ops[step_name] = compact_json({"ops": ops, "v": inflight.MARK_FORMAT}) if ops else ""
         return found
 
@@ -193,7 +194,8 @@ class StepProtocol:
     def _claimed(self, claimed: FlowRecord, step_name: str, now: float, owner: str, *, durable: bool = False) -> Claim | str:
         """The claim handed to the step: its input typed again, its context built."""
         engine = self.engine
-        definition = engine.registry[claimed.kind]
+        # claim.lua parked a flow whose definition this process does not hold: what it claimed, it holds.
+        definition = engine.definition_for(claimed) or engine.registry[claimed.kind]
         try:
             model = self._typed_input(definition, claimed, claimed.fields.get("input") or "{}")
         except (CardKeyMissing, CardUnreadable) as exc:  # its card key is not configured here (or was removed)
@@ -353,8 +355,10 @@ class StepProtocol:
             if following is None:
                 if written is None or written.state is not FlowState.READY:
                     return result
-                step = self.engine.registry[written.kind].step(written.step)
-                following = self.claim(written.id, written.step, worker=worker, money=writes(step))
+                definition = self.engine.definition_for(written)
+                if definition is None or written.step not in definition.step_index:
+                    return result  # not this process's to run: its due entry sends it (and parks it where no one holds it)
+                following = self.claim(written.id, written.step, worker=worker, money=writes(definition.step(written.step)))
             follow -= 1
             chained_next = None
             claim = following
@@ -677,17 +681,23 @@ class StepProtocol:
 
     def send_from(self, record: FlowRecord, step_name: str) -> None:
         """Send the chain of the flow's next steps from ``step_name`` (the fast path)."""
-        self.send_chain(record.id, record.kind, step_name)
+        self.send_chain(record.id, self.engine.definition_for(record), step_name)
 
-    def send_chain(self, flow_id: str, kind: str, step_name: str) -> None:
+    def send_chain(self, flow_id: str, definition: FlowDefinition | None, step_name: str) -> None:
         """Send the step's task; where workers do not follow a flow's steps themselves
-        (``follow_steps`` 0), a Celery chain of it and the unconditional steps after it."""
+        (``follow_steps`` 0), a Celery chain of it and the unconditional steps after it. ``definition``:
+        the flow's own (None: this process holds none, so the engine's task is sent, and the worker
+        that holds the version runs it, or a worker that does not parks it)."""
         sender = self.engine.sender
         if sender is None:
             return
-        definition = self.engine.registry[kind]
-        steps = definition.segment(step_name) if self.engine.settings.engine.follow_steps == 0 else (definition.step(step_name),)
-        links = [(step.task_name, step.name) for step in steps]
+        if definition is None or step_name not in definition.step_index:
+            links = [(ENGINE_STEP_TASK, step_name)]
+        else:
+            steps = (
+                definition.segment(step_name) if self.engine.settings.engine.follow_steps == 0 else (definition.step(step_name),)
+            )
+            links = [(step.task_name, step.name) for step in steps]
         try:
             sender.send_chain(flow_id, links)
         except Exception:

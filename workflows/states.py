@@ -4,7 +4,9 @@ A flow is ``ready`` to run its current step, ``running`` it under a lease, ``ret
 technical failure, ``waiting`` for the customer (a notification or a signal, with a deadline),
 ``sleeping`` on a durable timer, or finished: ``succeeded``, ``failed``, ``cancelled``. A flow in
 ``needs_attention`` stopped because only a person can tell what to do (an ambiguous outcome the gateway
-could not clear up, a refused API key); ``retry`` or ``cancel`` moves it on.
+could not clear up, a refused API key); ``retry`` or ``cancel`` moves it on. A flow ``parked`` waits for
+a process that holds the definition it started on (``workflows.versions``: a deploy that dropped it, or
+a process of an earlier build): never failed, it goes on when a process holding its version claims it.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ class FlowState(StrEnum):
     FAILED = "failed"
     CANCELLED = "cancelled"
     NEEDS_ATTENTION = "needs_attention"
+    PARKED = "parked"
 
 
 S = FlowState
@@ -31,19 +34,22 @@ TERMINAL = frozenset({S.SUCCEEDED, S.FAILED, S.CANCELLED})
 #: A person must act (retry or cancel); nothing is due.
 STOPPED = TERMINAL | {S.NEEDS_ATTENTION}
 #: States in which a step may be claimed (when due, for the timed ones).
-CLAIMABLE = frozenset({S.READY, S.RETRYING, S.WAITING, S.SLEEPING, S.RUNNING})
+CLAIMABLE = frozenset({S.READY, S.RETRYING, S.WAITING, S.SLEEPING, S.RUNNING, S.PARKED})
 
 #: Every allowed transition. RUNNING -> RUNNING is a reclaim after the lease ran out.
 TRANSITIONS: dict[FlowState, frozenset[FlowState]] = {
     # A claim may stop a flow for a person instead of running its step (a step claimed too often).
-    S.READY: frozenset({S.RUNNING, S.CANCELLED, S.NEEDS_ATTENTION}),
+    # ``-> parked`` (claim.lua): the claiming process does not hold the flow's definition.
+    S.READY: frozenset({S.RUNNING, S.CANCELLED, S.NEEDS_ATTENTION, S.PARKED}),
     S.RUNNING: frozenset(
-        {S.RUNNING, S.READY, S.RETRYING, S.WAITING, S.SLEEPING, S.SUCCEEDED, S.FAILED, S.CANCELLED, S.NEEDS_ATTENTION}
+        {S.RUNNING, S.READY, S.RETRYING, S.WAITING, S.SLEEPING, S.SUCCEEDED, S.FAILED, S.CANCELLED, S.NEEDS_ATTENTION, S.PARKED}
     ),
     # ``-> ready``: a cancel while money is in flight becomes a read of the gateway, due now (transition.lua).
-    S.RETRYING: frozenset({S.RUNNING, S.READY, S.CANCELLED, S.NEEDS_ATTENTION}),
-    S.WAITING: frozenset({S.READY, S.RUNNING, S.CANCELLED, S.NEEDS_ATTENTION}),
-    S.SLEEPING: frozenset({S.RUNNING, S.READY, S.CANCELLED, S.NEEDS_ATTENTION}),
+    S.RETRYING: frozenset({S.RUNNING, S.READY, S.CANCELLED, S.NEEDS_ATTENTION, S.PARKED}),
+    S.WAITING: frozenset({S.READY, S.RUNNING, S.CANCELLED, S.NEEDS_ATTENTION, S.PARKED}),
+    S.SLEEPING: frozenset({S.RUNNING, S.READY, S.CANCELLED, S.NEEDS_ATTENTION, S.PARKED}),
+    # A parked flow is claimed by a process that holds its definition, or cancelled.
+    S.PARKED: frozenset({S.RUNNING, S.READY, S.CANCELLED, S.NEEDS_ATTENTION}),
     # ``-> succeeded``: a second payment beside the one the outcome names was refunded or kept by a person.
     S.NEEDS_ATTENTION: frozenset({S.READY, S.SUCCEEDED, S.CANCELLED}),
     # A payment reported after the flow ended without it (signal.lua, see money.lua) needs a person.

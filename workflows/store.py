@@ -392,6 +392,10 @@ class FlowStore:
         self.release_script = register(client, "lua/release.lua", states + pause + _script("release.lua"))
         #: How far a paused kind's due flow is moved each time it is met (``DURAPAY_PAUSE__RECHECK_SECONDS``).
         self.pause_recheck = 30.0
+        #: What claim.lua's ARGV 10 says this process holds (``versions.held_text``; "": every definition).
+        self.held_definitions: Callable[[], str] = lambda: ""
+        #: Seconds after which a parked flow is offered again (``DURAPAY_ENGINE__PARK_SECONDS``).
+        self.park_seconds = 30.0
         self._request_cancel = register(client, "lua/request_cancel.lua", _script("request_cancel.lua"))
         self._renew = register(client, "lua/renew.lua", _script("renew.lua"))
         self._keep = register(client, "lua/keep.lua", _script("keep.lua"))
@@ -765,7 +769,7 @@ class FlowStore:
         states = (FlowState.READY, FlowState.RETRYING, FlowState.WAITING, FlowState.SLEEPING, FlowState.RUNNING)
         keys = [self.keys.flow(request.flow_id), self.keys.log(request.flow_id), self.keys.due(partition)]
         keys += [self.keys.by_state(partition, state.value) for state in states]
-        keys += [self.keys.paused(partition), self.keys.held(partition)]
+        keys += [self.keys.paused(partition), self.keys.held(partition), self.keys.by_state(partition, FlowState.PARKED.value)]
         args = [
             request.flow_id,
             request.step,
@@ -776,6 +780,8 @@ class FlowStore:
             str(request.max_runs),
             request.money_ops,
             repr(self.pause_recheck),
+            self.held_definitions(),
+            repr(self.park_seconds),
         ]
         return keys, args
 

@@ -95,3 +95,16 @@ def recorded(kind: str, fields: Mapping[str, str], registry: Mapping[str, FlowDe
 
 def label(definition: FlowDefinition) -> str:
     return f"{definition.kind}@{definition.version}"
+
+
+def held(registry: Mapping[str, FlowDefinition]) -> dict[tuple[str, str], FlowDefinition]:
+    """Every (kind, version) the code of ``registry`` runs: each kind's current and previous versions."""
+    return {(kind, version): found for kind, definition in registry.items() for version, found in definition.versions().items()}
+
+
+def held_text(registry: Mapping[str, FlowDefinition]) -> str:
+    """claim.lua's ARGV 10: the definitions held (`` kind@version ``), and per kind the one a record with
+    no definition field started on (`` kind=kind@version ``), each between spaces."""
+    names = [f"{kind}@{version}" for kind, version in held(registry)]
+    names += [f"{kind}={label(first_version(definition))}" for kind, definition in registry.items()]
+    return " " + " ".join(names) + " "

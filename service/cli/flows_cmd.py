@@ -42,6 +42,9 @@ def _flow_fields(view: dict[str, Any], money: str = "") -> list[tuple[str, str]]
     for name in ("kind", "state", "step", "order_id", "customer_url", "attempt"):
         if view.get(name) not in (None, ""):
             fields.append((name, str(view[name])))
+    definition = view.get("definition") or {}
+    if definition.get("version"):
+        fields.append(("definition", f"{definition['kind']} {definition['version']}"))
     fields += [
         ("created", when(view.get("created"))),
         ("updated", when(view.get("updated"))),

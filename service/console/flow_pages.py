@@ -23,6 +23,7 @@ from durapay.service.console.timeline import build, svg
 from durapay.service.console.web import READ_ONLY, Console, query, redirect, secured, to_login
 from durapay.service.timeparse import parse_since
 from durapay.service.views import flow_brief, money_text, redact
+from durapay.workflows import versions
 from durapay.workflows.engine import Engine, NotFound, OperatorError
 from durapay.workflows.errors import ChangedSince
 from durapay.workflows.listing import Cursor, FlowListing
@@ -153,6 +154,7 @@ def flow_router(console: Console, engine: Engine, listing: FlowListing) -> APIRo
             title=f"Flow {record.id}",
             flow=record,
             facts=facts(record, refunding),
+            definition=versions.recorded(record.kind, record.fields, engine.registry),
             reason=reason_of(record),
             timeline_svg=svg(timeline),
             calls=timeline.calls,

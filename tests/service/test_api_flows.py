@@ -229,6 +229,18 @@ def test_a_bad_cursor_is_refused_saying_why(served: Served) -> None:
     }
 
 
+def test_a_flow_shows_the_definition_it_started_on(served: Served) -> None:
+    """Issue 38: the record keeps ``kind@version`` from its start; a record of an earlier release, without
+    the field, is on the kind's first version as the code declares it (docs/deploys.md)."""
+    flow_id = waiting_flow(served.engine, "ord-version", TOKEN)
+    current = served.engine.registry["notified"].version
+    assert served.engine.redis.hget(served.engine.keys.flow(flow_id), "definition") == f"notified@{current}".encode()
+    flow = served.http.get(f"/flows/{flow_id}", headers=KEY).json()
+    assert flow["definition"] == {"kind": "notified", "version": current}
+    served.engine.redis.hdel(served.engine.keys.flow(flow_id), "definition")
+    assert served.http.get(f"/flows/{flow_id}", headers=KEY).json()["definition"] == {"kind": "notified", "version": current}
+
+
 def test_get_history_and_404(served: Served) -> None:
     flow_id = waiting_flow(served.engine, "ord-get", TOKEN)
     flow = served.http.get(f"/flows/{flow_id}", headers=KEY).json()

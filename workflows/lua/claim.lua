@@ -1,15 +1,22 @@
 -- Claim a flow's step under a lease in one round trip: every claim rule lives here (states.lua is
 -- prepended: the states and their moves; inflight.lua: money in flight as the scripts read it).
 -- KEYS: flow, log, due, then the state indexes ready, retrying, waiting, sleeping, running, then the
---       partition's paused kinds and held flows (pause.lua, prepended: a paused kind's step is not claimed).
+--       partition's paused kinds and held flows (pause.lua, prepended: a paused kind's step is not claimed),
+--       then the parked index.
 -- ARGV: 1 flow id, 2 step, 3 now, 4 lease until, 5 owner, 6 max attempts, 7 max runs of one step,
 --       8 the gateway operations that a step of this name calls when it moves money or opens what a
 --         customer pays on (workflows/inflight.money_operation), by flow kind, and the format of this
 --         release's marks (JSON {ops: {kind: operation}, v: workflows/inflight.MARK_FORMAT}; "" when no
 --         kind has such a step of this name),
---       9 the pause's re-check seconds.
+--       9 the pause's re-check seconds,
+--       10 the definitions the claiming process holds (" kind@version kind@version ... ", spaces around
+--          each; workflows/versions.py) and the "kind@version" a record with no definition field started
+--          on, the same way (" kind=kind@version ... "); "" to claim whatever the record names,
+--       11 the seconds after which a parked flow is offered again (to any process: one holding it runs it).
 -- Resend-safe (workflows/scripts.py): a second run of a claim that ran answers ok with the record.
--- Returns {reason} when the step is not claimed: missing, not-current, leased, stopped, early, paused;
+-- Returns {reason} when the step is not claimed: missing, not-current, leased, stopped, early, paused,
+-- parked (the flow's definition is not one this process holds: the flow waits in ``parked``, its
+-- attempts untouched, and is offered again after ARGV 11 seconds);
 -- {'ok', previous state, field, value, ...} with the record as written by the claim; or, writing only
 -- the lost lease's end as the moment a call may last have been sent, {'lost', state, field, value, ...} for a step whose worker was lost max-attempts
 -- times, and {'looping', ...} for a step claimed max-runs times without moving on (the backstop under
@@ -26,11 +33,11 @@ if redis.call('EXISTS', KEYS[1]) == 0 then
   return {'missing'}
 end
 local data = redis.call('HMGET', KEYS[1], 'state', 'step', 'lease_until', 'due', 'attempt', 'cancel_requested', 'version', 'runs',
-  'ending', 'unsettled', 'kind', 'held')
+  'ending', 'unsettled', 'kind', 'held', 'definition')
 local state, step, lease_until, due = data[1], data[2] or '', data[3], data[4]
 local attempt = tonumber(data[5] or '0') or 0
 local now = tonumber(ARGV[3])
-local indexes = {ready = KEYS[4], retrying = KEYS[5], waiting = KEYS[6], sleeping = KEYS[7], running = KEYS[8]}
+local indexes = {ready = KEYS[4], retrying = KEYS[5], waiting = KEYS[6], sleeping = KEYS[7], running = KEYS[8], parked = KEYS[11]}
 local old_index = indexes[state]
 if not CLAIMABLE[state] or not old_index then
   return {'stopped'}  -- (judged first: a packed finished flow keeps its state plain, not its step)
@@ -74,6 +81,33 @@ if reclaim then
     redis.call('HSET', KEYS[1], 'maybe_sent', ended)
   end
   redis.call('HSET', KEYS[1], 'uncertain', '1')
+end
+local held = ARGV[10] or ''
+if held ~= '' then
+  local definition = data[13]
+  if not definition or definition == '' then  -- a record of an earlier release: its kind's first version
+    local mark = ' ' .. (data[11] or '') .. '='
+    local at = string.find(held, mark, 1, true)
+    definition = at and string.match(string.sub(held, at + #mark), '^(%S+)') or ''
+  end
+  if definition == '' or not string.find(held, ' ' .. definition .. ' ', 1, true) then
+    -- No code here for the flow's own definition: it waits, counted and listed as parked, never failed.
+    local again = now + tonumber(ARGV[11])
+    local version = tonumber(data[7]) + 1
+    redis.call('HSET', KEYS[1], 'state', 'parked', 'version', version, 'updated', ARGV[3], 'due', again)
+    if state == 'running' then
+      redis.call('HDEL', KEYS[1], 'lease_until', 'lease_owner')
+    end
+    redis.call('ZADD', KEYS[3], again, ARGV[1])
+    if old_index ~= KEYS[11] then
+      redis.call('ZREM', old_index, ARGV[1])
+      redis.call('ZADD', KEYS[11], ARGV[3], ARGV[1])
+      redis.call('RPUSH', KEYS[2], '{"by":' .. cjson.encode(ARGV[5]) .. ',"from":' .. cjson.encode(state) ..
+        ',"step":' .. cjson.encode(ARGV[2]) .. ',"t":' .. ARGV[3] .. ',"to":"parked","what":' ..
+        cjson.encode('parked: no process here holds definition ' .. (definition ~= '' and definition or '(unknown)')) .. '}')
+    end
+    return {'parked'}
+  end
 end
 local runs = tonumber(data[8] or '0') or 0
 local verdict = 'ok'

@@ -123,8 +123,10 @@ def test_flows_show_with_history(engine_side: Runtime) -> None:
     table = invoke("flows", "show", flow_id)
     assert table.exit_code == 0, table.output
     assert "history" in table.stdout and "declined" in table.stdout
+    version = engine_side.engine.registry[engine_side.engine.get(flow_id).kind].version
+    assert f" {version}" in table.stdout, "the definition's version it started on"
     shown = json.loads(invoke("flows", "show", flow_id, "--json").stdout)
-    assert shown["state"] == "failed"
+    assert shown["state"] == "failed" and shown["definition"]["version"] == version
     assert [entry["to"] for entry in shown["history"]] == ["ready", "running", "failed"]
     assert "no flow 'fnothere'" in one_error_line(invoke("flows", "show", "fnothere"))
 
