@@ -546,6 +546,28 @@ class PauseSettings(_Group):
     )
 
 
+class FlowsSettings(_Group):
+    """Flow kinds of the merchant's own (``durapay.flows``, docs/deploys.md): modules every process loads."""
+
+    modules: str = Field(
+        default="",
+        description="Python modules declaring flows of your own, comma separated (shop.flows,shop.refunds): each "
+        "module's Flow objects (its FLOWS, or every Flow it defines) run beside durapay's kinds.",
+    )
+
+    @field_validator("modules")
+    @classmethod
+    def _names(cls, value: str) -> str:
+        for name in (part.strip() for part in value.split(",") if part.strip()):
+            if not all(piece.isidentifier() for piece in name.split(".")):
+                raise ValueError(f"{name!r} is not a module name (dotted Python identifiers, e.g. shop.flows)")
+        return value
+
+    @property
+    def names(self) -> list[str]:
+        return [part.strip() for part in self.modules.split(",") if part.strip()]
+
+
 class BulkSettings(_Group):
     """Bulk retries and cancels (``workflows.bulk``): how fast, how many, how long their records are kept."""
 
@@ -605,6 +627,7 @@ class Settings(BaseSettings):
     pause: PauseSettings = PauseSettings()
     bulk: BulkSettings = BulkSettings()
     card: CardSettings = CardSettings()
+    flows: FlowsSettings = FlowsSettings()
 
     @field_validator("redis_url", "broker_url")
     @classmethod

@@ -9,6 +9,8 @@ and a merchant's (a module named in ``DURAPAY_FLOWS__MODULES``, loaded by every 
   built from the input and earlier outputs, its result read, its read-back after a lost answer;
 * :func:`wait_signal`: a wait for a signal (a notification, a 3DS result) until a deadline;
 * :func:`timer`: a durable timer (months if need be);
+* :func:`payment` and :func:`settle`: a payment call read as durapay's own are (declines, PENDING,
+  the read-back of a lost answer), and the read of a PENDING one until final;
 * :func:`step`: the merchant's own Python function, given a :class:`StepInput` (the input, earlier
   outputs, a stable idempotency key); its return value is the step's output; it raises :class:`Retry`
   to be tried again with the engine's backoff, :class:`Final` to end the flow with the reason.
@@ -131,6 +133,51 @@ def step(
     return MerchantStep(named, fn, retry, output, when, None, tuple(reads))
 
 
+def payment(
+    name: str,
+    operation: GatewayOperation[Any] | str,
+    request: Callable[[StepContext], dict[str, Any]],
+    *,
+    when: Condition | None = None,
+    reads: Sequence[str] = (),
+) -> CallStep:
+    """A payment call read as durapay's own payments are: ``request(ctx)`` gives the body (its
+    ``order`` sent as the input's, with the flow's current gateway order id); AUTHORIZED or EXECUTED advances, a
+    decline ends the flow failed with the ISO code, PENDING advances for a :func:`settle` step to read;
+    an answer lost is read back from the order before anything is sent again. The flow's ``order_id``
+    must name the input's order (``order_id=input_order_id``)."""
+    from durapay.workflows.flows._adopt import adopt_order_payment
+    from durapay.workflows.flows._common import order_with_current_id, payment_result
+
+    def build(ctx: StepContext) -> Call:
+        body = dict(request(ctx))
+        if "order" in body and getattr(ctx.input, "order", None) is not None:
+            body["order"] = order_with_current_id(ctx, ctx.input.order)
+        return Call(request=body)
+
+    return call(name, operation, build, result=payment_result, adopt=adopt_order_payment, when=when, reads=reads)
+
+
+def settle(name: str, source: str) -> CallStep:
+    """Read the operation of payment step ``source`` until final, when it was answered PENDING (skipped
+    otherwise); bounded, then a person looks."""
+    from durapay.workflows.flows._common import settle_step
+
+    return settle_step(name, source)
+
+
+def input_order_id(data: Any) -> str:
+    """A Flow's ``order_id`` for an input with the gateway's ``order.orderId``."""
+    return str(data.order.orderId)
+
+
+def summarize(data: Any, outputs: Any) -> dict[str, Any]:
+    """A Flow's ``summary`` as durapay's payments have it: the last operation and every operation id."""
+    from durapay.workflows.flows._common import summarize as summary
+
+    return summary(data, outputs)
+
+
 __all__ = [
     "Call",
     "DefinitionError",
@@ -141,7 +188,11 @@ __all__ = [
     "StepInput",
     "Target",
     "call",
+    "input_order_id",
+    "payment",
+    "settle",
     "step",
+    "summarize",
     "timer",
     "wait_signal",
 ]

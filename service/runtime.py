@@ -44,12 +44,12 @@ from durapay.config.tracing import OFF, Tracing, from_environ
 from durapay.service.heartbeat import install_worker_heartbeat
 from durapay.service.metrics import StepMetrics
 from durapay.tasks.celery_tasks import CelerySender, register_bulk_task, register_tasks, register_webhook_task
+from durapay.workflows import modules
 from durapay.workflows.bulk import BulkActions
 from durapay.workflows.cards import kept_keys
 from durapay.workflows.clock import Clock, ServerClock
 from durapay.workflows.durability import Durability, EarlyWaitaof, early_waitaof_risk
 from durapay.workflows.engine import Engine
-from durapay.workflows.flows import REGISTRY
 from durapay.workflows.sensitive import install_log_masking, mask_text
 from durapay.workflows.steps import FlowDefinition
 from durapay.workflows.webhooks import Webhooks
@@ -243,7 +243,7 @@ def _build(
     opened.callback(client.close)
     app = make_celery(settings, settings.broker_url or redis_url)
     opened.callback(close_celery, app)
-    registry = dict(REGISTRY)
+    registry = modules.registry(settings.flows.names)  # durapay's kinds and DURAPAY_FLOWS__MODULES's
     registry.update(flows or {})
     sender = CelerySender(app)
     engine = Engine(settings, client, registry, sender=sender, clock=clock or ServerClock(client), rng=rng, tracing=tracing)

@@ -327,10 +327,12 @@ def kinds(
 ) -> None:
     """The flow kinds durapay runs, with their steps; with KIND --example, an input that starts as is
     against durapay dev (what to replace, for a kind acting on an earlier payment or contract, on stderr)."""
-    from durapay.workflows.flows import REGISTRY
     from durapay.workflows.flows.examples import example as example_of
+    from durapay.workflows.modules import registry
 
     out = Output(as_json)
+    with out.errors():
+        REGISTRY = registry(out.settings().flows.names)
     if kind is not None:
         with out.errors():
             one_of(kind, REGISTRY, "kind", "flow kind")
