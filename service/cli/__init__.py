@@ -45,6 +45,7 @@ COMMAND_MODULES: dict[str, tuple[str, ...]] = {
     "durapay.service.cli.kinds_cmd": ("kinds",),
     "durapay.service.cli.bulk_cmd": ("bulk",),
     "durapay.service.cli.reconcile_cmd": ("reconcile",),
+    "durapay.service.cli.deploy_cmd": ("deploy",),
     "durapay.service.cli.serve_cmd": ("alive", "worker", "scheduler", "api"),
     "durapay.service.cli.chaos_cmd": ("chaos",),
     "durapay.service.cli.config_cmd": ("config",),

@@ -366,6 +366,37 @@ def _json_or_file(text: str) -> Any:
     return read_json_input(text, option="--payload", expected="the signal's payload as a JSON object")
 
 
+@flows_app.command("manifest")
+def manifest(as_json: JsonFlag = False) -> None:
+    """The definitions this code runs: per kind its versions (current first) and their steps, as JSON
+    (the manifest ``durapay deploy check --manifest`` reads)."""
+    from durapay.workflows.deploys import manifest as manifest_of
+    from durapay.workflows.modules import registry
+
+    out = Output(as_json)
+    with out.errors():
+        kinds = registry(out.settings().flows.names)
+    echo_json(manifest_of(kinds))  # JSON with --json or without: it is what deploy check reads
+
+
+@flows_app.command("versions")
+def versions(as_json: JsonFlag = False) -> None:
+    """Per kind and version: the flows in flight, the oldest, the latest deadline, "drained" at zero (a
+    previous version may be dropped from the code once drained)."""
+    from durapay.service.cli.deploy_cmd import versions_rows
+    from durapay.workflows.deploys import versions_report
+    from durapay.workflows.schedules import Schedules
+
+    out = Output(as_json)
+    with runtime(out) as rt, out.errors():
+        report = versions_report(rt.engine, schedules=Schedules(rt.engine))
+    if as_json:
+        echo_json({"versions": report})
+        return
+    columns = ("kind", "version", "in flight", "oldest", "latest deadline")
+    print_rows("versions", columns, versions_rows(report), ids=frozenset({"version"}))
+
+
 def register(app: typer.Typer) -> None:
     app.command("start")(start)
     app.add_typer(flows_app, name="flows")
