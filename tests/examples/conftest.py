@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from durapay.config import Settings
+from tests.service.cli.conftest import cli_env  # noqa: F401 - a fixture: the CLI's settings (deploy check)
 from tests.workflows.integration.processes import ROOT, WorkerProcess
 
 EXAMPLES = ROOT / "examples"
