@@ -30,6 +30,7 @@ from durapay.service.console.kind_pages import kind_router
 from durapay.service.console.ops_pages import ops_router
 from durapay.service.console.reconcile_pages import reconcile_router
 from durapay.service.console.session import COOKIE, LOGIN_COOKIE, LOGIN_SECONDS, NAME_LIMIT, PATH, Sessions, clean_name
+from durapay.service.console.version_pages import version_router
 from durapay.service.console.web import Console, read_form, redirect, safe_next, secured
 from durapay.service.throttle import Throttle
 from durapay.workflows.bulk import BulkActions
@@ -60,6 +61,7 @@ def install_console(
     app.include_router(kind_router(console, engine))
     app.include_router(reconcile_router(console, engine))
     app.include_router(ops_router(console, engine, bulk or BulkActions(engine, BulkSettings())))
+    app.include_router(version_router(console, engine, schedules))
     if schedules is not None:
         from durapay.service.console.schedule_pages import schedule_router
 
