@@ -10,9 +10,10 @@ The public API (README, "From Python"):
 * :class:`Client` and :class:`AsyncClient`, the typed client of the HTTP API for a backend that is not
   on the workers' Redis, with :class:`ApiError` (the API's problem) and :class:`Retries`.
 
-Three modules are public as well, each by its ``__all__``: ``durapay.client`` (the HTTP client and the
-answer models it returns: ``FlowView``, ``FlowList``, ``EventView``...), ``durapay.gateway`` (the typed
-client of the payment gateway) and ``durapay.simulator`` (its stand-in for tests). Everything else
+Four modules are public as well, each by its ``__all__``: ``durapay.client`` (the HTTP client and the
+answer models it returns: ``FlowView``, ``FlowList``, ``EventView``...), ``durapay.flows`` (declaring a
+flow of your own: docs/deploys.md), ``durapay.gateway`` (the typed client of the payment gateway) and
+``durapay.simulator`` (its stand-in for tests). Everything else
 (``durapay.workflows``, ``durapay.service``, ...) is the implementation: importable, documented, not
 promised to stay as it is.
 """

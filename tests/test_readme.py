@@ -61,7 +61,7 @@ def test_every_setting_is_in_the_readme() -> None:
 
 
 #: What README may import: the package's names and its two public subpackages (durapay/__init__.py).
-PUBLIC = ("durapay", "durapay.gateway", "durapay.simulator")
+PUBLIC = ("durapay", "durapay.flows", "durapay.gateway", "durapay.simulator")
 
 
 def python_blocks(text: str) -> list[str]:
