@@ -513,7 +513,8 @@ class Engine:
 
     def _signal(self, flow: FlowRecord, name: str, payload: Mapping[str, Any] | None, by: str) -> str:
         flow_id = flow.id
-        body = admit(self.registry.get(flow.kind), name, payload, by=by)  # SignalRefused: workflows.signals
+        # The signals of the flow's own definition (a previous version may wait for one the current does not).
+        body = admit(self.definition_for(flow) or self.registry.get(flow.kind), name, payload, by=by)  # SignalRefused
         paid = customer_payment(body)
         result = self.store.signal(flow_id, name, body, now=self.clock.now(), by=by, safety=self.safety, paid=paid)
         if result == "missing":

@@ -9,7 +9,7 @@ from durapay.flows import Flow, step
 from durapay.workflows.clock import ManualClock
 from durapay.workflows.states import FlowState
 from durapay.workflows.versions import held_text, recorded
-from tests.workflows.engine_support import DemoInput, ScriptedStep, summary
+from tests.workflows.engine_support import DemoInput, ScriptedStep, summary, wait_step
 
 
 def fraud(given: Any) -> dict[str, Any]:
@@ -74,3 +74,16 @@ def test_a_record_of_an_earlier_release_is_on_the_kinds_first_version(make_engin
     assert engine.run_step(record.id, "fraud") == "ready"
     assert engine.run_step(record.id, "charge") == "succeeded", "it ran the first version's two steps"
     assert f" demo={'demo@' + first.version} " in held_text(engine.registry)
+
+
+def test_a_signal_is_judged_by_the_flows_own_version(make_engine: Any) -> None:
+    """A previous version waits for a signal the current one no longer takes: it is still delivered."""
+    first = build(wait_step("customer"), ScriptedStep("charge"))
+    second = build(step(fraud), ScriptedStep("charge"), previous=(first,))
+    old, _ = make_engine(first)
+    both, _ = make_engine(second)
+    record = old.start("demo", {"amount": 3})
+    assert both.run_step(record.id, "customer") == "waiting"
+    assert both.signal(record.id, "paid", {"ok": True}) == "resumed"
+    assert both.run_step(record.id, "customer") == "ready"
+    assert both.run_step(record.id, "charge") == "succeeded"
