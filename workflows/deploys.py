@@ -43,6 +43,7 @@ def manifest(registry: Mapping[str, FlowDefinition]) -> dict[str, Any]:
                 "label": held.label,
                 "current": held is definition,
                 "steps": [_step(step) for step in held.steps],
+                "migrates": [{"version": old.version, "steps": [_step(step) for step in old.steps]} for old in held.migrates],
             }
             for version, held in definition.versions().items()
         ]
@@ -66,7 +67,11 @@ class Group:
     oldest: float | None = None
     latest_deadline: float | None = None
     flows: list[str] = field(default_factory=list)
+    #: The step each named flow is at (a migration is judged per flow).
+    at: dict[str, str] = field(default_factory=dict)
     schedules: int = 0
+    #: The flows a migration cannot move (None: every flow of the group, when it is not runnable).
+    left: list[str] | None = None
     #: Filled by :func:`check`: whether the manifest can go on with every flow of the group, and why not.
     runnable: bool = True
     reason: str = ""
@@ -79,6 +84,7 @@ class Group:
         self.later(deadline)
         if len(self.flows) < NAMED:
             self.flows.append(flow_id)
+            self.at[flow_id] = step
 
     def later(self, deadline: float | None) -> None:
         if deadline is not None:
@@ -174,6 +180,9 @@ def check(groups: Mapping[tuple[str, str], Group], kinds: Mapping[str, Any]) -> 
         if version == "*":  # a schedule: its next charges start on the version current then
             continue
         found = next((entry for entry in held if entry["version"] == version), None)
+        if found is None and (moved := _migration(held, version, group)) is not None:
+            group.runnable, group.reason, group.left = not moved, "; ".join(sorted(set(moved.values()))), sorted(moved)
+            continue
         if found is None:
             group.runnable, group.reason = (
                 False,
@@ -187,9 +196,29 @@ def check(groups: Mapping[tuple[str, str], Group], kinds: Mapping[str, Any]) -> 
     return sorted(groups.values(), key=lambda group: (group.kind, group.version))
 
 
+def _migration(held: list[dict[str, Any]], version: str, group: Group) -> dict[str, str] | None:
+    """A migration the manifest declares from ``version``: the flows of ``group`` it cannot move (those
+    past a step that changed: ``versions.migration``'s rule on the manifest's steps), by why; None when
+    no version of the manifest migrates from it."""
+    for entry in held:
+        old = next((item for item in entry.get("migrates") or () if item["version"] == version), None)
+        if old is None:
+            continue
+        old_names = [step["name"] for step in old["steps"]]
+        new_names = [step["name"] for step in entry["steps"]]
+        refused: dict[str, str] = {}
+        for flow_id, step in group.at.items():
+            same = step in old_names and step in new_names
+            same = same and old["steps"][: old_names.index(step) + 1] == entry["steps"][: new_names.index(step) + 1]
+            if not same:
+                refused[flow_id] = f"past a step that changed: no migration to {entry['version']}"
+        return refused
+    return None
+
+
 def stranded(groups: list[Group]) -> list[str]:
     """The flows a deploy of that code would leave with nothing to run them."""
-    return [flow_id for group in groups if not group.runnable for flow_id in group.flows]
+    return [flow_id for group in groups if not group.runnable for flow_id in (group.flows if group.left is None else group.left)]
 
 
 def versions_report(engine: Any, *, schedules: Any = None) -> list[dict[str, Any]]:

@@ -63,6 +63,9 @@ from durapay.workflows.targets import Targets
 
 log = logging.getLogger("durapay.engine")
 
+#: Per (kind, old version): the migration this code declares from it, (old, new) (``versions.migrations``).
+Migrations = dict[tuple[str, str], tuple[FlowDefinition, FlowDefinition]]
+
 __all__ = [
     "Claim",
     "Engine",
@@ -163,7 +166,7 @@ class Engine:
         self.store.pause_recheck = settings.pause.recheck_seconds
         #: Every definition this process runs, by (kind, version): current and previous versions. A flow
         #: runs only on its own (claim.lua parks one whose version is not among them: workflows.versions).
-        self._held: tuple[tuple[int, ...], dict[tuple[str, str], FlowDefinition], str] = ((), {}, "")
+        self._held: tuple[tuple[int, ...], dict[tuple[str, str], FlowDefinition], str, Migrations] = ((), {}, "", {})
         self.store.held_definitions = lambda: self._held_now()[1]
         self.store.park_seconds = settings.engine.park_seconds
         #: Pauses of flow kinds (maintenance windows): a paused kind's flows run no step (``workflows.pauses``).
@@ -194,12 +197,18 @@ class Engine:
         runs only on its own (claim.lua parks one whose version is not among them: workflows.versions)."""
         return self._held_now()[0]
 
-    def _held_now(self) -> tuple[dict[tuple[str, str], FlowDefinition], str]:
-        """``held`` and claim.lua's text of it, made again when the registry changed (a test's own kinds)."""
+    def _held_now(self) -> tuple[dict[tuple[str, str], FlowDefinition], str, Migrations]:
+        """``held``, claim.lua's text of it and the migrations declared, made again when the registry
+        changed (a test's own kinds)."""
         identity = tuple(id(definition) for definition in self.registry.values())
         if identity != self._held[0]:
-            self._held = (identity, versions.held(self.registry), versions.held_text(self.registry))
-        return self._held[1], self._held[2]
+            made = versions.held(self.registry), versions.held_text(self.registry), versions.migrations(self.registry)
+            self._held = (identity, *made)
+        return self._held[1], self._held[2], self._held[3]
+
+    def migration_for(self, record: FlowRecord) -> tuple[FlowDefinition, FlowDefinition] | None:
+        """(old, new): the migration this code declares from the version ``record`` runs on, or None."""
+        return self._held_now()[2].get(versions.recorded(record.kind, record.fields, self.registry))
 
     def definition_for(self, record: FlowRecord) -> FlowDefinition | None:
         """The definition ``record`` runs on (the version it started on), None when this code holds none."""

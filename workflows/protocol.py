@@ -36,7 +36,7 @@ from durapay.gateway import BY_NAME, describe_validation_error, reported_payment
 from durapay.tasks.celery_tasks import ENGINE_STEP_TASK
 from durapay.tasks.outcomes import Advance, Attention, Defer, Finish, Held, NewOrder, Outcome, Poll, Retry, Sleep, Wait
 from durapay.tasks.runner import LeaseLost, NothingMoved, StepContext, run_step, settle
-from durapay.workflows import inflight
+from durapay.workflows import inflight, versions
 from durapay.workflows.cards import CardKeyMissing, CardUnreadable
 from durapay.workflows.durability import NotDurable
 from durapay.workflows.flows._common import operation_of
@@ -67,6 +67,8 @@ class Claim:
     resend: bool
     #: The token of the gateway target this try holds (``workflows.targets``), once taken.
     hold_token: str | None = None
+    #: ``kind@version`` the flow moves onto with this step's completion (a declared migration), or None.
+    moved_to: str | None = None
 
 
 @dataclass(frozen=True)
@@ -159,6 +161,13 @@ class StepProtocol:
             return self._stop(record, looping, now, owner)
         return self._claimed(record, step_name, now, owner, durable=request.durable)
 
+    def _park(self, record: FlowRecord, step_name: str, now: float, owner: str, why: str) -> str:
+        """Park a claimed flow this process may not run (a migration refused): its attempt and run given
+        back, offered again after ``park_seconds`` as claim.lua's parking does."""
+        fields = {"lease_until": None, "lease_owner": None, **_given_back(record)}
+        again = now + self.engine.store.park_seconds
+        return self._stop(record, Change(FlowState.PARKED, f"{step_name}: parked: {why}", fields, due=again), now, owner)
+
     def _stop(self, record: FlowRecord, change: Change, now: float, owner: str) -> str:
         written = self.engine.store.transition(record, change, now=now, by=owner)
         if written is None:
@@ -194,8 +203,17 @@ class StepProtocol:
     def _claimed(self, claimed: FlowRecord, step_name: str, now: float, owner: str, *, durable: bool = False) -> Claim | str:
         """The claim handed to the step: its input typed again, its context built."""
         engine = self.engine
-        # claim.lua parked a flow whose definition this process does not hold: what it claimed, it holds.
-        definition = engine.definition_for(claimed) or engine.registry[claimed.kind]
+        # claim.lua parked a flow whose definition this process does not hold: what it claimed, it holds,
+        # or declares a migration from (workflows.versions.migration decides here whether the flow may move).
+        definition = engine.definition_for(claimed)
+        moved_to = None
+        if definition is None and (migration := engine.migration_for(claimed)) is not None:
+            old, new = migration
+            refused = versions.migration(old, new, step_name, (claimed.unsettled or {}).get("step"))
+            if refused is not None:
+                return self._park(claimed, step_name, now, owner, f"no migration to {versions.label(new)}: {refused}")
+            definition, moved_to = new, versions.label(new)
+        definition = definition or engine.registry[claimed.kind]
         try:
             model = self._typed_input(definition, claimed, claimed.fields.get("input") or "{}")
         except (CardKeyMissing, CardUnreadable) as exc:  # its card key is not configured here (or was removed)
@@ -247,7 +265,7 @@ class StepProtocol:
             except NotDurable as exc:
                 log.warning("%s; the step waits for its lease to run out, then reads the gateway first", exc)
                 return "not-durable"
-        claim = Claim(claimed, definition, step, ctx, resend=inflight.reads_first(claimed))
+        claim = Claim(claimed, definition, step, ctx, resend=inflight.reads_first(claimed), moved_to=moved_to)
         target = getattr(step, "target", None)
         if target is not None:  # a money call on a shared gateway target: one at a time (workflows.targets)
             engine.targets.prepare(claim, target)
@@ -447,6 +465,8 @@ class StepProtocol:
         now = engine.clock.now()
         done: dict[str, str | None] = {"lease_until": None, "lease_owner": None, "uncertain": None}
         done |= {signal_field: None for signal_field in ctx.consumed}
+        if claim.moved_to is not None:  # a declared migration: the flow runs on the new version from now on
+            done["definition"] = claim.moved_to
         if _unanswered_write(ctx, outcome):
             # The one home of "this try's write got no answer": it may still act at the gateway, and the late
             # window (tasks.runner.settle) starts now, whatever the flow does next: retried, deferred by the

@@ -315,6 +315,9 @@ class FlowDefinition:
     label: str = ""
     #: Earlier versions of this kind that this code still runs (flows started on them go on on them).
     previous: tuple[FlowDefinition, ...] = ()
+    #: Earlier versions whose flows move onto this one, each while it has not reached a step that changed
+    #: (``workflows.versions.migration``); a flow that has is parked until a process holds its version.
+    migrates: tuple[FlowDefinition, ...] = ()
     step_index: dict[str, int] = field(default_factory=dict, init=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -327,7 +330,7 @@ class FlowDefinition:
                 raise DefinitionError(self.kind, step.name, f"reads the output of {missing[0]!r}, which no earlier step makes")
             made.add(step.name)
             self.step_index[step.name] = index
-        for earlier in self.previous:
+        for earlier in (*self.previous, *self.migrates):
             if earlier.kind != self.kind:
                 raise DefinitionError(self.kind, "", f"a previous version is of kind {earlier.kind!r}")
 

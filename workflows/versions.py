@@ -97,6 +97,34 @@ def label(definition: FlowDefinition) -> str:
     return f"{definition.kind}@{definition.version}"
 
 
+def migration(old: FlowDefinition, new: FlowDefinition, step: str, unsettled: str | None = None) -> str | None:
+    """Whether a flow of ``old`` at ``step`` may go on on ``new`` (None) or why not: the input's schema
+    is the same, and every step up to ``step`` (the steps it did, and the one it is at) is the same in
+    both, so that what it recorded is what ``new`` expects; and no money is unsettled at a step that
+    changed (``unsettled``: the step of the flow's money in flight, if any)."""
+    if describe(old)["input"] != describe(new)["input"]:
+        return f"the input model changed between versions {old.version} and {new.version}"
+    if step not in old.step_index or step not in new.step_index:
+        return f"step {step!r} is not in version {new.version}"
+    done = [describe_step(each) for each in old.steps[: old.step_index[step] + 1]]
+    if done != [describe_step(each) for each in new.steps[: new.step_index[step] + 1]]:
+        return f"it has reached steps that changed in version {new.version}"
+    if unsettled and unsettled not in {each["name"] for each in done}:
+        return f"money is unsettled at step {unsettled!r}, which changed in version {new.version}"
+    return None
+
+
+def migrations(registry: Mapping[str, FlowDefinition]) -> dict[tuple[str, str], tuple[FlowDefinition, FlowDefinition]]:
+    """Per (kind, old version) a definition of ``registry`` declares a migration from: (old, new)."""
+    found: dict[tuple[str, str], tuple[FlowDefinition, FlowDefinition]] = {}
+    for kind, definition in registry.items():
+        for current in definition.versions().values():
+            for old in current.migrates:
+                if (kind, old.version) not in found and old.version not in definition.versions():
+                    found[(kind, old.version)] = (old, current)
+    return found
+
+
 def held(registry: Mapping[str, FlowDefinition]) -> dict[tuple[str, str], FlowDefinition]:
     """Every (kind, version) the code of ``registry`` runs: each kind's current and previous versions."""
     return {(kind, version): found for kind, definition in registry.items() for version, found in definition.versions().items()}
@@ -105,6 +133,6 @@ def held(registry: Mapping[str, FlowDefinition]) -> dict[tuple[str, str], FlowDe
 def held_text(registry: Mapping[str, FlowDefinition]) -> str:
     """claim.lua's ARGV 10: the definitions held (`` kind@version ``), and per kind the one a record with
     no definition field started on (`` kind=kind@version ``), each between spaces."""
-    names = [f"{kind}@{version}" for kind, version in held(registry)]
+    names = [f"{kind}@{version}" for kind, version in (*held(registry), *migrations(registry))]  # a migration decides in Python
     names += [f"{kind}={label(first_version(definition))}" for kind, definition in registry.items()]
     return " " + " ".join(names) + " "

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from durapay.flows import Flow, step
+from durapay.workflows import deploys
 from durapay.workflows.clock import ManualClock
 from durapay.workflows.states import FlowState
 from durapay.workflows.versions import held_text, recorded
@@ -16,8 +17,8 @@ def fraud(given: Any) -> dict[str, Any]:
     return {"score": 1}
 
 
-def build(*steps: Any, previous: tuple[Flow, ...] = ()) -> Flow:
-    return Flow("demo", DemoInput, tuple(steps), summary, previous=previous)
+def build(*steps: Any, previous: tuple[Flow, ...] = (), migrates: tuple[Flow, ...] = ()) -> Flow:
+    return Flow("demo", DemoInput, tuple(steps), summary, previous=previous, migrates=migrates)
 
 
 def test_a_flow_records_its_version_and_a_process_without_it_parks_it(make_engine: Any, clock: ManualClock) -> None:
@@ -87,3 +88,27 @@ def test_a_signal_is_judged_by_the_flows_own_version(make_engine: Any) -> None:
     assert both.signal(record.id, "paid", {"ok": True}) == "resumed"
     assert both.run_step(record.id, "customer") == "ready"
     assert both.run_step(record.id, "charge") == "succeeded"
+
+
+def test_a_declared_migration_moves_flows_that_have_not_reached_a_changed_step(make_engine: Any) -> None:
+    """Build 2 drops build 1's version but declares a migration from it: a flow still at an unchanged step
+    moves onto build 2's version; one past the change (its done steps differ) is parked, never failed."""
+    first = build(step(fraud), ScriptedStep("charge"), ScriptedStep("ledger"))
+    second = build(step(fraud), ScriptedStep("charge"), step(fraud, name="notify"), migrates=(first,))
+    old, _ = make_engine(first)
+    new, _ = make_engine(second)
+    early = old.start("demo", {"amount": 3})  # at fraud: unchanged in the new version
+    late = old.start("demo", {"amount": 4})
+    assert old.run_step(late.id, "fraud") == "ready" and old.run_step(late.id, "charge") == "ready"  # at ledger
+    assert new.run_step(early.id, "fraud") == "ready"
+    assert new.get(early.id).fields["definition"] == f"demo@{second.version}", "moved with the step's completion"
+    assert new.run_step(early.id, "charge") == "ready"
+    assert new.run_step(early.id, "notify") == "succeeded", "on the new version's steps"
+    assert new.run_step(late.id, "ledger") == "parked"
+    parked = new.get(late.id)
+    assert parked.state is FlowState.PARKED and parked.fields["definition"] == f"demo@{first.version}"
+    assert "no migration to demo@" in new.history(late.id)[-1]["what"] and parked.attempt == 0
+    # deploy check judges the migration per flow as the claim does: only the flow past the change is left.
+    groups = deploys.check(deploys.in_flight(new), deploys.manifest(new.registry)["kinds"])
+    assert deploys.stranded(groups) == [late.id]
+    assert deploys.manifest(new.registry)["kinds"]["demo"][0]["migrates"][0]["version"] == first.version
