@@ -16,6 +16,7 @@ from durapay.simulator import SimulatorConfig, SimulatorServer
 from durapay.workflows.dispatcher import Dispatcher
 from durapay.workflows.states import FlowState
 from tests.examples.conftest import worker_of
+from tests.service.cli.conftest import invoke
 from tests.waiting import wait_until
 from tests.workflows.integration.conftest import stack_settings
 
@@ -88,3 +89,25 @@ def test_a_risk_service_down_is_retried_then_the_flow_goes_on(shop: tuple[Runtim
     record = runtime.engine.wait(flow_id, 60)
     assert record.state is FlowState.SUCCEEDED, record.summary()
     assert "charge" in record.outputs, "the fraud check passed on a later try"
+
+
+def test_the_shops_kind_has_the_apis_route_and_the_clis_kinds(
+    shop: tuple[Runtime, Path, Path], key_prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A kind of DURAPAY_FLOWS__MODULES is served as a built-in one: its POST /flows route over HTTP (a flow
+    started there runs on the worker) and ``durapay flows kinds``."""
+    from fastapi.testclient import TestClient
+
+    from durapay.service.app import create_app
+
+    runtime, _, _ = shop
+    with TestClient(create_app(runtime, insecure=True)) as client:
+        assert "/flows/shop_order" in client.get("/openapi.json").json()["paths"]
+        started = client.post("/flows/shop_order", json=order(key_prefix, 4))
+        assert started.status_code in (200, 201, 202), started.text
+    record = runtime.engine.wait(started.json()["id"], 60)
+    assert record.state is FlowState.SUCCEEDED, record.summary()
+    monkeypatch.setenv("DURAPAY_FLOWS__MODULES", "shop.flows")
+    listed = invoke("flows", "kinds", "shop_order", "--json")
+    assert listed.exit_code == 0, listed.output
+    assert json.loads(listed.stdout)[0]["steps"] == ["fraud_check", "charge", "settle", "post_ledger"]
