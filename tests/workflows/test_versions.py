@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from durapay.flows import Flow, step
+from durapay.service.metrics import render
 from durapay.workflows import deploys
 from durapay.workflows.clock import ManualClock
 from durapay.workflows.states import FlowState
@@ -34,6 +35,7 @@ def test_a_flow_records_its_version_and_a_process_without_it_parks_it(make_engin
     assert parked.outputs == {} and parked.error is None, "nothing ran, nothing failed"
     assert "no process here holds definition demo@" + first.version in new.history(record.id)[-1]["what"]
     assert [listed.id for listed in new.list(state=FlowState.PARKED)] == [record.id], "listed as parked"
+    assert any(line.startswith('durapay_flows{kind="demo",state="parked"} 1') for line in render(new).splitlines())
     assert new.run_step(record.id, "fraud") == "early", "offered again after park_seconds only"
     clock.advance(5)
     sent.chains.clear()
