@@ -285,7 +285,7 @@ class DefinitionError(ValueError):
     """A flow definition refused at load: which flow, which step, and why (fix the definition)."""
 
     def __init__(self, kind: str, step: str, reason: str) -> None:
-        where = f"flow {kind!r}" + (f", step {step!r}" if step else "")
+        where = ", ".join(([f"flow {kind!r}"] if kind else []) + ([f"step {step!r}"] if step else [])) or "flow"
         super().__init__(f"{where}: {reason}")
         self.kind, self.step, self.reason = kind, step, reason
 
