@@ -69,16 +69,19 @@ def call(
     customer_url: Callable[[dict[str, Any]], str | None] | None = None,
     target: Target | None = None,
     reads: Sequence[str] = (),
+    body: Callable[[StepContext, Callable[[StepContext], Outcome]], Outcome] | None = None,
 ) -> CallStep:
     """A gateway call: ``build(ctx)`` gives the :class:`Call` (path arguments, request), ``result(ctx,
     answer)`` the outcome (default: advance with the answer as the output), ``adopt(ctx)`` reads back a
-    call whose answer was lost. ``reads``: the earlier steps whose outputs it reads."""
+    call whose answer was lost. ``reads``: the earlier steps whose outputs it reads. ``body(ctx, send)``:
+    a step body of its own around the call (``send(ctx)`` makes it): checks right before it, or the
+    operation of another form in its place (the version's operation stays what the step declares)."""
     if isinstance(operation, str):
         found = BY_NAME.get(operation)
         if found is None:
             raise DefinitionError("", name, f"no gateway operation named {operation!r} in the catalogue")
         operation = found
-    return CallStep(name, operation, build, result, adopt, when, customer_url, target, tuple(reads))
+    return CallStep(name, operation, build, result, adopt, when, customer_url, target, tuple(reads), body)
 
 
 def wait_signal(

@@ -37,7 +37,7 @@ def shop(*steps: Any, model: type[BaseModel] = Order) -> Flow:
 def test_every_built_in_kind_is_declared_with_the_public_steps() -> None:
     kinds = {CallStep, WaitStep, SleepStep}
     assert all(isinstance(flow, Flow) for flow in REGISTRY.values())
-    assert all(isinstance(s, tuple(kinds)) for flow in REGISTRY.values() for s in flow.steps)
+    assert all(type(s) in kinds for flow in REGISTRY.values() for s in flow.steps), "no step class of its own"
     assert len({flow.version for flow in REGISTRY.values()}) == len(REGISTRY), "each kind its own version"
 
 

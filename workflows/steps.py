@@ -76,6 +76,9 @@ class CallStep:
     target: Target | None = None
     #: The earlier steps whose outputs it reads: checked at load (a definition error when none makes it).
     reads: tuple[str, ...] = ()
+    #: A step body of its own, ``body(ctx, send)``: checks before the call, another call of the catalogue in
+    #: its place (a version's), or a refusal read back; ``send(ctx)`` makes the declared call (build, result).
+    body: Callable[[StepContext, Callable[[StepContext], Outcome]], Outcome] | None = None
 
     @property
     def operation(self) -> GatewayOperation[Any]:
@@ -86,6 +89,9 @@ class CallStep:
         return self.op.task_name
 
     def execute(self, ctx: StepContext) -> Outcome:
+        return self.body(ctx, self.send) if self.body is not None else self.send(ctx)
+
+    def send(self, ctx: StepContext) -> Outcome:
         call = self.build(ctx)
         answer = ctx.call(self.op, *call.path, request=call.request)
         return self.result(ctx, answer)

@@ -17,6 +17,7 @@ captured voids all of it (docs/gateway.md), so a partial amount there is refused
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from pydantic import Field
@@ -110,21 +111,19 @@ def _order_operations(ctx: StepContext, order_id: str) -> list[str]:
 PAYMENT_ORDER = Target(_payment_order, _order_operations, "the payment's order")
 
 
-class _Post(CallStep):
+def _post(ctx: StepContext, send: Callable[[StepContext], Outcome]) -> Outcome:
     """A refund or capture; a refund of part of an amount is checked against the operation and its order as
     read with the order held (``workflows.targets``), right before the call."""
-
-    def execute(self, ctx: StepContext) -> Outcome:
-        if ctx.kind == "refund" and ctx.input.amount is not None:
-            read = ctx.target_read or {}
-            operation = read.get("operation") or ctx.call(Catalogue.get_operation, ctx.input.operationId)
-            order = read.get("order")
-            if order is None and operation.orderId:
-                order = ctx.call(Catalogue.get_order, str(operation.orderId))
-            refused = _part_of_authorization(ctx, operation, list(order.operations) if order is not None else [])
-            if refused is not None:
-                return refused
-        return super().execute(ctx)
+    if ctx.kind == "refund" and ctx.input.amount is not None:
+        read = ctx.target_read or {}
+        operation = read.get("operation") or ctx.call(Catalogue.get_operation, ctx.input.operationId)
+        order = read.get("order")
+        if order is None and operation.orderId:
+            order = ctx.call(Catalogue.get_order, str(operation.orderId))
+        refused = _part_of_authorization(ctx, operation, list(order.operations) if order is not None else [])
+        if refused is not None:
+            return refused
+    return send(ctx)
 
 
 def _part_of_authorization(ctx: StepContext, operation: Operation, operations: list[Operation]) -> Finish | None:
@@ -177,7 +176,7 @@ def post_operation(kind: str, op: Any, description: str) -> FlowDefinition:
     return Flow(
         kind,
         PostOperationInput,
-        (_Post("post", op, _post_body, adopt=_adopt_post, target=PAYMENT_ORDER), _result_step(kind)),
+        (call("post", op, _post_body, adopt=_adopt_post, target=PAYMENT_ORDER, body=_post), _result_step(kind)),
         summarize,
         None,
         description,

@@ -11,6 +11,7 @@ closes the session (``/build/cancel``) first.
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 from typing import Any
 
 from pydantic import Field
@@ -46,7 +47,6 @@ from durapay.workflows.flows.waits import (
     notified,
     read_later,
 )
-from durapay.workflows.steps import CallStep
 
 # -- embedded form (build) ---------------------------------------------------------------------------
 
@@ -190,35 +190,33 @@ def _challenge_deadline(ctx: StepContext) -> Outcome:
     return _session_outcome(ctx, ready=None)
 
 
-class _Finalize(CallStep):
+def _finalize(ctx: StepContext, send: Callable[[StepContext], Outcome]) -> Outcome:
     """Version 3 finalizes (``finalize_payment``); version 2 confirms (``confirm_payment``)."""
-
-    def execute(self, ctx: StepContext) -> Outcome:
-        body = {"sessionId": _session_id(ctx)}
-        try:
-            if ctx.input.version == "2":
-                answer = ctx.call(Catalogue.build_confirm_payment, request=body)
-            else:
-                answer = ctx.call(Catalogue.build_finalize_payment, request=BuildSessionRequest(**body))
-        except BadRequest as refused:
-            # The session is this flow's own: refused because it is already paid ("session is in state
-            # PAYMENT_COMPLETE"), an earlier try paid it, one whose claim Redis may have lost in a crash
-            # (so no mark says so). Read the session: its payment is this flow's. Refused because the
-            # customer is at work on it (an APM page, a 3DS step; or a state this version does not
-            # follow): the form is theirs, the challenge wait follows it. Refused because the customer
-            # never got that far (a form_completed from the page that proves nothing): the flow cannot
-            # pay, so it closes the form and ends on what the gateway then shows (the one rule).
-            state = _form_state(ctx)
-            if state.state is BuildState.PAYMENT_COMPLETE and state.operation is not None:
-                return _finalize_result(ctx, state)
-            if state.state not in CLOSABLE:
-                return _awaiting_customer(state)
-            ended = _session_outcome(ctx, ready=None)
-            if isinstance(ended, Finish) and not ended.succeeded:
-                why = f"the gateway refused the {'confirm' if ctx.input.version == '2' else 'finalize'} ({refused})"
-                return Finish(False, f"{why}; the form (state {state.state}) was closed", ended.output, ended.error)
-            return ended
-        return _finalize_result(ctx, answer)
+    body = {"sessionId": _session_id(ctx)}
+    try:
+        if ctx.input.version == "2":
+            answer = ctx.call(Catalogue.build_confirm_payment, request=body)
+        else:
+            answer = ctx.call(Catalogue.build_finalize_payment, request=BuildSessionRequest(**body))
+    except BadRequest as refused:
+        # The session is this flow's own: refused because it is already paid ("session is in state
+        # PAYMENT_COMPLETE"), an earlier try paid it, one whose claim Redis may have lost in a crash
+        # (so no mark says so). Read the session: its payment is this flow's. Refused because the
+        # customer is at work on it (an APM page, a 3DS step; or a state this version does not
+        # follow): the form is theirs, the challenge wait follows it. Refused because the customer
+        # never got that far (a form_completed from the page that proves nothing): the flow cannot
+        # pay, so it closes the form and ends on what the gateway then shows (the one rule).
+        state = _form_state(ctx)
+        if state.state is BuildState.PAYMENT_COMPLETE and state.operation is not None:
+            return _finalize_result(ctx, state)
+        if state.state not in CLOSABLE:
+            return _awaiting_customer(state)
+        ended = _session_outcome(ctx, ready=None)
+        if isinstance(ended, Finish) and not ended.succeeded:
+            why = f"the gateway refused the {'confirm' if ctx.input.version == '2' else 'finalize'} ({refused})"
+            return Finish(False, f"{why}; the form (state {state.state}) was closed", ended.output, ended.error)
+        return ended
+    return _finalize_result(ctx, answer)
 
 
 def _adopt_finalize(ctx: StepContext) -> ReconcileResult:
@@ -260,7 +258,14 @@ BUILD = Flow(
             close=_close_form,
             on_settle=_challenge_deadline,  # never on to finalize: a cancel or a failure owed only reads
         ),
-        _Finalize("finalize", Catalogue.build_finalize_payment, lambda ctx: Call(), adopt=_adopt_finalize, when=_needs_finalize),
+        call(
+            "finalize",
+            Catalogue.build_finalize_payment,
+            lambda ctx: Call(),
+            adopt=_adopt_finalize,
+            when=_needs_finalize,
+            body=_finalize,
+        ),
         wait_signal(
             "challenge",
             ("notification",),

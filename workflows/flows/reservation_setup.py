@@ -19,7 +19,7 @@ from typing import Any
 
 from pydantic import ValidationInfo, field_validator
 
-from durapay.flows import Call, Flow
+from durapay.flows import Call, Flow, call
 from durapay.gateway import (
     Agency,
     AgencyConditionRequest,
@@ -112,12 +112,11 @@ def _custom_fields(ctx: StepContext) -> Outcome:
 
 
 def _section(name: str, op: Any, run: Any, given: str) -> CallStep:
-    class Section(CallStep):
-        def execute(self, ctx: StepContext) -> Outcome:
-            result: Outcome = run(ctx)
-            return result
+    def body(ctx: StepContext, send: Any) -> Outcome:
+        result: Outcome = run(ctx)
+        return result
 
-    return Section(name, op, lambda ctx: Call(), when=lambda ctx: bool(getattr(ctx.input, given)))
+    return call(name, op, lambda ctx: Call(), when=lambda ctx: bool(getattr(ctx.input, given)), body=body)
 
 
 def _setup_summary(data: Any, outputs: Any) -> dict[str, Any]:

@@ -25,6 +25,7 @@ share a path (reservations, links, charges) it changes nothing.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import UTC, date, datetime
 from typing import Annotated, Any, Literal
 
@@ -62,7 +63,7 @@ from durapay.workflows.flows.waits import (
     notified,
     read_later,
 )
-from durapay.workflows.steps import CallStep, FlowDefinition
+from durapay.workflows.steps import FlowDefinition
 
 Form = Literal["current", "earlier"]
 CHARGE_TYPES = frozenset({OperationType.NOSHOW, OperationType.INCREMENTAL, OperationType.DELAY_CHARGE})
@@ -370,13 +371,11 @@ def _original_id(ctx: StepContext) -> str:
     return _original_of(ctx, list(read.operations) if read is not None else [])
 
 
-class _Validate(CallStep):
+def _validate(ctx: StepContext, send: Callable[[StepContext], Outcome]) -> Outcome:
     """The validation of the flow's kind, on the path form the input asks for."""
-
-    def execute(self, ctx: StepContext) -> Outcome:
-        body = {"reservationId": ctx.input.reservationId, "amount": str(ctx.input.amount), "currency": ctx.input.currency}
-        ctx.call(VALIDATIONS[(ctx.kind, ctx.input.form)], request=body)
-        return Advance({"validated": True, "form": ctx.input.form})
+    body = {"reservationId": ctx.input.reservationId, "amount": str(ctx.input.amount), "currency": ctx.input.currency}
+    ctx.call(VALIDATIONS[(ctx.kind, ctx.input.form)], request=body)
+    return Advance({"validated": True, "form": ctx.input.form})
 
 
 def _charge_body(ctx: StepContext) -> Call:
@@ -400,18 +399,16 @@ def _reservation_operations(ctx: StepContext, reservation_id: str) -> list[str]:
 RESERVATION_TARGET = Target(lambda ctx: str(ctx.input.reservationId), _reservation_operations, "reservation")
 
 
-class _Charge(CallStep):
+def _charge(ctx: StepContext, send: Callable[[StepContext], Outcome]) -> Outcome:
     """The charge, checked again right before it is sent (:func:`_charge_refused`): after any sleep and
     wait, with the reservation held (``workflows.targets``), so that every bound holds when the money
     moves, counting every other flow's charge (resolved, by then, and shown by the gateway)."""
-
-    def execute(self, ctx: StepContext) -> Outcome:
-        if ctx.target_read is None:  # the hold was kept from an earlier try: read the reservation now
-            ctx.target_read = ctx.call(Catalogue.get_reservation, ctx.input.reservationId)
-        refused = _charge_refused(ctx, ctx.target_read, when=charge_moment(ctx, ctx.now), charging=True)
-        if refused is not None:
-            return refused
-        return super().execute(ctx)
+    if ctx.target_read is None:  # the hold was kept from an earlier try: read the reservation now
+        ctx.target_read = ctx.call(Catalogue.get_reservation, ctx.input.reservationId)
+    refused = _charge_refused(ctx, ctx.target_read, when=charge_moment(ctx, ctx.now), charging=True)
+    if refused is not None:
+        return refused
+    return send(ctx)
 
 
 def _adopt_charge(ctx: StepContext) -> ReconcileResult:
@@ -445,8 +442,10 @@ def charge_flow(kind: str, model: type[ChargeInput], description: str) -> FlowDe
     if kind == "delay_charge":
         steps.append(timer("timer", lambda ctx: ctx.input.runAt.timestamp() if ctx.input.runAt else None))
     steps += [
-        _Validate("validate", VALIDATIONS[(kind, "current")], lambda ctx: Call()),
-        _Charge("charge", CHARGES[kind], _charge_body, result=_charged, adopt=_adopt_charge, target=RESERVATION_TARGET),
+        call("validate", VALIDATIONS[(kind, "current")], lambda ctx: Call(), body=_validate),
+        call(
+            "charge", CHARGES[kind], _charge_body, result=_charged, adopt=_adopt_charge, target=RESERVATION_TARGET, body=_charge
+        ),
         read_until_final("result", "charge", note="readBack"),
     ]
     # A no-show happens once per reservation: keyed by it, a second start is the first flow (or a conflict).

@@ -239,19 +239,21 @@ def _adopt_link(ctx: StepContext) -> ReconcileResult:
     return Advance({"paymentLink": links[-1].wire(), "securityToken": None, "adopted": True})
 
 
-def _link_create_step(name: str) -> CallStep:
-    class _PerVersion(CallStep):
-        def execute(self, ctx: StepContext) -> Outcome:
-            op = LINK_OPERATIONS[ctx.input.version]
-            answer = ctx.call(op, request=session_body(ctx, ("version",)))
-            return Advance(answer.wire())
+def _per_version(ctx: StepContext, send: Any) -> Outcome:
+    """The link's create of the version the input asks for (v3, v2, v1, unversioned)."""
+    op = LINK_OPERATIONS[ctx.input.version]
+    answer = ctx.call(op, request=session_body(ctx, ("version",)))
+    return Advance(answer.wire())
 
-    return _PerVersion(
+
+def _link_create_step(name: str) -> CallStep:
+    return call(
         name,
         Catalogue.create_paybylink_v3,
         lambda ctx: Call(),
         adopt=_adopt_link,
         customer_url=lambda output: (output.get("paymentLink") or {}).get("link"),
+        body=_per_version,
     )
 
 
