@@ -551,18 +551,29 @@ class Engine:
         holder = self.orders.flow_for(str(order_id)) if order_id else None
         if holder is None:
             return
-        try:
-            record = self.get(holder)
-        except NotFound:
+        # The signal's answer decides, not the read before it: a holder read going whose step completes
+        # before the signal is written (its read made before the renewal) answers ``finished``, and is kept
+        # like one read finished. Bounded: a flow finishes once; only a person's retry makes it go again.
+        for _ in range(3):
+            try:
+                record = self.get(holder)
+            except NotFound:
+                return
+            if not record.finished:
+                if self.signal(holder, name, {}, by="engine") != "finished":
+                    return  # stored or resumed: its step reads the link (transition.lua: before it ends)
+                continue  # it finished between the read and the signal: keep it, read again
+            self._keep_for(record, output)
             return
-        if not record.finished:
-            self.signal(holder, name, {}, by="engine")
-            return
+        log.warning("flow %s: told %s three times, going and finished in turn; its deadline read decides", holder, name)
+
+    def _keep_for(self, record: FlowRecord, output: Mapping[str, Any]) -> None:
+        """Keep a finished holder while the change ``output`` describes lets its customer pay."""
         until = keep_until(dict(output))
         if until is not None:
             # Written to the record (the packing pass gives record and lookups their end from it); a record
             # packed already has its end moved now, and its lookups with it.
-            seconds = self.store.keep_until(holder, max(until, record.keep_until), now=self.clock.now())
+            seconds = self.store.keep_until(record.id, max(until, record.keep_until), now=self.clock.now())
             if seconds:
                 self.orders.expire(record.lookups, seconds)
 

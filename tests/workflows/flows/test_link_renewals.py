@@ -1,0 +1,99 @@
+"""Pay-by-link renewals through durapay (``paybylink_renew``, workflows/flows/sessions.py) that race the
+flow holding the link: the holder ends as its step's read said, and must still show a payment made on the
+renewed link however late (invariants 1 and 2; docs/durability.md, "Waiting flows").
+
+From an adversarial review (its tests, assertions kept): each interleaving below left a payment on a link
+renewed through durapay in no flow.
+
+1. ``Engine.tell_holder`` read the holder going (its deadline read in flight) and only signalled it; the
+   holder's step completed ``failed`` before the signal was written, and the signal met a finished flow
+   (``finished``, dropped): nothing moved its ``keep_until``. The signal's answer decides now.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from durapay.gateway import Catalogue
+from durapay.simulator import SimulatorServer
+from durapay.workflows.states import FlowState
+from tests.workflows.aof_tail import AofTail
+from tests.workflows.flow_model import FlowWorld
+from tests.workflows.model_kinds import APPROVE, now_of
+
+
+@pytest.fixture
+def world(model_parts: tuple[SimulatorServer, AofTail]) -> Iterator[FlowWorld]:
+    built = FlowWorld(*model_parts, example=961)
+    yield built
+    built.close()
+
+
+def run_all(world: FlowWorld) -> None:
+    while world.messages.chains:
+        world.deliver(0)
+
+
+def test_a_renewal_told_while_the_deadline_read_completes_keeps_the_flow_while_its_link_can_be_paid(
+    world: FlowWorld, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Moves: a pay-by-link flow for a day waits; the link expires unpaid; at the deadline a worker claims the
+    wait step and reads the link (EXPIRED); the merchant renews the link through durapay for 60 days (the
+    gateway makes it ACTIVE again); the renewal's worker tells the holder: it reads it (running), and the
+    holder's worker completes its read (``failed``) just before the ``link_changed`` signal is written. A
+    month and more later (past the 30-day retention) the customer pays the renewed link.
+
+    What goes wrong: the flow ends ``failed`` while its link is ACTIVE at the gateway for 60 more days
+    (invariant 2), kept only for its own retention; the payment made on the renewed link after that finds
+    no flow (its record, order lookup and token expired): it shows in no flow (invariant 1)."""
+    flow = world.start("paybylink", "decline")  # a link for one day
+    run_all(world)
+    waiting = world.record(flow)
+    assert waiting is not None and waiting.state is FlowState.WAITING, world.describe(flow)
+    link_id = str(waiting.outputs["create"]["paymentLink"]["linkId"])
+    world.advance(2 * 86400)  # past the link's expiry: the gateway expires it; the deadline is due
+    world.engine.dispatch_due()
+    world.messages.chains.clear()  # the deadline's message: run by the slow worker below instead
+    assert world.begin_step(flow) == "held", world.describe(flow)  # read: EXPIRED, completion held
+
+    real_signal = world.engine.signal
+    told: list[str] = []
+
+    def holder_completes_first(flow_id: str, name: str, payload: Any, **kwargs: Any) -> str:
+        if name == "link_changed" and world.held:
+            world.finish_step(0)  # the holder's worker completes between tell_holder's read and its signal
+        result = real_signal(flow_id, name, payload, **kwargs)
+        told.append(result)
+        return result
+
+    monkeypatch.setattr(world.engine, "signal", holder_completes_first)
+    day = now_of(world.clock.now() + 60 * 86400).strftime("%Y-%m-%d")
+    renewal = world.engine.start("paybylink_renew", {"linkId": link_id, "expirationDate": day})
+    world.engine.run_step(renewal.id, "renew")
+    monkeypatch.undo()
+    renewed = world.engine.store.get(renewal.id)
+    assert renewed is not None and renewed.state is FlowState.SUCCEEDED, renewed and renewed.summary()
+    assert told, "the renewal told the holder"
+    run_all(world)
+    world.settle()
+    link = world.engine.gateway().call(Catalogue.get_paybylink, link_id).paymentLink
+    assert str(link.status) == "ACTIVE" and link.expirationDate == day, link  # the customer can pay for 60 days
+    done = world.record(flow)
+    assert done is not None
+    ended = done.state
+    kept_for = done.keep_until - world.clock.now()
+
+    for _ in range(3):
+        world.advance(15 * 86400)  # day 45 of the renewed link: past the flow's retention, the link still open
+    paid = world.sim.admin.complete_link(link_id, pan=APPROVE)
+    statuses = [world.notify(note["body"]) for note in world.sim.admin.notifications() if note["orderId"] == flow.base]
+    after = world.record(flow)
+    shown = after is not None and paid["operationId"] in str({"outcome": after.outcome, "error": after.error})
+    assert shown, (
+        f"payment {paid['operationId']} on link {link_id} (renewed through durapay until {day}) shows in no flow: the "
+        f"flow ended {ended.value} with the link ACTIVE, kept {kept_for / 86400:.1f} more days, and is "
+        f"{'gone' if after is None else after.state.value}; the receiver answered {statuses}; told: {told}"
+    )
