@@ -501,31 +501,47 @@ class Engine:
         self.get(flow_id)
         return self.store.history(flow_id)
 
-    def signal(self, flow_id: str, name: str, payload: Mapping[str, Any] | None = None, *, by: str = "api") -> str:
+    def signal(
+        self,
+        flow_id: str,
+        name: str,
+        payload: Mapping[str, Any] | None = None,
+        *,
+        by: str = "api",
+        keep_until: float | None = None,
+    ) -> str:
         """Deliver a signal (``3ds_result``, ``form_completed``, ``notification``, ...): ``resumed``,
         ``stored`` (kept until the flow waits for it), ``finished``, ``late_payment``, or raise NotFound.
 
         A signal reporting a payment taken (a notification of an AUTHORIZED or EXECUTED operation) is
         marked, so that the money always shows in the flow: a flow that ended failed or cancelled, or
         succeeded with another operation, moves to ``needs_attention`` (``late_payment``) with the
-        signal kept; ``retry`` then lets the waiting step take it, or a person refunds it."""
+        signal kept; ``retry`` then lets the waiting step take it, or a person refunds it.
+
+        ``keep_until``: the signal tells of a change that lets the customer pay until then (a renewed
+        link, :meth:`tell_holder`): a completion that ends the flow before its step reads the signal
+        keeps the flow that long (transition.lua), as a finished holder is kept."""
         flow = self.get(flow_id)
         if self.tracing.on:
             tag = FlowTag(flow_id, flow.kind)
             self.tracing.tag_current(tag)  # the request's span (the API's, or the receiver's for a notification)
             link = flow.fields.get(TRACE_FIELD, "")
             with self.tracing.flow_span(f"signal {name}", tag, link=link, attributes={"durapay.signal": name, "durapay.by": by}):
-                result = self._signal(flow, name, payload, by)
+                result = self._signal(flow, name, payload, by, keep_until)
                 self.tracing.annotate({"durapay.result": result})
                 return result
-        return self._signal(flow, name, payload, by)
+        return self._signal(flow, name, payload, by, keep_until)
 
-    def _signal(self, flow: FlowRecord, name: str, payload: Mapping[str, Any] | None, by: str) -> str:
+    def _signal(
+        self, flow: FlowRecord, name: str, payload: Mapping[str, Any] | None, by: str, keep_until: float | None
+    ) -> str:
         flow_id = flow.id
         # The signals of the flow's own definition (a previous version may wait for one the current does not).
         body = admit(self.definition_for(flow) or self.registry.get(flow.kind), name, payload, by=by)  # SignalRefused
         paid = customer_payment(body)
-        result = self.store.signal(flow_id, name, body, now=self.clock.now(), by=by, safety=self.safety, paid=paid)
+        now = self.clock.now()
+        kept = {"keep_until": keep_until} if keep_until is not None else {}
+        result = self.store.signal(flow_id, name, body, now=now, by=by, safety=self.safety, paid=paid, **kept)
         if result == "missing":
             raise NotFound(f"no flow {flow_id!r}")
         if result != "finished":
@@ -553,23 +569,25 @@ class Engine:
             return
         # The signal's answer decides, not the read before it: a holder read going whose step completes
         # before the signal is written (its read made before the renewal) answers ``finished``, and is kept
-        # like one read finished. Bounded: a flow finishes once; only a person's retry makes it go again.
+        # like one read finished. Stored, the signal carries the keep: a step reading it follows the link,
+        # and a completion ending the flow before that (a cancel's read) keeps it as long (transition.lua).
+        # Bounded: a flow finishes once; only a person's retry makes it go again.
+        until = keep_until(dict(output))
         for _ in range(3):
             try:
                 record = self.get(holder)
             except NotFound:
                 return
             if not record.finished:
-                if self.signal(holder, name, {}, by="engine") != "finished":
-                    return  # stored or resumed: its step reads the link (transition.lua: before it ends)
+                if self.signal(holder, name, {}, by="engine", keep_until=until) != "finished":
+                    return
                 continue  # it finished between the read and the signal: keep it, read again
-            self._keep_for(record, output)
+            self._keep_for(record, until)
             return
         log.warning("flow %s: told %s three times, going and finished in turn; its deadline read decides", holder, name)
 
-    def _keep_for(self, record: FlowRecord, output: Mapping[str, Any]) -> None:
-        """Keep a finished holder while the change ``output`` describes lets its customer pay."""
-        until = keep_until(dict(output))
+    def _keep_for(self, record: FlowRecord, until: float | None) -> None:
+        """Keep a finished holder until ``until``, while the change it was told lets its customer pay."""
         if until is not None:
             # Written to the record (the packing pass gives record and lookups their end from it); a record
             # packed already has its end moved now, and its lookups with it.

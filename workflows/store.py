@@ -862,16 +862,20 @@ class FlowStore:
         by: str,
         safety: float = 0.0,
         paid: Mapping[str, Any] | None = None,
+        keep_until: float | None = None,
     ) -> str:
         """Deliver a signal: ``resumed``, ``stored`` (kept until the flow waits for it), ``finished``,
         ``late_payment`` (the flow ended without the payment ``paid`` reports: now needs a person),
-        ``missing``."""
+        ``missing``. ``keep_until``: kept with the signal; a completion that ends the flow before its step
+        reads it keeps the flow until then (transition.lua)."""
         partition = self.keys.partition(flow_id)
         by = mask_text(by)  # who, as written: a person's name may hold a card number (workflows.sensitive)
         entry = self._entry(now, FlowState.WAITING, FlowState.READY, "", by, f"signal {name}")
         signal: dict[str, Any] = {"name": name, "payload": dict(payload), "t": now}
         if paid:
             signal["paid"] = dict(paid)
+        if keep_until is not None:
+            signal["keep_until"] = keep_until
         states = (FlowState.WAITING, FlowState.READY, FlowState.SUCCEEDED, FlowState.FAILED, FlowState.CANCELLED)
         keys = [self.keys.flow(flow_id), self.keys.log(flow_id), self.keys.due(partition)]
         keys += [self.keys.by_state(partition, state.value) for state in (*states, FlowState.NEEDS_ATTENTION)]

@@ -235,6 +235,22 @@ end
 redis.call('ZADD', idx, ARGV[7], ARGV[1])
 redis.call('RPUSH', KEYS[2], rewritten and cjson.encode(log) or ARGV[6])
 if TERMINAL[state] then
+  -- The one home of "a flow ends, but a change told while its step ran lets the customer pay on": a
+  -- signal stored and not read by this step that carries ``keep_until`` (a link renewed through durapay,
+  -- Engine.tell_holder: the renewal's own read of the link) keeps the finished flow that long, as a holder
+  -- told once finished is kept (keep_until.lua); the packing pass gives record and lookups that end, so a
+  -- payment on the renewed link is still verified and shows as a late payment.
+  local keep = tonumber(redis.call('HGET', KEYS[1], 'keep_until') or '0') or 0
+  local told = keep
+  for _, key in ipairs(redis.call('HKEYS', KEYS[1])) do
+    if string.sub(key, 1, 4) == 'sig:' then
+      local ends = tonumber(cjson.decode(redis.call('HGET', KEYS[1], key))['keep_until'] or 0) or 0
+      if ends > told then told = ends end
+    end
+  end
+  if told > keep then
+    redis.call('HSET', KEYS[1], 'keep_until', string.format('%.3f', told))
+  end
   if ARGV[9] ~= '' then
     redis.call('HSET', KEYS[1], 'input', ARGV[9])
   end

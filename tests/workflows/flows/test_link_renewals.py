@@ -8,6 +8,9 @@ renewed through durapay in no flow.
 1. ``Engine.tell_holder`` read the holder going (its deadline read in flight) and only signalled it; the
    holder's step completed ``failed`` before the signal was written, and the signal met a finished flow
    (``finished``, dropped): nothing moved its ``keep_until``. The signal's answer decides now.
+2. A cancel's step (close, then read: EXPIRED) completed ``cancelled`` although a ``link_changed`` told
+   while it read was stored on the flow: a cancel's completion did not look (a failing wait's did). Now
+   transition.lua turns any such end into another run of the step.
 """
 
 from __future__ import annotations
@@ -96,4 +99,52 @@ def test_a_renewal_told_while_the_deadline_read_completes_keeps_the_flow_while_i
         f"payment {paid['operationId']} on link {link_id} (renewed through durapay until {day}) shows in no flow: the "
         f"flow ended {ended.value} with the link ACTIVE, kept {kept_for / 86400:.1f} more days, and is "
         f"{'gone' if after is None else after.state.value}; the receiver answered {statuses}; told: {told}"
+    )
+
+
+def test_a_renewal_while_a_cancel_reads_the_link_keeps_the_flow_while_its_link_can_be_paid(world: FlowWorld) -> None:
+    """Moves (no injection: a slow worker, as the flow model has): a pay-by-link flow for a day waits; its link
+    expires unpaid at the gateway; the merchant cancels the flow (a request: its step closes the link, here
+    already EXPIRED, and reads it); a worker claims that step and reads EXPIRED, its completion held; the
+    merchant renews the link through durapay for 60 days: ACTIVE again, and the holder, still going, is told
+    ``link_changed`` (stored: its step is running); the worker completes ``cancelled``. 45 days later the
+    customer pays the renewed link.
+
+    What goes wrong: the cancel's completion does not look at the ``link_changed`` it was told before it was
+    written (a failing wait's does: ``Change.awaited``), so the flow ends ``cancelled`` with its link ACTIVE
+    for 60 days (invariant 2), kept for its retention only; the payment then shows in no flow (invariant 1)."""
+    flow = world.start("paybylink", "decline")  # a link for one day
+    run_all(world)
+    waiting = world.record(flow)
+    assert waiting is not None and waiting.state is FlowState.WAITING, world.describe(flow)
+    link_id = str(waiting.outputs["create"]["paymentLink"]["linkId"])
+    world.advance(2 * 86400)  # the gateway expired the link; the flow's deadline read has not run yet
+    asked = world.engine.cancel(flow.flow_id, "the merchant cancels")
+    assert asked.cancel_requested and asked.state is FlowState.READY, asked.summary()
+    world.messages.chains.clear()  # the cancel's read: run by the slow worker below
+    assert world.begin_step(flow) == "held", world.describe(flow)  # closes (EXPIRED already) and reads: EXPIRED
+    day = now_of(world.clock.now() + 60 * 86400).strftime("%Y-%m-%d")
+    renewal = world.engine.start("paybylink_renew", {"linkId": link_id, "expirationDate": day})
+    world.engine.run_step(renewal.id, "renew")
+    renewed = world.engine.store.get(renewal.id)
+    assert renewed is not None and renewed.state is FlowState.SUCCEEDED, renewed and renewed.summary()
+    world.finish_step(0)
+    run_all(world)
+    world.settle()
+    link = world.engine.gateway().call(Catalogue.get_paybylink, link_id).paymentLink
+    assert str(link.status) == "ACTIVE" and link.expirationDate == day, link
+    done = world.record(flow)
+    assert done is not None
+    ended, kept_for = done.state, done.keep_until - world.clock.now()
+
+    for _ in range(3):
+        world.advance(15 * 86400)  # day 45 of the renewed link: past the flow's retention, the link still open
+    paid = world.sim.admin.complete_link(link_id, pan=APPROVE)
+    statuses = [world.notify(note["body"]) for note in world.sim.admin.notifications() if note["orderId"] == flow.base]
+    after = world.record(flow)
+    shown = after is not None and paid["operationId"] in str({"outcome": after.outcome, "error": after.error})
+    assert shown, (
+        f"payment {paid['operationId']} on link {link_id} (renewed through durapay until {day}) shows in no flow: the "
+        f"flow ended {ended.value} with the link ACTIVE, kept {kept_for / 86400:.1f} more days, and is "
+        f"{'gone' if after is None else after.state.value}; the receiver answered {statuses}"
     )
