@@ -532,9 +532,7 @@ class Engine:
                 return result
         return self._signal(flow, name, payload, by, keep_until)
 
-    def _signal(
-        self, flow: FlowRecord, name: str, payload: Mapping[str, Any] | None, by: str, keep_until: float | None
-    ) -> str:
+    def _signal(self, flow: FlowRecord, name: str, payload: Mapping[str, Any] | None, by: str, keep_until: float | None) -> str:
         flow_id = flow.id
         # The signals of the flow's own definition (a previous version may wait for one the current does not).
         body = admit(self.definition_for(flow) or self.registry.get(flow.kind), name, payload, by=by)  # SignalRefused
