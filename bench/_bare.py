@@ -21,7 +21,7 @@ DONE = "bare:done"
 
 
 def make_bare_app(settings: Settings) -> Celery:
-    app = make_celery(settings, settings.redis_url)
+    app = make_celery(settings, settings.broker_url or settings.redis_url)  # the durable side's broker, as it is
     app.conf.task_default_queue = "bare"
     holder: dict[str, Any] = {}
 

@@ -6,6 +6,7 @@ they are never assertions in tests (machines are shared and noisy).
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -20,7 +21,7 @@ import httpx
 from durapay.config import GATEWAY_PATH_PREFIX, Settings, load_settings
 from durapay.config.embedded import EmbeddedValkey, free_port
 from durapay.service.processes import settings_env
-from durapay.workflows.cards import new_key
+from durapay.workflows.engine import new_key
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -61,16 +62,19 @@ class Processes:
 
 
 SIMULATOR = """
-import sys
+import json, sys
 from durapay.simulator import SimulatorConfig, serve_forever
-serve_forever(SimulatorConfig(port=int(sys.argv[1]), latency_ms=int(sys.argv[2]), seed=1))
+keys = json.loads(sys.argv[3]) if len(sys.argv) > 3 else {}
+serve_forever(SimulatorConfig(port=int(sys.argv[1]), latency_ms=int(sys.argv[2]), seed=1, terminal_keys=keys))
 """
 
 
-def start_simulator(procs: Processes, latency_ms: int = 0) -> str:
-    """Start ``durapay``'s simulator in its own process; returns its root URL."""
+def start_simulator(procs: Processes, latency_ms: int = 0, terminal_keys: dict[str, str] | None = None) -> str:
+    """Start ``durapay``'s simulator in its own process; returns its root URL. ``terminal_keys``: the keys of
+    terminals besides default, each with its terminal (``SimulatorConfig.terminal_keys``)."""
     port = free_port()
-    procs.spawn("simulator", SIMULATOR, dict(os.environ, PYTHONPATH=str(ROOT)), str(port), str(latency_ms))
+    args = [str(port), str(latency_ms)] + ([json.dumps(terminal_keys)] if terminal_keys else [])
+    procs.spawn("simulator", SIMULATOR, dict(os.environ, PYTHONPATH=str(ROOT)), *args)
     root = f"http://127.0.0.1:{port}"
 
     def up() -> bool:
@@ -87,7 +91,7 @@ def set_latency(root: str, latency_ms: int) -> None:
     httpx.post(root + "/_sim/faults", json={"latency_ms": latency_ms}, timeout=5).raise_for_status()
 
 
-#: The benchmarks' card key (card data is written to Redis only sealed, ``workflows.cards``).
+#: The benchmarks' card key (card data is written to Redis only sealed, ``workflows.engine.cards``).
 BENCH_CARD_KEY = new_key("bench")
 
 
@@ -114,7 +118,9 @@ from durapay.config import load_settings
 from durapay.service.runtime import build_runtime
 settings = load_settings()
 runtime = build_runtime(settings, redis_url=settings.redis_url)
-runtime.celery.worker_main(["worker", "-P", sys.argv[1], "-c", sys.argv[2], "-Q", "durapay,durapay.webhooks", "-l", "warning",
+# The step queues as `durapay worker` takes them (with DURAPAY_FAIRNESS__ENABLED, every key's queue too).
+queues = ",".join([*runtime.engine.fairness.step_queues(), "durapay.webhooks"])
+runtime.celery.worker_main(["worker", "-P", sys.argv[1], "-c", sys.argv[2], "-Q", queues, "-l", "warning",
                             "--without-mingle", "--without-gossip", "-n", "durable@%h"])
 """
 

@@ -41,8 +41,7 @@ from durapay.config.embedded import EmbeddedValkey
 from durapay.service.app import create_app
 from durapay.service.runtime import build_runtime
 from durapay.service.server import ApiServer
-from durapay.workflows.engine import Engine
-from durapay.workflows.store import FlowStore, NewFlow, compact_json
+from durapay.workflows.engine import Engine, FlowStore, NewFlow, compact_json
 
 KEY = "bench-console-key-0123456789"
 T0 = 1_900_000_000.0

@@ -23,7 +23,8 @@ same worker settings, and printed as ratios; never a timed assertion (machines a
   what durability costs per step beyond the bare task;
 * **the store per flow**, durable and bare, from the server's own counters over each batch
   (``bench/_server_cost.py``): Valkey CPU, commands by name (a script's calls among them), reads (the
-  round trips), bytes appended to the AOF; and issue 39's targets;
+  round trips), bytes appended to the AOF; and issue 39's targets (``--broker-fsync``: Celery's broker on
+  a Valkey of its own, so that the store's figures are durapay's records alone, the broker's printed apart);
 * **Redis memory per finished flow**, everything it keeps (record, log, indexes, order lookups, its
   events): the server's ``used_memory`` grown over a batch, per flow; and its parts, by key;
 * **events**: durable throughput with merchant events off, on, and on with one webhook endpoint
@@ -65,8 +66,7 @@ from bench._harness import (
 from bench._server_cost import ServerCost, ServerCounters
 from bench._webhook_receiver import WebhookReceiver
 from durapay.service.runtime import build_runtime
-from durapay.workflows.dispatcher import Dispatcher
-from durapay.workflows.states import FlowState
+from durapay.workflows.engine import Dispatcher, FlowState
 
 _orders = itertools.count()
 #: Targets of the issue this benchmark reports against.
@@ -117,12 +117,25 @@ def tree_cpu(pid: int) -> float:
 
 
 class Bench:
-    def __init__(self, pool: str, concurrency: int, appendfsync: str = "always", limiter_rate: float = 2000.0) -> None:
+    def __init__(
+        self,
+        pool: str,
+        concurrency: int,
+        appendfsync: str = "always",
+        limiter_rate: float = 2000.0,
+        broker_fsync: str | None = None,
+    ) -> None:
         self.limiter_rate = limiter_rate
         self.procs = Processes()
         self.server = valkey(appendfsync)
+        #: ``--broker-fsync``: Celery's broker on a Valkey of its own (the store then holds durapay's records
+        #: only, and its counters say what the records cost, apart from the queues'); None: on the store's.
+        self.broker_server = valkey(broker_fsync) if broker_fsync else None
+        self.broker_redis = redis.Redis.from_url(self.broker_server.url) if self.broker_server else None
         self.sim = start_simulator(self.procs)
         settings = bench_settings(self.sim, self.server.url)
+        if self.broker_server is not None:
+            settings = settings.model_copy(update={"broker_url": self.broker_server.url})
         self.settings = settings.model_copy(update={"webhooks": settings.webhooks.model_copy(update={"allow_private": True})})
         url = self.server.url
         self.runtimes = {events: build_runtime(with_events(self.settings, events), redis_url=url) for events in (True, False)}
@@ -137,9 +150,11 @@ class Bench:
         self.pool, self.concurrency = pool, concurrency
         self.durable: Any = None
         self.bare_worker: Any = None
-        #: Polls of the bench's own waits, and what the server spent on the last batch beside them.
+        #: Polls of the bench's own waits, and what the server spent on the last batch beside them (and the
+        #: broker's own server, when it has one).
         self.polls = 0
         self.cost: ServerCost | None = None
+        self.broker_cost: ServerCost | None = None
         self.start_workers(pool, concurrency)
 
     @property
@@ -154,7 +169,7 @@ class Bench:
         self.pool, self.concurrency, self.events = pool, concurrency, events
         env = child_env(self.settings) | {"DURAPAY_EVENTS__ENABLED": "true" if events else "false"}
         env["DURAPAY_WEBHOOKS__ALLOW_PRIVATE"] = "true"
-        # The gateway's shared limiter (workflows.gate) on, at a rate above what the rounds reach: its cost,
+        # The gateway's shared limiter (workflows.engine.gate) on, at a rate above what the rounds reach: its cost,
         # not its throttling, is measured (0: the limiter off).
         env["DURAPAY_GATEWAY_HEALTH__LIMITER"] = "true" if self.limiter_rate > 0 else "false"
         env["DURAPAY_GATEWAY_HEALTH__RATE_PER_SECOND"] = str(self.limiter_rate or 1)
@@ -194,6 +209,16 @@ class Bench:
         for runtime in self.runtimes.values():
             runtime.close()
         self.server.stop()
+        if self.broker_server is not None:
+            self.broker_server.stop()
+
+    def broker_counters(self) -> ServerCounters | None:
+        return ServerCounters.read(self.broker_redis) if self.broker_redis is not None else None
+
+    def broker_between(self, before: ServerCounters | None, items: int) -> None:
+        """What the broker's own server spent over a batch, per item (the bench polls only the store)."""
+        after = self.broker_counters()
+        self.broker_cost = ServerCost.between(before, after, items, {}, 0) if before and after else None
 
     def durable_once(self) -> float:
         """One flow, timed from before its start to its completion's own timestamp. The end is awaited
@@ -252,7 +277,7 @@ class Bench:
         """(seconds, worker CPU seconds, flow ids) of ``flows`` durable flows started at once."""
         ended_before = self._ended()
         cpu = tree_cpu(self.durable.pid)
-        polls, counters = self.polls, ServerCounters.read(self.redis)
+        polls, counters, broker = self.polls, ServerCounters.read(self.redis), self.broker_counters()
         started = time.time()
         batches: list[list[str]] = [[] for _ in range(SENDERS)]
 
@@ -272,6 +297,7 @@ class Bench:
         wait_until(lambda: self._ended() - ended_before >= flows, 900, "the durable batch")
         watched = {"zcard": (self.polls - polls) * self.engine.keys.partitions * len(ENDS)}
         self.cost = ServerCost.between(counters, ServerCounters.read(self.redis), flows, watched, self.polls - polls)
+        self.broker_between(broker, flows)
         records = self.engine.store.many(ids)
         if any(record.state is not FlowState.SUCCEEDED for record in records):
             raise RuntimeError(f"benchmark flows ended {sorted({record.state.value for record in records})}")
@@ -292,7 +318,7 @@ class Bench:
         """(seconds, worker CPU seconds) of ``flows`` bare chains sent at once."""
         self.redis.delete(DONE)
         cpu = tree_cpu(self.bare_worker.pid)
-        polls, counters = self.polls, ServerCounters.read(self.redis)
+        polls, counters, broker = self.polls, ServerCounters.read(self.redis), self.broker_counters()
         started = time.time()
 
         def send_some() -> None:
@@ -308,6 +334,7 @@ class Bench:
         self.cost = ServerCost.between(
             counters, ServerCounters.read(self.redis), flows, {"llen": self.polls - polls}, self.polls - polls
         )
+        self.broker_between(broker, flows)
         last = max(float(item.split()[1]) for item in self.redis.lrange(DONE, 0, -1))
         return last - started, tree_cpu(self.bare_worker.pid) - cpu
 
@@ -351,10 +378,15 @@ def rounds_needed(ratios: list[float], target: float) -> str:
 
 
 def throughput(
-    bench: Bench, rounds: int, flows: int, costs: list[tuple[ServerCost, ServerCost]]
+    bench: Bench,
+    rounds: int,
+    flows: int,
+    costs: list[tuple[ServerCost, ServerCost]],
+    broker_costs: list[tuple[ServerCost, ServerCost]] | None = None,
 ) -> tuple[list[float], list[dict[str, float]], list[str]]:
     """Alternating rounds; returns the ratios, each round's figures, and the last durable batch's ids;
-    appends each round's store cost per flow (bare, durable) to ``costs``."""
+    appends each round's store cost per flow (bare, durable) to ``costs``, and the broker's own server's
+    to ``broker_costs`` when it has one."""
     ratios: list[float] = []
     rows: list[dict[str, float]] = []
     ids: list[str] = []
@@ -362,16 +394,18 @@ def throughput(
         bare_first = n % 2 == 0
         if bare_first:
             bare_seconds, bare_cpu = bench.bare_batch(flows)
-            bare_cost = bench.cost
+            bare_cost, bare_broker = bench.cost, bench.broker_cost
             durable_seconds, durable_cpu, ids = bench.durable_batch(flows)
-            durable_cost = bench.cost
+            durable_cost, durable_broker = bench.cost, bench.broker_cost
         else:
             durable_seconds, durable_cpu, ids = bench.durable_batch(flows)
-            durable_cost = bench.cost
+            durable_cost, durable_broker = bench.cost, bench.broker_cost
             bare_seconds, bare_cpu = bench.bare_batch(flows)
-            bare_cost = bench.cost
+            bare_cost, bare_broker = bench.cost, bench.broker_cost
         assert bare_cost is not None and durable_cost is not None
         costs.append((bare_cost, durable_cost))
+        if broker_costs is not None and bare_broker is not None and durable_broker is not None:
+            broker_costs.append((bare_broker, durable_broker))
         row = {
             "bare": flows / bare_seconds,
             "durable": flows / durable_seconds,
@@ -388,11 +422,15 @@ def throughput(
         )
         print(f"    the store per flow, bare:    {bare_cost.line()}")
         print(f"    the store per flow, durable: {durable_cost.line()}")
+        if bare_broker is not None and durable_broker is not None:
+            print(f"    the broker per flow, bare:    {bare_broker.line()}")
+            print(f"    the broker per flow, durable: {durable_broker.line()}")
     return ratios, rows, ids
 
 
-def store_summary(costs: list[tuple[ServerCost, ServerCost]]) -> None:
-    """The medians over the rounds of what the server spent per flow, each side, and the targets."""
+def store_summary(costs: list[tuple[ServerCost, ServerCost]], what: str = "the store") -> None:
+    """The medians over the rounds of what the server spent per flow, each side, and the targets (the
+    store's: ``what`` is the broker's own server otherwise, printed without them)."""
     for label, side in (("bare", 0), ("durable", 1)):
         cpu = statistics.median(pair[side].cpu_ms for pair in costs)
         commands = statistics.median(pair[side].commands for pair in costs)
@@ -400,9 +438,10 @@ def store_summary(costs: list[tuple[ServerCost, ServerCost]]) -> None:
         aofs = [grown for pair in costs if (grown := pair[side].aof_bytes) is not None]
         aof = f"{statistics.median(aofs):,.0f} B" if aofs else "n/a"
         print(
-            f"  the store per flow, {label} (median): Valkey CPU {cpu:.3f} ms, commands {commands:.1f}, "
-            f"reads {reads:.1f}, AOF {aof}"
+            f"  {what} per flow, {label} (median): Valkey CPU {cpu:.3f} ms, commands {commands:.1f}, reads {reads:.1f}, AOF {aof}"
         )
+    if what != "the store":
+        return
     durable_cpu = statistics.median(pair[1].cpu_ms for pair in costs)
     durable_commands = statistics.median(pair[1].commands for pair in costs)
     print(
@@ -484,13 +523,22 @@ def main() -> None:
     parser.add_argument("--throughput-concurrency", type=int, default=32)
     parser.add_argument("--appendfsync", choices=("always", "everysec"), default="always", help="the Valkey's AOF fsync")
     parser.add_argument(
+        "--broker-fsync",
+        choices=("always", "everysec", "no"),
+        default=None,
+        help="Celery's broker on a private Valkey of its own with this AOF fsync (default: on the store's Valkey); "
+        "the store's figures are then durapay's records alone, the broker's printed apart",
+    )
+    parser.add_argument(
         "--limiter-rate", type=float, default=2000.0, help="the durable worker's shared gateway rate limit, calls/s (0: off)"
     )
     args = parser.parse_args()
 
-    bench = Bench(args.latency_pool, args.latency_concurrency, args.appendfsync, args.limiter_rate)
+    bench = Bench(args.latency_pool, args.latency_concurrency, args.appendfsync, args.limiter_rate, args.broker_fsync)
     print(f"gateway limiter: {f'{args.limiter_rate:g} calls/s' if args.limiter_rate > 0 else 'off'}")
     print(f"Valkey appendfsync {args.appendfsync}")
+    if args.broker_fsync:
+        print(f"the broker on a Valkey of its own, appendfsync {args.broker_fsync}")
     try:
         for gateway_ms in args.latency_gateway_ms:
             set_latency(bench.sim, gateway_ms)
@@ -514,9 +562,12 @@ def main() -> None:
         )
         before = used_memory(bench.redis)
         costs: list[tuple[ServerCost, ServerCost]] = []
-        ratios, rows, ids = throughput(bench, args.rounds, args.flows, costs)
+        broker_costs: list[tuple[ServerCost, ServerCost]] = []
+        ratios, rows, ids = throughput(bench, args.rounds, args.flows, costs, broker_costs)
         summary("throughput durable / bare", ratios, THROUGHPUT_TARGET, above=True)
         store_summary(costs)
+        if broker_costs:
+            store_summary(broker_costs, "the broker's own server")
         bare_cpu = statistics.median(row["bare_cpu"] for row in rows)
         durable_cpu = statistics.median(row["durable_cpu"] for row in rows)
         steps = 2  # init and payment (validation and settle are skipped for a frictionless card)

@@ -29,8 +29,7 @@ import httpx
 
 from bench._harness import DURABLE_WORKER, Processes, bench_settings, child_env, start_simulator, valkey, wait_until
 from durapay.service.runtime import build_runtime
-from durapay.workflows.dispatcher import Dispatcher
-from durapay.workflows.states import STOPPED
+from durapay.workflows.engine import STOPPED, Dispatcher
 
 APPROVE = "4349940199004549"
 _ids = itertools.count()

@@ -46,7 +46,7 @@ from durapay.service.receiver import NotificationReceiver
 from durapay.service.runtime import Runtime, build_runtime
 from durapay.service.server import ApiServer
 from durapay.simulator import SimulatorAdmin
-from durapay.workflows.states import FlowState
+from durapay.workflows.engine import FlowState
 
 APPROVE = "4349940199004549"
 

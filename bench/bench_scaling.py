@@ -37,8 +37,7 @@ from bench._harness import Processes, bench_settings, child_env, set_latency, st
 from bench.bench_engine import body, tree_cpu
 from durapay.config.embedded import EmbeddedValkey
 from durapay.service.runtime import build_runtime
-from durapay.workflows.dispatcher import Dispatcher
-from durapay.workflows.states import FlowState
+from durapay.workflows.engine import Dispatcher, FlowState
 from tests.workflows.integration.topology import ValkeyCluster
 
 WORKER = """

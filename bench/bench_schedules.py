@@ -64,8 +64,7 @@ import redis
 from durapay.config import load_settings
 from durapay.config.embedded import EmbeddedValkey
 from durapay.service.runtime import freeze_startup_heap
-from durapay.workflows.clock import ManualClock
-from durapay.workflows.engine import Engine
+from durapay.workflows.engine import Engine, ManualClock
 from durapay.workflows.flows import REGISTRY
 from durapay.workflows.schedules import MIT_KIND, ScheduleInput, Schedules
 from durapay.workflows.schedules import api as schedules_api
@@ -128,11 +127,14 @@ def create_all(engine: Engine, size: int) -> None:
             progress(f"created {first:,} schedules")
 
 
-def _scheduler(url: str, prefix: str, partitions: int, size: int, now: float, freeze: bool) -> None:
+def _scheduler(url: str, prefix: str, partitions: int, size: int, now: float, freeze: bool, apart: bool = False) -> None:
     """One scheduler process: tick until ``size`` flows are started (every schedule's, or with ``--fire``
-    the first ones: each tick then takes just enough rounds per partition, and stops)."""
+    the first ones: each tick then takes just enough rounds per partition, and stops). ``apart``: the
+    schedule's change, the creates and the mark sent as three scripts, as on a cluster (``--apart``)."""
     engine = _engine(url, prefix, partitions, now)
     schedules = Schedules(engine)
+    if apart:
+        schedules.store.fires_in_one = False
     schedules_api.MAX_ROUNDS = min(schedules_api.MAX_ROUNDS, math.ceil(size / partitions / schedules.batch))
     if freeze:
         freeze_startup_heap()  # as ``durapay scheduler`` does before its loop
@@ -300,7 +302,10 @@ def one_round(url: str, size: int, args: argparse.Namespace, folder: Path) -> di
     progress(f"{size:,}: firing {wanted:,}")
     context = multiprocessing.get_context("fork")
     children = [
-        context.Process(target=_scheduler, args=(url, prefix, args.partitions, wanted, DUE.timestamp(), not args.no_freeze))
+        context.Process(
+            target=_scheduler,
+            args=(url, prefix, args.partitions, wanted, DUE.timestamp(), not args.no_freeze, args.apart),
+        )
         for _ in range(args.schedulers)
     ]
     with AofWindow(client, hold=not args.aof_rewrites) as aof:
@@ -411,6 +416,12 @@ def main() -> None:
     )
     parser.add_argument(
         "--aof-rewrites", action="store_true", help="leave Valkey's automatic AOF rewrites on while timing (see AofWindow)"
+    )
+    parser.add_argument(
+        "--apart",
+        action="store_true",
+        help="the fire as three scripts apart (the schedule's change, the creates, the mark), as on a cluster and before "
+        "the fire in one script: to compare the two on the same machine in one sitting",
     )
     parser.add_argument(
         "--strict-baseline", action="store_true", help="start the baseline's flows as a merchant's (read strictly)"

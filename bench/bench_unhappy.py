@@ -30,10 +30,8 @@ import redis
 
 from bench._harness import Processes, bench_settings, start_simulator, valkey
 from durapay.gateway import GatewayClient
-from durapay.workflows.clock import ManualClock
-from durapay.workflows.engine import Engine
+from durapay.workflows.engine import CLAIMABLE, Engine, ManualClock
 from durapay.workflows.flows import REGISTRY
-from durapay.workflows.states import CLAIMABLE
 
 APPROVE, DECLINE = "4349940199004549", "4349940199997007"
 

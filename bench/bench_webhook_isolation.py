@@ -27,8 +27,7 @@ from typing import Any
 from bench._harness import Processes, bench_settings, child_env, start_simulator, valkey, wait_until
 from durapay.config.embedded import free_port
 from durapay.service.runtime import build_runtime
-from durapay.workflows.dispatcher import Dispatcher
-from durapay.workflows.states import FlowState
+from durapay.workflows.engine import Dispatcher, FlowState
 
 #: The hostile endpoints, in a process of their own (as an endpoint is elsewhere): the bench's clock and
 #: starts share no interpreter with them.

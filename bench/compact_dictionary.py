@@ -1,6 +1,6 @@
-"""Regenerate the compression dictionary of packed flows (``workflows/compact_v1.zdict``).
+"""Regenerate the compression dictionary of packed flows (``workflows/engine/compact_v1.zdict``).
 
-A finished flow's packed value (``workflows/compact.py``) is a small JSON document: most of it is the
+A finished flow's packed value (``workflows/engine/compact.py``) is a small JSON document: most of it is the
 same keys and structures in every flow of a kind (gateway answers, log entries). zlib compresses such
 small documents far better with a preset dictionary holding those common parts. This script runs a
 few flows of the usual kinds against the simulator (in-process, on a private Valkey), packs them and
@@ -27,10 +27,8 @@ import redis
 from durapay.config import load_settings
 from durapay.config.embedded import EmbeddedValkey
 from durapay.simulator import SimulatorConfig, SimulatorServer
-from durapay.workflows.compact import pack_json
-from durapay.workflows.engine import Engine
+from durapay.workflows.engine import STOPPED, Engine, pack_json
 from durapay.workflows.flows import REGISTRY
-from durapay.workflows.states import STOPPED
 
 ROOT = Path(__file__).resolve().parents[1]
 _ids = itertools.count()
@@ -59,7 +57,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--version", type=int, required=True)
     args = parser.parse_args()
-    target = ROOT / "workflows" / f"compact_v{args.version}.zdict"
+    target = ROOT / "workflows" / f"engine/compact_v{args.version}.zdict"
     if target.exists():
         raise SystemExit(f"{target.name} exists: a released dictionary never changes; write a new version")
     parts: list[bytes] = []

@@ -16,6 +16,14 @@ flow finished by itself.
 
 ``--outage-seconds`` below ``--bound`` shows the other half: with ``--bound 30`` and a 60 s outage,
 flows end ``failed`` (or ``needs_attention`` where money may have moved) with the reason.
+
+``--terminals 2`` is issue 40's first acceptance point: two terminals on one simulator, which checks each
+terminal's key (``default`` and ``it``); the flows alternate between them, and the outage is ``it``'s only
+(its fault rules name the terminal). The same run is made twice, first with no outage, then with it, and
+what is printed is per terminal: the healthy terminal's p95 (and p50) from start to end in both runs and
+their ratio (must be at most 1.2), its flows deferred or held by a gate (must be 0) and attempts used; the
+outage terminal's states (the outage rules: none failed below the bound); orders charged twice (0), and
+the keys checked (every order made with its flow's terminal's key, no call refused as another's).
 """
 
 from __future__ import annotations
@@ -29,11 +37,12 @@ from collections import Counter
 from typing import Any
 
 import httpx
+from pydantic import SecretStr
 
 from bench._harness import DURABLE_WORKER, Processes, bench_settings, child_env, start_simulator, valkey, wait_until
+from durapay.config.settings import TerminalSettings
 from durapay.service.runtime import build_runtime
-from durapay.workflows.dispatcher import Dispatcher
-from durapay.workflows.states import STOPPED, FlowState
+from durapay.workflows.engine import STOPPED, Dispatcher, FlowState
 
 APPROVE = "4349940199004549"
 _ids = itertools.count()
@@ -56,12 +65,49 @@ def faults(root: str, body: dict[str, Any] | None) -> None:
         httpx.post(root + "/_sim/faults", json=body, timeout=5).raise_for_status()
 
 
-def run(flows: int, outage: float, workers: int, bound: float | None) -> dict[str, Any]:
+def run_terminals(flows: int, outage: float, workers: int, bound: float | None) -> dict[str, Any]:
+    """Two terminals, the same flows twice: with no outage, then with ``it``'s; the ratios of the two runs."""
+    calm = run(flows, outage, workers, bound, terminals=True, faulty=False)  # the same timeline, no fault
+    stormy = run(flows, outage, workers, bound, terminals=True)
+    healthy, calm_healthy = stormy["terminals"]["default"], calm["terminals"]["default"]
+    return {
+        "flows": flows,
+        "outage_seconds": stormy["outage_seconds"],
+        "healthy_p95_ratio": round(healthy["p95_seconds"] / max(calm_healthy["p95_seconds"], 1e-6), 3),
+        "healthy_p50_ratio": round(healthy["p50_seconds"] / max(calm_healthy["p50_seconds"], 1e-6), 3),
+        "without_outage": calm,
+        "with_outage": stormy,
+    }
+
+
+#: Log entries of a flow kept by a gate (a breaker, a 429 hold or a far slot, Redis before a call).
+GATED = ("gateway unavailable", "gateway rate limit", "Redis unreachable before")
+IT_KEY = "bench-key-of-terminal-it"
+
+
+def quantile(values: list[float], share: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(share * len(ordered)))] if ordered else 0.0
+
+
+def run(
+    flows: int, outage: float, workers: int, bound: float | None, *, terminals: bool = False, faulty: bool = True
+) -> dict[str, Any]:
     procs = Processes()
     server = valkey()
     try:
-        sim = start_simulator(procs)
+        sim = start_simulator(procs, terminal_keys={IT_KEY: "it"} if terminals else None)
         settings = bench_settings(sim, server.url, prefix="outage")
+        if terminals:
+            settings = settings.model_copy(update={"terminals": {"it": TerminalSettings(api_key=SecretStr(IT_KEY))}})
+        # Alternate terminals (with two), the outage only it's; with one, every flow on default.
+        scope = {"terminal": "it"} if terminals else {}
+
+        def begin(n: int) -> str:
+            if not terminals:
+                return str(engine.start(*flow_input(n)).id)
+            return str(engine.start(*flow_input(n // 2), terminal=("default", "it")[n % 2]).id)
+
         env = child_env(settings)
         if bound is not None:
             env["DURAPAY_GATEWAY_HEALTH__OUTAGE_SECONDS"] = str(bound)
@@ -72,23 +118,40 @@ def run(flows: int, outage: float, workers: int, bound: float | None) -> dict[st
         dispatcher = Dispatcher(engine, interval=0.2)
         dispatcher.start()
         try:
+            if terminals:
+                # Warm up first (not counted): the workers' boot would otherwise be in the first flows' times.
+                warm = [begin(n) for n in range(-8, 0)]
+                wait_until(lambda: all(engine.get(f).state in STOPPED for f in warm), timeout=120, what="the warm-up flows")
             half = flows // 2
-            ids = [engine.start(*flow_input(n)).id for n in range(half)]
+            ids = [begin(n) for n in range(half)]
             began = time.monotonic()
-            faults(sim, {"mode": "error", "status": 503})
-            starter = threading.Thread(
-                target=lambda: ids.extend(engine.start(*flow_input(n)).id for n in range(half, flows)), daemon=True
-            )
+            if faulty:
+                faults(sim, {"mode": "error", "status": 503, **scope})
+            # With two terminals the second half is spread over the outage (a steady trickle, the same in the
+            # run without it); with one, started at once as issue 28's run did.
+            pace = outage / max(1, flows - half) if terminals else 0.0
+
+            def later() -> None:
+                for n in range(half, flows):
+                    ids.append(begin(n))
+                    if pace:
+                        time.sleep(pace)  # the bench's own pacing of starts, not a wait on a condition
+
+            starter = threading.Thread(target=later, daemon=True)
             starter.start()
             time.sleep(outage / 2)
-            faults(sim, {"mode": "hang", "seconds": settings.gateway.timeout + 5})
+            if faulty:
+                faults(sim, {"mode": "hang", "seconds": settings.gateway.timeout + 5, **scope})
             time.sleep(outage / 2)
             faults(sim, None)
             ended = time.monotonic()
             starter.join()
             wait_until(lambda: all(engine.get(f).state in STOPPED for f in ids), timeout=1800, what="every flow to stop")
             drained = time.monotonic() - ended
-            return report(engine, sim, ids, ended - began, drained)
+            result = report(engine, sim, ids, ended - began, drained)
+            if terminals:
+                result["terminals"] = per_terminal(engine, sim, ids)
+            return result
         finally:
             dispatcher.stop()
             runtime.close()
@@ -124,15 +187,44 @@ def report(engine: Any, sim: str, ids: list[str], outage: float, drained: float)
     }
 
 
+def per_terminal(engine: Any, sim: str, ids: list[str]) -> dict[str, Any]:
+    """Per terminal: states, p50/p95 from start to end, flows kept by a gate, attempts used; the keys checked."""
+    records = [engine.get(f) for f in ids]
+    operations = httpx.get(sim + "/_sim/operations", timeout=30).json()["operations"]
+    made_by = {op["orderId"]: op.get("terminal", "default") for op in operations}
+    shown: dict[str, Any] = {}
+    for name in ("default", "it"):
+        mine = [r for r in records if r.terminal == name]
+        histories = [engine.history(r.id) for r in mine]
+        took = [r.updated - r.created for r in mine if r.state is FlowState.SUCCEEDED]
+        shown[name] = {
+            "flows": len(mine),
+            "states": {str(state): n for state, n in Counter(r.state for r in mine).items()},
+            "p50_seconds": round(quantile(took, 0.5), 3),
+            "p95_seconds": round(quantile(took, 0.95), 3),
+            "kept_by_a_gate": sum(any(g in (e.get("what") or "") for g in GATED for e in h) for h in histories),
+            "attempts_used": sum(sum("will be retried" in (e.get("what") or "") for e in h) for h in histories),
+            "gate": engine.terminals.gate(name).status().counters,
+        }
+    wrong = sum(1 for r in records if r.order_id in made_by and made_by[r.order_id] != r.terminal)
+    shown["orders_made_with_another_terminals_key"] = wrong
+    shown["orders_checked"] = sum(1 for r in records if r.order_id in made_by)
+    return shown
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--flows", type=int, default=500)
     parser.add_argument("--outage-seconds", type=float, default=150.0)
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--bound", type=float, default=None, help="DURAPAY_GATEWAY_HEALTH__OUTAGE_SECONDS (default 3600)")
+    parser.add_argument("--terminals", type=int, choices=(1, 2), default=1, help="2: issue 40's run (see above)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
-    result = run(args.flows, args.outage_seconds, args.workers, args.bound)
+    if args.terminals == 2:
+        result = run_terminals(args.flows, args.outage_seconds, args.workers, args.bound)
+    else:
+        result = run(args.flows, args.outage_seconds, args.workers, args.bound)
     print(json.dumps(result, indent=None if args.json else 2))
 
 

@@ -44,9 +44,8 @@ from typing import Any
 from bench._webhook_receiver import WebhookReceiver
 from durapay.config import load_settings
 from durapay.service.chaos.stack import ChaosStack
-from durapay.workflows.engine import Engine
+from durapay.workflows.engine import TERMINAL, Engine, FlowState
 from durapay.workflows.schedules import Schedules
-from durapay.workflows.states import TERMINAL, FlowState
 
 APPROVE = "4349940199004549"
 #: Families bounded by a count, not by time: name -> the bound (they may stay above the baseline, within it).

@@ -42,8 +42,7 @@ from durapay.config.embedded import EmbeddedValkey
 from durapay.service.processes import settings_env
 from durapay.service.runtime import build_runtime
 from durapay.simulator import SimulatorConfig, SimulatorServer
-from durapay.workflows.dispatcher import Dispatcher
-from durapay.workflows.states import STOPPED
+from durapay.workflows.engine import STOPPED, Dispatcher
 
 ROOT = Path(__file__).resolve().parents[1]
 APPROVE = "4349940199004549"

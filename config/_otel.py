@@ -13,7 +13,7 @@ Two processor-level rules hold for every span, whoever made it:
   validation error may quote an input); the attributes durapay writes are names, ids and states only.
 
 Log lines made while a span or a flow is current end with `` [trace=<trace id> flow=<flow id>]``: a
-record factory, like the card masking's (``workflows.sensitive``), so it holds whatever handler or format
+record factory, like the card masking's (``workflows.engine.sensitive``), so it holds whatever handler or format
 Celery, uvicorn or the deployment installs.
 """
 
@@ -187,7 +187,7 @@ class OtelTracing(Tracing):
 
 
 class MaskingExporter(SpanExporter):
-    """Exports each span with its text attributes passed through ``mask`` (``workflows.sensitive.mask_text``,
+    """Exports each span with its text attributes passed through ``mask`` (``workflows.engine.sensitive.mask_text``,
     the one home of what a card number looks like, handed in by the runtime). durapay's own attributes hold
     none; this is for what others record as they got it: a request's path and query in FastAPI's server
     span (an operator who typed a card number into a search), a URL in httpx's."""
@@ -279,7 +279,7 @@ def install_log_ids() -> None:
         return record
 
     naming.names_traces = True  # type: ignore[attr-defined]
-    # What the factory it wraps says of itself holds through it: the card masking (``workflows.sensitive``)
+    # What the factory it wraps says of itself holds through it: the card masking (``workflows.engine.sensitive``)
     # knows it is installed by that mark on the outermost factory. Hidden, it was installed again over
     # this one, and masked a second time text whose identifiers the first had kept whole.
     naming.masks_card_numbers = getattr(previous, "masks_card_numbers", False)  # type: ignore[attr-defined]

@@ -10,7 +10,8 @@
 
 Two queues: :data:`QUEUE` carries the flows' steps (and bulk runners), :data:`WEBHOOK_QUEUE` the webhook
 deliveries, so that deliveries run on workers of their own (``durapay worker --webhooks``) and no endpoint,
-however slow or many, holds a thread a payment step needs. Both are declared, so a worker started without
+however slow or many, holds a thread a payment step needs. With fairness on (``workflows.engine.fairness``) the
+steps go to its queues instead, declared here too (``step_queues``). All are declared, so a worker started without
 ``--queues`` (the test harness's, in-process) consumes both; ``durapay worker`` names its one.
 
 Delays are never Celery ETAs/countdowns (Redis redelivers long ETA tasks after the visibility timeout and
@@ -28,6 +29,7 @@ worker died at the second or third failover; tests/workflows/integration/test_se
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 from urllib.parse import quote, urlsplit
 
@@ -143,8 +145,9 @@ def kombu_broker(broker_url: str) -> tuple[str, dict[str, Any]]:
     return url, {"master_name": target.master}
 
 
-def make_celery(settings: Settings, broker_url: str) -> Celery:
-    """A Celery app on ``broker_url`` (the configured broker, else the Redis in use)."""
+def make_celery(settings: Settings, broker_url: str, *, step_queues: Sequence[str] = ()) -> Celery:
+    """A Celery app on ``broker_url`` (the configured broker, else the Redis in use). ``step_queues``: the
+    fairness queues (``workflows.engine.fairness``), declared beside the two, so that a worker consumes them."""
     broker, options = kombu_broker(broker_url)
     app = Celery("durapay", broker=broker, set_as_current=False, amqp=_AMQP)
     visibility = max(3600, int(settings.engine.lease_seconds * 3))
@@ -162,7 +165,7 @@ def make_celery(settings: Settings, broker_url: str) -> Celery:
         task_store_errors_even_if_ignored=False,
         task_default_queue=QUEUE,
         # As Celery declares its default queue (an exchange of its name, routed by its name).
-        task_queues=[Queue(name, Exchange(name), routing_key=name) for name in (QUEUE, WEBHOOK_QUEUE)],  # type: ignore[no-untyped-call]
+        task_queues=[Queue(name, Exchange(name), routing_key=name) for name in (QUEUE, WEBHOOK_QUEUE, *step_queues)],  # type: ignore[no-untyped-call]
         broker_transport=f"{__name__}:{transport.__name__}" if transport else None,
         broker_connection_retry=True,
         broker_connection_retry_on_startup=True,

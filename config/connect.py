@@ -56,7 +56,7 @@ LOST_NODE = (redis.ConnectionError, redis.TimeoutError, ClusterDownError, SlotNo
 def resendable(args: Sequence[Any], safe: Collection[Any]) -> bool:
     """Whether the command ``args`` may be sent again after its connection was lost, when it may have run
     (its answer lost with the connection): a read, or a script whose SHA is in ``safe``, the scripts
-    declared resend-safe (``workflows.scripts.RESEND_SAFE``: a second run after a lost answer changes
+    declared resend-safe (``workflows.engine.scripts.RESEND_SAFE``: a second run after a lost answer changes
     nothing and answers as the first did). Any other script, and a bare write (``XADD``, ``INCR``...),
     is not resent: its caller's own recovery applies (a step's lease, a tick that comes again, the
     merchant's retry), since a second run would count, keep or log twice."""
@@ -69,7 +69,7 @@ def resendable(args: Sequence[Any], safe: Collection[Any]) -> bool:
 
 def resend_safe(client: Any) -> set[str]:
     """The SHAs of the scripts ``client`` may send again after a lost connection (filled by
-    ``workflows.scripts.register``; empty: no script is resent)."""
+    ``workflows.engine.scripts.register``; empty: no script is resent)."""
     safe: set[str] | None = getattr(client, "resend_safe_scripts", None)
     if safe is None:
         safe = set()
@@ -147,7 +147,7 @@ def _unreachable(exc: RedisClusterException) -> Exception:
 class _ClusterPipeline(ClusterPipeline):
     """A cluster pipeline that takes scripts (routed by their first key) and says a lost cluster is a
     ConnectionError. A node that lost its scripts (restarted, promoted) answers NOSCRIPT: the store's
-    pipelines load them and run those calls again (``workflows/scripts.py``)."""
+    pipelines load them and run those calls again (``workflows/engine/scripts.py``)."""
 
     #: Set while a script not declared resend-safe is queued: the pipeline is then sent once.
     _once = False
@@ -171,7 +171,7 @@ class _ClusterPipeline(ClusterPipeline):
 
     def evalsha(self, sha: str, numkeys: int, *keys_and_args: Any) -> Any:
         """Queue a script: redis-py refuses ``EVALSHA`` in a cluster pipeline because it cannot route a
-        script whose keys span slots; every durapay script keeps its keys in one slot (``workflows.keys``),
+        script whose keys span slots; every durapay script keeps its keys in one slot (``workflows.engine.keys``),
         so it is routed by its first key like any other command (a script with keys in two slots is
         refused by the server with ``CROSSSLOT``)."""
         if not resendable(("EVALSHA", sha), resend_safe(self)):

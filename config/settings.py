@@ -169,7 +169,7 @@ class GatewaySettings(_Group):
 
 
 class GatewayHealthSettings(_Group):
-    """The gateway's health shared by every worker (``workflows.gate``): a circuit breaker that stops calls
+    """The gateway's health shared by every worker (``workflows.engine.gate``): a circuit breaker that stops calls
     after ``failures`` timeouts, 5xx or connection errors in a row within ``window_seconds``, and a rate
     limiter every worker draws from (with the hold of a 429's Retry-After)."""
 
@@ -192,6 +192,81 @@ class GatewayHealthSettings(_Group):
         le=30 * 86400,
         description="A flow that met the breaker open this long ends failed (needs_attention if money may have moved).",
     )
+
+
+#: The terminal every flow runs on unless its start names another: the gateway of ``DURAPAY_GATEWAY__*``,
+#: under the gate of ``DURAPAY_GATEWAY_HEALTH__*`` (every deployment before terminals had only it).
+DEFAULT_TERMINAL = "default"
+#: A terminal's name: short (it is written on the record of every flow of it, and in its gate's key).
+TERMINAL_NAME = re.compile(r"^[a-z0-9][a-z0-9_-]{0,31}$")
+#: Most terminals one deployment declares (each has its own gate, client and connection pool).
+MAX_TERMINALS = 64
+
+
+class TerminalSettings(_Group):
+    """One gateway terminal of ``DURAPAY_TERMINALS`` (docs/configuration.md, Terminals): its own key (and
+    base URL), its own gate (breaker, limiter, 429 hold) with its own rate and outage bound; the gateway's
+    timeouts, plugin name and order id limit are the ones of ``DURAPAY_GATEWAY__*``, and the breaker's
+    thresholds those of ``DURAPAY_GATEWAY_HEALTH__*`` (one gateway, however many terminals)."""
+
+    base_url: str = Field(default="", description="Gateway base URL for this terminal; empty: DURAPAY_GATEWAY__BASE_URL.")
+    api_key: SecretStr = Field(description="This terminal's X-Api-Key (a secret).")
+    rate_per_second: float | None = Field(
+        default=None,
+        gt=0,
+        le=100000,
+        description="This terminal's gateway calls per second; none: DURAPAY_GATEWAY_HEALTH__RATE_PER_SECOND.",
+    )
+    burst: int | None = Field(
+        default=None, ge=1, le=100000, description="This terminal's burst; none: DURAPAY_GATEWAY_HEALTH__BURST."
+    )
+    outage_seconds: float | None = Field(
+        default=None,
+        ge=10,
+        le=30 * 86400,
+        description="This terminal's outage bound; none: DURAPAY_GATEWAY_HEALTH__OUTAGE_SECONDS.",
+    )
+
+    _url = field_validator("base_url")(_check_url)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _known_fields(cls, data: Any) -> Any:
+        """A misspelt field (``api_kee``) is refused naming the field it most likely meant: ignored, the
+        terminal would run on another key or without its own rate (pydantic's own refusal names neither)."""
+        if isinstance(data, Mapping):
+            known = list(cls.model_fields)
+            for name in data:
+                if name not in known:
+                    guess = difflib.get_close_matches(str(name), known, n=1, cutoff=0.6)
+                    hint = f"; did you mean {guess[0]}?" if guess else ""
+                    raise ValueError(f"{name!r} is not a terminal field{hint} (fields: {', '.join(known)})")
+            if "api_key" not in data:
+                raise ValueError("api_key is required (each terminal has its own key)")
+        return data
+
+    @field_validator("api_key")
+    @classmethod
+    def _key(cls, value: SecretStr) -> SecretStr:
+        if len(value.get_secret_value()) < 4:
+            raise ValueError("api_key must have at least 4 characters")
+        return value
+
+
+def _check_terminals(value: Any) -> Any:
+    """Terminal names: refused before the fields are read, saying which name and why."""
+    if isinstance(value, Mapping):
+        if len(value) > MAX_TERMINALS:
+            raise ValueError(f"at most {MAX_TERMINALS} terminals ({len(value)} declared)")
+        for name in value:
+            if name == DEFAULT_TERMINAL:
+                raise ValueError(
+                    f"{DEFAULT_TERMINAL!r} is the terminal of DURAPAY_GATEWAY__BASE_URL and __API_KEY: set those, or "
+                    "name this terminal otherwise"
+                )
+            if not isinstance(name, str) or not TERMINAL_NAME.match(name):
+                raise ValueError(f"{name!r} is not a terminal name (lowercase letters, digits, - and _, at most 32, e.g. it-web)")
+    return value
 
 
 class ReceiverSettings(_Group):
@@ -401,7 +476,7 @@ class EngineSettings(_Group):
 
 
 class EventsSettings(_Group):
-    """Merchant events (``workflows/events.py``): written with each transition, read by the feed and webhooks."""
+    """Merchant events (``workflows/engine/events.py``): written with each transition, read by the feed and webhooks."""
 
     enabled: bool = Field(default=True, description="Write merchant events with each transition.")
     retention: EventsDuration = Field(
@@ -413,7 +488,7 @@ class EventsSettings(_Group):
     _older = _days_to_duration("retention", 10, 90 * DAY)
 
 
-#: A card key's id: short, no dot (it separates the sealed form's parts, ``workflows.cards``).
+#: A card key's id: short, no dot (it separates the sealed form's parts, ``workflows.engine.cards``).
 CARD_KEY_ID = re.compile(r"^[A-Za-z0-9_-]{1,32}$")
 CARD_KEY_BYTES = 32
 
@@ -434,7 +509,7 @@ def parse_card_key(text: str) -> tuple[str, bytes]:
 
 
 class CardSettings(_Group):
-    """Card data at rest (``workflows.cards``): the keys it is sealed with before it is written to Redis."""
+    """Card data at rest (``workflows.engine.cards``): the keys it is sealed with before it is written to Redis."""
 
     keys: list[SecretStr] = Field(
         default_factory=list,
@@ -568,6 +643,88 @@ class FlowsSettings(_Group):
         return [part.strip() for part in self.modules.split(",") if part.strip()]
 
 
+#: A fairness key as the settings name it: a terminal, or ``terminal/tenant`` (``workflows.engine.fairness``).
+FAIR_KEY = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}(/[A-Za-z0-9][A-Za-z0-9._-]{0,63})?$")
+#: The most fairness queues: every step worker's BRPOP names each of them (four times: kombu's priority steps).
+MAX_FAIR_QUEUES = 128
+
+
+class FairnessSettings(_Group):
+    """Fairness between terminals and tenants (``workflows.engine.fairness``, docs/operations.md): each key's steps
+    on queues of their own, taken in turn by the workers."""
+
+    enabled: bool = Field(
+        default=False,
+        description="Send each fairness key's steps (terminal, or terminal/tenant) to queues of their own, which the "
+        "workers take from in turn; off: one queue, first in first out.",
+    )
+    weights: dict[str, int] = Field(
+        default_factory=dict,
+        description='Keys with queues of their own and their weight, JSON ({"default/acme": 3, "eu": 2}): a key of '
+        "weight w gets w turns per round; any other key shares one of SHARED_QUEUES buckets.",
+    )
+    default_weight: int = Field(
+        default=1, ge=1, le=8, description="Queues of each shared bucket (the weight of a key not named)."
+    )
+    shared_queues: int = Field(
+        default=16,
+        ge=1,
+        le=64,
+        description="Buckets the keys not named in WEIGHTS fold into (a stable hash of the key): keys in one bucket "
+        "share its turns.",
+    )
+
+    caps: dict[str, int] = Field(
+        default_factory=dict,
+        description='Steps of a key that may run (or be sent) at once, JSON ({"default/bulk": 6}); a step over its key\'s '
+        "cap is held back until one of that key's ends (1 to 10000; a key not named has no cap).",
+    )
+    max_held: int = Field(
+        default=10_000,
+        ge=1,
+        le=1_000_000,
+        description="Flows a capped key may have held back in its list; beyond, a flow is left on the due set for HOLD_SECONDS.",
+    )
+    hold_seconds: float = Field(
+        default=300.0,
+        ge=1,
+        le=3600,
+        description="How far a held flow's due entry is moved: the bound on its wait should no release come (a lost worker).",
+    )
+
+    @field_validator("caps")
+    @classmethod
+    def _caps(cls, value: dict[str, int]) -> dict[str, int]:
+        for key, cap in value.items():
+            if not FAIR_KEY.match(key):
+                raise ValueError(f"{key!r} is not a fairness key (a terminal, or terminal/tenant)")
+            if not 1 <= cap <= 10_000:
+                raise ValueError(f"{key!r}: a cap is 1 to 10000 (it is {cap})")
+        return value
+
+    @field_validator("weights")
+    @classmethod
+    def _keys(cls, value: dict[str, int]) -> dict[str, int]:
+        for key, weight in value.items():
+            if not FAIR_KEY.match(key):
+                raise ValueError(
+                    f"{key!r} is not a fairness key (a terminal, or terminal/tenant: letters, digits, '.', '_', '-')"
+                )
+            if not 1 <= weight <= 16:
+                raise ValueError(f"{key!r}: a weight is 1 to 16 (it is {weight})")
+        return value
+
+    @model_validator(mode="after")
+    def _bounded(self) -> FairnessSettings:
+        total = sum(self.weights.values()) + self.shared_queues * self.default_weight
+        if total > MAX_FAIR_QUEUES:
+            raise ValueError(
+                f"{total} fairness queues (the weights' sum plus SHARED_QUEUES x DEFAULT_WEIGHT): at most {MAX_FAIR_QUEUES}, "
+                "as every worker polls each of them"
+            )
+        return self
+
+
 class BulkSettings(_Group):
     """Bulk retries and cancels (``workflows.bulk``): how fast, how many, how long their records are kept."""
 
@@ -628,6 +785,30 @@ class Settings(BaseSettings):
     bulk: BulkSettings = BulkSettings()
     card: CardSettings = CardSettings()
     flows: FlowsSettings = FlowsSettings()
+    fairness: FairnessSettings = FairnessSettings()
+    #: Gateway terminals besides ``default`` (docs/configuration.md, Terminals), JSON: ``{"it": {"api_key": ...}}``.
+    terminals: Annotated[dict[str, TerminalSettings], BeforeValidator(_check_terminals)] = Field(
+        default_factory=dict,
+        description="Gateway terminals besides default, JSON: {name: {api_key, base_url, rate_per_second, burst, "
+        "outage_seconds}}.",
+    )
+
+    @property
+    def terminal_names(self) -> list[str]:
+        """Every terminal flows may run on: ``default`` first, then the declared ones."""
+        return [DEFAULT_TERMINAL, *self.terminals]
+
+    @model_validator(mode="after")
+    def _runs_above_tries(self) -> Settings:
+        """A step retried ``retry.max_attempts`` times is claimed that many times without moving on: at or above
+        ``engine.max_step_runs`` the loop bound would stop the flow for a person before its last try."""
+        if self.retry.max_attempts >= self.engine.max_step_runs:
+            raise ValueError(
+                f"retry.max_attempts ({self.retry.max_attempts}) must be below engine.max_step_runs "
+                f"({self.engine.max_step_runs}): each try is a claim of the step, and the flow stops for a person at "
+                "max_step_runs claims (raise DURAPAY_ENGINE__MAX_STEP_RUNS or lower DURAPAY_RETRY__MAX_ATTEMPTS)"
+            )
+        return self
 
     @field_validator("redis_url", "broker_url")
     @classmethod
@@ -664,7 +845,7 @@ TOOL_VARIABLES = frozenset(
         "DURAPAY_WAIT_MODEL_STEPS",
         "DURAPAY_SHARED_MODEL_EXAMPLES",  # tests/workflows/test_flow_model_shared.py
         "DURAPAY_SHARED_MODEL_STEPS",
-        "DURAPAY_PROPERTY_EXAMPLES",  # tests/workflows/test_store_properties.py
+        "DURAPAY_PROPERTY_EXAMPLES",  # tests/workflows/engine/test_store_properties.py
         "DURAPAY_SPEC_FILE",  # tests/gateway/test_catalogue.py: the gateway's interface description
         "DURAPAY_CHAOS_FSYNC_LOG",  # durapay chaos: the fsync log its Valkey's preload writes (service/chaos/aof.py)
     }
@@ -698,6 +879,9 @@ def check_variables(environ: Mapping[str, str]) -> None:
             continue
         rest = upper.removeprefix(ENV_PREFIX)
         top, nested, _ = rest.partition(ENV_NESTED_DELIMITER)
+        if top == "TERMINALS" and nested:
+            _check_terminal_variable(variable, rest)
+            continue
         field = Settings.model_fields.get(top.lower())
         group = field is not None and isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel)
         if field is not None and (group or not nested):
@@ -711,6 +895,22 @@ def check_variables(environ: Mapping[str, str]) -> None:
             else f" (docs/configuration.md lists them; a variable of your own needs a prefix other than {ENV_PREFIX})"
         )
         raise SettingsError(f"{variable}: not a durapay setting{hint}")
+
+
+def _check_terminal_variable(variable: str, rest: str) -> None:
+    """``DURAPAY_TERMINALS__<NAME>__<FIELD>``: one field of one terminal (a key from a secret store, say),
+    beside or instead of the JSON form; a field that is not one is refused naming the one meant."""
+    parts = rest.split(ENV_NESTED_DELIMITER)
+    fields = [name.upper() for name in TerminalSettings.model_fields]
+    if len(parts) == 3 and parts[1] and parts[2] in fields:
+        return
+    given = parts[2] if len(parts) == 3 else ENV_NESTED_DELIMITER.join(parts[2:])
+    guess = difflib.get_close_matches(given, fields, n=1, cutoff=0.6)
+    name = parts[1] if len(parts) > 1 else "<NAME>"
+    hint = f"; did you mean {ENV_PREFIX}TERMINALS__{name}__{guess[0]}?" if guess else ""
+    raise SettingsError(
+        f"{variable}: not a terminal setting (DURAPAY_TERMINALS__<NAME>__<FIELD>, the fields: {', '.join(fields)}){hint}"
+    )
 
 
 def load_settings(overrides: Mapping[str, Any] | None = None, *, env_file: Path | None = None) -> Settings:
@@ -732,6 +932,11 @@ def load_settings(overrides: Mapping[str, Any] | None = None, *, env_file: Path 
             # The location of a role entry is its key, a secret: name the entry by its place instead.
             raise _redacted(_role_entry(loc[2], first.get("input"), message, overrides), overrides) from None
         name = _variable(loc)
+        if loc[:1] == ("terminals",) and len(loc) > 1:
+            # One JSON variable: name it, then the terminal and the field within it.
+            name = _variable(("terminals",))
+            where = ".".join(str(part) for part in loc[2:])
+            message = f"terminal {loc[1]!r}: {where + ': ' if where else ''}{message}"
         if message.startswith("__"):  # a group's check naming the variable of its own that was set (a _DAYS form)
             variable, _, message = message.partition(": ")
             name += variable

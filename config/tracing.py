@@ -23,10 +23,11 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+#: ``durapay.terminal`` of a flow whose start named no terminal (``workflows.engine.terminals``; a record off it names its own).
+from durapay.config.settings import DEFAULT_TERMINAL
+
 #: The flow record's field holding the flow's trace context (a ``traceparent``), when tracing was on at create.
 TRACE_FIELD = "trace"
-#: ``durapay.terminal`` until flows name a terminal of their own (issue 40, item 1).
-DEFAULT_TERMINAL = "default"
 #: The instrumentations' switches that copy request headers into span attributes: refused (see from_environ).
 CAPTURED_HEADERS = (
     "OTEL_INSTRUMENTATION_HTTP_CAPTURE_HEADERS_CLIENT_REQUEST",
@@ -137,7 +138,7 @@ def from_environ(environ: Mapping[str, str], *, service: str = "durapay", mask: 
     ``SettingsError`` (before anything starts) when traces are asked for and cannot be made: an unknown
     exporter, request headers asked to be captured (:data:`CAPTURED_HEADERS`), or the ``otel`` extra not
     installed. ``mask``: what every text attribute passes through before it is exported (the runtime gives
-    ``workflows.sensitive.mask_text``: a card number a request's URL carried is masked in its server span)."""
+    ``workflows.engine.sensitive.mask_text``: a card number a request's URL carried is masked in its server span)."""
     if not configured(environ):
         return OFF
     from durapay.config.settings import SettingsError

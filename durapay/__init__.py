@@ -29,13 +29,22 @@ if TYPE_CHECKING:
     from durapay.client import ApiError, AsyncClient, Client, Retries
     from durapay.config.settings import GatewaySettings, Settings, SettingsError, load_settings
     from durapay.service.runtime import NoFlowStore, connect
-    from durapay.workflows.durability import EarlyWaitaof, NotDurable
-    from durapay.workflows.engine import Engine, InputError, NotFound, OrderIdTaken
-    from durapay.workflows.errors import OperatorError
+    from durapay.workflows.engine import (
+        STOPPED,
+        TERMINAL,
+        EarlyWaitaof,
+        Engine,
+        FlowRecord,
+        FlowState,
+        InputError,
+        NotDurable,
+        NotFound,
+        OperatorError,
+        OrderIdTaken,
+        StartConflict,
+    )
     from durapay.workflows.listing import BadCursor
     from durapay.workflows.schedules import Schedules
-    from durapay.workflows.states import STOPPED, TERMINAL, FlowState
-    from durapay.workflows.store import FlowRecord, StartConflict
     from durapay.workflows.webhooks.signing import WebhookVerificationError
     from durapay.workflows.webhooks.signing import verify as verify_webhook
 
@@ -53,20 +62,20 @@ _HOMES = {
     "load_settings": "durapay.config.settings",
     "connect": "durapay.service.runtime",
     "NoFlowStore": "durapay.service.runtime",
-    "EarlyWaitaof": "durapay.workflows.durability",
-    "NotDurable": "durapay.workflows.durability",
-    "Engine": "durapay.workflows.engine",
-    "InputError": "durapay.workflows.engine",
-    "NotFound": "durapay.workflows.engine",
-    "OrderIdTaken": "durapay.workflows.engine",
-    "OperatorError": "durapay.workflows.errors",
+    "EarlyWaitaof": "durapay.workflows.engine.durability",
+    "NotDurable": "durapay.workflows.engine.durability",
+    "Engine": "durapay.workflows.engine.api",
+    "InputError": "durapay.workflows.engine.api",
+    "NotFound": "durapay.workflows.engine.api",
+    "OrderIdTaken": "durapay.workflows.engine.api",
+    "OperatorError": "durapay.workflows.engine.errors",
     "BadCursor": "durapay.workflows.listing",
     "Schedules": "durapay.workflows.schedules",
-    "STOPPED": "durapay.workflows.states",
-    "TERMINAL": "durapay.workflows.states",
-    "FlowState": "durapay.workflows.states",
-    "FlowRecord": "durapay.workflows.store",
-    "StartConflict": "durapay.workflows.store",
+    "STOPPED": "durapay.workflows.engine.states",
+    "TERMINAL": "durapay.workflows.engine.states",
+    "FlowState": "durapay.workflows.engine.states",
+    "FlowRecord": "durapay.workflows.engine.store",
+    "StartConflict": "durapay.workflows.engine.store",
     "WebhookVerificationError": "durapay.workflows.webhooks.signing",
     "verify_webhook": "durapay.workflows.webhooks.signing:verify",
 }

@@ -40,7 +40,7 @@ from durapay.service.schemas import (
     TestAnswer,
     WebhookDueNow,
 )
-from durapay.workflows.states import STOPPED, FlowState
+from durapay.workflows.engine import STOPPED, FlowState
 
 T = TypeVar("T")
 Y = TypeVar("Y")
@@ -139,9 +139,18 @@ class AsyncClient:
     # -- flows (see Client) ---------------------------------------------------------------------
 
     async def start(
-        self, kind: str, input: Body, *, key: str | None = None, run_at: When | None = None, wait: float | None = None
+        self,
+        kind: str,
+        input: Body,
+        *,
+        key: str | None = None,
+        run_at: When | None = None,
+        wait: float | None = None,
+        terminal: str | None = None,
+        tenant: str | None = None,
     ) -> FlowView:
-        return await self._run(calls.start(kind, input, key=key, run_at=run_at, wait=self.start_wait if wait is None else wait))
+        wait = self.start_wait if wait is None else wait
+        return await self._run(calls.start(kind, input, key=key, run_at=run_at, wait=wait, terminal=terminal, tenant=tenant))
 
     async def get(self, flow_id: str) -> FlowView:
         return await self._run(calls.get(flow_id))
@@ -157,13 +166,20 @@ class AsyncClient:
         since: When | None = None,
         limit: int = 50,
         after: str | None = None,
+        terminal: str | None = None,
     ) -> FlowList:
-        return await self._run(calls.list_flows(state=state, kind=kind, since=since, limit=limit, after=after))
+        return await self._run(calls.list_flows(state=state, kind=kind, since=since, limit=limit, after=after, terminal=terminal))
 
     def iter_flows(
-        self, *, state: FlowState | str | None = None, kind: str | None = None, since: When | None = None, page: int = 100
+        self,
+        *,
+        state: FlowState | str | None = None,
+        kind: str | None = None,
+        since: When | None = None,
+        page: int = 100,
+        terminal: str | None = None,
     ) -> AsyncIterator[FlowBrief]:
-        first = calls.list_flows(state=state, kind=kind, since=since, limit=page, after=None)
+        first = calls.list_flows(state=state, kind=kind, since=since, limit=page, after=None, terminal=terminal)
         return self._stream(calls.every_flow(first))
 
     async def history(self, flow_id: str) -> History:

@@ -47,7 +47,7 @@ from durapay.service.schemas import (
     TestAnswer,
     WebhookDueNow,
 )
-from durapay.workflows.states import STOPPED, FlowState
+from durapay.workflows.engine import STOPPED, FlowState
 
 T = TypeVar("T")
 Y = TypeVar("Y")
@@ -173,8 +173,17 @@ KEEP_LATE_PAYMENT = Route("POST", "/flows/{flow_id}/keep-late-payment", FlowView
 START_WAIT = 5.0
 
 
-def start(kind: str, data: Body, *, key: str | None, run_at: When | None, wait: float) -> Call[FlowView]:
-    params = {"run_at": run_at, "wait": wait}
+def start(
+    kind: str,
+    data: Body,
+    *,
+    key: str | None,
+    run_at: When | None,
+    wait: float,
+    terminal: str | None = None,
+    tenant: str | None = None,
+) -> Call[FlowView]:
+    params = {"run_at": run_at, "wait": wait, "terminal": terminal, "tenant": tenant}
     return START.call(path={"kind": kind}, params=params, json=body(data), key=key, hold=wait)
 
 
@@ -183,9 +192,16 @@ def get(flow_id: str) -> Call[FlowView]:
 
 
 def list_flows(
-    *, state: FlowState | str | None, kind: str | None, since: When | None, limit: int, after: str | None
+    *,
+    state: FlowState | str | None,
+    kind: str | None,
+    since: When | None,
+    limit: int,
+    after: str | None,
+    terminal: str | None = None,
 ) -> Call[FlowList]:
-    return LIST_FLOWS.call(params={"state": state, "kind": kind, "since": since, "limit": limit, "after": after})
+    params = {"state": state, "kind": kind, "since": since, "limit": limit, "after": after, "terminal": terminal}
+    return LIST_FLOWS.call(params=params)
 
 
 def history(flow_id: str) -> Call[History]:

@@ -4,7 +4,7 @@ receiver) or the CLI's shell completion no longer pays for the engine, Celery an
 
 A package lists where each of its names lives and hands the two hooks to Python::
 
-    __getattr__, __dir__ = lazy_names(__name__, {"Engine": "durapay.workflows.engine", ...})
+    __getattr__, __dir__ = lazy_names(__name__, {"Engine": "durapay.workflows.engine.api", ...})
 
 and keeps the same imports under ``if TYPE_CHECKING:`` for type checkers and readers.
 """

@@ -53,7 +53,7 @@ from durapay.service.schemas import (
     TestAnswer,
     WebhookDueNow,
 )
-from durapay.workflows.states import STOPPED, FlowState
+from durapay.workflows.engine import STOPPED, FlowState
 
 __all__ = [
     "ApiError",
@@ -199,14 +199,24 @@ class Client:
     # -- flows ----------------------------------------------------------------------------------
 
     def start(
-        self, kind: str, input: Body, *, key: str | None = None, run_at: When | None = None, wait: float | None = None
+        self,
+        kind: str,
+        input: Body,
+        *,
+        key: str | None = None,
+        run_at: When | None = None,
+        wait: float | None = None,
+        terminal: str | None = None,
+        tenant: str | None = None,
     ) -> FlowView:
         """Start a ``kind`` flow. ``key`` (the ``Idempotency-Key``): the same key and input give the same
         flow, so a start with a key is retried after a lost answer, one without never is. ``run_at``: a
         future time (POSIX seconds, an aware datetime, ``in 2h``); ``wait``: seconds the API waits for the
         customer URL (hosted page, link; the client's ``start_wait`` when not given), added to the read
-        timeout."""
-        return self._run(calls.start(kind, input, key=key, run_at=run_at, wait=self.start_wait if wait is None else wait))
+        timeout. ``tenant``: the merchant a platform starts the flow for (its fairness key with the
+        terminal, docs/operations.md)."""
+        wait = self.start_wait if wait is None else wait
+        return self._run(calls.start(kind, input, key=key, run_at=run_at, wait=wait, terminal=terminal, tenant=tenant))
 
     def get(self, flow_id: str) -> FlowView:
         return self._run(calls.get(flow_id))
@@ -224,15 +234,22 @@ class Client:
         since: When | None = None,
         limit: int = 50,
         after: str | None = None,
+        terminal: str | None = None,
     ) -> FlowList:
         """One page, newest first; its ``next`` is the ``after`` of the following page (None: the last)."""
-        return self._run(calls.list_flows(state=state, kind=kind, since=since, limit=limit, after=after))
+        return self._run(calls.list_flows(state=state, kind=kind, since=since, limit=limit, after=after, terminal=terminal))
 
     def iter_flows(
-        self, *, state: FlowState | str | None = None, kind: str | None = None, since: When | None = None, page: int = 100
+        self,
+        *,
+        state: FlowState | str | None = None,
+        kind: str | None = None,
+        since: When | None = None,
+        page: int = 100,
+        terminal: str | None = None,
     ) -> Iterator[FlowBrief]:
         """Every flow, page after page by the cursor: flows started meanwhile neither repeat nor hide one."""
-        first = calls.list_flows(state=state, kind=kind, since=since, limit=page, after=None)
+        first = calls.list_flows(state=state, kind=kind, since=since, limit=page, after=None, terminal=terminal)
         return self._stream(calls.every_flow(first))
 
     def history(self, flow_id: str) -> History:

@@ -18,11 +18,12 @@ and a merchant's (a module named in ``DURAPAY_FLOWS__MODULES``, loaded by every 
 A definition error (a step name twice, an unknown operation, a step reading an output no earlier step
 makes) raises :class:`DefinitionError` when the module is loaded, naming the flow, the step and why.
 Each definition has a :attr:`Flow.version`, a hash of what a flow in flight depends on
-(``workflows.versions``); a flow records the version it started on and runs on it.
+(``workflows.engine.versions``); a flow records the version it started on and runs on it.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -31,7 +32,7 @@ from pydantic import BaseModel
 from durapay.gateway import BY_NAME, GatewayOperation
 from durapay.tasks.outcomes import Outcome
 from durapay.tasks.runner import ReconcileResult, StepContext
-from durapay.workflows.steps import (
+from durapay.workflows.engine import (
     Call,
     CallStep,
     Condition,
@@ -46,9 +47,9 @@ from durapay.workflows.steps import (
     advance_with_answer,
     never_committed,
 )
-from durapay.workflows.steps import FlowDefinition as Flow
-from durapay.workflows.steps import StepFinal as Final
-from durapay.workflows.steps import StepRetry as Retry
+from durapay.workflows.engine import FlowDefinition as Flow
+from durapay.workflows.engine import StepFinal as Final
+from durapay.workflows.engine import StepRetry as Retry
 
 #: The most tries a merchant step may ask for (its ``retry``): every loop has a bound.
 MAX_TRIES = 100
@@ -148,7 +149,7 @@ def payment(
     ``order`` sent as the input's, with the flow's current gateway order id); AUTHORIZED or EXECUTED advances, a
     decline ends the flow failed with the ISO code, PENDING advances for a :func:`settle` step to read;
     an answer lost is read back from the order before anything is sent again. The flow's ``order_id``
-    must name the input's order (``order_id=input_order_id``)."""
+    must name the input's order (``order_id=input_order_id``): a Flow without one is refused at load."""
     from durapay.workflows.flows._adopt import adopt_order_payment
     from durapay.workflows.flows._common import order_with_current_id, payment_result
 
@@ -158,7 +159,8 @@ def payment(
             body["order"] = order_with_current_id(ctx, ctx.input.order)
         return Call(request=body)
 
-    return call(name, operation, build, result=payment_result, adopt=adopt_order_payment, when=when, reads=reads)
+    made = call(name, operation, build, result=payment_result, adopt=adopt_order_payment, when=when, reads=reads)
+    return dataclasses.replace(made, needs_order=True)
 
 
 def settle(name: str, source: str) -> CallStep:

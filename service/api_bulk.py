@@ -27,7 +27,7 @@ from durapay.service.errors import ERRORS, ApiError, conflict, invalid, not_foun
 from durapay.service.ops_schemas import BulkList, BulkPlan, BulkRequest, BulkView
 from durapay.service.timeparse import parse_since
 from durapay.workflows.bulk import FILTERS, BulkActions, BulkFilter, TooMany, Unconfirmable, UnknownBulk
-from durapay.workflows.engine import Engine
+from durapay.workflows.engine import Engine, UnknownTerminal
 
 BulkId = Annotated[str, Path(min_length=1, max_length=100, pattern=r"^[A-Za-z0-9._:-]+$")]
 
@@ -47,6 +47,8 @@ def bulk_filter(engine: Engine, request: BulkRequest) -> BulkFilter:
         known = sorted(engine.registry)
         hint = did_you_mean(str(request.kind), known)
         raise ValueError(f"kind: unknown flow kind {request.kind!r}{hint} (known: {', '.join(known)})")
+    if request.terminal is not None and request.terminal not in engine.terminals.names:
+        raise ValueError(f"terminal: {UnknownTerminal(request.terminal, engine.terminals.names)}")
     now = engine.clock.now()
     times: dict[str, float | None] = {}
     for name in ("since", "until"):
@@ -56,7 +58,7 @@ def bulk_filter(engine: Engine, request: BulkRequest) -> BulkFilter:
         except ValueError as exc:
             raise ValueError(f"{name}: {exc}") from None
     kind = str(request.kind) if request.kind is not None else None
-    return BulkFilter(kind, request.state, request.error, times["since"], times["until"])
+    return BulkFilter(kind, request.state, request.error, times["since"], times["until"], request.terminal)
 
 
 def given(request: BulkRequest) -> dict[str, Any]:

@@ -5,7 +5,7 @@ One ``POST /flows/<kind>`` route per flow kind, each declaring that kind's input
 or value is a 422 naming it before anything is written. ``Idempotency-Key`` is the engine's start key:
 the same key and body give the same flow; the same key with another body is a 409.
 
-Signals get one route per name a flow kind may be sent from here (``workflows.signals``), each with
+Signals get one route per name a flow kind may be sent from here (``workflows.engine.signals``), each with
 its payload's model; ``notification`` has none (only the receiver delivers it).
 """
 
@@ -27,14 +27,27 @@ from durapay.service.errors import ERRORS, ApiError, conflict, invalid, not_foun
 from durapay.service.schemas import FlowList, FlowView, History, SignalAnswer
 from durapay.service.timeparse import RUN_AT_FORMS, RUN_AT_PATTERN, SINCE_FORMS, SINCE_PATTERN, parse_run_at, parse_since
 from durapay.service.views import flow_brief, flow_view
-from durapay.workflows.engine import Engine, InputError, NotFound, OperatorError, OrderIdTaken, StartConflict
+from durapay.workflows.engine import (
+    RULES,
+    TENANT_PATTERN,
+    TENANT_RULE,
+    Engine,
+    FlowDefinition,
+    FlowRecord,
+    FlowState,
+    InputError,
+    NotFound,
+    OperatorError,
+    OrderIdTaken,
+    SignalRefused,
+    StartConflict,
+    UnknownTerminal,
+    accepted,
+    may_send,
+    merchant_identifier,
+)
 from durapay.workflows.flows.examples import MAKERS, Example, example
 from durapay.workflows.listing import CURSOR_PATTERN, BadCursor
-from durapay.workflows.sensitive import merchant_identifier
-from durapay.workflows.signals import RULES, SignalRefused, accepted, may_send
-from durapay.workflows.states import FlowState
-from durapay.workflows.steps import FlowDefinition
-from durapay.workflows.store import FlowRecord
 
 IdempotencyKey = Annotated[
     str | None,
@@ -129,6 +142,22 @@ def _start_route(
             str | None,
             Query(description=f"Run later (a durable timer): {RUN_AT_FORMS}.", json_schema_extra={"pattern": RUN_AT_PATTERN}),
         ] = None,
+        terminal: Annotated[
+            str | None,
+            Query(
+                description="The gateway terminal whose key and gate every call of the flow uses (DURAPAY_TERMINALS; "
+                "none: default). An unknown one is refused (422) naming the known ones, before anything is written.",
+                max_length=32,
+            ),
+        ] = None,
+        tenant: Annotated[
+            str | None,
+            Query(
+                description=f"The merchant's tenant on a platform ({TENANT_RULE}): with the terminal, the key the "
+                "steps are dispatched fairly by (docs/operations.md, Fairness).",
+                json_schema_extra={"pattern": TENANT_PATTERN.pattern},
+            ),
+        ] = None,
     ) -> dict[str, Any]:
         when = None
         if run_at is not None:
@@ -137,9 +166,18 @@ def _start_route(
             except ValueError as exc:
                 raise invalid("query.run_at", str(exc)) from None
         try:
-            record = await run_in_threadpool(engine.start, kind, body, idempotency_key, run_at=when, run_at_asked=run_at or "")
+            record = await run_in_threadpool(
+                engine.start,
+                kind,
+                body,
+                idempotency_key,
+                run_at=when,
+                run_at_asked=run_at or "",
+                terminal=terminal,
+                tenant=tenant,
+            )
         except InputError as exc:
-            raise invalid(exc.field, exc.reason) from None
+            raise invalid(f"query.{exc.field}" if exc.field in ("terminal", "tenant") else exc.field, exc.reason) from None
         except OrderIdTaken as exc:  # another flow's order id: a conflict with what exists, naming the field
             raise ApiError(409, "conflict", exc.reason, field=exc.field) from None
         except StartConflict as exc:
@@ -235,9 +273,14 @@ def flows_router(engine: Engine, settings: ApiSettings) -> APIRouter:
         after: Annotated[
             str | None, Query(description="the `next` of a page", json_schema_extra={"pattern": CURSOR_PATTERN})
         ] = None,
+        terminal: Annotated[
+            str | None, Query(description="Only flows of this gateway terminal (DURAPAY_TERMINALS; default included).")
+        ] = None,
     ) -> dict[str, Any]:
         if kind is not None and kind not in engine.registry:
             raise invalid("query.kind", f"unknown flow kind; known kinds: {', '.join(sorted(engine.registry))}")
+        if terminal is not None and terminal not in engine.terminals.names:
+            raise invalid("query.terminal", str(UnknownTerminal(terminal, engine.terminals.names)))
         start = None
         if since is not None:
             try:
@@ -245,7 +288,7 @@ def flows_router(engine: Engine, settings: ApiSettings) -> APIRouter:
             except ValueError as exc:
                 raise invalid("query.since", str(exc)) from None
         try:
-            page = engine.list(state=state, kind=kind, since=start, limit=limit, after=after)
+            page = engine.list(state=state, kind=kind, since=start, limit=limit, after=after, terminal=terminal)
         except BadCursor as exc:
             raise invalid("query.after", str(exc)) from None
         return {"flows": [flow_brief(record) for record in page], "limit": limit, "next": page.next}
@@ -367,9 +410,11 @@ def flows_router(engine: Engine, settings: ApiSettings) -> APIRouter:
     # Last, so that a method a documented path does not take is a 405 naming that path's methods
     # (Starlette's Allow lists the methods of the first route whose path matches).
     @router.post("/{kind}", include_in_schema=False)
-    def start_unknown(kind: str, wait: str | None = None, run_at: str | None = None) -> None:
+    def start_unknown(
+        kind: str, wait: str | None = None, run_at: str | None = None, terminal: str | None = None, tenant: str | None = None
+    ) -> None:
         # It takes a start's query (durapay.Client always sends `wait`): the answer is about the kind.
-        del wait, run_at
+        del wait, run_at, terminal, tenant
         guess = closest(kind, engine.registry)
         hint = f"; did you mean `{guess}`?" if guess else ""
         raise ApiError(404, "not_found", f"no flow kind {kind!r}{hint} (known kinds: {', '.join(sorted(engine.registry))})")

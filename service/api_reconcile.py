@@ -22,7 +22,7 @@ from durapay.gateway import StrictInput
 from durapay.service.errors import ERRORS, conflict, invalid, not_found
 from durapay.service.reconcile_schemas import ReconciliationList, ReconciliationReport, ReconciliationRun
 from durapay.service.timeparse import parse_since
-from durapay.workflows.engine import Engine
+from durapay.workflows.engine import Engine, UnknownTerminal
 from durapay.workflows.reconciliation import Reconciler, Report
 from durapay.workflows.reconciliation.lease import Lease
 
@@ -55,7 +55,9 @@ class Background:
 
     def _run(self, report: Report, lease: Lease) -> None:
         try:
-            self.reconciler.complete(report, lease)
+            base = self.reconciler
+            own = base if report.terminal == base.terminal else Reconciler(base.engine, base.settings, terminal=report.terminal)
+            own.complete(report, lease)  # with the report's terminal's carried operations, key and gate
         except Exception:
             log.exception("reconciliation %s failed", report.id)
         finally:
@@ -102,8 +104,10 @@ def reconcile_router(engine: Engine) -> APIRouter:
             until = parse_since(body.until, now=now) if body.until else None
         except ValueError as exc:
             raise invalid("until", str(exc)) from None
+        if body.terminal not in engine.terminals.names:
+            raise invalid("terminal", str(UnknownTerminal(body.terminal, engine.terminals.names)))
         try:
-            report = reconciler.begin(since, until, by="api")
+            report = Reconciler(engine, terminal=body.terminal).begin(since, until, by="api")
         except ValueError as exc:
             raise invalid("until" if body.until else "since", str(exc)) from None
         started = background.start(report)

@@ -18,10 +18,8 @@ from pydantic import AfterValidator, Field
 from durapay.gateway import Amount, StrictInput, StrictModel
 from durapay.service.errors import ERRORS, conflict, invalid, not_found
 from durapay.service.schemas import History, ScheduleList, ScheduleView
-from durapay.workflows.engine import InputError, NotFound, OperatorError
+from durapay.workflows.engine import InputError, NotFound, OperatorError, StartConflict, merchant_identifier
 from durapay.workflows.schedules import Resolution, ScheduleInput, ScheduleRecord, Schedules, ScheduleState
-from durapay.workflows.sensitive import merchant_identifier
-from durapay.workflows.store import StartConflict
 
 ScheduleId = Annotated[str, Path(min_length=1, max_length=100, pattern=r"^[A-Za-z0-9._:-]+$")]
 

@@ -30,7 +30,7 @@ from durapay.service.schemas import (
     TestAnswer,
     WebhookDueNow,
 )
-from durapay.workflows.events import EVENT_TYPES, Cursor, EventFeed
+from durapay.workflows.engine import EVENT_TYPES, Cursor, EventFeed
 from durapay.workflows.webhooks import EndpointError, Webhooks
 
 EventType = Literal[EVENT_TYPES]  # type: ignore[valid-type]

@@ -20,7 +20,7 @@ The same watch starts again a service that exited. Restarts are bounded (:data:`
 The operator key is ``DURAPAY_API__KEY`` when set, else one generated once and kept in
 ``<data dir>/dev/operator-key`` (readable by its owner only), so that a script keeps working across runs.
 The card key likewise: ``DURAPAY_CARD__KEYS`` when set, else one kept in ``<data dir>/dev/card-keys``
-(card data is written to Redis only sealed with it, ``workflows.cards``).
+(card data is written to Redis only sealed with it, ``workflows.engine.cards``).
 Ports: 8780 (API) and 8781 (simulator) when free, else free ones.
 
 **dev tells the other commands of its folder its settings.** The ``DURAPAY_*`` variables it gives its
@@ -53,7 +53,7 @@ from durapay.config.settings import TOOL_PREFIX, TOOL_VARIABLES
 from durapay.service.processes import Child, Sink, port_or_free
 from durapay.service.runtime import embedded_folder, restart_embedded, start_embedded, stop_embedded
 from durapay.simulator import SimulatorConfig
-from durapay.workflows.cards import kept_keys
+from durapay.workflows.engine import kept_keys
 
 #: Where dev keeps its logs, the simulator's state and the generated operator key, under the data folder.
 DEV_FOLDER = "dev"

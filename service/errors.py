@@ -41,9 +41,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from durapay.gateway import error_field
 from durapay.gateway._strict import did_you_mean
 from durapay.service.inbound import shown
-from durapay.workflows.cards import CardKeyMissing
-from durapay.workflows.durability import NotDurable
-from durapay.workflows.sensitive import mask_text
+from durapay.workflows.engine import CardKeyMissing, NotDurable, mask_text
 
 log = logging.getLogger("durapay.api")
 
@@ -117,7 +115,7 @@ def error_response(
 ) -> JSONResponse:
     """The one shape of an error answer. Every answer is made here, so no answer repeats a card number:
     a reason or a field quoting the input (a currency "got '4349...'", an unknown field or kind named
-    by one, a filter echoed) has it masked (``workflows.sensitive``; ``keep``: identifiers whole), and
+    by one, a filter echoed) has it masked (``workflows.engine.sensitive``; ``keep``: identifiers whole), and
     its control characters and lone surrogates escaped (``service.inbound.shown``)."""
     body: dict[str, Any] = {"error": error, "reason": shown(mask_text(reason, keep))}
     if field is not None:

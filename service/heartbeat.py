@@ -27,8 +27,7 @@ import redis
 from celery import Celery, bootsteps
 
 from durapay.config.connect import open_redis
-from durapay.workflows.keys import Keys
-from durapay.workflows.redis_watch import RedisWatch
+from durapay.workflows.engine import Keys, RedisWatch
 
 log = logging.getLogger("durapay.heartbeat")
 

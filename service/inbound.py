@@ -41,7 +41,7 @@ from collections.abc import Iterable
 from typing import Any
 from urllib.parse import unquote_to_bytes
 
-from durapay.workflows.sensitive import identifier
+from durapay.workflows.engine import identifier
 
 #: The deepest nesting of arrays and objects a body may have (the body itself is level 1). Merchant
 #: input nests a few levels; 32 leaves room for any ``passThrough`` or ``customField`` while staying far

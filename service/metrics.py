@@ -28,7 +28,7 @@ Series:
   ``durapay_gateway_deferred_total`` (calls not sent: breaker open or another probing),
   ``durapay_gateway_rate_limited_total`` (429s seen), ``durapay_gateway_limiter_waits_total`` (calls given
   a later slot), ``durapay_gateway_breaker_opened_total``, ``durapay_gateway_probes_total``
-  (``workflows.gate``)
+  (``workflows.engine.gate``)
 * ``durapay_kind_paused_since_seconds{kind}`` - when each paused flow kind's pause began (POSIX
   seconds; no series for a kind that runs: alert on ``time() - x`` past the maintenance window)
 """
@@ -47,8 +47,7 @@ import redis
 
 from durapay.service.receiver import COUNTERS, counter_key
 from durapay.service.throttle import FAILURES, REFUSALS
-from durapay.workflows.engine import Engine
-from durapay.workflows.states import FlowState
+from durapay.workflows.engine import Engine, FlowState
 
 log = logging.getLogger("durapay.metrics")
 
@@ -271,7 +270,7 @@ def _auth_series(engine: Engine) -> list[str]:
     ]
 
 
-#: The gate's counters and their series (``workflows.gate.GateStatus.counters``).
+#: The gate's counters and their series (``workflows.engine.gate.GateStatus.counters``).
 GATE_COUNTERS = (
     ("deferred", "durapay_gateway_deferred_total", "Gateway calls not sent: the breaker was open (or another call probed)."),
     ("limited", "durapay_gateway_rate_limited_total", "429 answers seen from the gateway."),
@@ -282,13 +281,14 @@ GATE_COUNTERS = (
 
 
 def _gate_series(engine: Engine) -> list[str]:
-    status = engine.gate.status()
-    terminal = _escape(status.terminal)
+    """Every terminal's gate (``workflows.engine.terminals``): its breaker's state and its counters, labelled by terminal."""
+    statuses = [engine.terminals.gate(name).status() for name in engine.terminals.names]
     lines = [
         "# HELP durapay_gateway_breaker The gateway's circuit breaker: 1 for its state (closed, open, half_open).",
         "# TYPE durapay_gateway_breaker gauge",
         *(
-            f'durapay_gateway_breaker{{terminal="{terminal}",state="{state}"}} {int(status.state == state)}'
+            f'durapay_gateway_breaker{{terminal="{_escape(status.terminal)}",state="{state}"}} {int(status.state == state)}'
+            for status in statuses
             for state in ("closed", "open", "half_open")
         ),
     ]
@@ -296,7 +296,7 @@ def _gate_series(engine: Engine) -> list[str]:
         lines += [
             f"# HELP {series} {text}",
             f"# TYPE {series} counter",
-            f'{series}{{terminal="{terminal}"}} {status.counters[name]}',
+            *(f'{series}{{terminal="{_escape(status.terminal)}"}} {status.counters[name]}' for status in statuses),
         ]
     return lines
 
@@ -307,6 +307,29 @@ def _pause_series(engine: Engine) -> list[str]:
         f"# HELP {series} When the pause of a paused flow kind began (workflows.pauses); none for a kind that runs.",
         f"# TYPE {series} gauge",
         *(f'{series}{{kind="{_escape(kind)}"}} {_number(pause.at)}' for kind, pause in sorted(engine.pauses.paused().items())),
+    ]
+
+
+def _fairness_series(engine: Engine) -> list[str]:
+    """Per capped fairness key (``workflows.engine.fairness.Caps``): its flows held back, and its places taken.
+    None for a key without a cap (or with fairness off): nothing is counted for it."""
+    caps = engine.caps
+    if not caps.caps:
+        return []
+    keys = sorted(caps.caps)
+    pipe = engine.redis.pipeline(transaction=False)
+    for key in keys:
+        pipe.zcard(engine.keys.fair_held(key))
+        pipe.zcard(engine.keys.fair_running(key))
+    counts = pipe.execute()
+    held, running = "durapay_fairness_held", "durapay_fairness_running"
+    return [
+        f"# HELP {held} Flows a capped fairness key holds back in its list (DURAPAY_FAIRNESS__CAPS).",
+        f"# TYPE {held} gauge",
+        *(f'{held}{{key="{_escape(key)}"}} {int(counts[2 * index])}' for index, key in enumerate(keys)),
+        f"# HELP {running} Steps of a capped fairness key sent or running (lapsed ones until the next dispatcher pass).",
+        f"# TYPE {running} gauge",
+        *(f'{running}{{key="{_escape(key)}"}} {int(counts[2 * index + 1])}' for index, key in enumerate(keys)),
     ]
 
 
@@ -321,5 +344,6 @@ def render(engine: Engine) -> str:
         + _reconciliation_series(engine)
         + _gate_series(engine)
         + _pause_series(engine)
+        + _fairness_series(engine)
     )
     return "\n".join(lines) + "\n"

@@ -13,7 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from durapay.gateway import StrictModel
 from durapay.service.timeparse import SINCE_FORMS, SINCE_PATTERN
-from durapay.workflows.states import FlowState
+from durapay.workflows.engine import FlowState
 
 
 class _Answer(BaseModel):
@@ -86,6 +86,9 @@ class BulkRequest(StrictModel):
     )
     since: str | None = Field(default=None, pattern=SINCE_PATTERN, description=f"created since: {SINCE_FORMS}")
     until: str | None = Field(default=None, pattern=SINCE_PATTERN, description=f"created until: {SINCE_FORMS}")
+    terminal: str | None = Field(
+        default=None, min_length=1, max_length=32, description="flows of this gateway terminal (DURAPAY_TERMINALS)"
+    )
     by: str | None = Field(default=None, min_length=1, max_length=80, description="who asks (named in each flow's history)")
     plan: str | None = Field(
         default=None,

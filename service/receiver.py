@@ -56,7 +56,7 @@ from typing import Any
 
 import redis
 
-from durapay.config.settings import ReceiverSettings
+from durapay.config.settings import DEFAULT_TERMINAL, ReceiverSettings
 from durapay.config.tracing import TRACE_FIELD, FlowTag
 from durapay.gateway import (
     Catalogue,
@@ -70,9 +70,7 @@ from durapay.gateway import (
 )
 from durapay.gateway import NotFound as OperationNotFound
 from durapay.service.inbound import Refusal, decode_json, shown
-from durapay.workflows.engine import Engine, NotDurable, NotFound
-from durapay.workflows.scripts import ScriptPipeline
-from durapay.workflows.sensitive import Identifier, mask_text
+from durapay.workflows.engine import Engine, Identifier, NotDurable, NotFound, ScriptPipeline, mask_text
 from durapay.workflows.unknown_orders import UnknownOrders, bounded, claims
 
 log = logging.getLogger("durapay.receiver")
@@ -249,7 +247,9 @@ class NotificationReceiver:
         """:meth:`_once` in a span naming the flow (its read-back of the operation and its resume under it),
         linked to the flow's start (``config.tracing``). One read of the record more, only when tracing."""
         record = self.engine.store.get(flow_id)
-        tag = FlowTag(flow_id, record.kind if record is not None else "")
+        tag = FlowTag(
+            flow_id, record.kind if record is not None else "", record.terminal if record is not None else DEFAULT_TERMINAL
+        )
         link = record.fields.get(TRACE_FIELD, "") if record is not None else ""
         self.engine.tracing.tag_current(tag)  # the request's server span
         with self.engine.tracing.flow_span("notification", tag, link=link, attributes={"durapay.event": event_id}):
@@ -304,7 +304,7 @@ class NotificationReceiver:
                 return Receipt(503, {"outcome": "KO", "error": "this event is being recorded; try again"})
             pending = taken
         try:
-            verified = self._verify(notification, event_id)
+            verified = self._verify(notification, event_id, self.terminal_of(flow_id))
         except Exception:
             self.count("failed")
             self._release(key, pending)
@@ -333,17 +333,55 @@ class NotificationReceiver:
             return Receipt(200, OK, after=lambda: self.unknown_order(order_id, claims(verified), verified=True))
         return Receipt(200, OK)
 
-    def read_back(self, notified: Operation) -> Operation:
-        """The notified operation as the gateway has it: ``GET /operations/{operationId}``."""
-        return self.engine.gateway().call(Catalogue.get_operation, notified.operationId)
+    def terminal_of(self, flow_id: str) -> str | None:
+        """The gateway terminal of the flow a notification is for: its read-back uses that terminal's key
+        (another terminal's would not see the operation). One read (the record's ``kind`` and ``terminal``, both
+        plain on a packed record: ``workflows.engine.compact.PLAIN``), also when this process declares no terminal
+        but default: the flow may be of a terminal removed from the settings since. None when the record is
+        gone (its order lookup outlived it): the terminal is not known then, and :meth:`_verify` reads with
+        each declared terminal's key."""
+        known, named = self.redis.hmget(self.engine.keys.flow(flow_id), "kind", "terminal")
+        if known is None:
+            return None
+        return named.decode() if isinstance(named, bytes) else named or DEFAULT_TERMINAL
 
-    def _verify(self, notification: Notification, event_id: str) -> Operation | Receipt:
-        """The operation to signal (the gateway's), or what to answer instead."""
+    def read_back(self, notified: Operation, terminal: str = DEFAULT_TERMINAL) -> Operation:
+        """The notified operation as the gateway has it: ``GET /operations/{operationId}``, with the key of
+        the flow's own terminal."""
+        return self.engine.gateway(terminal).call(Catalogue.get_operation, notified.operationId)
+
+    def _verify(self, notification: Notification, event_id: str, terminal: str | None = DEFAULT_TERMINAL) -> Operation | Receipt:
+        """The operation to signal (the gateway's), or what to answer instead. ``terminal``: the flow's
+        (its key only reads it back), or None when its record is gone: then each declared terminal's key in
+        turn (``default`` first) until one's gateway has the operation, since the order's terminal is not
+        known and only the right key sees it (a payment no flow shows is then told, not retried for ever)."""
         notified = notification.operation
         assert notified is not None  # receive() refused a notification without one
-        try:
-            found = self.read_back(notified)
-        except OperationNotFound:
+        if terminal is not None and terminal not in self.engine.terminals.names:
+            # Never read with another terminal's key: the gateway sends it again, and a process declaring
+            # the terminal verifies it (docs/operations.md, Terminals: removing one).
+            self.count("failed")
+            log.error(
+                "notification %s: the flow's terminal %r is not in this process's settings (DURAPAY_TERMINALS); retry asked",
+                event_id,
+                terminal,
+            )
+            return Receipt(503, {"outcome": "KO", "error": f"the flow's terminal {terminal!r} is not declared here; try again"})
+        found: Operation | None = None
+        unread: GatewayError | None = None
+        for name in [terminal] if terminal is not None else self.engine.terminals.names:
+            try:
+                found = self.read_back(notified, name)
+                break
+            except OperationNotFound:
+                continue
+            except GatewayError as exc:  # another terminal's key may still find it: read on, then answer
+                unread = exc
+        if found is None and unread is not None:
+            self.count("failed")
+            log.warning("notification %s: operation %s not read at the gateway: %s", event_id, notified.operationId, unread)
+            return Receipt(503, UNREAD)
+        if found is None:
             self.count("unverified")
             log.warning(
                 "notification %s: the gateway has no operation %s (order %s); not signalled, retry asked",
@@ -352,10 +390,6 @@ class NotificationReceiver:
                 notified.orderId,
             )
             return Receipt(503, UNVERIFIED)
-        except GatewayError as exc:
-            self.count("failed")
-            log.warning("notification %s: operation %s not read at the gateway: %s", event_id, notified.operationId, exc)
-            return Receipt(503, UNREAD)
         if found.operationId != notified.operationId or found.orderId != notified.orderId:
             self.count("rejected")
             log.warning(

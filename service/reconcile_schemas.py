@@ -41,6 +41,7 @@ class ReconciliationSummary(_Answer):
     started: float
     finished: float
     by: str
+    terminal: str = Field(default="default", description="the gateway terminal whose operations it read (DURAPAY_TERMINALS)")
     operations: int
     flows: int
     calls: int
@@ -66,3 +67,6 @@ class ReconciliationRun(StrictModel):
 
     since: str = Field(default="24h", pattern=SINCE_PATTERN, description=f"start of the window: {SINCE_FORMS}")
     until: str | None = Field(default=None, pattern=SINCE_PATTERN, description=f"end of the window (default: now): {SINCE_FORMS}")
+    terminal: str = Field(
+        default="default", max_length=32, description="the gateway terminal to read (each terminal is its own run)"
+    )

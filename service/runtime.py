@@ -44,14 +44,23 @@ from durapay.config.tracing import OFF, Tracing, from_environ
 from durapay.service.heartbeat import install_worker_heartbeat
 from durapay.service.metrics import StepMetrics
 from durapay.tasks.celery_tasks import CelerySender, register_bulk_task, register_tasks, register_webhook_task
-from durapay.workflows import modules
 from durapay.workflows.bulk import BulkActions
-from durapay.workflows.cards import kept_keys
-from durapay.workflows.clock import Clock, ServerClock
-from durapay.workflows.durability import Durability, EarlyWaitaof, early_waitaof_risk
-from durapay.workflows.engine import Engine
-from durapay.workflows.sensitive import install_log_masking, mask_text
-from durapay.workflows.steps import FlowDefinition
+from durapay.workflows.engine import (
+    Clock,
+    Durability,
+    EarlyWaitaof,
+    Engine,
+    Fairness,
+    FlowDefinition,
+    ServerClock,
+    early_waitaof_risk,
+    install_log_masking,
+    kept_keys,
+    mask_text,
+    modules,
+    terminals,
+)
+from durapay.workflows.schedules.store import live_on
 from durapay.workflows.webhooks import Webhooks
 
 
@@ -193,7 +202,7 @@ def build_runtime(
     tracing: Tracing | None = None,
 ) -> Runtime:
     """Build the parts. ``redis_url`` overrides the settings (tests, and children of the demo). Card
-    numbers in the process's log lines are masked from here on (``workflows.sensitive``). ``tracing``:
+    numbers in the process's log lines are masked from here on (``workflows.engine.sensitive``). ``tracing``:
     by default as the process's OTEL_* variables say (``config.tracing.from_environ``: off unless set).
 
     A build that fails releases what it had opened, and stops the embedded Valkey it started (else it
@@ -241,7 +250,8 @@ def _build(
         redis_url, cluster=settings.redis_cluster, socket_timeout=10, socket_connect_timeout=5, health_check_interval=30
     )
     opened.callback(client.close)
-    app = make_celery(settings, settings.broker_url or redis_url)
+    fairness = Fairness(settings.fairness)
+    app = make_celery(settings, settings.broker_url or redis_url, step_queues=fairness.queues() if fairness.on else ())
     opened.callback(close_celery, app)
     registry = modules.registry(settings.flows.names)  # durapay's kinds and DURAPAY_FLOWS__MODULES's
     registry.update(flows or {})
@@ -339,4 +349,20 @@ def admit_durability(runtime: Runtime, *, where: str | None = None) -> Durabilit
     server = early_waitaof_risk(runtime.redis, engine.sync_aof)
     if server is not None and not engine.accept_early_waitaof:
         raise EarlyWaitaof(server, where=where)
+    admit_terminals(runtime.engine)
     return runtime.engine.store.durability
+
+
+def admit_terminals(engine: Engine) -> None:
+    """Refuse to start (:class:`TerminalRemoved`, a SettingsError naming each terminal with its flows in
+    flight, counted by kind, and its live schedules, by id) when flows in flight or live schedules use a
+    terminal the settings no longer declare: a flow's calls could only be parked here, never made on another
+    terminal's key (``workflows.engine.terminals``), and each charge of a schedule would be refused. One SMEMBERS
+    while every terminal ever used is declared."""
+    missing = terminals.undeclared(engine.redis, engine.keys, engine.terminals.names)
+    if not missing:
+        return
+    flows = terminals.in_flight_on(engine.redis, engine.keys, missing)
+    schedules = live_on(engine.redis, engine.keys, missing)
+    if flows or schedules:
+        raise terminals.TerminalRemoved(flows, schedules)

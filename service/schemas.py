@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, GetCoreSchemaHandler, Validat
 from pydantic_core import core_schema
 
 from durapay.gateway import Unknown
-from durapay.workflows.states import FlowState
+from durapay.workflows.engine import FlowState
 
 
 class _Answer(BaseModel):
@@ -69,6 +69,7 @@ class FlowBrief(_Answer):
     updated: float
     result: str | None = Field(default=None, description="succeeded or failed once the flow ended")
     error: dict[str, Any] | None = None
+    terminal: str = Field(default="default", description="the gateway terminal whose key and gate its calls use")
 
 
 class DefinitionRef(_Answer):
@@ -104,9 +105,17 @@ class FlowView(_Answer):
         "of the gateway settles it; no cancel or failure ends the flow before",
     )
     start_key: str | None = None
+    terminal: str = Field(
+        default="default", description="the gateway terminal whose key and gate its calls use (DURAPAY_TERMINALS)"
+    )
     steps_done: list[str] = []
     definition: DefinitionRef | None = Field(
         default=None, description="the definition the flow runs on: kind and version (docs/deploys.md, Versions)"
+    )
+    tenant: str | None = Field(
+        default=None,
+        description="the merchant a platform started it for (?tenant= on the start): with the terminal, the key its steps "
+        "are dispatched fairly by (docs/operations.md, Fairness); null when none was named",
     )
     attention: list[dict[str, Any]] = Field(
         default=[],
@@ -116,7 +125,7 @@ class FlowView(_Answer):
     actions: list[str] = Field(
         default=[],
         description="what an operator may do now (retry, cancel, accept, refund, keep: the engine's own rule, "
-        "workflows/operator_actions.py); anything else is refused with 409",
+        "workflows/engine/operator_actions.py); anything else is refused with 409",
     )
 
 
@@ -151,6 +160,7 @@ class ScheduleView(_Answer):
     description: str
     rule: dict[str, Any]
     timezone: str
+    terminal: str = Field(default="default", description="the gateway terminal its charges run on")
     nextRun: str | None = None
     nextRunLocal: str | None = None
     occurrences: int

@@ -36,8 +36,7 @@ from typing import Any
 
 import redis
 
-from durapay.workflows.keys import Keys
-from durapay.workflows.scripts import ScriptPipeline, register
+from durapay.workflows.engine import Keys, ScriptPipeline, register
 
 log = logging.getLogger("durapay.auth")
 

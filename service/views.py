@@ -4,7 +4,7 @@ Why mask here: a flow's input (MOTO, 3-step, SVS) holds a card number and a CVV,
 order's security token; a merchant may also have typed a card number into a description or a
 ``passThrough``. They stay in the record while the steps need them; nothing durapay *shows* (HTTP
 answers, CLI tables, the console, the demo) repeats them: a card number anywhere keeps its first six
-and last four digits, a CVV and a token become ``***`` (``workflows.sensitive.mask``).
+and last four digits, a CVV and a token become ``***`` (``workflows.engine.sensitive.mask``).
 """
 
 from __future__ import annotations
@@ -14,14 +14,10 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from durapay.gateway import GatewayTime, format_money
-from durapay.workflows import versions
+from durapay.workflows.engine import TENANT_FIELD, FlowDefinition, FlowRecord, allowed, mask, versions
 from durapay.workflows.flow_money import asked_money, outcome_money
-from durapay.workflows.operator_actions import allowed
-from durapay.workflows.sensitive import mask
-from durapay.workflows.steps import FlowDefinition
-from durapay.workflows.store import FlowRecord
 
-#: What every view applies (one rule, in ``workflows.sensitive``): secrets ``***``, card numbers masked.
+#: What every view applies (one rule, in ``workflows.engine.sensitive``): secrets ``***``, card numbers masked.
 redact = mask
 
 
@@ -45,6 +41,8 @@ def flow_view(
     view["steps_done"] = steps_done(record, registry)
     kind, version = versions.recorded(record.kind, record.fields, registry)
     view["definition"] = {"kind": kind, "version": version or None}
+    view["terminal"] = record.terminal
+    view["tenant"] = record.fields.get(TENANT_FIELD) or None
     view["actions"] = allowed(record, refunding=refunding)  # refunding: Engine.refund_under_way's
     view["attention"] = [dict(mark) for mark in marks]  # the report's lines: no card data (FlowStore.marks)
     return view
@@ -63,6 +61,7 @@ def flow_brief(record: FlowRecord) -> dict[str, Any]:
         "updated": record.updated,
         "result": (record.outcome or {}).get("result"),
         "error": redact(record.error, record.identifiers),
+        "terminal": record.terminal,
     }
 
 

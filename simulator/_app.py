@@ -45,6 +45,7 @@ from durapay.simulator._faults import FaultRule
 from durapay.simulator._idempotency import IdempotencyGate, fingerprint
 from durapay.simulator._pages import page_routes
 from durapay.simulator._protocol import Call, Handler, Reply, SimError, error_body
+from durapay.simulator._state import SimulatorState
 
 log = logging.getLogger("simulator")
 TRANSPORT_KEY = "simulator.transport"
@@ -121,9 +122,10 @@ class GatewayPipeline:
                 del self.sim.serving[op.name]
 
     async def _serve(self, op: GatewayOperation[Any], handler: Handler, request: Request) -> Response:
-        if request.headers.get("x-api-key") != self.sim.config.api_key:
+        terminal = self.sim.config.terminal_of(request.headers.get("x-api-key"))
+        if terminal is None:
             return respond(Reply(status=401))
-        faults = self.sim.faults.for_request(op.name)
+        faults = self.sim.faults.for_request(op.name, terminal)
         latency, action = faults.latency_seconds, faults.action
         mode = action.mode if action is not None else None
         if action is not None and (mode in ("error", "drop") or (mode == "hang" and not action.commit)):
@@ -135,7 +137,7 @@ class GatewayPipeline:
             await asyncio.sleep(action.seconds)
             return respond(_fault_reply(action.model_copy(update={"status": 503})))
         try:
-            call = await self._call(op, request)
+            call = await self._call(op, request, terminal)
             if action is not None and mode == "late":
                 self.sim.faults.hold_late(lambda: self._act_late(handler, call))
                 await asyncio.sleep(latency)
@@ -174,7 +176,7 @@ class GatewayPipeline:
         finally:
             self.gate.release(key)
 
-    async def _call(self, op: GatewayOperation[Any], request: Request) -> Call:
+    async def _call(self, op: GatewayOperation[Any], request: Request, terminal: str = "default") -> Call:
         key: str | None = None
         if op.idempotency_key:
             key = request.headers.get("idempotency-key")
@@ -214,12 +216,19 @@ class GatewayPipeline:
             correlation_id=request.headers.get("correlation-id"),
             root_url=str(request.base_url).rstrip("/"),
             path=path,
+            terminal=terminal,
         )
 
     def _run(self, handler: Handler, call: Call, print_: str | None) -> Reply:
         with self.sim.state.lock:
+            terminals = bool(self.sim.config.terminal_keys)
             try:
+                if terminals:
+                    _own_terminal(self.sim.state, call)
+                    orders, operations = len(self.sim.state.orders), self.sim.state.operations_made
                 reply = handler(self.sim, call)
+                if terminals:
+                    _record_terminal(self.sim.state, call, orders, operations)
             except SimError as exc:
                 reply = exc.reply()
             except Exception as exc:
@@ -230,6 +239,35 @@ class GatewayPipeline:
             if print_ is not None and call.idempotency_key is not None:
                 self.gate.store(call.idempotency_key, print_, call.op.name, reply)
             return reply
+
+
+def _touched_order(state: SimulatorState, call: Call) -> str | None:
+    """The existing order a call acts on or reads (by its path: an order or an operation), if any."""
+    if "orderId" in call.params:
+        return call.params["orderId"]
+    operation = state.operations.get(call.params.get("operationId", ""))
+    return operation.order_id if operation is not None else None
+
+
+def _own_terminal(state: SimulatorState, call: Call) -> None:
+    """A call on another terminal's order or operation is a 404: a terminal's key sees its own only."""
+    order_id = _touched_order(state, call)
+    owner = state.order_terminals.get(order_id) if order_id else None
+    if owner is not None and owner != call.terminal:
+        state.terminal_refusals += 1
+        log.warning("simulator: %s by terminal %r on order %s of terminal %r: 404", call.op.name, call.terminal, order_id, owner)
+        raise SimError.not_found()
+
+
+def _record_terminal(state: SimulatorState, call: Call, orders: int, operations: int) -> None:
+    """Record the terminal of the orders a call made (new orders, and the orders of new operations)."""
+    made = [order_id for _, order_id in zip(range(len(state.orders) - orders), reversed(state.orders), strict=False)]
+    for operation_id in state.operation_ids_after(operations):
+        operation = state.operations.get(operation_id)
+        if operation is not None:
+            made.append(operation.order_id)
+    for order_id in made:
+        state.order_terminals.setdefault(order_id, call.terminal)
 
 
 def gateway_routes(sim: Simulator) -> list[BaseRoute]:

@@ -112,6 +112,7 @@ def list_orders(sim: Simulator, call: Call) -> Reply:
         amount = amounts.get(amount_type or "", 0)
         if (
             not window.holds(moment)
+            or (sim.config.terminal_keys and sim.state.terminal_of_order(order.order_id) != call.terminal)
             or (query.orderId is not None and order.order_id != query.orderId)
             or (query.customField is not None and order.order.get("customField") != query.customField)
             or (query.orderState is not None and state != str(query.orderState))
@@ -128,10 +129,12 @@ def list_operations(sim: Simulator, call: Call) -> Reply:
     window = Window.of(query.fromTime, query.toTime)
     channel = query.channel or (query.model_extra or {}).get("channelType")
     sim.pending.settle_due()
+    terminals = bool(sim.config.terminal_keys)
     found = [
         op
         for op in sim.state.operations.values()
         if window.holds(op.time)
+        and (not terminals or sim.state.terminal_of_order(op.order_id) == call.terminal)  # a terminal lists its own
         and (channel is None or op.channel == channel)
         and (query.operationType is None or op.operation_type == str(query.operationType))
         and (query.customField is None or sim.state.orders[op.order_id].order.get("customField") == query.customField)

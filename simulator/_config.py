@@ -8,7 +8,8 @@ sends when nothing is configured).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from durapay.config.settings import GATEWAY_PATH_PREFIX, SIMULATOR_API_KEY
@@ -44,6 +45,17 @@ class SimulatorConfig:
     #: it). Public sources say 18 (two client libraries written for the live gateway) or 27 (another
     #: document): docs/gateway.md. 18, as durapay's DURAPAY_GATEWAY__ORDER_ID_MAX_LENGTH: the stricter.
     order_id_max_length: int = 18
+    #: Gateway terminals besides ``default`` (whose key is ``api_key``): each key and the terminal it is
+    #: (``{"key-it": "it"}``). A terminal's key sees its own orders and operations only (another's are 404,
+    #: and ``GET /operations`` lists its own), and every order is recorded with the terminal whose key made
+    #: it: a test proves each flow's calls used its terminal's key (docs/simulator.md, Terminals).
+    terminal_keys: Mapping[str, str] = field(default_factory=dict)
+
+    def terminal_of(self, key: str | None) -> str | None:
+        """The terminal whose key ``key`` is (None: no terminal's, a 401)."""
+        if key == self.api_key:
+            return "default"
+        return self.terminal_keys.get(key or "") if key else None
 
     def __post_init__(self) -> None:
         problems = []
@@ -64,5 +76,7 @@ class SimulatorConfig:
             problems.append(f"order_id_max_length must be between 1 and {LONGEST_PUBLISHED_ORDER_ID}")
         if not self.path_prefix.startswith("/") or self.path_prefix.endswith("/"):
             problems.append("path_prefix must start with '/' and not end with one")
+        if self.api_key in self.terminal_keys or "default" in self.terminal_keys.values():
+            problems.append("terminal_keys must not name api_key nor the terminal 'default' (api_key is default's)")
         if problems:
             raise ValueError("SimulatorConfig: " + "; ".join(problems))

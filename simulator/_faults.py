@@ -65,6 +65,8 @@ class FaultRule(BaseModel):
 
     mode: Mode
     operation: str | None = None
+    #: Only calls made with this terminal's key (``SimulatorConfig.terminal_keys``; None: every call).
+    terminal: str | None = None
     count: int | None = Field(default=None, ge=1)
     rate: float = Field(default=1.0, ge=0.0, le=1.0)
     status: int | None = Field(default=None, ge=400, le=599)
@@ -211,9 +213,11 @@ class Faults:
             late, self._late = self._late, []
         return late
 
-    def _fires(self, active: _Active, operation: str) -> bool:
+    def _fires(self, active: _Active, operation: str, terminal: str | None = None) -> bool:
         """Whether ``active`` applies to this request; consumes one of its ``count`` when it does."""
         if active.rule.operation is not None and active.rule.operation != operation:
+            return False
+        if active.rule.terminal is not None and terminal is not None and active.rule.terminal != terminal:
             return False
         if active.remaining is not None and active.remaining <= 0:
             return False
@@ -224,7 +228,7 @@ class Faults:
             active.remaining -= 1
         return True
 
-    def for_request(self, operation: str) -> RequestFaults:
+    def for_request(self, operation: str, terminal: str = "default") -> RequestFaults:
         with self._lock:
             latency_ms = float(self._latency_ms)
             if self._jitter_ms:
@@ -232,18 +236,18 @@ class Faults:
             action = None
             for active in self._rules:
                 mode = active.rule.mode
-                if mode == "latency" and self._fires(active, operation):
+                if mode == "latency" and self._fires(active, operation, terminal):
                     latency_ms += active.rule.latency_ms
                     if active.rule.jitter_ms:
                         latency_ms += self._rng.uniform(0, active.rule.jitter_ms)
-                elif mode == "throttle" and action is None and self._fires(active, operation):
+                elif mode == "throttle" and action is None and self._fires(active, operation, terminal):
                     if active.over_rate():
                         action = active.rule.model_copy(update={"mode": "error", "status": 429})
                     else:
                         active.fired -= 1  # within the rate: not a fault, and no use of its count
                         if active.remaining is not None:
                             active.remaining += 1
-                elif mode in REQUEST_MODES and action is None and self._fires(active, operation):
+                elif mode in REQUEST_MODES and action is None and self._fires(active, operation, terminal):
                     action = active.rule
             return RequestFaults(latency_seconds=latency_ms / 1000.0, action=action)
 

@@ -84,6 +84,8 @@ class Call:
     correlation_id: str | None
     root_url: str
     path: str
+    #: The terminal whose key made the call (``SimulatorConfig.terminal_keys``).
+    terminal: str = "default"
 
     def body(self, model: type[M]) -> M:
         """The validated request as ``model`` (the catalogue's request model of this operation)."""

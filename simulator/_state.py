@@ -81,6 +81,10 @@ class SimulatorState:
             self.idempotency: dict[str, dict[str, Any]] = {}
             #: Operations answered PENDING by a ``pend`` rule, until they settle (``_pending``).
             self.pending: dict[str, PendingRecord] = {}
+            #: Order id -> the terminal whose key made it (only with ``terminal_keys`` configured).
+            self.order_terminals: dict[str, str] = {}
+            #: Calls refused because they named another terminal's order or operation.
+            self.terminal_refusals = 0
             self.scripts = OutcomeScripts()
             self.dirty = True
 
@@ -97,6 +101,20 @@ class SimulatorState:
         with self.lock:
             self._next_operation += 1
             return str(_OPERATION_ID_BASE + self._next_operation)
+
+    @property
+    def operations_made(self) -> int:
+        """How many operation ids were handed out (a mark: :meth:`operation_ids_after` lists those after it)."""
+        return self._next_operation
+
+    def operation_ids_after(self, made: int) -> list[str]:
+        """The operation ids handed out after the mark ``made``."""
+        with self.lock:
+            return [str(_OPERATION_ID_BASE + number) for number in range(made + 1, self._next_operation + 1)]
+
+    def terminal_of_order(self, order_id: str) -> str:
+        """The terminal whose key made the order (``default`` when no terminal keys are configured)."""
+        return self.order_terminals.get(order_id, "default")
 
     def new_token(self) -> str:
         """32 lowercase hex characters, like the gateway's security tokens."""
@@ -132,7 +150,10 @@ class SimulatorState:
                     or (operation_id is not None and record.operation_id != operation_id)
                 ):
                     continue
-                found.append(record.inspect())
+                shown = record.inspect()
+                if self.order_terminals:
+                    shown["terminal"] = self.order_terminals.get(record.order_id, "default")
+                found.append(shown)
             return found
 
     def order(self, order_id: str) -> dict[str, Any] | None:
@@ -181,6 +202,7 @@ class SimulatorState:
                 "services": self.services,
                 "idempotency": self.idempotency,
                 "pending": {key: asdict(value) for key, value in self.pending.items()},
+                "orderTerminals": self.order_terminals,
                 "scripts": self.scripts.snapshot(),
                 "rngState": _rng_state(self.rng),
             }
@@ -209,6 +231,8 @@ class SimulatorState:
             self.services = dict(data.get("services", {}))
             self.idempotency = dict(data.get("idempotency", {}))
             self.pending = {k: _load(PendingRecord, v) for k, v in data.get("pending", {}).items()}
+            # Whose each order is: a restarted simulator still refuses another terminal's key on it.
+            self.order_terminals = dict(data.get("orderTerminals", {}))
             self.scripts.restore(data.get("scripts", {}))
             if "rngState" in data:
                 # Continue the sequence: a restarted simulator must not hand out the same ids again.

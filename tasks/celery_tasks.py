@@ -7,7 +7,7 @@ finds the step claimed or done and returns without calling the gateway.
 The tasks are internal: their messages carry a flow id and a step name, nothing else. They once also
 took a gateway request directly (``task.delay(request={...})``): a request carrying a card then
 crossed the broker, and stayed in its Redis's files, in the clear, past the card data's sealing
-(``workflows.cards``). Such a call is now refused by Celery's argument check before anything is sent
+(``workflows.engine.cards``). Such a call is now refused by Celery's argument check before anything is sent
 (a TypeError in the caller); a gateway call outside a flow is made in the caller's own process
 (``durapay.gateway.GatewayClient``), never through the broker.
 
@@ -100,8 +100,8 @@ class CelerySender:
     def __init__(self, app: Celery) -> None:
         self.app = app
 
-    def send(self, task_name: str, flow_id: str, step: str) -> None:
-        self.app.send_task(task_name, args=[flow_id, step], queue=QUEUE)
+    def send(self, task_name: str, flow_id: str, step: str, *, queue: str = QUEUE) -> None:
+        self.app.send_task(task_name, args=[flow_id, step], queue=queue)
 
     def send_webhook(self, tag: str, members: list[str]) -> None:
         # Their own queue, consumed by delivery workers only: a slow endpoint never holds a step's thread.
@@ -110,12 +110,13 @@ class CelerySender:
     def send_bulk(self, bulk_id: str) -> None:
         self.app.send_task(BULK_TASK, args=[bulk_id], queue=QUEUE)
 
-    def send_chain(self, flow_id: str, links: Sequence[tuple[str, str]]) -> None:
-        """``links`` = [(task name, step name), ...] in order."""
+    def send_chain(self, flow_id: str, links: Sequence[tuple[str, str]], *, queue: str = QUEUE) -> None:
+        """``links`` = [(task name, step name), ...] in order, every link on ``queue`` (the flow's fairness
+        queue, ``workflows.engine.fairness``, when fairness is on)."""
         if not links:
             return
         if len(links) == 1:
-            self.send(links[0][0], flow_id, links[0][1])
+            self.send(links[0][0], flow_id, links[0][1], queue=queue)
             return
-        signatures = [self.app.signature(name, args=(flow_id, step), immutable=True, queue=QUEUE) for name, step in links]
+        signatures = [self.app.signature(name, args=(flow_id, step), immutable=True, queue=queue) for name, step in links]
         chain(*signatures).apply_async()

@@ -15,10 +15,10 @@ A step returns (or the runner derives from an error) exactly one of these:
 * :class:`Attention` - only a person can decide; the flow stops in ``needs_attention``.
 * :class:`Defer` - the gateway is not to be called now (its breaker is open, or the shared rate limit
   gives this call a later slot): run this step again after ``after`` seconds, using no attempt and no
-  run (``workflows.gate``). ``slot`` is the limiter slot reserved for it; ``reconcile`` as for Retry
+  run (``workflows.engine.gate``). ``slot`` is the limiter slot reserved for it; ``reconcile`` as for Retry
   (the call that opened the breaker may have reached the gateway).
 * :class:`Held` - the step's gateway target (a payment's order, a reservation) is another flow's until its
-  money call there is resolved (``workflows.targets``): run this step again once it is (woken then, or
+  money call there is resolved (``workflows.engine.targets``): run this step again once it is (woken then, or
   after ``after`` seconds at the latest), using no attempt and no run.
 """
 

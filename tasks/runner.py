@@ -49,8 +49,15 @@ class LeaseLost(Exception):
     drops the step's result (the completion would be refused as stale anyway)."""
 
 
+class UndeclaredMoney(Exception):
+    """A call step's body sends an operation that moves money (or opens a page a customer pays on) while
+    the step declares one that does not: money in flight is marked, the claim made durable and a lost
+    answer read back by the declared operation, so such a call would be sent with none of that. Refused
+    before it is sent (a defect of the definition: a person looks); declare the money operation."""
+
+
 class Deferred(Exception):
-    """The gate (``workflows.gate``) said not now: the breaker is open, or this call's slot is later. Not a
+    """The gate (``workflows.engine.gate``) said not now: the breaker is open, or this call's slot is later. Not a
     GatewayError, so that no step body mistakes it for the gateway's answer; the runner turns it into
     its ``outcome`` wherever a step's call may raise it."""
 
@@ -60,7 +67,7 @@ class Deferred(Exception):
 
 
 class Admission(Protocol):
-    """The gate's answer (``workflows.gate.Admission``): go, wait ``after`` for ``slot``, or open."""
+    """The gate's answer (``workflows.engine.gate.Admission``): go, wait ``after`` for ``slot``, or open."""
 
     @property
     def verdict(self) -> str: ...
@@ -76,7 +83,7 @@ class Admission(Protocol):
 
 
 class Gate(Protocol):
-    """What the runner needs of the shared gateway gate (``workflows.gate.Gate``)."""
+    """What the runner needs of the shared gateway gate (``workflows.engine.gate.Gate``)."""
 
     @property
     def wait_seconds(self) -> float: ...
@@ -99,7 +106,7 @@ GATE_UNREACHABLE = "Redis unreachable before the gateway call"
 @dataclass(frozen=True)
 class TargetSnapshot:
     """What a money step's gateway target (a payment's order, a reservation) held when the step took it,
-    before its call could be sent (``workflows.targets``): the target, and the ids of its operations then
+    before its call could be sent (``workflows.engine.targets``): the target, and the ids of its operations then
     (``before``; None when the hold was recorded but its call never sent). While a flow holds its target no
     other flow's money call acts there, so an operation of the call's type that ``before`` does not list,
     and that no other flow recorded, is this call's (``workflows.flows._adopt``)."""
@@ -163,7 +170,7 @@ class StepContext:
     gate: Gate | None = None
     #: The limiter slot reserved for this step when it was deferred to it (used by its first call).
     slot: float | None = None
-    #: Takes the step's gateway target before it reconciles or calls (``workflows.targets``): None once
+    #: Takes the step's gateway target before it reconciles or calls (``workflows.engine.targets``): None once
     #: held (``snapshot`` then says what the target held), or the outcome of waiting for its holder. None
     #: for a step that acts on no shared target.
     hold_target: Callable[[], Outcome | None] | None = None
@@ -171,7 +178,7 @@ class StepContext:
     snapshot: TargetSnapshot | None = None
     #: A person's decision on a call an earlier release sent with no hold on its target (the record's
     #: ``decided`` for this step: ``adopt``, the operation taken as the call's; ``none``, those taken as
-    #: not its own: ``workflows.operator_actions.decision``), or None.
+    #: not its own: ``workflows.engine.operator_actions.decision``), or None.
     decided: Mapping[str, Any] | None = None
     #: This try ended before its money call could be sent: while it took its target (it waits for
     #: another flow's call, or a read of the target failed). What it marked in flight is then settled.
@@ -190,6 +197,9 @@ class StepContext:
     #: how this try keeps its own (the output kept first is answered; LeaseLost once the claim is gone).
     kept_output: dict[str, Any] | None = None
     keep_output: Callable[[dict[str, Any]], dict[str, Any]] | None = None
+    #: A call step's declared operation (None: not a call step): its body may send another form's
+    #: operation in its place, never one that moves money when the declared one does not.
+    declared: GatewayOperation[Any] | None = None
 
     def call(
         self,
@@ -202,6 +212,12 @@ class StepContext:
         A step may read, then write (reconcile, then call; reservation set-up): before every call after
         the first, the claim's lease is extended, so that no other worker takes the step over while
         it still calls, and a step whose claim is gone calls no more (LeaseLost)."""
+        declared = self.declared
+        if declared is not None and (op.moves_money or op.notifies) and not (declared.moves_money or declared.notifies):
+            raise UndeclaredMoney(
+                f"step {self.step} declares {declared.name}, which moves no money, and its body sends {op.name}: "
+                f"declare {op.name} as the step's operation"
+            )
         if self.calls and self.renew_lease is not None:
             self.renew_lease()
         key = self.idempotency_key if op.idempotency_key else None
@@ -274,7 +290,7 @@ class StepContext:
 
 
 class Step(Protocol):
-    """What the runner needs of a step definition (``workflows.steps`` provides them)."""
+    """What the runner needs of a step definition (``workflows.engine.steps`` provides them)."""
 
     @property
     def name(self) -> str: ...
@@ -294,7 +310,7 @@ def run_step(step: Step, ctx: StepContext, *, must_reconcile: bool, resend: bool
     try:
         if ctx.hold_target is not None:
             # One unresolved money call per gateway target: held before the read-back and the call, or
-            # the step waits for the flow that holds it (workflows.targets).
+            # the step waits for the flow that holds it (workflows.engine.targets).
             ctx.kept_from_call = True
             waiting = ctx.hold_target()
             if waiting is not None:
@@ -343,7 +359,7 @@ def settle(
     step: Step, ctx: StepContext, *, unsettled: Mapping[str, Any] | None, cancelling: bool = False
 ) -> Outcome | NothingMoved:
     """A flow that is to end (a cancel requested, or a failure owed) while money may be in flight at the
-    gateway (``unsettled``, see ``workflows.inflight``): never a new money call, only the read that tells
+    gateway (``unsettled``, see ``workflows.engine.inflight``): never a new money call, only the read that tells
     what the earlier one did. Returns what the read found (money moved, a decline, still PENDING, not
     yet clear), or NOTHING_MOVED.
 

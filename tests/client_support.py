@@ -32,8 +32,8 @@ from durapay.service.app import create_app
 from durapay.service.runtime import Runtime, build_runtime
 from durapay.service.server import ApiServer
 from durapay.simulator import SimulatorConfig, SimulatorServer
-from durapay.workflows.dispatcher import Dispatcher
 from durapay.workflows.engine import Engine
+from durapay.workflows.engine.dispatcher import Dispatcher
 from tests.workflows.integration.conftest import stack_settings
 
 API_KEY = "client-test-key-0123456789"

@@ -45,8 +45,8 @@ sys.meta_path.insert(0, BareNames())
 # on (tests/workflows/reconciliation/test_daily.py); the default is checked there with this unset.
 os.environ["DURAPAY_RECONCILE__DAILY"] = "false"
 # Card data is written to Redis only sealed, and a card-carrying start without a key is refused
-# (workflows.cards): the tests' processes (and their children) share one test key. A fixed key, no
-# secret: the tests that mean no key (tests/workflows/test_cards.py) set the settings' own.
+# (workflows.engine.cards): the tests' processes (and their children) share one test key. A fixed key, no
+# secret: the tests that mean no key (tests/workflows/engine/test_cards.py) set the settings' own.
 os.environ.setdefault("DURAPAY_CARD__KEYS", '["test:' + "ZHVyYXBheSB0ZXN0IGNhcmQga2V5LCAzMiBieXRlcyE" + '"]')
 
 
@@ -91,6 +91,7 @@ def key_prefix() -> str:
 #: each), collected first: pytest-xdist's ``--dist loadfile`` hands files out in collection order, and
 #: one of these handed out last keeps one worker running for minutes after the other has finished.
 SLOW_FIRST = (
+    "tests/examples/test_builds.py",
     "tests/test_snippets.py",
     "tests/service/test_openapi_fuzz.py",
     "tests/workflows/integration/test_sentinel.py",
@@ -102,8 +103,11 @@ SLOW_FIRST = (
     "tests/bench/test_soak.py",
     "tests/workflows/test_flow_model.py",
     "tests/workflows/reconciliation/test_run.py",
-    "tests/workflows/test_store_properties.py",
+    "tests/workflows/engine/test_store_properties.py",
     "tests/service/cli/test_serve_cmd.py",
+    "tests/workflows/integration/test_webhooks_chaos.py",
+    "tests/workflows/integration/test_gateway_health.py",
+    "tests/bench/test_fairness.py",
 )
 
 

@@ -29,8 +29,8 @@ from durapay.client import ApiError, Client, EventPage, EventView, Retries
 from durapay.gateway import Unknown
 from durapay.service.runtime import Runtime
 from durapay.service.server import ApiServer
+from durapay.workflows.engine.states import FlowState
 from durapay.workflows.listing import BadCursor
-from durapay.workflows.states import FlowState
 from tests.client_support import API_KEY, ClientStack, FlakyProxy, Recording, client_stack, idle_api  # noqa: F401
 from tests.ids import unique
 from tests.waiting import wait_until
@@ -224,6 +224,13 @@ def test_the_apis_problem_is_an_api_error(api: Client) -> None:
     assert refused(404, api.start, "motto", moto()).reason.startswith("no flow kind 'motto'; did you mean `moto`?")
 
 
+def test_a_start_names_its_tenant(client_stack: ClientStack) -> None:  # noqa: F811
+    with quick(client_stack.url) as api:
+        flow = api.start("moto", moto(), run_at="in 1h", tenant="acme")
+        assert client_stack.engine.get(flow.id).fields["tenant"] == "acme"
+        assert refused(422, api.start, "moto", moto(), run_at="in 1h", tenant="no spaces").field == "query.tenant"
+
+
 def test_a_wrong_key_is_refused(client_stack: ClientStack) -> None:  # noqa: F811
     with quick(client_stack.url, "wrong-key") as stranger:
         assert refused(401, stranger.get, "f1").error == "unauthorized"
@@ -311,8 +318,8 @@ def test_retry_pauses_grow_are_jittered_bounded_and_only_for_idempotent_retryabl
 
 
 def test_a_start_the_api_holds_longer_than_the_read_timeout_is_answered(idle_api: tuple[ApiServer, Runtime]) -> None:  # noqa: F811
-    """The API waits 3 s for a customer URL by its setting (up to 60); the client's read timeout is
-    1.5 s. Without a `wait` of its own the client timed out on a start the API was answering (and, with
+    """The API waits 3 s for a customer URL by its setting (up to 60); the client's read timeout here is
+    4 s. Without a `wait` of its own the client timed out on a start the API was answering (and, with
     no key, could not send it again); it sends its `start_wait`, and reads that much longer."""
     server, runtime = idle_api
     sent: list[httpx.Request] = []
@@ -322,13 +329,15 @@ def test_a_start_the_api_holds_longer_than_the_read_timeout_is_answered(idle_api
             sent.append(request)
             return super().handle_request(request)
 
-    with quick(server.url, timeout=1.5, start_wait=2.0, transport=Recording()) as api:
+    # A read timeout of 4 s and a wait of 5 s: the API's answer comes a second past the read timeout,
+    # and the client reads 4 s longer than the wait (a loaded machine answered 1.5 s late, with 1.5 s of margin).
+    with quick(server.url, timeout=4.0, start_wait=5.0, transport=Recording()) as api:
         started = api.start("hpp", {"order": order(), "paymentSession": session()})
-    # No worker runs it: the API held the start for the client's wait (2 s, past the 1.5 s read timeout,
-    # which would have failed the call), not its own 3 s, and then answered; the client read for 3.5 s.
+    # No worker runs it: the API held the start for the client's wait (5 s, past the 4 s read timeout,
+    # which would have failed the call), not its own 3 s, and then answered; the client read for 9 s.
     [start] = [request for request in sent if request.method == "POST"]
-    assert start.url.params["wait"] == "2.0", start.url
-    assert start.extensions["timeout"]["read"] >= 1.5 + 2.0, start.extensions["timeout"]
+    assert start.url.params["wait"] == "5.0", start.url
+    assert start.extensions["timeout"]["read"] >= 4.0 + 5.0, start.extensions["timeout"]
     assert started.customer_url is None
     assert [record.id for record in runtime.engine.list(kind="hpp")] == [started.id]
 

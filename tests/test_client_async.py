@@ -16,7 +16,7 @@ import pytest
 from bench._webhook_receiver import WebhookReceiver
 from durapay import _calls
 from durapay.client import ApiError, AsyncClient, Retries
-from durapay.workflows.states import FlowState
+from durapay.workflows.engine.states import FlowState
 from tests.client_support import API_KEY, AsyncRecording, ClientStack, FlakyProxy, client_stack  # noqa: F401
 from tests.ids import unique
 from tests.test_client import SCHEDULE, Idle, moto, template_of

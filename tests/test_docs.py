@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from durapay.workflows.states import TRANSITIONS, FlowState
+from durapay.workflows.engine.states import TRANSITIONS, FlowState
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = (

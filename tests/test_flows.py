@@ -9,9 +9,10 @@ from pydantic import BaseModel
 
 from durapay.flows import Call, DefinitionError, Flow, call, step, timer, wait_signal
 from durapay.gateway import Catalogue
+from durapay.gateway import Order as GatewayOrder
 from durapay.tasks.outcomes import Advance, Finish
+from durapay.workflows.engine.steps import CallStep, MerchantStep, SleepStep, WaitStep
 from durapay.workflows.flows import REGISTRY
-from durapay.workflows.steps import CallStep, MerchantStep, SleepStep, WaitStep
 
 
 class Order(BaseModel):
@@ -49,6 +50,21 @@ def test_a_step_name_twice_is_refused_naming_the_flow_and_the_step() -> None:
 def test_an_unknown_operation_is_refused_naming_it() -> None:
     with pytest.raises(DefinitionError, match=r"^step .charge.: no gateway operation named .create_mot_order."):
         call("charge", "create_mot_order", lambda ctx: Call())
+
+
+class Sale(BaseModel):
+    order: GatewayOrder
+
+
+def test_a_payment_in_a_flow_without_its_gateway_order_is_refused() -> None:
+    """A payment's lost answer is read back from the flow's gateway order: a Flow with a payment and no
+    ``order_id`` was accepted, its read-back asked for order "" and took the 404 as "never acted", and the
+    next try charged again (issue 38 money review, finding 12)."""
+    from durapay.flows import payment
+
+    charge = payment("charge", Catalogue.create_moto_order, lambda ctx: {"order": {}})
+    with pytest.raises(DefinitionError, match=r"flow 'sale', step 'charge': a payment's lost answer is read back from"):
+        Flow("sale", Sale, (charge,), lambda data, outputs: {})
 
 
 def test_a_step_reading_an_output_no_earlier_step_makes_is_refused() -> None:

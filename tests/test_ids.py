@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from durapay.workflows.sensitive import card_like
+from durapay.workflows.engine.sensitive import card_like
 from tests.ids import unique
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import durapay
 
 ROOT = Path(__file__).resolve().parents[1]
-HEAVY = ("durapay.workflows.engine", "durapay.client", "celery", "redis", "httpx", "fastapi")
+HEAVY = ("durapay.workflows.engine.api", "durapay.client", "celery", "redis", "httpx", "fastapi")
 
 
 def loaded_after(code: str) -> list[str]:
@@ -25,7 +25,7 @@ def test_import_durapay_loads_nothing_heavy() -> None:
 
 def test_a_public_name_loads_its_home_only_when_used() -> None:
     assert loaded_after("import durapay; durapay.verify_webhook") == []
-    assert "durapay.workflows.engine" in loaded_after("import durapay; durapay.connect")
+    assert "durapay.workflows.engine.api" in loaded_after("import durapay; durapay.connect")
 
 
 def test_every_public_name_resolves_and_is_listed() -> None:

@@ -29,9 +29,9 @@ import httpx
 import pytest
 
 from bench._webhook_receiver import WebhookReceiver
+from durapay.workflows.engine.states import FlowState
 from durapay.workflows.flows import REGISTRY
 from durapay.workflows.flows.examples import example
-from durapay.workflows.states import FlowState
 from tests.waiting import wait_until
 
 pytestmark = pytest.mark.integration

@@ -11,29 +11,41 @@ from typing import TYPE_CHECKING
 from durapay._lazy import lazy_names
 
 if TYPE_CHECKING:
-    from durapay.workflows.clock import Clock, ManualClock, OffsetClock, SystemClock
-    from durapay.workflows.dispatcher import Dispatcher
-    from durapay.workflows.engine import Claim, Engine, InputError, NotFound, OperatorError, StartConflict
-    from durapay.workflows.states import STOPPED, TERMINAL, FlowState
-    from durapay.workflows.store import FlowRecord
+    from durapay.workflows.engine import (
+        STOPPED,
+        TERMINAL,
+        Claim,
+        Clock,
+        Dispatcher,
+        Engine,
+        FlowRecord,
+        FlowState,
+        InputError,
+        ManualClock,
+        NotFound,
+        OffsetClock,
+        OperatorError,
+        StartConflict,
+        SystemClock,
+    )
 
 #: Loaded on first use (durapay/_lazy.py): importing one module of the package loads no other.
 _HOMES = {
-    "Clock": "durapay.workflows.clock",
-    "ManualClock": "durapay.workflows.clock",
-    "OffsetClock": "durapay.workflows.clock",
-    "SystemClock": "durapay.workflows.clock",
-    "Dispatcher": "durapay.workflows.dispatcher",
-    "Claim": "durapay.workflows.engine",
-    "Engine": "durapay.workflows.engine",
-    "InputError": "durapay.workflows.engine",
-    "NotFound": "durapay.workflows.engine",
-    "OperatorError": "durapay.workflows.engine",
-    "StartConflict": "durapay.workflows.engine",
-    "STOPPED": "durapay.workflows.states",
-    "TERMINAL": "durapay.workflows.states",
-    "FlowState": "durapay.workflows.states",
-    "FlowRecord": "durapay.workflows.store",
+    "Clock": "durapay.workflows.engine.clock",
+    "ManualClock": "durapay.workflows.engine.clock",
+    "OffsetClock": "durapay.workflows.engine.clock",
+    "SystemClock": "durapay.workflows.engine.clock",
+    "Dispatcher": "durapay.workflows.engine.dispatcher",
+    "Claim": "durapay.workflows.engine.api",
+    "Engine": "durapay.workflows.engine.api",
+    "InputError": "durapay.workflows.engine.api",
+    "NotFound": "durapay.workflows.engine.api",
+    "OperatorError": "durapay.workflows.engine.api",
+    "StartConflict": "durapay.workflows.engine.api",
+    "STOPPED": "durapay.workflows.engine.states",
+    "TERMINAL": "durapay.workflows.engine.states",
+    "FlowState": "durapay.workflows.engine.states",
+    "FlowRecord": "durapay.workflows.engine.store",
 }
 __getattr__, __dir__ = lazy_names(__name__, _HOMES)
 

@@ -8,7 +8,7 @@ the ``durapay.bulk.run`` task, re-sent by itself while work is left and by the d
 was lost) acts on each at ``DURAPAY_BULK__RATE`` flows a second, recording its progress after each.
 
 Per flow the rules are exactly those of the single-flow actions: ``Engine.retry`` and ``Engine.cancel``
-(which ask ``workflows.operator_actions`` and the engine's scripts: a flow with money in flight is asked
+(which ask ``workflows.engine.operator_actions`` and the engine's scripts: a flow with money in flight is asked
 to cancel and ends only as the engine allows). A flow the engine refuses is counted as skipped with the
 engine's reason. Each flow's history names the bulk action (``by``: ``bulk:<id> <who>``).
 
@@ -28,7 +28,7 @@ claimed (HSETNX) before it is written whole; the claim lives :data:`CLAIM_SECOND
 cut between the two (its process killed, a Redis error) leaves nothing that blocks the action for ever.
 A runner takes the action's lease before it acts, so two never run one action at once: it renews the
 lease and moves the position on only while the lease is still its own and the position the one it read
-(``lua/bulk_progress.lua``, one compare-and-set), checks so before each flow, and stops when either
+(``engine/lua/bulk_progress.lua``, one compare-and-set), checks so before each flow, and stops when either
 fails (a runner stalled past its lease and replaced by the dispatcher's revive acts on nothing more);
 while it paces itself it renews the lease, and it never sleeps past its run's end. A crash (or a stall)
 between a flow's action and its progress entry finds it again, changed by that act: skipped as changed.
@@ -69,13 +69,17 @@ from durapay.workflows.bulk_plan import (
     plan_flows,
     reason_class,
 )
-from durapay.workflows.engine import Engine, NotFound
-from durapay.workflows.errors import ChangedSince, OperatorError
-from durapay.workflows.keys import derived_id
-from durapay.workflows.operator_actions import Seen
-from durapay.workflows.scripts import source
-from durapay.workflows.sensitive import mask_text
-from durapay.workflows.store import compact_json
+from durapay.workflows.engine import (
+    ChangedSince,
+    Engine,
+    NotFound,
+    OperatorError,
+    Seen,
+    compact_json,
+    derived_id,
+    mask_text,
+    source,
+)
 
 __all__ = [
     "ACTIONS",
@@ -128,7 +132,7 @@ class BulkActions:
         self.prefix = engine.keys.prefix
         self.send = send
         self.max_flows = settings.max_flows
-        self._progress = self.redis.register_script(source("lua/bulk_progress.lua"))
+        self._progress = self.redis.register_script(source("engine/lua/bulk_progress.lua"))
         self.plans = KeptPlans(self.redis, self.prefix)
 
     # -- keys --------------------------------------------------------------------------------------
@@ -240,7 +244,7 @@ class BulkActions:
         record = {
             "action": plan.action,
             "filter": compact_json(plan.filter.view()),  # as the dry run resolved it (relative times fixed then)
-            "by": mask_text(by)[:100],  # a person's name, masked where it is written (workflows.sensitive)
+            "by": mask_text(by)[:100],  # a person's name, masked where it is written (workflows.engine.sensitive)
             "updated": repr(now),
             "total": str(len(plan.flows)),
             "position": "0",
@@ -371,7 +375,7 @@ class BulkActions:
     def _step(self, runner: _Runner, what: str, counter: str = "", skips: str = "", sample: str = "", *, also: str = "") -> bool:
         """Renew the lease (``renew``) or also move the position on by one (``advance``: ``counter`` and
         ``also`` counted), only if the lease is still the runner's and the position the one it stands at
-        (``lua/bulk_progress.lua``)."""
+        (``engine/lua/bulk_progress.lua``)."""
         args = [what, runner.owner, runner.position, LEASE_MS, counter, repr(self.engine.clock.now()), runner.total]
         keys = [self._lease_key(runner.bulk_id), self._record_key(runner.bulk_id)]
         return bool(self._progress(keys=keys, args=[*args, skips, sample, also]))

@@ -19,9 +19,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from durapay.workflows.bulk_plan import FILTERS, KEPT_SECONDS, Action, Plan, entry
-from durapay.workflows.keys import derived_id
-from durapay.workflows.sensitive import mask
-from durapay.workflows.store import compact_json
+from durapay.workflows.engine import compact_json, derived_id, mask
 
 
 class Unconfirmable(ValueError):
@@ -44,7 +42,7 @@ def plan_action_id(token: str) -> str:
 
 def asked_text(action: Action, given: Mapping[str, Any]) -> str:
     """The action and its filter as asked, in one form (what a key or a dry run's token is compared by), its
-    text masked as it is kept (``workflows.sensitive``: a card number typed in a filter is never kept whole)."""
+    text masked as it is kept (``workflows.engine.sensitive``: a card number typed in a filter is never kept whole)."""
     return compact_json(mask({"action": action, **{name: str(value) for name, value in given.items() if value is not None}}))
 
 

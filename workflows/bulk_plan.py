@@ -3,7 +3,7 @@
 The filter (kind, state, error code, creation window) is walked through the flow listing
 (``workflows.listing``: cursor pages, each within its read budget), at most ``max_flows`` matches and
 :data:`READ_FACTOR` times as many index entries read; each match is judged by the rule the engine asks
-before it acts (``workflows.operator_actions``), so the dry run's skips are the action's. The action
+before it acts (``workflows.engine.operator_actions``), so the dry run's skips are the action's. The action
 itself, its record and runner, are ``workflows.bulk``'s.
 """
 
@@ -15,13 +15,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
-from durapay.workflows import operator_actions
+from durapay.workflows.engine import FlowRecord, FlowState, Seen, UnknownTerminal, mask, mask_text, operator_actions
 from durapay.workflows.flow_money import minor_money, totals
 from durapay.workflows.listing import READ_BUDGET, Cursor, FlowListing
-from durapay.workflows.operator_actions import Seen
-from durapay.workflows.sensitive import mask, mask_text
-from durapay.workflows.states import FlowState
-from durapay.workflows.store import FlowRecord
 
 if TYPE_CHECKING:
     from durapay.workflows.engine import Engine
@@ -29,7 +25,7 @@ if TYPE_CHECKING:
 Action = Literal["retry", "cancel"]
 ACTIONS: tuple[Action, ...] = ("retry", "cancel")
 #: The filter's names, in the order the action's id is derived from the filter as given.
-FILTERS = ("kind", "state", "error", "since", "until")
+FILTERS = ("kind", "state", "error", "since", "until", "terminal")
 #: Flows shown by a dry run, and skipped flows kept with their reason in a record.
 SAMPLE = 20
 #: Seconds a dry run is kept for its confirmation (then: make a new one); once confirmed, its flows are
@@ -54,10 +50,12 @@ class BulkFilter:
     error: str | None = None
     since: float | None = None
     until: float | None = None
+    #: Only the flows of this gateway terminal (``workflows.engine.terminals``): a terminal's outage, retried alone.
+    terminal: str | None = None
 
     def __post_init__(self) -> None:
         # The error code is free text as given: a card number typed there is masked where the filter is
-        # made, so no record, dry run or answer repeats it (workflows.sensitive). No code is such a number.
+        # made, so no record, dry run or answer repeats it (workflows.engine.sensitive). No code is such a number.
         if self.error is not None:
             object.__setattr__(self, "error", mask_text(self.error))
 
@@ -70,6 +68,8 @@ class BulkFilter:
             return False
         if self.since is not None and record.created < self.since:
             return False
+        if self.terminal is not None and record.terminal != self.terminal:
+            return False
         return not (self.until is not None and record.created > self.until)
 
     def view(self) -> dict[str, Any]:
@@ -79,12 +79,20 @@ class BulkFilter:
             "error": self.error,
             "since": self.since,
             "until": self.until,
+            "terminal": self.terminal,
         }
 
     @classmethod
     def parse(cls, data: Mapping[str, Any]) -> BulkFilter:
         state = data.get("state")
-        return cls(data.get("kind"), FlowState(state) if state else None, data.get("error"), data.get("since"), data.get("until"))
+        return cls(
+            data.get("kind"),
+            FlowState(state) if state else None,
+            data.get("error"),
+            data.get("since"),
+            data.get("until"),
+            data.get("terminal"),
+        )
 
 
 def error_codes(error: Mapping[str, Any] | None) -> set[str]:
@@ -202,12 +210,16 @@ def plan_flows(
     engine: Engine, action: Action, wanted: BulkFilter, max_flows: int, asked: Mapping[str, str] | None = None
 ) -> Plan:
     """Walk the filter (``workflows.listing``, bounded) and judge each match as the action would
-    (``workflows.operator_actions``, the rule the engine asks): :class:`TooMany` past ``max_flows``.
+    (``workflows.engine.operator_actions``, the rule the engine asks): :class:`TooMany` past ``max_flows``.
     ``asked``: the filter as its caller wrote it (default: :func:`asked_of`)."""
     # The filter as asked is kept with the dry run and shown: its text masked where it is written.
     asked = mask(dict(asked)) if asked is not None else asked_of(wanted)
     if wanted.kind is not None:
         engine.definition(wanted.kind)  # an unknown kind: InputError naming the known ones
+    if wanted.terminal is not None and wanted.terminal not in engine.terminals.names:
+        from durapay.workflows.engine import InputError  # (the engine imports nothing of bulk actions)
+
+        raise InputError("bulk", "terminal", str(UnknownTerminal(wanted.terminal, engine.terminals.names)))
     listing = FlowListing(engine.store, engine.registry)
     states = [wanted.state] if wanted.state is not None else []
     flows: list[tuple[str, Seen | None]] = []
@@ -225,6 +237,7 @@ def plan_flows(
             limit=PAGE,
             after=after,
             budget=READ_BUDGET,
+            terminal=wanted.terminal,
         )
         budget -= max(len(page.records), PAGE)
         for record in page.records:

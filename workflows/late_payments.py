@@ -1,6 +1,6 @@
 """A person closes a late payment: money the gateway reports for a flow that does not account for it.
 
-A ``LatePayment`` (``workflows/lua/money.lua``) stops a flow in ``needs_attention`` with the payment kept
+A ``LatePayment`` (``workflows/engine/lua/money.lua``) stops a flow in ``needs_attention`` with the payment kept
 on its record, whatever it had been: failed or cancelled (the customer paid after all), succeeded with
 another payment (a second one), or moved to a new order (the customer paid the page of an order the flow
 left). The money stays shown until one of these closes it:
@@ -19,7 +19,7 @@ left). The money stays shown until one of these closes it:
 Two rules hold for every close:
 
 * **A close never ends a flow past money in flight.** A flow that still holds something its customer
-  can pay on (``unsettled``, ``workflows.inflight``: above all one that had moved to a new order, whose
+  can pay on (``unsettled``, ``workflows.engine.inflight``: above all one that had moved to a new order, whose
   new link or page is still open) is not ended by a person: the close is asked as a cancel through
   ``transition.lua``, the one home of the rule, which makes the flow close what it holds and read the
   gateway first (:meth:`LatePayments._write`). The late payment stays shown meanwhile; once the flow has
@@ -37,14 +37,20 @@ import logging
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from durapay.gateway import FAILURE_RESULTS, FINAL_RESULTS, SUCCESS_RESULTS, Catalogue, GatewayError, Operation, OperationType
-from durapay.workflows import inflight
-from durapay.workflows.errors import OperatorError
+from durapay.workflows.engine import (
+    TERMINAL,
+    Change,
+    FlowRecord,
+    FlowState,
+    MoneyTaken,
+    OperatorError,
+    compact_json,
+    derived_id,
+    inflight,
+    late_payment,
+    mask_text,
+)
 from durapay.workflows.flows._adopt import PAYMENT_TYPES
-from durapay.workflows.keys import derived_id
-from durapay.workflows.operator_actions import late_payment
-from durapay.workflows.sensitive import mask_text
-from durapay.workflows.states import TERMINAL, FlowState
-from durapay.workflows.store import Change, FlowRecord, MoneyTaken, compact_json
 
 if TYPE_CHECKING:
     from durapay.workflows.engine import Engine
@@ -87,7 +93,10 @@ class LatePayments:
         # gateway read under way) is then refused when it writes, and one written first makes this fail.
         if not self.engine.store.mark(record, "refund_asked", {**asked, "operationId": operation_id}):
             raise OperatorError(f"flow {flow_id} changed meanwhile (another decision on it); look again")
-        refund = self.engine.start("refund", {"operationId": operation_id}, key, derived_key=True, note=asked)
+        # On the flow's own terminal: the payment is that terminal's, and only its key may refund it.
+        refund = self.engine.start(
+            "refund", {"operationId": operation_id}, key, derived_key=True, note=asked, terminal=record.terminal
+        )
         record = self.engine.get(flow_id)  # as marked (or as the refund's end closed it meanwhile)
         if refund.state is FlowState.SUCCEEDED and record.state is FlowState.NEEDS_ATTENTION:
             return self._close_refunded(record, operation_id, {"flow": refund.id}, reason, by=by)
@@ -175,7 +184,8 @@ class LatePayments:
         back ("" for nothing: it is still AUTHORIZED or EXECUTED and nothing on its order undoes it,
         :func:`undone_by`). The record's notification is the gateway's word *then*; only this read says
         whether the money is still the merchant's. OperatorError when the gateway cannot be read."""
-        client = self.engine.gateway()
+        held = self.engine.store.get(flow_id)
+        client = self.engine.gateway(held.terminal if held is not None else "default")  # the flow's own terminal's key
         try:
             payment = client.call(Catalogue.get_operation, operation_id)
             order = client.call(Catalogue.get_order, payment.orderId) if payment.orderId else None

@@ -31,7 +31,7 @@ it (score descending, then id descending). A position, not a count: flows starte
 read sort before its cursor and never shift or repeat the next page, and flows with the same time
 that straddle two pages are neither skipped nor repeated.
 
-Search (:meth:`FlowListing.find`) answers a flow id, a gateway order id (``workflows.orders``' lookup),
+Search (:meth:`FlowListing.find`) answers a flow id, a gateway order id (``workflows.engine.orders``' lookup),
 a start key (the flow id is derived from it, per kind) or a gateway operation id (the lookup
 ``transition.lua`` writes with each step's output, ``Keys.operation``).
 """
@@ -43,9 +43,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from durapay.workflows.keys import Keys, derived_id
-from durapay.workflows.states import FlowState
-from durapay.workflows.store import FlowRecord, FlowStore
+from durapay.workflows.engine import FlowRecord, FlowState, FlowStore, Keys, derived_id
 
 #: How many index entries (rows of ``ZREVRANGEBYSCORE``, every index and round) one request may read
 #: before it answers what it found and the cursor where it stopped: a kind filter on the states'
@@ -141,10 +139,12 @@ class FlowListing:
         since: float | None = None,
         limit: int = 50,
         after: str | None = None,
+        terminal: str | None = None,
     ) -> FlowPage:
         """Up to ``limit`` flows after the cursor ``after`` (its text; None: from the newest), and the
         cursor of the next page: :meth:`page` with the cursors as text."""
-        page = self.page(states=states, kind=kind, since=since, limit=limit, after=None if after is None else Cursor.parse(after))
+        cursor = None if after is None else Cursor.parse(after)
+        page = self.page(states=states, kind=kind, since=since, limit=limit, after=cursor, terminal=terminal)
         return FlowPage(page.records, page.next.text() if page.next is not None else None)
 
     def page(
@@ -157,13 +157,15 @@ class FlowListing:
         limit: int = 50,
         after: Cursor | None = None,
         budget: int = READ_BUDGET,
+        terminal: str | None = None,
     ) -> Page:
         """The ``limit`` newest flows after ``after`` (None: from the newest) created within
         ``since``..``until``, and the cursor of the next page (None: the end).
 
         Filled: rounds of reads go on until ``limit`` flows match or the indexes end, unless ``budget``
         index entries were read first; then the page is short (even empty) and its cursor is where the
-        reading stopped."""
+        reading stopped. ``terminal``: only flows of that gateway terminal (read from the records, as a kind
+        on the states' indexes is: no index of its own, so a rare terminal among many flows gives short pages)."""
         indexes = self.indexes(states, kind)
         wanted = {state.value for state in states}
         # A kind index is ordered by creation: the time range bounds what is read. A state index is
@@ -181,6 +183,8 @@ class FlowListing:
                 if record is None or (kind is not None and record.kind != kind):
                     continue
                 if wanted and record.state.value not in wanted:
+                    continue
+                if terminal is not None and record.terminal != terminal:
                     continue
                 if (since is not None and record.created < since) or (until is not None and record.created > until):
                     continue

@@ -1,12 +1,12 @@
 """Pause and resume a flow kind: a maintenance window in which none of its flows runs a step.
 
 While a kind is paused its flows wait where they are: nothing ends, no state changes, money in flight
-stays recorded (``workflows.inflight``), signals are still recorded (``signal.lua``) and read after the
+stays recorded (``workflows.engine.inflight``), signals are still recorded (``signal.lua``) and read after the
 resume. New flows of the kind are created and wait too. Schedules whose flows are of a paused kind fire
 nothing (``Schedules.tick``): their occurrences then follow the ``missed`` policy, as after a scheduler
 that was down for the pause.
 
-Where the rule lives: ``lua/pause.lua``, prepended to ``claim.lua`` (a worker's claim of a paused kind's
+Where the rule lives: ``engine/lua/pause.lua``, prepended to ``claim.lua`` (a worker's claim of a paused kind's
 step is refused in the claim's own round trip), ``hold.lua`` (the dispatcher's, for a due flow of a
 paused kind, so that it sends no message per held flow) and ``release.lua`` (a resume). A hold moves the
 flow's due entry to the re-check (``DURAPAY_PAUSE__RECHECK_SECONDS``) and, the first time under a pause,
@@ -33,10 +33,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from durapay.gateway._strict import did_you_mean
-from durapay.workflows.keys import Keys
-from durapay.workflows.scripts import ScriptPipeline
-from durapay.workflows.sensitive import mask_text
-from durapay.workflows.store import FlowRecord, FlowStore, compact_json
+from durapay.workflows.engine import FlowRecord, FlowStore, Keys, ScriptPipeline, compact_json, mask_text, moment_id
 
 #: Pause and resume entries kept in the audit list (the newest).
 LOG_KEPT = 1000
@@ -69,7 +66,7 @@ class NotPaused(ValueError):
 
 @dataclass(frozen=True)
 class Pause:
-    """A pause in force: the kind, its id (when it began, in ms), who, when (POSIX seconds), why."""
+    """A pause in force: the kind, its id (when it began: ``clock.moment_id``), who, when (POSIX seconds), why."""
 
     kind: str
     id: str
@@ -148,8 +145,8 @@ class Pauses:
                 self._copy(found)
                 return found
             now = self._now()
-            # A person's words, masked where they are written (workflows.sensitive), then bounded.
-            pause = Pause(kind, str(int(now * 1000)), mask_text(by)[:WHO_MAX], now, mask_text(reason)[:REASON_MAX])
+            # A person's words, masked where they are written (workflows.engine.sensitive), then bounded.
+            pause = Pause(kind, moment_id(now), mask_text(by)[:WHO_MAX], now, mask_text(reason)[:REASON_MAX])
             if self.redis.hsetnx(self.keys.pauses(), kind, pause.text()):
                 self._copy(pause)
                 self._audit({"action": "pause", **pause.view()})

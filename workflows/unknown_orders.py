@@ -4,7 +4,7 @@ A notification whose order id no flow holds (its record and order lookups expire
 durapay's) cannot be checked: no token is kept for it. The receiver refuses it like a bad token, but
 the money it may announce must still be found, so the merchant is told: one event with the order id and
 what the body *claims* (operation id, result, amount, currency), marked unverified, on the merchant
-event streams (``workflows.events``), read by the pull feed and fanned out to webhooks like any other.
+event streams (``workflows.engine.events``), read by the pull feed and fanned out to webhooks like any other.
 
 Such an event has no flow, so no flow script writes it; :meth:`UnknownOrders.announce` adds it to the
 stream of the order id's partition (``Keys.partition(order_id)``, the slot of the order's own lookups),
@@ -26,7 +26,7 @@ import json
 from collections.abc import Callable, Mapping
 from typing import Any, Literal
 
-from durapay.workflows.keys import Keys
+from durapay.workflows.engine import Keys
 
 TYPE = "notification.unknown_order"
 

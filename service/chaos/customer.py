@@ -9,9 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from durapay.workflows.engine import Engine
-from durapay.workflows.states import STOPPED, FlowState
-from durapay.workflows.store import FlowRecord
+from durapay.workflows.engine import STOPPED, Engine, FlowRecord, FlowState
 
 CUSTOMER_KINDS = frozenset({"hpp", "paybylink", "build", "reservation", "challenge"})
 

@@ -30,10 +30,7 @@ from dataclasses import dataclass, field
 
 from durapay.service.chaos.customer import Customer
 from durapay.service.chaos.workload import Planned, Workload
-from durapay.workflows.engine import Engine, NotFound, OperatorError
-from durapay.workflows.keys import derived_id
-from durapay.workflows.states import TERMINAL, FlowState
-from durapay.workflows.store import FlowRecord
+from durapay.workflows.engine import TERMINAL, Engine, FlowRecord, FlowState, NotFound, OperatorError, derived_id
 
 CANCEL, RESOLVE = "cancel", "resolve"
 #: Kinds whose customer pays on a page or link the gateway keeps open after a cancel.

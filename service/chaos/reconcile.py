@@ -15,7 +15,7 @@ The ledger is the simulator's record of every operation. For each acknowledged s
 * **succeeded unpaid**: ``succeeded`` with no money at the gateway behind it;
 * **stuck**: unfinished at the end (or, for an unfinished flow, without a due entry);
 * **events lost / made up**: an event exists if and only if its transition happened (merchant events,
-  ``workflows/events.py``): per flow, one ``flow.created``, and as many ``flow.succeeded``,
+  ``workflows/engine/events.py``): per flow, one ``flow.created``, and as many ``flow.succeeded``,
   ``flow.failed`` and ``flow.cancelled`` events as its history has transitions to that state.
 
 Whether a flow shows a charge is the rule the production reconciliation uses (``durapay reconcile``:
@@ -32,12 +32,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from durapay.service.chaos.workload import Planned
-from durapay.workflows.engine import Engine, NotFound
-from durapay.workflows.events import Cursor, EventFeed
+from durapay.workflows.engine import STOPPED, Cursor, Engine, EventFeed, FlowRecord, FlowState, NotFound
 from durapay.workflows.reconciliation import money
 from durapay.workflows.schedules import order_parts
-from durapay.workflows.states import STOPPED, FlowState
-from durapay.workflows.store import FlowRecord
 
 PAYMENT_TYPES = frozenset({"AUTHORIZATION", "CAPTURE", "CARD_VERIFICATION"})
 SUCCESS = money.TAKEN
@@ -140,7 +137,7 @@ def check_money(
         if money.shown(record, op) in ("outcome", "attention"):
             continue
         if record.state is FlowState.SUCCEEDED and not money.named_operations(record):
-            continue  # an outcome naming no operation is not judged (as workflows/lua/money.lua)
+            continue  # an outcome naming no operation is not judged (as workflows/engine/lua/money.lua)
         if record.state is FlowState.SUCCEEDED and len(charges) > 1:
             continue  # the twice-charged line already says it
         refund = operator_refund(record, operation_id)

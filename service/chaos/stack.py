@@ -34,7 +34,7 @@ from durapay.service.processes import Child, settings_env
 from durapay.service.runtime import Runtime, build_runtime
 from durapay.service.server import ApiServer
 from durapay.simulator import SimulatorConfig, SimulatorServer
-from durapay.workflows.cards import new_key
+from durapay.workflows.engine import new_key
 
 #: The gateway client's timeout: a "hang" fault holds a request longer than this.
 GATEWAY_TIMEOUT = 2.0

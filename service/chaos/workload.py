@@ -20,8 +20,7 @@ from typing import Any
 
 import redis
 
-from durapay.workflows.durability import NotDurable
-from durapay.workflows.engine import Engine
+from durapay.workflows.engine import Engine, NotDurable
 
 APPROVE = "4349940199004549"  # published approving VISA, frictionless
 CHALLENGE = "5186151650005008"  # published approving MC, 3DS challenge

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
 import typer
 
-from durapay.workflows.states import FlowState
+from durapay.workflows.engine import FlowState
 
 if TYPE_CHECKING:
     from durapay.config.settings import Settings, SettingsError
@@ -110,12 +110,17 @@ class Output:
         import redis
 
         from durapay.config.settings import SettingsError
-        from durapay.workflows.cards import SETTING as CARD_SETTING
-        from durapay.workflows.cards import CardKeyMissing, CardUnreadable
-        from durapay.workflows.durability import EarlyWaitaof
-        from durapay.workflows.engine import InputError, NotFound, OperatorError
-        from durapay.workflows.signals import SignalRefused
-        from durapay.workflows.store import StartConflict
+        from durapay.workflows.engine import SETTING as CARD_SETTING
+        from durapay.workflows.engine import (
+            CardKeyMissing,
+            CardUnreadable,
+            EarlyWaitaof,
+            InputError,
+            NotFound,
+            OperatorError,
+            SignalRefused,
+            StartConflict,
+        )
 
         try:
             yield

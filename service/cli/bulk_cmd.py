@@ -26,7 +26,7 @@ from durapay.service.cli import completion
 from durapay.service.cli._common import BadOption, ExitCode, Output, one_of, runtime
 from durapay.service.cli._output import echo_json, print_rows, when
 from durapay.service.timeparse import SINCE_FORMS, parse_since
-from durapay.workflows.states import FlowState
+from durapay.workflows.engine import FlowState
 
 if TYPE_CHECKING:
     from durapay.service.runtime import Runtime
@@ -50,10 +50,18 @@ def _bulk(rt: Runtime) -> BulkActions:
 
 
 def _filter(
-    engine: Any, kind: str | None, state: str | None, since: str | None, until: str | None, error: str | None
+    engine: Any,
+    kind: str | None,
+    state: str | None,
+    since: str | None,
+    until: str | None,
+    error: str | None,
+    terminal: str | None = None,
 ) -> BulkFilter:
     if kind is not None:
         one_of(kind, engine.registry, "--kind", "flow kind")
+    if terminal is not None:
+        one_of(terminal, engine.terminals.names, "--terminal", "terminal")
     chosen = FlowState(one_of(state, [s.value for s in FlowState], "--state", "state")) if state is not None else None
     now = engine.clock.now()
     times: dict[str, float | None] = {}
@@ -64,7 +72,7 @@ def _filter(
             raise BadOption(f"--{name}", str(exc)) from None
     from durapay.workflows.bulk import BulkFilter
 
-    return BulkFilter(kind, chosen, error, times["since"], times["until"])
+    return BulkFilter(kind, chosen, error, times["since"], times["until"], terminal)
 
 
 def _print_plan(plan: Plan) -> None:
@@ -103,6 +111,7 @@ def _act(
     error: str | None,
     since: str | None,
     until: str | None,
+    terminal: str | None,
     *,
     dry_run: bool,
     yes: bool,
@@ -119,10 +128,9 @@ def _act(
         if plan_token is not None and not re.fullmatch(r"[0-9a-f]{32}", plan_token):
             raise BadOption("--plan", f"{plan_token!r} is not a dry run's plan token (32 hex digits, as --dry-run prints it)")
         bulk = _bulk(rt)
-        wanted = _filter(rt.engine, kind, state, since, until, error)
-        given = {
-            name: value for name, value in zip(FILTERS, (kind, state, error, since, until), strict=True) if value is not None
-        }
+        wanted = _filter(rt.engine, kind, state, since, until, error, terminal)
+        values = (kind, state, error, since, until, terminal)
+        given = {name: value for name, value in zip(FILTERS, values, strict=True) if value is not None}
         plan: Plan | None = None
         try:  # with --plan: that dry run, shown as it was made (its times fixed then)
             plan = bulk.confirms(plan_token, action, given) if plan_token else bulk.plan(action, wanted, asked=given)
@@ -178,6 +186,7 @@ StateOption = Annotated[
 ErrorOption = Annotated[str | None, typer.Option("--error", help="Flows whose error has this type or code.")]
 SinceOption = Annotated[str | None, typer.Option("--since", help=f"Created since: {SINCE_FORMS}.")]
 UntilOption = Annotated[str | None, typer.Option("--until", help=f"Created until: {SINCE_FORMS}.")]
+TerminalOption = Annotated[str | None, typer.Option("--terminal", help="Flows of this gateway terminal (DURAPAY_TERMINALS).")]
 DryRun = Annotated[bool, typer.Option("--dry-run", help="Show what would be done; change nothing.")]
 Yes = Annotated[bool, typer.Option("--yes", help="Act without asking (after a dry run of your own).")]
 Wait = Annotated[bool, typer.Option("--wait", help="Follow the progress to the end.")]
@@ -202,6 +211,7 @@ def _action_command(action: Action, doc: str) -> None:
         error: ErrorOption = None,
         since: SinceOption = None,
         until: UntilOption = None,
+        terminal: TerminalOption = None,
         dry_run: DryRun = False,
         yes: Yes = False,
         wait: Wait = False,
@@ -217,6 +227,7 @@ def _action_command(action: Action, doc: str) -> None:
             error,
             since,
             until,
+            terminal,
             dry_run=dry_run,
             yes=yes,
             wait=wait,

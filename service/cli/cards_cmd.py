@@ -1,4 +1,4 @@
-"""``durapay cards new-key|keys|reseal``: the card key that seals card data at rest (``workflows.cards``).
+"""``durapay cards new-key|keys|reseal``: the card key that seals card data at rest (``workflows.engine.cards``).
 
 Card fields (PAN, expiry date, CVV, a wallet's payment data) are written to Redis only sealed with the
 first key of ``DURAPAY_CARD__KEYS``; any key of the list opens what it sealed. Rotating (docs/operations.md,
@@ -27,7 +27,7 @@ def new_key_command(
     as_json: JsonFlag = False,
 ) -> None:
     """Print a new key entry for DURAPAY_CARD__KEYS (<id>:<base64 of 32 bytes>); it is kept nowhere."""
-    from durapay.workflows.cards import new_key
+    from durapay.workflows.engine import new_key
 
     out = Output(as_json)
     with out.errors():
@@ -39,7 +39,7 @@ def new_key_command(
 
 
 def _report(reseal: bool, as_json: bool) -> None:
-    from durapay.workflows.cards import in_flight
+    from durapay.workflows.engine import in_flight
 
     out = Output(as_json)
     with runtime(out, writes=reseal) as rt, out.errors():

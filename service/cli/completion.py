@@ -5,10 +5,12 @@ loaded the engine, the API and the demo). The root command imports only the comm
 (``service.cli.COMMAND_MODULES``), command modules import the engine where a command runs, and the
 completions here import no more than they need:
 
-* states: the states' enum (``workflows.states``, nothing else);
-* kinds: the flow registry is the one list of kinds, but loading it loads Celery and the gateway's
+* states: the states' enum (``workflows.engine.states``, nothing else);
+* kinds: the flow registry is the one list of kinds (durapay's and those of the modules
+  ``DURAPAY_FLOWS__MODULES`` names in the environment), but loading it loads Celery and the gateway's
   models, so the names are kept in the user's cache folder with a stamp of the registry's sources
-  (their names, sizes and modification times) and read again only when the stamp changes;
+  and the merchant's modules (the setting, their files' names, sizes and modification times) and read
+  again only when the stamp changes;
 * flow ids: the newest :data:`IDS_SHOWN` flows of the store the settings name (``DURAPAY_REDIS_URL``,
   or the data folder's running embedded Valkey), read with one bounded pipeline over the state
   indexes; nothing when no store answers within :data:`STORE_TIMEOUT` seconds.
@@ -28,7 +30,7 @@ from typing import Annotated, Any
 
 import typer
 
-from durapay.workflows.states import FlowState
+from durapay.workflows.engine import FlowState
 
 #: How many flow ids a Tab offers (the newest), and how many each state index of a partition gives.
 IDS_SHOWN = 50
@@ -61,9 +63,33 @@ def cache_file() -> Path:
     return Path(base) / "durapay" / "completion-kinds.json"
 
 
+#: ``workflows.engine.modules.SETTING``, named here since importing that module loads the engine's steps (a
+#: test holds the two equal).
+MODULES_SETTING = "DURAPAY_FLOWS__MODULES"
+
+
+def merchant_modules() -> list[str]:
+    """The modules of the merchant's own kinds, as the environment names them (``workflows.engine.modules``)."""
+    return [part.strip() for part in os.environ.get(MODULES_SETTING, "").split(",") if part.strip()]
+
+
+def _module_file(name: str) -> Path | None:
+    """Where module ``name`` is, found without running it (its parent packages are imported)."""
+    import importlib.util
+
+    with contextlib.suppress(ImportError, ValueError, AttributeError):
+        spec = importlib.util.find_spec(name)
+        if spec is not None and spec.origin:
+            return Path(spec.origin)
+    return None
+
+
 def registry_stamp() -> str:
-    """Changes when a source of the flow registry changes (added, removed, edited)."""
-    parts = sorted(f"{path.name}:{path.stat().st_size}:{path.stat().st_mtime_ns}" for path in FLOWS_PACKAGE.glob("*.py"))
+    """Changes when a source of the flow registry changes (added, removed, edited), or the merchant's
+    modules do (the setting, or a module's file)."""
+    files = [*FLOWS_PACKAGE.glob("*.py"), *(path for name in merchant_modules() if (path := _module_file(name)))]
+    parts = sorted(f"{path}:{path.stat().st_size}:{path.stat().st_mtime_ns}" for path in files if path.exists())
+    parts.append("modules=" + ",".join(merchant_modules()))
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]
 
 
@@ -75,9 +101,14 @@ def known_kinds() -> list[str]:
         cached = json.loads(path.read_text())
         if cached["stamp"] == stamp:
             return [str(kind) for kind in cached["kinds"]]
+    from durapay.config.settings import SettingsError
+    from durapay.workflows.engine import modules
     from durapay.workflows.flows import REGISTRY
 
-    names = sorted(REGISTRY)
+    try:
+        names = sorted(modules.registry(merchant_modules()))
+    except SettingsError:  # a module that does not load: durapay's own kinds (the command itself says why)
+        names = sorted(REGISTRY)
     with contextlib.suppress(OSError):
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps({"stamp": stamp, "kinds": names}))
@@ -89,7 +120,7 @@ def newest_flow_ids() -> list[str]:
 
     from durapay.config.embedded import running_embedded
     from durapay.config.settings import load_settings
-    from durapay.workflows.keys import Keys
+    from durapay.workflows.engine import Keys
 
     settings = load_settings()
     url = settings.redis_url or running_embedded((Path(settings.data_dir) / "valkey").resolve())

@@ -2,9 +2,11 @@
 
 Run from anywhere that reaches the store (a deploy pipeline, with the new build's manifest:
 ``durapay flows manifest --json > manifest.json`` in the new build, then ``durapay deploy check
---manifest manifest.json`` against production's store). Per kind and version: how many flows, at which
-steps, whether the build can continue them, the latest business deadline among them; exit 1 naming
-every flow the build would leave with no code to run it (docs/deploys.md, The pipeline check).
+--manifest manifest.json`` against production's store). Per kind and version: how many flows (every
+flow not finished, and failed and cancelled ones while kept: ``workflows.deploys.COUNTED``), in which
+states, at which steps, whether the build can continue them, the latest business deadline among them;
+exit 1 naming every flow and schedule the build would leave with no code to run it (docs/deploys.md,
+The pipeline check).
 """
 
 from __future__ import annotations
@@ -63,7 +65,12 @@ def check(
         kinds = _manifest_of(out, manifest_file, rt.engine.registry)["kinds"]
         groups = deploys.check(deploys.in_flight(rt.engine, schedules=Schedules(rt.engine)), kinds)
     stranded = deploys.stranded(groups)
-    report = {"ok": not stranded, "groups": [group.shown() for group in groups], "stranded": stranded}
+    report = {
+        "ok": not stranded,
+        "counted": deploys.COUNTED_TEXT,
+        "groups": [group.shown() for group in groups],
+        "stranded": stranded,
+    }
     if as_json:
         echo_json(report)
     else:
@@ -72,6 +79,7 @@ def check(
                 group.kind,
                 group.version or "-",
                 str(group.count) + (f" + {group.schedules} schedules" if group.schedules else ""),
+                ", ".join(f"{name} {n}" for name, n in sorted(group.states.items())) or "-",
                 ", ".join(f"{name} {n}" for name, n in sorted(group.steps.items())) or "-",
                 "yes" if group.runnable else f"NO: {group.reason}",
                 when(group.latest_deadline) if group.latest_deadline else "-",
@@ -80,14 +88,22 @@ def check(
         ]
         print_rows(
             "in flight",
-            ("kind", "version", "flows", "steps", "can continue", "latest deadline"),
+            ("kind", "version", "flows", "states", "steps", "can continue", "latest deadline"),
             rows,
             ids=frozenset({"version"}),
         )
-        if stranded:
-            typer.echo(f"{len(stranded)} flows would be left with no code to run them: {' '.join(stranded)}", err=True)
-        else:
-            typer.echo("ok: the build can continue every flow in flight", err=True)
+        typer.echo(f"counted: {deploys.COUNTED_TEXT}", err=True)
+        schedules = [schedule_id for group in groups if not group.runnable for schedule_id in group.schedule_ids]
+        named = set(schedules)
+        flows = [flow_id for flow_id in stranded if flow_id not in named]
+        if flows:
+            typer.echo(f"{len(flows)} flows would be left with no code to run them: {' '.join(flows)}", err=True)
+        if schedules:
+            typer.echo(
+                f"{len(schedules)} schedules would be left with no code for their charges: {' '.join(schedules)}", err=True
+            )
+        if not stranded:
+            typer.echo("ok: the build can continue every flow counted and every schedule", err=True)
     if stranded:
         raise typer.Exit(ExitCode.FAILED)
 

@@ -22,7 +22,7 @@ from durapay.service.cli import completion
 from durapay.service.cli._common import BadOption, ExitCode, Output, exit_code_for, one_of, read_json_input, runtime
 from durapay.service.cli._output import console, describe_error, echo_json, print_record, print_rows, when
 from durapay.service.timeparse import RUN_AT_FORMS, SINCE_FORMS, parse_run_at, parse_since
-from durapay.workflows.states import STOPPED, FlowState
+from durapay.workflows.engine import STOPPED, FlowState
 
 if TYPE_CHECKING:
     from durapay.workflows.engine import Engine
@@ -39,9 +39,11 @@ def _flow_fields(view: dict[str, Any], money: str = "") -> list[tuple[str, str]]
     from durapay.service.views import operation_time
 
     fields = [("id", view["id"])]
-    for name in ("kind", "state", "step", "order_id", "customer_url", "attempt"):
+    for name in ("kind", "state", "step", "order_id", "customer_url", "attempt", "tenant"):
         if view.get(name) not in (None, ""):
             fields.append((name, str(view[name])))
+    if view.get("terminal") not in (None, "", "default"):  # one terminal: shown as before
+        fields.append(("terminal", str(view["terminal"])))
     definition = view.get("definition") or {}
     if definition.get("version"):
         fields.append(("definition", f"{definition['kind']} {definition['version']}"))
@@ -120,7 +122,13 @@ def start(
     json_input: Annotated[str, typer.Option("--json-input", help="JSON input: a file, or - for stdin.")] = "-",
     key: Annotated[str | None, typer.Option("--key", help="Start key: the same key and input give the same flow.")] = None,
     run_at: Annotated[str | None, typer.Option("--run-at", help=f"Run later: {RUN_AT_FORMS}.")] = None,
+    tenant: Annotated[
+        str | None, typer.Option("--tenant", help="The merchant's tenant on a platform (its fairness key, with the terminal).")
+    ] = None,
     wait: Annotated[float, typer.Option("--wait", help="Wait up to N seconds for the flow to end; exit with its outcome.")] = 0.0,
+    terminal: Annotated[
+        str | None, typer.Option("--terminal", help="The gateway terminal its calls use (DURAPAY_TERMINALS; none: default).")
+    ] = None,
     as_json: JsonFlag = False,
 ) -> None:
     """Start a flow of KIND with the JSON input; print its id, state and customer URL.
@@ -142,7 +150,9 @@ def start(
         except ValueError as exc:
             raise BadOption("--run-at", str(exc)) from None
         one_of(kind, rt.engine.registry, "kind", "flow kind")
-        record = rt.engine.start(kind, data, key, run_at=when_at, run_at_asked=run_at or "")  # read strictly
+        record = rt.engine.start(
+            kind, data, key, run_at=when_at, run_at_asked=run_at or "", terminal=terminal, tenant=tenant
+        )  # read strictly
         view = flow_view(wait_for_customer_url(rt.engine, record, rt.settings.api.start_wait_seconds), rt.engine.registry)
         if wait > 0:
             if view.get("customer_url"):
@@ -178,6 +188,7 @@ def list_flows(
     since: Annotated[str | None, typer.Option(help=f"Created since: {SINCE_FORMS}.")] = None,
     limit: Annotated[int, typer.Option(min=1, max=10_000)] = 50,
     after: Annotated[str | None, typer.Option("--after", help="A cursor (a page's next): the flows after it.")] = None,
+    terminal: Annotated[str | None, typer.Option(help="Only flows of this gateway terminal (DURAPAY_TERMINALS).")] = None,
     as_json: JsonFlag = False,
 ) -> None:
     """List flows, newest first, a page at a time; prints the cursor of the next page (piped: one
@@ -191,12 +202,14 @@ def list_flows(
     with runtime(out) as rt, out.errors():
         if kind is not None:
             one_of(kind, rt.engine.registry, "--kind", "flow kind")
+        if terminal is not None:
+            one_of(terminal, rt.engine.terminals.names, "--terminal", "terminal")
         try:
             start_at = parse_since(since, now=rt.engine.clock.now()) if since else None
         except ValueError as exc:
             raise BadOption("--since", str(exc)) from None
         try:
-            page = rt.engine.list(state=wanted, kind=kind, since=start_at, limit=limit, after=after)
+            page = rt.engine.list(state=wanted, kind=kind, since=start_at, limit=limit, after=after, terminal=terminal)
         except BadCursor as exc:
             raise BadOption("--after", str(exc)) from None
     briefs = [flow_brief(record) for record in page]
@@ -327,8 +340,8 @@ def kinds(
 ) -> None:
     """The flow kinds durapay runs, with their steps; with KIND --example, an input that starts as is
     against durapay dev (what to replace, for a kind acting on an earlier payment or contract, on stderr)."""
+    from durapay.workflows.engine import registry
     from durapay.workflows.flows.examples import example as example_of
-    from durapay.workflows.modules import registry
 
     out = Output(as_json)
     with out.errors():
@@ -371,7 +384,7 @@ def manifest(as_json: JsonFlag = False) -> None:
     """The definitions this code runs: per kind its versions (current first) and their steps, as JSON
     (the manifest ``durapay deploy check --manifest`` reads)."""
     from durapay.workflows.deploys import manifest as manifest_of
-    from durapay.workflows.modules import registry
+    from durapay.workflows.engine import registry
 
     out = Output(as_json)
     with out.errors():
@@ -381,8 +394,9 @@ def manifest(as_json: JsonFlag = False) -> None:
 
 @flows_app.command("versions")
 def versions(as_json: JsonFlag = False) -> None:
-    """Per kind and version: the flows in flight, the oldest, the latest deadline, "drained" at zero (a
-    previous version may be dropped from the code once drained)."""
+    """Per kind and version: the flows counted (not finished, or failed or cancelled and still kept: a retry
+    or a late payment can bring them back), the oldest, the latest deadline, "drained" at zero (a previous
+    version may be dropped from the code once drained)."""
     from durapay.service.cli.deploy_cmd import versions_rows
     from durapay.workflows.deploys import versions_report
     from durapay.workflows.schedules import Schedules
@@ -393,7 +407,7 @@ def versions(as_json: JsonFlag = False) -> None:
     if as_json:
         echo_json({"versions": report})
         return
-    columns = ("kind", "version", "in flight", "oldest", "latest deadline")
+    columns = ("kind", "version", "flows counted", "oldest", "latest deadline")
     print_rows("versions", columns, versions_rows(report), ids=frozenset({"version"}))
 
 

@@ -71,7 +71,7 @@ def listen(
     --forward-to`); prints the signing secret to verify them with (durapay.verify_webhook)."""
     from durapay.service.cli.webhooks_cmd import parse_types
     from durapay.service.dev import DEV_FOLDER
-    from durapay.workflows.events import EventFeed
+    from durapay.workflows.engine import EventFeed
     from durapay.workflows.webhooks.delivery import payload, signed_headers
 
     out = Output(as_json)

@@ -13,7 +13,7 @@ from typing import Annotated
 
 import typer
 
-from durapay.service.cli._common import BadOption, Output, runtime
+from durapay.service.cli._common import BadOption, Output, one_of, runtime
 from durapay.service.cli._output import echo_json, when
 from durapay.service.timeparse import SINCE_FORMS, parse_since
 from durapay.workflows.reconciliation import CATEGORIES, IN_FLIGHT, Reconciler, Report, exit_status
@@ -49,6 +49,9 @@ def reconcile(
     since: Annotated[str, typer.Option(help=f"Start of the window: {SINCE_FORMS}.")] = "24h",
     until: Annotated[str | None, typer.Option(help=f"End of the window (default: now): {SINCE_FORMS}.")] = None,
     latest: Annotated[bool, typer.Option("--latest", help="Print the newest kept report; call nothing.")] = False,
+    terminal: Annotated[
+        str, typer.Option("--terminal", help="The gateway terminal to read (DURAPAY_TERMINALS; each is its own run).")
+    ] = "default",
     as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON (errors too, on stderr).")] = False,
 ) -> None:
     """Read every operation of the window from the gateway and match each to its flow: money without a
@@ -58,7 +61,8 @@ def reconcile(
     """
     out = Output(as_json)
     with runtime(out, writes=True) as rt, out.errors():
-        reconciler = Reconciler(rt.engine)
+        one_of(terminal, rt.engine.terminals.names, "--terminal", "terminal")
+        reconciler = Reconciler(rt.engine, terminal=terminal)
         if latest:
             found = reconciler.reports.latest()
             if found is None:

@@ -21,6 +21,7 @@ from durapay.gateway import GatewayClient, format_money
 from durapay.service.cli._common import Output, runtime
 from durapay.service.cli._output import echo_json, print_record, print_rows, when
 from durapay.service.views import rule_text
+from durapay.workflows.engine import gateway_settings
 from durapay.workflows.moments import time_of_day
 from durapay.workflows.schedules import ScheduleInput, ScheduleRecord, Schedules
 from durapay.workflows.schedules.contracts import ContractUnchecked, check_contract
@@ -106,6 +107,9 @@ def add(
     dunning: Annotated[str, typer.Option("--dunning", help="Retry a soft decline after these days (comma separated).")] = "1,3,7",
     customer: Annotated[str | None, typer.Option("--customer", help="customerId.")] = None,
     capture_type: Annotated[str | None, typer.Option("--capture-type", help="IMPLICIT | EXPLICIT")] = None,
+    terminal: Annotated[
+        str | None, typer.Option("--terminal", help="The gateway terminal its charges run on (DURAPAY_TERMINALS).")
+    ] = None,
     key: Annotated[str | None, typer.Option("--key", help="Create key: the same key and input give the same schedule.")] = None,
     as_json: JsonFlag = False,
 ) -> None:
@@ -147,13 +151,14 @@ def add(
         "missed": missed,
         "dunning": delays,
     }
-    extras = {"end": end, "count": count, "customerId": customer, "captureType": capture_type}
+    extras = {"end": end, "count": count, "customerId": customer, "captureType": capture_type, "terminal": terminal}
     data |= {name: value for name, value in extras.items() if value is not None}
     notes: list[str] = []
 
     def contract_known(spec: ScheduleInput) -> None:
         """The contract looked up at the gateway before anything is written (schedules.contracts)."""
-        with GatewayClient(schedules.engine.settings.gateway) as client:
+        # With the key of the schedule's terminal: the contract is that terminal's (another's key would not find it).
+        with GatewayClient(gateway_settings(schedules.engine.settings, spec.terminal or "default")) as client:
             note = check_contract(client, spec)
         if note:
             notes.append(note)

@@ -34,10 +34,10 @@ import typer
 from celery import Celery, signals
 from celery.exceptions import CPendingDeprecationWarning
 
-from durapay.config.celery import QUEUE, WEBHOOK_QUEUE
+from durapay.config.celery import WEBHOOK_QUEUE
 from durapay.service.cli._common import ExitCode, Output, runtime, safe_url
 from durapay.service.runtime import Runtime, admit_durability, bulk_ticker, freeze_startup_heap
-from durapay.workflows.redis_watch import RedisWatch
+from durapay.workflows.engine import RedisWatch
 
 #: The demo's shared clock (``service.demo.clock``): hidden, not for production use.
 ClockKey = Annotated[str | None, typer.Option("--clock-key", hidden=True)]
@@ -129,7 +129,7 @@ def worker(
             "worker",
             f"--pool={chosen.value}",
             f"--loglevel={loglevel}",
-            f"--queues={WEBHOOK_QUEUE if webhooks else QUEUE}",
+            f"--queues={WEBHOOK_QUEUE if webhooks else ','.join(rt.engine.fairness.step_queues())}",
             "--without-mingle",
             "--without-gossip",
         ]
@@ -183,7 +183,7 @@ def scheduler(
 ) -> None:
     """Run the dispatcher: send due steps (timers, retries, waits, lost messages), fire schedules, send webhooks,
     reconcile daily (DURAPAY_RECONCILE__DAILY)."""
-    from durapay.workflows.dispatcher import Dispatcher
+    from durapay.workflows.engine import Dispatcher
     from durapay.workflows.reconciliation.daily import DailyReconciliation
     from durapay.workflows.schedules import Schedules
 

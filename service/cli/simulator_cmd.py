@@ -36,12 +36,25 @@ def simulator(
     state_file: Annotated[
         Path | None, typer.Option(help="Load the state from this JSON file at start; save it there while running.")
     ] = None,
+    terminal_key: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="A terminal besides default and its key, NAME=KEY (repeatable): that key sees its terminal's orders "
+            "only, and each order is recorded with the terminal whose key made it (docs/simulator.md, Terminals)."
+        ),
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Errors (and the start line) as JSON.")] = False,
 ) -> None:
     """Serve the gateway simulator: every gateway operation over HTTP, test cards, faults, /_sim/ admin."""
     from durapay.simulator import SimulatorConfig, serve_forever
 
     try:
+        terminal_keys = {}
+        for entry in terminal_key or []:
+            name, sep, key = entry.partition("=")
+            if not sep or not name or not key:
+                raise ValueError(f"--terminal-key {entry.split('=')[0]!r}...: give NAME=KEY")
+            terminal_keys[key] = name
         config = SimulatorConfig(
             api_key=api_key,
             seed=seed,
@@ -52,6 +65,7 @@ def simulator(
             port=port,
             state_file=state_file,
             order_id_max_length=order_id_max_length,
+            terminal_keys=terminal_keys,
         )
     except ValueError as exc:
         Output(as_json).fail("invalid_input", str(exc), human=f"simulator: {exc}")

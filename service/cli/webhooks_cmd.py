@@ -19,8 +19,7 @@ import typer
 
 from durapay.service.cli._common import BadOption, ExitCode, Output, interrupt_on_sigterm, runtime
 from durapay.service.cli._output import echo_json, print_record, print_rows, when
-from durapay.workflows.engine import NotFound
-from durapay.workflows.events import EVENT_TYPES, Cursor
+from durapay.workflows.engine import EVENT_TYPES, Cursor, NotFound
 from durapay.workflows.webhooks import Endpoint, EndpointError, Webhooks, check_types
 
 JsonFlag = Annotated[bool, typer.Option("--json", help="Print JSON (errors too, on stderr).")]

@@ -1,6 +1,6 @@
 """What a flow page says in words: its outcome at the gateway (operation, result, amount, response code).
 
-Which actions a flow accepts, and what each will do, is the engine's rule (``workflows.operator_actions``),
+Which actions a flow accepts, and what each will do, is the engine's rule (``workflows.engine.operator_actions``),
 asked by the pages, so that a person is never shown a button that can only fail, nor told something the
 engine will not do.
 """
@@ -12,11 +12,9 @@ from typing import Any
 
 from durapay.gateway import format_money
 from durapay.service.views import money_text, operation_time
+from durapay.workflows.engine import TERMINAL, FlowRecord, late_payment
 from durapay.workflows.flow_money import asked_money
 from durapay.workflows.moments import moment_text
-from durapay.workflows.operator_actions import late_payment
-from durapay.workflows.states import TERMINAL
-from durapay.workflows.store import FlowRecord
 
 
 def facts(record: FlowRecord, refunding: FlowRecord | None = None) -> dict[str, Any]:

@@ -23,15 +23,26 @@ from durapay.service.console.timeline import build, svg
 from durapay.service.console.web import READ_ONLY, Console, query, redirect, secured, to_login
 from durapay.service.timeparse import parse_since
 from durapay.service.views import flow_brief, money_text, redact
-from durapay.workflows import versions
-from durapay.workflows.engine import Engine, NotFound, OperatorError
-from durapay.workflows.errors import ChangedSince
+from durapay.workflows.engine import (
+    ACTIONS,
+    FOLLOW_UPS,
+    STOPPED,
+    ChangedSince,
+    Engine,
+    FlowRecord,
+    FlowState,
+    NotFound,
+    OperatorError,
+    Seen,
+    UnknownTerminal,
+    explain,
+    follow_ups,
+    no_action_why,
+    versions,
+)
 from durapay.workflows.listing import Cursor, FlowListing
-from durapay.workflows.operator_actions import ACTIONS, FOLLOW_UPS, Seen, explain, follow_ups, no_action_why
 from durapay.workflows.reconciliation import Reconciler
 from durapay.workflows.reconciliation.findings import TITLES
-from durapay.workflows.states import STOPPED, FlowState
-from durapay.workflows.store import FlowRecord
 
 PAGE_SIZE = 50
 # Times come from the engine's clock, not the machine's: the demo moves its clock forward (days), and
@@ -46,6 +57,7 @@ def _time_bound(text: str, now: float) -> float | None:
 def flow_router(console: Console, engine: Engine, listing: FlowListing) -> APIRouter:
     router = APIRouter(prefix=PATH, include_in_schema=False)
     kinds = sorted(engine.registry)
+    terminals = list(engine.terminals.names)
     reconciler = Reconciler(engine)
 
     @router.get("")
@@ -82,12 +94,15 @@ def flow_router(console: Console, engine: Engine, listing: FlowListing) -> APIRo
             return to_login(request)
         params = request.query_params
         state, kind, search = params.get("state", ""), params.get("kind", ""), params.get("q", "").strip()
+        terminal = params.get("terminal", "")
         since_text, until_text, after = params.get("since", ""), params.get("until", ""), params.get("after", "")
         problems: list[str] = []
         if state and state not in {s.value for s in FlowState}:
             problems.append(f"state: unknown state {state!r}")
         if kind and kind not in engine.registry:
             problems.append(f"kind: unknown flow kind {kind!r}")
+        if terminal and terminal not in terminals:
+            problems.append(f"terminal: {UnknownTerminal(terminal, terminals)}")
         now = engine.clock.now()
         try:
             since = _time_bound(since_text, now)
@@ -108,9 +123,10 @@ def flow_router(console: Console, engine: Engine, listing: FlowListing) -> APIRo
                 until=until,
                 limit=PAGE_SIZE,
                 after=cursor,
+                terminal=terminal or None,
             )
             records, following = page.records, page.next
-        base = {"state": state, "kind": kind, "since": since_text, "until": until_text}
+        base = {"state": state, "kind": kind, "terminal": terminal, "since": since_text, "until": until_text}
         return console.page(
             request,
             "flows.html",
@@ -119,6 +135,7 @@ def flow_router(console: Console, engine: Engine, listing: FlowListing) -> APIRo
             title="Flows",
             rows=[_row(record) for record in records],
             kinds=kinds,
+            terminals=terminals if len(terminals) > 1 else [],  # one terminal: no filter, no column (as before)
             states=[s.value for s in FlowState],
             filters=base | {"q": search},
             problems=problems,

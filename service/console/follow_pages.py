@@ -1,6 +1,6 @@
 """The console's refund and capture of a succeeded payment: a new flow started from the payment's page.
 
-Which are offered, and what input they take, is ``workflows.operator_actions`` (``follow_ups``,
+Which are offered, and what input they take, is ``workflows.engine.operator_actions`` (``follow_ups``,
 ``follow_up_input``): read from the outcome's operation, what the gateway holds. A confirmation page
 says what will be sent and takes the amount (the whole by default); its form carries a random token that
 becomes the new flow's start key, so the same confirmation sent twice (a double click, a resent form) is
@@ -19,10 +19,18 @@ from fastapi.responses import Response
 from durapay.gateway import format_money, parse_minor
 from durapay.service.console.session import PATH
 from durapay.service.console.web import READ_ONLY, Console, redirect, to_login
-from durapay.workflows.engine import Engine, InputError, NotFound, OrderIdTaken, StartConflict
-from durapay.workflows.operator_actions import FOLLOW_UPS, follow_up_input, follow_ups
-from durapay.workflows.sensitive import mask_text
-from durapay.workflows.store import FlowRecord
+from durapay.workflows.engine import (
+    FOLLOW_UPS,
+    Engine,
+    FlowRecord,
+    InputError,
+    NotFound,
+    OrderIdTaken,
+    StartConflict,
+    follow_up_input,
+    follow_ups,
+    mask_text,
+)
 
 #: What each follow-up does at the gateway, for the confirmation page.
 WHAT = {

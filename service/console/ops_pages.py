@@ -22,9 +22,8 @@ from durapay.service.console.session import PATH
 from durapay.service.console.web import Console, query, redirect, to_login
 from durapay.service.ops_schemas import BulkRequest
 from durapay.workflows.bulk import FILTERS, BulkActions, TooMany, Unconfirmable, UnknownBulk
-from durapay.workflows.engine import Engine
+from durapay.workflows.engine import Engine, FlowState
 from durapay.workflows.pauses import NotPaused, UnknownKind
-from durapay.workflows.states import FlowState
 
 #: The form's fields besides the filter.
 FIELDS = ("action", *FILTERS)

@@ -11,11 +11,8 @@ from typing import Any
 
 from durapay.service.api_ops import readiness
 from durapay.service.metrics import step_totals
-from durapay.workflows.engine import Engine
+from durapay.workflows.engine import TERMINAL, Engine, FlowRecord, FlowState, mask_text
 from durapay.workflows.listing import FlowListing
-from durapay.workflows.sensitive import mask_text
-from durapay.workflows.states import TERMINAL, FlowState
-from durapay.workflows.store import FlowRecord
 
 #: How far back "recent" reaches for throughput (seconds).
 WINDOW = 60.0

@@ -14,8 +14,7 @@ from fastapi.responses import Response
 from durapay.gateway import parse_minor
 from durapay.service.console.session import PATH
 from durapay.service.console.web import READ_ONLY, Console, redirect, to_login
-from durapay.workflows.engine import InputError, NotFound, OperatorError
-from durapay.workflows.errors import ChangedSince
+from durapay.workflows.engine import ChangedSince, InputError, NotFound, OperatorError
 from durapay.workflows.schedules import Attempt, Schedules
 from durapay.workflows.schedules.api import seen_text
 from durapay.workflows.schedules.model import ScheduleState

@@ -1,5 +1,6 @@
-"""The console's Versions page: per flow kind and definition version, the flows in flight, the oldest,
-the latest business deadline, and "drained" at zero (``workflows.deploys``, docs/deploys.md). A
+"""The console's Versions page: per flow kind and definition version, the flows counted (not finished,
+or failed or cancelled and still kept: ``workflows.deploys.COUNTED``), the oldest, the latest business
+deadline, and "drained" at zero (``workflows.deploys``, docs/deploys.md). A
 previous version may be dropped from the code once drained; ``durapay deploy check`` says the same for a
 build about to ship. Read-only."""
 

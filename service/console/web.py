@@ -26,10 +26,9 @@ from durapay.gateway import GatewayTime, format_money
 from durapay.service.console.session import COOKIE, PATH, Session, Sessions
 from durapay.service.inbound import Refusal, decode_form
 from durapay.service.views import rule_text
-from durapay.workflows.gate import GateStatus
+from durapay.workflows.engine import GateStatus, mask_text
 from durapay.workflows.moments import moment_text
 from durapay.workflows.pauses import Pause
-from durapay.workflows.sensitive import mask_text
 
 log = logging.getLogger("durapay.console")
 
@@ -80,11 +79,16 @@ def environment() -> Environment:
 
 
 def gateway_status(request: Request) -> GateStatus | None:
-    """The gateway's breaker (``workflows.gate``) for the banner every page shows while it is not closed;
-    None when it cannot be read (the page still renders: the banner is news, not the page's content)."""
+    """The gateway's breaker (``workflows.engine.gate``) for the banner every page shows while it is not closed: the
+    first terminal's whose breaker is not closed (``default`` first), else default's; None when it cannot be
+    read (the page still renders: the banner is news, not the page's content)."""
     runtime = getattr(request.app.state, "runtime", None)
     try:
-        return runtime.engine.gate.status() if runtime is not None else None
+        if runtime is None:
+            return None
+        terminals = runtime.engine.terminals
+        statuses: list[GateStatus] = [terminals.gate(name).status() for name in terminals.names]
+        return next((status for status in statuses if status.state != "closed"), statuses[0])
     except Exception:
         log.warning("the gateway's breaker could not be read for the console's banner", exc_info=True)
         return None

@@ -35,8 +35,7 @@ from durapay.service.processes import Child, port_or_free, settings_env
 from durapay.service.runtime import Runtime, build_runtime, resolve_redis
 from durapay.service.server import ApiServer
 from durapay.simulator import SimulatorConfig, SimulatorServer
-from durapay.workflows.cards import kept_keys
-from durapay.workflows.dispatcher import Dispatcher
+from durapay.workflows.engine import Dispatcher, kept_keys
 from durapay.workflows.schedules import Schedules
 
 API_PORT = 8780
@@ -138,7 +137,7 @@ class DemoStack:
             "retry": {"base_seconds": 0.2, "cap_seconds": 2.0},
             "data_dir": str(self.data_dir),
             "reconcile": {"daily": False},
-            # Card data is sealed with a key of the demo's own, kept in its folder (workflows.cards).
+            # Card data is sealed with a key of the demo's own, kept in its folder (workflows.engine.cards).
             "card": {"keys": [key.get_secret_value() for key in self.base.card.keys] or kept_keys(self.log_dir, make=True)},
             "redis_url": "",  # its own store, whatever is configured
             "broker_url": "",

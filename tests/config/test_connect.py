@@ -132,7 +132,7 @@ def test_several_addresses_are_refused_outside_a_cluster_or_without_ports(values
 
 def test_only_reads_and_scripts_declared_resend_safe_are_sent_again_after_a_lost_connection() -> None:
     """A command whose connection was lost may have run: a read may be sent again, a script only when it
-    is declared resend-safe (workflows/scripts.py), a bare write never."""
+    is declared resend-safe (workflows/engine/scripts.py), a bare write never."""
     assert resendable(("GET", "k"), set()) and resendable(("HGETALL", "k"), set())
     assert resendable(("EVALSHA", "abc", 1, "k"), {"abc"}) and resendable(("EVALSHA", b"abc", 1, "k"), {"abc"})
     assert not resendable(("EVALSHA", "abc", 1, "k"), set())

@@ -273,3 +273,53 @@ def test_a_retention_shorter_than_the_daily_reconciliations_reach_is_refused() -
         load_settings({"engine": {"retention": "30h"}, "reconcile": {"daily": True, "window_hours": 6}})
     assert load_settings({"engine": {"retention": "49h"}, "reconcile": {"daily": True}}).engine.retention == 49 * 3600
     assert load_settings({"engine": {"retention": "12h"}, "reconcile": {"daily": False}}).engine.retention == 12 * 3600
+
+
+def test_terminals_are_declared_as_json_beside_default(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(
+        "DURAPAY_TERMINALS",
+        '{"it-web": {"api_key": "key-it-web", "rate_per_second": 20, "burst": 5, "outage_seconds": 600},'
+        ' "de": {"api_key": "key-de", "base_url": "https://de.example/api/"}}',
+    )
+    settings = load_settings()
+    assert settings.terminal_names == ["default", "it-web", "de"]
+    assert settings.terminals["de"].base_url == "https://de.example/api"
+    assert settings.terminals["it-web"].outage_seconds == 600
+    monkeypatch.delenv("DURAPAY_TERMINALS")
+    assert load_settings().terminal_names == ["default"], "none declared: default alone, as before"
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        (
+            '{"it": {"api_kee": "key-it"}}',
+            "DURAPAY_TERMINALS: terminal 'it': 'api_kee' is not a terminal field; did you mean api_key?",
+        ),
+        ('{"it": {"base_url": "https://it.example"}}', "DURAPAY_TERMINALS: terminal 'it': api_key is required"),
+        ('{"It": {"api_key": "key-it"}}', "DURAPAY_TERMINALS: 'It' is not a terminal name"),
+        ('{"default": {"api_key": "key-it"}}', "DURAPAY_TERMINALS: 'default' is the terminal of DURAPAY_GATEWAY__BASE_URL"),
+        ('{"it": {"api_key": "key-it", "burst": 0}}', "DURAPAY_TERMINALS: terminal 'it': burst: Input should be greater"),
+        ('{"it": {"api_key": "key-it", "outage_seconds": 1}}', "DURAPAY_TERMINALS: terminal 'it': outage_seconds:"),
+    ],
+)
+def test_a_misspelt_or_bad_terminal_is_refused_naming_it(monkeypatch: pytest.MonkeyPatch, value: str, message: str) -> None:
+    monkeypatch.setenv("DURAPAY_TERMINALS", value)
+    with pytest.raises(SettingsError) as refused:
+        load_settings()
+    assert str(refused.value).startswith(message), str(refused.value)
+    assert "key-it" not in str(refused.value), "a terminal's key is a secret"
+
+
+def test_a_terminals_fields_may_be_variables_of_their_own(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``DURAPAY_TERMINALS__<NAME>__<FIELD>`` (a key from a secret store), what ``durapay config`` prints."""
+    monkeypatch.setenv("DURAPAY_TERMINALS__IT__API_KEY", "key-of-it")
+    monkeypatch.setenv("DURAPAY_TERMINALS__IT__RATE_PER_SECOND", "5")
+    settings = load_settings()
+    assert settings.terminal_names == ["default", "it"]
+    assert settings.terminals["it"].api_key.get_secret_value() == "key-of-it" and settings.terminals["it"].rate_per_second == 5
+    monkeypatch.setenv("DURAPAY_TERMINALS__IT__API_KEE", "key-of-it")
+    with pytest.raises(SettingsError) as refused:
+        load_settings()
+    assert str(refused.value).startswith("DURAPAY_TERMINALS__IT__API_KEE: not a terminal setting")
+    assert "did you mean DURAPAY_TERMINALS__IT__API_KEY?" in str(refused.value)

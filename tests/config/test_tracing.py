@@ -14,7 +14,7 @@ import pytest
 
 from durapay.config import SettingsError
 from durapay.config.tracing import OFF, FlowTag, configured, from_environ
-from durapay.workflows.sensitive import Identifier, install_log_masking
+from durapay.workflows.engine.sensitive import Identifier, install_log_masking
 from tests.spans import Spans
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -71,7 +71,7 @@ class Blocker:
         return None
 
 sys.meta_path.insert(0, Blocker())
-import durapay.workflows.engine, durapay.tasks.celery_tasks, durapay.service.runtime, durapay.service.app
+import durapay.workflows.engine.api, durapay.tasks.celery_tasks, durapay.service.runtime, durapay.service.app
 from durapay.config.tracing import OFF, from_environ
 from durapay.config import SettingsError
 result = {"off": from_environ({}) is OFF}

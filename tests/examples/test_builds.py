@@ -30,10 +30,10 @@ import pytest
 from durapay.gateway import Catalogue, GatewayClient
 from durapay.service.runtime import build_runtime
 from durapay.simulator import SimulatorConfig, SimulatorServer
-from durapay.workflows.dispatcher import Dispatcher
+from durapay.workflows.engine.dispatcher import Dispatcher
+from durapay.workflows.engine.states import FlowState
+from durapay.workflows.engine.steps import FlowDefinition
 from durapay.workflows.schedules import Schedules
-from durapay.workflows.states import FlowState
-from durapay.workflows.steps import FlowDefinition
 from tests.examples.conftest import EXAMPLES, worker_of
 from tests.service.cli.conftest import invoke
 from tests.waiting import wait_until

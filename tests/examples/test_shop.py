@@ -13,8 +13,8 @@ import pytest
 
 from durapay.service.runtime import Runtime, build_runtime
 from durapay.simulator import SimulatorConfig, SimulatorServer
-from durapay.workflows.dispatcher import Dispatcher
-from durapay.workflows.states import FlowState
+from durapay.workflows.engine.dispatcher import Dispatcher
+from durapay.workflows.engine.states import FlowState
 from tests.examples.conftest import worker_of
 from tests.service.cli.conftest import invoke
 from tests.waiting import wait_until

@@ -8,9 +8,9 @@ from __future__ import annotations
 import uuid
 
 from durapay.service.runtime import Runtime
-from durapay.workflows.scripts import ScriptPipeline
-from durapay.workflows.states import FlowState
-from durapay.workflows.store import Change, ClaimRequest, _taken, compact_json
+from durapay.workflows.engine.scripts import ScriptPipeline
+from durapay.workflows.engine.states import FlowState
+from durapay.workflows.engine.store import Change, ClaimRequest, _taken, compact_json
 
 
 def make_flows(rt: Runtime, count: int, state: FlowState) -> list[str]:

@@ -28,8 +28,8 @@ from durapay.service.server import ApiServer
 from durapay.tasks.outcomes import Advance, Finish, Outcome
 from durapay.tasks.runner import StepContext
 from durapay.workflows.engine import Engine
-from durapay.workflows.states import FlowState
-from durapay.workflows.steps import Call, CallStep, FlowDefinition, WaitStep
+from durapay.workflows.engine.states import FlowState
+from durapay.workflows.engine.steps import Call, CallStep, FlowDefinition, WaitStep
 
 API_KEY = "test-api-key-0123456789"
 

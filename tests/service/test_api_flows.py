@@ -16,7 +16,7 @@ import pytest
 from durapay.service.app import create_app
 from durapay.service.auth import MissingApiKey
 from durapay.service.runtime import Runtime
-from durapay.workflows.states import FlowState
+from durapay.workflows.engine.states import FlowState
 from tests.service.conftest import API_KEY, Served, notification, waiting_flow
 
 KEY = {"X-Api-Key": API_KEY}
@@ -339,6 +339,24 @@ def test_a_run_at_start_sleeps_until_then(served: Served) -> None:
     assert answer.json()["due"] == pytest.approx(later)
 
 
+def test_a_start_may_name_its_tenant(served: Served) -> None:
+    """Issue 40, item 2: ``?tenant=`` names the merchant a platform starts the flow for (with the terminal,
+    the flow's fairness key, ``workflows.engine.fairness``): kept on the record; a bad one refused naming it."""
+    answer = served.http.post(
+        "/flows/notified?wait=0&tenant=acme-eu", json={"orderId": "ord-tenant", "token": TOKEN}, headers=KEY
+    )
+    assert answer.status_code == 201
+    assert served.engine.get(answer.json()["id"]).fields["tenant"] == "acme-eu"
+    assert answer.json()["tenant"] == "acme-eu"
+    assert served.http.get(f"/flows/{answer.json()['id']}", headers=KEY).json()["tenant"] == "acme-eu"
+    for bad in ("a%20b", "4111111111111111", "x" * 65):
+        refused = served.http.post(
+            f"/flows/notified?wait=0&tenant={bad}", json={"orderId": "ord-t2", "token": TOKEN}, headers=KEY
+        )
+        assert refused.status_code == 422 and refused.json()["field"] == "query.tenant", refused.json()
+        assert "4111111111111111" not in refused.text
+
+
 def test_http_keeps_working_after_errors(served: Served) -> None:
     with httpx.Client(base_url=served.url, headers=KEY) as client:
         for _ in range(3):
@@ -370,3 +388,33 @@ def test_a_flow_carrying_card_data_may_not_wait_longer_than_its_bound(served: Se
     assert within.status_code == 201, within.text
     later = served.http.post("/flows/notified?wait=0&run_at=in%2030d", json={"orderId": "ord-later-2", "token": "t"}, headers=KEY)
     assert later.status_code == 201, later.text
+
+
+def test_a_start_names_its_terminal_an_unknown_one_is_refused_and_the_list_filters_by_it(redis_url: str, key_prefix: str) -> None:
+    from durapay.service.runtime import build_runtime
+    from durapay.service.server import ApiServer
+    from tests.service.conftest import NOTIFIED, service_settings
+
+    built = build_runtime(
+        service_settings(key_prefix, terminals={"it": {"api_key": "key-of-it"}}),
+        redis_url=redis_url,
+        flows={"notified": NOTIFIED},
+    )
+    built.engine.sender = None
+    try:
+        with ApiServer(create_app(built)) as server, httpx.Client(base_url=server.url, timeout=10.0, headers=KEY) as http:
+            on_it = http.post("/flows/notified?terminal=it", json={"orderId": "ord-term-1", "token": TOKEN})
+            assert on_it.status_code == 201 and on_it.json()["terminal"] == "it", on_it.text
+            plain = http.post("/flows/notified", json={"orderId": "ord-term-2", "token": TOKEN}).json()
+            assert plain["terminal"] == "default"
+            refused = http.post("/flows/notified?terminal=fr", json={"orderId": "ord-term-3", "token": TOKEN})
+            assert refused.status_code == 422 and refused.json()["field"] == "query.terminal"
+            assert refused.json()["reason"] == "unknown terminal 'fr'; known terminals: default, it"
+            assert built.engine.flow_for_order("ord-term-3") is None, "nothing written"
+            listed = http.get("/flows?terminal=it").json()["flows"]
+            assert [(flow["id"], flow["terminal"]) for flow in listed] == [(on_it.json()["id"], "it")]
+            assert [flow["id"] for flow in http.get("/flows?terminal=default").json()["flows"]] == [plain["id"]]
+            assert http.get("/flows?terminal=fr").json()["field"] == "query.terminal"
+            assert http.get(f"/flows/{on_it.json()['id']}").json()["terminal"] == "it"
+    finally:
+        built.close()

@@ -8,8 +8,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from durapay.workflows.dispatcher import Dispatcher
-from durapay.workflows.states import FlowState
+from durapay.workflows.engine.dispatcher import Dispatcher
+from durapay.workflows.engine.states import FlowState
 from tests.service.conftest import Served
 from tests.waiting import wait_until
 

@@ -16,8 +16,8 @@ from durapay.service.heartbeat import Heartbeat
 from durapay.service.runtime import Runtime, build_runtime
 from durapay.service.server import ApiServer
 from durapay.simulator import SimulatorConfig, SimulatorServer
-from durapay.workflows.dispatcher import Dispatcher
-from durapay.workflows.states import FlowState
+from durapay.workflows.engine.dispatcher import Dispatcher
+from durapay.workflows.engine.states import FlowState
 from tests.service.conftest import API_KEY, NOTIFIED, Served, notification, service_settings
 from tests.service.test_receiver import NOWHERE, hosted_page, pay
 from tests.waiting import wait_until

@@ -1,5 +1,5 @@
 """Every door through which a merchant gives an identifier refuses one that looks like a card number
-(``workflows.sensitive.refuse_card_identifier``): identifiers are shown whole, so a card number there
+(``workflows.engine.sensitive.refuse_card_identifier``): identifiers are shown whole, so a card number there
 would be shown whole. Over real HTTP (flow inputs, schedules, the ``Idempotency-Key`` of both) and from
 Python (``durapay.connect()``, ``Schedules``); the CLI's are in tests/service/cli/test_card_identifiers.py.
 Each refusal names the field, never repeats the number whole, and writes nothing. Ordinary numeric ids
@@ -15,10 +15,10 @@ import pytest
 
 import durapay
 from durapay.workflows.engine import InputError
+from durapay.workflows.engine.sensitive import CARD_IDENTIFIER, card_like
+from durapay.workflows.engine.states import FlowState
 from durapay.workflows.late_payments import refund_key
 from durapay.workflows.schedules.policy import order_id
-from durapay.workflows.sensitive import CARD_IDENTIFIER, card_like
-from durapay.workflows.states import FlowState
 from tests.service.conftest import API_KEY, Served, service_settings, waiting_flow
 from tests.service.test_api_schedules import schedule
 from tests.waiting import wait_until

@@ -27,9 +27,9 @@ from durapay.service.app import create_app
 from durapay.service.runtime import build_runtime
 from durapay.service.server import ApiServer
 from durapay.simulator import SimulatorConfig, SimulatorServer
-from durapay.workflows.dispatcher import Dispatcher
-from durapay.workflows.sensitive import luhn, mask, mask_text
-from durapay.workflows.states import FlowState
+from durapay.workflows.engine.dispatcher import Dispatcher
+from durapay.workflows.engine.sensitive import luhn, mask, mask_text
+from durapay.workflows.engine.states import FlowState
 from tests.service.cli.conftest import invoke
 from tests.waiting import wait_until
 from tests.workflows.integration.conftest import stack_settings

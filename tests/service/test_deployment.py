@@ -10,8 +10,8 @@ from durapay.config import load_settings
 from durapay.service.app import create_app
 from durapay.service.cli.config_cmd import effective
 from durapay.service.runtime import Runtime
+from durapay.workflows.engine.signals import accepted
 from durapay.workflows.flows import REGISTRY
-from durapay.workflows.signals import accepted
 
 ROOT = Path(__file__).resolve().parents[2]
 

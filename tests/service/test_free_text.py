@@ -7,7 +7,7 @@ valid body for fails the test until it is given one.
 
 The fields of a flow's input (and a signal's, a schedule's) are the merchant's request to the gateway:
 kept as given while the flow runs (the gateway gets them), masked wherever they are shown, scrubbed once
-the flow ends (``workflows.sensitive.scrub``; tests/service/test_card_masking.py runs it end to end).
+the flow ends (``workflows.engine.sensitive.scrub``; tests/service/test_card_masking.py runs it end to end).
 Their enumeration here proves the rule that shows them: every string field of every kind's input,
 masked by ``mask`` unless it is an identifier, and every identifier refused when it looks like a card
 number, except the ids the gateway assigns (docs/security.md)."""
@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 
 from durapay.service.runtime import Runtime
-from durapay.workflows.sensitive import GATEWAY_IDS, CardIdentifier, identifier, mask, refuse_card_identifiers
+from durapay.workflows.engine.sensitive import GATEWAY_IDS, CardIdentifier, identifier, mask, refuse_card_identifiers
 from tests.service.conftest import API_KEY, Served, service_runtime, waiting_flow
 from tests.service.test_api_schedules import schedule
 from tests.service.test_card_masking import stored

@@ -6,9 +6,11 @@ from typing import Any
 
 import pytest
 
+from durapay.config.settings import FairnessSettings
 from durapay.service.metrics import StepMetrics, render
 from durapay.service.runtime import Runtime
-from durapay.workflows.states import FlowState
+from durapay.workflows.engine import Engine
+from durapay.workflows.engine.states import FlowState
 from tests.waiting import wait_until
 
 
@@ -75,3 +77,27 @@ def test_a_paused_kind_has_a_series_of_when_its_pause_began(runtime: Runtime) ->
     assert f'durapay_kind_paused_since_seconds{{kind="notified"}} {pause.at!r}' in render(engine).splitlines()
     engine.pauses.resume("notified", by="api")
     assert "durapay_kind_paused_since_seconds{" not in render(engine)
+
+
+def test_a_capped_fairness_key_has_its_held_and_running_series(runtime: Runtime) -> None:
+    """Issue 40, item 2: the flows a key's cap holds back are counted in /metrics, per capped key only."""
+    assert "durapay_fairness_held" not in render(runtime.engine), "no series with fairness off"
+    fairness = FairnessSettings(enabled=True, caps={"default/bulk": 1})
+    engine = Engine(
+        runtime.settings.model_copy(update={"fairness": fairness}), runtime.redis, runtime.engine.registry, sender=Queued()
+    )
+    for index in range(3):
+        engine.start("notified", {"orderId": f"fair-metrics-{index}", "token": "t" * 32}, tenant="bulk")
+    lines = render(engine).splitlines()
+    assert 'durapay_fairness_held{key="default/bulk"} 2' in lines
+    assert 'durapay_fairness_running{key="default/bulk"} 1' in lines
+
+
+class Queued:
+    """A sender taking a queue (fairness on), sending nowhere."""
+
+    def send(self, task_name: str, flow_id: str, step: str) -> None:
+        pass
+
+    def send_chain(self, flow_id: str, links: list[tuple[str, str]], *, queue: str = "") -> None:
+        pass

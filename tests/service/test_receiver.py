@@ -31,8 +31,8 @@ from durapay.service.receiver import REFUSED, REFUSED_STATUS, NotificationReceiv
 from durapay.service.runtime import Runtime, build_runtime
 from durapay.simulator import SimulatorConfig, SimulatorServer
 from durapay.workflows.engine import Engine
-from durapay.workflows.sensitive import luhn, mask_text
-from durapay.workflows.states import FlowState
+from durapay.workflows.engine.sensitive import luhn, mask_text
+from durapay.workflows.engine.states import FlowState
 from tests.service.conftest import NOTIFIED, Served, notification, service_settings, signals_in_log, waiting_flow
 
 TOKEN = "2f0ea5059b41414ca3744fe672327d85"

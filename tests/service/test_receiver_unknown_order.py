@@ -23,9 +23,9 @@ from durapay.service.app import create_app
 from durapay.service.receiver import COUNTERS, REFUSED, REFUSED_STATUS
 from durapay.service.runtime import Runtime, build_runtime
 from durapay.service.server import ApiServer
-from durapay.workflows.clock import ManualClock
 from durapay.workflows.engine import Engine
-from durapay.workflows.events import EVENT_TYPES, Event
+from durapay.workflows.engine.clock import ManualClock
+from durapay.workflows.engine.events import EVENT_TYPES, Event
 from durapay.workflows.unknown_orders import CLAIM_CHARS, ONCE_SECONDS, TYPE, mark_key
 from tests.service.conftest import API_KEY, NOTIFIED, Served, notification, service_settings, waiting_flow
 from tests.waiting import wait_until

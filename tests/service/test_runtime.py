@@ -20,7 +20,7 @@ import durapay
 from durapay.config import load_settings
 from durapay.config.embedded import EmbeddedValkey
 from durapay.service.runtime import Runtime, admit_durability, build_runtime, freeze_startup_heap
-from durapay.workflows.durability import EarlyWaitaof
+from durapay.workflows.engine.durability import EarlyWaitaof
 
 MOTO = {
     "order": {"orderId": "early-1", "amount": "1500", "currency": "EUR"},

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from durapay.workflows.states import FlowState
+from durapay.workflows.engine.states import FlowState
 from tests.service.conftest import API_KEY, Served, waiting_flow
 
 KEY = {"X-Api-Key": API_KEY}

@@ -1,6 +1,6 @@
 """The API's server spans (FastAPI's native telemetry on durapay's provider): a request's URL is recorded
 as sent, so a card number typed into a query reaches the exporter masked (``config._otel.MaskingExporter``
-with ``workflows.sensitive.mask_text``, as ``build_runtime`` sets it up)."""
+with ``workflows.engine.sensitive.mask_text``, as ``build_runtime`` sets it up)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from starlette.testclient import TestClient
 from durapay.config import load_settings
 from durapay.service.app import create_app
 from durapay.service.runtime import build_runtime
-from durapay.workflows.sensitive import mask_text
+from durapay.workflows.engine.sensitive import mask_text
 from tests.spans import Spans, leaks
 
 API_KEY = "trace-api-test-key-0123456789"

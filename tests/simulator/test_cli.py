@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -11,18 +10,12 @@ from pathlib import Path
 import httpx
 
 from durapay.config import GatewaySettings
+from durapay.config.embedded import free_port
 from durapay.gateway import Catalogue, GatewayClient
 from tests.simulator.support import card, order
 from tests.waiting import wait_until
 
 DURAPAY = str(Path(sys.executable).parent / "durapay")
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
 
 
 def _healthy(port: int) -> bool:
@@ -33,7 +26,7 @@ def _healthy(port: int) -> bool:
 
 
 def test_durapay_simulator_serves_on_the_given_port_and_saves_its_state(tmp_path: Path) -> None:
-    port, state_file = _free_port(), tmp_path / "state.json"
+    port, state_file = free_port(), tmp_path / "state.json"
     command = [DURAPAY, "simulator", "--port", str(port), "--api-key", "k-cli", "--seed", "3", "--latency-ms", "5"]
     process = subprocess.Popen([*command, "--state-file", str(state_file)], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:

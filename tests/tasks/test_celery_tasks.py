@@ -2,7 +2,7 @@
 
 A gateway task once also took a request (``task.delay(request={...})``) and called the operation with
 it: a card in that request crossed the broker, and stayed in its Redis's files, in the clear, whatever
-``workflows.cards`` sealed. Celery's argument check now refuses such a call in the caller, and nothing
+``workflows.engine.cards`` sealed. Celery's argument check now refuses such a call in the caller, and nothing
 is published.
 """
 

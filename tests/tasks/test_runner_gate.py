@@ -1,4 +1,4 @@
-"""The runner's side of the gateway gate (``StepContext.call`` with ``workflows.gate.Gate`` on the session's
+"""The runner's side of the gateway gate (``StepContext.call`` with ``workflows.engine.gate.Gate`` on the session's
 Valkey, injected time, a client that raises the errors it is given): what each verdict and each error
 makes of the step's outcome."""
 
@@ -11,9 +11,9 @@ import redis
 from durapay.gateway import GatewayOperation, RateLimited, ServerError
 from durapay.tasks.outcomes import Advance, Defer, Outcome, Retry
 from durapay.tasks.runner import GATE_UNREACHABLE, UNAVAILABLE, run_step
-from durapay.workflows.gate import Gate
+from durapay.workflows.engine.gate import Gate
 from tests.tasks.test_runner import Client, Step, context
-from tests.workflows.test_gate import Time, make_gate
+from tests.workflows.engine.test_gate import Time, make_gate
 
 
 def run(client: Client, gate: Gate, slot: float | None = None) -> Outcome:

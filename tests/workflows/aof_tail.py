@@ -17,7 +17,7 @@ from typing import Any
 import redis
 
 from durapay.config.embedded import EmbeddedValkey
-from durapay.workflows.durability import Durability
+from durapay.workflows.engine.durability import Durability
 
 
 class AofTail:

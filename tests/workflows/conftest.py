@@ -10,9 +10,9 @@ import redis
 
 from durapay.config import load_settings
 from durapay.simulator import SimulatorServer
-from durapay.workflows.clock import ManualClock
 from durapay.workflows.engine import Engine
-from durapay.workflows.steps import FlowDefinition
+from durapay.workflows.engine.clock import ManualClock
+from durapay.workflows.engine.steps import FlowDefinition
 from tests.workflows.aof_tail import AofTail
 from tests.workflows.engine_support import T0, Sent
 from tests.workflows.flow_model import simulator_config
@@ -31,6 +31,7 @@ def make_engine(redis_client: redis.Redis, key_prefix: str, clock: ManualClock) 
                 "engine": {"key_prefix": key_prefix, "lease_seconds": 30, "partitions": 3, **options.pop("engine", {})},
                 "retry": {"base_seconds": 1, "cap_seconds": 10, "max_attempts": 3, "reconcile_attempts": 3},
                 "gateway": options.pop("gateway", {}),
+                "terminals": options.pop("terminals", {}),
             }
         )
         sent = Sent()

@@ -15,7 +15,7 @@ from pydantic import Field
 from durapay.gateway import Catalogue, GatewayModel, GatewayOperation, Operation
 from durapay.tasks.outcomes import Advance, Finish, Outcome
 from durapay.tasks.runner import NOT_COMMITTED, ReconcileResult, StepContext
-from durapay.workflows.steps import FlowDefinition, WaitStep
+from durapay.workflows.engine.steps import FlowDefinition, WaitStep
 
 T0 = 1_800_000_000.0
 

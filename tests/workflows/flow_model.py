@@ -38,15 +38,15 @@ from durapay.gateway import CATALOGUE, Catalogue, PayByLinkRenewRequest
 from durapay.service.receiver import NotificationReceiver
 from durapay.simulator import SimulatorConfig, SimulatorServer
 from durapay.tasks.runner import LeaseLost
-from durapay.workflows.clock import ManualClock
-from durapay.workflows.compact import Compactor
 from durapay.workflows.engine import Claim, Engine
+from durapay.workflows.engine.clock import ManualClock
+from durapay.workflows.engine.compact import Compactor
+from durapay.workflows.engine.protocol import Ran
+from durapay.workflows.engine.states import FlowState
+from durapay.workflows.engine.store import FlowRecord
 from durapay.workflows.flows import REGISTRY
 from durapay.workflows.late_payments import REFUND_KEY
-from durapay.workflows.protocol import Ran
 from durapay.workflows.schedules import Schedules
-from durapay.workflows.states import FlowState
-from durapay.workflows.store import FlowRecord
 from tests.workflows import model_checks
 from tests.workflows.aof_tail import AofTail, FloorDurability
 from tests.workflows.model_kinds import APPROVE, MOVED, POST_TYPES, Inputs, ModelFlow, card, now_of, owner_of, session

@@ -25,8 +25,8 @@ import json
 from collections import Counter
 from typing import TYPE_CHECKING, Any
 
+from durapay.workflows.engine.states import STOPPED, FlowState
 from durapay.workflows.schedules import order_parts
-from durapay.workflows.states import STOPPED, FlowState
 from tests.workflows.model_kinds import OWN_CALLS, ModelFlow
 
 if TYPE_CHECKING:

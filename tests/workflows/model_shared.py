@@ -25,8 +25,8 @@ from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from durapay.gateway import Catalogue, parse_gateway_time
-from durapay.workflows.keys import step_idempotency_key
-from durapay.workflows.states import STOPPED, FlowState
+from durapay.workflows.engine.keys import step_idempotency_key
+from durapay.workflows.engine.states import STOPPED, FlowState
 from tests.workflows.model_kinds import APPROVE, MOVED, ModelFlow, card
 
 if TYPE_CHECKING:

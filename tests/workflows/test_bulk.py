@@ -17,9 +17,9 @@ from durapay.tasks.outcomes import Finish
 from durapay.workflows import bulk as bulk_module
 from durapay.workflows.bulk import BulkActions, BulkFilter, KeyReused, PlanNotKept, TooMany
 from durapay.workflows.bulk_plan import KEPT_SECONDS
-from durapay.workflows.compact import Compactor
-from durapay.workflows.states import FlowState
-from durapay.workflows.steps import FlowDefinition
+from durapay.workflows.engine.compact import Compactor
+from durapay.workflows.engine.states import FlowState
+from durapay.workflows.engine.steps import FlowDefinition
 from tests.workflows.engine_support import ScriptedStep, flow, summary, wait_step
 
 
@@ -354,3 +354,22 @@ def test_a_claim_left_without_an_expiry_is_taken_over(make_engine: Any, monkeypa
     engine.redis.hsetnx(bulk._record_key(bulk_id), "id", bulk_id)
     posted = bulk.post("cancel", BulkFilter(kind="demo"), by="ops", given=given, key="k2")
     assert posted["id"] == bulk_id and posted["total"] == 1
+
+
+def test_a_bulk_filter_may_name_a_terminal_and_an_unknown_one_is_refused(make_engine: Any) -> None:
+    """After one terminal's outage its failed flows are retried alone: the filter's terminal."""
+    from durapay.workflows.engine import InputError
+
+    first = ScriptedStep("first", outcomes=[Finish(False, "gateway down")] * 4)
+    engine, _ = make_engine(flow(first, wait_step()), terminals={"it": {"api_key": "key-of-it"}})
+    on_it = []
+    for index in range(4):
+        record = engine.start("demo", {"amount": 5 + index}, terminal="it" if index % 2 else None)
+        assert engine.run_step(record.id, "first") == "failed"
+        if index % 2:
+            on_it.append(record.id)
+    bulk = BulkActions(engine, BulkSettings(rate=1000))
+    plan = bulk.plan("retry", BulkFilter(state=FlowState.FAILED, terminal="it"))
+    assert sorted(plan.ids) == sorted(on_it) and plan.view()["filter"]["terminal"] == "it"
+    with pytest.raises(InputError, match="unknown terminal 'fr'; known terminals: default, it"):
+        bulk.plan("retry", BulkFilter(state=FlowState.FAILED, terminal="fr"))

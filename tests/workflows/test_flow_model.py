@@ -40,8 +40,8 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, ru
 from durapay.gateway import GatewayError
 from durapay.simulator import SimulatorAdminError, SimulatorServer
 from durapay.workflows.engine import NotFound, OperatorError
-from durapay.workflows.signals import SignalRefused
-from durapay.workflows.states import FlowState
+from durapay.workflows.engine.signals import SignalRefused
+from durapay.workflows.engine.states import FlowState
 from tests.workflows.aof_tail import AofTail
 from tests.workflows.flow_model import FlowWorld, model_settings
 from tests.workflows.model_kinds import KINDS, ModelFlow

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 import pytest
 
 from durapay.simulator import SimulatorAdminError, SimulatorServer
-from durapay.workflows.states import FlowState
+from durapay.workflows.engine.states import FlowState
 from tests.workflows.aof_tail import AofTail
 from tests.workflows.flow_model import FlowWorld
 

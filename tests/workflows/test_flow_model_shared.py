@@ -34,7 +34,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, ru
 
 from durapay.simulator import SimulatorServer
 from durapay.workflows.engine import NotFound, OperatorError
-from durapay.workflows.states import FlowState
+from durapay.workflows.engine.states import FlowState
 from tests.workflows import model_shared
 from tests.workflows.aof_tail import AofTail
 from tests.workflows.flow_model import FlowWorld, model_settings

@@ -1,4 +1,4 @@
-"""Late payments (``workflows/late_payments.py``, ``workflows/lua/money.lua``): money the gateway reports for
+"""Late payments (``workflows/late_payments.py``, ``workflows/engine/lua/money.lua``): money the gateway reports for
 a flow that does not account for it stays shown until a person keeps or refunds it.
 
 Each test replays a finding of an independent review on the flow model's world (``flow_model.FlowWorld``:
@@ -30,10 +30,10 @@ import pytest
 from durapay.gateway import Catalogue, PayByLinkRenewRequest
 from durapay.simulator import SimulatorServer
 from durapay.workflows.engine import OperatorError
-from durapay.workflows.keys import derived_id
+from durapay.workflows.engine.keys import derived_id
+from durapay.workflows.engine.signals import RECEIVER
+from durapay.workflows.engine.states import FlowState
 from durapay.workflows.late_payments import refund_key
-from durapay.workflows.signals import RECEIVER
-from durapay.workflows.states import FlowState
 from tests.workflows.aof_tail import AofTail
 from tests.workflows.flow_model import FlowWorld
 from tests.workflows.model_kinds import DECLINE, session

@@ -15,9 +15,9 @@ from typing import Any
 
 from durapay.gateway import Catalogue
 from durapay.workflows.engine import OperatorError
-from durapay.workflows.keys import derived_id
+from durapay.workflows.engine.keys import derived_id
+from durapay.workflows.engine.states import FlowState
 from durapay.workflows.late_payments import refund_key
-from durapay.workflows.states import FlowState
 from tests.workflows.flow_model import FlowWorld
 from tests.workflows.test_late_payments import _link_declined, _renew_and_pay, refunds_of, run_all, world
 

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from durapay.simulator import SimulatorServer
-from durapay.workflows.states import FlowState
+from durapay.workflows.engine.states import FlowState
 from tests.workflows.aof_tail import AofTail
 from tests.workflows.flow_model import FlowWorld
 from tests.workflows.test_late_payments import _hpp_failed_then_paid

@@ -10,11 +10,11 @@ from collections.abc import Callable
 from typing import Any
 
 from durapay.tasks.outcomes import Advance
-from durapay.workflows.clock import ManualClock
 from durapay.workflows.engine import Engine
-from durapay.workflows.keys import derived_id
+from durapay.workflows.engine.clock import ManualClock
+from durapay.workflows.engine.keys import derived_id
+from durapay.workflows.engine.states import FlowState
 from durapay.workflows.listing import READ_BUDGET, Cursor, FlowListing
-from durapay.workflows.states import FlowState
 from tests.workflows.engine_support import ScriptedStep, flow
 
 PAID = {"operation": {"operationId": "op-777", "operationResult": "EXECUTED", "operationAmount": "15"}}

@@ -18,8 +18,8 @@ from durapay.gateway import Catalogue
 from durapay.simulator import SimulatorServer
 from durapay.tasks.outcomes import Poll
 from durapay.workflows.engine import NotFound, OperatorError, OrderIdTaken
-from durapay.workflows.signals import RECEIVER
-from durapay.workflows.states import FlowState
+from durapay.workflows.engine.signals import RECEIVER
+from durapay.workflows.engine.states import FlowState
 from tests.workflows.aof_tail import AofTail
 from tests.workflows.engine_support import ScriptedStep
 from tests.workflows.engine_support import flow as scripted_flow

@@ -15,13 +15,13 @@ import pytest
 from durapay.gateway import Catalogue, GatewayUnreachable
 from durapay.tasks.outcomes import Advance, Attention, Finish, Outcome, Retry
 from durapay.tasks.runner import NOT_COMMITTED, UNCLEAR, StepContext
-from durapay.workflows.clock import ManualClock
 from durapay.workflows.engine import Claim
-from durapay.workflows.errors import OperatorError
+from durapay.workflows.engine.clock import ManualClock
+from durapay.workflows.engine.errors import OperatorError
+from durapay.workflows.engine.states import FlowState
+from durapay.workflows.engine.steps import FlowDefinition, WaitStep
+from durapay.workflows.engine.store import Change, MoneyTaken
 from durapay.workflows.flows._common import summarize
-from durapay.workflows.states import FlowState
-from durapay.workflows.steps import FlowDefinition, WaitStep
-from durapay.workflows.store import Change, MoneyTaken
 from tests.workflows.engine_support import DemoInput, HeldGateway, ScriptedStep, flow, wait_step
 
 PAID = {"operation": {"operationId": "op-9", "orderId": "ord-1", "operationResult": "AUTHORIZED", "amount": "500"}}
@@ -147,8 +147,8 @@ def test_a_late_payment_is_closed_by_a_refund_flow_not_by_a_plain_cancel(make_en
     leaves the flow to a person until that refund succeeded (``test_late_payments`` follows it to the
     gateway and back). Asking twice refunds once; no accept meanwhile."""
     from durapay.workflows.engine import OperatorError
+    from durapay.workflows.engine.keys import derived_id
     from durapay.workflows.flows.backoffice import REFUND
-    from durapay.workflows.keys import derived_id
     from durapay.workflows.late_payments import refund_key
 
     engine, _ = make_engine(flow(wait_step()), client_factory=HeldGateway)  # the refund's read: still held
@@ -157,7 +157,7 @@ def test_a_late_payment_is_closed_by_a_refund_flow_not_by_a_plain_cancel(make_en
     engine.cancel(record.id, "changed my mind")
     assert engine.signal(record.id, "paid", PAID) == "late_payment"
     with pytest.raises(OperatorError, match="refund-late-payment"):
-        engine.cancel(record.id, "just close it")  # refused: workflows/operator_actions.py
+        engine.cancel(record.id, "just close it")  # refused: workflows/engine/operator_actions.py
     assert engine.get(record.id).state is FlowState.NEEDS_ATTENTION
     under_way = engine.refund_late_payment(record.id, "customer asked")
     assert under_way.state is FlowState.NEEDS_ATTENTION, "closed only once the refund succeeded"

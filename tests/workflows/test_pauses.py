@@ -6,9 +6,9 @@ from typing import Any
 
 import pytest
 
-from durapay.workflows.clock import ManualClock
+from durapay.workflows.engine.clock import ManualClock
+from durapay.workflows.engine.states import FlowState
 from durapay.workflows.pauses import NotPaused, UnknownKind
-from durapay.workflows.states import FlowState
 from tests.workflows.engine_support import ScriptedStep, flow, wait_step
 from tests.workflows.schedules.test_schedules import make_world, monthly, rome
 

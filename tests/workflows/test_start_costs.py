@@ -30,13 +30,14 @@ import redis
 
 from durapay.config import load_settings
 from durapay.config.embedded import EmbeddedValkey
-from durapay.workflows.clock import ManualClock
 from durapay.workflows.engine import Engine
+from durapay.workflows.engine.clock import ManualClock
+from durapay.workflows.engine.compact import Compactor
 from durapay.workflows.flows import REGISTRY
 from durapay.workflows.flows.examples import MAKERS
 from durapay.workflows.pauses import Pauses
 from durapay.workflows.schedules import MIT_KIND, Schedules
-from tests.workflows.engine_support import Sent
+from tests.workflows.engine_support import ScriptedStep, Sent, flow
 
 FIGURES = Path(__file__).with_name("start_costs.json")
 RECORD = os.environ.get("RECORD_START_COSTS") == "1"
@@ -204,3 +205,29 @@ def test_a_fired_occurrence_costs_what_is_recorded(counter: Counter, recorded: d
     assert fired == [1]
     assert len(engine.store.ids(kind=MIT_KIND)) == 3
     compare(recorded, counter, "one fired occurrence", measured)
+
+
+def test_a_flows_steps_and_its_packing_cost_what_is_recorded(counter: Counter, recorded: dict[str, Any]) -> None:
+    """The rest of a flow's cost in the store (issue 39): a worker running a 3-step flow's steps one after
+    the other (the first claimed alone, each later claim in the round trip of the completion before it,
+    the middle step's call moving money), then the dispatcher's packing pass of the finished flow. The
+    gateway's own calls are scripted: what is counted is the record's claims, completions and packing."""
+    steps = (ScriptedStep("a", op=None), ScriptedStep("b"), ScriptedStep("c", op=None))
+    settings = load_settings({"engine": {"key_prefix": counter.engine.keys.prefix + "s"}})
+    clock = ManualClock(CREATED.timestamp())
+    engine = Engine(settings, counter.client, {"demo": flow(*steps)}, sender=Sent(), clock=clock)
+    compactor = Compactor(counter.client, engine.keys, engine.orders)
+    for n in range(2):  # scripts loaded, durability read, the connections made (the wait's is pinned)
+        warm = engine.start("demo", {"amount": 100 + n})
+        assert engine.run_step(warm.id, "a", worker="w", follow=5) and engine.get(warm.id).state.value == "succeeded"
+    clock.advance(10)
+    compactor.run(now=clock.now())
+    started = engine.start("demo", {"amount": 1990})
+    measured = counter.count(lambda: engine.run_step(started.id, "a", worker="w", follow=5))
+    assert engine.get(started.id).state.value == "succeeded"
+    compare(recorded, counter, "steps of a 3-step flow", measured)
+    clock.advance(10)
+    packed: list[int] = []
+    measured = counter.count(lambda: packed.append(compactor.run(now=clock.now())))
+    assert packed == [1]
+    compare(recorded, counter, "packing a finished flow", measured)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from durapay.workflows.engine import FlowDefinition
 from durapay.workflows.flows.backoffice import CANCEL_CAPTURE, CAPTURE, DEACTIVATE_CONTRACT, REFUND
 from durapay.workflows.flows.direct import CARD_VERIFICATION, MIT, MOTO, SVS, THREE_STEPS, WALLET
 from durapay.workflows.flows.forms import BUILD, BUILD_CANCEL
@@ -14,7 +15,6 @@ from durapay.workflows.flows.sessions import (
     PAYBYLINK_MODIFY,
     PAYBYLINK_RENEW,
 )
-from durapay.workflows.steps import FlowDefinition
 
 FLOWS: tuple[FlowDefinition, ...] = (
     HPP,

@@ -38,9 +38,9 @@ from durapay.gateway import (
 )
 from durapay.tasks.outcomes import Advance, Attention, Finish, NewOrder, Outcome, Poll
 from durapay.tasks.runner import NOT_COMMITTED, UNCLEAR, ReconcileResult, StepContext
+from durapay.workflows.engine import mask_pan
 from durapay.workflows.flows._common import judge_operation, operation_of, read_order
 from durapay.workflows.moments import moment_text
-from durapay.workflows.sensitive import mask_pan
 
 #: Operations that take (or verify) the customer's money: what a payment step makes.
 PAYMENT_TYPES = frozenset(OperationType(name) for name in PAYMENT_TYPE_NAMES)
@@ -212,7 +212,7 @@ def _made_before(operation: Operation, moment: float) -> bool:
 
 def never_sent(ctx: StepContext) -> bool:
     """Whether no call of the step was sent under its mark of money in flight (its hold recorded and its call
-    never sent, or no hold at all under a mark of this release: ``workflows.targets.snapshot_of``): its
+    never sent, or no hold at all under a mark of this release: ``workflows.engine.targets.snapshot_of``): its
     read-back finds nothing of its own, without a read."""
     return ctx.snapshot is not None and ctx.snapshot.before is None
 
@@ -233,7 +233,7 @@ def adopt_made(
     The public material does not say what a repeated ``Idempotency-Key`` does, and durapay itself takes a
     forgotten key as possible (``tasks.runner``: "already used" after a while), so a resend could make the
     operation twice. As for a payment, the read comes first. The call's operation is known by identity,
-    never by resemblance (``workflows.targets``): the flow held the target from before the call could be
+    never by resemblance (``workflows.engine.targets``): the flow held the target from before the call could be
     sent, and recorded what the target held then (``ctx.snapshot``), so an operation of one of ``types``
     that the snapshot does not list, and that no other flow recorded as its own (its ``op:`` lookup), is
     this call's; amount and currency only exclude (an operation made outside durapay). No call sent under

@@ -28,7 +28,7 @@ from durapay.gateway import (
 )
 from durapay.tasks.outcomes import Advance, Attention, Finish, Outcome, Poll
 from durapay.tasks.runner import StepContext
-from durapay.workflows.steps import CallStep
+from durapay.workflows.engine import CallStep
 
 #: How long to wait between reads of a PENDING operation, and how many reads before a person looks.
 POLL_SECONDS = 2.0

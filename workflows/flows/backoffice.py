@@ -3,7 +3,7 @@
 Refunds and captures carry the step's Idempotency-Key, but a lost answer is read back before they are
 sent again, as a payment is (``workflows.flows._adopt.adopt_made``: durapay does not count on the gateway
 remembering a key). Each acts on its payment's gateway order, a target it shares with every other
-refund, capture or cancel of that payment (``workflows.targets``): the step holds the order from before
+refund, capture or cancel of that payment (``workflows.engine.targets``): the step holds the order from before
 its call can be sent until the gateway names the call's operation, so that a read-back has one candidate;
 another flow's call on the order waits meanwhile. Their answer is only ``{operationId, operationTime}``: the flow then reads
 ``GET /operations/{operationId}`` until the result is final, and each kind succeeds only with its own
@@ -37,9 +37,9 @@ from durapay.gateway import (
 from durapay.gateway import Amount as AmountField
 from durapay.tasks.outcomes import Advance, Finish, Outcome
 from durapay.tasks.runner import NOT_COMMITTED, UNCLEAR, ReconcileResult, StepContext
+from durapay.workflows.engine import CallStep, FlowDefinition
 from durapay.workflows.flows._adopt import adopt_made, never_sent
 from durapay.workflows.flows._common import read_until_final, summarize
-from durapay.workflows.steps import CallStep, FlowDefinition
 
 
 class PostOperationInput(PassThrough):
@@ -113,7 +113,7 @@ PAYMENT_ORDER = Target(_payment_order, _order_operations, "the payment's order")
 
 def _post(ctx: StepContext, send: Callable[[StepContext], Outcome]) -> Outcome:
     """A refund or capture; a refund of part of an amount is checked against the operation and its order as
-    read with the order held (``workflows.targets``), right before the call."""
+    read with the order held (``workflows.engine.targets``), right before the call."""
     if ctx.kind == "refund" and ctx.input.amount is not None:
         read = ctx.target_read or {}
         operation = read.get("operation") or ctx.call(Catalogue.get_operation, ctx.input.operationId)

@@ -37,6 +37,7 @@ from durapay.gateway import (
 )
 from durapay.tasks.outcomes import Advance, Attention, Finish, Outcome, Wait
 from durapay.tasks.runner import NOT_COMMITTED, UNCLEAR, ReconcileResult, StepContext
+from durapay.workflows.engine import FlowDefinition
 from durapay.workflows.flows._adopt import adopt_operation_of, adopt_order_payment, new_order_if_never_charged
 from durapay.workflows.flows._common import (
     input_order_id,
@@ -46,7 +47,6 @@ from durapay.workflows.flows._common import (
     settle_step,
     summarize,
 )
-from durapay.workflows.steps import FlowDefinition
 
 
 def _with_order(ctx: StepContext) -> dict[str, Any]:

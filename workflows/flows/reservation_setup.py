@@ -34,8 +34,8 @@ from durapay.gateway import (
 )
 from durapay.tasks.outcomes import Advance, Outcome
 from durapay.tasks.runner import StepContext
+from durapay.workflows.engine import CallStep
 from durapay.workflows.flows.reservations import Form
-from durapay.workflows.steps import CallStep
 
 
 class SetupInput(GatewayModel):

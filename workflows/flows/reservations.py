@@ -12,7 +12,7 @@ The set-up calls (structures, agencies, conditions...) are the ``reservation_set
   validation, then the charge with the step's Idempotency-Key, then ``GET /operations/{id}`` reads the
   result back. ``delay_charge`` sleeps until ``runAt`` on the engine's due set (a durable timer, months if
   need be; ``engine.start(..., run_at=...)`` works too). The charge step holds the reservation
-  (``workflows.targets``: one unresolved charge per reservation, another flow's waits), reads it and
+  (``workflows.engine.targets``: one unresolved charge per reservation, another flow's waits), reads it and
   checks the same bounds again right before its call, binding (a check-out moved or a reservation
   cancelled during the sleep, the other flows' charges made meanwhile); after a lost answer it reads the
   reservation back and takes as its own only a charge that was not there when it took the reservation.
@@ -51,6 +51,7 @@ from durapay.gateway import (
 )
 from durapay.tasks.outcomes import Advance, Finish, Outcome
 from durapay.tasks.runner import NOT_COMMITTED, UNCLEAR, ReconcileResult, StepContext
+from durapay.workflows.engine import FlowDefinition
 from durapay.workflows.flows._adopt import PAYMENT_TYPES, adopt_made, never_sent
 from durapay.workflows.flows._common import read_until_final, summarize
 from durapay.workflows.flows.waits import (
@@ -63,7 +64,6 @@ from durapay.workflows.flows.waits import (
     notified,
     read_later,
 )
-from durapay.workflows.steps import FlowDefinition
 
 Form = Literal["current", "earlier"]
 CHARGE_TYPES = frozenset({OperationType.NOSHOW, OperationType.INCREMENTAL, OperationType.DELAY_CHARGE})
@@ -289,7 +289,7 @@ def _original_of(ctx: StepContext, operations: list[Any]) -> str:
 def _charge_refused(ctx: StepContext, answer: ReservationLookupResponse, *, when: datetime, charging: bool) -> Finish | None:
     """Why the charge may not be made on the reservation ``answer`` shows (None: it may), ``when`` it is to
     be made. One rule, asked when the charge starts and again, binding, by the charge step right before
-    its call, the reservation held (``workflows.targets``): every other flow's charge on it is then
+    its call, the reservation held (``workflows.engine.targets``): every other flow's charge on it is then
     resolved and shows in ``answer``.
 
     * The charge takes the card of the operation it names, whatever order that operation is on: a given
@@ -401,7 +401,7 @@ RESERVATION_TARGET = Target(lambda ctx: str(ctx.input.reservationId), _reservati
 
 def _charge(ctx: StepContext, send: Callable[[StepContext], Outcome]) -> Outcome:
     """The charge, checked again right before it is sent (:func:`_charge_refused`): after any sleep and
-    wait, with the reservation held (``workflows.targets``), so that every bound holds when the money
+    wait, with the reservation held (``workflows.engine.targets``), so that every bound holds when the money
     moves, counting every other flow's charge (resolved, by then, and shown by the gateway)."""
     if ctx.target_read is None:  # the hold was kept from an earlier try: read the reservation now
         ctx.target_read = ctx.call(Catalogue.get_reservation, ctx.input.reservationId)

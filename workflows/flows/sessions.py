@@ -30,6 +30,7 @@ from durapay.gateway import (
 )
 from durapay.tasks.outcomes import Advance, Finish, Outcome, Wait
 from durapay.tasks.runner import NOT_COMMITTED, ReconcileResult, StepContext
+from durapay.workflows.engine import CallStep, WaitStep
 from durapay.workflows.flows._adopt import new_order_if_never_charged
 from durapay.workflows.flows._common import (
     input_order_id,
@@ -52,7 +53,6 @@ from durapay.workflows.flows.waits import (
     order_state,
     read_later,
 )
-from durapay.workflows.steps import CallStep, WaitStep
 
 
 def session_body(ctx: StepContext, drop: tuple[str, ...] = ()) -> dict[str, Any]:

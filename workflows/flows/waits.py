@@ -1,7 +1,7 @@
 """The end of a wait for a customer: one rule for every flow that waits on a page, a link or a form.
 
 A flow that waits for a customer (``hpp``, ``paybylink``, ``build``, ``reservation``) holds something the
-customer can pay on. Its record marks that as money in flight (``workflows.inflight``: the create's
+customer can pay on. Its record marks that as money in flight (``workflows.engine.inflight``: the create's
 answer opens it), so the flow ends ``failed`` or ``cancelled`` only on the gateway's word that the
 customer can no longer pay (docs/durability.md, "Waiting flows"):
 
@@ -43,7 +43,7 @@ from durapay.workflows.flows._adopt import PAYMENT_TYPES, page_payment
 from durapay.workflows.flows._common import judge_operation, read_order
 
 #: Output key of a wait's end: why the customer can no longer pay (the gateway's word). A completion
-#: carrying it settles the flow's money in flight (``workflows.inflight``).
+#: carrying it settles the flow's money in flight (``workflows.engine.inflight``).
 CLOSED = "closed"
 #: Reads after a deadline, while something is still open: every tenth of the flow's age, at least every
 #: ``DURAPAY_RETRY__READ_PACE_SECONDS`` (5 minutes), at most every 6 hours (so a bounded number of reads

@@ -27,9 +27,9 @@ from datetime import datetime, timedelta
 from zoneinfo import ZoneInfo
 
 from durapay.config.settings import ReconcileSettings
-from durapay.workflows.engine import Engine
+from durapay.workflows.engine import Engine, register
+from durapay.workflows.reconciliation.report import Report
 from durapay.workflows.reconciliation.run import Reconciler
-from durapay.workflows.scripts import register
 
 log = logging.getLogger("durapay.reconcile")
 
@@ -46,7 +46,7 @@ RETRY_SECONDS = 600
 
 # KEYS: 1 the day's claim, 2 its attempts. ARGV: 1 this run's token, 2 lease seconds, 3 keep seconds, 4 attempts,
 # 5 now (the engine's clock). A claim reading 'after:<time>' is a failed run's: the day is free from that time.
-# Resend-safe (workflows/scripts.py): a claim sent again after its answer was lost finds its own token and
+# Resend-safe (workflows/engine/scripts.py): a claim sent again after its answer was lost finds its own token and
 # answers 1 as at first (it answered 0, and the day's run slipped by the lease).
 _CLAIM = """
 local held = redis.call('GET', KEYS[1])
@@ -97,7 +97,9 @@ class DailyReconciliation:
         self.engine = engine
         self.settings = engine.settings.reconcile
         self.background = background
-        self.reconciler = Reconciler(engine)
+        #: One run per gateway terminal, default's first (the gateway lists a terminal's operations only).
+        self.reconcilers = [Reconciler(engine, terminal=name) for name in engine.terminals.names]
+        self.reconciler = self.reconcilers[0]
         self.zone = ZoneInfo(self.settings.time_zone)
         self._thread: threading.Thread | None = None
         self._claim = register(engine.redis, "reconciliation/daily.py:_CLAIM", _CLAIM)
@@ -142,25 +144,33 @@ class DailyReconciliation:
         return 0
 
     def _run(self, since: float, until: float, key: str, token: str) -> None:
+        """Every terminal's run of the day, in turn; the day is settled once each read its window whole, and
+        handed back (every terminal run again later) when one failed or stopped part way."""
         again = f"the day is run again in {RETRY_SECONDS} s, {ATTEMPTS} runs a day at most"
-        try:
-            report = self.reconciler.run(since, until, by="scheduler")
-        except Exception:
-            log.exception("daily reconciliation failed (%s)", again)
-            self._release(key, token)
-            return
-        if report.error is not None:
-            # The window was not read whole: what it did not read is in no later window (each day reads its own).
-            log.error("daily reconciliation %s stopped part way (%s): %s", report.id, again, report.error)
-            self._release(key, token)
-            return
+        for reconciler in self.reconcilers:
+            try:
+                report = reconciler.run(since, until, by="scheduler")
+            except Exception:
+                log.exception("daily reconciliation of terminal %s failed (%s)", reconciler.terminal, again)
+                self._release(key, token)
+                return
+            if report.error is not None:
+                # The window was not read whole: what it did not read is in no later window (each day reads its own).
+                log.error("daily reconciliation %s stopped part way (%s): %s", report.id, again, report.error)
+                self._release(key, token)
+                return
+            self._told(report)
         self._settle(keys=[key], args=[token, "done", CLAIM_SECONDS])
+
+    @staticmethod
+    def _told(report: Report) -> None:
         if report.ok:
-            log.info("daily reconciliation %s: nothing wrong (%d operations)", report.id, report.operations)
+            log.info("daily reconciliation %s (%s): nothing wrong (%d operations)", report.id, report.terminal, report.operations)
         else:
             log.error(
-                "daily reconciliation %s: %d mismatch(es), %d gap(s): %s",
+                "daily reconciliation %s (%s): %d mismatch(es), %d gap(s): %s",
                 report.id,
+                report.terminal,
                 len(report.mismatches),
                 len(report.gaps),
                 "; ".join(report.gaps[:3]) or "none",

@@ -11,10 +11,9 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from durapay.workflows.engine import STOPPED, FlowRecord
 from durapay.workflows.reconciliation import money
 from durapay.workflows.reconciliation.window import GetCall
-from durapay.workflows.states import STOPPED
-from durapay.workflows.store import FlowRecord
 
 MONEY_WITHOUT_FLOW = "money_without_flow"
 FLOW_WITHOUT_MONEY = "flow_without_money"

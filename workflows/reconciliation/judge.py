@@ -16,7 +16,7 @@ flow that ended in the window matched to the operations it names (docs/operation
   its window is read escapes every later report.
 
 A flow is matched to an operation by the operation id it recorded (``Keys.operation``, written with
-the step that recorded it) first, then by the order id (``workflows.orders``: every order a flow made,
+the step that recorded it) first, then by the order id (``workflows.engine.orders``: every order a flow made,
 derived ``<orderId>-2``... included). A succeeded flow whose named operation is missing from the window
 is read by id (it may lie just outside it) before it is called missing. When a flow names an operation
 the gateway lacks and holds another payment of it, that payment is named in the same finding ("the
@@ -37,6 +37,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from durapay.workflows.engine import STOPPED, FlowRecord, FlowState
 from durapay.workflows.reconciliation import money
 from durapay.workflows.reconciliation.findings import (
     FLOW_WITHOUT_MONEY,
@@ -48,8 +49,6 @@ from durapay.workflows.reconciliation.findings import (
     Owners,
     brief,
 )
-from durapay.workflows.states import STOPPED, FlowState
-from durapay.workflows.store import FlowRecord
 
 
 def _label(record: FlowRecord) -> str:

@@ -26,7 +26,7 @@ an ``AUTHORIZATION`` is that authorization's capture (the gateway captures only 
 own order, and leaves it ``AUTHORIZED``). A post-operation is the flow's that made it, never a second
 payment of the order's flow.
 
-The same rule, for a payment *reported* to a finished flow, is ``workflows/lua/money.lua``'s
+The same rule, for a payment *reported* to a finished flow, is ``workflows/engine/lua/money.lua``'s
 ``unaccounted`` (outcome names it, or ``latePayments`` closes it): this module reads the record as that
 script leaves it, and never writes.
 """
@@ -38,9 +38,7 @@ import re
 from collections.abc import Iterable, Mapping
 from typing import Any, Literal
 
-from durapay.workflows import inflight
-from durapay.workflows.states import FlowState
-from durapay.workflows.store import FlowRecord
+from durapay.workflows.engine import FlowRecord, FlowState, inflight
 
 #: Operation types that take the customer's money, and the results that say it was taken.
 PAYMENT_TYPES = frozenset({"AUTHORIZATION", "CAPTURE", "NOSHOW", "INCREMENTAL", "DELAY_CHARGE"})

@@ -29,11 +29,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from durapay.workflows.events import RECONCILIATION_TYPES
-from durapay.workflows.keys import Keys
+from durapay.workflows.engine import RECONCILIATION_TYPES, Keys, attention_marks, moment_id
 from durapay.workflows.reconciliation.findings import CATEGORIES, IN_FLIGHT, TITLES, Finding
 from durapay.workflows.reconciliation.lease import Lease
-from durapay.workflows.store import attention_marks
 
 EVENT_TYPE = RECONCILIATION_TYPES[0]
 
@@ -85,6 +83,8 @@ class Report:
     until: float
     started: float
     by: str = "cli"
+    #: The gateway terminal whose operations the run read (the gateway lists per terminal: each its own run).
+    terminal: str = "default"
     finished: float = 0.0
     operations: int = 0
     flows: int = 0
@@ -184,6 +184,7 @@ class Report:
             "started": self.started,
             "finished": self.finished,
             "by": self.by,
+            "terminal": self.terminal,
             "operations": self.operations,
             "flows": self.flows,
             "calls": self.calls,
@@ -205,6 +206,7 @@ class Report:
             until=float(data["until"]),
             started=float(data["started"]),
             by=str(data.get("by") or ""),
+            terminal=str(data.get("terminal") or "default"),  # a report of an earlier release: default's
             finished=float(data.get("finished") or 0.0),
             operations=int(data.get("operations") or 0),
             flows=int(data.get("flows") or 0),
@@ -220,16 +222,20 @@ class Report:
 
 
 def new_report_id(now: float) -> str:
-    """Time-ordered and unique: ``rec_<milliseconds>_<random>``."""
-    return f"rec_{int(now * 1000)}_{secrets.token_hex(3)}"
+    """Time-ordered and unique: ``rec_<moment>_<random>`` (``clock.moment_id``: never read as a card number)."""
+    return f"rec_{moment_id(now)}_{secrets.token_hex(3)}"
 
 
 class Reports:
     """Keeps reports and the marks and events of their mismatches. Give it a Redis client and the keys."""
 
-    def __init__(self, client: Any, keys: Keys, retention_seconds: float, *, lease_seconds: float = 60.0) -> None:
+    def __init__(
+        self, client: Any, keys: Keys, retention_seconds: float, *, lease_seconds: float = 60.0, terminal: str = "default"
+    ) -> None:
         self.redis = client
         self.keys = keys
+        #: Whose in-flight operations :meth:`carried` hands on (read again with that terminal's key only).
+        self.terminal = terminal
         self.retention_seconds = max(1, int(retention_seconds))
         self.lease_seconds = lease_seconds
         self._announce = client.register_script(_ANNOUNCE)
@@ -286,7 +292,8 @@ class Reports:
 
     @property
     def _carried(self) -> str:
-        return f"{self.keys.prefix}:reconcile:carried"
+        suffix = "" if self.terminal == "default" else f":{self.terminal}"  # default's key as before terminals
+        return f"{self.keys.prefix}:reconcile:carried{suffix}"
 
     def carried(self, *, now: float) -> Carried:
         """The operations earlier runs left in flight (module docstring)."""

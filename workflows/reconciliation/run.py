@@ -27,16 +27,13 @@ from redis.exceptions import RedisError
 
 from durapay.config.settings import ReconcileSettings
 from durapay.gateway import GatewayError, reported_payment
-from durapay.workflows import inflight
-from durapay.workflows.engine import Engine
+from durapay.workflows.engine import STOPPED, Engine, FlowRecord, FlowState, inflight
 from durapay.workflows.reconciliation import money
 from durapay.workflows.reconciliation.findings import MONEY_NOT_SHOWN, Finding, Lookups, Owners
 from durapay.workflows.reconciliation.judge import Judge
 from durapay.workflows.reconciliation.lease import Lease
 from durapay.workflows.reconciliation.report import Report, Reports, new_report_id
 from durapay.workflows.reconciliation.window import CallBudgetSpent, GatewayReads, WindowRead, oldest_of, pages
-from durapay.workflows.states import STOPPED, FlowState
-from durapay.workflows.store import FlowRecord
 
 #: Who the flows' logs name for the moves a reconciliation makes.
 BY = "reconcile"
@@ -61,12 +58,20 @@ class Reconciler:
         settings: ReconcileSettings | None = None,
         *,
         sleep: Callable[[float], None] = time.sleep,
+        terminal: str = "default",
     ) -> None:
         self.engine = engine
         self.settings = settings or engine.settings.reconcile
         self.sleep = sleep
+        #: The gateway terminal this reconciler reads, with its key and through its gate: the gateway lists
+        #: a terminal's operations only, so each terminal is its own run (``UnknownTerminal`` for another).
+        self.terminal = engine.terminals.check(terminal)
         self.reports = Reports(
-            engine.redis, engine.keys, self.settings.retention_days * 86400, lease_seconds=self.settings.lease_seconds
+            engine.redis,
+            engine.keys,
+            self.settings.retention_days * 86400,
+            lease_seconds=self.settings.lease_seconds,
+            terminal=terminal,
         )
 
     def begin(self, since: float, until: float | None = None, *, by: str = "cli") -> Report:
@@ -89,7 +94,7 @@ class Reconciler:
                 f"the window starts ({_iso(since)}) before the finished flows' retention ({kept / 86400:g} days, "
                 f"DURAPAY_ENGINE__RETENTION: since {_iso(now - kept)} at the earliest): the flows of older payments are gone"
             )
-        return Report(id=new_report_id(now), since=since, until=until, started=now, by=by)
+        return Report(id=new_report_id(now), since=since, until=until, started=now, by=by, terminal=self.terminal)
 
     def run(self, since: float, until: float | None = None, *, by: str = "cli") -> Report:
         """Reconcile the operations of ``[since, until]`` (:meth:`begin`, then :meth:`complete`)."""
@@ -124,16 +129,17 @@ class Reconciler:
         judged with the window's, so an operation PENDING on its day, or of a flow still going then, is
         judged once it settles, whatever later window holds it."""
         since, until = report.since, report.until
+        terminal = report.terminal
         reads = GatewayReads(
-            self.engine.gateway,
+            lambda: self.engine.gateway(terminal),  # the terminal's key: its operations, and only those
             self.engine.retry_policy,
             max_calls=self.settings.max_calls,
             sleep=self.sleep,
-            gate=self.engine.gate,
+            gate=self.engine.terminals.gate(terminal),
         )
         carried = self.reports.carried(now=report.started)
         judge = Judge(Lookups(reads.get_operation, reads.get_order, self.makers, self.engine.store.many))
-        ended = Ended(self.engine, since, until)
+        ended = Ended(self.engine, since, until, terminal)
         in_flight: set[str] = set()
         read = WindowRead()
         unread = set(carried.ids)
@@ -297,8 +303,11 @@ class Ended:
     newest first, read a time slice at a time just ahead of the window's pages (:meth:`down_to`): ids and
     times only, :data:`BATCH` per partition and round trip."""
 
-    def __init__(self, engine: Engine, since: float, until: float) -> None:
+    def __init__(self, engine: Engine, since: float, until: float, terminal: str = "default") -> None:
         self.engine = engine
+        #: Only the flows of this terminal (their field read, when there is more than one terminal): another
+        #: terminal's payments are in its own listing, not in this one.
+        self.terminal = terminal if len(engine.terminals.names) > 1 else None
         self.since = since
         self.upper: float | str = until  # inclusive at first, then exclusive: "(<time>"
         self.left = since < until
@@ -319,8 +328,19 @@ class Ended:
                 index = keys.by_state(partition, FlowState.SUCCEEDED.value)
                 pipe.zrevrangebyscore(index, upper, low, start=offset, num=BATCH, withscores=True)
             answers = dict(zip(offsets, pipe.execute(), strict=True))
-            yield [(float(score), member.decode()) for found in answers.values() for member, score in found]
+            rows = [(float(score), member.decode()) for found in answers.values() for member, score in found]
+            yield self._of_terminal(rows)
             offsets = {partition: offsets[partition] + BATCH for partition, found in answers.items() if len(found) == BATCH}
+
+    def _of_terminal(self, found: list[tuple[float, str]]) -> list[tuple[float, str]]:
+        """``found`` less the flows of other terminals (one more round trip per slice, only with terminals)."""
+        if self.terminal is None or not found:
+            return found
+        pipe = self.engine.redis.pipeline(transaction=False)
+        for _, flow_id in found:
+            pipe.hget(self.engine.keys.flow(flow_id), "terminal")
+        named = [value.decode() if isinstance(value, bytes) else value for value in pipe.execute()]
+        return [row for row, name in zip(found, named, strict=True) if (name or "default") == self.terminal]
 
 
 def exit_status(report: Report) -> int:

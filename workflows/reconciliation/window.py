@@ -21,7 +21,7 @@ a window it did not read. A call that fails with a retryable error (a timeout, 4
 after the engine's technical backoff (``RetryPolicy``, honouring the gateway's ``Retry-After``), as a
 step's call is; reads are safe to repeat. A call that still fails ends the read with that error.
 
-Every call passes the gateway's gate first (``workflows.gate``), like any step's: the shared rate limit,
+Every call passes the gateway's gate first (``workflows.engine.gate``), like any step's: the shared rate limit,
 a 429's hold, the circuit breaker. What a call meets is told to the gate (a timeout or 5xx counts toward
 opening the breaker, a 429 holds every worker), as the runner does for steps. A run is not a flow with a
 due time to come back at, so it waits where it is: for its slot, the hold, or the breaker's end, using
@@ -40,7 +40,7 @@ from typing import Any
 
 from durapay.gateway import Catalogue, GatewayError, NotFound, RateLimited, ServerError, TransportError, parse_gateway_time
 from durapay.tasks.retry import RetryPolicy
-from durapay.workflows.gate import Gate
+from durapay.workflows.engine import Gate
 
 #: One GET /operations: the query (the gateway's names) -> the operations of the answer, as JSON.
 ListCall = Callable[[Mapping[str, Any]], list[dict[str, Any]]]

@@ -23,9 +23,9 @@ from pydantic_core import PydanticCustomError
 
 from durapay.gateway import GATEWAY_ZONE, Amount, CaptureType, Currency, StrictModel, check_amount
 from durapay.gateway._strict import unknown_value
-from durapay.workflows.jsonform import compact, compact_sorted
+from durapay.workflows.engine import CardIdentifier, compact_sorted, mask_text, refuse_card_identifiers
+from durapay.workflows.engine.jsonform import compact
 from durapay.workflows.schedules.rules import ZONES, Calendar, Rule, first_closer, instant, iso, zone
-from durapay.workflows.sensitive import CardIdentifier, mask_text, refuse_card_identifiers
 
 DEFAULT_DUNNING = (1, 3, 7)
 _T = TypeVar("_T")
@@ -104,6 +104,12 @@ class ScheduleInput(StrictModel):
         default=DEFAULT_DUNNING, max_length=12, description="retry after these days (increasing)"
     )
     captureType: CaptureType | None = None
+    terminal: str | None = Field(
+        default=None,
+        max_length=32,
+        description="the gateway terminal every charge of it runs on (DURAPAY_TERMINALS; none: default), whose key "
+        "made the contract: another terminal's key would not find it",
+    )
     contractFrequency: int | None = Field(
         default=None,
         ge=1,
@@ -431,6 +437,7 @@ class ScheduleRecord:
             "count": self.spec.count,
             "missed": self.spec.missed,
             "dunning": list(self.spec.dunning),
+            "terminal": self.spec.terminal or "default",  # the gateway terminal its charges run on
             "nextRun": iso(datetime.fromtimestamp(self.next_at, UTC)) if self.next_at is not None else None,
             "nextRunLocal": local(self.next_at),
             "occurrences": self.seq,

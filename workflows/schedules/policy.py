@@ -55,12 +55,9 @@ from typing import Any
 from durapay.config.settings import SchedulesSettings
 from durapay.gateway import RESPONSE_CODES
 from durapay.gateway._strict import did_you_mean
-from durapay.workflows.engine import OperatorError
-from durapay.workflows.keys import derived_id
+from durapay.workflows.engine import STOPPED, FlowRecord, FlowState, OperatorError, derived_id
 from durapay.workflows.schedules.model import FINAL, Attempt, Resolution, ScheduleRecord, ScheduleState, gateway_day
 from durapay.workflows.schedules.rules import iso
-from durapay.workflows.states import STOPPED, FlowState
-from durapay.workflows.store import FlowRecord
 
 #: The flow kind every occurrence starts (``workflows.flows.direct.MIT``).
 MIT_KIND = "mit"

@@ -1,6 +1,6 @@
 """Schedules in Redis: one hash and one history list per schedule, a due set and indexes per partition.
 
-The layout follows the flows' (``workflows/keys.py``): every key carries its partition's hash tag, so a
+The layout follows the flows' (``workflows/engine/keys.py``): every key carries its partition's hash tag, so a
 script touches one Redis Cluster slot, and the scheduler visits every partition::
 
     durapay:{s2}:schedule:<id>        hash: id state version created updated spec next_at seq open
@@ -15,7 +15,11 @@ script touches one Redis Cluster slot, and the scheduler visits every partition:
 Every change is one Lua script: ``create.lua`` (create unless the id exists: a create key reused with
 another input is refused), ``update.lua`` (compare-and-set on ``version``: the fields that changed, due
 score, state index and history in one step), ``mark.lua`` (compare-and-set of the open attempts alone:
-the flows just started are marked created). Taking due schedules reuses the engine's ``take_due.lua``: each taken
+the flows just started are marked created); ``update.lua`` and ``mark.lua`` run the functions of ``change.lua``.
+On a single server the scheduler's fire is one script per schedule, ``fire.lua``: the change, its flows'
+creates (``engine/lua/create_flow.lua``, the create's one home) and the mark, every schedule of a batch in one
+round trip (:meth:`ScheduleStore.fire_many`); on a cluster the flows' keys sit in other slots, and the three
+are sent apart, in that order. Taking due schedules reuses the engine's ``take_due.lua``: each taken
 entry is pushed back by a grace period, so no other scheduler takes it meanwhile, and if this one dies
 before writing, the schedule simply comes due again.
 
@@ -39,17 +43,24 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import redis
 
-from durapay.workflows.events import schedule_events_key
-from durapay.workflows.jsonform import compact_sorted
-from durapay.workflows.keys import Keys
+from durapay.config.connect import is_cluster
+from durapay.workflows.engine import (
+    CreateCall,
+    Keys,
+    ScriptPipeline,
+    assemble,
+    compact_sorted,
+    register,
+    schedule_events_key,
+    source,
+)
 from durapay.workflows.schedules.model import FINAL, RECORD_FIELDS, ScheduleRecord, ScheduleState, open_json
-from durapay.workflows.scripts import ScriptPipeline, source
 
 #: JSON of hashes, history entries, merchant events and script arguments: compact, keys sorted.
 _json = compact_sorted
@@ -96,7 +107,7 @@ class ScheduleKeys:
         return f"{self.tag(self.partition(schedule_id) if partition is None else partition)}:schedule_key:{schedule_id}"
 
 
-#: History events of a schedule that are also merchant events (``workflows.events``), and their type.
+#: History events of a schedule that are also merchant events (``workflows.engine.events``), and their type.
 MERCHANT_EVENTS = {
     "charged": "schedule.charged",
     "declined": "schedule.declined",
@@ -117,6 +128,53 @@ def merchant_events(schedule_id: str, events: Sequence[dict[str, Any]]) -> list[
         ids = {"orderId": event.get("orderId"), "operationId": event.get("operationId")}
         found.append(_json({"type": kind, "time": event.get("t"), "schedule": schedule_id, **ids, "data": data}))
     return found
+
+
+#: The states of a live schedule (all but the final): one whose terminal may not be removed.
+LIVE = tuple(state for state in ScheduleState if state not in FINAL)
+
+
+def live_schedules(client: Any, keys: Keys, *, page: int = 1000) -> Iterator[ScheduleRecord]:
+    """Every live schedule (all but the final states), each once, read from the one index of every
+    schedule per partition with ``ZSCAN``: a schedule that changes state during the read (paused,
+    resumed) is seen all the same, which reading the state indexes one after another did not. The one
+    home of "every live schedule" (``durapay deploy check``, the start-up check of a removed terminal).
+    Bounded: each partition's index is read to its end once, in pages of ``page``."""
+    layout = ScheduleKeys(keys)
+    for partition in range(keys.partitions):
+        seen: set[str] = set()  # ZSCAN may return a member twice
+        cursor = None
+        while cursor != 0:
+            cursor, members = client.zscan(layout.all(partition), cursor or 0, count=page)
+            ids = [schedule_id for member, _score in members if (schedule_id := _text(member)) not in seen]
+            seen.update(ids)
+            if not ids:
+                continue
+            pipe = client.pipeline(transaction=False)
+            for schedule_id in ids:
+                pipe.hmget(layout.record(schedule_id, partition), RECORD_FIELDS)
+            for values in pipe.execute():
+                record = ScheduleRecord.read(values)
+                if record is not None and record.state in LIVE:
+                    yield record
+
+
+def live_on(client: Any, keys: Keys, names: Iterable[str], *, page: int = 1000) -> dict[str, list[str]]:
+    """Per terminal of ``names``, the ids of the live schedules whose charges run on it (none: not in the
+    answer): what the start-up check of a removed terminal pays, only while a terminal once used is not
+    declared (``workflows.engine.terminals``)."""
+    found: dict[str, list[str]] = {name: [] for name in names}
+    if not found:
+        return {}
+    for record in live_schedules(client, keys, page=page):
+        terminal = record.spec.terminal
+        if terminal in found:
+            found[terminal].append(record.id)
+    return {name: sorted(ids) for name, ids in found.items() if ids}
+
+
+def _text(item: Any) -> str:
+    return item.decode() if isinstance(item, bytes) else str(item)
 
 
 class ScheduleStore:
@@ -142,10 +200,15 @@ class ScheduleStore:
         self.history_entries = history_entries
         self.keys = ScheduleKeys(keys)
         self.partitions = keys.partitions
-        self._create = client.register_script(source("schedules/lua/create.lua"))
-        self._update = client.register_script(source("schedules/lua/update.lua"))
-        self._mark = client.register_script(source("schedules/lua/mark.lua"))
-        self._take_due = client.register_script(source("lua/take_due.lua"))
+        # Each registered as workflows/engine/scripts.py classifies it (none is resent after a lost answer).
+        self._create = register(client, "schedules/lua/create.lua", source("schedules/lua/create.lua"))
+        self._update = register(client, "schedules/lua/update.lua", assemble("schedules/lua/update.lua"))
+        self._mark = register(client, "schedules/lua/mark.lua", assemble("schedules/lua/mark.lua"))
+        self._fire = register(client, "schedules/lua/fire.lua", assemble("schedules/lua/fire.lua"))
+        self._take_due = client.register_script(source("engine/lua/take_due.lua"))
+        #: Whether a schedule's change, its flows' creates and its mark are one script (:meth:`fire_many`):
+        #: on a single server; on a cluster the flows' keys sit in other slots than the schedule's.
+        self.fires_in_one = not is_cluster(client)
 
     # -- reading ----------------------------------------------------------------------------------
 
@@ -255,6 +318,28 @@ class ScheduleStore:
             args = [str(written.version + 1), open_json(written.open, keys), repr(now)]
             pipe.call(self._mark, keys=[self.keys.record(written.id)], args=args)
         return [bool(result) for result in pipe.execute()]
+
+    def fire_many(
+        self,
+        fires: Sequence[tuple[ScheduleRecord, ScheduleRecord, Sequence[dict[str, Any]], Sequence[tuple[str, CreateCall]]]],
+        now: float,
+    ) -> list[tuple[bool, list[Any]] | None]:
+        """On a single server (:attr:`fires_in_one`), per (record as read, as changed, its history events,
+        its starts as (attempt key, the flow's create call)): the change, the creates and the mark of the
+        attempts in one script (``fire.lua``), every schedule's in one round trip. Per schedule: whether its
+        attempts were marked created (every create's flow there; when one was refused the caller marks the
+        others, :meth:`mark_many`), and each create's ``create.lua`` answer; or None when the change was
+        refused (another writer got there first: nothing of it was written, no flow created)."""
+        pipe = ScriptPipeline(self.redis)
+        for old, new, events, creates in fires:
+            call = self._update_args(old, new, events, now)
+            keys, args = call["keys"], call["args"]
+            args += [len(creates), open_json(new.open, frozenset(key for key, _ in creates)) if creates else ""]
+            for _, (create_keys, create_args, digest) in creates:
+                keys += create_keys
+                args += [len(create_keys), len(create_args), digest, *create_args]
+            pipe.call(self._fire, keys, args)
+        return [(bool(reply[1]), list(reply[2:])) if reply[0] else None for reply in pipe.execute()]
 
     def _update_args(
         self, old: ScheduleRecord, new: ScheduleRecord, events: Sequence[dict[str, Any]], now: float

@@ -1,5 +1,5 @@
 """Signed webhooks: endpoints (``endpoints``), Standard Webhooks signatures (``signing``) and durable
-delivery by the workers from a due set (``delivery``). The events themselves are ``workflows.events``."""
+delivery by the workers from a due set (``delivery``). The events themselves are ``workflows.engine.events``."""
 
 from typing import TYPE_CHECKING
 

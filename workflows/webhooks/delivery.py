@@ -35,13 +35,21 @@ from dataclasses import dataclass
 from email.utils import parsedate_to_datetime
 from typing import Any
 
-from durapay.config.settings import WEBHOOK_JITTER, WEBHOOK_RETRY_AFTER_CAP_SECONDS, WebhooksSettings
+from durapay.config.settings import DEFAULT_TERMINAL, WEBHOOK_JITTER, WEBHOOK_RETRY_AFTER_CAP_SECONDS, WebhooksSettings
 from durapay.config.tracing import OFF, TRACE_FIELD, FlowTag, Tracing
 from durapay.gateway import bounded
-from durapay.workflows.clock import server_time
-from durapay.workflows.events import Cursor, Event, EventFeed, decode_entry, iso
-from durapay.workflows.keys import Keys
-from durapay.workflows.scripts import ScriptPipeline, source
+from durapay.workflows.engine import (
+    Cursor,
+    Event,
+    EventFeed,
+    Keys,
+    ScriptPipeline,
+    decode_entry,
+    iso,
+    moment_id,
+    server_time,
+    source,
+)
 from durapay.workflows.webhooks.endpoints import TEST_TYPE, Endpoint, EndpointStore, resolve_public
 from durapay.workflows.webhooks.signing import sign
 from durapay.workflows.webhooks.transport import Poster
@@ -147,7 +155,7 @@ class Webhooks:
         self._fanout = client.register_script(_lua("fanout.lua"))
         self._record = client.register_script(_lua("record.lua"))
         self._replay = client.register_script(_lua("replay.lua"))
-        self._take = client.register_script(source("lua/take_due.lua"))
+        self._take = client.register_script(source("engine/lua/take_due.lua"))
         self.poster = Poster(timeout=settings.timeout, connect_timeout=settings.connect_timeout)
 
     # -- the dispatcher's side ---------------------------------------------------------------------
@@ -295,7 +303,12 @@ class Webhooks:
         }
         attributes["durapay.attempt"] = made + 1
         with self.tracing.flow_span(
-            f"webhook {event.type}", FlowTag(flow_id, kind), link=link, attributes=attributes, root=True, kind="client"
+            f"webhook {event.type}",
+            FlowTag(flow_id, kind, str(event.body.get("terminal") or DEFAULT_TERMINAL)),  # an event off default names it
+            link=link,
+            attributes=attributes,
+            root=True,
+            kind="client",
         ):
             attempt = self.attempt(endpoint, event.id, event.type, payload(event))
             self.tracing.annotate({"http.response.status_code": attempt["status"] or 0, "durapay.delivered": attempt["ok"]})
@@ -382,7 +395,7 @@ class Webhooks:
         if endpoint is None:
             return None
         moment = time.time()
-        msg_id = f"evt_test_{int(moment * 1000)}-{self.rng.randrange(1 << 16)}"
+        msg_id = f"evt_test_{moment_id(moment)}-{self.rng.randrange(1 << 16)}"
         body = {"id": msg_id, "type": TEST_TYPE, "timestamp": iso(moment), "data": {"endpoint": endpoint.id}}
         attempt = self.attempt(endpoint, msg_id, TEST_TYPE, json.dumps(body, separators=(",", ":")).encode())
         attempt["attempt"] = 1

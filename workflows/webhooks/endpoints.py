@@ -51,10 +51,7 @@ from urllib.parse import urlsplit
 
 from durapay.config.settings import WebhooksSettings
 from durapay.gateway import lookup
-from durapay.workflows.clock import server_time
-from durapay.workflows.events import EVENT_TYPES
-from durapay.workflows.keys import Keys, derived_id
-from durapay.workflows.sensitive import CARD_IDENTIFIER, card_like, mask_text
+from durapay.workflows.engine import CARD_IDENTIFIER, EVENT_TYPES, Keys, card_like, derived_id, mask_text, server_time
 from durapay.workflows.webhooks.signing import new_secret, secret_key
 
 #: The synthetic type sent by ``durapay webhooks test`` (never written to the event streams).
@@ -139,7 +136,7 @@ class Endpoint:
     source: str = "api"
 
     def __post_init__(self) -> None:
-        # Free text is masked where it is written (workflows.sensitive): a card number typed into a
+        # Free text is masked where it is written (workflows.engine.sensitive): a card number typed into a
         # description, or quoted in the reason it was disabled, is never stored or shown whole.
         object.__setattr__(self, "description", mask_text(self.description))
         object.__setattr__(self, "disabled_reason", mask_text(self.disabled_reason))

@@ -15,7 +15,7 @@ from celery.contrib.testing.worker import start_worker
 
 from durapay.config import load_settings
 from durapay.service.runtime import Runtime, build_runtime
-from durapay.workflows.states import FlowState
+from durapay.workflows.engine.states import FlowState
 from tests.service.bulk_support import make_flows
 from tests.service.cli.conftest import invoke
 from tests.waiting import wait_until

@@ -16,7 +16,7 @@ from tests.service.cli.test_flows_cmd import moto
 
 ROOT = Path(__file__).resolve().parents[3]
 #: What no Tab may load: the engine and what carries it, the API, Celery.
-HEAVY = ("durapay.workflows.engine", "durapay.service.runtime", "durapay.service.app", "fastapi", "celery")
+HEAVY = ("durapay.workflows.engine.api", "durapay.service.runtime", "durapay.service.app", "fastapi", "celery")
 PROBE = f"""
 import sys
 from durapay.service.cli import main
@@ -89,3 +89,23 @@ def test_a_mistyped_command_still_gets_did_you_mean() -> None:
     result = invoke("flow", "--json")
     assert result.exit_code == 2
     assert "Did you mean 'flows'?" in result.stderr, result.stderr
+
+
+def test_a_merchants_kinds_complete_with_durapays(tmp_path: Path) -> None:
+    """Kinds of the modules DURAPAY_FLOWS__MODULES names get the CLI like a built-in one, completion too:
+    the cache's stamp covers those modules' sources, so a kind added there is offered at the next Tab."""
+    shop = ROOT / "examples" / "shop"
+    env = {**os.environ, "DURAPAY_FLOWS__MODULES": "shop.flows", "PYTHONPATH": f"{shop}:{ROOT}"}
+    offered, _ = tab("durapay start shop_", tmp_path, env)
+    assert offered == ["shop_order"], offered
+    offered, loaded = tab("durapay flows ls --kind shop_o", tmp_path, env)
+    assert (offered, loaded) == (["shop_order"], []), "from the cache once warm"
+    offered, _ = tab("durapay start shop_", tmp_path, {**env, "DURAPAY_FLOWS__MODULES": ""})
+    assert offered == [], "another module setting, another stamp"
+
+
+def test_completion_names_the_modules_setting_as_the_loader_does() -> None:
+    from durapay.service.cli.completion import MODULES_SETTING
+    from durapay.workflows.engine.modules import SETTING
+
+    assert MODULES_SETTING == SETTING

@@ -7,8 +7,8 @@ from pathlib import Path
 from typing import Any
 
 from durapay.service.runtime import Runtime
+from durapay.workflows.engine.states import FlowState
 from durapay.workflows.flows import REGISTRY
-from durapay.workflows.states import FlowState
 from tests.service.cli.conftest import invoke
 
 
@@ -68,6 +68,15 @@ def test_deploy_check_passes_on_the_codes_own_flows_and_names_those_a_manifest_d
     for flow_id in sleeping:
         engine_side.engine.cancel(flow_id)
     assert all(engine_side.engine.get(flow_id).state is FlowState.CANCELLED for flow_id in sleeping)
+    # Cancelled, they are still counted while their records are kept: a late payment on one reopens it,
+    # and accepting it runs its step on its own version.
+    again = {(row["kind"], row["version"]): row for row in json.loads(invoke("flows", "versions", "--json").stdout)["versions"]}
+    assert again[("moto", REGISTRY["moto"].version)]["states"] == {"cancelled": 2}
+    assert not again[("moto", REGISTRY["moto"].version)]["drained"]
+    kept = invoke("deploy", "check", "--manifest", str(shipped))
+    assert kept.exit_code == 1 and "failed and cancelled flows while their record is kept" in kept.stderr
+    for flow_id in sleeping:  # their retention ended: Redis dropped the records
+        engine_side.engine.redis.delete(engine_side.engine.keys.flow(flow_id))
     again = {(row["kind"], row["version"]): row for row in json.loads(invoke("flows", "versions", "--json").stdout)["versions"]}
     assert again[("moto", REGISTRY["moto"].version)]["drained"] is True
     assert invoke("deploy", "check", "--manifest", str(shipped)).exit_code == 0, "drained: safe to drop"
@@ -80,3 +89,22 @@ def test_a_manifest_that_is_not_one_is_refused(cli_env: dict[str, str], tmp_path
     bad.write_text('{"kinds": 3}')
     result = invoke("deploy", "check", "--manifest", str(bad))
     assert result.exit_code == 2 and "durapay flows manifest --json" in result.stderr
+
+
+def test_deploy_check_fails_and_names_the_schedules_a_build_leaves_without_their_kind(
+    engine_side: Runtime, tmp_path: Path
+) -> None:
+    """A schedule whose charges' kind the build lacks fails the check, named (review 38, finding 11)."""
+    from durapay.workflows.schedules import Schedules
+    from tests.workflows.schedules.test_schedules import monthly
+
+    schedules = Schedules(engine_side.engine)
+    record = schedules.create(monthly(), key="dc-schedule")
+    manifest = json.loads(invoke("flows", "manifest", "--json").stdout)
+    del manifest["kinds"][schedules.flow_kind]
+    shipped = tmp_path / "manifest.json"
+    shipped.write_text(json.dumps(manifest))
+    refused = invoke("deploy", "check", "--manifest", str(shipped))
+    assert refused.exit_code == 1, refused.output
+    assert f"1 schedules would be left with no code for their charges: {record.id}" in refused.stderr
+    assert json.loads(invoke("deploy", "check", "--manifest", str(shipped), "--json").stdout)["stranded"] == [record.id]

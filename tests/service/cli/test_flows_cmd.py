@@ -13,7 +13,7 @@ import pytest
 from durapay.service.runtime import Runtime
 from durapay.tasks.outcomes import Advance, Attention, Finish, Outcome
 from durapay.workflows.engine import Claim
-from durapay.workflows.states import FlowState
+from durapay.workflows.engine.states import FlowState
 from tests.gateway.test_catalogue import SPEC, spec_file_pairs, spec_pairs
 from tests.service.cli.conftest import invoke
 
@@ -74,10 +74,19 @@ def test_start_from_a_file_and_from_stdin(engine_side: Runtime, tmp_path: Path) 
         (["start", "moto", "--run-at", "soonish"], json.dumps(moto("o-late")), "expected a future time"),
         (["start", "moto", "--run-at", "2h"], json.dumps(moto("o-ago")), "write a delay as 'in 2h'"),
         (["start", "moto"], json.dumps({**moto("o-typo"), "captureTyp": "EXPLICIT"}), "did you mean `captureType`?"),
+        (["start", "moto", "--tenant", "a b"], json.dumps(moto("o-tenant")), "tenant"),
     ],
 )
 def test_start_refusals_are_one_line(engine_side: Runtime, args: list[str], stdin: str | None, message: str) -> None:
     assert message in one_error_line(invoke(*args, stdin=stdin))
+
+
+def test_start_with_a_tenant_keeps_it_on_the_flow(engine_side: Runtime) -> None:
+    answer = invoke("start", "moto", "--tenant", "acme", "--json", stdin=json.dumps(moto("o-tenant-ok")))
+    assert answer.exit_code == 0, answer.output
+    assert engine_side.engine.get(json.loads(answer.output)["id"]).fields["tenant"] == "acme"
+    shown = invoke("flows", "show", json.loads(answer.output)["id"])
+    assert any(line.split() == ["tenant", "acme"] for line in shown.output.splitlines()), shown.output
 
 
 def test_start_with_key_reused_for_another_input_is_refused(engine_side: Runtime) -> None:
@@ -148,7 +157,7 @@ def test_flows_signal(engine_side: Runtime) -> None:
 
 
 def test_flows_signal_refuses_what_the_flow_does_not_take(engine_side: Runtime) -> None:
-    """The engine's refusals reach the CLI as they are: no special code there (workflows.signals)."""
+    """The engine's refusals reach the CLI as they are: no special code there (workflows.engine.signals)."""
     page = {"order": moto("cli-signal-3")["order"], "paymentSession": {"amount": "1500", "language": "ita"}}
     hpp = engine_side.engine.start("hpp", page).id
     three_steps = engine_side.engine.start("three_steps", moto("cli-signal-4")).id
@@ -458,3 +467,25 @@ def test_a_kind_s_example_starts_as_it_is_printed(engine_side: Runtime) -> None:
     assert json.loads(refund.stdout)["operationId"] and "replace operationId" in refund.stderr
     assert invoke("flows", "kinds", "--example").exit_code == 2
     assert "did you mean `moto`" in one_error_line(invoke("flows", "kinds", "mot", "--example"))
+
+
+def test_start_and_ls_name_a_terminal_and_a_removed_one_stops_a_writing_command(
+    cli_env: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("DURAPAY_TERMINALS", '{"it": {"api_key": "key-of-it"}}')
+    started = invoke("start", "moto", "--terminal", "it", "--json", stdin=json.dumps(moto("cli-term-1")))
+    assert started.exit_code == 0, started.output
+    view = json.loads(started.stdout)
+    assert view["terminal"] == "it"
+    shown = invoke("flows", "show", view["id"])
+    assert any(line.split() == ["terminal", "it"] for line in shown.stdout.splitlines()), shown.stdout
+    invoke("start", "moto", stdin=json.dumps(moto("cli-term-2")))
+    listed = json.loads(invoke("flows", "ls", "--terminal", "it", "--json").stdout)
+    assert [(flow["id"], flow["terminal"]) for flow in listed["flows"]] == [(view["id"], "it")]
+    line = one_error_line(invoke("start", "moto", "--terminal", "fr", stdin=json.dumps(moto("cli-term-3"))))
+    assert "unknown terminal 'fr'; known terminals: default, it" in line
+    assert "--terminal" in one_error_line(invoke("flows", "ls", "--terminal", "fr"))
+    monkeypatch.delenv("DURAPAY_TERMINALS")  # removed while its flow is in flight
+    line = one_error_line(invoke("start", "moto", stdin=json.dumps(moto("cli-term-4"))))
+    assert line.startswith("durapay: configuration error: DURAPAY_TERMINALS: terminal 'it': 1 flow in flight (moto 1)"), line
+    assert invoke("flows", "ls").exit_code == 0, "a command that only reads still runs"

@@ -148,6 +148,30 @@ def test_api_worker_and_scheduler_run_flows_together(
         assert processes.stop("api") == 0
 
 
+def test_a_worker_with_fairness_on_consumes_every_keys_queues(
+    cli_env: dict[str, str], processes: Processes, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 40, item 2: with fairness on, steps go to their key's queues (``workflows.engine.fairness``), and
+    ``durapay worker`` consumes them all: a flow of a named tenant and one of a shared bucket both run."""
+    with SimulatorServer(SimulatorConfig(seed=6)) as sim:
+        monkeypatch.setenv("DURAPAY_GATEWAY__BASE_URL", sim.base_url)
+        monkeypatch.setenv("DURAPAY_FAIRNESS__ENABLED", "true")
+        monkeypatch.setenv("DURAPAY_FAIRNESS__WEIGHTS", '{"default/acme": 2}')
+        monkeypatch.setenv("DURAPAY_FAIRNESS__SHARED_QUEUES", "4")
+        processes.start("worker", "worker", "--concurrency", "2", "--loglevel", "warning")
+        card = {"pan": "4349940199004549", "expiryDate": "1230", "cvv": "123"}
+        for order_id, tenant in (
+            ("fair-moto-1", ["--tenant", "acme"]),
+            ("fair-moto-2", ["--tenant", "other"]),
+            ("fair-moto-3", []),
+        ):
+            body = {"order": {"orderId": order_id, "amount": "700", "currency": "EUR"}, "card": card}
+            paid = invoke("start", "moto", *tenant, "--wait", "60", "--json", stdin=json.dumps(body))
+            assert paid.exit_code == 0, (order_id, paid.output)
+            assert json.loads(paid.stdout)["state"] == "succeeded"
+        assert processes.stop("worker") == 0
+
+
 def test_alive_reports_the_heartbeat_for_health_checks(cli_env: dict[str, str], redis_url: str, key_prefix: str) -> None:
     import redis
 
@@ -188,8 +212,8 @@ def test_worker_rides_out_redis_down_then_runs_flows(
     from durapay.config import load_settings
     from durapay.config.embedded import EmbeddedValkey
     from durapay.service.runtime import build_runtime
-    from durapay.workflows.dispatcher import Dispatcher
-    from durapay.workflows.states import FlowState
+    from durapay.workflows.engine.dispatcher import Dispatcher
+    from durapay.workflows.engine.states import FlowState
     from tests.workflows.integration.test_durability import charges
 
     card = {"pan": "4349940199004549", "expiryDate": "1230", "cvv": "123"}

@@ -24,8 +24,8 @@ from durapay.service.app import create_app
 from durapay.service.runtime import Runtime, build_runtime
 from durapay.service.server import ApiServer
 from durapay.simulator import SimulatorConfig, SimulatorServer
-from durapay.workflows.dispatcher import Dispatcher
 from durapay.workflows.engine import Engine
+from durapay.workflows.engine.dispatcher import Dispatcher
 from tests.workflows.integration.conftest import stack_settings
 
 OPERATOR_KEY = "console-operator-key-0123456789"
@@ -77,6 +77,7 @@ def console_stack(redis_url: str, key_prefix: str, console_simulator: SimulatorS
         console_simulator.base_url,
         api={"key": OPERATOR_KEY, "keys": {READ_KEY: "read"}, "start_wait_seconds": 2.0},
         bulk={"rate": 5000},  # a bulk action of 1,000 flows in a second or so (test_ops_pages.py)
+        terminals={"it": {"api_key": "console-key-of-it"}},  # a second terminal (test_gateway_banner.py)
     )
     runtime = build_runtime(settings, redis_url=redis_url, rng=random.Random(5))
     dispatcher = Dispatcher(runtime.engine, interval=0.05)

@@ -15,8 +15,8 @@ from urllib.parse import parse_qs, urlsplit
 
 import pytest
 
+from durapay.workflows.engine.states import FlowState
 from durapay.workflows.schedules import Schedules
-from durapay.workflows.states import FlowState
 from tests.service.console.conftest import OPERATOR_KEY, READ_KEY, ConsoleStack, screenshot
 from tests.times import RULE
 from tests.waiting import wait_until

@@ -13,9 +13,9 @@ import httpx
 import pytest
 
 from durapay.gateway import Catalogue
-from durapay.workflows.operator_actions import ACTIONS
+from durapay.workflows.engine.operator_actions import ACTIONS
+from durapay.workflows.engine.states import FlowState
 from durapay.workflows.schedules import Schedules
-from durapay.workflows.states import FlowState
 from tests.service.console.conftest import OPERATOR_KEY, READ_KEY, ConsoleStack
 from tests.waiting import wait_until
 from tests.workflows.integration.test_flows import card, order, session

@@ -27,10 +27,10 @@ from durapay.service.app import create_app
 from durapay.service.runtime import build_runtime
 from durapay.service.server import ApiServer
 from durapay.simulator import SimulatorServer
-from durapay.workflows.dispatcher import Dispatcher
+from durapay.workflows.engine.dispatcher import Dispatcher
+from durapay.workflows.engine.states import FlowState
 from durapay.workflows.moments import moment_text
 from durapay.workflows.reconciliation.daily import next_run
-from durapay.workflows.states import FlowState
 from tests.ids import unique
 from tests.service.console.conftest import OPERATOR_KEY, READ_KEY, ConsoleStack, screenshot
 from tests.service.console.test_console_browser import navigate_by, needs_attention, sign_in, wait_text

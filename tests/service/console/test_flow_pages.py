@@ -11,8 +11,8 @@ import random
 
 import pytest
 
-from durapay.workflows.states import FlowState
-from tests.service.console.conftest import ConsoleStack
+from durapay.workflows.engine.states import FlowState
+from tests.service.console.conftest import READ_KEY, ConsoleStack
 from tests.service.console.test_console_http import OPERATOR_KEY, confirmation, csrf_of, signed_in
 from tests.workflows.integration.test_flows import card, order
 
@@ -92,3 +92,24 @@ def test_a_schedule_paused_meanwhile_is_not_cancelled_by_a_confirmation_of_the_a
         answer = operator.post(f"/console/schedules/{schedule_id}/cancel", data={**confirmation(page), "reason": "stop"})
     assert answer.status_code == 409 and "changed since you looked" in html.unescape(answer.text), answer.text[:500]
     assert stack.http.get(f"/schedules/{schedule_id}").json()["state"] == "paused"
+
+
+def test_the_flow_list_filters_by_terminal_and_names_each_flow_s(console_stack: ConsoleStack) -> None:
+    """With more than one terminal declared, the list offers a terminal filter and a terminal column; an
+    undeclared terminal is refused naming the known ones (as the API's and the CLI's filters do)."""
+    engine = console_stack.engine
+    refund = {"amount": 100, "currency": "EUR"}
+    on_it = engine.start("refund", {"operationId": "800000000000000011", **refund}, terminal="it")
+    on_default = engine.start("refund", {"operationId": "800000000000000012", **refund})
+    with signed_in(console_stack, READ_KEY) as client:
+        everything = client.get("/console/flows").text
+        assert '<select id="terminal" name="terminal">' in everything and '<td class="terminal">it</td>' in everything
+        only_it = client.get("/console/flows", params={"terminal": "it"})
+        assert only_it.status_code == 200
+        assert f'data-id="{on_it.id}"' in only_it.text and f'data-id="{on_default.id}"' not in only_it.text
+        assert '<option value="it" selected>' in only_it.text
+        only_default = client.get("/console/flows", params={"terminal": "default"}).text
+        assert f'data-id="{on_default.id}"' in only_default and f'data-id="{on_it.id}"' not in only_default
+        unknown = client.get("/console/flows", params={"terminal": "fr"})
+        assert unknown.status_code == 422
+        assert "terminal: unknown terminal &#39;fr&#39;; known terminals: default, it" in unknown.text

@@ -1,4 +1,4 @@
-"""The console's banner while the gateway's circuit breaker is not closed (``workflows.gate``): on every
+"""The console's banner while the gateway's circuit breaker is not closed (``workflows.engine.gate``): on every
 page, saying since when and that flows wait without using attempts; gone once a call succeeds. Over
 HTTP (every page) and in Chromium (shown above the title)."""
 
@@ -48,3 +48,18 @@ def test_the_banner_in_a_browser(console_stack: ConsoleStack, browser: Any) -> N
     gate.succeeded()
     browser.get(f"{console_stack.url}/console/flows")
     assert browser.find_elements(By.ID, "gateway-banner") == []
+
+
+def test_the_banner_names_the_terminal_whose_breaker_is_open_and_a_flow_page_its_terminal(console_stack: ConsoleStack) -> None:
+    gate = console_stack.engine.terminals.gate("it")
+    record = console_stack.engine.start(
+        "refund", {"operationId": "800000000000000001", "amount": 100, "currency": "EUR"}, terminal="it"
+    )
+    with signed_in(console_stack, READ_KEY) as client:
+        for _ in range(console_stack.engine.settings.gateway_health.failures):
+            gate.failed(ServerError("create_moto_order: HTTP 503", status_code=503))
+        html = client.get("/console").text
+        assert "Gateway unavailable for terminal <code>it</code> since" in html and "other terminals' flows run" in html
+        assert 'id="flow-terminal"' in client.get(f"/console/flows/{record.id}").text
+        gate.succeeded()
+        assert 'id="gateway-banner"' not in client.get("/console").text

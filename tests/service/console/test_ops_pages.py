@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from durapay.workflows.states import FlowState
+from durapay.workflows.engine.states import FlowState
 from tests.service.bulk_support import make_flows
 from tests.service.console.conftest import OPERATOR_KEY, ConsoleStack, screenshot
 from tests.service.console.test_console_browser import navigate_by, sign_in

@@ -12,7 +12,7 @@ from durapay.service.demo import _coverage, _run_id
 from durapay.service.demo.report import Places, Row, next_steps, summary_table
 from durapay.service.demo.stack import DemoStack
 from durapay.service.processes import port_or_free, settings_env
-from durapay.workflows.cards import new_key
+from durapay.workflows.engine.cards import new_key
 from durapay.workflows.flows import REGISTRY
 
 

@@ -14,18 +14,23 @@ import redis
 from durapay.config import load_settings
 from durapay.simulator import SimulatorConfig, SimulatorServer
 from durapay.tasks.runner import StepContext
-from durapay.workflows.clock import ManualClock
 from durapay.workflows.engine import Engine
+from durapay.workflows.engine.clock import ManualClock
+from durapay.workflows.engine.states import FlowState
 from durapay.workflows.flows import REGISTRY
-from durapay.workflows.states import FlowState
 
 
 @contextmanager
 def session_engine(
-    redis_client: redis.Redis, key_prefix: str, *, retry: dict[str, Any] | None = None, **engine: Any
+    redis_client: redis.Redis,
+    key_prefix: str,
+    *,
+    retry: dict[str, Any] | None = None,
+    gateway_health: dict[str, Any] | None = None,
+    **engine: Any,
 ) -> Iterator[tuple[Engine, SimulatorServer]]:
     """The engine of every flow kind on a manual clock at the simulator's time, with ``engine`` (and
-    ``retry``) settings."""
+    ``retry``, ``gateway_health``) settings."""
     with SimulatorServer(SimulatorConfig(seed=3)) as sim:
         settings = load_settings(
             {
@@ -33,6 +38,7 @@ def session_engine(
                 "engine": {"key_prefix": key_prefix, "partitions": 2, **engine},
                 "receiver": {"public_url": "http://127.0.0.1:9/notifications"},
                 "retry": retry or {},
+                "gateway_health": gateway_health or {},
             }
         )
         yield Engine(settings, redis_client, REGISTRY, clock=ManualClock(sim.admin.now().timestamp())), sim

@@ -15,10 +15,10 @@ import redis
 from durapay.config import load_settings
 from durapay.gateway import Catalogue, GatewayOperation
 from durapay.simulator import SimulatorServer
-from durapay.workflows.clock import ManualClock
 from durapay.workflows.engine import Engine
+from durapay.workflows.engine.clock import ManualClock
+from durapay.workflows.engine.states import FlowState
 from durapay.workflows.flows import REGISTRY
-from durapay.workflows.states import FlowState
 from tests.workflows.flows.session_engine import engine, step_until
 
 __all__ = ["engine"]
@@ -87,7 +87,7 @@ class StandIn:
                 "operationAmount": "900",
                 "operationCurrency": "EUR",
             },
-            # The payment's order, read with it held before the refund is sent (workflows.targets).
+            # The payment's order, read with it held before the refund is sent (workflows.engine.targets).
             "get_order": {"orderStatus": {"order": {"orderId": "o-1"}}, "operations": []},
         }
         return op.response.model_validate(answers[op.name])
@@ -132,7 +132,7 @@ def test_a_partial_refund_of_a_captured_payment_goes_on(engine: tuple[Engine, Si
 def test_a_refund_s_events_name_the_payment_s_order(engine: tuple[Engine, SimulatorServer]) -> None:
     """Confirmed: a refund's (and a reservation charge's) events carried ``orderId: null``, so a payment's
     refunds could not be found from its order. Passes once events.lua names the order of the flow's
-    operation when the flow holds none (report: workflows/lua/events.lua)."""
+    operation when the flow holds none (report: workflows/engine/lua/events.lua)."""
     flows, _sim = engine
     payment = sale(flows, "evt-1", 2500)
     started = flows.start("refund", {"operationId": payment})

@@ -17,12 +17,12 @@ from pydantic import BaseModel
 from durapay.config import load_settings
 from durapay.gateway import Catalogue, GatewayClient, GatewayOperation
 from durapay.simulator import SimulatorConfig, SimulatorServer
-from durapay.workflows.clock import ManualClock
 from durapay.workflows.engine import Engine
-from durapay.workflows.errors import OperatorError
+from durapay.workflows.engine.clock import ManualClock
+from durapay.workflows.engine.errors import OperatorError
+from durapay.workflows.engine.states import FlowState
+from durapay.workflows.engine.store import FlowRecord
 from durapay.workflows.flows import REGISTRY
-from durapay.workflows.states import FlowState
-from durapay.workflows.store import FlowRecord
 
 CHALLENGE = "5186151650005008"  # approving MC that the issuer challenges
 

@@ -9,9 +9,9 @@ from datetime import UTC, datetime
 import pytest
 
 from durapay.gateway import validate_strict
+from durapay.workflows.engine.sensitive import card_like
 from durapay.workflows.flows import REGISTRY
 from durapay.workflows.flows.examples import MAKERS, example
-from durapay.workflows.sensitive import card_like
 
 
 def test_every_kind_has_an_example_and_nothing_else_has_one() -> None:

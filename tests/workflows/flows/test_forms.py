@@ -16,7 +16,7 @@ from durapay.gateway import Catalogue
 from durapay.service.receiver import NotificationReceiver
 from durapay.simulator import SimulatorAdminError, SimulatorServer
 from durapay.workflows.engine import Engine
-from durapay.workflows.states import FlowState
+from durapay.workflows.engine.states import FlowState
 from tests.workflows.flows.session_engine import engine, step_until
 from tests.workflows.flows.test_waits import CHALLENGE_PAN, ENDED, advance, build_input
 

@@ -11,6 +11,10 @@ renewed through durapay in no flow.
 2. A cancel's step (close, then read: EXPIRED) completed ``cancelled`` although a ``link_changed`` told
    while it read was stored on the flow: a cancel's completion did not look (a failing wait's did). Now
    transition.lua turns any such end into another run of the step.
+3. A link adopted after its create's answer was lost has no security token; the flow ended, the merchant
+   renewed the link through durapay, the flow was kept, and the customer's payment's notifications were
+   refused (401: no token kept for the order), so the payment showed in no flow. The renewal's answer
+   carries the link's token: ``Engine.tell_holder`` keeps it for the holder's order.
 """
 
 from __future__ import annotations
@@ -22,9 +26,9 @@ import pytest
 
 from durapay.gateway import Catalogue
 from durapay.simulator import SimulatorServer
-from durapay.workflows.states import FlowState
+from durapay.workflows.engine.states import FlowState
 from tests.workflows.aof_tail import AofTail
-from tests.workflows.flow_model import FlowWorld
+from tests.workflows.flow_model import FlowWorld, ModelFlow
 from tests.workflows.model_kinds import APPROVE, now_of
 
 
@@ -38,6 +42,25 @@ def world(model_parts: tuple[SimulatorServer, AofTail]) -> Iterator[FlowWorld]:
 def run_all(world: FlowWorld) -> None:
     while world.messages.chains:
         world.deliver(0)
+
+
+def pay_late_and_look(world: FlowWorld, flow: ModelFlow, link_id: str, day: str, told: object = None) -> None:
+    """45 days later (past the flow's 30-day retention, the renewed link still open) the customer pays the
+    renewed link; the payment must show in the flow that held it (invariant 1)."""
+    done = world.record(flow)
+    assert done is not None
+    ended, kept_for = done.state, done.keep_until - world.clock.now()
+    for _ in range(3):
+        world.advance(15 * 86400)
+    paid = world.sim.admin.complete_link(link_id, pan=APPROVE)
+    statuses = [world.notify(note["body"]) for note in world.sim.admin.notifications() if note["orderId"] == flow.base]
+    after = world.record(flow)
+    shown = after is not None and paid["operationId"] in str({"outcome": after.outcome, "error": after.error})
+    assert shown, (
+        f"payment {paid['operationId']} on link {link_id} (renewed through durapay until {day}) shows in no flow: the "
+        f"flow ended {ended.value} with the link ACTIVE, kept {kept_for / 86400:.1f} more days, and is "
+        f"{'gone' if after is None else after.state.value}; the receiver answered {statuses}; told: {told}"
+    )
 
 
 def test_a_renewal_told_while_the_deadline_read_completes_keeps_the_flow_while_its_link_can_be_paid(
@@ -84,22 +107,7 @@ def test_a_renewal_told_while_the_deadline_read_completes_keeps_the_flow_while_i
     world.settle()
     link = world.engine.gateway().call(Catalogue.get_paybylink, link_id).paymentLink
     assert str(link.status) == "ACTIVE" and link.expirationDate == day, link  # the customer can pay for 60 days
-    done = world.record(flow)
-    assert done is not None
-    ended = done.state
-    kept_for = done.keep_until - world.clock.now()
-
-    for _ in range(3):
-        world.advance(15 * 86400)  # day 45 of the renewed link: past the flow's retention, the link still open
-    paid = world.sim.admin.complete_link(link_id, pan=APPROVE)
-    statuses = [world.notify(note["body"]) for note in world.sim.admin.notifications() if note["orderId"] == flow.base]
-    after = world.record(flow)
-    shown = after is not None and paid["operationId"] in str({"outcome": after.outcome, "error": after.error})
-    assert shown, (
-        f"payment {paid['operationId']} on link {link_id} (renewed through durapay until {day}) shows in no flow: the "
-        f"flow ended {ended.value} with the link ACTIVE, kept {kept_for / 86400:.1f} more days, and is "
-        f"{'gone' if after is None else after.state.value}; the receiver answered {statuses}; told: {told}"
-    )
+    pay_late_and_look(world, flow, link_id, day, told)
 
 
 def test_a_renewal_while_a_cancel_reads_the_link_keeps_the_flow_while_its_link_can_be_paid(world: FlowWorld) -> None:
@@ -133,18 +141,42 @@ def test_a_renewal_while_a_cancel_reads_the_link_keeps_the_flow_while_its_link_c
     world.settle()
     link = world.engine.gateway().call(Catalogue.get_paybylink, link_id).paymentLink
     assert str(link.status) == "ACTIVE" and link.expirationDate == day, link
-    done = world.record(flow)
-    assert done is not None
-    ended, kept_for = done.state, done.keep_until - world.clock.now()
+    pay_late_and_look(world, flow, link_id, day)
 
-    for _ in range(3):
-        world.advance(15 * 86400)  # day 45 of the renewed link: past the flow's retention, the link still open
-    paid = world.sim.admin.complete_link(link_id, pan=APPROVE)
-    statuses = [world.notify(note["body"]) for note in world.sim.admin.notifications() if note["orderId"] == flow.base]
-    after = world.record(flow)
-    shown = after is not None and paid["operationId"] in str({"outcome": after.outcome, "error": after.error})
-    assert shown, (
-        f"payment {paid['operationId']} on link {link_id} (renewed through durapay until {day}) shows in no flow: the "
-        f"flow ended {ended.value} with the link ACTIVE, kept {kept_for / 86400:.1f} more days, and is "
-        f"{'gone' if after is None else after.state.value}; the receiver answered {statuses}"
-    )
+
+def test_an_adopted_link_renewed_after_its_flow_ended_has_its_notifications_verified(world: FlowWorld) -> None:
+    """Moves: the answer to a pay-by-link create is lost after the gateway made the link (commit then 500);
+    the flow adopts the link, which has no security token (the answer carried it), and reads it until it
+    expires unpaid: the flow ends. The merchant renews the link through durapay for 60 days; the holder is
+    kept. 45 days later the customer pays the renewed link.
+
+    What went wrong: the receiver had no token for the order (401 to every notification), the finished flow
+    reads nothing, so the payment showed in no flow (invariant 1) until a reconciliation found it."""
+    world.sim.admin.set_faults(mode="commit_then_fail", operation="create_paybylink_v3", count=1)
+    flow = world.start("paybylink", "decline")  # a link for one day
+    run_all(world)
+    waiting = world.record(flow)
+    for _ in range(10):  # the retry after the 500 reads the order: the link is there, adopted
+        if waiting is None or waiting.state is not FlowState.RETRYING or waiting.due is None:
+            break
+        world.advance(waiting.due - world.clock.now() + 0.001)
+        world.engine.dispatch_due()
+        run_all(world)
+        waiting = world.record(flow)
+    assert waiting is not None and waiting.state is FlowState.WAITING, world.describe(flow)
+    assert waiting.outputs["create"].get("adopted") is True, waiting.outputs
+    link_id = str(waiting.outputs["create"]["paymentLink"]["linkId"])
+    for _ in range(4):
+        world.advance(86400)  # past the link's expiry: the adopted flow's reads find it EXPIRED and it ends
+        world.settle()
+    ended = world.record(flow)
+    assert ended is not None and ended.finished, world.describe(flow)
+    assert world.engine.tokens_for_order(flow.base) == [], "adopted: no token kept"
+    day = now_of(world.clock.now() + 60 * 86400).strftime("%Y-%m-%d")
+    renewal = world.engine.start("paybylink_renew", {"linkId": link_id, "expirationDate": day})
+    world.engine.run_step(renewal.id, "renew")
+    renewed = world.engine.store.get(renewal.id)
+    assert renewed is not None and renewed.state is FlowState.SUCCEEDED, renewed and renewed.summary()
+    link = world.engine.gateway().call(Catalogue.get_paybylink, link_id).paymentLink
+    assert str(link.status) == "ACTIVE" and link.expirationDate == day, link
+    pay_late_and_look(world, flow, link_id, day)

@@ -4,7 +4,7 @@
 A review of issues 21 and 22 found: a pay-by-link whose create answer was lost (the gateway made the link
 and answered 500) was cancelled at once, with the link ACTIVE at the gateway and no security token kept,
 so a payment on it was refused (401) and in no flow. The claim marked only calls that move money as money
-in flight; an opening call is one too (``workflows.inflight.money_operation``): a cancel then reads the
+in flight; an opening call is one too (``workflows.engine.inflight.money_operation``): a cancel then reads the
 gateway back (the create's own read-back finds the link) and the wait that follows closes the link first.
 """
 
@@ -20,7 +20,7 @@ from durapay.gateway import Catalogue
 from durapay.service.receiver import NotificationReceiver
 from durapay.simulator import SimulatorServer
 from durapay.workflows.engine import Engine
-from durapay.workflows.states import FlowState
+from durapay.workflows.engine.states import FlowState
 from tests.workflows.flows.session_engine import engine, link_input, session_engine, step_until
 
 __all__ = ["engine"]

@@ -16,7 +16,7 @@ import pytest
 
 from durapay.gateway import Catalogue
 from durapay.simulator import SimulatorConfig, SimulatorServer
-from durapay.workflows.states import FlowState
+from durapay.workflows.engine.states import FlowState
 from tests.workflows.schedules.harness import Receiver, Stack, running_receiver
 
 pytestmark = pytest.mark.integration

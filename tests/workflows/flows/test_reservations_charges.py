@@ -14,7 +14,7 @@ import pytest
 from durapay.gateway import Catalogue
 from durapay.simulator import SimulatorServer
 from durapay.workflows.engine import Engine, StartConflict
-from durapay.workflows.states import FlowState
+from durapay.workflows.engine.states import FlowState
 from tests.workflows.flows.session_engine import engine, step_until
 
 __all__ = ["engine"]

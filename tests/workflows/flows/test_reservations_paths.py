@@ -15,10 +15,10 @@ import redis
 
 from durapay.config import load_settings
 from durapay.gateway import GatewayOperation, GatewayUnreachable, NotFound
-from durapay.workflows.clock import ManualClock
 from durapay.workflows.engine import Engine, InputError
+from durapay.workflows.engine.clock import ManualClock
+from durapay.workflows.engine.states import FlowState
 from durapay.workflows.flows import REGISTRY
-from durapay.workflows.states import FlowState
 
 T0 = datetime(2026, 7, 1, tzinfo=UTC).timestamp()
 OPERATION = {"operationId": "op-9", "orderId": "res-1", "operationResult": "EXECUTED", "operationAmount": "900"}
@@ -102,7 +102,7 @@ def test_charges_validate_on_the_chosen_form_charge_with_a_key_and_read_back(
     charge = {"no_show": "create_no_show", "incremental": "create_incremental", "delay_charge": "create_delay_charge"}[kind]
     names = [name for name, _, _ in client.calls]
     # The reservation is read at the start and again by the charge step, right before its call, with the
-    # reservation held (workflows.targets: the check that binds, and the snapshot of a read-back).
+    # reservation held (workflows.engine.targets: the check that binds, and the snapshot of a read-back).
     assert names[:4] == ["get_reservation", validation, "get_reservation", charge] and set(names[4:]) == {"get_operation"}
     keys = [key for name, _, key in client.calls if name == charge]
     assert len(set(keys)) == 1 and keys[0] and keys[0].startswith(record.id)

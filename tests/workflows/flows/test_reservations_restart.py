@@ -17,8 +17,8 @@ import pytest
 from durapay.config.embedded import EmbeddedValkey
 from durapay.gateway import Catalogue
 from durapay.simulator import SimulatorConfig, SimulatorServer
-from durapay.workflows.clock import ManualClock
-from durapay.workflows.states import FlowState
+from durapay.workflows.engine.clock import ManualClock
+from durapay.workflows.engine.states import FlowState
 from tests.workflows.schedules.harness import Receiver, Stack, running_receiver
 
 pytestmark = [pytest.mark.integration, pytest.mark.chaos]

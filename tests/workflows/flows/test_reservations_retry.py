@@ -16,7 +16,7 @@ from durapay.gateway import Catalogue, PayByLinkRenewRequest
 from durapay.service.receiver import NotificationReceiver
 from durapay.simulator import SimulatorServer
 from durapay.workflows.engine import Engine, OperatorError
-from durapay.workflows.states import FlowState
+from durapay.workflows.engine.states import FlowState
 from tests.workflows.flows.session_engine import engine, step_until
 
 __all__ = ["engine"]
@@ -81,7 +81,7 @@ def test_a_retried_reservation_s_notification_is_verified_and_ends_its_wait(engi
     """Item 11: the retry gave the flow the order id ``<reservationId>-2`` and kept the new link's token
     under it, while the gateway's order and notifications keep the reservation's id: the receiver answered
     401 and the flow waited on. A reservation's gateway order is its id for good. Passes once
-    ``Engine.retry`` keeps that order id (report: workflows/engine.py)."""
+    ``Engine.retry`` keeps that order id (report: workflows/engine/api.py)."""
     flows, sim = engine
     flow_id, paid = declined_then_retried(flows, sim, "res-retried")
     record = flows.get(flow_id)

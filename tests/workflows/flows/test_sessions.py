@@ -11,7 +11,7 @@ import redis
 
 from durapay.simulator import SimulatorServer
 from durapay.workflows.engine import Engine
-from durapay.workflows.states import FlowState
+from durapay.workflows.engine.states import FlowState
 from tests.workflows.flows.session_engine import engine, link_input, session_engine, step_until
 
 __all__ = ["engine"]

@@ -11,15 +11,16 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
+import redis
 
 from durapay.gateway import Catalogue, PayByLinkRenewRequest
 from durapay.service.receiver import NotificationReceiver
 from durapay.simulator import PAGE_PAYMENT, SimulatorServer
-from durapay.workflows.compact import Compactor
 from durapay.workflows.engine import Engine
+from durapay.workflows.engine.compact import Compactor
+from durapay.workflows.engine.states import FlowState
 from durapay.workflows.flows.waits import GRACE_SECONDS, KEEP_MARGIN_SECONDS, link_end
-from durapay.workflows.states import FlowState
-from tests.workflows.flows.session_engine import engine, link_input, step_until
+from tests.workflows.flows.session_engine import engine, link_input, session_engine, step_until
 
 __all__ = ["engine"]
 
@@ -364,18 +365,23 @@ def test_after_a_pending_notification_a_form_still_takes_form_completed(engine: 
     assert set(again.wait["signals"]) == {"form_completed", "notification"}
 
 
-def test_a_deadline_read_the_gateway_keeps_refusing_stops_for_a_person_not_failed(engine: tuple[Engine, SimulatorServer]) -> None:
+def test_a_deadline_read_the_gateway_keeps_refusing_stops_for_a_person_not_failed(
+    redis_client: redis.Redis, key_prefix: str
+) -> None:
     """Confirmed: a deadline read refused until ``max_attempts`` ended a waiting flow ``failed`` while its
-    link could be paid; now the failure is owed to a read, bounded, then a person looks."""
-    flows, sim = engine
+    link could be paid; now the failure is owed to a read, bounded, then a person looks. (429s hold the
+    flow without using its attempts, workflows.engine.gate, up to the outage bound: a short one here, set when
+    the engine is made: each terminal's gate reads it then.)"""
+    with session_engine(redis_client, key_prefix, gateway_health={"outage_seconds": 10.0}) as (flows, sim):
+        _refused_deadline_reads(flows, sim)
+
+
+def _refused_deadline_reads(flows: Engine, sim: SimulatorServer) -> None:
     started = flows.start("paybylink", link_input("refused-read-1"))
     waiting = step_until(flows, started.id, {FlowState.WAITING})
     assert waiting.due is not None
     advance(flows, sim, waiting.due - flows.clock.now() + 1)
     sim.admin.set_faults(mode="error", status=429, operation="get_order", count=1000)
-    # 429s hold the flow without using its attempts (workflows.gate), up to the outage bound: a short one here.
-    health = flows.settings.gateway_health.model_copy(update={"outage_seconds": 10.0})
-    flows.settings = flows.settings.model_copy(update={"gateway_health": health})
     stopped = step_until(flows, started.id, ENDED, limit=60)
     assert stopped.state is FlowState.NEEDS_ATTENTION, stopped.summary()
     assert stopped.unsettled is not None, "the link is still money in flight"

@@ -17,10 +17,10 @@ import redis
 
 from durapay.gateway import Catalogue, Operation, PaymentLink
 from durapay.simulator import PAGE_PAYMENT, SimulatorServer
-from durapay.workflows.compact import Compactor
 from durapay.workflows.engine import Engine
+from durapay.workflows.engine.compact import Compactor
+from durapay.workflows.engine.states import FlowState
 from durapay.workflows.flows.waits import judge_wait
-from durapay.workflows.states import FlowState
 from tests.workflows.flows.session_engine import context_at, engine, link_input, session_engine, step_until
 from tests.workflows.flows.test_waits import CHALLENGE_PAN, ENDED, advance, build_input, hpp_input, link_of, link_status
 

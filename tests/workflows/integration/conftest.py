@@ -20,11 +20,11 @@ from celery.contrib.testing.worker import start_worker
 from durapay.config import Settings, load_settings
 from durapay.service.runtime import Runtime, build_runtime
 from durapay.simulator import SimulatorConfig, SimulatorServer
-from durapay.workflows.clock import OffsetClock
-from durapay.workflows.dispatcher import Dispatcher
 from durapay.workflows.engine import Engine
-from durapay.workflows.states import FlowState
-from durapay.workflows.store import FlowRecord
+from durapay.workflows.engine.clock import OffsetClock
+from durapay.workflows.engine.dispatcher import Dispatcher
+from durapay.workflows.engine.states import FlowState
+from durapay.workflows.engine.store import FlowRecord
 
 
 @pytest.fixture(scope="session")

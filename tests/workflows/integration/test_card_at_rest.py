@@ -27,8 +27,8 @@ from durapay.service.runtime import Runtime, build_runtime
 from durapay.simulator import SimulatorServer
 from durapay.simulator._cards import PUBLISHED_CARDS
 from durapay.simulator._config import AUTO_COMPLETE_PAN
-from durapay.workflows.dispatcher import Dispatcher
-from durapay.workflows.states import FlowState
+from durapay.workflows.engine.dispatcher import Dispatcher
+from durapay.workflows.engine.states import FlowState
 from tests.workflows.integration.conftest import stack_settings
 from tests.workflows.integration.test_flows import order
 

@@ -30,10 +30,10 @@ from durapay.service.app import create_app
 from durapay.service.runtime import build_runtime
 from durapay.service.server import ApiServer
 from durapay.simulator import SimulatorServer
-from durapay.workflows.dispatcher import Dispatcher
+from durapay.workflows.engine.dispatcher import Dispatcher
+from durapay.workflows.engine.states import FlowState
 from durapay.workflows.reconciliation.daily import DailyReconciliation
 from durapay.workflows.schedules import Schedules, occurrences
-from durapay.workflows.states import FlowState
 from tests.service.conftest import notification
 from tests.waiting import wait_until
 from tests.workflows.flows import test_reservations as reservations

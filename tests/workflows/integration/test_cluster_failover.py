@@ -36,8 +36,8 @@ from durapay.config.embedded import free_port
 from durapay.service.processes import Child, settings_env
 from durapay.service.runtime import build_runtime
 from durapay.simulator import SimulatorServer
-from durapay.workflows.pins import Pins
-from durapay.workflows.states import FlowState
+from durapay.workflows.engine.pins import Pins
+from durapay.workflows.engine.states import FlowState
 from tests.waiting import wait_until
 from tests.workflows.integration import test_flows as flows
 from tests.workflows.integration.conftest import stack_settings
@@ -102,7 +102,7 @@ def test_a_script_and_a_pinned_write_ride_out_their_primary_s_failover(six: Valk
     pins = Pins(client)
     key = f"{{{key_prefix}}}:pinned"
     script = client.register_script("return redis.call('SET', KEYS[1], ARGV[1])")
-    resend_safe(client).add(script.sha)  # a plain overwrite: a second run is harmless (workflows/scripts.py)
+    resend_safe(client).add(script.sha)  # a plain overwrite: a second run is harmless (workflows/engine/scripts.py)
     pins.run(key, lambda pinned: pinned.set(key, "pinned"), resend=True)  # the pinned connection to the key's owner
     owner = six.owner(key_slot(key.encode()))
     six.kill(owner)

@@ -17,11 +17,11 @@ import redis
 
 from durapay.gateway import Catalogue
 from durapay.simulator import SimulatorServer
-from durapay.workflows.clock import ManualClock
 from durapay.workflows.engine import Claim, Engine, OrderIdTaken
+from durapay.workflows.engine.clock import ManualClock
+from durapay.workflows.engine.states import STOPPED, FlowState
+from durapay.workflows.engine.store import FlowRecord
 from durapay.workflows.flows import REGISTRY
-from durapay.workflows.states import STOPPED, FlowState
-from durapay.workflows.store import FlowRecord
 from tests.waiting import wait_until
 from tests.workflows.integration.conftest import Stack, stack_settings
 from tests.workflows.integration.test_flows import APPROVE, card, order, session, wait_for_state

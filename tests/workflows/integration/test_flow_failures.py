@@ -15,7 +15,6 @@ in production, and an engine clock the test may move past a wait's deadline inst
 from __future__ import annotations
 
 import random
-import socket
 from collections.abc import Iterator
 from contextlib import ExitStack
 from dataclasses import dataclass
@@ -25,14 +24,15 @@ from typing import Any
 import pytest
 from celery.contrib.testing.worker import start_worker
 
+from durapay.config.embedded import free_port
 from durapay.service.app import create_app
 from durapay.service.runtime import build_runtime
 from durapay.service.server import ApiServer
 from durapay.simulator import SimulatorConfig, SimulatorServer
-from durapay.workflows.clock import OffsetClock
-from durapay.workflows.dispatcher import Dispatcher
-from durapay.workflows.states import FlowState
-from durapay.workflows.store import FlowRecord
+from durapay.workflows.engine.clock import OffsetClock
+from durapay.workflows.engine.dispatcher import Dispatcher
+from durapay.workflows.engine.states import FlowState
+from durapay.workflows.engine.store import FlowRecord
 from tests.waiting import wait_until
 from tests.workflows.integration.conftest import Stack, stack_settings
 from tests.workflows.integration.test_flows import (
@@ -115,15 +115,9 @@ class Live:
         return self.stack.simulator
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
 @pytest.fixture
 def live(redis_url: str, key_prefix: str) -> Iterator[Live]:
-    port = _free_port()
+    port = free_port()
     config = SimulatorConfig(seed=23, notify_backoff_ms=50, notify_backoff_cap_ms=500, sweep_interval_seconds=0.1)
     with SimulatorServer(config) as sim, ExitStack() as stack:
         settings = stack_settings(

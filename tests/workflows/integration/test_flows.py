@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 
 from durapay.gateway import OperationResult
-from durapay.workflows.signals import SignalRefused
-from durapay.workflows.states import FlowState
+from durapay.workflows.engine.signals import SignalRefused
+from durapay.workflows.engine.states import FlowState
 from tests.workflows.integration.conftest import Stack
 
 APPROVE = "4349940199004549"  # published approving VISA, frictionless
@@ -29,7 +29,7 @@ _ids = itertools.count()
 
 def order(amount: int = 1500, currency: str = "EUR") -> dict[str, Any]:
     # A letter between the clock and the count: one digit run of 13 or more would be refused one time in twenty
-    # as looking like a card number (workflows.sensitive.card_like).
+    # as looking like a card number (workflows.engine.sensitive.card_like).
     return {"orderId": f"ord{time.time_ns() % 10**9}n{next(_ids)}", "amount": str(amount), "currency": currency}
 
 

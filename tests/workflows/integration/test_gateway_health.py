@@ -1,4 +1,4 @@
-"""The gateway's health shared by every worker (``workflows.gate``), end to end: real Valkey, a real Celery
+"""The gateway's health shared by every worker (``workflows.engine.gate``), end to end: real Valkey, a real Celery
 worker, the simulator over HTTP with its faults.
 
 * An outage of about 15 s (every call 503, then every call hanging past the client's timeout) among
@@ -32,16 +32,16 @@ from durapay.gateway import ServerError
 from durapay.service.metrics import render
 from durapay.service.runtime import build_runtime
 from durapay.simulator import SimulatorServer
-from durapay.workflows.clock import OffsetClock
-from durapay.workflows.dispatcher import Dispatcher
-from durapay.workflows.events import EventFeed
-from durapay.workflows.keys import Keys
-from durapay.workflows.states import STOPPED, FlowState
+from durapay.workflows.engine.clock import OffsetClock
+from durapay.workflows.engine.dispatcher import Dispatcher
+from durapay.workflows.engine.events import EventFeed
+from durapay.workflows.engine.keys import Keys
+from durapay.workflows.engine.states import STOPPED, FlowState
 from tests.waiting import wait_until
+from tests.workflows.engine.test_gate import Time, make_gate
 from tests.workflows.integration.conftest import Stack, stack_settings
 from tests.workflows.integration.test_flows import APPROVE, card, order
 from tests.workflows.integration.topology import ValkeyCluster
-from tests.workflows.test_gate import Time, make_gate
 
 pytestmark = pytest.mark.integration
 

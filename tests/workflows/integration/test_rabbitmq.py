@@ -19,8 +19,8 @@ from celery.contrib.testing.worker import start_worker
 from durapay.config.celery import QUEUE
 from durapay.service.runtime import build_runtime
 from durapay.simulator import SimulatorServer
-from durapay.workflows.dispatcher import Dispatcher
-from durapay.workflows.states import FlowState
+from durapay.workflows.engine.dispatcher import Dispatcher
+from durapay.workflows.engine.states import FlowState
 from tests.workflows.integration import test_flows as flows
 from tests.workflows.integration.conftest import Stack, stack_settings
 from tests.workflows.integration.test_exactly_once import payments

@@ -17,8 +17,8 @@ from celery.contrib.testing.worker import start_worker
 from durapay.config.embedded import EmbeddedValkey
 from durapay.service.runtime import build_runtime
 from durapay.simulator import SimulatorServer
-from durapay.workflows.dispatcher import Dispatcher
-from durapay.workflows.states import STOPPED, FlowState
+from durapay.workflows.engine.dispatcher import Dispatcher
+from durapay.workflows.engine.states import STOPPED, FlowState
 from tests.waiting import wait_until
 from tests.workflows.integration.conftest import stack_settings
 from tests.workflows.integration.test_durability import charges, one_operation_per_key

@@ -37,10 +37,10 @@ from durapay.config.embedded import free_port
 from durapay.service.processes import Child, settings_env
 from durapay.service.runtime import build_runtime
 from durapay.simulator import SimulatorServer
-from durapay.workflows.dispatcher import Dispatcher
-from durapay.workflows.durability import NotDurable
 from durapay.workflows.engine import NotFound
-from durapay.workflows.states import TERMINAL, FlowState
+from durapay.workflows.engine.dispatcher import Dispatcher
+from durapay.workflows.engine.durability import NotDurable
+from durapay.workflows.engine.states import TERMINAL, FlowState
 from tests.waiting import wait_until
 from tests.workflows.integration import test_flows as flows
 from tests.workflows.integration.conftest import Stack, stack_settings

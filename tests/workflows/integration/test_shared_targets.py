@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 
 from durapay.gateway import Catalogue
-from durapay.workflows.keys import step_idempotency_key
-from durapay.workflows.states import FlowState
+from durapay.workflows.engine.keys import step_idempotency_key
+from durapay.workflows.engine.states import FlowState
 from tests.workflows.flows.test_reservations_charges import paid_reservation
 from tests.workflows.integration.conftest import Stack
 from tests.workflows.integration.test_flows import APPROVE, card

@@ -26,8 +26,8 @@ from durapay.config.tracing import OFF, TRACE_FIELD
 from durapay.service.app import create_app
 from durapay.service.runtime import Runtime, build_runtime
 from durapay.simulator import SimulatorServer
-from durapay.workflows.clock import OffsetClock
-from durapay.workflows.states import FlowState
+from durapay.workflows.engine.clock import OffsetClock
+from durapay.workflows.engine.states import FlowState
 from tests.spans import Spans, leaks
 from tests.workflows.integration.conftest import stack_settings
 from tests.workflows.integration.test_flows import CHALLENGE, card, order, session

@@ -24,8 +24,8 @@ from starlette.testclient import TestClient
 from durapay.service.app import create_app
 from durapay.service.runtime import build_runtime
 from durapay.simulator import SimulatorServer
-from durapay.workflows.dispatcher import Dispatcher
-from durapay.workflows.states import FlowState
+from durapay.workflows.engine.dispatcher import Dispatcher
+from durapay.workflows.engine.states import FlowState
 from tests.otlp_collector import Collector, Received
 from tests.spans import Spans, leaks
 from tests.waiting import wait_until
@@ -84,6 +84,15 @@ def test_a_worker_killed_mid_payment_leaves_linked_traces_that_name_every_step_a
         waiting = runtime.engine.wait(flow_id, 60, states=frozenset({FlowState.WAITING}))
         assert waiting.state is FlowState.WAITING, waiting.summary()
         init = waiting.outputs["init"]
+
+        def exported(*steps: str) -> bool:
+            names = {s.name for s in collector.received() if s.attributes.get("durapay.flow_id") == flow_id}
+            return {f"step {step}" for step in steps} <= names
+
+        # The steps that ended before the kill reach the collector in the worker's next batch; a loaded
+        # machine can hold that batch past the kill (a SIGKILL loses it: docs/observability.md), so the
+        # payment starts only once they are out: what the assertions below read is then no race.
+        wait_until(lambda: exported("init", "challenge"), 60, "the spans of init and challenge to reach the collector")
         pares = simulator.admin.acs_challenge(init["operation"]["operationId"], init["threeDSAuthRequest"])
         simulator.admin.set_faults(
             rules=[{"operation": "three_steps_payment", "count": 1, "mode": "hang", "seconds": 20, "commit": True}]

@@ -32,8 +32,8 @@ from durapay.service.heartbeat import worker_roles
 from durapay.service.processes import Child, settings_env
 from durapay.service.runtime import Runtime, build_runtime
 from durapay.simulator import SimulatorServer
-from durapay.workflows.dispatcher import Dispatcher
-from durapay.workflows.states import FlowState
+from durapay.workflows.engine.dispatcher import Dispatcher
+from durapay.workflows.engine.states import FlowState
 from tests.waiting import wait_until
 from tests.workflows.integration.conftest import stack_settings
 from tests.workflows.integration.test_flows import APPROVE, card, order

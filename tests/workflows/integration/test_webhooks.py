@@ -13,7 +13,7 @@ from celery.contrib.testing.worker import start_worker
 from bench._webhook_receiver import WebhookReceiver
 from durapay.service.runtime import Runtime, build_runtime
 from durapay.simulator import SimulatorServer
-from durapay.workflows.dispatcher import Dispatcher
+from durapay.workflows.engine.dispatcher import Dispatcher
 from tests.waiting import wait_until
 from tests.workflows.integration.conftest import stack_settings
 from tests.workflows.integration.test_flows import APPROVE, DECLINE, card, order

@@ -13,8 +13,8 @@ import redis
 from durapay.config import load_settings
 from durapay.config.connect import resend_safe
 from durapay.simulator import SimulatorServer
-from durapay.workflows.clock import ManualClock
 from durapay.workflows.engine import Engine
+from durapay.workflows.engine.clock import ManualClock
 from durapay.workflows.reconciliation.daily import DailyReconciliation
 from tests.workflows.flows.session_engine import session_engine
 

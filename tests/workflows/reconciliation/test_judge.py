@@ -8,11 +8,11 @@ from typing import Any
 
 import pytest
 
+from durapay.workflows.engine.states import FlowState
+from durapay.workflows.engine.store import FlowRecord
 from durapay.workflows.reconciliation import judge as judge_module
 from durapay.workflows.reconciliation.findings import FLOW_WITHOUT_MONEY, Finding, Lookups, Owners
 from durapay.workflows.reconciliation.judge import HORIZON_SECONDS, Judge
-from durapay.workflows.states import FlowState
-from durapay.workflows.store import FlowRecord
 
 
 def succeeded(flow_id: str, operation_id: str) -> FlowRecord:

@@ -16,9 +16,9 @@ import redis
 from durapay.gateway import Catalogue
 from durapay.simulator import SimulatorServer
 from durapay.workflows.engine import Engine
+from durapay.workflows.engine.states import FlowState
+from durapay.workflows.engine.store import FlowRecord
 from durapay.workflows.reconciliation import IN_FLIGHT, MONEY_WITHOUT_FLOW, Reconciler, Report
-from durapay.workflows.states import FlowState
-from durapay.workflows.store import FlowRecord
 from tests.workflows.flows.session_engine import session_engine, step_until
 from tests.workflows.reconciliation.test_run import catch_up, moto_input
 

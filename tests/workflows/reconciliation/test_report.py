@@ -12,11 +12,11 @@ import redis
 from durapay.service.metrics import _reconciliation_series
 from durapay.simulator import SimulatorServer
 from durapay.workflows.engine import Engine
-from durapay.workflows.keys import Keys
+from durapay.workflows.engine.keys import Keys
+from durapay.workflows.engine.states import FlowState
+from durapay.workflows.engine.store import FlowRecord
 from durapay.workflows.reconciliation import MONEY_WITHOUT_FLOW, Finding, Reconciler, Report, Reports, money
 from durapay.workflows.reconciliation.report import MAX_FINDINGS
-from durapay.workflows.states import FlowState
-from durapay.workflows.store import FlowRecord
 from tests.workflows.flows.session_engine import session_engine
 from tests.workflows.reconciliation.test_run import catch_up, pay_directly
 

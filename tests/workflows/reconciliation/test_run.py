@@ -20,8 +20,10 @@ import redis
 from durapay.config.settings import ReconcileSettings
 from durapay.gateway import Catalogue
 from durapay.simulator import SimulatorServer
-from durapay.workflows.clock import ManualClock
 from durapay.workflows.engine import Engine
+from durapay.workflows.engine.clock import ManualClock
+from durapay.workflows.engine.states import FlowState
+from durapay.workflows.engine.store import FlowRecord
 from durapay.workflows.reconciliation import (
     EVENT_TYPE,
     FLOW_WITHOUT_MONEY,
@@ -32,8 +34,6 @@ from durapay.workflows.reconciliation import (
     Report,
     exit_status,
 )
-from durapay.workflows.states import FlowState
-from durapay.workflows.store import FlowRecord
 from tests.workflows.flows.session_engine import session_engine
 
 APPROVE = "4349940199004549"
@@ -242,3 +242,41 @@ def test_a_pending_operation_read_before_a_gateway_error_is_handed_on(flows: tup
     carried = Reconciler(engine).reports.carried(now=engine.clock.now())
     assert stray["operationId"] in carried.ids, "the PENDING payment the run read is handed to the next run"
     assert earlier in carried.ids, "what the stopped run did not read again stays handed on"
+
+
+def test_each_terminal_is_its_own_run_read_with_its_key_and_finding_nothing_of_the_others(
+    redis_client: redis.Redis, key_prefix: str
+) -> None:
+    """The gateway lists a terminal's operations only: a run reads one terminal, with its key, and judges only
+    that terminal's flows (another's succeeded flows are not "flows without money"); a stray payment made
+    with one terminal's key is found by that terminal's run."""
+    from durapay.config import load_settings
+    from durapay.simulator import SimulatorConfig
+    from durapay.workflows.flows import REGISTRY
+    from durapay.workflows.reconciliation.daily import DailyReconciliation
+
+    with SimulatorServer(SimulatorConfig(seed=5, terminal_keys={"recon-key-of-it": "it"})) as sim:
+        settings = load_settings(
+            {
+                "gateway": {"base_url": sim.base_url, "timeout": 3.0, "connect_timeout": 1.0},
+                "engine": {"key_prefix": key_prefix, "partitions": 2},
+                "receiver": {"public_url": "http://127.0.0.1:9/notifications"},
+                "terminals": {"it": {"api_key": "recon-key-of-it"}},
+            }
+        )
+        engine = Engine(settings, redis_client, REGISTRY, clock=ManualClock(sim.admin.now().timestamp()))
+        since = engine.clock.now() - 60
+        for n in range(6):
+            record = engine.start("moto", moto_input(f"rt-{n}", 1000 + n), terminal=("default", "it")[n % 2])
+            engine.run_step(record.id, record.step, follow=5)
+        engine.gateway("it").call(Catalogue.create_moto_order, request=moto_input("rt-stray", 700))
+        until = catch_up(engine, sim)
+        on_default = Reconciler(engine).run(since, until)
+        on_it = Reconciler(engine, terminal="it").run(since, until)
+        assert (on_default.terminal, on_default.operations, on_default.ok) == ("default", 3, True), on_default.wire()
+        assert (on_it.terminal, on_it.operations) == ("it", 4), on_it.wire()
+        assert [(f.category, (f.operation or {}).get("orderId")) for f in on_it.mismatches] == [(MONEY_WITHOUT_FLOW, "rt-stray")]
+        assert Reconciler(engine).reports.get(on_it.id) == on_it, "kept with its terminal"
+        with pytest.raises(ValueError, match="unknown terminal 'fr'"):
+            Reconciler(engine, terminal="fr")
+        assert [r.terminal for r in DailyReconciliation(engine, background=False).reconcilers] == ["default", "it"]

@@ -17,12 +17,12 @@ from durapay.gateway import RateLimited, ServerError, parse_gateway_time
 from durapay.simulator import SimulatorServer
 from durapay.tasks.retry import RetryPolicy
 from durapay.workflows.engine import Engine
-from durapay.workflows.gate import Gate
+from durapay.workflows.engine.gate import Gate
 from durapay.workflows.reconciliation import Reconciler
 from durapay.workflows.reconciliation.window import GatewayHeld, GatewayReads, read_window
+from tests.workflows.engine.test_gate import T0, Time, make_gate
 from tests.workflows.flows.session_engine import session_engine
 from tests.workflows.reconciliation.test_run import pay_directly
-from tests.workflows.test_gate import T0, Time, make_gate
 
 
 @pytest.fixture

@@ -39,9 +39,9 @@ from durapay.config import load_settings
 from durapay.gateway import Catalogue, GatewayClient, GatewayError, parse_notification, verify_security_token
 from durapay.service.runtime import Runtime, build_runtime
 from durapay.simulator import SimulatorServer
-from durapay.workflows.clock import ManualClock
-from durapay.workflows.dispatcher import Dispatcher
 from durapay.workflows.engine import Engine
+from durapay.workflows.engine.clock import ManualClock
+from durapay.workflows.engine.dispatcher import Dispatcher
 from durapay.workflows.schedules import Attempt, Schedules, ScheduleState, policy
 from tests.waiting import wait_until
 

@@ -18,8 +18,8 @@ from collections.abc import Iterator
 import pytest
 import redis
 
+from durapay.workflows.engine.states import FlowState
 from durapay.workflows.schedules import ScheduleState
-from durapay.workflows.states import FlowState
 from tests.workflows.schedules.test_schedules import World, make_world, monthly, rome
 
 

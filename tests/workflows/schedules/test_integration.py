@@ -14,10 +14,10 @@ from typing import Any
 import pytest
 
 from durapay.workflows.engine import InputError
-from durapay.workflows.keys import derived_id
+from durapay.workflows.engine.keys import derived_id
+from durapay.workflows.engine.states import TERMINAL
 from durapay.workflows.schedules import ScheduleRecord, ScheduleState, occurrence_key, occurrences
 from durapay.workflows.schedules.rules import iso
-from durapay.workflows.states import TERMINAL
 from tests.workflows.schedules.harness import Stack
 
 pytestmark = pytest.mark.integration

@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 import redis
 
+from durapay.workflows.engine.store import StartConflict
 from durapay.workflows.schedules import ScheduleState
-from durapay.workflows.store import StartConflict
 from tests.workflows.schedules.test_schedules import World, make_world, monthly, rome
 
 

@@ -11,8 +11,8 @@ import pytest
 
 from bench._webhook_receiver import WebhookReceiver
 from durapay.config import load_settings
-from durapay.workflows.clock import ManualClock
 from durapay.workflows.engine import Engine
+from durapay.workflows.engine.clock import ManualClock
 from durapay.workflows.webhooks import Webhooks
 from tests.workflows.engine_support import ScriptedStep, flow
 

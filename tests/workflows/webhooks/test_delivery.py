@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 
 from bench._webhook_receiver import WebhookReceiver
-from durapay.workflows.clock import ManualClock
 from durapay.workflows.engine import Engine
-from durapay.workflows.trim import EventTrimmer
+from durapay.workflows.engine.clock import ManualClock
+from durapay.workflows.engine.trim import EventTrimmer
 from durapay.workflows.webhooks import SCHEDULE, EndpointError, Webhooks, next_delay, retry_after
 from durapay.workflows.webhooks.endpoints import Endpoint
 from durapay.workflows.webhooks.signing import new_secret

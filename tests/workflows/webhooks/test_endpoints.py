@@ -11,7 +11,7 @@ from collections.abc import Callable
 from typing import Any
 
 from bench._webhook_receiver import WebhookReceiver
-from durapay.workflows.clock import ManualClock
+from durapay.workflows.engine.clock import ManualClock
 from durapay.workflows.webhooks import SCHEDULE, Webhooks
 from tests.workflows.webhooks.test_delivery import finish, tick
 

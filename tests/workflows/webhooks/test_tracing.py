@@ -8,7 +8,7 @@ from typing import Any
 
 from bench._webhook_receiver import WebhookReceiver
 from durapay.config import load_settings
-from durapay.workflows.clock import ManualClock
+from durapay.workflows.engine.clock import ManualClock
 from durapay.workflows.webhooks import Webhooks
 from tests.spans import Spans, leaks
 from tests.workflows.engine_support import ScriptedStep, flow
