@@ -56,9 +56,14 @@ class Poll:
 
 @dataclass(frozen=True)
 class Wait:
+    """Wait for one of ``signals`` until ``deadline``, then run the step's read. ``ends``: when what the
+    flow waits on stops being payable, if later than ``deadline`` (an open link read at a pace before
+    its expiry, ``workflows.flows.waits``): the record is kept that long (``workflows.engine.inflight``)."""
+
     signals: tuple[str, ...]
     deadline: float
     note: str = ""
+    ends: float | None = None
 
 
 @dataclass(frozen=True)

@@ -175,11 +175,11 @@ def after(step: Step, record: FlowRecord, outcome: Outcome, *, sent: bool = True
 
 
 def _keep(step: Step, record: FlowRecord, outcome: Outcome) -> dict[str, str | None]:
-    """A link's expiry (as answered, renewed or read), the deadline of a wait, or a page's assumed life
+    """A link's expiry (as answered, renewed or read), the deadline or end of a wait, or a page's assumed life
     from its creation keeps the flow's record and lookups until its customer can no longer pay, plus a
     margin; never shortened."""
     if isinstance(outcome, Wait):
-        until: float | None = outcome.deadline + KEEP_MARGIN_SECONDS
+        until: float | None = max(outcome.deadline, outcome.ends or 0.0) + KEEP_MARGIN_SECONDS
     elif isinstance(outcome, Advance | Finish) and outcome.output:
         until = keep_until(outcome.output)
         if until is None and isinstance(outcome, Advance) and opens(step):

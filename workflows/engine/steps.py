@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import Any
 
@@ -169,7 +169,7 @@ class WaitStep(_LocalStep):
         return self._listening(outcome)
 
     def execute(self, ctx: StepContext) -> Outcome:
-        moved: float | None = None
+        moved: Wait | None = None
         for signal_field, name, payload in ctx.signals:
             if name not in self.signals:
                 continue
@@ -178,15 +178,15 @@ class WaitStep(_LocalStep):
             if not isinstance(outcome, Wait):
                 return outcome
             if outcome.deadline > ctx.now:  # what the gateway showed moves the deadline (a renewed link)
-                moved = outcome.deadline
+                moved = outcome
         if ctx.deadline_reached and moved is None:
             return self._listening(self.on_deadline(ctx))
-        deadline = moved or ctx.wait_deadline or ctx.now + self.timeout(ctx)
-        return Wait(self.signals, deadline, note=f"waiting for {' or '.join(self.signals)}")
+        deadline = moved.deadline if moved else ctx.wait_deadline or ctx.now + self.timeout(ctx)
+        return Wait(self.signals, deadline, note=f"waiting for {' or '.join(self.signals)}", ends=moved.ends if moved else None)
 
     def _listening(self, outcome: Outcome) -> Outcome:
         """A wait that goes on after a read waits for every signal of the step (a read never narrows it)."""
-        return Wait(self.signals, outcome.deadline, outcome.note) if isinstance(outcome, Wait) else outcome
+        return replace(outcome, signals=self.signals) if isinstance(outcome, Wait) else outcome
 
 
 @dataclass(frozen=True)

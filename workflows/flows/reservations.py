@@ -26,6 +26,7 @@ share a path (reservations, links, charges) it changes nothing.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from datetime import UTC, date, datetime
 from typing import Annotated, Any, Literal
 
@@ -49,20 +50,20 @@ from durapay.gateway import (
     ReservationLookupResponse,
     Unknown,
 )
-from durapay.tasks.outcomes import Advance, Finish, Outcome
+from durapay.tasks.outcomes import Advance, Finish, Outcome, Wait
 from durapay.tasks.runner import NOT_COMMITTED, UNCLEAR, ReconcileResult, StepContext
 from durapay.workflows.engine import FlowDefinition
 from durapay.workflows.flows._adopt import PAYMENT_TYPES, adopt_made, never_sent
 from durapay.workflows.flows._common import read_until_final, summarize
 from durapay.workflows.flows.waits import (
     GRACE_SECONDS,
-    adopted_first_read,
-    adopted_read,
     cancel_link,
+    first_read,
     judge_wait,
     link_end,
     notified,
     read_later,
+    watch,
 )
 
 Form = Literal["current", "earlier"]
@@ -114,15 +115,21 @@ def _adopt_link(ctx: StepContext) -> ReconcileResult:
     return Advance({"paymentLink": found.paymentLinks[-1].wire(), "securityToken": None, "adopted": True})
 
 
+def _merchant_end(ctx: StepContext) -> float | None:
+    """The merchant's deadline (``waitSeconds``, counted from the flow's start), when one was given: the
+    read at it closes the link first."""
+    return ctx.created + float(ctx.input.waitSeconds) if ctx.input.waitSeconds else None
+
+
 def _link_deadline(ctx: StepContext) -> float:
-    """When to read the reservation: ``waitSeconds``, else the link's expiry; for an adopted link (its
-    token was lost with the answer, so its notifications cannot be verified) within minutes, as for a
-    pay-by-link (``workflows.flows.sessions``)."""
+    """When to read the reservation first: at the link's first read (``waits.first_read``: a wait never
+    depends on a notification arriving), or at ``waitSeconds``, else the link's expiry, if sooner."""
     if ctx.input.waitSeconds:
-        return float(ctx.input.waitSeconds)
-    expiry = (ctx.output("link").get("paymentLink") or {}).get("expirationDate") or ctx.input.linkExpirationDate
-    seconds = max(60.0, link_end(str(expiry)) - ctx.now) if expiry else 30 * 86400.0
-    return min(seconds, adopted_first_read(ctx)) if ctx.output("link").get("adopted") else seconds
+        seconds = float(ctx.input.waitSeconds)
+    else:
+        expiry = (ctx.output("link").get("paymentLink") or {}).get("expirationDate") or ctx.input.linkExpirationDate
+        seconds = max(60.0, link_end(str(expiry)) - ctx.now) if expiry else 30 * 86400.0
+    return min(seconds, first_read(ctx))
 
 
 def _notified(ctx: StepContext, name: str, payload: dict[str, Any]) -> Outcome:
@@ -140,9 +147,11 @@ def _close_link(ctx: StepContext) -> None:
 
 
 def _payment_at_deadline(ctx: StepContext) -> Outcome:
-    """At the deadline: the one rule for the end of a wait (``workflows.flows.waits``). A deadline the
-    merchant set (``waitSeconds``) before the link's own expiry closes the link first."""
-    if ctx.input.waitSeconds and not ctx.output("link").get("adopted"):
+    """At a read of the wait (its first read, the pace's, the deadline): the one rule for the end of a wait
+    (``workflows.flows.waits``). The deadline the merchant set (``waitSeconds``), once reached, closes
+    the link first (an adopted link is left to its expiry)."""
+    end = _merchant_end(ctx)
+    if end is not None and ctx.now >= end and not ctx.output("link").get("adopted"):
         _close_link(ctx)
     return _payment_read(ctx)
 
@@ -157,8 +166,13 @@ def _payment_read(ctx: StepContext) -> Outcome:
     if found is None:  # it had a link: gone from a read is not the customer's end
         return read_later(ctx, ("notification",), ends + GRACE_SECONDS, "the reservation is not found", {"type": "NotFound"})
     links = list(found.paymentLinks)
-    adopted = adopted_read(ctx, found.operations, links, adopted=bool(ctx.output("link").get("adopted")))
-    judged = adopted or judge_wait(ctx, ("notification",), found.operations, links, ends=ends)
+    merchant_end = _merchant_end(ctx)
+    judged = judge_wait(ctx, ("notification",), found.operations, links, ends=ends, deadline=merchant_end)
+    end = min(ends, merchant_end or ends)
+    if judged is None and ctx.now < end:  # nothing shown yet, before the end: read again
+        judged = Wait(("notification",), watch(ctx, end), note="the reservation shows no link yet")
+    if isinstance(judged, Wait) and merchant_end is not None and ctx.now < merchant_end:
+        judged = replace(judged, deadline=min(judged.deadline, merchant_end))  # the merchant's deadline is kept
     return judged or Finish(False, "no payment by the deadline", error={"type": "Expired"})
 
 

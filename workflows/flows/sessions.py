@@ -41,11 +41,10 @@ from durapay.workflows.flows._common import (
 from durapay.workflows.flows.waits import (
     CLOSED,
     GRACE_SECONDS,
-    adopted_first_read,
-    adopted_read,
     cancel_link,
     earlier_order_paid,
     earlier_payment,
+    first_read,
     judge_wait,
     kept_payment,
     link_end,
@@ -142,9 +141,6 @@ def _judge_own_order(ctx: StepContext, waited_for: str, read: str) -> Outcome:
         known = {op.operationId for op in operations}
         links = [*links, details.paymentLink]
         operations = [*operations, *(op for op in details.operations if op.operationId not in known)]
-    adopted = adopted_read(ctx, operations, links, adopted=bool(ctx.output("create").get("adopted")))
-    if adopted is not None:
-        return adopted
     judged = judge_wait(ctx, ("notification",), operations, links, ends=_ends(ctx), read=read)
     if judged is not None:
         return judged
@@ -219,13 +215,13 @@ class PayByLinkInput(PassThrough, PayByLinkRequest):
 
 
 def _link_deadline(ctx: StepContext) -> float:
-    """The end of the link's expiration day (UTC), plus a minute for the gateway's own expiry run (the
-    link as the gateway answered, else as asked); for an adopted link (no token to verify its
-    notifications) the first read comes sooner."""
+    """The link's first read (``waits.first_read``), or the end of its expiration day (UTC) plus a minute
+    for the gateway's own expiry run if sooner (the link as the gateway answered, else as asked): a
+    wait never depends on a notification arriving (``workflows.flows.waits``)."""
     created = ctx.output("create").get("paymentLink") or {}
     end = link_end(str(created.get("expirationDate") or ctx.input.expirationDate))
     seconds = max(ctx.now + 60.0, end) - ctx.now
-    return min(seconds, adopted_first_read(ctx)) if ctx.output("create").get("adopted") else seconds
+    return min(seconds, first_read(ctx))
 
 
 def _adopt_link(ctx: StepContext) -> ReconcileResult:

@@ -11,7 +11,15 @@ customer can no longer pay (docs/durability.md, "Waiting flows"):
 * the link is ``EXPIRED``, ``CANCELLED`` or ``FAILED``, the page or form recorded its outcome: the
   customer can no longer pay, the output says so (:data:`CLOSED`) and the flow ends;
 * the link is ``ACTIVE`` with a later expiry (renewed or modified, by durapay or not): the wait goes on
-  to that expiry; ``ACTIVE`` past its expiry: read again at a bounded pace, then a person looks.
+  to that expiry, reading the gateway meanwhile (:func:`watch`); ``ACTIVE`` past its expiry: read again
+  at a bounded pace, then a person looks.
+
+A wait never depends on a notification arriving: the gateway gives up on one after its retries, a link
+adopted after a lost answer has no token to verify its notifications, and a Redis that loses its last
+second of writes (``appendfsync everysec`` on a server that confirms ``WAITAOF`` early) can lose one
+the receiver acknowledged. So an open link is read :func:`first_read` after it is made and then as
+:func:`watch` says until its end (reads that grow with the logarithm of its life); a notification only
+makes the outcome come sooner.
 
 A cancel closes what the gateway lets the merchant close (``WaitStep.close``: the link's cancel, the
 form's cancel) and then reads the same way; a hosted page cannot be closed (docs/gateway.md), so its
@@ -39,7 +47,7 @@ from durapay.gateway import (
 )
 from durapay.tasks.outcomes import Advance, Attention, Finish, Outcome, Wait
 from durapay.tasks.runner import StepContext
-from durapay.workflows.flows._adopt import PAYMENT_TYPES, page_payment
+from durapay.workflows.flows._adopt import page_payment
 from durapay.workflows.flows._common import judge_operation, read_order
 
 #: Output key of a wait's end: why the customer can no longer pay (the gateway's word). A completion
@@ -61,6 +69,11 @@ KEEP_MARGIN_SECONDS = 86400.0
 #: says nothing (docs/gateway.md): the flow is kept at least that long, plus the margin.
 PAGE_SECONDS = 86400.0
 
+#: The output's marks of why the gateway was read: at the wait's deadline, or before it (the reads of an
+#: open link while the flow waits).
+READ_AT_DEADLINE = "readAtDeadline"
+READ_WHILE_WAITING = "readWhileWaiting"
+
 _CLOSED_LINKS = {
     PaymentLinkStatus.EXPIRED: ("the pay-by-link expired unpaid", "LinkExpired"),
     PaymentLinkStatus.CANCELLED: ("the pay-by-link was cancelled", "LinkCancelled"),
@@ -78,6 +91,14 @@ def link_end(expiration_date: str) -> float:
 def pace(ctx: StepContext) -> float:
     """Seconds to the next read of something still open after a deadline."""
     return min(max(ctx.retry.read_pace_seconds, (ctx.now - ctx.created) / 10), PACE_MAX_SECONDS)
+
+
+def watch(ctx: StepContext, until: float) -> float:
+    """The next read of an open link before its end ``until``: a tenth of the flow's age from now, at
+    least the read pace, never past the end. Unlike :func:`pace` it has no 6-hour cap, so the reads
+    over a link's whole life grow with the logarithm of it (about 57 over 3 days, 91 over 80): a
+    payment whose notification never came shows within a tenth of the time the link had been open."""
+    return min(until, ctx.now + max(ctx.retry.read_pace_seconds, (ctx.now - ctx.created) / 10))
 
 
 def keep_until(output: dict[str, Any]) -> float | None:
@@ -108,7 +129,8 @@ def judge_wait(
     *,
     ends: float,
     shown: dict[str, Any] | None = None,
-    read: str = "readAtDeadline",
+    read: str = READ_AT_DEADLINE,
+    deadline: float | None = None,
 ) -> Outcome | None:
     """What the gateway shows for a waiting flow's order, as its outcome; None when it shows nothing
     paid, nothing pending and no link (a hosted page or form: the caller reads its own state).
@@ -116,9 +138,13 @@ def judge_wait(
     ``ends``: when the instrument stopped being payable by its first terms (the deadline it was given);
     a PENDING payment, or a link still open past its end, is read until the later of ``ends`` and the
     links' current ends, plus :data:`GRACE_SECONDS`. ``read``: the output's mark of why the gateway was
-    read (at the deadline, or after a notification that was not a success). A value this version does
+    read (at the deadline, or after a notification that was not a success); a deadline's read before
+    ``deadline`` (the merchant's, if sooner), else ``ends``, is one of the reads while waiting
+    (:data:`READ_WHILE_WAITING`). A value this version does
     not know (an operation's type or result, a link's status) is never taken as an end."""
     shown = dict(shown or ({"paymentLink": links[-1].wire()} if links else {}))
+    if read == READ_AT_DEADLINE and ctx.now < (deadline or ends):
+        read = READ_WHILE_WAITING
     unknown = [op for op in operations if _unknown(op)]
     if unknown:
         op = unknown[-1]
@@ -144,8 +170,9 @@ def judge_wait(
     if active:
         link = active[-1]
         until = _end_of(link) or ends
-        if until > ctx.now:  # open (renewed or modified, by durapay or not): wait on to its expiry
-            return Wait(signals, until, note=f"link {link.linkId} open until {link.expirationDate}")
+        if until > ctx.now:  # open (renewed or modified, by durapay or not): wait on to its expiry, reading
+            note = f"link {link.linkId} open until {link.expirationDate}"
+            return Wait(signals, watch(ctx, until), note=note, ends=until)
         return read_later(
             ctx, signals, horizon, f"link {link.linkId} is still ACTIVE after its expiry",
             {"type": "LinkStillOpen", "linkId": link.linkId},
@@ -171,22 +198,11 @@ def _end_of(link: PaymentLink) -> float | None:
         return None
 
 
-def adopted_first_read(ctx: StepContext) -> float:
-    """Seconds to the first read of a link the flow adopted (it cannot verify that link's notifications):
-    the shortest pace; later reads come at the pace of every wait (:func:`adopted_read`)."""
+def first_read(ctx: StepContext) -> float:
+    """Seconds from a link's making to its first read: the shortest pace (later reads come at
+    :func:`pace`). Also the first read of a link adopted after its create's answer was lost: it has no
+    security token, so its notifications cannot be verified and only the reads tell."""
     return ctx.retry.read_pace_seconds
-
-
-def adopted_read(
-    ctx: StepContext, operations: Sequence[Operation], links: Sequence[PaymentLink], *, adopted: bool
-) -> Outcome | None:
-    """A link adopted after its create's answer was lost has no security token, so its notifications
-    cannot be verified: while it is open and untouched, read the order again later, less often as the
-    link ages (every tenth of its age, 5 minutes to 6 hours), bounded as any wait (None: judge it)."""
-    untouched = not any(op.operationType in PAYMENT_TYPES or _unknown(op) for op in operations)
-    if not (adopted and untouched and any(link.status is PaymentLinkStatus.ACTIVE for link in links)):
-        return None
-    return Wait(("notification",), ctx.now + pace(ctx), note="adopted link still open; read again later")
 
 
 def cancel_link(ctx: StepContext, link_id: str | None) -> None:

@@ -193,4 +193,4 @@ def test_an_adopted_link_is_read_back_soon_not_at_its_expiry(stack: Stack) -> No
     stack.sim.admin.complete_link(waiting.outputs["link"]["paymentLink"]["linkId"])
     stack.clock.advance(301)
     paid = finished(stack, started.id)
-    assert paid.state is FlowState.SUCCEEDED and paid.outputs["payment"]["readAtDeadline"] is True
+    assert paid.state is FlowState.SUCCEEDED and paid.outputs["payment"]["readWhileWaiting"] is True

@@ -7,6 +7,7 @@ customer acts through the simulator's pages, the merchant and the operator throu
 from __future__ import annotations
 
 import json
+import math
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -53,6 +54,20 @@ def hpp_input(order_id: str) -> dict[str, Any]:
 
 def link_of(record: Any) -> str:
     return str(record.outputs["create"]["paymentLink"]["linkId"])
+
+
+def assert_waits_to(flows: Engine, sim: SimulatorServer, flow_id: str, day: str, *, past: float) -> None:
+    """The flow waits on to the link's end on ``day``: its reads at the pace (its due is the next read,
+    never past that end) find the link open through ``past`` (the link's first end), and it still waits."""
+    for _ in range(200):
+        record = flows.get(flow_id)
+        assert record.state is FlowState.WAITING, record.summary()
+        assert record.due is not None and record.due <= link_end(day) + 1, "never read past the link's end"
+        if flows.clock.now() > past:
+            return
+        advance(flows, sim, record.due - flows.clock.now() + 0.001)
+        flows.run_step(flow_id, "payment")
+    raise AssertionError("more than 200 reads before the link's first end")
 
 
 def link_status(flows: Engine, link_id: str) -> str:
@@ -126,7 +141,7 @@ def test_a_link_renewed_outside_the_flow_keeps_the_flow_waiting_to_its_new_expir
     flows.run_step(started.id, "payment")
     still = flows.get(started.id)
     assert still.state is FlowState.WAITING, f"the gateway shows the link open: wait on ({still.summary()})"
-    assert still.due == pytest.approx(link_end(later), abs=1), "to the renewed expiry"
+    assert_waits_to(flows, sim, started.id, later, past=link_end(waiting.outputs["create"]["paymentLink"]["expirationDate"]))
 
     paid = sim.admin.complete_link(link_id)
     done = step_until(flows, started.id, ENDED)
@@ -257,7 +272,7 @@ def test_durapay_s_own_renewal_moves_the_waiting_flow_s_deadline_at_once(engine:
     flows.run_step(started.id, "payment")  # the link_changed signal resumed it: it reads the link
     moved = flows.get(started.id)
     assert moved.state is FlowState.WAITING
-    assert moved.due == pytest.approx(link_end(later), abs=1), "its deadline is the renewed expiry"
+    assert_waits_to(flows, sim, started.id, later, past=link_end(waiting.outputs["create"]["paymentLink"]["expirationDate"]))
     assert moved.keep_until >= link_end(later), "and it is kept as long"
 
 
@@ -269,7 +284,7 @@ def test_a_modified_link_s_expiry_is_followed(engine: tuple[Engine, SimulatorSer
     change = flows.start("paybylink_modify", {"linkId": link_of(waiting), "expirationDate": later})
     assert step_until(flows, change.id, ENDED).state is FlowState.SUCCEEDED
     flows.run_step(started.id, "payment")
-    assert flows.get(started.id).due == pytest.approx(link_end(later), abs=1)
+    assert_waits_to(flows, sim, started.id, later, past=link_end(waiting.outputs["create"]["paymentLink"]["expirationDate"]))
 
 
 def test_a_link_renewed_after_its_flow_ended_keeps_that_flow_until_the_new_expiry(
@@ -389,3 +404,58 @@ def _refused_deadline_reads(flows: Engine, sim: SimulatorServer) -> None:
     flows.retry(started.id)
     read = step_until(flows, started.id, {FlowState.WAITING, *ENDED}, limit=5)
     assert read.state in {FlowState.WAITING, FlowState.FAILED}, read.summary()  # the gateway's word, whichever
+
+
+# -- a wait never depends on a notification arriving -----------------------------------------------
+
+
+def test_a_link_whose_notification_never_comes_is_read_at_the_pace_not_at_its_expiry(
+    redis_client: redis.Redis, key_prefix: str
+) -> None:
+    """The gateway gives up on a notification after its retries, and a Redis that lost its last second
+    of writes can lose one the receiver acknowledged (``durapay chaos --lose-last-writes`` under
+    ``everysec``: a paid link's flow waited for its expiry, days). So an open link is read at the pace
+    of every wait while the flow waits (here no notification can come: the receiver's address answers
+    nothing), and the payment shows at the next read."""
+    with session_engine(redis_client, key_prefix, retry={"read_pace_seconds": 20}) as (flows, sim):
+        started = flows.start("paybylink", link_input("unnotified-1"))
+        waiting = step_until(flows, started.id, {FlowState.WAITING})
+        assert waiting.due == pytest.approx(flows.clock.now() + 20, abs=1), "read soon, not at the link's expiry"
+
+        advance(flows, sim, 21)
+        flows.run_step(started.id, "payment")
+        still = flows.get(started.id)
+        assert still.state is FlowState.WAITING, f"open and unpaid: wait on ({still.summary()})"
+        assert still.due is not None and flows.clock.now() < still.due <= flows.clock.now() + 21
+
+        paid = sim.admin.complete_link(link_of(waiting))
+        advance(flows, sim, still.due - flows.clock.now() + 0.001)
+        flows.run_step(started.id, "payment")
+        done = flows.get(started.id)
+        assert done.state is FlowState.SUCCEEDED, done.summary()
+        assert done.outcome is not None and done.outcome["operation"]["operationId"] == paid["operationId"]
+        assert done.outputs["payment"].get("readWhileWaiting") is True, done.outputs["payment"]
+
+
+def test_the_reads_of_an_open_link_space_out_and_stop_at_its_expiry(redis_client: redis.Redis, key_prefix: str) -> None:
+    """Every tenth of the flow's age (at least the read pace), never past the link's end: reads that grow
+    with the logarithm of the link's life, then the deadline's read ends the flow."""
+    with session_engine(redis_client, key_prefix, retry={"read_pace_seconds": 60}) as (flows, sim):
+        started = flows.start("paybylink", link_input("unnotified-2"))
+        waiting = step_until(flows, started.id, {FlowState.WAITING})
+        end = link_end(waiting.outputs["create"]["paymentLink"]["expirationDate"])
+        reads, gaps = 0, []
+        record = waiting
+        while record.state is FlowState.WAITING and reads < 200:
+            assert record.due is not None and record.due <= end + 1, "never past the link's end"
+            gaps.append(record.due - flows.clock.now())
+            advance(flows, sim, record.due - flows.clock.now() + 0.001)
+            flows.run_step(started.id, "payment")
+            record = flows.get(started.id)
+            reads += 1
+        assert record.state is FlowState.FAILED and record.error is not None, record.summary()
+        assert record.error["type"] == "Expired", record.error
+        # Each gap a tenth of the flow's age then, at least the pace: 10 reads to an age of 600 s, then
+        # one per 10% of growth, ln(3 days / 600 s) / ln(1.1) = 64 more.
+        assert min(gaps) >= 60 - 1 and max(gaps) <= (end - waiting.created) / 10 + 1, gaps
+        assert reads <= 10 + math.ceil(math.log((end - waiting.created) / 600) / math.log(1.1)) + 2, reads

@@ -286,9 +286,9 @@ def test_an_expired_links_outcome_reports_the_gateways_link_status(live: Live) -
     assert failed.outcome["paymentLink"]["status"] == "EXPIRED", failed.outcome["paymentLink"]
 
 
-def test_paybylink_expiry_read_at_the_deadline_when_the_notification_is_lost(live: Live) -> None:
-    """No notification arrives: at its deadline (end of the expiration day) the flow reads the order and
-    finds the gateway's EXPIRED operation."""
+def test_paybylink_expiry_read_at_the_next_read_when_the_notification_is_lost(live: Live) -> None:
+    """No notification arrives: at its next read (an open link is read at a pace, before the end of its
+    expiration day by durapay's clock) the flow reads the order and finds the gateway's EXPIRED operation."""
     live.sim.admin.set_faults(mode="notify_drop")
     today = live.sim.admin.now().date().isoformat()
     waiting, link_id = _start_link(live.stack, expires=today)
@@ -302,7 +302,7 @@ def test_paybylink_expiry_read_at_the_deadline_when_the_notification_is_lost(liv
     assert failed.state is FlowState.FAILED, failed.summary()
     assert failed.error is not None and failed.error["type"] == "Expired", failed.error
     assert failed.error["operationId"] == expired_op["operationId"]
-    assert failed.outputs["payment"]["readAtDeadline"] is True
+    assert failed.outputs["payment"]["readWhileWaiting"] is True
     assert_operation(failed, "EXPIRED")
     assert failed.outcome is not None and failed.outcome["paymentLink"]["status"] == "EXPIRED"
 
