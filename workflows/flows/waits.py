@@ -43,6 +43,8 @@ from durapay.gateway import (
     PaymentLink,
     PaymentLinkStatus,
     Unknown,
+    customer_operation,
+    customer_payment,
     reported_payment,
 )
 from durapay.tasks.outcomes import Advance, Attention, Finish, Outcome, Wait
@@ -217,7 +219,9 @@ def cancel_link(ctx: StepContext, link_id: str | None) -> None:
 def notified(
     ctx: StepContext, name: str, payload: dict[str, Any], read: Callable[[StepContext, Outcome | None], Outcome]
 ) -> Outcome:
-    """A verified notification: a success ends the wait; anything else (PENDING, a decline, an expiry)
+    """A verified notification: a customer's payment ends the wait (``gateway.customer_payment``, the rule
+    money.lua applies: a BACKOFFICE capture or refund on the order is the merchant's own flow's, never this
+    flow's payment); anything else (PENDING, a decline, an expiry, the merchant's operation)
     is checked against what the gateway shows (``read(ctx, None)``, the step's own read), since a
     declined customer may try again on a link still open; ``read(ctx, outcome)`` may add to a success
     what the gateway shows now (a link's status). A payment on an earlier order of the flow is money the
@@ -226,11 +230,12 @@ def notified(
     if not isinstance(data, dict):
         return Wait((name,), ctx.wait_deadline or ctx.now)
     operation = Operation.model_validate(data)
+    paid = customer_payment(payload) is not None  # the merchant's own capture or refund is not the payment
     if operation.orderId and ctx.order_id and operation.orderId != ctx.order_id:
-        if operation.operationResult in SUCCESS_RESULTS:
+        if paid:
             return earlier_order_paid(ctx, operation)
         return Wait((name,), ctx.wait_deadline or ctx.now, note="notification of an earlier order ignored")
-    if operation.operationResult in SUCCESS_RESULTS:
+    if paid:
         outcome = judge_operation(operation, {"operation": operation.wire()})
         return read(ctx, outcome) if isinstance(outcome, Advance | Finish) else outcome
     return read(ctx, None)
@@ -256,7 +261,7 @@ def earlier_payment(ctx: StepContext) -> Operation | None:
         except NotFound:
             continue
         for operation in found.operations:
-            if operation.operationResult in SUCCESS_RESULTS:
+            if operation.operationResult in SUCCESS_RESULTS and customer_operation(operation.wire()):
                 return operation
     return None
 

@@ -24,13 +24,6 @@ from tests.workflows.integration.test_flows import order, session, wait_for_stat
 pytestmark = pytest.mark.integration
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="review: workflows.flows.waits.notified takes any AUTHORIZED/EXECUTED operation of the order as the "
-    "flow's payment (no customer_operation check, the rule money.lua applies): a pay-by-link flow told of the "
-    "merchant's BACKOFFICE capture before its payment's notification succeeds naming the capture flow's operation, "
-    "and the payment's own notification then stops it in needs_attention as a second payment (LatePayment)",
-)
 def test_a_capture_notified_before_the_payment_is_not_taken_as_the_links_payment(stack: Stack) -> None:
     engine, sim = stack.engine, stack.simulator
     sim.admin.set_faults(mode="notify_drop")  # the payment's own notification never comes (or comes late)
