@@ -82,6 +82,14 @@ def call(
         if found is None:
             raise DefinitionError("", name, f"no gateway operation named {operation!r} in the catalogue")
         operation = found
+    if (operation.moves_money or operation.notifies) and adopt is never_committed:
+        # A lost answer is read back by adopt; never_committed would take "nothing read" for the gateway's
+        # word, and a cancel would end the flow while the gateway holds its money (invariant 2).
+        raise DefinitionError(
+            "", name, f"{operation.name} moves money (or opens a page a customer pays on): give adopt=, the read-back "
+            "of a lost answer by this flow's identity (an order's payment: use durapay.flows.payment; "
+            "docs/deploys.md, Gateway calls)",
+        )  # fmt: skip
     return CallStep(name, operation, build, result, adopt, when, customer_url, target, tuple(reads), body)
 
 

@@ -50,10 +50,11 @@ class LeaseLost(Exception):
 
 
 class UndeclaredMoney(Exception):
-    """A call step's body sends an operation that moves money (or opens a page a customer pays on) while
-    the step declares one that does not: money in flight is marked, the claim made durable and a lost
-    answer read back by the declared operation, so such a call would be sent with none of that. Refused
-    before it is sent (a defect of the definition: a person looks); declare the money operation."""
+    """A step's body sends an operation that moves money (or opens a page a customer pays on) while the
+    step is not a call step declaring one (a call step of another operation, a wait's handler, a read).
+    Only for a declared money operation is money in flight marked, the claim made durable and a lost
+    answer read back, so such a call would be sent with none of that. Refused before it is sent (a
+    defect of the definition: a person looks); make it a call step that declares the operation."""
 
 
 class Deferred(Exception):
@@ -197,8 +198,9 @@ class StepContext:
     #: how this try keeps its own (the output kept first is answered; LeaseLost once the claim is gone).
     kept_output: dict[str, Any] | None = None
     keep_output: Callable[[dict[str, Any]], dict[str, Any]] | None = None
-    #: A call step's declared operation (None: not a call step): its body may send another form's
-    #: operation in its place, never one that moves money when the declared one does not.
+    #: A call step's declared operation (None: not a call step, which sends no money operation at all):
+    #: its body may send another form's operation in its place, never one that moves money when the
+    #: declared one does not.
     declared: GatewayOperation[Any] | None = None
 
     def call(
@@ -213,10 +215,14 @@ class StepContext:
         the first, the claim's lease is extended, so that no other worker takes the step over while
         it still calls, and a step whose claim is gone calls no more (LeaseLost)."""
         declared = self.declared
-        if declared is not None and (op.moves_money or op.notifies) and not (declared.moves_money or declared.notifies):
+        if (op.moves_money or op.notifies) and not (declared is not None and (declared.moves_money or declared.notifies)):
+            what = (
+                f"declares {declared.name}, which moves no money,"
+                if declared
+                else "is not a call step (a wait's handler, a read)"
+            )
             raise UndeclaredMoney(
-                f"step {self.step} declares {declared.name}, which moves no money, and its body sends {op.name}: "
-                f"declare {op.name} as the step's operation"
+                f"step {self.step} {what} and its body sends {op.name}: make it a call step that declares {op.name}"
             )
         if self.calls and self.renew_lease is not None:
             self.renew_lease()

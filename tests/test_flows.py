@@ -13,6 +13,12 @@ from durapay.gateway import Order as GatewayOrder
 from durapay.tasks.outcomes import Advance, Finish
 from durapay.workflows.engine.steps import CallStep, MerchantStep, SleepStep, WaitStep
 from durapay.workflows.flows import REGISTRY
+from durapay.workflows.flows._adopt import adopt_order_payment
+
+
+def charge_call(*args: Any, **kwargs: Any) -> CallStep:
+    """A MOTO charge step, with the read-back a money call must declare (``durapay.flows.call``)."""
+    return call("charge", "create_moto_order", *args, adopt=adopt_order_payment, **kwargs)
 
 
 class Order(BaseModel):
@@ -69,7 +75,7 @@ def test_a_payment_in_a_flow_without_its_gateway_order_is_refused() -> None:
 
 def test_a_step_reading_an_output_no_earlier_step_makes_is_refused() -> None:
     with pytest.raises(DefinitionError, match=r"step 'ledger': reads the output of 'charge', which no earlier step makes"):
-        shop(step(fraud), step(ledger, reads=("charge",)), call("charge", "create_moto_order", lambda ctx: Call()))
+        shop(step(fraud), step(ledger, reads=("charge",)), charge_call(lambda ctx: Call()))
 
 
 def test_a_lambda_step_needs_a_name_and_retries_are_bounded() -> None:
@@ -80,7 +86,7 @@ def test_a_lambda_step_needs_a_name_and_retries_are_bounded() -> None:
 
 
 def test_the_constructors_build_the_engines_steps() -> None:
-    charge = call("charge", "create_moto_order", lambda ctx: Call(), reads=("fraud",))
+    charge = charge_call(lambda ctx: Call(), reads=("fraud",))
     assert isinstance(charge, CallStep) and charge.op is Catalogue.create_moto_order
     assert isinstance(step(fraud), MerchantStep) and step(fraud).name == "fraud"
     waiting = wait_signal("paid", ["notification"], lambda c, n, p: Advance(), lambda c: Finish(False, "late"), 60)
@@ -90,9 +96,9 @@ def test_the_constructors_build_the_engines_steps() -> None:
 
 
 def test_the_version_changes_with_what_a_flow_in_flight_depends_on_only() -> None:
-    charge = call("charge", "create_moto_order", lambda ctx: Call())
+    charge = charge_call(lambda ctx: Call())
     base = shop(step(fraud), charge)
-    assert base.version == shop(step(fraud), call("charge", "create_moto_order", lambda ctx: Call(request={}))).version, (
+    assert base.version == shop(step(fraud), charge_call(lambda ctx: Call(request={}))).version, (
         "a step body's code is not part of the version"
     )
     assert Flow("shop", Order, (step(fraud), charge), summary, label="v1").version == base.version, "nor the label"
@@ -105,7 +111,7 @@ def test_the_version_changes_with_what_a_flow_in_flight_depends_on_only() -> Non
         shop(step(fraud, name="risk"), charge),  # a step renamed
         shop(step(fraud), charge, step(ledger)),  # a step added
         shop(charge, step(fraud)),  # the order
-        shop(step(fraud), call("charge", "create_mit_order", lambda ctx: Call())),  # the operation
+        shop(step(fraud), call("charge", "create_mit_order", lambda ctx: Call(), adopt=adopt_order_payment)),  # the operation
         shop(step(fraud), charge, model=Bigger),  # the input's schema
         shop(step(fraud, output=Order), charge),  # a step's output schema
     ]
@@ -115,7 +121,7 @@ def test_the_version_changes_with_what_a_flow_in_flight_depends_on_only() -> Non
 
 
 def test_previous_versions_are_held_beside_the_current_one() -> None:
-    first = shop(step(fraud), call("charge", "create_moto_order", lambda ctx: Call()))
+    first = shop(step(fraud), charge_call(lambda ctx: Call()))
     second = Flow("shop", Order, (*first.steps, step(ledger)), summary, label="ledger", previous=(first,))
     assert list(second.versions()) == [second.version, first.version]
     with pytest.raises(DefinitionError, match="a previous version is of kind 'other'"):

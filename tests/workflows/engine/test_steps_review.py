@@ -52,5 +52,5 @@ def test_a_call_steps_body_that_sends_a_payment_is_marked_as_money_in_flight(mak
     assert gateway.sent == [], f"the charge a read step's body sends is refused before it goes out: {gateway.sent}"
     stopped = engine.get(record.id)
     assert ran == "needs_attention" and stopped.state is FlowState.NEEDS_ATTENTION, stopped.summary()
-    assert "declare create_moto_order" in str(stopped.error), stopped.error
+    assert "declares create_moto_order" in str(stopped.error), stopped.error
     assert stopped.unsettled is None, "nothing was sent: no money in flight"

@@ -10,7 +10,13 @@ from typing import Any
 from durapay.flows import Final, Flow, StepInput, call, step
 from durapay.workflows.engine.clock import ManualClock
 from durapay.workflows.engine.states import FlowState
+from durapay.workflows.flows._adopt import adopt_order_payment
 from tests.workflows.engine_support import DemoInput, ScriptedStep, summary, wait_step
+
+
+def charge_call(*args: Any, **kwargs: Any) -> Any:
+    """A MOTO charge step, with the read-back a money call must declare (``durapay.flows.call``)."""
+    return call("charge", "create_moto_order", *args, adopt=adopt_order_payment, **kwargs)
 
 
 def out_of_stock(given: StepInput) -> dict[str, Any]:
@@ -34,7 +40,7 @@ def test_a_previous_versions_own_step_is_not_marked_as_money_by_the_current_vers
     read, and the flow stops for a person over money that never could move (invariant: money in flight is
     recorded only for a call the flow's own step makes; a refusal ends the flow with its reason)."""
     first = build(ScriptedStep("check"), step(out_of_stock, name="charge"))
-    second = build(ScriptedStep("check"), call("charge", "create_moto_order"), previous=(first,))
+    second = build(ScriptedStep("check"), charge_call(), previous=(first,))
     old, _ = make_engine(first)
     new, _ = make_engine(second)
     record = old.start("demo", {"amount": 3})
@@ -72,8 +78,8 @@ def test_a_migration_refused_at_a_money_step_parks_the_flow_without_money_in_fli
     says money may be in flight, so a cancel cannot end it (transition.lua turns it into a gateway read,
     which only a process holding build 1 can run) (invariant: money in flight is recorded only from a
     claim that may call; a parked flow never ran, so a cancel ends it at once)."""
-    first = build(step(fraud), call("charge", "create_moto_order"))
-    second = build(step(fraud, name="risk"), call("charge", "create_moto_order"), migrates=(first,))
+    first = build(step(fraud), charge_call())
+    second = build(step(fraud, name="risk"), charge_call(), migrates=(first,))
     old, _ = make_engine(first)
     new, _ = make_engine(second)
     record = old.start("demo", {"amount": 3})

@@ -1,14 +1,15 @@
-"""Review (merchant steps calling the gateway through ``StepContext.call``).
+"""Review (merchant steps calling the gateway through ``StepContext.call``), both fixed at their rule.
 
-1. ``StepContext.call`` refuses a money operation a step does not declare only in a *call* step
-   (``ctx.declared``); a ``wait_signal`` handler, given the same ``StepContext``, may send one
-   (``durapay.flows.wait_signal`` is public) with nothing marked in flight.
-2. A ``call`` step that declares a money operation without ``adopt=`` gets ``never_committed`` as its
-   read-back: money in flight is marked, but the cancel's "read" reads nothing and, once the late
-   window passed, ends the flow ``cancelled`` while the gateway holds its payment.
+1. ``StepContext.call`` refused a money operation a step does not declare only in a *call* step; a
+   ``wait_signal`` handler, given the same ``StepContext``, could send one with nothing marked in
+   flight, and a cancel after its lost answer ended the flow ``cancelled`` while the gateway held the
+   payment. Now any step that is not a call step declaring a money operation is refused one, before
+   it is sent (``tasks.runner.UndeclaredMoney``): the flow stops for a person, nothing is charged.
+2. A ``call`` step that declared a money operation without ``adopt=`` got ``never_committed`` as its
+   read-back: the cancel's "read" read nothing and ended the flow ``cancelled`` while the gateway held
+   its payment. Now ``durapay.flows.call`` refuses that definition at load.
 
-Real Valkey, a Celery worker, the simulator over HTTP; the lost answer is the simulator's
-``commit_then_fail`` (the payment made, the connection dropped)."""
+Real Valkey, a Celery worker, the simulator over HTTP."""
 
 from __future__ import annotations
 
@@ -21,13 +22,14 @@ import pytest
 from celery.contrib.testing.worker import start_worker
 from pydantic import BaseModel
 
-from durapay.flows import Call, Flow, call, wait_signal
+from durapay.flows import Call, DefinitionError, Flow, call, wait_signal
 from durapay.gateway import Catalogue
 from durapay.service.runtime import Runtime, build_runtime
 from durapay.simulator import SimulatorServer
 from durapay.tasks.outcomes import Advance, Finish
 from durapay.workflows.engine.dispatcher import Dispatcher
 from durapay.workflows.engine.states import FlowState
+from durapay.workflows.flows._adopt import adopt_order_payment
 from tests.waiting import wait_until
 from tests.workflows.integration.conftest import stack_settings
 from tests.workflows.integration.test_flows import APPROVE, order
@@ -61,19 +63,7 @@ APPROVE_THEN_CHARGE = Flow(
 )
 
 
-def _moto(ctx: Any) -> Call:
-    return Call(request={"order": ctx.input.order, "card": {"pan": APPROVE, "expiryDate": "1230", "cvv": "123"}})
-
-
-#: A merchant's charge as ``durapay.flows.call`` lets one declare it: the money operation, no ``adopt``.
-CHARGE_NO_ADOPT = Flow(
-    "charge_no_adopt",
-    Approval,
-    (call("charge", Catalogue.create_moto_order, _moto),),
-    lambda data, outputs: {},
-    lambda data: str(data.order["orderId"]),
-)
-KINDS = {flow.kind: flow for flow in (APPROVE_THEN_CHARGE, CHARGE_NO_ADOPT)}
+KINDS = {APPROVE_THEN_CHARGE.kind: APPROVE_THEN_CHARGE}
 
 
 @pytest.fixture
@@ -91,65 +81,31 @@ def runtime(redis_url: str, key_prefix: str, simulator: SimulatorServer) -> Iter
     built.close()
 
 
-def _paid_at_gateway(simulator: SimulatorServer, order_id: str) -> list[dict[str, Any]]:
-    operations = simulator.admin.operations(order_id=order_id)
-    return [op for op in operations if op.get("operationResult") in ("AUTHORIZED", "EXECUTED")]
-
-
-@pytest.mark.xfail(
-    strict=True,
-    reason="review: a wait handler's money call (ctx.call of create_moto_order) is neither refused "
-    "(UndeclaredMoney guards call steps only: ctx.declared is None in a wait) nor marked in flight "
-    "(claim.lua marks by the step's declared operation; a wait has none): its answer lost, a cancel "
-    "ends the flow cancelled at once while the gateway holds the payment",
-)
-def test_a_wait_handlers_payment_whose_answer_was_lost_keeps_the_flow_from_ending_cancelled(
-    runtime: Runtime, simulator: SimulatorServer
-) -> None:
+def test_a_wait_handlers_money_call_is_refused_before_it_is_sent(runtime: Runtime, simulator: SimulatorServer) -> None:
     engine = runtime.engine
     data = {"order": order()}
     order_id = data["order"]["orderId"]
-    # The payment is made at the gateway, then the connection drops: the answer is lost (every try).
-    simulator.admin.set_faults(mode="commit_then_fail", operation="create_moto_order", drop=True)
     record = engine.start("approve_then_charge", data)
     wait_until(lambda: engine.get(record.id).state is FlowState.WAITING, 20, "the flow waits for its approval")
     engine.signal(record.id, "approved", {})
-    wait_until(lambda: _paid_at_gateway(simulator, order_id), 20, "the handler's payment reached the gateway")
-    wait_until(lambda: engine.get(record.id).state is not FlowState.RUNNING, 20, "the handler's try ended")
-    after_loss = engine.get(record.id)
-    assert after_loss.state is FlowState.RETRYING and after_loss.error["type"] == "ConnectionDropped", after_loss.summary()
-    engine.cancel(record.id, "customer changed their mind")
-    final = engine.wait(record.id, 30)
-    paid = _paid_at_gateway(simulator, order_id)
-    assert paid, "the gateway holds the payment the wait handler sent"
-    # Money invariant 2: no flow is cancelled while an operation of its order succeeded (a sent call whose
-    # answer was lost); only a read of the gateway decides. Either the money call is refused before it is
-    # sent (as in a call step), or it is marked in flight and the cancel reads first.
-    assert final.state is not FlowState.CANCELLED, (final.summary(), final.unsettled, paid)
+    wait_until(lambda: engine.get(record.id).state is FlowState.NEEDS_ATTENTION, 20, "the handler's call refused")
+    stopped = engine.get(record.id)
+    assert stopped.error is not None and stopped.error["type"] == "UndeclaredMoney", stopped.summary()
+    assert "create_moto_order" in stopped.error["message"] and "not a call step" in stopped.error["message"], stopped.error
+    # Money invariant 2 at its root: the money call was never sent, so there is nothing a cancel could miss.
+    assert simulator.admin.operations(order_id=order_id) == [], "nothing reached the gateway"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="review: durapay.flows.call's default adopt (never_committed) is taken as the gateway's word: a "
-    "money call step declared without adopt= whose answer was lost is 'read back' by reading nothing, and a "
-    "cancel ends it cancelled after the late window while the gateway holds the payment",
-)
-def test_a_money_call_step_without_a_read_back_is_not_cancelled_on_a_read_that_reads_nothing(
-    runtime: Runtime, simulator: SimulatorServer
-) -> None:
-    engine = runtime.engine
-    data = {"order": order()}
-    order_id = data["order"]["orderId"]
-    # Made at the gateway, then the connection drops: every answer of the charge is lost.
-    simulator.admin.set_faults(mode="commit_then_fail", operation="create_moto_order", drop=True)
-    record = engine.start("charge_no_adopt", data)
-    wait_until(lambda: _paid_at_gateway(simulator, order_id), 20, "the charge reached the gateway")
-    wait_until(lambda: engine.get(record.id).state is FlowState.RETRYING, 20, "the charge's try ended, its answer lost")
-    marked = engine.get(record.id)
-    assert marked.unsettled is not None and marked.unsettled.get("step") == "charge", marked.summary()
-    engine.cancel(record.id, "customer changed their mind")
-    final = engine.wait(record.id, 30)
-    paid = _paid_at_gateway(simulator, order_id)
-    assert paid, "the gateway holds the payment the charge made"
-    # Money invariant 2: only a read of the gateway decides that a call whose answer was lost did not act.
-    assert final.state is not FlowState.CANCELLED, (final.summary(), engine.history(record.id)[-3:], paid)
+def _moto(ctx: Any) -> Call:
+    return Call(request={"order": ctx.input.order, "card": {"pan": APPROVE, "expiryDate": "1230", "cvv": "123"}})
+
+
+def test_a_money_call_step_without_a_read_back_is_refused_at_load() -> None:
+    with pytest.raises(DefinitionError) as refused:
+        call("charge", Catalogue.create_moto_order, _moto)
+    assert refused.value.step == "charge" and "adopt=" in str(refused.value), refused.value
+    with pytest.raises(DefinitionError):
+        call("link", Catalogue.create_paybylink_v3, _moto)  # opens a page a customer pays on
+    # A read, or a money call with its read-back, is taken.
+    assert call("read", Catalogue.get_order, lambda ctx: Call(("o-1",))).name == "read"
+    assert call("charge", Catalogue.create_moto_order, _moto, adopt=adopt_order_payment).name == "charge"
