@@ -14,7 +14,8 @@ What does not change it: a step body's code (a bug fix in how a result is read),
 label. docs/deploys.md says what that means for a deploy.
 
 A record of an earlier release has no ``definition`` field: it was started before versions were
-recorded, on the kind's first version as this code declares it (:func:`recorded`).
+recorded, on the kind's first version as this code declares it, a migration's source included
+(:func:`first_version`, :func:`recorded`).
 """
 
 from __future__ import annotations
@@ -77,9 +78,14 @@ def version_of(definition: FlowDefinition) -> str:
 
 
 def first_version(definition: FlowDefinition) -> FlowDefinition:
-    """The version a record with no ``definition`` field started on: the earliest one the code keeps
-    (the last of ``previous``), else the current one."""
-    return definition.previous[-1] if definition.previous else definition
+    """The version a record with no ``definition`` field started on: the earliest one the code knows of,
+    held (the last of ``previous``, else the current one) or declared as a migration's source (the last
+    of that version's ``migrates``). The one rule for such a record (:func:`recorded`, claim.lua's
+    :func:`held_text`, ``workflows.deploys.in_flight``): a record of an earlier release is judged as a
+    flow of that version, so a declared migration is asked (:func:`migration`) before it runs on the
+    new steps, never put on them directly."""
+    earliest = definition.previous[-1] if definition.previous else definition
+    return earliest.migrates[-1] if earliest.migrates else earliest
 
 
 def recorded(kind: str, fields: Mapping[str, str], registry: Mapping[str, FlowDefinition]) -> tuple[str, str]:

@@ -1,5 +1,6 @@
 """Review (deploys with flows in flight): which version a record of an earlier release (no ``definition``
-field) runs on. ``versions.first_version`` looks at ``previous`` only: a build that declares a *migration*
+field) runs on. ``versions.first_version`` looked at ``previous`` only (fixed: a migration's source
+counts as the earliest version): a build that declares a *migration*
 from the kind's earlier version (``migrates=``, the alternative docs/deploys.md offers to keeping it) puts
 such a record on its new version directly, and ``versions.migration`` (the one rule, ``may_move``) is
 never asked, so a flow past a changed step, money in flight at it, runs the new version's step.
@@ -9,8 +10,6 @@ Real Valkey, the engine's claim/complete scripts; steps scripted (``engine_suppo
 from __future__ import annotations
 
 from typing import Any
-
-import pytest
 
 from durapay.flows import Flow, StepInput, step
 from durapay.gateway import Catalogue
@@ -50,13 +49,6 @@ def test_a_flow_with_its_definition_field_at_a_changed_money_step_is_parked(make
     assert changed.runs == [], "build 2's charge never ran for a build-1 flow whose charge is unresolved"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="review: a record with no definition field is put on versions.first_version (the last of previous, "
-    "else the current version), never on the version a declared migration comes from: claim.lua runs it on "
-    "build 2's steps and versions.migration is not asked; a build-1 flow with its MOTO charge unresolved runs "
-    "build 2's changed charge (another money call) instead of being parked",
-)
 def test_a_record_of_an_earlier_release_at_a_changed_money_step_is_not_run_on_the_migrated_version(
     make_engine: Any,
 ) -> None:
