@@ -312,6 +312,7 @@ class Step(Protocol):
 def run_step(step: Step, ctx: StepContext, *, must_reconcile: bool, resend: bool) -> Outcome:
     """Run ``step`` once under the claim described by ``ctx``; never raises a GatewayError."""
     op = step.operation
+    ctx.declared = op  # the one money operation its body may send (None: a wait, a read, a merchant step)
     policy = ctx.retry
     try:
         if ctx.hold_target is not None:

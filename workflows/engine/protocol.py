@@ -43,7 +43,7 @@ from durapay.workflows.engine.fairness import ADMITTED, claim_token, key_of
 from durapay.workflows.engine.keys import step_idempotency_key
 from durapay.workflows.engine.orders import OrderIdsTaken
 from durapay.workflows.engine.states import STOPPED, FlowState
-from durapay.workflows.engine.steps import CallStep, FlowDefinition, MerchantStep, Step, WaitStep
+from durapay.workflows.engine.steps import FlowDefinition, MerchantStep, Step, WaitStep
 from durapay.workflows.engine.store import Change, ClaimRequest, FlowRecord, compact_json
 from durapay.workflows.flows._common import operation_of
 from durapay.workflows.late_payments import REFUND_KEY
@@ -266,8 +266,6 @@ class StepProtocol:
 
         ctx.renew_lease = renew_lease
         step = definition.step(step_name)
-        if isinstance(step, CallStep):
-            ctx.declared = step.op
         if isinstance(step, MerchantStep):
             kept_field = kept_field_of(ctx)
             kept_text = claimed.fields.get(kept_field)
