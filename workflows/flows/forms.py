@@ -44,6 +44,7 @@ from durapay.workflows.flows.sessions import session_body
 from durapay.workflows.flows.waits import (
     CLOSED,
     GRACE_SECONDS,
+    READ_AT_DEADLINE,
     notified,
     read_later,
 )
@@ -109,7 +110,7 @@ def _session_outcome(ctx: StepContext, *, ready: Outcome | None, close: bool = T
     ``close`` (a notification that was not a success) nothing is closed: the wait goes on."""
     state = _form_state(ctx)
     if state.state is BuildState.PAYMENT_COMPLETE and state.operation is not None:
-        outcome = judge_operation(state.operation, {"operation": state.operation.wire(), "readAtDeadline": True})
+        outcome = judge_operation(state.operation, {"operation": state.operation.wire(), READ_AT_DEADLINE: True})
         if isinstance(outcome, Finish) and not outcome.succeeded:
             return Finish(False, outcome.reason, {**outcome.output, CLOSED: str(state.state)}, outcome.error)
         if not isinstance(outcome, Advance | Finish):  # PENDING: a payment still running

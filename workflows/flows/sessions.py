@@ -41,6 +41,7 @@ from durapay.workflows.flows._common import (
 from durapay.workflows.flows.waits import (
     CLOSED,
     GRACE_SECONDS,
+    READ_AT_DEADLINE,
     cancel_link,
     earlier_order_paid,
     earlier_payment,
@@ -109,7 +110,7 @@ def _ends(ctx: StepContext) -> float:
     return ctx.created + (getattr(ctx.input, "waitSeconds", None) or HPP_SECONDS)  # fixed: never moves with the wait
 
 
-def _read_order_at_deadline(ctx: StepContext, waited_for: str, *, read: str = "readAtDeadline") -> Outcome:
+def _read_order_at_deadline(ctx: StepContext, waited_for: str, *, read: str = READ_AT_DEADLINE) -> Outcome:
     """The one rule for the end of a wait (``workflows.flows.waits``), on the flow's order."""
     earlier = earlier_payment(ctx)
     if earlier is not None and not kept_payment(ctx, earlier):
