@@ -22,6 +22,7 @@ from durapay.gateway import (
     GatewayModel,
     HppOrderRequest,
     NotFound,
+    Operation,
     PassThrough,
     PayByLinkModifyRequest,
     PayByLinkRenewRequest,
@@ -76,7 +77,12 @@ def _with_link_status(ctx: StepContext, outcome: Outcome | None) -> Outcome:
     the order, best effort (the outcome stands without it). Anything else: the deadline read decides."""
     if outcome is None:
         return _read_order_at_deadline(ctx, "notification", read=AFTER_NOTIFICATION)
-    if not isinstance(outcome, Advance | Finish) or _link_id(ctx) is None:
+    if not isinstance(outcome, Advance | Finish):
+        return outcome
+    earlier = _earlier_unkept(ctx)  # a success of this order never hides a payment on an earlier one
+    if earlier is not None:
+        return earlier_order_paid(ctx, earlier)
+    if _link_id(ctx) is None:
         return outcome
     try:
         _, links = order_state(ctx)
@@ -108,6 +114,13 @@ def _ends(ctx: StepContext) -> float:
     if isinstance(created, dict) and isinstance(created.get("expirationDate"), str):
         return link_end(created["expirationDate"])
     return ctx.created + (getattr(ctx.input, "waitSeconds", None) or HPP_SECONDS)  # fixed: never moves with the wait
+
+
+def _earlier_unkept(ctx: StepContext) -> Operation | None:
+    """A successful payment on an earlier order of the flow that its record does not keep yet: money the
+    flow must account for (a person looks), whether its own order was read or notified paid."""
+    earlier = earlier_payment(ctx)
+    return earlier if earlier is not None and not kept_payment(ctx, earlier) else None
 
 
 def _read_order_at_deadline(ctx: StepContext, waited_for: str, *, read: str = READ_AT_DEADLINE) -> Outcome:

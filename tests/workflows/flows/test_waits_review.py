@@ -8,20 +8,23 @@ its wait (kept as long as its page may be paid). Real flows, the simulator over 
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
 import redis
 
-from durapay.gateway import Catalogue, Operation, PaymentLink
+from durapay.gateway import Catalogue, Operation, PayByLinkRenewRequest, PaymentLink
+from durapay.service.receiver import NotificationReceiver
 from durapay.simulator import PAGE_PAYMENT, SimulatorServer
 from durapay.workflows.engine import Engine
 from durapay.workflows.engine.compact import Compactor
 from durapay.workflows.engine.states import FlowState
 from durapay.workflows.flows.waits import judge_wait
 from tests.workflows.flows.session_engine import context_at, engine, link_input, session_engine, step_until
+from tests.workflows.flows.test_reservations_retry import DECLINE
 from tests.workflows.flows.test_waits import CHALLENGE_PAN, ENDED, advance, build_input, hpp_input, link_of, link_status
 
 __all__ = ["engine"]
@@ -290,3 +293,28 @@ def test_an_unknown_link_status_is_not_taken_as_closed_after_a_decline() -> None
     link = PaymentLink.model_validate({"linkId": "L1", "status": "SUSPENDED", "expirationDate": "2099-01-01"})
     outcome = judge_wait(ctx, ("notification",), [declined], [link], ends=999_500.0)
     assert type(outcome).__name__ != "Finish", f"{outcome!r}"
+
+
+def test_a_success_notification_does_not_hide_a_payment_on_the_earlier_order(engine: tuple[Engine, SimulatorServer]) -> None:
+    """Review of this stop's waits: a retried pay-by-link flow (new order -2); its first link, renewed at
+    the gateway, is paid and that notification is lost; the new link is paid and notified. The notified
+    success went round the earlier-order rule (only the reads applied it): invariants 1 and 4."""
+    flows, sim = engine
+    far = (datetime.now(UTC) + timedelta(days=10)).date().isoformat()
+    started = flows.start("paybylink", {**link_input("rv-early-1"), "expirationDate": far})
+    first = step_until(flows, started.id, {FlowState.WAITING})
+    sim.admin.complete_link(link_of(first), pan=DECLINE)
+    assert step_until(flows, started.id, ENDED).state is FlowState.FAILED
+    flows.retry(started.id)
+    second = step_until(flows, started.id, {FlowState.WAITING})
+    assert second.order_id != first.order_id
+    later = (sim.admin.now() + timedelta(days=20)).date().isoformat()
+    flows.gateway().call(Catalogue.renew_paybylink, link_of(first), request=PayByLinkRenewRequest(expirationDate=later).wire())
+    early = sim.admin.complete_link(link_of(first))  # its notification is lost
+    paid = sim.admin.complete_link(link_of(second))
+    (note,) = [n for n in sim.admin.notifications() if n["body"]["operation"]["operationId"] == paid["operationId"]]
+    assert NotificationReceiver(flows, flows.settings.receiver).receive(json.dumps(note["body"]).encode()).status == 200
+    done = step_until(flows, started.id, ENDED)
+    shown = json.dumps([done.outcome, done.error, done.outputs.get("payment")])
+    shown += json.dumps(done.fields, default=str)
+    assert early["operationId"] in shown, (done.state, done.summary())
