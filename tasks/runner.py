@@ -198,10 +198,27 @@ class StepContext:
     #: how this try keeps its own (the output kept first is answered; LeaseLost once the claim is gone).
     kept_output: dict[str, Any] | None = None
     keep_output: Callable[[dict[str, Any]], dict[str, Any]] | None = None
-    #: A call step's declared operation (None: not a call step, which sends no money operation at all):
-    #: its body may send another form's operation in its place, never one that moves money when the
-    #: declared one does not.
+    #: A call step's declared operation (None: not a call step, which sends no money operation at all),
+    #: and the operations of other forms its body may send in its place (``durapay.flows.call(forms=)``):
+    #: an operation that moves money is sent only as one of these, by a step whose declared one moves money.
     declared: GatewayOperation[Any] | None = None
+    forms: tuple[GatewayOperation[Any], ...] = ()
+
+    def _check_declared(self, op: GatewayOperation[Any]) -> None:
+        """Refuse a money operation the step does not declare (UndeclaredMoney), before it is sent."""
+        declared = self.declared
+        if declared is not None and (declared.moves_money or declared.notifies) and (op is declared or op in self.forms):
+            return
+        if declared is None:
+            what = "is not a call step (a wait's handler, a read)"
+        elif declared.moves_money or declared.notifies:
+            what = f"declares {declared.name} (forms: {', '.join(f.name for f in self.forms) or 'none'}),"
+        else:
+            what = f"declares {declared.name}, which moves no money,"
+        raise UndeclaredMoney(
+            f"step {self.step} {what} and its body sends {op.name}: make it a call step that declares {op.name}"
+            " (or names it in forms=, when it is the same act on another path)"
+        )
 
     def call(
         self,
@@ -214,16 +231,8 @@ class StepContext:
         A step may read, then write (reconcile, then call; reservation set-up): before every call after
         the first, the claim's lease is extended, so that no other worker takes the step over while
         it still calls, and a step whose claim is gone calls no more (LeaseLost)."""
-        declared = self.declared
-        if (op.moves_money or op.notifies) and not (declared is not None and (declared.moves_money or declared.notifies)):
-            what = (
-                f"declares {declared.name}, which moves no money,"
-                if declared
-                else "is not a call step (a wait's handler, a read)"
-            )
-            raise UndeclaredMoney(
-                f"step {self.step} {what} and its body sends {op.name}: make it a call step that declares {op.name}"
-            )
+        if op.moves_money or op.notifies:
+            self._check_declared(op)
         if self.calls and self.renew_lease is not None:
             self.renew_lease()
         key = self.idempotency_key if op.idempotency_key else None
@@ -313,6 +322,7 @@ def run_step(step: Step, ctx: StepContext, *, must_reconcile: bool, resend: bool
     """Run ``step`` once under the claim described by ``ctx``; never raises a GatewayError."""
     op = step.operation
     ctx.declared = op  # the one money operation its body may send (None: a wait, a read, a merchant step)
+    ctx.forms = getattr(step, "forms", ())  # or another form of it, in its place
     policy = ctx.retry
     try:
         if ctx.hold_target is not None:

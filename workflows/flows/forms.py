@@ -266,6 +266,7 @@ BUILD = Flow(
             adopt=_adopt_finalize,
             when=_needs_finalize,
             body=_finalize,
+            forms=(Catalogue.build_confirm_payment,),
         ),
         wait_signal(
             "challenge",
