@@ -153,6 +153,10 @@ class StepContext:
     created: float = 0.0
     deadline_reached: bool = False
     wait_deadline: float | None = None
+    #: When the wait this step is in began: its first wait of this generation (the record's ``wait.since``),
+    #: so a flow restarted weeks after its start counts its new link's deadline and reads from the link's
+    #: making, not from the flow's creation. None outside a wait (the step's first run: now).
+    wait_since: float | None = None
     signals: list[tuple[str, str, dict[str, Any]]] = field(default_factory=list)
     polls: int = 0
     notification_url: str = ""

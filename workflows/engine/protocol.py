@@ -341,6 +341,7 @@ class StepProtocol:
             signals=[(s.field, s.name, s.payload) for s in record.signals] if record else [],
             polls=record.polls if record else 0,
             wait_deadline=float(record.wait["deadline"]) if record and record.wait else None,
+            wait_since=_wait_since(record, step, now),
             notification_url=engine.settings.receiver.public_url,
             retry=engine.retry_policy,
             maybe_sent_at=inflight.sent_at(record) if record else now,
@@ -580,12 +581,15 @@ class StepProtocol:
             done |= {"attempt": "0", "polls": str(claimed.polls + 1), "reconcile": None}
             change = Change(FlowState.RETRYING, f"{step.name}: {outcome.note or 'poll again'}", done, due=now + outcome.after)
         elif isinstance(outcome, Wait):
-            wait = {"signals": list(outcome.signals), "deadline": outcome.deadline, "step": step.name}
+            wait = {"signals": list(outcome.signals), "deadline": outcome.deadline, "step": step.name, "since": ctx.wait_since}
             done |= {"wait": compact_json(wait), "attempt": "0", "reconcile": None}
-            if ctx.consumed:
-                # Woken by a signal it took (a customer's notification, a merchant's signal): progress made,
-                # not a loop, so its runs count afresh (``claim.lua``'s bound is for a step that never moves
-                # on; a replayed notification must not stop a flow that waits for its customer).
+            if ctx.consumed or (ctx.deadline_reached and outcome.deadline >= now + engine.retry_policy.read_pace_seconds):
+                # Woken by a signal it took (a customer's notification, a merchant's signal), or a read at
+                # its deadline that waits on at least the read pace (an open link read while it waits, a
+                # PENDING payment read again): progress made, not a loop, so its runs count afresh
+                # (``claim.lua``'s bound is for a step that never moves on; a replayed notification, or a
+                # year of a link's reads, must not stop a flow that waits for its customer). Time bounds
+                # these: at most one run per read pace.
                 done["runs"] = None
             change = Change(
                 FlowState.WAITING,
@@ -918,6 +922,17 @@ def _call_made(
     if reconcile:
         call["reconcile"] = True
     return call
+
+
+def _wait_since(record: FlowRecord | None, step: str, now: float) -> float:
+    """When the flow's wait at ``step`` began: kept in its wait (``since``) from its first wait on; a wait
+    written by a release before it kept none, and its best guess is the flow's creation (what that release
+    counted from); no wait yet at this step: this run begins it."""
+    wait = record.wait if record is not None else None
+    if not wait or wait.get("step") != step:
+        return now
+    since = wait.get("since")
+    return float(since) if isinstance(since, int | float) else record.created if record is not None else now
 
 
 def _number(text: str | None) -> float | None:

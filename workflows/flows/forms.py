@@ -45,6 +45,7 @@ from durapay.workflows.flows.waits import (
     CLOSED,
     GRACE_SECONDS,
     READ_AT_DEADLINE,
+    began,
     notified,
     read_later,
 )
@@ -145,7 +146,8 @@ def _session_outcome(ctx: StepContext, *, ready: Outcome | None, close: bool = T
 
 
 def _form_ends(ctx: StepContext) -> float:
-    return ctx.created + (ctx.input.formSeconds or FORM_SECONDS) + SESSION_SECONDS
+    """The form's last moment by its first terms, counted from the wait's start (``waits.began``)."""
+    return began(ctx) + (ctx.input.formSeconds or FORM_SECONDS) + SESSION_SECONDS
 
 
 def _close_form(ctx: StepContext) -> None:

@@ -57,6 +57,7 @@ from durapay.workflows.flows._adopt import PAYMENT_TYPES, adopt_made, never_sent
 from durapay.workflows.flows._common import read_until_final, summarize
 from durapay.workflows.flows.waits import (
     GRACE_SECONDS,
+    began,
     cancel_link,
     first_read,
     judge_wait,
@@ -116,9 +117,9 @@ def _adopt_link(ctx: StepContext) -> ReconcileResult:
 
 
 def _merchant_end(ctx: StepContext) -> float | None:
-    """The merchant's deadline (``waitSeconds``, counted from the flow's start), when one was given: the
-    read at it closes the link first."""
-    return ctx.created + float(ctx.input.waitSeconds) if ctx.input.waitSeconds else None
+    """The merchant's deadline (``waitSeconds``, counted from the wait's start, ``waits.began``: the link's
+    making, also after an operator's restart), when one was given: the read at it closes the link first."""
+    return began(ctx) + float(ctx.input.waitSeconds) if ctx.input.waitSeconds else None
 
 
 def _link_deadline(ctx: StepContext) -> float:
@@ -159,7 +160,7 @@ def _payment_at_deadline(ctx: StepContext) -> Outcome:
 def _payment_read(ctx: StepContext) -> Outcome:
     """The one rule for the end of a wait (``workflows.flows.waits``), on the reservation."""
     found = _read_reservation(ctx)
-    ends = ctx.created + (ctx.input.waitSeconds or 30 * 86400.0)  # fixed: never moves with the wait
+    ends = began(ctx) + (ctx.input.waitSeconds or 30 * 86400.0)  # fixed: never moves with the wait
     created = ctx.output("link").get("paymentLink") or {}
     if created.get("expirationDate"):
         ends = link_end(str(created["expirationDate"]))

@@ -43,6 +43,7 @@ from durapay.workflows.flows.waits import (
     CLOSED,
     GRACE_SECONDS,
     READ_AT_DEADLINE,
+    began,
     cancel_link,
     earlier_order_paid,
     earlier_payment,
@@ -113,7 +114,7 @@ def _ends(ctx: StepContext) -> float:
     created = ctx.output("create").get("paymentLink")
     if isinstance(created, dict) and isinstance(created.get("expirationDate"), str):
         return link_end(created["expirationDate"])
-    return ctx.created + (getattr(ctx.input, "waitSeconds", None) or HPP_SECONDS)  # fixed: never moves with the wait
+    return began(ctx) + (getattr(ctx.input, "waitSeconds", None) or HPP_SECONDS)  # fixed: never moves with the wait
 
 
 def _earlier_unkept(ctx: StepContext) -> Operation | None:

@@ -55,7 +55,7 @@ from durapay.workflows.flows._common import judge_operation, read_order
 #: Output key of a wait's end: why the customer can no longer pay (the gateway's word). A completion
 #: carrying it settles the flow's money in flight (``workflows.engine.inflight``).
 CLOSED = "closed"
-#: Reads after a deadline, while something is still open: every tenth of the flow's age, at least every
+#: Reads after a deadline, while something is still open: every tenth of the wait's age, at least every
 #: ``DURAPAY_RETRY__READ_PACE_SECONDS`` (5 minutes), at most every 6 hours (so a bounded number of reads
 #: over any life).
 PACE_MAX_SECONDS = 21600.0
@@ -90,17 +90,25 @@ def link_end(expiration_date: str) -> float:
     return (datetime(day.year, day.month, day.day, tzinfo=UTC) + timedelta(days=1, minutes=1)).timestamp()
 
 
+def began(ctx: StepContext) -> float:
+    """When the flow's wait for its customer began (``StepContext.wait_since``: the making of the link,
+    page or form it waits on, for this generation): what every deadline and pace of the wait counts from.
+    Never the flow's creation: a flow an operator restarts weeks later makes a new link, whose
+    ``waitSeconds`` and reads count from then."""
+    return ctx.wait_since if ctx.wait_since is not None else ctx.created
+
+
 def pace(ctx: StepContext) -> float:
-    """Seconds to the next read of something still open after a deadline."""
-    return min(max(ctx.retry.read_pace_seconds, (ctx.now - ctx.created) / 10), PACE_MAX_SECONDS)
+    """Seconds to the next read of something still open after a deadline: a tenth of the wait's age."""
+    return min(max(ctx.retry.read_pace_seconds, (ctx.now - began(ctx)) / 10), PACE_MAX_SECONDS)
 
 
 def watch(ctx: StepContext, until: float) -> float:
-    """The next read of an open link before its end ``until``: a tenth of the flow's age from now, at
+    """The next read of an open link before its end ``until``: a tenth of the wait's age from now, at
     least the read pace, never past the end. Unlike :func:`pace` it has no 6-hour cap, so the reads
     over a link's whole life grow with the logarithm of it (about 57 over 3 days, 91 over 80): a
     payment whose notification never came shows within a tenth of the time the link had been open."""
-    return min(until, ctx.now + max(ctx.retry.read_pace_seconds, (ctx.now - ctx.created) / 10))
+    return min(until, ctx.now + max(ctx.retry.read_pace_seconds, (ctx.now - began(ctx)) / 10))
 
 
 def keep_until(output: dict[str, Any]) -> float | None:
