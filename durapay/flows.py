@@ -71,25 +71,16 @@ def call(
     target: Target | None = None,
     reads: Sequence[str] = (),
     body: Callable[[StepContext, Callable[[StepContext], Outcome]], Outcome] | None = None,
-    forms: Sequence[GatewayOperation[Any] | str] = (),
 ) -> CallStep:
     """A gateway call: ``build(ctx)`` gives the :class:`Call` (path arguments, request), ``result(ctx,
     answer)`` the outcome (default: advance with the answer as the output), ``adopt(ctx)`` reads back a
     call whose answer was lost. ``reads``: the earlier steps whose outputs it reads. ``body(ctx, send)``:
     a step body of its own around the call (``send(ctx)`` makes it): checks right before it, or the
-    operation of another form in its place, named in ``forms`` (a version's: v2 of a link's create where
-    v3 is declared). A money step's body sends its declared operation or one of its ``forms``, nothing else
-    that moves money (``tasks.runner.StepContext.call``): money in flight, the durable claim and the
-    read-back of a lost answer are the declared operation's, and a form is the same act on another path."""
+    operation of another form in its place (a version's: v2 of a link's create where v3 is declared). A
+    money step's body sends its declared operation or another form of the same act (the catalogue's
+    ``gateway.FORM_OF``), nothing else that moves money (``tasks.runner.StepContext.call``): money in
+    flight, the durable claim and the read-back of a lost answer are the declared operation's."""
     operation = _operation(name, operation)
-    others = tuple(_operation(name, form) for form in forms)
-    money = operation.moves_money or operation.notifies
-    for form in others:
-        if (form.moves_money or form.notifies) != money:
-            raise DefinitionError(
-                "", name, f"{form.name} is not a form of {operation.name}: one moves money (or opens a page a "
-                "customer pays on) and the other does not",
-            )  # fmt: skip
     if (operation.moves_money or operation.notifies) and adopt is never_committed:
         # A lost answer is read back by adopt; never_committed would take "nothing read" for the gateway's
         # word, and a cancel would end the flow while the gateway holds its money (invariant 2).
@@ -98,7 +89,7 @@ def call(
             "of a lost answer by this flow's identity (an order's payment: use durapay.flows.payment; "
             "docs/deploys.md, Gateway calls)",
         )  # fmt: skip
-    return CallStep(name, operation, build, result, adopt, when, customer_url, target, tuple(reads), body, forms=others)
+    return CallStep(name, operation, build, result, adopt, when, customer_url, target, tuple(reads), body)
 
 
 def _operation(step: str, operation: GatewayOperation[Any] | str) -> GatewayOperation[Any]:

@@ -23,12 +23,14 @@ from durapay.gateway._base import (
 from durapay.gateway._catalogue import (
     BY_NAME,
     CATALOGUE,
+    FORM_OF,
     Area,
     Catalogue,
     GatewayOperation,
     Reconcile,
     Version,
     operation,
+    same_act,
 )
 from durapay.gateway._client import (
     MAX_IDEMPOTENCY_KEY,
@@ -258,6 +260,7 @@ __all__ = [
     "ERROR_CODES",
     "FAILURE_RESULTS",
     "FINAL_RESULTS",
+    "FORM_OF",
     "GATEWAY_CURRENCIES",
     "GATEWAY_ZONE",
     "HARD_DECLINE_CODES",
@@ -465,6 +468,7 @@ __all__ = [
     "parse_minor",
     "parse_notification",
     "reported_payment",
+    "same_act",
     "tls_handshake",
     "to_major",
     "to_minor",

@@ -254,6 +254,22 @@ CATALOGUE: tuple[GatewayOperation[Any], ...] = tuple(
 )
 BY_NAME: dict[str, GatewayOperation[Any]] = {op.name: op for op in CATALOGUE}
 
+#: Operations that are one act on another path (a version's form), each to the operation it is a form of:
+#: the same money moved or the same page opened, read back the same way (``reconcile``). A money step
+#: that declares one may send another of its act in its place (``tasks.runner.StepContext.call``); no
+#: definition widens this table: whether two calls are one act is the gateway's, said once here.
+FORM_OF: dict[GatewayOperation[Any], GatewayOperation[Any]] = {
+    Catalogue.create_paybylink_v2: Catalogue.create_paybylink_v3,
+    Catalogue.create_paybylink_v1: Catalogue.create_paybylink_v3,
+    Catalogue.create_paybylink: Catalogue.create_paybylink_v3,
+    Catalogue.build_confirm_payment: Catalogue.build_finalize_payment,  # version 2 of the form
+}
+
+
+def same_act(one: GatewayOperation[Any], other: GatewayOperation[Any]) -> bool:
+    """Whether ``one`` and ``other`` are the same act (the same operation, or forms of one, :data:`FORM_OF`)."""
+    return FORM_OF.get(one, one) is FORM_OF.get(other, other)
+
 
 def operation(name: str) -> GatewayOperation[Any]:
     """The operation called ``name``; KeyError names the unknown operation."""

@@ -33,6 +33,7 @@ from durapay.gateway import (
     RateLimited,
     ServerError,
     TransportError,
+    same_act,
 )
 from durapay.tasks.outcomes import Attention, Defer, Finish, Outcome, Retry
 from durapay.tasks.retry import RetryPolicy
@@ -202,26 +203,24 @@ class StepContext:
     #: how this try keeps its own (the output kept first is answered; LeaseLost once the claim is gone).
     kept_output: dict[str, Any] | None = None
     keep_output: Callable[[dict[str, Any]], dict[str, Any]] | None = None
-    #: A call step's declared operation (None: not a call step, which sends no money operation at all),
-    #: and the operations of other forms its body may send in its place (``durapay.flows.call(forms=)``):
-    #: an operation that moves money is sent only as one of these, by a step whose declared one moves money.
+    #: A call step's declared operation (None: not a call step, which sends no money operation at all): an
+    #: operation that moves money is sent only as it or another form of its act (``gateway.FORM_OF``), by a
+    #: step whose declared one moves money.
     declared: GatewayOperation[Any] | None = None
-    forms: tuple[GatewayOperation[Any], ...] = ()
 
     def _check_declared(self, op: GatewayOperation[Any]) -> None:
         """Refuse a money operation the step does not declare (UndeclaredMoney), before it is sent."""
         declared = self.declared
-        if declared is not None and (declared.moves_money or declared.notifies) and (op is declared or op in self.forms):
+        if declared is not None and (declared.moves_money or declared.notifies) and same_act(op, declared):
             return
         if declared is None:
             what = "is not a call step (a wait's handler, a read)"
         elif declared.moves_money or declared.notifies:
-            what = f"declares {declared.name} (forms: {', '.join(f.name for f in self.forms) or 'none'}),"
+            what = f"declares {declared.name}, another act,"
         else:
             what = f"declares {declared.name}, which moves no money,"
         raise UndeclaredMoney(
             f"step {self.step} {what} and its body sends {op.name}: make it a call step that declares {op.name}"
-            " (or names it in forms=, when it is the same act on another path)"
         )
 
     def call(
@@ -326,7 +325,6 @@ def run_step(step: Step, ctx: StepContext, *, must_reconcile: bool, resend: bool
     """Run ``step`` once under the claim described by ``ctx``; never raises a GatewayError."""
     op = step.operation
     ctx.declared = op  # the one money operation its body may send (None: a wait, a read, a merchant step)
-    ctx.forms = getattr(step, "forms", ())  # or another form of it, in its place
     policy = ctx.retry
     try:
         if ctx.hold_target is not None:

@@ -925,14 +925,18 @@ def _call_made(
 
 
 def _wait_since(record: FlowRecord | None, step: str, now: float) -> float:
-    """When the flow's wait at ``step`` began: kept in its wait (``since``) from its first wait on; a wait
-    written by a release before it kept none, and its best guess is the flow's creation (what that release
-    counted from); no wait yet at this step: this run begins it."""
+    """When the flow's wait at ``step`` began: kept in its wait (``since``) from its first wait on; no wait
+    yet at this step: this run begins it. A wait written by a release before it kept none: the flow's
+    creation for a flow never restarted (what that release counted from, within the seconds of its first
+    steps); for a restarted one (generation > 0) its wait began after the restart, which the record does
+    not keep: its last change (``updated``, no earlier than the wait's start) errs late, never early."""
     wait = record.wait if record is not None else None
-    if not wait or wait.get("step") != step:
+    if record is None or not wait or wait.get("step") != step:
         return now
     since = wait.get("since")
-    return float(since) if isinstance(since, int | float) else record.created if record is not None else now
+    if isinstance(since, int | float):
+        return float(since)
+    return record.updated if record.generation else record.created
 
 
 def _number(text: str | None) -> float | None:

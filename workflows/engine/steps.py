@@ -83,9 +83,6 @@ class CallStep:
     #: Its lost answer is read back from the flow's gateway order (``durapay.flows.payment``): the flow
     #: must name one (``FlowDefinition.order_id``), else the read asks for order "" and finds nothing.
     needs_order: bool = False
-    #: The operations of other forms its body may send in the declared one's place (``durapay.flows.call``).
-    #: A permission checked when the body calls, not what the step does: not part of the version.
-    forms: tuple[GatewayOperation[Any], ...] = ()
 
     @property
     def operation(self) -> GatewayOperation[Any]:

@@ -268,7 +268,6 @@ BUILD = Flow(
             adopt=_adopt_finalize,
             when=_needs_finalize,
             body=_finalize,
-            forms=(Catalogue.build_confirm_payment,),
         ),
         wait_signal(
             "challenge",

@@ -265,7 +265,6 @@ def _link_create_step(name: str) -> CallStep:
         adopt=_adopt_link,
         customer_url=lambda output: (output.get("paymentLink") or {}).get("link"),
         body=_per_version,
-        forms=tuple(op for op in LINK_OPERATIONS.values() if op is not Catalogue.create_paybylink_v3),
     )
 
 
