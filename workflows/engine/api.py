@@ -51,7 +51,7 @@ from durapay.workflows.engine.sensitive import (
 )
 from durapay.workflows.engine.signals import admit
 from durapay.workflows.engine.states import STOPPED, TERMINAL, FlowState
-from durapay.workflows.engine.steps import FlowDefinition, check_run_bound
+from durapay.workflows.engine.steps import FlowDefinition, Step, check_run_bound
 from durapay.workflows.engine.store import (
     Change,
     CreateCall,
@@ -509,8 +509,11 @@ class Engine:
                 f"at most {limit} characters (the gateway's orderId limit, DURAPAY_GATEWAY__ORDER_ID_MAX_LENGTH); "
                 f"{order_id!r} has {len(order_id)}",
             )
-        ctx = self.protocol.context(flow_id, kind, "", model, {}, now, order_id)
-        first = definition.first_step(ctx)
+        steps = definition.steps
+        if steps and steps[0].when is None:  # most flows: the first step applies to every input, no context needed
+            first: Step | None = steps[0]
+        else:
+            first = definition.first_step(self.protocol.context(flow_id, kind, "", model, {}, now, order_id))
         if first is None:
             raise InputError(kind, "(input)", "no step of this flow applies to this input")
         return NewFlow(

@@ -389,6 +389,14 @@ def _taken(answer: Any) -> tuple[str, FlowRecord] | str:
     return verdict, record
 
 
+def _created_fields(args: Sequence[str]) -> dict[str, str]:
+    """The fields ``create_flow.lua`` writes for a create's arguments: the ones every new record has, from
+    the fixed arguments (its HSET, the one place they are made), then the name, value pairs passed."""
+    flow_id, now, _, due = args[:4]
+    fixed = {"id": flow_id, "version": "1", "attempt": "0", "created": now, "updated": now, "due": due}
+    return fixed | dict(zip(args[5::2], args[6::2], strict=True))
+
+
 class FlowStore:
     """Reads and atomically changes flow records. Give it a Redis client and the key layout."""
 
@@ -526,7 +534,7 @@ class FlowStore:
             if isinstance(outcome, StartConflict | OrderHeld):
                 raise outcome
             if outcome.flow:  # the script wrote exactly these fields: no need to read them back
-                return FlowRecord.from_fields(dict(zip(args[5::2], args[6::2], strict=True))), outcome
+                return FlowRecord.from_fields(_created_fields(args)), outcome
             record = self.get(new.flow_id)
             if record is not None:
                 return record, outcome
@@ -578,17 +586,8 @@ class FlowStore:
         run_at = new.run_at
         state = FlowState.SLEEPING if run_at is not None and run_at > now else FlowState.READY
         due = run_at if state is FlowState.SLEEPING and run_at is not None else now + safety
-        fields: dict[str, str] = {
-            "id": new.flow_id,
-            "kind": new.kind,
-            "state": state.value,
-            "step": new.first_step,
-            "version": "1",
-            "attempt": "0",
-            "created": repr(now),
-            "updated": repr(now),
-            "due": repr(due),
-        }
+        # (id, version, attempt, created, updated and due the script writes from its fixed arguments.)
+        fields: dict[str, str] = {"kind": new.kind, "state": state.value, "step": new.first_step}
         text = new.text or compact_json(new.data)
         if may_carry(text):
             # Card data sealed (CardKeyMissing, nothing written, when no key is configured).

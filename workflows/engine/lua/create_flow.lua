@@ -4,7 +4,8 @@
 -- Create a flow unless it exists. KEYS: flow, log, due, state index, kind index, event stream, and on a
 -- single server the flow's order lookup (absent on a cluster, where it sits in the order id's slot).
 -- ARGV: flow id, now, log entry (JSON), due time, "1" to emit flow.created, then the record's fields
--- as name, value pairs (state, step, kind and order_id among them, input_hash too), written in one HSET.
+-- as name, value pairs (state, step, kind and order_id among them, input_hash too), written in one HSET
+-- with the ones every new record has (id, version 1, attempt 0, created and updated now, due).
 -- Returns {1, "", pointed} when created, {0, <stored input hash>, 0} when the flow already existed,
 -- {2, <holder>, 0} when the order lookup names another flow: nothing is written (a gateway order id is
 -- one flow's as long as its lookup lives, that is until the retention after that flow ended: a payment
@@ -31,7 +32,10 @@ local function create_flow(KEYS, ARGV)
       end
     end
   end
-  redis.call('HSET', KEYS[1], unpack(ARGV, 6))
+  -- The fields every new record has from the fixed arguments (id, times, due; its first version and
+  -- attempt), then the ones passed: fewer arguments to pack for every start.
+  redis.call('HSET', KEYS[1], 'id', ARGV[1], 'version', '1', 'attempt', '0', 'created', ARGV[2], 'updated', ARGV[2],
+    'due', ARGV[4], unpack(ARGV, 6))
   local fields = {}
   for i = 6, #ARGV, 2 do
     fields[ARGV[i]] = ARGV[i + 1]
