@@ -341,7 +341,7 @@ class StepProtocol:
             signals=[(s.field, s.name, s.payload) for s in record.signals] if record else [],
             polls=record.polls if record else 0,
             wait_deadline=float(record.wait["deadline"]) if record and record.wait else None,
-            wait_since=_wait_since(record, step, now),
+            wait_since=_wait_since(record, step, now, engine.store.history),
             notification_url=engine.settings.receiver.public_url,
             retry=engine.retry_policy,
             maybe_sent_at=inflight.sent_at(record) if record else now,
@@ -924,19 +924,26 @@ def _call_made(
     return call
 
 
-def _wait_since(record: FlowRecord | None, step: str, now: float) -> float:
+def _wait_since(record: FlowRecord | None, step: str, now: float, history: Callable[[str], list[dict[str, Any]]]) -> float:
     """When the flow's wait at ``step`` began: kept in its wait (``since``) from its first wait on; no wait
-    yet at this step: this run begins it. A wait written by a release before it kept none: the flow's
-    creation for a flow never restarted (what that release counted from, within the seconds of its first
-    steps); for a restarted one (generation > 0) its wait began after the restart, which the record does
-    not keep: its last change (``updated``, no earlier than the wait's start) errs late, never early."""
+    yet at this step: this run begins it. A wait written by a release before it kept none: the moment its
+    log shows the flow entering ``step`` (the latest such entry: a step is entered again only by a
+    restart), read once (the wait is then written with it). Never the flow's creation, which a delayed
+    start or a restart puts days earlier; with the entry trimmed from the log, the record's last change
+    (no earlier than the wait's start: errs late, never early)."""
     wait = record.wait if record is not None else None
     if record is None or not wait or wait.get("step") != step:
         return now
     since = wait.get("since")
     if isinstance(since, int | float):
         return float(since)
-    return record.updated if record.generation else record.created
+    entered: float | None = None
+    before = None
+    for entry in history(record.id):
+        if entry.get("step") == step and before != step and isinstance(entry.get("t"), int | float):
+            entered = float(entry["t"])
+        before = entry.get("step")
+    return entered if entered is not None else record.updated
 
 
 def _number(text: str | None) -> float | None:
