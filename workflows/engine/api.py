@@ -40,7 +40,7 @@ from durapay.workflows.engine.events import Cursor, Event, EventFeed
 from durapay.workflows.engine.fairness import Caps, Fairness, fair_key, tenant_refusal
 from durapay.workflows.engine.keys import Keys, derived_id
 from durapay.workflows.engine.orders import OrderIdsTaken, OrderIndex, gateway_order_id
-from durapay.workflows.engine.protocol import Claim, StepProtocol
+from durapay.workflows.engine.protocol import RESTARTED, Claim, StepProtocol
 from durapay.workflows.engine.sensitive import (
     CardIdentifier,
     Identifier,
@@ -895,7 +895,7 @@ class Engine:
                 fields["definition"] = moved_to
             if new_order and new_order not in record.orders:
                 fields["orders"] = compact_json([*record.orders, new_order])
-            return Change(FlowState.READY, "restarted after failure", fields, due=now + self.safety)
+            return Change(FlowState.READY, RESTARTED, fields, due=now + self.safety)
         raise AssertionError(record.state)  # operator_actions.refusal said which states retry
 
     def refund_late_payment(

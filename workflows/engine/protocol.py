@@ -924,13 +924,19 @@ def _call_made(
     return call
 
 
+#: The log's word for an operator's restart of a failed flow (``Engine.retry``): a new generation, whose
+#: steps are entered anew (:func:`_wait_since`).
+RESTARTED = "restarted after failure"
+
+
 def _wait_since(record: FlowRecord | None, step: str, now: float, history: Callable[[str], list[dict[str, Any]]]) -> float:
     """When the flow's wait at ``step`` began: kept in its wait (``since``) from its first wait on; no wait
     yet at this step: this run begins it. A wait written by a release before it kept none: the moment its
-    log shows the flow entering ``step`` (the latest such entry: a step is entered again only by a
-    restart), read once (the wait is then written with it). Never the flow's creation, which a delayed
-    start or a restart puts days earlier; with the entry trimmed from the log, the record's last change
-    (no earlier than the wait's start: errs late, never early)."""
+    log shows the flow entering ``step`` (the latest such entry: a step is entered again only by a restart,
+    which names itself where the step is the first one), read once (the wait is then written with it).
+    Never the flow's creation, which a delayed start or a restart puts days earlier; with the entry
+    trimmed from the log, the record's last change (no earlier than the wait's start: errs late, never
+    early)."""
     wait = record.wait if record is not None else None
     if record is None or not wait or wait.get("step") != step:
         return now
@@ -940,7 +946,8 @@ def _wait_since(record: FlowRecord | None, step: str, now: float, history: Calla
     entered: float | None = None
     before = None
     for entry in history(record.id):
-        if entry.get("step") == step and before != step and isinstance(entry.get("t"), int | float):
+        entering = before != step or entry.get("what") == RESTARTED
+        if entry.get("step") == step and entering and isinstance(entry.get("t"), int | float):
             entered = float(entry["t"])
         before = entry.get("step")
     return entered if entered is not None else record.updated

@@ -118,3 +118,27 @@ def test_the_reads_of_a_link_open_for_weeks_do_not_reach_the_loop_bound(bounded:
     assert reads > 10, f"only {reads} reads: the test must pass the bound of 10 runs"
     assert record.state is FlowState.WAITING, f"after {reads} reads: {record.summary()}"
     assert link_status(flows, link_of(waiting)) == "ACTIVE"
+
+
+def test_a_wait_of_the_previous_release_counts_from_the_logs_entry_into_its_step() -> None:
+    """A wait written with no ``since``: the latest entry into the step, a restart of a flow whose first
+    step is the wait included; with no such entry left in the log, the record's last change (late, never
+    early); never the flow's creation."""
+    from types import SimpleNamespace
+
+    from durapay.workflows.engine.protocol import RESTARTED, _wait_since
+
+    record = SimpleNamespace(id="f1", wait={"step": "wait", "deadline": 900.0}, created=0.0, updated=800.0)
+    first_is_wait = [
+        {"t": 10.0, "step": "wait", "to": "ready", "what": "created"},
+        {"t": 11.0, "step": "wait", "to": "waiting", "what": "waiting for paid"},
+        {"t": 500.0, "step": "wait", "to": "failed", "what": "no payment by the deadline"},
+        {"t": 600.0, "step": "wait", "to": "ready", "what": RESTARTED},
+        {"t": 601.0, "step": "wait", "to": "waiting", "what": "waiting for paid"},
+    ]
+    assert _wait_since(record, "wait", 900.0, lambda _: first_is_wait) == 600.0  # type: ignore[arg-type]
+    later = [{"t": 5.0, "step": "create", "to": "ready"}, {"t": 300.0, "step": "wait", "to": "ready"}]
+    assert _wait_since(record, "wait", 900.0, lambda _: later) == 300.0  # type: ignore[arg-type]
+    assert _wait_since(record, "wait", 900.0, lambda _: []) == 800.0, "trimmed: its last change"  # type: ignore[arg-type]
+    record.wait = {**record.wait, "since": 42.0}
+    assert _wait_since(record, "wait", 900.0, lambda _: first_is_wait) == 42.0  # type: ignore[arg-type]
