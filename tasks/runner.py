@@ -156,7 +156,8 @@ class StepContext:
     wait_deadline: float | None = None
     #: When the wait this step is in began: its first wait of this generation (the record's ``wait.since``),
     #: so a flow restarted weeks after its start counts its new link's deadline and reads from the link's
-    #: making, not from the flow's creation. None outside a wait (the step's first run: now).
+    #: making, not from the flow's creation. The engine always gives it (the step's first run: now); None
+    #: only for a context built without one (a step body's unit test): ``waits.began`` then takes ``created``.
     wait_since: float | None = None
     signals: list[tuple[str, str, dict[str, Any]]] = field(default_factory=list)
     polls: int = 0
