@@ -82,6 +82,9 @@ class GatewayOperation(Generic[Resp]):
     reconcile: Reconcile | None = None
     notifies: bool = False
     moves_money: bool = False
+    #: Makes a customer's instrument payable again, or longer (a link's renewal, a modification of its
+    #: expiry): no money moves and nothing new opens, yet a customer may pay where they could not.
+    reopens: bool = False
     name: str = field(default="", init=False)
 
     def __post_init__(self) -> None:
@@ -96,6 +99,14 @@ class GatewayOperation(Generic[Resp]):
         # (``op: GatewayOperation = Catalogue.create_moto_order`` in a dataclass) must not rename it.
         if not self.name:
             object.__setattr__(self, "name", name)
+
+    @property
+    def declared_only(self) -> bool:
+        """Sent only by a step that declares it (or another form of its act, :data:`FORM_OF`): it moves
+        money, opens a page a customer pays on, or makes one payable again, and what the engine does
+        around it (money in flight, the read-back, telling the flow that holds the link) is the declared
+        operation's (``tasks.runner.StepContext.call``)."""
+        return self.moves_money or self.notifies or self.reopens
 
     @property
     def path_params(self) -> tuple[str, ...]:
@@ -128,6 +139,7 @@ class GatewayOperation(Generic[Resp]):
             "reconcile": self.reconcile.value if self.reconcile else None,
             "notifies": self.notifies,
             "moves_money": self.moves_money,
+            "reopens": self.reopens,
             "task": self.task_name,
         }
 
@@ -166,8 +178,8 @@ class Catalogue:
     get_paybylink_v3 = _op("GET", "/v3/orders/paybylink/{Id}", None, pay.PayByLinkDetails, "look up one pay-by-link", P, version=V3)
     list_paybylinks = _op("GET", "/orders/paybylink", pay.PayByLinkListQuery, pay.PayByLinkListResponse, "list pay-by-links (earlier form)", P)
     get_paybylink = _op("GET", "/orders/paybylink/{linkId}", None, pay.PayByLinkDetails, "look up one pay-by-link (earlier form)", P)
-    renew_paybylink = _op("POST", "/orders/paybylink/{linkId}/renewals", pay.PayByLinkRenewRequest, pay.PayByLinkResponse, "renew a pay-by-link", P, reconcile=LINK)
-    modify_paybylink_v3 = _op("POST", "/v3/paybylink/{id}/modify", pay.PayByLinkModifyRequest, pay.PayByLinkResponse, "modify a pay-by-link", P, version=V3, retry_safe=True)
+    renew_paybylink = _op("POST", "/orders/paybylink/{linkId}/renewals", pay.PayByLinkRenewRequest, pay.PayByLinkResponse, "renew a pay-by-link", P, reconcile=LINK, reopens=True)
+    modify_paybylink_v3 = _op("POST", "/v3/paybylink/{id}/modify", pay.PayByLinkModifyRequest, pay.PayByLinkResponse, "modify a pay-by-link", P, version=V3, retry_safe=True, reopens=True)
     export_paybylinks_v3 = _op("GET", "/v3/paybylink/exports/{format}", pay.PayByLinkExportQuery, BinaryResponse, "export pay-by-links; {format} is csv or json", P, version=V3)
     paybylink_qrcode_v3 = _op("POST", "/v3/paybylink/qrcode/{id}", pay.QrCodeRequest, BinaryResponse, "produce a QR code (PNG) for a pay-by-link", P, version=V3, retry_safe=True)
     svs_init_order = _op("POST", "/v2/svs/order/init", pay.SvsInitRequest, OperationResponse, "initiate an order (server-to-server flow)", P, version=V2, reconcile=ORDER)

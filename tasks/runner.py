@@ -212,14 +212,14 @@ class StepContext:
     def _check_declared(self, op: GatewayOperation[Any]) -> None:
         """Refuse a money operation the step does not declare (UndeclaredMoney), before it is sent."""
         declared = self.declared
-        if declared is not None and (declared.moves_money or declared.notifies) and same_act(op, declared):
+        if declared is not None and declared.declared_only and same_act(op, declared):
             return
         if declared is None:
             what = "is not a call step (a wait's handler, a read)"
-        elif declared.moves_money or declared.notifies:
+        elif declared.declared_only:
             what = f"declares {declared.name}, another act,"
         else:
-            what = f"declares {declared.name}, which moves no money,"
+            what = f"declares {declared.name}, which moves no money and makes nothing payable,"
         raise UndeclaredMoney(
             f"step {self.step} {what} and its body sends {op.name}: make it a call step that declares {op.name}"
         )
@@ -235,7 +235,7 @@ class StepContext:
         A step may read, then write (reconcile, then call; reservation set-up): before every call after
         the first, the claim's lease is extended, so that no other worker takes the step over while
         it still calls, and a step whose claim is gone calls no more (LeaseLost)."""
-        if op.moves_money or op.notifies:
+        if op.declared_only:
             self._check_declared(op)
         if self.calls and self.renew_lease is not None:
             self.renew_lease()

@@ -321,12 +321,17 @@ PAYBYLINK_CANCEL = Flow(
 
 def _link_changed(ctx: StepContext, answer: Any) -> Outcome:
     """A renewal's or modification's answer, with the link's order (one read): the engine tells the flow
-    that holds that order to read its link again (``Engine.tell_holder``)."""
+    that holds that order to read its link again (``Engine.tell_holder``), and keeps a holder that ended
+    as long as the link is payable again. Without the order nothing can tell it, so a read that may pass
+    (a 503, a timeout) is retried with the step: the renewal sent again sets the same date, a modification
+    is resent safely. A link the gateway no longer finds has nothing left to pay."""
     output: dict[str, Any] = answer.wire()
     try:
         details = ctx.call(Catalogue.get_paybylink, ctx.input.linkId)
-    except GatewayError:
-        return Advance(output)  # the link changed all the same; the holder sees it at its deadline read
+    except GatewayError as error:
+        if error.retryable:
+            raise
+        return Advance(output)
     return Advance({**output, "orderId": details.orderId, "paymentLink": details.paymentLink.wire()})
 
 
