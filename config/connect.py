@@ -267,9 +267,12 @@ def open_redis(url: str, *, cluster: bool = False, **options: Any) -> Any:
         if cluster:
             raise ValueError("a Redis Cluster is not reached through Sentinel: name one of its nodes")
         target = parse_sentinel_url(url)
-        timeouts = {name: options[name] for name in ("socket_timeout", "socket_connect_timeout") if name in options}
-        sentinel = Sentinel(list(target.sentinels), sentinel_kwargs=timeouts, **timeouts)  # type: ignore[no-untyped-call]
-        return sentinel.master_for(target.master, db=target.db, password=target.password, **options)  # type: ignore[no-untyped-call]
+        timeouts: dict[str, Any] = {
+            name: options[name] for name in ("socket_timeout", "socket_connect_timeout") if name in options
+        }
+        # redis-py types Sentinel from 8.2 on and not before: the ignores hold for either.
+        sentinel = Sentinel(list(target.sentinels), sentinel_kwargs=timeouts, **timeouts)  # type: ignore[no-untyped-call, unused-ignore]
+        return sentinel.master_for(target.master, db=target.db, password=target.password, **options)  # type: ignore[no-untyped-call, unused-ignore]
     if cluster:
         options.pop("health_check_interval", None)
         first, addresses = split_addresses(url)
