@@ -189,13 +189,24 @@ class StepProtocol:
         except Exception:
             log.exception("flow %s: closing the late payment it refunded failed; refund-late-payment closes it", refund.id)
 
-    def _tell_holder(self, name: str, output: Mapping[str, Any]) -> None:
-        """A flow changed something at the gateway that another flow holds (a renewed link): tell that
-        flow. Best effort: the holder sees the change at its own deadline read all the same."""
+    def _tell_holder(self, name: str, outcome: Advance, attempt: int) -> Outcome:
+        """A step changed something at the gateway that another flow holds (a renewed link): tell that
+        flow (``Engine.tell_holder``), before this step's completion is written. Told after it, a worker
+        lost between the two left the change done and a holder that had ended untold, expiring while
+        its customer could pay again. Before it, a lost worker leaves the step to its reclaim, which
+        makes the change again (a renewal to the same date, a modification resent: the same) and tells;
+        a tell that fails is retried with the step, within its bounds, and then a person looks."""
         try:
-            self.engine.tell_holder(name, output)
-        except Exception:
-            log.exception("telling the flow that holds order %s of %s failed", output.get("orderId"), name)
+            self.engine.tell_holder(name, outcome.output)
+        except Exception as exc:
+            order = outcome.output.get("orderId")
+            log.exception("telling the flow that holds order %s of %s failed; the step is run again", order, name)
+            error = {"type": "HolderUntold", "message": f"telling the flow holding order {order}: {exc}"[:500], "retryable": True}
+            policy = self.engine.retry_policy
+            if attempt >= policy.max_attempts:
+                return Attention(f"the change was made, but the flow holding order {order} could not be told", error)
+            return Retry(policy.delay(attempt), error)
+        return outcome
 
     def _shown(self, flow_id: str) -> None:
         """A completion that gives the flow a customer URL (a page, a 3DS challenge) is made durable at
@@ -521,6 +532,8 @@ class StepProtocol:
             # gate, or stopped for a person (its last attempt, an outage bound). A lost worker's lease end
             # is claim.lua's to record.
             done["maybe_sent"] = repr(now)
+        if isinstance(outcome, Advance) and definition.tells_holder:
+            outcome = self._tell_holder(definition.tells_holder, outcome, claimed.attempt)
         if isinstance(outcome, Defer):
             outcome = self._outage_bound(claim, outcome, now)
         if not isinstance(outcome, Defer | Held):
@@ -651,8 +664,6 @@ class StepProtocol:
             self._shown(claimed.id)
         if written.finished and written.start_key.startswith(REFUND_KEY):
             self._refund_ended(written)
-        if definition.tells_holder and written.state is FlowState.SUCCEEDED:
-            self._tell_holder(definition.tells_holder, ctx.outputs.get(step.name) or {})
         if written.state is FlowState.READY and written.step != chained_next and not inline:
             self.send_from(written, written.step)
         return str(written.state), written, following_claim
