@@ -189,24 +189,29 @@ class StepProtocol:
         except Exception:
             log.exception("flow %s: closing the late payment it refunded failed; refund-late-payment closes it", refund.id)
 
-    def _tell_holder(self, name: str, outcome: Advance, attempt: int) -> Outcome:
-        """A step changed something at the gateway that another flow holds (a renewed link): tell that
-        flow (``Engine.tell_holder``), before this step's completion is written. Told after it, a worker
-        lost between the two left the change done and a holder that had ended untold, expiring while
-        its customer could pay again. Before it, a lost worker leaves the step to its reclaim, which
-        makes the change again (a renewal to the same date, a modification resent: the same) and tells;
-        a tell that fails is retried with the step, within its bounds, and then a person looks."""
+    def _told(self, claim: Claim, name: str, outcome: Advance) -> Advance | None:
+        """A step changed something at the gateway that another flow holds (a renewed or modified link):
+        tell that flow (``Engine.tell_holder``) before this step's completion is written. The answer is
+        kept on the record first (``keep.lua``, as a merchant step's output): the step's next try, after
+        a worker lost here or a tell that failed, completes with it and tells again (:meth:`run`), and
+        never sends the change again (a resent modification would undo a later one; a renewal resent
+        after the customer paid is refused). Told after the completion, a worker lost between the two
+        ended the change done and a holder that had ended untold, expiring while its customer could pay.
+
+        None when the tell failed: nothing is written, the claim's lease runs out and the dispatcher
+        sends the step again (claim.lua bounds those tries; a cancel asked meanwhile waits for the step,
+        which tells all the same: the change was made)."""
+        ctx = claim.ctx
         try:
-            self.engine.tell_holder(name, outcome.output)
-        except Exception as exc:
+            kept = outcome if ctx.keep_output is None else Advance(ctx.keep_output(outcome.output))
+            self.engine.tell_holder(name, kept.output)
+        except LeaseLost:
+            raise
+        except Exception:
             order = outcome.output.get("orderId")
-            log.exception("telling the flow that holds order %s of %s failed; the step is run again", order, name)
-            error = {"type": "HolderUntold", "message": f"telling the flow holding order {order}: {exc}"[:500], "retryable": True}
-            policy = self.engine.retry_policy
-            if attempt >= policy.max_attempts:
-                return Attention(f"the change was made, but the flow holding order {order} could not be told", error)
-            return Retry(policy.delay(attempt), error)
-        return outcome
+            log.exception("telling the flow holding order %s of %s failed; its next try tells, after the lease", order, name)
+            return None
+        return kept
 
     def _shown(self, flow_id: str) -> None:
         """A completion that gives the flow a customer URL (a page, a 3DS challenge) is made durable at
@@ -277,7 +282,7 @@ class StepProtocol:
 
         ctx.renew_lease = renew_lease
         step = definition.step(step_name)
-        if isinstance(step, MerchantStep):
+        if keeps_output(definition, step):
             kept_field = kept_field_of(ctx)
             kept_text = claimed.fields.get(kept_field)
             ctx.kept_output = json.loads(kept_text) if kept_text else None
@@ -476,6 +481,10 @@ class StepProtocol:
         """Run a claimed step: its outcome, or (``outcome`` None) that the flow is to be cancelled now.
         Raises LeaseLost when the claim was taken over before a call."""
         record = claim.record
+        if claim.definition.tells_holder and claim.ctx.kept_output is not None:
+            # Its change was made and answered, the answer kept (:meth:`_told`): only the tell and the
+            # completion are left, whatever was asked since (a cancel): never sent again.
+            return Ran(Advance(claim.ctx.kept_output))
         if not (record.cancel_requested or record.ending):
             return Ran(run_step(claim.step, claim.ctx, must_reconcile=claim.resend, resend=claim.resend))
         # To end (a cancel asked, or a failure owed) while money may be in flight: no new money call,
@@ -533,7 +542,14 @@ class StepProtocol:
             # is claim.lua's to record.
             done["maybe_sent"] = repr(now)
         if isinstance(outcome, Advance) and definition.tells_holder:
-            outcome = self._tell_holder(definition.tells_holder, outcome, claimed.attempt)
+            try:
+                told = self._told(claim, definition.tells_holder, outcome)
+            except LeaseLost as lost:
+                log.warning("%s; its result is dropped", lost)
+                return "stale", None, None
+            if told is None:
+                return "untold", None, None
+            outcome = told
         if isinstance(outcome, Defer):
             outcome = self._outage_bound(claim, outcome, now)
         if not isinstance(outcome, Defer | Held):
@@ -558,7 +574,7 @@ class StepProtocol:
                 "wait": None,
             }
             done |= _customer_url(step, outcome.output)
-            if isinstance(step, MerchantStep):
+            if keeps_output(definition, step):
                 done[kept_field_of(ctx)] = None  # recorded as the step's output now: the copy kept for a lost worker goes
             if following is None:
                 summary = definition.summary(ctx.input, ctx.outputs)
@@ -997,6 +1013,12 @@ class _NoClient:
 
     def call(self, *args: Any, **kwargs: Any) -> Any:
         raise RuntimeError("a step condition must not call the gateway")
+
+
+def keeps_output(definition: FlowDefinition, step: Step) -> bool:
+    """Whether the step's output is kept before its completion (``kept_field_of``): a merchant step's (its
+    function is not called twice), and a step of a flow that tells a holder (its change not sent twice)."""
+    return isinstance(step, MerchantStep) or bool(definition.tells_holder)
 
 
 def kept_field_of(ctx: StepContext) -> str:

@@ -1,0 +1,171 @@
+"""A renewal or modification whose holder was not told at once: its worker lost, or the tell refused.
+
+``Engine.tell_holder`` keeps a holder that ended (its link expired unpaid) while the renewed link can be
+paid, so that a payment there shows in it (money invariants 1 and 2). Told after the renewal's completion
+was written, a worker lost between the two ended the renewal ``succeeded`` with nobody told, and the
+holder expired with its link payable. The holder is now told before the completion, the answer kept on
+the record first (``Protocol._told``): the step's next try completes with the kept answer and tells, and
+never sends the change again. A blind review of a first fix (which retried the whole step) found what a
+resend breaks, each a test here: a cancel in between ended the renewal untold; a modification resent
+undid a later one; a renewal resent after the customer paid was refused and its payment shown nowhere.
+
+The fault is a process death at one line, or a store write refused there, which no real fault places:
+the only mock here, raised once where the tell is made. Everything else is a real Valkey and simulator.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import redis
+
+from durapay.gateway import Catalogue
+from durapay.simulator import SimulatorServer
+from durapay.workflows.engine.states import FlowState
+from durapay.workflows.engine.store import FlowRecord
+from tests.workflows.aof_tail import AofTail
+from tests.workflows.flow_model import FlowWorld, ModelFlow
+from tests.workflows.flows.test_link_renewals import pay_late_and_look, run_all
+from tests.workflows.model_kinds import APPROVE, now_of
+
+
+class WorkerLost(BaseException):
+    """The process running the step ends here: no ``except Exception`` sees it."""
+
+
+FAULTS = pytest.mark.parametrize("fault", [WorkerLost, redis.ConnectionError], ids=["worker-lost", "store-write-failed"])
+
+
+@pytest.fixture
+def world(model_parts: tuple[SimulatorServer, AofTail]) -> Iterator[FlowWorld]:
+    built = FlowWorld(*model_parts, example=963)
+    yield built
+    built.close()
+
+
+def holder(world: FlowWorld, *, ended: bool = True) -> tuple[ModelFlow, str]:
+    """A pay-by-link flow for a day and its link id: waiting, or (``ended``) ended with its link expired."""
+    flow = world.start("paybylink", "decline")
+    run_all(world)
+    for _ in range(10):  # a create whose answer was lost is adopted on a retry
+        waiting = world.record(flow)
+        if waiting is None or waiting.state is not FlowState.RETRYING or waiting.due is None:
+            break
+        world.advance(waiting.due - world.clock.now() + 0.001)
+        world.engine.dispatch_due()
+        run_all(world)
+    waiting = world.record(flow)
+    assert waiting is not None and waiting.state is FlowState.WAITING, world.describe(flow)
+    link_id = str(waiting.outputs["create"]["paymentLink"]["linkId"])
+    for _ in range(4 if ended else 0):
+        world.advance(86400)  # the link expires unpaid; the flow's read finds it EXPIRED and it ends
+        world.settle()
+    if ended:
+        done = world.record(flow)
+        assert done is not None and done.finished, world.describe(flow)
+    return flow, link_id
+
+
+def tell_fails_once(world: FlowWorld, monkeypatch: pytest.MonkeyPatch, fault: type[BaseException]) -> list[str]:
+    """The first tell dies with ``fault``; the orders it was for are listed."""
+    told = world.engine.tell_holder
+    failed: list[str] = []
+
+    def fails_once(name: str, output: Any) -> None:
+        if not failed:
+            failed.append(str(output.get("orderId")))
+            raise fault("lost here")
+        told(name, output)
+
+    monkeypatch.setattr(world.engine, "tell_holder", fails_once)
+    return failed
+
+
+def first_try(world: FlowWorld, flow_id: str, step: str, fault: type[BaseException]) -> None:
+    """The step's first try: its change made, its tell failed (the worker dies, or nothing is written)."""
+    if fault is WorkerLost:
+        with pytest.raises(WorkerLost):
+            world.engine.run_step(flow_id, step, worker="w-lost")
+    else:
+        assert world.engine.run_step(flow_id, step, worker="w-1") == "untold"
+
+
+def finished(world: FlowWorld, flow_id: str) -> FlowRecord:
+    """The flow once finished: its lease ends, the dispatcher sends the step again."""
+    for _ in range(20):
+        record = world.engine.store.get(flow_id)
+        if record is not None and record.finished:
+            return record
+        world.advance(60)
+        world.settle()
+    record = world.engine.store.get(flow_id)
+    assert record is not None and record.finished, record and record.summary()
+    return record
+
+
+def renew(world: FlowWorld, link_id: str) -> tuple[str, str]:
+    """A renewal of the link for 60 days, started: its flow id and the new date."""
+    day = now_of(world.clock.now() + 60 * 86400).strftime("%Y-%m-%d")
+    return world.engine.start("paybylink_renew", {"linkId": link_id, "expirationDate": day}).id, day
+
+
+def renewed_until(world: FlowWorld, link_id: str, day: str) -> None:
+    link = world.engine.gateway().call(Catalogue.get_paybylink, link_id).paymentLink
+    assert str(link.status) == "ACTIVE" and link.expirationDate == day, link  # renewed, never undone
+
+
+@FAULTS
+@pytest.mark.parametrize("cancelled", [False, True], ids=["left-alone", "cancelled-meanwhile"])
+def test_a_renewal_whose_holder_was_not_told_at_once_still_keeps_it(
+    world: FlowWorld, monkeypatch: pytest.MonkeyPatch, fault: type[BaseException], cancelled: bool
+) -> None:
+    flow, link_id = holder(world)
+    failed = tell_fails_once(world, monkeypatch, fault)
+    renewal, day = renew(world, link_id)
+    first_try(world, renewal, "renew", fault)
+    assert failed, "the renewal never came to tell its holder"
+    if cancelled:  # the merchant cancels the renewal: its change was made, so it ends told, never untold
+        world.engine.cancel(renewal, "the merchant cancels the renewal")
+    assert finished(world, renewal).state is FlowState.SUCCEEDED
+    renewed_until(world, link_id, day)
+    pay_late_and_look(world, flow, link_id, day, told=failed)
+
+
+def test_a_modification_whose_tell_failed_is_not_sent_again_over_a_later_one(
+    world: FlowWorld, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _, link_id = holder(world, ended=False)
+    failed = tell_fails_once(world, monkeypatch, redis.ConnectionError)
+    first = world.engine.start("paybylink_modify", {"linkId": link_id, "amount": 2000})
+    first_try(world, first.id, "modify", redis.ConnectionError)
+    # Meanwhile the merchant corrects the amount through durapay: a second modification, told at once.
+    second = world.engine.start("paybylink_modify", {"linkId": link_id, "amount": 3000})
+    assert world.engine.run_step(second.id, "modify", worker="w-2") == "succeeded"
+    assert finished(world, first.id).state is FlowState.SUCCEEDED
+    link = world.engine.gateway().call(Catalogue.get_paybylink, link_id).paymentLink
+    assert link.amount == 3000, f"flow {first.id}'s next try after its tell failed ({failed}) sent 2000 again"
+
+
+def test_a_renewed_link_paid_before_the_renewal_told_its_holder_shows_the_payment(
+    world: FlowWorld, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The holder adopted its link (its create's answer lost): the renewal's answer brings its first token.
+    world.sim.admin.set_faults(mode="commit_then_fail", operation="create_paybylink_v3", count=1)
+    flow, link_id = holder(world)
+    held = world.record(flow)
+    assert held is not None and held.outputs["create"].get("adopted") is True, world.describe(flow)
+    tell_fails_once(world, monkeypatch, redis.ConnectionError)
+    renewal, _ = renew(world, link_id)
+    first_try(world, renewal, "renew", redis.ConnectionError)
+    paid = world.sim.admin.complete_link(link_id, pan=APPROVE)  # the customer pays the renewed link at once
+    statuses = [world.notify(note["body"]) for note in world.sim.admin.notifications() if note["orderId"] == flow.base]
+    done = finished(world, renewal)
+    statuses += [world.notify(note["body"]) for note in world.sim.admin.notifications() if note["orderId"] == flow.base]
+    after = world.record(flow)
+    shown = after is not None and paid["operationId"] in str({"outcome": after.outcome, "error": after.error})
+    assert done.state is FlowState.SUCCEEDED and shown, (
+        f"payment {paid['operationId']} on link {link_id}, renewed by flow {renewal}, shows in no flow: the holder "
+        f"is {after and after.state.value}, the receiver answered {statuses}, the renewal ended {done.summary()}"
+    )
