@@ -106,7 +106,7 @@ def level(url: str, prefix: str, events: bool, processes: int, threads: int, flo
     if failures:
         raise RuntimeError(f"{len(failures)} flows did not succeed, e.g. {failures[:3]}")
     engine = engine_for(url, prefix, events)
-    compactor = Compactor(server, engine.keys, engine.orders)
+    compactor = Compactor(server, engine.keys, engine.orders, tell=engine.tell_holder)
     total = processes * threads * flows
     packed = 0
     for _ in range(1000):  # bounded: each pass packs a batch of finished flows

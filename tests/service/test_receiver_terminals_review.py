@@ -102,7 +102,9 @@ def test_the_terminal_of_a_packed_flow_off_default_is_its_own_and_a_gone_one_is_
     on_default = engine.start("notified", {"orderId": "ord-default-packed", "token": "t"})
     for flow in (record, on_default):
         engine.cancel(flow.id)
-    assert Compactor(engine.redis, engine.keys, engine.orders, delay=0.0).run(now=engine.clock.now()) >= 2
+    assert (
+        Compactor(engine.redis, engine.keys, engine.orders, tell=engine.tell_holder, delay=0.0).run(now=engine.clock.now()) >= 2
+    )
     assert engine.redis.hexists(engine.keys.flow(record.id), "z"), "packed"
     assert receiver.terminal_of(record.id) == "it"
     assert receiver.terminal_of(on_default.id) == "default"

@@ -160,7 +160,7 @@ class FlowWorld:
         }
 
     def compactor(self) -> Compactor:
-        return Compactor(self.engine.redis, self.engine.keys, self.engine.orders, delay=0.0)
+        return Compactor(self.engine.redis, self.engine.keys, self.engine.orders, tell=self.engine.tell_holder, delay=0.0)
 
     def compact(self) -> int:
         """Pack every finished flow now (the dispatcher does it a second after a flow ends)."""

@@ -158,7 +158,7 @@ def test_a_flow_acted_on_since_the_dry_run_is_skipped_and_one_only_packed_is_not
     assert engine.run_step(again, "first") == "failed"
     before = engine.get(packed).version
     clock.advance(5)
-    assert Compactor(engine.redis, engine.keys, engine.orders, delay=0.0).run(now=clock.now()) >= 1
+    assert Compactor(engine.redis, engine.keys, engine.orders, tell=engine.tell_holder, delay=0.0).run(now=clock.now()) >= 1
     assert engine.get(packed).packed and engine.get(packed).version == before + 1
     posted = bulk.post("retry", wanted, by="api", plan=plan.token)
     bulk.run(posted["id"])

@@ -164,7 +164,7 @@ def test_a_packed_failed_flow_is_judged_by_its_own_version(make_engine: Any) -> 
     new, _ = make_engine(second)
     record = old.start("demo", {"amount": 3})
     assert old.run_step(record.id, "fraud") == "failed"
-    assert Compactor(old.redis, old.keys, old.orders, delay=0.0).run(now=old.clock.now()) == 1
+    assert Compactor(old.redis, old.keys, old.orders, tell=old.tell_holder, delay=0.0).run(now=old.clock.now()) == 1
     assert old.get(record.id).packed
     groups = deploys.check(deploys.in_flight(old), deploys.manifest(new.registry)["kinds"])
     assert [(group.version, group.states, group.steps) for group in groups] == [(first.version, {"failed": 1}, {"fraud": 1})]

@@ -216,7 +216,7 @@ def test_a_flows_steps_and_its_packing_cost_what_is_recorded(counter: Counter, r
     settings = load_settings({"engine": {"key_prefix": counter.engine.keys.prefix + "s"}})
     clock = ManualClock(CREATED.timestamp())
     engine = Engine(settings, counter.client, {"demo": flow(*steps)}, sender=Sent(), clock=clock)
-    compactor = Compactor(counter.client, engine.keys, engine.orders)
+    compactor = Compactor(counter.client, engine.keys, engine.orders, tell=engine.tell_holder)
     for n in range(2):  # scripts loaded, durability read, the connections made (the wait's is pinned)
         warm = engine.start("demo", {"amount": 100 + n})
         assert engine.run_step(warm.id, "a", worker="w", follow=5) and engine.get(warm.id).state.value == "succeeded"

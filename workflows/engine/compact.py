@@ -50,6 +50,7 @@ import zlib
 from collections.abc import Mapping
 from typing import Any
 
+from durapay.workflows.engine import holders
 from durapay.workflows.engine.keys import Keys
 from durapay.workflows.engine.orders import Lookups, OrderIndex
 from durapay.workflows.engine.scripts import ScriptPipeline, package_file, register, source
@@ -149,8 +150,19 @@ def kept_seconds(fields: Mapping[str, str], retention: float, now: float) -> flo
 class Compactor:
     """One per dispatcher: packs finished flows in batches, and gives them and their lookups their end."""
 
-    def __init__(self, client: Any, keys: Keys, orders: OrderIndex, *, batch: int = 500, delay: float = 1.0) -> None:
+    def __init__(
+        self,
+        client: Any,
+        keys: Keys,
+        orders: OrderIndex,
+        *,
+        tell: holders.Tell,
+        batch: int = 500,
+        delay: float = 1.0,
+    ) -> None:
         self.redis = client
+        #: Tells a flow's holder what it still owes it (``workflows.engine.holders``) before it is packed.
+        self.tell = tell
         self.keys = keys
         self.orders = orders
         self.retention = orders.retention_seconds
@@ -203,6 +215,10 @@ class Compactor:
                 packing.append((index, None, 0))
                 pipe.call(self._compact, keys, [flow_id, fields.get("version", ""), "{}", "0"])
                 continue
+            if holders.FIELD in fields:
+                if not holders.tell_owed(self.tell, flow_id, fields):
+                    continue  # the store refused the tell: listed and unpacked, told at the next pass
+                fields = {name: value for name, value in fields.items() if name != holders.FIELD}
             plain, packed_blob = pack(fields, [entry.decode() for entry in log])
             ttl = int(kept_seconds(fields, self.retention, now) * 1000)
             args = [flow_id, fields.get("version", ""), json.dumps(plain), str(ttl), *chunks(packed_blob).values()]

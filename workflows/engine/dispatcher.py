@@ -51,7 +51,7 @@ class Dispatcher:
         self._last_event_trim = float("-inf")
         self.trimmer = IndexTrimmer(engine.redis, engine.keys, engine.store.retention_seconds)
         self.event_trimmer = EventTrimmer(engine.redis, engine.keys, engine.settings.events.retention)
-        self.compactor = Compactor(engine.redis, engine.keys, engine.orders)
+        self.compactor = Compactor(engine.redis, engine.keys, engine.orders, tell=engine.tell_holder)
         self._last_pause_sweep = float("-inf")
 
     def tick(self) -> int:

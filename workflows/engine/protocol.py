@@ -29,6 +29,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import redis
 from pydantic import ValidationError
 
 from durapay.config.tracing import TRACE_FIELD, FlowTag
@@ -36,7 +37,7 @@ from durapay.gateway import BY_NAME, describe_validation_error, reported_payment
 from durapay.tasks.celery_tasks import ENGINE_STEP_TASK
 from durapay.tasks.outcomes import Advance, Attention, Defer, Finish, Held, NewOrder, Outcome, Poll, Retry, Sleep, Wait
 from durapay.tasks.runner import LeaseLost, NothingMoved, StepContext, run_step, settle
-from durapay.workflows.engine import inflight, versions
+from durapay.workflows.engine import holders, inflight, versions
 from durapay.workflows.engine.cards import CardKeyMissing, CardUnreadable
 from durapay.workflows.engine.durability import NotDurable
 from durapay.workflows.engine.fairness import ADMITTED, claim_token, key_of
@@ -189,29 +190,15 @@ class StepProtocol:
         except Exception:
             log.exception("flow %s: closing the late payment it refunded failed; refund-late-payment closes it", refund.id)
 
-    def _told(self, claim: Claim, name: str, outcome: Advance) -> Advance | None:
-        """A step changed something at the gateway that another flow holds (a renewed or modified link):
-        tell that flow (``Engine.tell_holder``) before this step's completion is written. The answer is
-        kept on the record first (``keep.lua``, as a merchant step's output): the step's next try, after
-        a worker lost here or a tell that failed, completes with it and tells again (:meth:`run`), and
-        never sends the change again (a resent modification would undo a later one; a renewal resent
-        after the customer paid is refused). Told after the completion, a worker lost between the two
-        ended the change done and a holder that had ended untold, expiring while its customer could pay.
-
-        None when the tell failed: nothing is written, the claim's lease runs out and the dispatcher
-        sends the step again (claim.lua bounds those tries; a cancel asked meanwhile waits for the step,
-        which tells all the same: the change was made)."""
-        ctx = claim.ctx
-        try:
-            kept = outcome if ctx.keep_output is None else Advance(ctx.keep_output(outcome.output))
-            self.engine.tell_holder(name, kept.output)
-        except LeaseLost:
-            raise
-        except Exception:
-            order = outcome.output.get("orderId")
-            log.exception("telling the flow holding order %s of %s failed; its next try tells, after the lease", order, name)
-            return None
-        return kept
+    def _tell_holder(self, written: FlowRecord) -> None:
+        """The flow changed something at the gateway that another flow holds (a renewed link), and its
+        completion wrote that it owes that flow a tell (``workflows.engine.holders``): told now, and the
+        debt dropped; else the packing pass tells it."""
+        if holders.tell_owed(self.engine.tell_holder, written.id, written.fields):
+            try:
+                self.engine.store.drop_field(written.id, holders.FIELD)
+            except redis.RedisError as exc:  # told: the packing pass tells it once more, which is harmless
+                log.info("flow %s: its tell is done, its mark stays (%s)", written.id, exc)
 
     def _shown(self, flow_id: str) -> None:
         """A completion that gives the flow a customer URL (a page, a 3DS challenge) is made durable at
@@ -282,7 +269,7 @@ class StepProtocol:
 
         ctx.renew_lease = renew_lease
         step = definition.step(step_name)
-        if keeps_output(definition, step):
+        if isinstance(step, MerchantStep):
             kept_field = kept_field_of(ctx)
             kept_text = claimed.fields.get(kept_field)
             ctx.kept_output = json.loads(kept_text) if kept_text else None
@@ -481,10 +468,6 @@ class StepProtocol:
         """Run a claimed step: its outcome, or (``outcome`` None) that the flow is to be cancelled now.
         Raises LeaseLost when the claim was taken over before a call."""
         record = claim.record
-        if claim.definition.tells_holder and claim.ctx.kept_output is not None:
-            # Its change was made and answered, the answer kept (:meth:`_told`): only the tell and the
-            # completion are left, whatever was asked since (a cancel): never sent again.
-            return Ran(Advance(claim.ctx.kept_output))
         if not (record.cancel_requested or record.ending):
             return Ran(run_step(claim.step, claim.ctx, must_reconcile=claim.resend, resend=claim.resend))
         # To end (a cancel asked, or a failure owed) while money may be in flight: no new money call,
@@ -541,15 +524,6 @@ class StepProtocol:
             # gate, or stopped for a person (its last attempt, an outage bound). A lost worker's lease end
             # is claim.lua's to record.
             done["maybe_sent"] = repr(now)
-        if isinstance(outcome, Advance) and definition.tells_holder:
-            try:
-                told = self._told(claim, definition.tells_holder, outcome)
-            except LeaseLost as lost:
-                log.warning("%s; its result is dropped", lost)
-                return "stale", None, None
-            if told is None:
-                return "untold", None, None
-            outcome = told
         if isinstance(outcome, Defer):
             outcome = self._outage_bound(claim, outcome, now)
         if not isinstance(outcome, Defer | Held):
@@ -574,7 +548,7 @@ class StepProtocol:
                 "wait": None,
             }
             done |= _customer_url(step, outcome.output)
-            if keeps_output(definition, step):
+            if isinstance(step, MerchantStep):
                 done[kept_field_of(ctx)] = None  # recorded as the step's output now: the copy kept for a lost worker goes
             if following is None:
                 summary = definition.summary(ctx.input, ctx.outputs)
@@ -663,6 +637,11 @@ class StepProtocol:
         call = _call_made(step, claimed, outcome, now, reconcile=claim.resend or claimed.reconcile, made=ctx.calls)
         if call:
             change = dataclasses.replace(change, call=call)
+        if definition.tells_holder and change.state is FlowState.SUCCEEDED:
+            # What the change owes the flow holding its order, written with the change (workflows.engine.holders).
+            change = dataclasses.replace(
+                change, fields={**change.fields, holders.FIELD: holders.owed(definition.tells_holder, step.name)}
+            )
         following_claim: Claim | str | None = None
         next_step = definition.step(change.step or claimed.step) if change.state is FlowState.READY else None
         request = self._request(claimed.id, next_step.name, now, claimed.lease_owner, writes(next_step)) if next_step else None
@@ -680,6 +659,8 @@ class StepProtocol:
             self._shown(claimed.id)
         if written.finished and written.start_key.startswith(REFUND_KEY):
             self._refund_ended(written)
+        if written.fields.get(holders.FIELD) and written.finished:
+            self._tell_holder(written)
         if written.state is FlowState.READY and written.step != chained_next and not inline:
             self.send_from(written, written.step)
         return str(written.state), written, following_claim
@@ -1013,12 +994,6 @@ class _NoClient:
 
     def call(self, *args: Any, **kwargs: Any) -> Any:
         raise RuntimeError("a step condition must not call the gateway")
-
-
-def keeps_output(definition: FlowDefinition, step: Step) -> bool:
-    """Whether the step's output is kept before its completion (``kept_field_of``): a merchant step's (its
-    function is not called twice), and a step of a flow that tells a holder (its change not sent twice)."""
-    return isinstance(step, MerchantStep) or bool(definition.tells_holder)
 
 
 def kept_field_of(ctx: StepContext) -> str:

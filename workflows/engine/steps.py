@@ -338,9 +338,9 @@ class FlowDefinition:
     #: The start key of a start that gives none: what may happen only once per merchant object (a no-show
     #: per reservation), so that two starts of it are one flow, or a StartConflict naming the key.
     start_key: Callable[[Any], str] | None = None
-    #: A signal sent to the flow holding the gateway order a step's output names (``orderId``), before
-    #: that step's completion is written: a change it made there (a renewed link) that flow must read
-    #: (``Engine.tell_holder``, ``Protocol._tell_holder``).
+    #: A signal its success sends to the flow holding the gateway order its last output names
+    #: (``orderId``): a change it made there (a renewed link) that flow must read (``Engine.tell_holder``),
+    #: owed from its completion until told (``workflows.engine.holders``).
     tells_holder: str | None = None
     #: A name people give this version ("2026-12 fraud check"); the version itself is :attr:`version`.
     label: str = ""

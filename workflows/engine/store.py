@@ -848,6 +848,12 @@ class FlowStore:
         )
         return bool(answer)
 
+    def drop_field(self, flow_id: str, name: str) -> None:
+        """Remove one field of a record as it stands, its version unmoved: a mark whose job is done (a tell
+        owed, ``workflows.engine.holders``), which a writer that read it before may still see, harmlessly.
+        Nothing is written to a record that is gone or packed (the field is then not a plain one)."""
+        self.redis.hdel(self.keys.flow(flow_id), name)
+
     def keep_output(self, record: FlowRecord, name: str, output: Mapping[str, Any]) -> dict[str, Any] | None:
         """Keep a merchant step's output under the record's field ``name`` while ``record``'s claim is this
         worker's (``engine/lua/keep.lua``): the output kept (an earlier try's, if one kept it first), or None when

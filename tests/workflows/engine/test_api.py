@@ -39,7 +39,9 @@ def test_steps_run_in_order_and_the_flow_succeeds(make_engine: Any) -> None:
     assert done.outputs["first"]["key"] == f"{record.id}.first"
     assert [entry["to"] for entry in engine.history(record.id)] == ["ready", "running", "ready", "running", "succeeded"]
     assert engine.redis.ttl(engine.keys.flow(record.id)) == -1, "its end is the packing pass's to give"
-    Compactor(engine.redis, engine.keys, engine.orders).run(now=engine.clock.now() + 5)  # the dispatcher's pass
+    Compactor(engine.redis, engine.keys, engine.orders, tell=engine.tell_holder).run(
+        now=engine.clock.now() + 5
+    )  # the dispatcher's pass
     assert engine.redis.ttl(engine.keys.flow(record.id)) > 0, "finished flows expire after the retention time"
     assert len(sent.chains) == 1, "the chain carried the second step: nothing more was sent"
 
@@ -415,7 +417,7 @@ def test_a_second_flow_naming_a_held_order_is_refused_until_the_lookup_is_gone(m
     assert engine.flow_for_order("ord-7") == first.id, "the live flow keeps its order's notifications"
     engine.cancel(first.id)
     assert engine.redis.ttl(engine.keys.order("ord-7")) == -1, "lookups of a flow not yet packed stay"
-    Compactor(engine.redis, engine.keys, engine.orders).run(now=clock.now() + 5)  # the dispatcher's pass
+    Compactor(engine.redis, engine.keys, engine.orders, tell=engine.tell_holder).run(now=clock.now() + 5)  # the dispatcher's pass
     assert engine.redis.ttl(engine.keys.order("ord-7")) > 0, "a finished flow's order lookup expires with it"
     with pytest.raises(OrderIdTaken, match="cancelled"):
         engine.start("demo", {"orderId": "ord-7"}, key="c")  # a payment on it would still be the first's

@@ -24,7 +24,7 @@ class OrderInput(GatewayModel):
 
 
 def compactor(engine: Any) -> Compactor:
-    return Compactor(engine.redis, engine.keys, engine.orders, delay=0.0)
+    return Compactor(engine.redis, engine.keys, engine.orders, tell=engine.tell_holder, delay=0.0)
 
 
 def test_a_finished_flow_reads_the_same_once_packed_and_takes_less_memory(make_engine: Any, clock: ManualClock) -> None:

@@ -33,7 +33,7 @@ def test_every_order_of_a_flow_expires_with_it_even_once_its_card_is_erased(make
     done = engine.get(record.id)
     assert done.orders == ["ord-9", "ord-9-2"]
     assert "expiryDate" not in done.input["card"], "card data erased at the end"
-    Compactor(engine.redis, engine.keys, engine.orders).run(now=clock.now() + 5)  # the dispatcher's pass
+    Compactor(engine.redis, engine.keys, engine.orders, tell=engine.tell_holder).run(now=clock.now() + 5)  # the dispatcher's pass
     for order_id in done.orders:
         assert engine.flow_for_order(order_id) == record.id
         assert 0 < engine.redis.ttl(engine.keys.order(order_id)) <= engine.store.retention_seconds
@@ -115,7 +115,7 @@ def test_an_operation_lookup_lives_as_long_as_its_flow(make_engine: Any, clock: 
     assert lifetimes(engine, record.id, "op-31") == (-1, -1), "alive: the lookup never expires before the flow"
     assert engine.store.flow_for_operation("op-31") == record.id
     assert engine.run_step(record.id, "then") == "failed"
-    assert Compactor(engine.redis, engine.keys, engine.orders).run(now=clock.now() + 5) == 1
+    assert Compactor(engine.redis, engine.keys, engine.orders, tell=engine.tell_holder).run(now=clock.now() + 5) == 1
     kept, lookup = lifetimes(engine, record.id, "op-31")
     assert 0 < kept <= engine.store.retention_seconds and kept - 2 <= lookup <= kept, "expires with the record"
     engine.retry(record.id)  # back from failed: its first generation's output is cleared, not its lookup
@@ -162,7 +162,7 @@ def test_a_late_payment_whose_lookups_a_crash_left_expiring_gets_them_kept_by_th
     lookups of every listed flow it finds going."""
     engine, record = failed_flow(make_engine, "ord-c1", "op-c1")
     engine.redis.sadd(engine.keys.tokens("ord-c1"), "tok-1")
-    assert Compactor(engine.redis, engine.keys, engine.orders).run(now=clock.now() + 5) == 1
+    assert Compactor(engine.redis, engine.keys, engine.orders, tell=engine.tell_holder).run(now=clock.now() + 5) == 1
     assert all(ttl > 0 for ttl in ttls(engine, record.id, "ord-c1", "op-c1").values())
 
     def crash(*args: Any, **kwargs: Any) -> None:
@@ -175,7 +175,9 @@ def test_a_late_payment_whose_lookups_a_crash_left_expiring_gets_them_kept_by_th
     monkeypatch.undo()
     assert engine.get(record.id).state is FlowState.NEEDS_ATTENTION
     clock.advance(5)
-    Compactor(engine.redis, engine.keys, engine.orders).run(now=clock.now() + 5)  # the dispatcher's next pass
+    Compactor(engine.redis, engine.keys, engine.orders, tell=engine.tell_holder).run(
+        now=clock.now() + 5
+    )  # the dispatcher's next pass
     assert ttls(engine, record.id, "ord-c1", "op-c1") == {"record": -1, "order": -1, "tokens": -1, "op": -1}
 
 
@@ -190,7 +192,7 @@ def test_a_renewed_link_keeps_the_lookups_of_a_finished_flow_past_its_packing_pa
     expiry = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(ends))
     engine.tell_holder("link_changed", {"orderId": "ord-t1", "paymentLink": {"expirationDate": expiry}})
     assert engine.get(record.id).keep_until >= ends
-    assert Compactor(engine.redis, engine.keys, engine.orders).run(now=clock.now() + 5) == 1
+    assert Compactor(engine.redis, engine.keys, engine.orders, tell=engine.tell_holder).run(now=clock.now() + 5) == 1
     after = ttls(engine, record.id, "ord-t1", "op-t1")
     assert after["record"] > 199 * 86400, after
     assert after["order"] >= after["record"] - 5 and after["op"] >= after["record"] - 5, after
@@ -207,7 +209,7 @@ def test_a_finished_flow_is_kept_until_the_packing_pass_gave_its_lookups_their_e
     engine, record = failed_flow(make_engine, "ord-x1", "op-x1")
     assert ttls(engine, record.id, "ord-x1", "op-x1") == {"record": -1, "order": -1, "tokens": -2, "op": -1}
     late = clock.now() + engine.store.retention_seconds + 3600
-    assert Compactor(engine.redis, engine.keys, engine.orders).run(now=late) == 1
+    assert Compactor(engine.redis, engine.keys, engine.orders, tell=engine.tell_holder).run(now=late) == 1
     got = ttls(engine, record.id, "ord-x1", "op-x1")
     retention = engine.store.retention_seconds
     assert retention - 5 <= got["record"] <= retention and got["order"] == got["op"] == got["record"], got

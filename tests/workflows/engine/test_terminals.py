@@ -147,7 +147,7 @@ def test_a_packed_flow_keeps_its_terminal_plain_for_those_who_read_it_alone(
     on_default = engine.start("demo", {"amount": 4})
     for record in (on_it, on_default):
         assert engine.run_step(record.id, "pay") == "succeeded"
-    assert Compactor(engine.redis, engine.keys, engine.orders, delay=0.0).run(now=clock.now()) == 2
+    assert Compactor(engine.redis, engine.keys, engine.orders, tell=engine.tell_holder, delay=0.0).run(now=clock.now()) == 2
     raw = engine.redis.hgetall(engine.keys.flow(on_it.id))
     assert b"z" in raw and raw[b"terminal"] == b"it", "packed, its terminal plain"
     assert b"terminal" not in engine.redis.hgetall(engine.keys.flow(on_default.id)), "default: not one byte more"

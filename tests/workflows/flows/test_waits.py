@@ -158,7 +158,7 @@ def test_a_finished_link_flow_is_kept_while_its_link_can_be_paid(engine: tuple[E
     done = step_until(flows, started.id, ENDED)
     assert done.state is FlowState.CANCELLED
     assert done.keep_until == pytest.approx(link_end(expires) + KEEP_MARGIN_SECONDS, abs=1)
-    assert Compactor(flows.redis, flows.keys, flows.orders, delay=0.0).run(now=flows.clock.now() + 1) == 1
+    assert Compactor(flows.redis, flows.keys, flows.orders, tell=flows.tell_holder, delay=0.0).run(now=flows.clock.now() + 1) == 1
     ttl = flows.redis.ttl(flows.keys.flow(started.id))
     assert ttl >= link_end(expires) - flows.clock.now() - 5 > 70 * 86400, "packed, kept past the 30-day retention"
     assert flows.redis.ttl(flows.keys.tokens(done.order_id)) >= ttl - 5, "its notification token as long"
@@ -299,7 +299,9 @@ def test_a_link_renewed_after_its_flow_ended_keeps_that_flow_until_the_new_expir
     later = (sim.admin.now() + timedelta(days=85)).date().isoformat()
     renewal = flows.start("paybylink_renew", {"linkId": link_of(waiting), "expirationDate": later})
     assert step_until(flows, renewal.id, ENDED).state is FlowState.SUCCEEDED
-    Compactor(flows.redis, flows.keys, flows.orders, delay=0.0).run(now=flows.clock.now() + 1)  # the dispatcher's pass
+    Compactor(flows.redis, flows.keys, flows.orders, tell=flows.tell_holder, delay=0.0).run(
+        now=flows.clock.now() + 1
+    )  # the dispatcher's pass
     assert flows.redis.ttl(flows.keys.flow(started.id)) > 80 * 86400, "kept while the renewed link can be paid"
     assert flows.redis.ttl(flows.keys.tokens(ended.order_id)) > 80 * 86400, "its notifications still verified"
 

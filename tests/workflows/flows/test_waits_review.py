@@ -258,7 +258,9 @@ def test_a_hosted_page_cancelled_before_its_wait_is_kept_while_its_page_may_be_p
     flows.cancel(started.id)
     done = step_until(flows, started.id, ENDED)
     assert done.state is FlowState.CANCELLED, done.summary()
-    Compactor(flows.redis, flows.keys, flows.orders, delay=0.0).run(now=flows.clock.now() + 1)  # the dispatcher's pass
+    Compactor(flows.redis, flows.keys, flows.orders, tell=flows.tell_holder, delay=0.0).run(
+        now=flows.clock.now() + 1
+    )  # the dispatcher's pass
     ttl = flows.redis.ttl(flows.keys.flow(started.id))
     assert ttl >= 86400, f"kept {ttl / 3600:.1f} h (keep_until={done.keep_until}); the page can be paid for 24 h"
 
