@@ -59,6 +59,11 @@ from durapay.workflows.engine.states import TERMINAL, lua_prelude
 logger = logging.getLogger("durapay.compact")
 
 FINISHED = frozenset(state.value for state in TERMINAL)
+#: The most tells owed to holders one pass makes (each may wait for durability, ``FlowStore.sync``, in the
+#: dispatcher's tick); the rest wait for the passes after (``workflows.engine.holders``).
+TELLS_PER_PASS = 4
+#: How long a flow whose tell the store refused waits to be told again, behind its partition's other flows.
+TELL_RETRY_SECONDS = 30.0
 
 #: Fields a packed record keeps plain: what the scripts read of a finished flow without changing it
 #: (``claim.lua``, ``renew.lua``, ``compact.lua``, ``expand.lua``: its state and version; ``create.lua``:
@@ -197,6 +202,7 @@ class Compactor:
         packing: list[tuple[int, Lookups | None, int]] = []  # per script call: (flow, lookups if it packs, version then)
         ended: list[tuple[int, Lookups, int, int]] = []  # (flow, lookups, version, ms to live) of flows with their end
         going: list[Lookups] = []  # listed flows going again: their lookups are kept before they are unlisted
+        tells, refused_tells = 0, []  # tells owed to holders made in this pass; the flows whose tell was refused
         for index, (partition, flow_id) in enumerate(flows):
             raw, log, pttl = read[3 * index], read[3 * index + 1], read[3 * index + 2]
             keys = [self.keys.flow(flow_id), self.keys.log(flow_id), self.keys.finished(partition), self.keys.packing(flow_id)]
@@ -216,8 +222,12 @@ class Compactor:
                 pipe.call(self._compact, keys, [flow_id, fields.get("version", ""), "{}", "0"])
                 continue
             if holders.FIELD in fields:
+                if tells >= TELLS_PER_PASS:
+                    continue  # listed and unpacked: told at a pass after this one
+                tells += 1
                 if not holders.tell_owed(self.tell, flow_id, fields):
-                    continue  # the store refused the tell: listed and unpacked, told at the next pass
+                    refused_tells.append((partition, flow_id))
+                    continue
                 fields = {name: value for name, value in fields.items() if name != holders.FIELD}
             plain, packed_blob = pack(fields, [entry.decode() for entry in log])
             ttl = int(kept_seconds(fields, self.retention, now) * 1000)
@@ -226,6 +236,11 @@ class Compactor:
             pipe.call(self._compact, keys, args)
         if going:
             self.orders.keep(going)
+        if refused_tells:  # behind the partition's other finished flows, until they are told again
+            later = self.redis.pipeline(transaction=False)
+            for partition, flow_id in refused_tells:
+                later.zadd(self.keys.finished(partition), {flow_id: now + TELL_RETRY_SECONDS}, xx=True)
+            later.execute(raise_on_error=False)
         # One flow's refusal (TRYAGAIN while its slot moves) leaves it in the finished set for the next
         # pass; it does not stop the others.
         results = pipe.execute(raise_on_error=False)

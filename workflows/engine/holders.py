@@ -12,9 +12,11 @@ The change itself is never sent again for its tell: a modification resent would 
 renewal resent after the customer paid on it is refused. Telling twice is harmless (a second signal is
 one more read; a keep is never shortened).
 
-Bounded: a tell the store refused is tried again at the next pass (the flow stays listed and unpacked
-meanwhile); any other failure (a holder refusing the signal) would fail at every pass, so it is logged
-and dropped, for the holder's own deadline read and the reconciliation.
+Bounded: a pass tells at most ``compact.TELLS_PER_PASS`` flows (a tell may wait for durability inside the
+dispatcher's tick); a tell the store refused is tried again ``compact.TELL_RETRY_SECONDS`` later, the flow
+listed and unpacked meanwhile and moved behind its partition's other finished flows (so a partition full
+of them still packs the rest); any other failure (a holder refusing the signal) would fail at every pass,
+so it is logged and dropped, for the holder's own deadline read and the reconciliation.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 import redis
+from redis.exceptions import RedisClusterException
 
 from durapay.workflows.engine.durability import NotDurable
 
@@ -47,11 +50,12 @@ def tell_owed(tell: Tell, flow_id: str, fields: Mapping[str, str]) -> bool:
     raw = fields.get(FIELD)
     if not raw:
         return True
-    spec = json.loads(raw)
-    output = json.loads(fields.get(f"out:{spec['step']}") or "{}")
+    output: dict[str, Any] = {}
     try:
+        spec = json.loads(raw)
+        output = json.loads(fields.get(f"out:{spec['step']}") or "{}")
         tell(str(spec["signal"]), output)
-    except (redis.RedisError, NotDurable) as exc:
+    except (redis.RedisError, RedisClusterException, NotDurable) as exc:
         log.warning("flow %s: telling the flow holding order %s failed (%s); told again", flow_id, output.get("orderId"), exc)
         return False
     except Exception:
