@@ -26,6 +26,7 @@ import redis
 from durapay.gateway import Catalogue
 from durapay.simulator import SimulatorServer
 from durapay.workflows.engine import holders
+from durapay.workflows.engine.compact import TELL_RETRY_SECONDS
 from durapay.workflows.engine.errors import OperatorError
 from durapay.workflows.engine.states import FlowState
 from durapay.workflows.engine.store import FlowRecord
@@ -98,13 +99,14 @@ def first_try(world: FlowWorld, flow_id: str, step: str, fault: type[BaseExcepti
 
 
 def told(world: FlowWorld, flow_id: str) -> FlowRecord:
-    """The flow once it owes no tell: the dispatcher's packing passes tell its holder."""
+    """The flow once it owes no tell: the dispatcher's packing passes tell its holder (one a refused
+    tell is tried again at, each)."""
     for _ in range(20):
         record = world.engine.store.get(flow_id)
         assert record is not None
         if holders.FIELD not in record.fields:
             return record
-        world.advance(2)
+        world.advance(TELL_RETRY_SECONDS)
         with contextlib.suppress(WorkerLost):  # the dispatcher dies at the tell: another runs the next pass
             world.compact()
     raise AssertionError(f"flow {flow_id} still owes its holder a tell: {record.summary()}")
