@@ -415,7 +415,7 @@ def settle(
             f"{ctx.step}: money may be in flight ({unsettled.get('op')}) and this step cannot read it",
             {"type": "MoneyInFlight", "unsettled": dict(unsettled)},
         )
-    if not op.moves_money and not op.notifies:
+    if not op.declared_only:  # a read: it is run (never a call that moves money or reopens a link)
         read = run_step(step, ctx, must_reconcile=False, resend=False)
         if isinstance(read, Finish) and not read.succeeded and not read.output:
             # The read itself failed (refused, or its attempts used up): not the gateway's word on the

@@ -3,11 +3,12 @@
 One record field, ``unsettled`` (JSON ``{step, op, t, v, operationId?}``), is the one home of "may money be
 moving at the gateway for this flow" (docs/durability.md, "Money in flight"):
 
-* **set** by ``claim.lua`` when a step whose operation moves money (the catalogue's ``moves_money``) or
-  opens something the customer pays on (a hosted page, a link, a form: ``notifies``) is claimed to
-  call: from that moment the call may reach the gateway (a link whose create answer was lost is open at
-  the gateway all the same); and by the completion of an opening step's answer, marked ``open``: from
-  then on the customer may pay (``workflows.flows.waits``);
+* **set** by ``claim.lua`` when a step whose operation moves money (the catalogue's ``moves_money``),
+  opens something the customer pays on (a hosted page, a link, a form: ``notifies``) or makes it payable
+  again (a renewal, a modification: ``reopens``) is claimed to call: from that moment the call may
+  reach the gateway (a link whose create answer was lost is open at the gateway all the same); and by
+  the completion of an opening step's answer, marked ``open``: from then on the customer may pay
+  (``workflows.flows.waits``);
 * **kept, and told the operation**, by a completion whose answer names an operation that is not final
   yet (a payment answered ``PENDING``; a refund, capture or cancel, answered only with its id): the
   flow's read step reads that operation;
@@ -152,10 +153,12 @@ def may_have_moved(step: Step, record: FlowRecord, outcome: Outcome) -> bool:
 
 
 def money_operation(step: Step) -> str:
-    """The gateway operation ``step`` calls when it moves money or opens what a customer pays on ("" for
-    any other step): what its claim marks as unsettled."""
+    """The gateway operation ``step`` calls when it moves money, opens what a customer pays on, or makes
+    it payable again (a renewed or modified link: the catalogue's ``declared_only``; "" for any other
+    step): what its claim marks as unsettled. A renewal whose answer was lost is then read back before a
+    cancel ends its flow, never taken as "nothing moved" unread (``tasks.runner.settle``)."""
     op = step.operation
-    return op.name if op is not None and (op.moves_money or op.notifies) else ""
+    return op.name if op is not None and op.declared_only else ""
 
 
 def opens(step: Step) -> bool:

@@ -335,6 +335,24 @@ def _link_changed(ctx: StepContext, answer: Any) -> Outcome:
     return Advance({**output, "orderId": details.orderId, "paymentLink": details.paymentLink.wire()})
 
 
+def _adopt_link_change(ctx: StepContext) -> ReconcileResult:
+    """A renewal's or modification's answer lost (or its worker): the link read back says whether it took
+    effect, by what was asked of it (its expiry, its amount; the gateway names no operation for a change
+    of a link). Taken, it completes as answered, and the flow holding the link is told; else the change
+    is sent again, or, for a cancel, "nothing moved" once it can no longer arrive (``tasks.runner.settle``).
+    A modification of the description alone cannot be read back: it is sent again (the same text), and a
+    cancel ends it unread, the link's payability unchanged by it."""
+    try:
+        details = ctx.call(Catalogue.get_paybylink, ctx.input.linkId)
+    except NotFound:
+        return NOT_COMMITTED
+    link = details.paymentLink
+    asked = {name: value for name in ("expirationDate", "amount") if (value := getattr(ctx.input, name, None)) is not None}
+    if asked and all(getattr(link, name) == value for name, value in asked.items()):
+        return Advance({"orderId": details.orderId, "paymentLink": link.wire(), "adopted": True})
+    return NOT_COMMITTED
+
+
 PAYBYLINK_RENEW = Flow(
     "paybylink_renew",
     LinkRenewal,
@@ -344,6 +362,7 @@ PAYBYLINK_RENEW = Flow(
             Catalogue.renew_paybylink,
             lambda ctx: Call((ctx.input.linkId,), PayByLinkRenewRequest(expirationDate=ctx.input.expirationDate).wire()),
             result=_link_changed,
+            adopt=_adopt_link_change,
             customer_url=lambda output: (output.get("paymentLink") or {}).get("link"),
         ),
     ),
@@ -373,6 +392,7 @@ PAYBYLINK_MODIFY = Flow(
                 PayByLinkModifyRequest.model_validate({k: v for k, v in ctx.input.wire().items() if k != "linkId"}).wire(),
             ),
             result=_link_changed,
+            adopt=_adopt_link_change,
         ),
     ),
     summarize,

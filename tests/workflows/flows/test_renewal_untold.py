@@ -178,3 +178,81 @@ def test_a_renewed_link_paid_before_the_renewal_told_its_holder_shows_the_paymen
         f"payment {paid['operationId']} on link {link_id}, renewed by flow {renewal}, shows in no flow: the holder "
         f"is {after and after.state.value}, the receiver answered {statuses}, the renewal ended {done.summary()}"
     )
+
+
+def settled(world: FlowWorld, flow_id: str) -> FlowRecord:
+    """The flow once ended: each lease runs out, the dispatcher sends the step again (a read, then)."""
+    for _ in range(10):
+        record = world.engine.store.get(flow_id)
+        assert record is not None
+        if record.finished:
+            return record
+        world.advance(120)
+        world.engine.dispatch_due()
+        run_all(world)
+    record = world.engine.store.get(flow_id)
+    assert record is not None and record.finished, record and record.summary()
+    return record
+
+
+@pytest.mark.parametrize("lost", ["worker", "answer"])
+def test_a_renewal_lost_after_the_gateway_renewed_then_cancelled_reads_the_link_and_keeps_its_holder(
+    world: FlowWorld, monkeypatch: pytest.MonkeyPatch, lost: str
+) -> None:
+    """Blind review 3: the renewal's worker dies after the gateway renewed the link (before its completion,
+    so nothing owes a tell yet), or the answer is lost (a 5xx after the commit: no mock); the merchant's
+    cancel arrives while the step runs. A renewal was not money in flight, so the cancel was believed
+    unread ("nothing moved") and the holder never told. Marked now (``reopens``), its read-back finds the
+    link renewed: the renewal ends ``succeeded`` and tells."""
+    flow, link_id = holder(world)
+    renewal, day = renew(world, link_id)
+    if lost == "worker":
+        real = world.engine.protocol._complete
+
+        def dies(claim: Any, outcome: Any, *args: Any, **kwargs: Any) -> Any:
+            if claim.record.kind == "paybylink_renew":
+                raise WorkerLost("SIGKILL after the gateway renewed the link")
+            return real(claim, outcome, *args, **kwargs)
+
+        monkeypatch.setattr(world.engine.protocol, "_complete", dies)
+        with pytest.raises(WorkerLost):
+            world.engine.run_step(renewal, "renew", worker="w-lost")
+        monkeypatch.setattr(world.engine.protocol, "_complete", real)
+        asked = world.engine.cancel(renewal, "the merchant cancels the renewal")  # running: a request
+    else:
+        world.sim.admin.set_faults(mode="commit_then_fail", operation="renew_paybylink", count=1)
+        claim = world.engine.protocol.claim(renewal, "renew", worker="w-1", money=True)
+        assert not isinstance(claim, str), claim
+        ran = world.engine.protocol.run(claim)  # the gateway renewed the link; its answer was lost
+        asked = world.engine.cancel(renewal, "the merchant cancels the renewal")  # running: a request
+        world.engine.protocol.finish(claim, ran)
+    assert asked.cancel_requested, asked.summary()
+    ended = settled(world, renewal)
+    assert ended.state is FlowState.SUCCEEDED, ended.summary()  # the link read back renewed: its change made
+    told(world, renewal)
+    renewed_until(world, link_id, day)
+    pay_late_and_look(world, flow, link_id, day, told=f"renewal {renewal} ended {ended.state.value}")
+
+
+@pytest.mark.parametrize("made", [True, False], ids=["made", "never-made"])
+def test_a_modification_whose_answer_was_lost_is_read_back_by_what_it_asked(world: FlowWorld, made: bool) -> None:
+    """A modification's answer lost while a cancel is asked: the link read back shows the amount asked (the
+    modification made: ``succeeded``, the holder told) or not (the request never reached the gateway:
+    ``cancelled`` once it can no longer arrive), never sent again for the cancel."""
+    _, link_id = holder(world, ended=False)
+    mode = "commit_then_fail" if made else "error"
+    world.sim.admin.set_faults(mode=mode, status=503, operation="modify_paybylink_v3", count=1)
+    modification = world.engine.start("paybylink_modify", {"linkId": link_id, "amount": 2000}).id
+    claim = world.engine.protocol.claim(modification, "modify", worker="w-1", money=True)
+    assert not isinstance(claim, str), claim
+    ran = world.engine.protocol.run(claim)
+    asked = world.engine.cancel(modification, "the merchant cancels the modification")
+    assert asked.cancel_requested, asked.summary()
+    world.engine.protocol.finish(claim, ran)
+    ended = settled(world, modification)
+    link = world.engine.gateway().call(Catalogue.get_paybylink, link_id).paymentLink
+    if made:
+        assert ended.state is FlowState.SUCCEEDED and link.amount == 2000, (ended.summary(), link)
+        assert told(world, modification).outputs["modify"].get("adopted") is True
+    else:
+        assert ended.state is FlowState.CANCELLED and link.amount != 2000, (ended.summary(), link)
