@@ -21,7 +21,7 @@ from durapay.workflows.engine.compact import TELL_RETRY_SECONDS, TELLS_PER_PASS
 from durapay.workflows.engine.durability import NotDurable
 from tests.workflows.aof_tail import AofTail
 from tests.workflows.flow_model import FlowWorld
-from tests.workflows.flows.test_renewal_untold import holder
+from tests.workflows.flows.test_link_renewals import holder
 
 OWED = 3 * TELLS_PER_PASS
 

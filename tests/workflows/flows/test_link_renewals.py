@@ -44,6 +44,29 @@ def run_all(world: FlowWorld) -> None:
         world.deliver(0)
 
 
+def holder(world: FlowWorld, *, ended: bool = True) -> tuple[ModelFlow, str]:
+    """A pay-by-link flow for a day and its link id: waiting, or (``ended``) ended with its link expired."""
+    flow = world.start("paybylink", "decline")
+    run_all(world)
+    for _ in range(10):  # a create whose answer was lost is adopted on a retry
+        waiting = world.record(flow)
+        if waiting is None or waiting.state is not FlowState.RETRYING or waiting.due is None:
+            break
+        world.advance(waiting.due - world.clock.now() + 0.001)
+        world.engine.dispatch_due()
+        run_all(world)
+    waiting = world.record(flow)
+    assert waiting is not None and waiting.state is FlowState.WAITING, world.describe(flow)
+    link_id = str(waiting.outputs["create"]["paymentLink"]["linkId"])
+    for _ in range(4 if ended else 0):
+        world.advance(86400)  # the link expires unpaid; the flow's read finds it EXPIRED and it ends
+        world.settle()
+    if ended:
+        done = world.record(flow)
+        assert done is not None and done.finished, world.describe(flow)
+    return flow, link_id
+
+
 def pay_late_and_look(world: FlowWorld, flow: ModelFlow, link_id: str, day: str, told: object = None) -> None:
     """45 days later (past the flow's 30-day retention, the renewed link still open) the customer pays the
     renewed link; the payment must show in the flow that held it (invariant 1)."""
@@ -153,24 +176,9 @@ def test_an_adopted_link_renewed_after_its_flow_ended_has_its_notifications_veri
     What went wrong: the receiver had no token for the order (401 to every notification), the finished flow
     reads nothing, so the payment showed in no flow (invariant 1) until a reconciliation found it."""
     world.sim.admin.set_faults(mode="commit_then_fail", operation="create_paybylink_v3", count=1)
-    flow = world.start("paybylink", "decline")  # a link for one day
-    run_all(world)
-    waiting = world.record(flow)
-    for _ in range(10):  # the retry after the 500 reads the order: the link is there, adopted
-        if waiting is None or waiting.state is not FlowState.RETRYING or waiting.due is None:
-            break
-        world.advance(waiting.due - world.clock.now() + 0.001)
-        world.engine.dispatch_due()
-        run_all(world)
-        waiting = world.record(flow)
-    assert waiting is not None and waiting.state is FlowState.WAITING, world.describe(flow)
-    assert waiting.outputs["create"].get("adopted") is True, waiting.outputs
-    link_id = str(waiting.outputs["create"]["paymentLink"]["linkId"])
-    for _ in range(4):
-        world.advance(86400)  # past the link's expiry: the adopted flow's reads find it EXPIRED and it ends
-        world.settle()
+    flow, link_id = holder(world)  # the retry after the 500 reads the order: the link is there, adopted
     ended = world.record(flow)
-    assert ended is not None and ended.finished, world.describe(flow)
+    assert ended is not None and ended.outputs["create"].get("adopted") is True, ended.outputs
     assert world.engine.tokens_for_order(flow.base) == [], "adopted: no token kept"
     day = now_of(world.clock.now() + 60 * 86400).strftime("%Y-%m-%d")
     renewal = world.engine.start("paybylink_renew", {"linkId": link_id, "expirationDate": day})

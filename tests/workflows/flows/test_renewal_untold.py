@@ -31,8 +31,8 @@ from durapay.workflows.engine.errors import OperatorError
 from durapay.workflows.engine.states import FlowState
 from durapay.workflows.engine.store import FlowRecord
 from tests.workflows.aof_tail import AofTail
-from tests.workflows.flow_model import FlowWorld, ModelFlow
-from tests.workflows.flows.test_link_renewals import pay_late_and_look, run_all
+from tests.workflows.flow_model import FlowWorld
+from tests.workflows.flows.test_link_renewals import holder, pay_late_and_look, run_all
 from tests.workflows.model_kinds import APPROVE, now_of
 
 
@@ -48,29 +48,6 @@ def world(model_parts: tuple[SimulatorServer, AofTail]) -> Iterator[FlowWorld]:
     built = FlowWorld(*model_parts, example=963)
     yield built
     built.close()
-
-
-def holder(world: FlowWorld, *, ended: bool = True) -> tuple[ModelFlow, str]:
-    """A pay-by-link flow for a day and its link id: waiting, or (``ended``) ended with its link expired."""
-    flow = world.start("paybylink", "decline")
-    run_all(world)
-    for _ in range(10):  # a create whose answer was lost is adopted on a retry
-        waiting = world.record(flow)
-        if waiting is None or waiting.state is not FlowState.RETRYING or waiting.due is None:
-            break
-        world.advance(waiting.due - world.clock.now() + 0.001)
-        world.engine.dispatch_due()
-        run_all(world)
-    waiting = world.record(flow)
-    assert waiting is not None and waiting.state is FlowState.WAITING, world.describe(flow)
-    link_id = str(waiting.outputs["create"]["paymentLink"]["linkId"])
-    for _ in range(4 if ended else 0):
-        world.advance(86400)  # the link expires unpaid; the flow's read finds it EXPIRED and it ends
-        world.settle()
-    if ended:
-        done = world.record(flow)
-        assert done is not None and done.finished, world.describe(flow)
-    return flow, link_id
 
 
 def tell_fails(world: FlowWorld, monkeypatch: pytest.MonkeyPatch, fault: type[BaseException], times: int = 1) -> list[str]:
