@@ -338,17 +338,23 @@ def _link_changed(ctx: StepContext, answer: Any) -> Outcome:
 def _adopt_link_change(ctx: StepContext) -> ReconcileResult:
     """A renewal's or modification's answer lost (or its worker): the link read back says whether it took
     effect, by what was asked of it (its expiry, its amount; the gateway names no operation for a change
-    of a link). Taken, it completes as answered, and the flow holding the link is told; else the change
-    is sent again, or, for a cancel, "nothing moved" once it can no longer arrive (``tasks.runner.settle``).
-    A modification of the description alone cannot be read back: it is sent again (the same text), and a
-    cancel ends it unread, the link's payability unchanged by it."""
+    of a link). A renewal with no date asks the link to be payable again (the gateway picks the date): a
+    link payable or paid is that. Taken, it completes as answered, and the flow holding the link is told
+    (told when it was not this renewal's doing, the holder reads or keeps a link payable all the same);
+    else the change is sent again, or, for a cancel, "nothing moved" once it can no longer arrive
+    (``tasks.runner.settle``). A modification of the description alone cannot be read back: it is sent
+    again (the same text), and a cancel ends it unread, the link's payability unchanged by it."""
     try:
         details = ctx.call(Catalogue.get_paybylink, ctx.input.linkId)
     except NotFound:
         return NOT_COMMITTED
     link = details.paymentLink
     asked = {name: value for name in ("expirationDate", "amount") if (value := getattr(ctx.input, name, None)) is not None}
-    if asked and all(getattr(link, name) == value for name, value in asked.items()):
+    if asked:
+        made = all(getattr(link, name) == value for name, value in asked.items())
+    else:
+        made = isinstance(ctx.input, LinkRenewal) and link.status in (PaymentLinkStatus.ACTIVE, PaymentLinkStatus.PAID)
+    if made:
         return Advance({"orderId": details.orderId, "paymentLink": link.wire(), "adopted": True})
     return NOT_COMMITTED
 

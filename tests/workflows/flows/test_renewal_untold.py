@@ -233,3 +233,37 @@ def test_a_modification_whose_answer_was_lost_is_read_back_by_what_it_asked(worl
         assert told(world, modification).outputs["modify"].get("adopted") is True
     else:
         assert ended.state is FlowState.CANCELLED and link.amount != 2000, (ended.summary(), link)
+
+
+def test_an_undated_renewal_whose_answer_was_lost_then_cancelled_keeps_its_holder(world: FlowWorld) -> None:
+    """Blind review 4: a renewal asked with no date (the gateway sets today plus the link's own length), its
+    answer lost, then cancelled: the read-back compared only what was asked, nothing, and found it not made;
+    the flow ended ``cancelled`` with the link renewed and the holder untold. A renewal with no date asks
+    the link payable again, and an ACTIVE link is that. No mock: the simulator commits, then answers 500."""
+    flow = world.start("paybylink", "approve")  # a link longer than the retention
+    run_all(world)
+    waiting = world.record(flow)
+    assert waiting is not None and waiting.state is FlowState.WAITING, world.describe(flow)
+    link_id = str(waiting.outputs["create"]["paymentLink"]["linkId"])
+    for _ in range(90):  # the link expires unpaid; the flow ends
+        world.advance(86400)
+        world.settle()
+        done = world.record(flow)
+        if done is not None and done.finished:
+            break
+    before = world.engine.gateway().call(Catalogue.get_paybylink, link_id).paymentLink
+    assert str(before.status) == "EXPIRED", before
+    renewal = world.engine.start("paybylink_renew", {"linkId": link_id}).id  # no date: the gateway's default
+    world.sim.admin.set_faults(mode="commit_then_fail", operation="renew_paybylink", count=1)
+    claim = world.engine.protocol.claim(renewal, "renew", worker="w-1", money=True)
+    assert not isinstance(claim, str), claim
+    ran = world.engine.protocol.run(claim)  # the gateway renewed the link; its answer was lost
+    asked = world.engine.cancel(renewal, "the merchant cancels the renewal")
+    assert asked.cancel_requested, asked.summary()
+    world.engine.protocol.finish(claim, ran)
+    ended = settled(world, renewal)
+    assert ended.state is FlowState.SUCCEEDED, ended.summary()
+    told(world, renewal)
+    link = world.engine.gateway().call(Catalogue.get_paybylink, link_id).paymentLink
+    assert str(link.status) == "ACTIVE" and link.expirationDate != before.expirationDate, link
+    pay_late_and_look(world, flow, link_id, str(link.expirationDate), told=f"renewal {renewal} ended {ended.state.value}")
